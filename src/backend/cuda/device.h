@@ -1,0 +1,13 @@
+// CUDA device discovery. Implemented in device.cu when built with CUDA, in device_stub.cpp otherwise.
+#pragma once
+#include <string>
+
+namespace nlp {
+
+bool cuda_compiled();  // built with the CUDA backend
+// Number of usable CUDA devices; 0 when none (no driver, no device). Never throws.
+int cuda_device_count(std::string* why_none = nullptr);
+// "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for device `index`.
+std::string cuda_device_description(int index);
+
+}  // namespace nlp

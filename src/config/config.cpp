@@ -1,0 +1,709 @@
+// The configuration layer: one schema table (every key once: type, field, validation, help) from
+// which the --help text, INI and command-line parsing, validation and Config::to_ini() are generated.
+//
+// Parsing order: the INI file (optional, first positional argument) is read, then command-line
+// overrides `--section.key=value` / `--section.key value` are applied (they win; on the command line
+// the last occurrence of a key wins, in the INI a duplicate key is an error). Type errors are reported
+// where the text was read; range, choice and cross-key checks run on the final values and name where
+// each value came from (INI file and line, command line, or default).
+#include "config/config.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <system_error>
+#include <variant>
+
+#include "core/error.h"
+
+namespace nlp {
+namespace {
+
+namespace po = boost::program_options;
+
+// ---- allowed choices: extend these lists (only) to accept new values ------------------------------
+const std::vector<std::string> kModes = {"train", "eval", "generate", "gradients"};
+const std::vector<std::string> kTasks = {"clm"};        // later: mlm, doc_cls, pair_cls, ner, qa
+const std::vector<std::string> kBackends = {"cpu", "cuda"};
+const std::vector<std::string> kModelTypes = {"gpt2"};  // later: bert
+const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
+const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
+
+// ---- schema ---------------------------------------------------------------------------------------
+
+// Accessor of a field inside Config; the variant alternative is the key's type.
+using FieldRef = std::variant<std::string* (*)(Config&), int* (*)(Config&), float* (*)(Config&),
+                              bool* (*)(Config&), uint64_t* (*)(Config&)>;
+enum class Type { String = 0, Int = 1, Float = 2, Bool = 3, UInt64 = 4 };
+const char* const kTypeNames[] = {"string", "int", "float", "bool", "uint64"};
+
+// Validation of one key's value: numeric bounds (open or closed) or a set of allowed strings.
+struct Check {
+  std::optional<double> lo, hi;
+  bool lo_open = false, hi_open = false;
+  const std::vector<std::string>* choices = nullptr;
+  bool nonempty = false;
+};
+Check none() { return {}; }
+Check ge(double lo) { return {lo, std::nullopt, false, false}; }
+Check gt(double lo) { return {lo, std::nullopt, true, false}; }
+Check closed_open(double lo, double hi) { return {lo, hi, false, true}; }    // [lo, hi)
+Check open_closed(double lo, double hi) { return {lo, hi, true, false}; }    // (lo, hi]
+Check closed(double lo, double hi) { return {lo, hi, false, false}; }        // [lo, hi]
+Check one_of(const std::vector<std::string>& c) {
+  Check k;
+  k.choices = &c;
+  return k;
+}
+Check nonempty() {
+  Check k;
+  k.nonempty = true;
+  return k;
+}
+
+struct Entry {
+  std::string name;   // "section.key"
+  FieldRef field;
+  Check check;
+  std::string help;   // one line
+  bool escapes = false;  // string understands \n \t \r \\ \" escapes
+
+  Type type() const { return static_cast<Type>(field.index()); }
+  std::string section() const { return name.substr(0, name.find('.')); }
+  std::string key() const { return name.substr(name.find('.') + 1); }
+};
+
+// KEY(section, field) gives the key name and the field accessor from one spelling.
+#define KEY(sec, fld) #sec "." #fld, FieldRef { +[](Config& c) { return &c.sec.fld; } }
+
+const std::vector<Entry>& schema() {
+  static const std::vector<Entry> table = {
+      // [run]
+      {KEY(run, mode), one_of(kModes),
+       "what to do; train and gradients need data.train, eval needs data.eval"},
+      {KEY(run, task), one_of(kTasks), "training objective: clm = causal language modelling"},
+      {KEY(run, backend), one_of(kBackends), "compute backend"},
+      {KEY(run, threads), ge(0), "CPU threads per rank; 0 = cores / ranks on this node"},
+      {KEY(run, log_interval), ge(1), "log a line every N steps"},
+      // [model]
+      {KEY(model, type), one_of(kModelTypes), "model architecture"},
+      {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},
+      {KEY(model, n_layer), ge(1), "number of transformer blocks"},
+      {KEY(model, n_head), ge(1), "attention heads per block (must divide model.n_embd)"},
+      {KEY(model, n_embd), ge(1), "hidden size"},
+      {KEY(model, vocab_size), ge(1), "vocabulary size"},
+      {KEY(model, n_positions), ge(1), "maximum sequence length (learned position embeddings)"},
+      {KEY(model, embd_pdrop), closed_open(0, 1), "dropout probability on the embeddings"},
+      {KEY(model, attn_pdrop), closed_open(0, 1), "dropout probability on the attention weights"},
+      {KEY(model, resid_pdrop), closed_open(0, 1), "dropout probability on the residual branches"},
+      {KEY(model, layer_norm_epsilon), gt(0), "epsilon added to the variance in layer norm"},
+      {KEY(model, initializer_range), gt(0), "standard deviation of the initial weights"},
+      // [data]
+      {KEY(data, train), none(), "HDF5 dataset for training (and gradients mode)"},
+      {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},
+      {KEY(data, seq_len), ge(0), "window length for 1-D token datasets; 0 = min(n_positions, 1024)"},
+      {KEY(data, shuffle), none(), "reshuffle the examples every epoch (seeded by train.seed)"},
+      // [train]
+      {KEY(train, steps), ge(1), "optimizer steps"},
+      {KEY(train, batch_size), ge(1), "sequences per rank per micro-step"},
+      {KEY(train, grad_accum), ge(1), "micro-steps per optimizer step"},
+      {KEY(train, lr), gt(0), "peak learning rate"},
+      {KEY(train, min_lr_ratio), closed(0, 1), "final lr = lr * min_lr_ratio (linear and cosine)"},
+      {KEY(train, warmup_steps), ge(0), "linear warmup steps from 0 to lr"},
+      {KEY(train, schedule), one_of(kSchedules), "learning-rate schedule after warmup"},
+      {KEY(train, weight_decay), ge(0), "AdamW decoupled weight decay"},
+      {KEY(train, beta1), closed_open(0, 1), "AdamW beta1"},
+      {KEY(train, beta2), closed_open(0, 1), "AdamW beta2"},
+      {KEY(train, adam_eps), gt(0), "AdamW epsilon"},
+      {KEY(train, clip), ge(0), "max global gradient norm; 0 = no clipping"},
+      {KEY(train, seed), none(), "seed for initialisation, dropout and shuffling"},
+      {KEY(train, resume), none(), "continue from the newest checkpoint in output.dir"},
+      {KEY(train, sample_interval), ge(0), "generate a sample every N steps and at the end; 0 = off"},
+      // [eval]
+      {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
+      {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},
+      // [checkpoint]
+      {KEY(checkpoint, interval), ge(0), "write a checkpoint every N steps and at the end; 0 = never"},
+      {KEY(checkpoint, keep), ge(1), "number of newest checkpoints kept"},
+      // [output]
+      {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
+      // [generate]
+      {KEY(generate, prompt), none(), "prompt text (escapes \\n \\t \\\\ \\\" understood)", true},
+      {KEY(generate, max_new_tokens), ge(0), "tokens generated per sample"},
+      {KEY(generate, temperature), gt(0), "sampling temperature"},
+      {KEY(generate, top_k), ge(0), "sample among the k most likely tokens; 0 = off"},
+      {KEY(generate, top_p), open_closed(0, 1), "nucleus sampling probability mass; 1 = off"},
+      {KEY(generate, seed), none(), "sampling seed"},
+      {KEY(generate, num_samples), ge(1), "number of samples"},
+      {KEY(generate, tokenizer), one_of(kTokenizers), "byte (one token per byte) or gpt2 (BPE)"},
+      {KEY(generate, vocab_dir), none(), "for tokenizer gpt2: folder with encoder.json and vocab.bpe"},
+  };
+  return table;
+}
+#undef KEY
+
+const Entry* find_entry(const std::string& name) {
+  for (const auto& e : schema())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+std::vector<std::string> sections() {
+  std::vector<std::string> out;
+  for (const auto& e : schema())
+    if (std::find(out.begin(), out.end(), e.section()) == out.end()) out.push_back(e.section());
+  return out;
+}
+
+// ---- text helpers ---------------------------------------------------------------------------------
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n\f\v";
+  auto b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// Edit distance counting insertions, deletions, substitutions and adjacent transpositions as 1.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// Closest candidate to `bad` (case-insensitive edit distance) if it is close enough, else "".
+std::string closest(const std::string& bad, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(lower(bad), lower(c));
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best_d <= std::max<size_t>(1, bad.size() / 3) ? best : "";
+}
+
+// Explanation for a key that is not in the schema: unknown section, key outside a section or unknown
+// key in a known section, with the closest known key (or section) as a suggestion. `cli`: the name
+// came from a command-line option (--name) rather than an INI line.
+std::string unknown_key_message(const std::string& name, bool cli) {
+  const auto secs = sections();
+  const auto dot = name.find('.');
+  const std::string sec = dot == std::string::npos ? "" : name.substr(0, dot);
+  const std::string key = dot == std::string::npos ? name : name.substr(dot + 1);
+  // Same key name in another section ("[model] lr" -> train.lr) beats edit distance.
+  std::string suggestion;
+  for (const auto& e : schema())
+    if (e.key() == key) {
+      suggestion = e.name;
+      break;
+    }
+  if (suggestion.empty()) {
+    std::vector<std::string> names;
+    for (const auto& e : schema()) names.push_back(dot == std::string::npos ? e.key() : e.name);
+    suggestion = closest(name, names);
+    if (!suggestion.empty() && dot == std::string::npos) {
+      for (const auto& e : schema())
+        if (e.key() == suggestion) suggestion = e.name;
+    }
+  }
+  std::string msg;
+  if (dot == std::string::npos)
+    msg = cli ? cat("unknown option '--", name, "'") : cat("key '", name, "' is not inside a [section]");
+  else if (std::find(secs.begin(), secs.end(), sec) == secs.end())
+    msg = cat("unknown section '", sec, "' in key '", name, "'");
+  else
+    msg = cat("unknown key '", name, "'");
+  if (!suggestion.empty()) return cat(msg, "; did you mean ", suggestion, "?");
+  if (dot != std::string::npos && std::find(secs.begin(), secs.end(), sec) != secs.end()) {
+    std::vector<std::string> keys;
+    for (const auto& e : schema())
+      if (e.section() == sec) keys.push_back(e.key());
+    return cat(msg, "; keys of [", sec, "]: ", join(keys, ", "));
+  }
+  if (dot == std::string::npos)
+    return cli ? cat(msg, "; options are --help, --version and --section.key=value (see --help)")
+               : cat(msg, "; keys belong under a [section] (see --help)");
+  std::string sec_suggestion = closest(sec, secs);
+  if (!sec_suggestion.empty()) return cat(msg, "; did you mean [", sec_suggestion, "]?");
+  return cat(msg, "; sections are ", join(secs, ", "));
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\\': out += "\\\\"; break;
+      case '"': out += "\\\""; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      char n = s[i + 1];
+      const char* rep = n == 'n' ? "\n" : n == 't' ? "\t" : n == 'r' ? "\r" : n == '\\' ? "\\"
+                        : n == '"' ? "\"" : nullptr;
+      if (rep) {
+        out += rep;
+        ++i;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+std::string format_float(float v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as v
+  return std::string(buf, r.ptr);
+}
+
+std::string format_bound(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// ---- field access -----------------------------------------------------------------------------------
+
+// The value of e in c as INI text (strings quoted when needed, prompts escaped).
+std::string value_text(const Entry& e, const Config& cc) {
+  Config& c = const_cast<Config&>(cc);  // accessors take Config&; nothing is written
+  return std::visit(
+      [&](auto get) -> std::string {
+        const auto& v = *get(c);
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (e.escapes) return "\"" + escape(v) + "\"";
+          bool quote = !v.empty() && (v != trim(v) || v.find_first_of("#;\"") != std::string::npos);
+          return quote ? "\"" + v + "\"" : v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, float>) {
+          return format_float(v);
+        } else {
+          return std::to_string(v);
+        }
+      },
+      e.field);
+}
+
+// Where a value was read: "config file 'x.ini', line 4", "command line" or "default".
+struct Origin {
+  std::string where;
+  std::string text;  // the value as given
+};
+
+[[noreturn]] void bad_value(const Entry& e, const Origin& o, const std::string& why) {
+  throw Error(cat(o.where, ": ", e.name, " = '", o.text, "': ", why));
+}
+
+template <typename T>
+bool parse_integer(const std::string& s, T& out) {
+  std::string t = s;
+  if (!t.empty() && t[0] == '+') t.erase(0, 1);
+  if (t.empty() || t[0] == '+') return false;
+  auto r = std::from_chars(t.data(), t.data() + t.size(), out);
+  return r.ec == std::errc() && r.ptr == t.data() + t.size();
+}
+
+// [+-]digits: an integer in syntax (used to tell "out of range" from "not an integer").
+bool integer_syntax(const std::string& t) {
+  size_t i = !t.empty() && (t[0] == '+' || t[0] == '-') ? 1 : 0;
+  return t.size() > i && t.find_first_not_of("0123456789", i) == std::string::npos;
+}
+
+// Strip one pair of matching surrounding double quotes.
+std::string unquote(const std::string& s) {
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') return s.substr(1, s.size() - 2);
+  return s;
+}
+
+// Parse `raw` according to e's type and store it in c; throws on a wrong type.
+void assign(const Entry& e, Config& c, const std::string& raw, const Origin& o) {
+  const std::string t = trim(raw);
+  std::visit(
+      [&](auto get) {
+        auto& v = *get(c);
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          std::string s = t.size() >= 2 && t.front() == '"' && t.back() == '"' ? unquote(t) : raw;
+          v = e.escapes ? unescape(s) : s;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          const std::string l = lower(t);
+          if (l == "true" || l == "1" || l == "yes" || l == "on") v = true;
+          else if (l == "false" || l == "0" || l == "no" || l == "off") v = false;
+          else bad_value(e, o, "expected a bool (true/false, 1/0, yes/no, on/off)");
+        } else if constexpr (std::is_same_v<T, float>) {
+          std::string s = !t.empty() && t[0] == '+' ? t.substr(1) : t;
+          float f = 0;
+          auto r = std::from_chars(s.data(), s.data() + s.size(), f);
+          if (s.empty() || s[0] == '+' || r.ptr != s.data() + s.size() ||
+              (r.ec != std::errc() && r.ec != std::errc::result_out_of_range))
+            bad_value(e, o, "expected a number");
+          if (r.ec == std::errc::result_out_of_range) bad_value(e, o, "number out of range for a float");
+          if (!std::isfinite(f)) bad_value(e, o, "expected a finite number");
+          v = f;
+        } else if constexpr (std::is_same_v<T, int>) {
+          long long x = 0;
+          if (!parse_integer(t, x)) {
+            if (integer_syntax(t)) bad_value(e, o, "integer out of range");
+            bad_value(e, o, "expected an integer");
+          }
+          if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+            bad_value(e, o, "integer out of range");
+          v = static_cast<int>(x);
+        } else {
+          uint64_t x = 0;
+          if (!t.empty() && t[0] == '-') bad_value(e, o, "expected a non-negative integer");
+          if (!parse_integer(t, x)) {
+            if (integer_syntax(t)) bad_value(e, o, "integer out of range for uint64");
+            bad_value(e, o, "expected a non-negative integer");
+          }
+          v = x;
+        }
+      },
+      e.field);
+}
+
+// The constraint in words; `compact` (for --help) lists choices as a|b|c.
+std::string check_text(const Check& k, bool compact = false) {
+  if (k.choices) return compact ? join(*k.choices, "|") : "one of: " + join(*k.choices, ", ");
+  if (k.nonempty) return "not empty";
+  if (k.lo && k.hi)
+    return cat("in ", k.lo_open ? "(" : "[", format_bound(*k.lo), ", ", format_bound(*k.hi),
+               k.hi_open ? ")" : "]");
+  if (k.lo) return cat(k.lo_open ? "> " : ">= ", format_bound(*k.lo));
+  if (k.hi) return cat(k.hi_open ? "< " : "<= ", format_bound(*k.hi));
+  return "";
+}
+
+// Range / choice / non-empty check of e's final value.
+void validate(const Entry& e, const Config& cc, const Origin& o) {
+  Config& c = const_cast<Config&>(cc);
+  const Check& k = e.check;
+  Origin shown{o.where, o.text.empty() && o.where == "default" ? value_text(e, cc) : o.text};
+  std::visit(
+      [&](auto get) {
+        const auto& v = *get(c);
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (k.choices && std::find(k.choices->begin(), k.choices->end(), v) == k.choices->end())
+            bad_value(e, shown, "must be " + check_text(k));
+          if (k.nonempty && v.empty()) bad_value(e, shown, "must not be empty");
+        } else if constexpr (!std::is_same_v<T, bool>) {
+          const double x = static_cast<double>(v);
+          bool ok = true;
+          if (k.lo) ok = ok && (k.lo_open ? x > *k.lo : x >= *k.lo);
+          if (k.hi) ok = ok && (k.hi_open ? x < *k.hi : x <= *k.hi);
+          if (!ok) bad_value(e, shown, "must be " + check_text(k));
+        }
+      },
+      e.field);
+}
+
+// ---- INI reading --------------------------------------------------------------------------------------
+
+constexpr char kHashStandIn = '\x1f';  // protects '#' inside values from Boost's comment stripping
+
+struct IniText {
+  std::string text;                                 // cleaned text for Boost
+  std::map<std::string, std::vector<int>> lines;    // "section.key" -> line numbers, in order
+};
+
+// Strip comments ('#' or ';' at the start of a line or after whitespace, outside double quotes),
+// check the syntax line by line (so errors carry line numbers) and record where each key is.
+IniText clean_ini(const std::string& path, std::istream& in) {
+  IniText out;
+  const auto secs = sections();
+  std::string section, line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (n == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 byte order mark
+    const std::string at = cat("config file '", path, "', line ", n);
+    bool quoted = false;
+    size_t cut = line.size();
+    for (size_t i = 0; i < line.size(); ++i) {
+      char ch = line[i];
+      if (quoted && ch == '\\') {
+        ++i;
+        continue;
+      }
+      if (ch == '"') quoted = !quoted;
+      if (!quoted && (ch == '#' || ch == ';') &&
+          (i == 0 || std::isspace(static_cast<unsigned char>(line[i - 1])))) {
+        cut = i;
+        break;
+      }
+    }
+    std::string s = trim(line.substr(0, cut));
+    if (s.empty()) {
+      out.text += "\n";
+      continue;
+    }
+    if (s.front() == '[') {
+      if (s.back() != ']') throw Error(cat(at, ": malformed section header '", s, "'"));
+      section = trim(s.substr(1, s.size() - 2));
+      if (std::find(secs.begin(), secs.end(), section) == secs.end()) {
+        std::string sug = closest(section, secs);
+        throw Error(cat(at, ": unknown section [", section, "]",
+                        sug.empty() ? cat("; sections are ", join(secs, ", "))
+                                    : cat("; did you mean [", sug, "]?")));
+      }
+      out.text += "[" + section + "]\n";
+      continue;
+    }
+    auto eq = s.find('=');
+    if (eq == std::string::npos)
+      throw Error(cat(at, ": expected 'key = value' or '[section]', got '", s, "'"));
+    std::string key = trim(s.substr(0, eq));
+    if (key.empty()) throw Error(cat(at, ": missing key before '=' in '", s, "'"));
+    out.lines[section.empty() ? key : section + "." + key].push_back(n);
+    std::replace(s.begin(), s.end(), '#', kHashStandIn);
+    out.text += s + "\n";
+  }
+  return out;
+}
+
+po::options_description key_options() {
+  po::options_description desc("keys");
+  for (const auto& e : schema()) desc.add_options()(e.name.c_str(), po::value<std::string>(), "");
+  return desc;
+}
+
+// Read the INI file into c; records explicitly set keys and their origins.
+void read_ini(const std::string& path, Config& c, std::map<std::string, Origin>& origins) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(cat("config file '", path, "' not found"));
+  if (fs::is_directory(path, ec)) throw Error(cat("config file '", path, "' is a directory"));
+  std::ifstream f(path);
+  if (!f) throw Error(cat("config file '", path, "' cannot be opened for reading"));
+  IniText ini = clean_ini(path, f);
+  if (f.bad()) throw Error(cat("config file '", path, "': read error"));
+
+  std::istringstream text(ini.text);
+  po::parsed_options parsed(nullptr);
+  const auto desc = key_options();
+  try {
+    parsed = po::parse_config_file(text, desc, /*allow_unregistered=*/true);
+  } catch (const po::error& err) {
+    throw Error(cat("config file '", path, "': ", err.what()));
+  }
+  std::map<std::string, size_t> seen;
+  for (const auto& opt : parsed.options) {
+    const std::string& name = opt.string_key;
+    std::string value = opt.value.empty() ? "" : opt.value.front();
+    std::replace(value.begin(), value.end(), kHashStandIn, '#');
+    const auto& where_lines = ini.lines[name];
+    const size_t idx = seen[name]++;
+    const int line = idx < where_lines.size() ? where_lines[idx] : 0;
+    const std::string at =
+        line ? cat("config file '", path, "', line ", line) : cat("config file '", path, "'");
+    const Entry* e = opt.unregistered ? nullptr : find_entry(name);
+    if (!e) throw Error(cat(at, ": ", unknown_key_message(name, false), " (value '", value, "')"));
+    if (idx > 0)
+      throw Error(cat(at, ": duplicate key ", name, " = '", value, "' (already set on line ",
+                      where_lines.empty() ? 0 : where_lines.front(), ")"));
+    Origin o{at, value};
+    assign(*e, c, value, o);
+    origins[name] = o;
+    c.explicitly_set.insert(name);
+  }
+}
+
+}  // namespace
+
+// ---- public API ---------------------------------------------------------------------------------------
+
+std::string Config::to_ini() const {
+  std::ostringstream os;
+  os << "# nlptrain configuration" << (source.empty() ? "" : " (read from " + source + ")") << "\n";
+  std::string section;
+  for (const auto& e : schema()) {
+    if (e.section() != section) {
+      section = e.section();
+      os << "\n[" << section << "]\n";
+    }
+    os << e.key() << " = " << value_text(e, *this) << "\n";
+  }
+  return os.str();
+}
+
+std::string config_help() {
+  std::ostringstream os;
+  os << "usage: nlptrain [--help] [--version] [input.ini] [--section.key=value ...]\n"
+        "\n"
+        "Reads input.ini (optional), then applies the command-line overrides, which win.\n"
+        "Each key below is written `key = value` under its [section] in the INI file, or given on\n"
+        "the command line as --section.key=value or --section.key value (the last one wins).\n"
+        "Without an INI file the defaults are used. INI comments start with # or ;.\n"
+        "  --help      print this help and exit\n"
+        "  --version   print the version and exit\n"
+        "Types: int, uint64, float, bool (true/false, 1/0, yes/no, on/off), string (surrounding\n"
+        "double quotes optional).\n";
+  const Config defaults;
+  size_t w_name = 4, w_def = 7;
+  for (const auto& e : schema()) {
+    w_name = std::max(w_name, e.name.size());
+    std::string d = value_text(e, defaults);
+    w_def = std::max(w_def, d.empty() ? 2 : d.size());
+  }
+  auto pad = [](std::string s, size_t w) { return s.size() < w ? s + std::string(w - s.size(), ' ') : s; };
+  os << "\n  " << pad("KEY", w_name) << "  " << pad("TYPE", 6) << "  " << pad("DEFAULT", w_def)
+     << "  MEANING (ALLOWED VALUES)\n";
+  std::string section;
+  for (const auto& e : schema()) {
+    if (e.section() != section) {
+      section = e.section();
+      os << "\n[" << section << "]\n";
+    }
+    std::string d = value_text(e, defaults);
+    if (d.empty()) d = "\"\"";
+    std::string check = check_text(e.check, true);
+    os << "  " << pad(e.name, w_name) << "  " << pad(kTypeNames[static_cast<int>(e.type())], 6) << "  "
+       << pad(d, w_def) << "  " << e.help << (check.empty() ? "" : " (" + check + ")") << "\n";
+  }
+  return os.str();
+}
+
+ParseResult parse_config(int argc, const char* const* argv) {
+  ParseResult result;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    // "--section.key=" (empty value): Boost rejects it, so pass the empty value as the next token.
+    if (a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1) {
+      args.push_back(a.substr(0, a.size() - 1));
+      args.emplace_back();
+    } else {
+      args.push_back(a);
+    }
+  }
+
+  po::options_description desc = key_options();
+  desc.add_options()("help,h", "")("version", "")("ini-file", po::value<std::vector<std::string>>(), "");
+  po::positional_options_description pos;
+  pos.add("ini-file", -1);
+  const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                    po::command_line_style::long_allow_next | po::command_line_style::allow_short |
+                    po::command_line_style::short_allow_next |
+                    po::command_line_style::allow_dash_for_short;
+  po::parsed_options parsed(nullptr);
+  try {
+    parsed = po::command_line_parser(args)
+                 .options(desc)
+                 .positional(pos)
+                 .style(style)
+                 .allow_unregistered()
+                 .run();
+  } catch (const po::error& err) {
+    throw Error(cat("command line: ", err.what()));
+  }
+
+  std::vector<std::string> inis;
+  std::vector<const po::option*> overrides;
+  for (const auto& opt : parsed.options) {
+    if (opt.string_key == "help") result.help = true;
+    else if (opt.string_key == "version") result.version = true;
+    else if (opt.string_key == "ini-file") inis.insert(inis.end(), opt.value.begin(), opt.value.end());
+    else overrides.push_back(&opt);
+  }
+  if (result.help) {
+    result.help_text = config_help();
+    return result;
+  }
+  if (result.version) return result;
+
+  for (const auto* opt : overrides) {
+    if (opt->unregistered || !find_entry(opt->string_key)) {
+      std::string token = opt->original_tokens.empty() ? opt->string_key : opt->original_tokens.front();
+      if (token.rfind("--", 0) != 0)
+        throw Error(cat("command line: unknown option '", token, "' (see --help)"));
+      std::string name = token.substr(2, token.find('=') == std::string::npos ? std::string::npos
+                                                                               : token.find('=') - 2);
+      throw Error(cat("command line: ", unknown_key_message(name, true), " (in '", token, "')"));
+    }
+  }
+  if (inis.size() > 1)
+    throw Error(cat("command line: more than one INI file given ('", join(inis, "', '"),
+                    "'); keys are overridden with --section.key=value"));
+
+  Config& c = result.config;
+  std::map<std::string, Origin> origins;
+  if (!inis.empty()) {
+    c.source = inis.front();
+    read_ini(c.source, c, origins);
+  }
+  for (const auto* opt : overrides) {
+    const Entry& e = *find_entry(opt->string_key);
+    const std::string value = opt->value.empty() ? "" : opt->value.front();
+    Origin o{"command line", value};
+    assign(e, c, value, o);
+    origins[e.name] = o;
+    c.explicitly_set.insert(e.name);
+  }
+
+  auto origin = [&](const std::string& name) {
+    auto it = origins.find(name);
+    return it != origins.end() ? it->second : Origin{"default", ""};
+  };
+  for (const auto& e : schema()) validate(e, c, origin(e.name));
+
+  // Cross-key checks.
+  auto from = [&](const std::string& name) { return origin(name).where; };
+  if (c.model.n_embd % c.model.n_head != 0)
+    throw Error(cat("model.n_embd = ", c.model.n_embd, " (", from("model.n_embd"),
+                    ") must be divisible by model.n_head = ", c.model.n_head, " (",
+                    from("model.n_head"), ")"));
+  if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty())
+    throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
+                    ") requires generate.vocab_dir (folder with encoder.json and vocab.bpe)"));
+  if ((c.run.mode == "train" || c.run.mode == "gradients") && c.data.train.empty())
+    throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
+                    ") requires data.train (an HDF5 dataset); set it in the INI file or with "
+                    "--data.train=PATH (see --help)"));
+  if (c.run.mode == "eval" && c.data.eval.empty())
+    throw Error(cat("run.mode = eval (", from("run.mode"),
+                    ") requires data.eval (an HDF5 dataset); set it in the INI file or with "
+                    "--data.eval=PATH (see --help)"));
+  return result;
+}
+
+}  // namespace nlp

@@ -1,0 +1,122 @@
+// The run configuration: one typed, validated object built from an INI file plus
+// `--section.key=value` command-line overrides. Every key is declared once in the schema table in
+// config.cpp (name, type, default, validation, help); nothing else in nlptrain reads INI text.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace nlp {
+
+struct RunConfig {
+  std::string mode = "train";  // train | eval | generate | gradients
+  std::string task = "clm";    // clm (later: mlm, doc_cls, pair_cls, ner, qa)
+  std::string backend = "cpu"; // cpu | cuda
+  int threads = 0;             // CPU threads per rank; 0 = cores / ranks on this node
+  int log_interval = 1;        // log a line every N steps
+};
+
+struct ModelConfig {
+  std::string type = "gpt2";   // gpt2 (later: bert)
+  std::string weights;         // HDF5 weights; empty = initialise from scratch
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int vocab_size = 50257;
+  int n_positions = 1024;
+  float embd_pdrop = 0.1f;
+  float attn_pdrop = 0.1f;
+  float resid_pdrop = 0.1f;
+  float layer_norm_epsilon = 1e-5f;
+  float initializer_range = 0.02f;
+};
+
+struct DataConfig {
+  std::string train;           // HDF5 dataset for training (and gradients mode)
+  std::string eval;            // HDF5 dataset for evaluation; empty = no evaluation
+  int seq_len = 0;             // window length T for 1-D `tokens` datasets; 0 = min(n_positions, 1024)
+  bool shuffle = true;         // reshuffle examples every epoch (seeded by train.seed)
+};
+
+struct TrainConfig {
+  int steps = 1000;
+  int batch_size = 8;          // sequences per rank per micro-step
+  int grad_accum = 1;          // micro-steps per optimizer step
+  float lr = 6e-4f;
+  float min_lr_ratio = 0.0f;   // final lr = lr * min_lr_ratio (linear and cosine schedules)
+  int warmup_steps = 0;
+  std::string schedule = "cosine";  // linear | cosine | constant
+  float weight_decay = 0.01f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float adam_eps = 1e-8f;
+  float clip = 1.0f;           // max global grad norm; 0 = no clipping
+  uint64_t seed = 1234;
+  bool resume = false;         // continue from the newest checkpoint in output.dir
+  int sample_interval = 0;     // generate a sample every N steps and at the end (0 = off)
+};
+
+struct EvalConfig {
+  int interval = 0;            // evaluate every N steps and at the end; 0 = only at the end
+  int batches = 0;             // batches per evaluation (per rank); 0 = the whole eval set
+};
+
+struct CheckpointConfig {
+  int interval = 0;            // write a checkpoint every N steps and at the end; 0 = never
+  int keep = 2;                // newest checkpoints kept
+};
+
+struct OutputConfig {
+  std::string dir = "out";     // logs, metrics.jsonl, config, checkpoints, gradients
+};
+
+struct GenerateConfig {
+  std::string prompt = "\n";
+  int max_new_tokens = 128;
+  float temperature = 1.0f;
+  int top_k = 0;               // 0 = off
+  float top_p = 1.0f;          // 1 = off
+  uint64_t seed = 42;
+  int num_samples = 1;
+  std::string tokenizer = "byte";  // byte | gpt2
+  std::string vocab_dir;       // for gpt2: folder with encoder.json and vocab.bpe
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  OutputConfig output;
+  GenerateConfig generate;
+
+  std::string source;                 // the INI path it was read from ("" when none)
+  std::set<std::string> explicitly_set;  // "section.key" given in the INI or on the command line
+  bool is_set(const std::string& key) const { return explicitly_set.count(key) > 0; }
+
+  // Effective configuration as INI text (every key, sections in schema order).
+  std::string to_ini() const;
+};
+
+// Result of parsing the command line.
+struct ParseResult {
+  bool help = false;        // --help was given: help_text holds the usage
+  bool version = false;     // --version was given
+  std::string help_text;
+  Config config;
+};
+
+// argv: nlptrain [options] [input.ini] [--section.key=value ...]
+// Throws nlp::Error with the file, key and value on unknown keys, wrong types, out-of-range values
+// and inconsistent combinations (e.g. n_embd not divisible by n_head).
+ParseResult parse_config(int argc, const char* const* argv);
+
+// Usage and the full key reference (every key with type, default and meaning).
+std::string config_help();
+
+}  // namespace nlp

@@ -1,0 +1,25 @@
+// Backend factory: maps run.backend to an implementation and explains why one is unavailable.
+#include "core/backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/device.h"
+#include "core/error.h"
+
+namespace nlp {
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank) {
+  if (name == "cpu") return make_cpu_backend(threads);
+  if (name == "cuda") {
+    std::string why;
+    int n = cuda_device_count(&why);
+    if (n == 0) throw Error(cat("run.backend=cuda: no usable CUDA device: ", why));
+    if (local_rank >= n)
+      throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
+                      " device(s) on this node); use at most one rank per GPU"));
+    throw Error("run.backend=cuda: the CUDA ops are not implemented yet in this build; use "
+                "run.backend=cpu");
+  }
+  throw Error(cat("run.backend: unknown backend '", name, "' (expected cpu or cuda)"));
+}
+
+}  // namespace nlp

@@ -1,0 +1,133 @@
+// The backend interface: memory plus a table of ops, each a forward/backward pair.
+// The CPU backend (backend/cpu/) is the reference; the CUDA backend (backend/cuda/) implements the same table.
+//
+// Conventions (every backend, every op):
+//  - All pointers are backend memory (host for CPU, device for CUDA), float32 unless typed otherwise.
+//  - Row-major. Shapes are given in the comment of each op; B batch, T sequence, C channels,
+//    NH heads, HS head size (C = NH*HS), V vocabulary, M rows, K inner dim, N output dim.
+//  - Backward ops ACCUMULATE (+=) into every gradient they write. The caller zeroes gradients.
+//    A null gradient pointer means "not needed" and is skipped.
+//  - Dropout masks come from core/rng.h: keep(i) = uniform01(seed, i) >= p, scaled by 1/(1-p).
+//    Backward regenerates the mask from the same seed, so nothing is stored.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace nlp {
+
+enum class Gelu { Tanh, Erf };  // Tanh: HF "gelu_new" (GPT-2); Erf: exact GELU (BERT)
+
+// Weight layout of a dense layer computing out = inp @ W + b.
+//   InOut: W is [K, N] (HF Conv1D, GPT-2).  OutIn: W is [N, K] (torch nn.Linear, BERT).
+enum class WLayout { InOut, OutIn };
+
+constexpr int32_t kIgnoreIndex = -100;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----------------------------------------------------------------------------------
+  virtual void* alloc(size_t bytes) = 0;  // zero-initialised
+  virtual void release(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void synchronize() {}
+
+  // ---- embeddings --------------------------------------------------------------------------------
+  // out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null)
+  // wte [V,C], wpe [P,C], wtt [TT,C]
+  virtual void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
+                                 const float* wte, const float* wpe, const float* wtt, int B, int T,
+                                 int C, int pos_offset) = 0;
+  // dwte[V,C] += scatter(dout), dwpe[P,C] += sum_b dout[b,t], dwtt[TT,C] += scatter by type (nullable)
+  virtual void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                                  const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                                  int pos_offset) = 0;
+
+  // ---- dense layer ---------------------------------------------------------------------------------
+  // out[M,N] = inp[M,K] @ W + bias[N]   (W per layout; bias nullable)
+  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                              int M, int K, int N, WLayout layout) = 0;
+  // dinp[M,K] += dout @ W^T;  dw += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
+  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                               const float* inp, const float* w, int M, int K, int N,
+                               WLayout layout) = 0;
+
+  // ---- layer norm over the last dimension ---------------------------------------------------------
+  // out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] (rstd = 1/sqrt(var + eps), biased var)
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* w, const float* b, int N, int C, float eps) = 0;
+  // dinp[N,C] +=, dw[C] +=, db[C] +=
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+
+  // ---- elementwise ---------------------------------------------------------------------------------
+  // out[N] = gelu(inp)
+  virtual void gelu_forward(float* out, const float* inp, size_t N, Gelu form) = 0;
+  // dinp[N] += gelu'(inp) * dout
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
+                             Gelu form) = 0;
+  // out[N] = a + b   (out may alias a or b)
+  virtual void add(float* out, const float* a, const float* b, size_t N) = 0;
+  // dst[N] += src
+  virtual void accumulate(float* dst, const float* src, size_t N) = 0;
+  // x[N] *= s
+  virtual void scale(float* x, float s, size_t N) = 0;
+  // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp.
+  virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) = 0;
+  // dinp[N] += dout * keep / (1-p)
+  virtual void dropout_backward(float* dinp, const float* dout, size_t N, float p,
+                                uint64_t seed) = 0;
+
+  // ---- attention -----------------------------------------------------------------------------------
+  // qkv[B,T,3C] holds q | k | v per row (head h uses columns h*HS..h*HS+HS of each part).
+  // att[B,NH,T,T] receives the softmax probabilities (before dropout), saved for backward.
+  // Masking: causal (key j > query i masked) and/or key padding attn_mask[B,T] (0 = masked key; nullable).
+  // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
+  // Attention dropout on the probabilities uses mask element index ((b*NH + h)*T + i)*T + j.
+  // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
+  virtual void attention_forward(float* out, float* att, const float* qkv,
+                                 const int32_t* attn_mask, bool causal, float dropout_p,
+                                 uint64_t seed, int B, int T, int NH, int HS) = 0;
+  // dqkv[B,T,3C] += ... ; scratch[B,NH,T,T] is caller-provided workspace (contents undefined after)
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, const int32_t* attn_mask, bool causal,
+                                  float dropout_p, uint64_t seed, int B, int T, int NH,
+                                  int HS) = 0;
+  // Incremental decoding with a KV cache, one new position `pos` per sequence, no dropout:
+  // writes k,v of qkv_new[B,3C] into kcache/vcache[B,NH,Tmax,HS] at pos, then
+  // out[B,C] = softmax(q k[0..pos]^T / sqrt(HS)) v[0..pos]
+  virtual void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
+                                int B, int pos, int Tmax, int NH, int HS) = 0;
+
+  // ---- losses --------------------------------------------------------------------------------------
+  // Fused softmax + cross-entropy over logits[M,V]: losses[M] = -log softmax(logits)[target],
+  // 0 where targets[m] == kIgnoreIndex.
+  virtual void crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                    int M, int V) = 0;
+  // dlogits[M,V] += (softmax(logits) - onehot(target)) * dloss; rows with ignored targets get nothing.
+  virtual void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                     float dloss, int M, int V) = 0;
+
+  // ---- reductions and the optimizer ---------------------------------------------------------------
+  virtual double sum(const float* x, size_t N) = 0;    // in double precision
+  virtual double sumsq(const float* x, size_t N) = 0;  // in double precision
+  // torch.optim.AdamW step t (1-based) on one tensor, gradient multiplied by grad_scale first:
+  //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+  //   p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t N,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            float grad_scale, int t) = 0;
+};
+
+// Factory: "cpu" or "cuda". Throws nlp::Error naming the backend when it is unavailable.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank);
+
+}  // namespace nlp

@@ -1,0 +1,46 @@
+// Counter-based random numbers: value = f(seed, index), no state to carry.
+// Dropout masks are regenerated in backward from the same (seed, index), identically on every backend,
+// and a resumed run reproduces the exact stream from the step number alone.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define NLP_HD __host__ __device__ __forceinline__
+#else
+#define NLP_HD inline
+#endif
+
+namespace nlp {
+
+// SplitMix64 finaliser: a bijective 64-bit mix with good avalanche.
+NLP_HD uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform float in [0, 1) for element `index` of stream `seed` (24 random bits).
+NLP_HD float uniform01(uint64_t seed, uint64_t index) {
+  uint64_t r = mix64(seed ^ mix64(index));
+  return static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+}
+
+// Derive a sub-stream seed, e.g. derive_seed(run_seed, step, layer, site).
+NLP_HD uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
+  return mix64(mix64(mix64(seed ^ mix64(a + 1)) ^ (b + 0x1234567ull)) ^ (c + 0x89ABCDEFull));
+}
+
+// Host-side sequential generator (initialisation, sampling), same mixer.
+struct Rng {
+  uint64_t seed;
+  uint64_t counter = 0;
+  explicit Rng(uint64_t s) : seed(s) {}
+  uint64_t next_u64() { return mix64(seed ^ mix64(counter++)); }
+  float uniform() { return static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f); }
+  double uniform_double() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+  // Standard normal by Box-Muller (one value per call; deterministic).
+  float normal();
+};
+
+}  // namespace nlp

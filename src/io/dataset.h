@@ -1,0 +1,73 @@
+// Token datasets in HDF5 with Hugging Face column names. Two layouts:
+//   2-D:    input_ids [N,T] int32, optional attention_mask [N,T] int32 (0/1), labels [N,T] int32 (-100 = ignore)
+//   stream: tokens [L] int32, cut into N = (L-1)/T windows of T+1 tokens: window i = tokens[i*T, i*T+T+1)
+// Reads go through hyperslabs, a few rows at a time; the whole file is never loaded.
+// Every value read is validated (ids in [0, vocab), labels in [0, vocab) or -100, mask 0/1) and a bad
+// value is an error naming the file, column, example index and value.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/h5.h"
+
+namespace nlp {
+
+// A batch of n examples of length T, host memory, row-major [n,T].
+struct TokenBatch {
+  int n = 0, T = 0;
+  std::vector<int32_t> input_ids;       // [n,T]
+  std::vector<int32_t> attention_mask;  // [n,T], all 1 when the file has none
+  std::vector<int32_t> labels;          // [n,T], unshifted: = input_ids where the file has no labels
+  std::vector<int32_t> label_next;      // [n]: label of the position after the window
+                                        // (stream: tokens[i*T+T]; 2-D: -100)
+};
+
+class TokenDataset {
+ public:
+  // Opens and validates layout, dtypes and shapes. `seq_len` is the window length for stream
+  // datasets; for 2-D datasets it must be 0 or equal to the stored T (else an error).
+  TokenDataset(const std::string& path, int seq_len, int vocab_size);
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return n_; }     // number of examples (rows or windows)
+  int seq_len() const { return T_; }
+  bool is_stream() const { return stream_; }
+
+  // Read examples idx[0..count) (any order, each in [0, size())) into batch (resized).
+  void read(const int64_t* idx, int count, TokenBatch& batch) const;
+
+ private:
+  std::string path_;
+  h5::File file_;
+  int64_t n_ = 0;
+  int T_ = 0;
+  int vocab_ = 0;
+  bool stream_ = false;
+  bool has_mask_ = false, has_labels_ = false;
+};
+
+// Deterministic example order for data parallel training.
+// Global batch g (of size world*B) of epoch e takes positions [g*world*B, (g+1)*world*B) of a
+// permutation of [0, N) seeded by (seed, e); rank r takes the r-th slice of B. Shuffling off: identity.
+// One rank with batch world*B therefore sees exactly the examples that `world` ranks see together.
+class Sampler {
+ public:
+  Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
+          bool shuffle);
+  int64_t batches_per_epoch() const;  // full global batches per epoch (the remainder is dropped)
+  // Example indices of this rank for global batch number `global_batch` counted from the start
+  // of training (epochs roll over automatically).
+  std::vector<int64_t> indices(int64_t global_batch) const;
+
+ private:
+  int64_t n_;
+  int B_, rank_, world_;
+  uint64_t seed_;
+  bool shuffle_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+};
+
+}  // namespace nlp

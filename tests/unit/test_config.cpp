@@ -1,0 +1,629 @@
+// Tests of the configuration layer: defaults, INI parsing of every type, command-line overrides,
+// error messages (unknown keys and sections, wrong types, ranges, choices, cross-key checks,
+// duplicates, missing files), to_ini round trips, --help and explicitly_set.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using nlp::Config;
+using nlp::ParseResult;
+
+namespace {
+
+// Every key of config.h, written by hand (section order as in config.h).
+const std::vector<std::string> kAllKeys = {
+    "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval",
+    "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
+    "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
+    "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
+    "data.train", "data.eval", "data.seq_len", "data.shuffle",
+    "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
+    "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
+    "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
+    "eval.interval", "eval.batches",
+    "checkpoint.interval", "checkpoint.keep",
+    "output.dir",
+    "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
+    "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
+    "generate.vocab_dir"};
+
+ParseResult parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "nlptrain");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return nlp::parse_config(static_cast<int>(argv.size()), argv.data());
+}
+
+// The message of the nlp::Error that parsing `args` throws ("" and a test failure when none).
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const nlp::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an nlp::Error: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+#define EXPECT_CONTAINS(s, part) EXPECT_TRUE(contains(s, part)) << "'" << (s) << "' lacks '" << (part) << "'"
+
+void expect_equal(const Config& a, const Config& b) {
+  EXPECT_EQ(a.run.mode, b.run.mode);
+  EXPECT_EQ(a.run.task, b.run.task);
+  EXPECT_EQ(a.run.backend, b.run.backend);
+  EXPECT_EQ(a.run.threads, b.run.threads);
+  EXPECT_EQ(a.run.log_interval, b.run.log_interval);
+  EXPECT_EQ(a.model.type, b.model.type);
+  EXPECT_EQ(a.model.weights, b.model.weights);
+  EXPECT_EQ(a.model.n_layer, b.model.n_layer);
+  EXPECT_EQ(a.model.n_head, b.model.n_head);
+  EXPECT_EQ(a.model.n_embd, b.model.n_embd);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.n_positions, b.model.n_positions);
+  EXPECT_EQ(a.model.embd_pdrop, b.model.embd_pdrop);
+  EXPECT_EQ(a.model.attn_pdrop, b.model.attn_pdrop);
+  EXPECT_EQ(a.model.resid_pdrop, b.model.resid_pdrop);
+  EXPECT_EQ(a.model.layer_norm_epsilon, b.model.layer_norm_epsilon);
+  EXPECT_EQ(a.model.initializer_range, b.model.initializer_range);
+  EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_EQ(a.data.eval, b.data.eval);
+  EXPECT_EQ(a.data.seq_len, b.data.seq_len);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.batch_size, b.train.batch_size);
+  EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
+  EXPECT_EQ(a.train.lr, b.train.lr);
+  EXPECT_EQ(a.train.min_lr_ratio, b.train.min_lr_ratio);
+  EXPECT_EQ(a.train.warmup_steps, b.train.warmup_steps);
+  EXPECT_EQ(a.train.schedule, b.train.schedule);
+  EXPECT_EQ(a.train.weight_decay, b.train.weight_decay);
+  EXPECT_EQ(a.train.beta1, b.train.beta1);
+  EXPECT_EQ(a.train.beta2, b.train.beta2);
+  EXPECT_EQ(a.train.adam_eps, b.train.adam_eps);
+  EXPECT_EQ(a.train.clip, b.train.clip);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.resume, b.train.resume);
+  EXPECT_EQ(a.train.sample_interval, b.train.sample_interval);
+  EXPECT_EQ(a.eval.interval, b.eval.interval);
+  EXPECT_EQ(a.eval.batches, b.eval.batches);
+  EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
+  EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
+  EXPECT_EQ(a.output.dir, b.output.dir);
+  EXPECT_EQ(a.generate.prompt, b.generate.prompt);
+  EXPECT_EQ(a.generate.max_new_tokens, b.generate.max_new_tokens);
+  EXPECT_EQ(a.generate.temperature, b.generate.temperature);
+  EXPECT_EQ(a.generate.top_k, b.generate.top_k);
+  EXPECT_EQ(a.generate.top_p, b.generate.top_p);
+  EXPECT_EQ(a.generate.seed, b.generate.seed);
+  EXPECT_EQ(a.generate.num_samples, b.generate.num_samples);
+  EXPECT_EQ(a.generate.tokenizer, b.generate.tokenizer);
+  EXPECT_EQ(a.generate.vocab_dir, b.generate.vocab_dir);
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "nlptrain_test_config_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  fs::path dir_;
+};
+
+// ---- defaults -------------------------------------------------------------------------------------
+
+TEST(ConfigDefaults, StructDefaults) {
+  const Config c;
+  EXPECT_EQ(c.run.mode, "train");
+  EXPECT_EQ(c.run.task, "clm");
+  EXPECT_EQ(c.run.backend, "cpu");
+  EXPECT_EQ(c.model.type, "gpt2");
+  EXPECT_EQ(c.model.n_embd % c.model.n_head, 0);
+  EXPECT_EQ(c.train.schedule, "cosine");
+  EXPECT_EQ(c.generate.prompt, "\n");
+  EXPECT_EQ(c.generate.tokenizer, "byte");
+  EXPECT_EQ(c.output.dir, "out");
+  EXPECT_TRUE(c.source.empty());
+  EXPECT_TRUE(c.explicitly_set.empty());
+}
+
+TEST(ConfigDefaults, NoIniGivesDefaultsPlusOverrides) {
+  ParseResult r = parse({"--data.train=tokens.h5"});
+  EXPECT_FALSE(r.help);
+  EXPECT_FALSE(r.version);
+  Config expected;
+  expected.data.train = "tokens.h5";
+  expect_equal(r.config, expected);
+  EXPECT_EQ(r.config.source, "");
+  EXPECT_EQ(r.config.explicitly_set, std::set<std::string>{"data.train"});
+  EXPECT_TRUE(r.config.is_set("data.train"));
+  EXPECT_FALSE(r.config.is_set("train.lr"));
+}
+
+TEST(ConfigDefaults, GenerateNeedsNoData) {
+  ParseResult r = parse({"--run.mode=generate"});
+  EXPECT_EQ(r.config.run.mode, "generate");
+  EXPECT_EQ(r.config.generate.prompt, "\n");
+}
+
+// ---- INI parsing ------------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, IniEveryType) {
+  const std::string path = write("run.ini",
+                                 "# a comment\n"
+                                 "; another comment\n"
+                                 "\n"
+                                 "[run]\n"
+                                 "mode = train\n"
+                                 "  backend   =   cuda   \n"
+                                 "threads=3\n"
+                                 "\n"
+                                 "[ model ]\n"
+                                 "n_layer = 2   # inline comment\n"
+                                 "n_embd = 64 ; inline comment\n"
+                                 "n_head = 8\n"
+                                 "attn_pdrop = 0.25\n"
+                                 "layer_norm_epsilon = 1e-6\n"
+                                 "weights = /data/gpt2.h5\n"
+                                 "[data]\n"
+                                 "train = /data/train.h5\n"
+                                 "shuffle = off\n"
+                                 "seq_len = +256\n"
+                                 "[train]\n"
+                                 "lr = 3e-4\n"
+                                 "seed = 18446744073709551615\n"
+                                 "resume = YES\n"
+                                 "schedule = linear\n"
+                                 "[generate]\n"
+                                 "prompt = \"Hello\\n\\tworld # not a comment; nor this\"\n"
+                                 "temperature = .5\n"
+                                 "vocab_dir = \"/path with spaces/\"\n");
+  ParseResult r = parse({path});
+  const Config& c = r.config;
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.run.mode, "train");
+  EXPECT_EQ(c.run.backend, "cuda");
+  EXPECT_EQ(c.run.threads, 3);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.model.n_embd, 64);
+  EXPECT_EQ(c.model.n_head, 8);
+  EXPECT_EQ(c.model.attn_pdrop, 0.25f);
+  EXPECT_EQ(c.model.layer_norm_epsilon, 1e-6f);
+  EXPECT_EQ(c.model.weights, "/data/gpt2.h5");
+  EXPECT_EQ(c.data.train, "/data/train.h5");
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.seq_len, 256);
+  EXPECT_EQ(c.train.lr, 3e-4f);
+  EXPECT_EQ(c.train.seed, 18446744073709551615ull);
+  EXPECT_TRUE(c.train.resume);
+  EXPECT_EQ(c.train.schedule, "linear");
+  EXPECT_EQ(c.generate.prompt, "Hello\n\tworld # not a comment; nor this");
+  EXPECT_EQ(c.generate.temperature, 0.5f);
+  EXPECT_EQ(c.generate.vocab_dir, "/path with spaces/");
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(c.train.steps, Config{}.train.steps);
+  EXPECT_EQ(c.model.resid_pdrop, Config{}.model.resid_pdrop);
+}
+
+TEST_F(ConfigTest, UnquotedValuesKeepHashAndEscapes) {
+  const std::string path = write("a.ini",
+                                 "[data]\ntrain = x.h5\n"
+                                 "[generate]\nprompt = C# and F#;x\\n\n"
+                                 "[model]\nweights = dir\\name.h5\n");
+  const Config c = parse({path}).config;
+  EXPECT_EQ(c.generate.prompt, "C# and F#;x\n");  // prompt escapes are understood, quoted or not
+  EXPECT_EQ(c.model.weights, "dir\\name.h5");     // other strings are taken literally
+}
+
+TEST_F(ConfigTest, BoolSpellings) {
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {"true", true}, {"false", false}, {"1", true},   {"0", false},  {"yes", true},
+      {"no", false},  {"on", true},     {"off", false}, {"True", true}, {"OFF", false}};
+  for (const auto& [text, value] : cases) {
+    const std::string path = write("b.ini", "[data]\ntrain = x.h5\nshuffle = " + text + "\n");
+    EXPECT_EQ(parse({path}).config.data.shuffle, value) << text;
+    EXPECT_EQ(parse({"--data.train=x", "--train.resume", text}).config.train.resume, value) << text;
+  }
+}
+
+TEST_F(ConfigTest, CrlfLineEndingsAndByteOrderMark) {
+  const std::string path = write("crlf.ini", "\xEF\xBB\xBF[data]\r\ntrain = x.h5\r\n[train]\r\nsteps = 7\r\n");
+  const Config c = parse({path}).config;
+  EXPECT_EQ(c.data.train, "x.h5");
+  EXPECT_EQ(c.train.steps, 7);
+}
+
+// ---- command line -------------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, CommandLineOverridesIni) {
+  const std::string path = write("o.ini",
+                                 "[data]\ntrain = a.h5\n"
+                                 "[train]\nlr = 0.001\nsteps = 10\n");
+  ParseResult r = parse({path, "--train.lr=0.5", "--train.steps", "20", "--generate.prompt=hi\\tthere",
+                         "--model.weights="});
+  EXPECT_EQ(r.config.train.lr, 0.5f);
+  EXPECT_EQ(r.config.train.steps, 20);
+  EXPECT_EQ(r.config.data.train, "a.h5");
+  EXPECT_EQ(r.config.generate.prompt, "hi\tthere");
+  EXPECT_EQ(r.config.model.weights, "");
+  // Overrides may also come before the INI file; the last occurrence on the command line wins.
+  r = parse({"--train.steps=5", path, "--train.steps=6"});
+  EXPECT_EQ(r.config.train.steps, 6);
+  EXPECT_EQ(r.config.source, path);
+}
+
+TEST_F(ConfigTest, EveryKeyCanBeOverridden) {
+  for (const auto& key : kAllKeys) {
+    // A valid value per type: take it from the defaults written as INI text.
+    const std::string ini = Config{}.to_ini();
+    std::string value;
+    std::string section;
+    std::istringstream in(ini);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line[0] == '[') section = line.substr(1, line.size() - 2);
+      if (section + "." + line.substr(0, line.find(" = ")) == key) value = line.substr(line.find(" = ") + 3);
+    }
+    ParseResult r = parse({"--" + key + "=" + value, "--data.train=x.h5"});
+    EXPECT_TRUE(r.config.is_set(key)) << key;
+  }
+}
+
+TEST(ConfigCli, HelpAndVersion) {
+  ParseResult r = parse({"--help"});
+  EXPECT_TRUE(r.help);
+  EXPECT_FALSE(r.help_text.empty());
+  EXPECT_EQ(r.help_text, nlp::config_help());
+  // --help wins over an otherwise incomplete or wrong configuration.
+  EXPECT_TRUE(parse({"--train.steps=0", "--help"}).help);
+  EXPECT_TRUE(parse({"-h"}).help);
+  r = parse({"--version"});
+  EXPECT_TRUE(r.version);
+  EXPECT_FALSE(r.help);
+}
+
+TEST(ConfigCli, Errors) {
+  std::string m = error_of({"--data.train=x", "--train.lr"});
+  EXPECT_CONTAINS(m, "command line");
+  EXPECT_CONTAINS(m, "train.lr");
+  m = error_of({"a.ini", "b.ini"});
+  EXPECT_CONTAINS(m, "a.ini");
+  EXPECT_CONTAINS(m, "b.ini");
+  m = error_of({"-x"});
+  EXPECT_CONTAINS(m, "-x");
+  m = error_of({"--data.train=x", "--train.steps="});
+  EXPECT_CONTAINS(m, "train.steps");
+  EXPECT_CONTAINS(m, "integer");
+}
+
+TEST(ConfigCli, UnknownKeyOnCommandLine) {
+  std::string m = error_of({"--data.train=x", "--train.lrr=0.1"});
+  EXPECT_CONTAINS(m, "command line");
+  EXPECT_CONTAINS(m, "train.lrr");
+  EXPECT_CONTAINS(m, "did you mean train.lr?");
+  m = error_of({"--data.train=x", "--trian.steps", "3"});
+  EXPECT_CONTAINS(m, "trian");
+  EXPECT_CONTAINS(m, "did you mean train.steps?");
+  m = error_of({"--data.train=x", "--model.lr=3"});  // a key of another section
+  EXPECT_CONTAINS(m, "did you mean train.lr?");
+  m = error_of({"--data.train=x", "--train.stpes=3"});
+  EXPECT_CONTAINS(m, "did you mean train.steps?");
+  m = error_of({"--data.train=x", "--train.learning_rate=3"});
+  EXPECT_CONTAINS(m, "train.learning_rate");
+  EXPECT_CONTAINS(m, "lr");  // lists the keys of [train]
+}
+
+// ---- errors in the INI --------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, UnknownKeyNamesFileKeyAndSuggestion) {
+  const std::string path = write("u.ini", "[data]\ntrain = x.h5\n[train]\nsteps = 3\nlrr = 0.1\n");
+  const std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "line 5");
+  EXPECT_CONTAINS(m, "train.lrr");
+  EXPECT_CONTAINS(m, "0.1");
+  EXPECT_CONTAINS(m, "did you mean train.lr?");
+}
+
+TEST_F(ConfigTest, UnknownSection) {
+  std::string path = write("s.ini", "[data]\ntrain = x.h5\n[trian]\nlr = 0.1\n");
+  std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "line 3");
+  EXPECT_CONTAINS(m, "unknown section");
+  EXPECT_CONTAINS(m, "trian");
+  EXPECT_CONTAINS(m, "did you mean [train]?");
+  // An empty unknown section is an error too.
+  path = write("s2.ini", "[data]\ntrain = x.h5\n[bogus]\n");
+  m = error_of({path});
+  EXPECT_CONTAINS(m, "bogus");
+  // A key before any section.
+  path = write("s3.ini", "lr = 0.1\n[data]\ntrain = x.h5\n");
+  m = error_of({path});
+  EXPECT_CONTAINS(m, "line 1");
+  EXPECT_CONTAINS(m, "did you mean train.lr?");
+}
+
+TEST_F(ConfigTest, SyntaxError) {
+  const std::string path = write("x.ini", "[data]\ntrain = x.h5\n[train]\nsteps 3\n");
+  const std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "line 4");
+  EXPECT_CONTAINS(m, "steps 3");
+}
+
+TEST_F(ConfigTest, WrongTypes) {
+  struct Case {
+    std::string section, key, value;
+  };
+  const std::vector<Case> cases = {
+      {"train", "steps", "ten"},       {"train", "steps", "10.5"},   {"train", "steps", "1e3"},
+      {"train", "steps", "99999999999"}, {"train", "lr", "abc"},     {"train", "lr", "1.0x"},
+      {"train", "lr", "1e99"},         {"train", "lr", "nan"},       {"data", "shuffle", "maybe"},
+      {"train", "seed", "-1"},         {"generate", "seed", "x"},    {"train", "resume", "2"},
+      {"model", "n_head", ""},           {"train", "steps", "1-2"},    {"train", "seed", "1.5"}};
+  for (const auto& c : cases) {
+    const std::string path =
+        write("t.ini", "[data]\ntrain = x.h5\n[" + c.section + "]\n" + c.key + " = " + c.value + "\n");
+    std::string m = error_of({path});
+    EXPECT_CONTAINS(m, path);
+    EXPECT_CONTAINS(m, c.section + "." + c.key);
+    EXPECT_CONTAINS(m, "'" + c.value + "'");
+    m = error_of({"--data.train=x", "--" + c.section + "." + c.key + "=" + c.value});
+    EXPECT_CONTAINS(m, "command line");
+    EXPECT_CONTAINS(m, c.section + "." + c.key);
+  }
+}
+
+TEST(ConfigTypes, MessagesSayWhatWasExpected) {
+  EXPECT_CONTAINS(error_of({"--train.steps=ten"}), "expected an integer");
+  EXPECT_CONTAINS(error_of({"--train.steps=1-2"}), "expected an integer");
+  EXPECT_CONTAINS(error_of({"--train.steps=99999999999"}), "out of range");
+  EXPECT_CONTAINS(error_of({"--train.seed=99999999999999999999999"}), "out of range");
+  EXPECT_CONTAINS(error_of({"--train.lr=abc"}), "expected a number");
+  EXPECT_CONTAINS(error_of({"--train.lr=inf"}), "finite");
+  EXPECT_CONTAINS(error_of({"--data.shuffle=maybe"}), "expected a bool");
+}
+
+TEST(ConfigRanges, OutOfRangeValuesAreRejected) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"train.steps", "0"},           {"train.batch_size", "0"},     {"train.grad_accum", "0"},
+      {"train.lr", "0"},              {"train.lr", "-1"},            {"model.embd_pdrop", "1"},
+      {"model.attn_pdrop", "-0.1"},   {"model.resid_pdrop", "1.5"},  {"model.layer_norm_epsilon", "0"},
+      {"model.n_layer", "0"},         {"model.n_head", "0"},         {"model.n_embd", "0"},
+      {"model.vocab_size", "0"},      {"model.n_positions", "0"},    {"train.warmup_steps", "-1"},
+      {"train.weight_decay", "-0.1"}, {"train.beta1", "1"},          {"train.beta2", "-0.5"},
+      {"train.adam_eps", "0"},        {"train.clip", "-1"},          {"train.min_lr_ratio", "1.5"},
+      {"train.min_lr_ratio", "-0.1"}, {"checkpoint.keep", "0"},      {"checkpoint.interval", "-1"},
+      {"eval.interval", "-1"},        {"eval.batches", "-1"},        {"generate.temperature", "0"},
+      {"generate.top_k", "-1"},       {"generate.top_p", "0"},       {"generate.top_p", "1.01"},
+      {"generate.max_new_tokens", "-1"}, {"generate.num_samples", "0"}, {"data.seq_len", "-1"},
+      {"run.threads", "-1"},          {"run.log_interval", "0"},     {"train.sample_interval", "-1"},
+      {"model.initializer_range", "0"}, {"output.dir", ""}};
+  for (const auto& [key, value] : bad) {
+    const std::string m = error_of({"--data.train=x", "--" + key + "=" + value});
+    EXPECT_CONTAINS(m, key);
+    EXPECT_CONTAINS(m, "'" + value + "'");
+    EXPECT_CONTAINS(m, "command line");
+  }
+  // Also with the space-separated form and negative numbers.
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--train.warmup_steps", "-5"}), "must be >= 0");
+}
+
+TEST(ConfigRanges, BoundaryValuesAreAccepted) {
+  const Config c = parse({"--data.train=x", "--train.steps=1", "--train.min_lr_ratio=0", "--train.clip=0",
+                          "--model.embd_pdrop=0", "--train.beta1=0", "--generate.top_p=1",
+                          "--train.warmup_steps=0", "--generate.top_k=0", "--generate.max_new_tokens=0",
+                          "--data.seq_len=0", "--run.threads=0", "--checkpoint.keep=1",
+                          "--train.weight_decay=0"})
+                       .config;
+  EXPECT_EQ(c.train.steps, 1);
+  EXPECT_EQ(c.generate.top_p, 1.0f);
+  EXPECT_EQ(parse({"--data.train=x", "--train.min_lr_ratio=1"}).config.train.min_lr_ratio, 1.0f);
+  EXPECT_EQ(parse({"--data.train=x", "--model.attn_pdrop=0.999"}).config.model.attn_pdrop, 0.999f);
+}
+
+TEST_F(ConfigTest, RangeErrorInIniNamesFileAndLine) {
+  const std::string path = write("r.ini", "[data]\ntrain = x.h5\n[train]\n\nbatch_size = 0\n");
+  const std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "line 5");
+  EXPECT_CONTAINS(m, "train.batch_size");
+  EXPECT_CONTAINS(m, ">= 1");
+  // A bad INI value overridden on the command line is fine: checks run on the final values.
+  EXPECT_EQ(parse({path, "--train.batch_size=2"}).config.train.batch_size, 2);
+}
+
+TEST(ConfigChoices, AllowedAndRejected) {
+  EXPECT_EQ(parse({"--data.train=x", "--run.mode=gradients"}).config.run.mode, "gradients");
+  EXPECT_EQ(parse({"--data.eval=e", "--run.mode=eval"}).config.run.mode, "eval");
+  EXPECT_EQ(parse({"--data.train=x", "--run.backend=cuda"}).config.run.backend, "cuda");
+  for (const char* s : {"linear", "cosine", "constant"})
+    EXPECT_EQ(parse({"--data.train=x", std::string("--train.schedule=") + s}).config.train.schedule, s);
+
+  std::string m = error_of({"--data.train=x", "--run.mode=fit"});
+  EXPECT_CONTAINS(m, "run.mode");
+  EXPECT_CONTAINS(m, "'fit'");
+  EXPECT_CONTAINS(m, "train, eval, generate, gradients");
+  m = error_of({"--data.train=x", "--run.task=mlm"});
+  EXPECT_CONTAINS(m, "run.task");
+  EXPECT_CONTAINS(m, "clm");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--run.backend=tpu"}), "run.backend");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=bert"}), "model.type");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--train.schedule=step"}), "train.schedule");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--generate.tokenizer=spm"}), "generate.tokenizer");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--run.mode=Train"}), "run.mode");  // case matters
+}
+
+// ---- cross-key checks -----------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, NEmbdDivisibleByNHead) {
+  const std::string path = write("d.ini", "[data]\ntrain = x.h5\n[model]\nn_embd = 100\n");
+  const std::string m = error_of({path, "--model.n_head=3"});
+  EXPECT_CONTAINS(m, "model.n_embd");
+  EXPECT_CONTAINS(m, "100");
+  EXPECT_CONTAINS(m, "model.n_head");
+  EXPECT_CONTAINS(m, "3");
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "command line");
+  EXPECT_EQ(parse({path, "--model.n_head=5"}).config.model.n_head, 5);
+}
+
+TEST(ConfigCross, TokenizerAndData) {
+  std::string m = error_of({"--run.mode=generate", "--generate.tokenizer=gpt2"});
+  EXPECT_CONTAINS(m, "generate.vocab_dir");
+  EXPECT_EQ(parse({"--run.mode=generate", "--generate.tokenizer=gpt2", "--generate.vocab_dir=v"})
+                .config.generate.tokenizer,
+            "gpt2");
+  m = error_of({});
+  EXPECT_CONTAINS(m, "data.train");
+  m = error_of({"--run.mode=gradients"});
+  EXPECT_CONTAINS(m, "data.train");
+  m = error_of({"--run.mode=eval", "--data.train=x"});
+  EXPECT_CONTAINS(m, "data.eval");
+}
+
+TEST_F(ConfigTest, DuplicateKey) {
+  std::string path = write("dup.ini", "[data]\ntrain = x.h5\n[train]\nlr = 0.1\nsteps = 2\nlr = 0.2\n");
+  std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "duplicate");
+  EXPECT_CONTAINS(m, "train.lr");
+  EXPECT_CONTAINS(m, "line 6");
+  EXPECT_CONTAINS(m, "line 4");
+  // The same key in a repeated section is a duplicate too.
+  path = write("dup2.ini", "[train]\nlr = 0.1\n[data]\ntrain = x.h5\n[train]\nlr = 0.2\n");
+  m = error_of({path});
+  EXPECT_CONTAINS(m, "duplicate");
+  EXPECT_CONTAINS(m, "train.lr");
+}
+
+TEST_F(ConfigTest, MissingFile) {
+  const std::string path = (dir_ / "does_not_exist.ini").string();
+  std::string m = error_of({path, "--data.train=x"});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "not found");
+  m = error_of({dir_.string()});
+  EXPECT_CONTAINS(m, dir_.string());
+}
+
+// ---- to_ini --------------------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, ToIniRoundTrip) {
+  const std::string path = write("full.ini",
+                                 "[run]\nmode = gradients\ntask = clm\nbackend = cuda\nthreads = 2\n"
+                                 "log_interval = 5\n"
+                                 "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
+                                 "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
+                                 "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
+                                 "initializer_range = 0.035\n"
+                                 "[data]\ntrain = \" lead space.h5\"\neval = e#1;x.h5\nseq_len = 64\n"
+                                 "shuffle = false\n"
+                                 "[train]\nsteps = 77\nbatch_size = 3\ngrad_accum = 4\nlr = 1.7e-3\n"
+                                 "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
+                                 "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
+                                 "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
+                                 "sample_interval = 11\n"
+                                 "[eval]\ninterval = 13\nbatches = 2\n"
+                                 "[checkpoint]\ninterval = 50\nkeep = 3\n"
+                                 "[output]\ndir = runs/a b\n"
+                                 "[generate]\nprompt = \"Once \\\"upon\\\" a\\ttime\\\\n ; # end\\n\"\n"
+                                 "max_new_tokens = 17\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\n"
+                                 "seed = 99\nnum_samples = 4\ntokenizer = gpt2\nvocab_dir = /v\n");
+  const Config a = parse({path}).config;
+  EXPECT_EQ(a.generate.prompt, "Once \"upon\" a\ttime\\n ; # end\n");
+  EXPECT_EQ(a.data.train, " lead space.h5");
+  EXPECT_EQ(a.data.eval, "e#1;x.h5");
+  EXPECT_EQ(a.model.attn_pdrop, 0.123456789f);
+
+  const std::string ini = a.to_ini();
+  const std::string path2 = write("written.ini", ini);
+  const Config b = parse({path2}).config;
+  expect_equal(a, b);
+  EXPECT_EQ(b.to_ini().substr(b.to_ini().find('\n')), ini.substr(ini.find('\n')));
+  EXPECT_EQ(b.explicitly_set.size(), kAllKeys.size());  // to_ini writes every key
+}
+
+TEST_F(ConfigTest, ToIniRoundTripOfDefaults) {
+  Config d;
+  d.data.train = "x.h5";
+  const std::string path = write("defaults.ini", d.to_ini());
+  expect_equal(parse({path}).config, d);
+}
+
+TEST(ConfigToIni, EveryKeyInItsSection) {
+  const std::string ini = Config{}.to_ini();
+  for (const auto& key : kAllKeys) {
+    const std::string section = "[" + key.substr(0, key.find('.')) + "]";
+    const std::string line = "\n" + key.substr(key.find('.') + 1) + " = ";
+    const auto s = ini.find(section);
+    ASSERT_NE(s, std::string::npos) << section;
+    const auto k = ini.find(line, s);
+    ASSERT_NE(k, std::string::npos) << key;
+    const auto next = ini.find("\n[", s + 1);
+    EXPECT_TRUE(next == std::string::npos || k < next) << key << " not in " << section;
+  }
+  EXPECT_CONTAINS(ini, "prompt = \"\\n\"");
+  EXPECT_CONTAINS(ini, "shuffle = true");
+  EXPECT_CONTAINS(ini, "lr = 6e-04");
+}
+
+// ---- help ----------------------------------------------------------------------------------------------
+
+TEST(ConfigHelp, ListsEveryKeyWithTypeAndDefault) {
+  const std::string help = nlp::config_help();
+  EXPECT_CONTAINS(help, "usage: nlptrain");
+  EXPECT_CONTAINS(help, "--help");
+  EXPECT_CONTAINS(help, "--version");
+  EXPECT_CONTAINS(help, "--section.key=value");
+  for (const auto& key : kAllKeys) {
+    const auto pos = help.find("  " + key + " ");
+    ASSERT_NE(pos, std::string::npos) << key;
+    const std::string line = help.substr(pos, help.find('\n', pos) - pos);
+    EXPECT_TRUE(contains(line, " int ") || contains(line, " float ") || contains(line, " bool ") ||
+                contains(line, " string ") || contains(line, " uint64 "))
+        << line;
+  }
+  for (const char* section : {"[run]", "[model]", "[data]", "[train]", "[eval]", "[checkpoint]",
+                              "[output]", "[generate]"})
+    EXPECT_CONTAINS(help, section);
+  EXPECT_CONTAINS(help, "train|eval|generate|gradients");
+  EXPECT_CONTAINS(help, "50257");
+}
+
+// ---- explicitly_set ------------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, ExplicitlySet) {
+  const std::string path = write("e.ini", "[data]\ntrain = x.h5\n[train]\nlr = 0.1\n[model]\nn_layer = 2\n");
+  const Config c = parse({path, "--train.steps=5", "--train.lr=0.2"}).config;
+  EXPECT_EQ(c.explicitly_set,
+            (std::set<std::string>{"data.train", "train.lr", "model.n_layer", "train.steps"}));
+  EXPECT_TRUE(c.is_set("train.steps"));
+  EXPECT_FALSE(c.is_set("train.batch_size"));
+  // A key set to its default value still counts as set.
+  EXPECT_TRUE(parse({"--data.train=x", "--train.steps=1000"}).config.is_set("train.steps"));
+}
+
+}  // namespace

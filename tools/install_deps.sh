@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what nlptrain needs on a fresh Debian 12 machine: the build dependencies (apt-get) and the
+# Python packages used by tools/ and tests/ (pip). Safe to run again; skips what is present.
+set -euo pipefail
+
+APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
+          libboost-program-options-dev libopenblas-dev libgtest-dev)
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest)
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install_deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+need_py=()
+for p in "${PY_PKGS[@]}"; do
+  "$PY" -c "import $p" >/dev/null 2>&1 || need_py+=("$p")
+done
+if ((${#need_py[@]})); then
+  echo "install_deps: pip install ${need_py[*]}"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${need_py[@]}"
+fi
+echo "install_deps: ok"
