@@ -1,0 +1,151 @@
+// Checkpoints: weights (HF layout) + AdamW moments under optimizer/ + training state attributes,
+// written atomically as <dir>/checkpoints/step_<8 digits>.h5; only the newest `keep` are kept.
+#include "io/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace nlp {
+
+namespace {
+
+constexpr const char* kExpAvg = "optimizer/exp_avg/";
+constexpr const char* kExpAvgSq = "optimizer/exp_avg_sq/";
+
+// Step number of a checkpoint file name "step_<digits>.h5", or -1 for any other name (including
+// temporary files "step_....h5.tmp.<pid>").
+int64_t step_of(const std::string& fname) {
+  const std::string pre = "step_", suf = ".h5";
+  if (fname.size() <= pre.size() + suf.size()) return -1;
+  if (fname.compare(0, pre.size(), pre) != 0) return -1;
+  if (fname.compare(fname.size() - suf.size(), suf.size(), suf) != 0) return -1;
+  const std::string digits = fname.substr(pre.size(), fname.size() - pre.size() - suf.size());
+  if (digits.size() > 18) return -1;
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+// (step, path) of every complete checkpoint file in dir, newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code ec2;
+    if (!it->is_regular_file(ec2)) continue;
+    int64_t s = step_of(it->path().filename().string());
+    if (s >= 0) out.emplace_back(s, it->path().string());
+  }
+  if (ec) throw Error(cat("cannot list checkpoint directory '", dir.string(), "': ", ec.message()));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+void write_tensors(h5::File& f, const std::vector<NamedTensor>& ts, const std::string& prefix) {
+  std::set<std::string> seen;
+  for (const auto& t : ts) {
+    if (!seen.insert(t.name).second)
+      throw Error(cat("checkpoint '", f.path(), "': tensor '", prefix, t.name, "' is listed twice"));
+    f.write_f32(prefix + t.name, t.shape, t.data);
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
+                            const std::vector<NamedTensor>& params,
+                            const std::vector<NamedTensor>& exp_avg,
+                            const std::vector<NamedTensor>& exp_avg_sq,
+                            const std::function<void(h5::File&)>& write_model_attrs, int keep) {
+  if (state.step < 0) throw Error(cat("save_checkpoint: negative step ", state.step));
+  const fs::path dir = fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints";
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(state.step));
+  const std::string path = (dir / name).string();
+
+  h5::write_atomically(path, [&](h5::File& f) {
+    write_tensors(f, params, "");
+    write_tensors(f, exp_avg, kExpAvg);
+    write_tensors(f, exp_avg_sq, kExpAvgSq);
+    f.set_attr("nlptrain_step", static_cast<int64_t>(state.step));
+    f.set_attr("nlptrain_next_batch", static_cast<int64_t>(state.next_batch));
+    f.set_attr("nlptrain_seed", static_cast<int64_t>(state.seed));  // uint64 bit pattern
+    f.set_attr("nlptrain_world_size", static_cast<int64_t>(state.world_size));
+    f.set_attr("nlptrain_best_metric", static_cast<double>(state.best_metric));
+    if (write_model_attrs) write_model_attrs(f);
+  });
+
+  // Retention: keep the newest `keep` checkpoints (keep <= 0: keep all); never the one just written.
+  if (keep > 0) {
+    auto all = list_checkpoints(dir);
+    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+      if (fs::path(all[i].second) == fs::path(path)) continue;
+      std::error_code ec;
+      fs::remove(all[i].second, ec);
+      if (ec)
+        throw Error(cat("cannot remove old checkpoint '", all[i].second, "': ", ec.message()));
+    }
+  }
+  return path;
+}
+
+std::string latest_checkpoint(const std::string& output_dir) {
+  auto all = list_checkpoints(fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints");
+  return all.empty() ? std::string() : all.front().second;
+}
+
+TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
+                           const std::vector<NamedTensor>& exp_avg,
+                           const std::vector<NamedTensor>& exp_avg_sq) {
+  h5::File f = h5::File::open_read(path);
+  for (const char* key : {"nlptrain_step", "nlptrain_next_batch", "nlptrain_seed",
+                          "nlptrain_world_size", "nlptrain_best_metric"})
+    if (!f.has_attr(key))
+      throw Error(cat("file '", path, "' is not an nlptrain checkpoint: root attribute '", key,
+                      "' is missing"));
+  TrainState s;
+  s.step = f.attr_int("nlptrain_step");
+  s.next_batch = f.attr_int("nlptrain_next_batch");
+  // Written as the int64 bit pattern of the uint64 seed; a decimal string is accepted as well.
+  bool seed_is_string = false;
+  try {
+    s.seed = static_cast<uint64_t>(f.attr_int("nlptrain_seed"));
+  } catch (const Error&) {
+    seed_is_string = true;
+  }
+  if (seed_is_string) {
+    const std::string v = f.attr_string("nlptrain_seed");
+    size_t used = 0;
+    try {
+      s.seed = std::stoull(v, &used, 10);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != v.size() || v[0] == '-')
+      throw Error(cat("file '", path, "': attribute 'nlptrain_seed' = '", v,
+                      "' is not an unsigned 64-bit integer"));
+  }
+  s.world_size = f.attr_int("nlptrain_world_size");
+  s.best_metric = f.attr_double("nlptrain_best_metric");
+  if (s.step < 0 || s.next_batch < 0 || s.world_size < 1)
+    throw Error(cat("file '", path, "': invalid training state (nlptrain_step=", s.step,
+                    ", nlptrain_next_batch=", s.next_batch, ", nlptrain_world_size=", s.world_size, ")"));
+  load_tensors(f, params, "");
+  load_tensors(f, exp_avg, kExpAvg);
+  load_tensors(f, exp_avg_sq, kExpAvgSq);
+  return s;
+}
+
+}  // namespace nlp

@@ -1,0 +1,211 @@
+// Token datasets (2-D input_ids/attention_mask/labels or a 1-D token stream) read by hyperslabs,
+// and the deterministic data-parallel sampler.
+#include "io/dataset.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace nlp {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string r;
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + v[i];
+  return r.empty() ? std::string("no datasets") : r;
+}
+
+void require_int32(const h5::File& f, const std::string& name) {
+  h5::DType t = f.dtype(name);
+  // A type outside the DType set (uint16, ...): the HDF5 layer's message names it precisely.
+  if (t == h5::DType::Other) f.read_i32_rows(name, 0, 0, nullptr);
+  if (t != h5::DType::I32)
+    throw Error(cat("file '", f.path(), "': ", name, " has dtype ", h5::dtype_name(t),
+                    ", expected int32"));
+}
+
+// Domain tag separating the shuffle stream from other streams derived from the run seed.
+constexpr uint64_t kShuffleTag = 0x73687566666C6521ull;
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::string& path, int seq_len, int vocab_size)
+    : path_(path), file_(h5::File::open_read(path)), vocab_(vocab_size) {
+  if (vocab_size < 1) throw Error(cat("file '", path, "': invalid vocab_size ", vocab_size));
+  if (seq_len < 0) throw Error(cat("file '", path, "': invalid seq_len ", seq_len));
+  if (file_.has("input_ids")) {
+    stream_ = false;
+    require_int32(file_, "input_ids");
+    const auto shape = file_.shape("input_ids");
+    if (shape.size() != 2)
+      throw Error(cat("file '", path, "': input_ids has shape ", shape_str(shape),
+                      ", expected 2-D [examples, seq_len]"));
+    if (shape[0] < 1 || shape[1] < 1)
+      throw Error(cat("file '", path, "': input_ids has shape ", shape_str(shape), ": no examples"));
+    if (shape[1] > std::numeric_limits<int>::max())
+      throw Error(cat("file '", path, "': input_ids rows of length ", shape[1], " are too long"));
+    if (seq_len != 0 && seq_len != shape[1])
+      throw Error(cat("file '", path, "': input_ids has sequence length ", shape[1], " but seq_len ",
+                      seq_len, " was requested (use ", shape[1], " or 0)"));
+    n_ = shape[0];
+    T_ = static_cast<int>(shape[1]);
+    for (const char* col : {"attention_mask", "labels"}) {
+      if (!file_.has(col)) continue;
+      require_int32(file_, col);
+      const auto s = file_.shape(col);
+      if (s != shape)
+        throw Error(cat("file '", path, "': ", col, " has shape ", shape_str(s),
+                        ", expected the shape of input_ids ", shape_str(shape)));
+      (std::string(col) == "labels" ? has_labels_ : has_mask_) = true;
+    }
+  } else if (file_.has("tokens")) {
+    stream_ = true;
+    require_int32(file_, "tokens");
+    const auto shape = file_.shape("tokens");
+    if (shape.size() != 1)
+      throw Error(cat("file '", path, "': tokens has shape ", shape_str(shape), ", expected 1-D [length]"));
+    if (seq_len < 1)
+      throw Error(cat("file '", path, "': a token stream needs seq_len >= 1 (got ", seq_len, ")"));
+    const int64_t L = shape[0];
+    T_ = seq_len;
+    n_ = L >= 1 ? (L - 1) / T_ : 0;
+    if (n_ < 1)
+      throw Error(cat("file '", path, "': tokens has ", L, " tokens, fewer than one window of seq_len + 1 = ",
+                      static_cast<int64_t>(T_) + 1));
+  } else {
+    throw Error(cat("file '", path, "': no 'input_ids' (2-D) or 'tokens' (stream) dataset; the file has: ",
+                    join(file_.list())));
+  }
+}
+
+void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const {
+  if (count < 0) throw Error(cat("file '", path_, "': negative example count ", count));
+  for (int k = 0; k < count; ++k)
+    if (idx[k] < 0 || idx[k] >= n_)
+      throw Error(cat("file '", path_, "': example index ", idx[k], " is out of range for ", n_,
+                      " examples"));
+  const size_t T = static_cast<size_t>(T_);
+  const size_t total = static_cast<size_t>(count) * T;
+  batch.n = count;
+  batch.T = T_;
+  batch.input_ids.resize(total);
+  batch.attention_mask.resize(total);
+  batch.labels.resize(total);
+  batch.label_next.resize(static_cast<size_t>(count));
+
+  std::vector<int32_t> buf;
+  int k = 0;
+  while (k < count) {
+    // Coalesce a run of consecutive indices into one hyperslab read.
+    int run = 1;
+    while (k + run < count && idx[k + run] == idx[k] + run) ++run;
+    const int64_t first = idx[k];
+    if (stream_) {
+      // Windows first..first+run-1 cover tokens [first*T, (first+run)*T + 1).
+      const int64_t t0 = first * T_;
+      const int64_t len = static_cast<int64_t>(run) * T_ + 1;
+      buf.resize(static_cast<size_t>(len));
+      file_.read_i32_rows("tokens", t0, len, buf.data());
+      for (int64_t j = 0; j < len; ++j) {
+        const int32_t v = buf[static_cast<size_t>(j)];
+        if (v < 0 || v >= vocab_)
+          throw Error(cat("file '", path_, "': tokens[", t0 + j, "] (window ", first + std::min<int64_t>(j / T_, run - 1),
+                          ") = ", v, " is out of range for vocab_size ", vocab_));
+      }
+      for (int r = 0; r < run; ++r) {
+        const size_t dst = static_cast<size_t>(k + r) * T;
+        const int32_t* src = buf.data() + static_cast<size_t>(r) * T;
+        std::copy(src, src + T, batch.input_ids.begin() + dst);
+        std::copy(src, src + T, batch.labels.begin() + dst);
+        std::fill(batch.attention_mask.begin() + dst, batch.attention_mask.begin() + dst + T, 1);
+        batch.label_next[static_cast<size_t>(k + r)] = src[T];
+      }
+    } else {
+      const size_t dst = static_cast<size_t>(k) * T;
+      const size_t len = static_cast<size_t>(run) * T;
+      int32_t* ids = batch.input_ids.data() + dst;
+      file_.read_i32_rows("input_ids", first, run, ids);
+      for (size_t j = 0; j < len; ++j)
+        if (ids[j] < 0 || ids[j] >= vocab_)
+          throw Error(cat("file '", path_, "': input_ids[row ", first + static_cast<int64_t>(j / T), ", pos ",
+                          j % T, "] = ", ids[j], " is out of range for vocab_size ", vocab_));
+      int32_t* mask = batch.attention_mask.data() + dst;
+      if (has_mask_) {
+        file_.read_i32_rows("attention_mask", first, run, mask);
+        for (size_t j = 0; j < len; ++j)
+          if (mask[j] != 0 && mask[j] != 1)
+            throw Error(cat("file '", path_, "': attention_mask[row ", first + static_cast<int64_t>(j / T),
+                            ", pos ", j % T, "] = ", mask[j], " is not 0 or 1"));
+      } else {
+        std::fill(mask, mask + len, 1);
+      }
+      int32_t* lab = batch.labels.data() + dst;
+      if (has_labels_) {
+        file_.read_i32_rows("labels", first, run, lab);
+        for (size_t j = 0; j < len; ++j)
+          if (lab[j] != -100 && (lab[j] < 0 || lab[j] >= vocab_))
+            throw Error(cat("file '", path_, "': labels[row ", first + static_cast<int64_t>(j / T), ", pos ",
+                            j % T, "] = ", lab[j], " is out of range for vocab_size ", vocab_,
+                            " (and is not -100)"));
+      } else {
+        std::copy(ids, ids + len, lab);
+      }
+      for (int r = 0; r < run; ++r) batch.label_next[static_cast<size_t>(k + r)] = -100;
+    }
+    k += run;
+  }
+}
+
+// ---- Sampler --------------------------------------------------------------------------------------
+
+Sampler::Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
+                 bool shuffle)
+    : n_(num_examples), B_(batch_per_rank), rank_(rank), world_(world), seed_(seed), shuffle_(shuffle) {
+  if (world < 1) throw Error(cat("Sampler: invalid world size ", world));
+  if (rank < 0 || rank >= world) throw Error(cat("Sampler: rank ", rank, " is out of range for world size ", world));
+  if (batch_per_rank < 1) throw Error(cat("Sampler: invalid batch size per rank ", batch_per_rank));
+  if (num_examples < 0) throw Error(cat("Sampler: invalid number of examples ", num_examples));
+  const int64_t global = static_cast<int64_t>(world) * batch_per_rank;
+  if (num_examples / global == 0)
+    throw Error(cat("the dataset has ", num_examples, " examples, fewer than one global batch of ", global,
+                    " (", world, " ranks x batch size ", batch_per_rank, " per rank)"));
+}
+
+int64_t Sampler::batches_per_epoch() const { return n_ / (static_cast<int64_t>(world_) * B_); }
+
+std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
+  if (global_batch < 0) throw Error(cat("Sampler: negative global batch number ", global_batch));
+  const int64_t bpe = batches_per_epoch();
+  const int64_t epoch = global_batch / bpe;
+  const int64_t within = global_batch % bpe;
+  const int64_t start = within * static_cast<int64_t>(world_) * B_ + static_cast<int64_t>(rank_) * B_;
+  std::vector<int64_t> out(static_cast<size_t>(B_));
+  if (!shuffle_) {
+    std::iota(out.begin(), out.end(), start);
+    return out;
+  }
+  if (cached_epoch_ != epoch) {
+    perm_.resize(static_cast<size_t>(n_));
+    std::iota(perm_.begin(), perm_.end(), int64_t{0});
+    Rng rng(derive_seed(seed_, static_cast<uint64_t>(epoch), kShuffleTag));
+    for (int64_t i = n_ - 1; i > 0; --i) {
+      const uint64_t j = rng.next_u64() % static_cast<uint64_t>(i + 1);
+      std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+    }
+    cached_epoch_ = epoch;
+  }
+  std::copy(perm_.begin() + start, perm_.begin() + start + B_, out.begin());
+  return out;
+}
+
+}  // namespace nlp

@@ -1,0 +1,73 @@
+// Model weights: one float32 dataset per tensor (HF state_dict names), config as root attributes.
+#include "io/weights.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+
+namespace nlp {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+void save_weights(const std::string& path, const std::vector<NamedTensor>& tensors,
+                  const std::function<void(h5::File&)>& write_attrs) {
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    if (t.name.empty()) throw Error(cat("save_weights '", path, "': a tensor has an empty name"));
+    if (!seen.insert(t.name).second)
+      throw Error(cat("save_weights '", path, "': tensor '", t.name, "' is listed twice"));
+    if (t.numel() > 0 && t.data == nullptr)
+      throw Error(cat("save_weights '", path, "': tensor '", t.name, "' has no data"));
+  }
+  h5::write_atomically(path, [&](h5::File& f) {
+    for (const auto& t : tensors) f.write_f32(t.name, t.shape, t.data);
+    if (write_attrs) write_attrs(f);
+  });
+}
+
+std::vector<std::string> load_tensors(const h5::File& f, const std::vector<NamedTensor>& tensors,
+                                      const std::string& prefix) {
+  std::set<std::string> requested;
+  for (const auto& t : tensors) {
+    const std::string name = prefix + t.name;
+    requested.insert(name);
+    if (!f.has(name))
+      throw Error(cat("file '", f.path(), "': tensor '", name, "' not found (expected float32 ",
+                      shape_str(t.shape), ")"));
+    const h5::DType dt = f.dtype(name);
+    // A type outside the DType set: the HDF5 layer's message describes it precisely.
+    if (dt == h5::DType::Other) f.read_f32(name, f.shape(name), nullptr);
+    if (dt != h5::DType::F32)
+      throw Error(cat("file '", f.path(), "': tensor '", name, "' has dtype ", h5::dtype_name(dt),
+                      ", expected float32"));
+    const std::vector<int64_t> shape = f.shape(name);
+    if (shape != t.shape)
+      throw Error(cat("file '", f.path(), "': tensor '", name, "' has shape ", shape_str(shape),
+                      ", expected ", shape_str(t.shape)));
+    if (t.numel() > 0 && t.data == nullptr)
+      throw Error(cat("load_tensors: tensor '", name, "' has no destination buffer"));
+    f.read_f32(name, t.shape, t.data);
+  }
+
+  // Datasets in prefix's group whose names start with prefix and were not requested (full names;
+  // for prefix "" this includes a checkpoint's optimizer/ datasets, which callers may filter).
+  const size_t slash = prefix.rfind('/');
+  const std::string group = slash == std::string::npos ? std::string() : prefix.substr(0, slash);
+  std::vector<std::string> unused;
+  for (const auto& name : f.list(group)) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (!requested.count(name)) unused.push_back(name);
+  }
+  return unused;
+}
+
+}  // namespace nlp
