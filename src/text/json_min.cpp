@@ -1,0 +1,198 @@
+// Minimal flat {string: int} JSON reader (see json_min.h).
+#include "text/json_min.h"
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "text/unicode.h"
+
+namespace nlp::text {
+namespace {
+
+class Parser {
+ public:
+  Parser(const std::string& s, const std::string& source) : s_(s), src_(source) {}
+
+  std::vector<std::pair<std::string, int64_t>> parse_object() {
+    std::vector<std::pair<std::string, int64_t>> out;
+    std::unordered_set<std::string> seen;
+    skip_ws();
+    expect('{');
+    skip_ws();
+    if (peek() == '}') {
+      ++i_;
+    } else {
+      for (;;) {
+        skip_ws();
+        const size_t key_at = i_;
+        std::string key = parse_string();
+        skip_ws();
+        expect(':');
+        skip_ws();
+        const int64_t v = parse_int();
+        if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
+        out.emplace_back(std::move(key), v);
+        skip_ws();
+        const char c = peek();
+        if (c == ',') {
+          ++i_;
+          continue;
+        }
+        if (c == '}') {
+          ++i_;
+          break;
+        }
+        fail(i_, "expected ',' or '}'");
+      }
+    }
+    skip_ws();
+    if (i_ != s_.size()) fail(i_, "unexpected data after the object");
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(size_t at, const std::string& what) const {
+    throw Error(cat("JSON file '", src_, "': ", what, " at byte offset ", at));
+  }
+  char peek() const {
+    if (i_ >= s_.size()) fail(i_, "unexpected end of input");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(i_, cat("expected '", c, "'"));
+    ++i_;
+  }
+  void skip_ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
+  }
+  unsigned hex4() {
+    if (i_ + 4 > s_.size()) fail(i_, "truncated \\u escape");
+    unsigned v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = s_[i_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9')
+        v |= unsigned(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= unsigned(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= unsigned(c - 'A' + 10);
+      else
+        fail(i_ - 1, "bad hex digit in \\u escape");
+    }
+    return v;
+  }
+  std::string parse_string() {
+    expect('"');
+    std::string out;
+    for (;;) {
+      if (i_ >= s_.size()) fail(i_, "unterminated string");
+      const unsigned char c = static_cast<unsigned char>(s_[i_]);
+      if (c == '"') {
+        ++i_;
+        return out;
+      }
+      if (c < 0x20) fail(i_, "control character in string");
+      if (c != '\\') {
+        out.push_back(static_cast<char>(c));
+        ++i_;
+        continue;
+      }
+      const size_t esc_at = i_;
+      ++i_;
+      const char e = peek();
+      ++i_;
+      switch (e) {
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '/':
+          out.push_back('/');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'u': {
+          char32_t cp = hex4();
+          if (cp >= 0xD800 && cp <= 0xDBFF) {  // high surrogate: a low one must follow
+            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u')
+              fail(esc_at, "high surrogate not followed by a low surrogate");
+            i_ += 2;
+            const char32_t lo = hex4();
+            if (lo < 0xDC00 || lo > 0xDFFF)
+              fail(esc_at, "high surrogate not followed by a low surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            fail(esc_at, "lone low surrogate");
+          }
+          append_utf8(out, cp);
+          break;
+        }
+        default:
+          fail(esc_at, cat("bad escape '\\", e, "'"));
+      }
+    }
+  }
+  int64_t parse_int() {
+    const size_t start = i_;
+    bool neg = false;
+    if (peek() == '-') {
+      neg = true;
+      ++i_;
+    }
+    if (i_ >= s_.size() || s_[i_] < '0' || s_[i_] > '9') fail(start, "expected an integer value");
+    if (s_[i_] == '0' && i_ + 1 < s_.size() && s_[i_ + 1] >= '0' && s_[i_ + 1] <= '9')
+      fail(start, "leading zero in number");
+    int64_t v = 0;
+    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+      const int d = s_[i_] - '0';
+      if (v > (std::numeric_limits<int64_t>::max() - d) / 10) fail(start, "integer out of range");
+      v = v * 10 + d;
+      ++i_;
+    }
+    if (i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E'))
+      fail(start, "expected an integer value, got a fraction or exponent");
+    return neg ? -v : v;
+  }
+
+  const std::string& s_;
+  const std::string& src_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::string& json,
+                                                                     const std::string& source) {
+  return Parser(json, source).parse_object();
+}
+
+std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(cat("cannot open JSON file '", path, "'"));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw Error(cat("error reading JSON file '", path, "'"));
+  return parse_string_int_object(ss.str(), path);
+}
+
+}  // namespace nlp::text

@@ -1,0 +1,23 @@
+// A minimal JSON reader for one flat object mapping strings to integers, e.g. GPT-2's
+// encoder.json: {"!": 0, "\"": 1, ..., "<|endoftext|>": 50256}.
+// Strings support every JSON escape, including \uXXXX and UTF-16 surrogate pairs (decoded to UTF-8;
+// a lone surrogate is an error). Values must be integers (no fraction or exponent). Anything else
+// -- nested values, trailing garbage, duplicate keys -- is an nlp::Error naming `source` and the
+// byte offset.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nlp::text {
+
+// Parse `json` (the whole text). `source` (usually the file path) is used in error messages.
+// Entries are returned in file order.
+std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::string& json,
+                                                                     const std::string& source);
+
+// Read and parse a file; a missing or unreadable file is an error naming the path.
+std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path);
+
+}  // namespace nlp::text

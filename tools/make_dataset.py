@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Tokenize text files into an HDF5 token dataset in nlptrain's layout (src/io/dataset.h).
+
+Layouts
+  stream  1-D int32 dataset `tokens` [L]: the token stream of all inputs in order (the trainer cuts
+          it into windows of seq_len+1). With --eos-between-files (gpt2) an <|endoftext|> token
+          separates consecutive files.
+  rows    2-D int32 `input_ids` [N,T] and `attention_mask` [N,T], rows cut from the stream. The last
+          partial row is dropped unless --pad; with --pad it is filled with the pad id (EOS for gpt2,
+          0 for byte) under attention_mask 0, and a `labels` [N,T] dataset is written (= input_ids,
+          -100 at padded positions).
+
+--val-fraction F with --val-out FILE moves the last round(F*L) tokens of the stream (a contiguous,
+deterministic tail) to a second file with the same layout.
+
+Root attributes: tokenizer ("byte"/"gpt2"), vocab_size (256/50257), source (input paths, one per
+line), num_tokens (stream tokens stored in this file; for rows the unpadded positions), layout,
+eos_id (-1 for byte), split ("train"/"val" when --val-fraction is used), seq_len and num_rows (rows),
+vocab_dir (gpt2).
+
+Outputs are written to a temporary file in the target folder and renamed into place only when
+complete. The token stream is staged in a temporary int32 file, and everything is processed in
+chunks, so memory use does not grow with the corpus.
+
+Examples
+  make_dataset.py --tokenizer gpt2 --vocab-dir data/vocab/gpt2 --out train.h5 \\
+      --val-fraction 0.1 --val-out val.h5 input.txt
+  make_dataset.py --tokenizer byte --layout rows --seq-len 256 --pad --out rows.h5 a.txt b.txt
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nlptrain_data as nd  # noqa: E402
+
+PROG = "make_dataset.py"
+IO_BLOCK = 1 << 20  # tokens per HDF5 write / memmap read
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", metavar="TEXT_FILE", help="input text file(s) (UTF-8 for gpt2)")
+    p.add_argument("--tokenizer", required=True, choices=["byte", "gpt2"], help="tokenizer kind")
+    p.add_argument("--vocab-dir", help="folder with encoder.json and vocab.bpe (gpt2)")
+    p.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file")
+    p.add_argument("--layout", choices=["stream", "rows"], default="stream", help="dataset layout (default stream)")
+    p.add_argument("--seq-len", type=int, metavar="T", help="row length for --layout rows")
+    p.add_argument("--pad", action="store_true",
+                   help="rows: keep the last partial row, padded (attention_mask 0, labels -100)")
+    p.add_argument("--eos-between-files", action="store_true",
+                   help="insert the EOS token (<|endoftext|>) between input files (gpt2)")
+    p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
+                   help="fraction of the stream (its tail) to write to --val-out (0 <= F < 1)")
+    p.add_argument("--val-out", metavar="FILE.h5", help="validation output file (with --val-fraction)")
+    p.add_argument("--chunk-chars", type=int, default=1 << 18, help=argparse.SUPPRESS)  # tokenizer piece size
+    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+    return p.parse_args(argv)
+
+
+def check_args(a):
+    for path in a.inputs:
+        if not os.path.exists(path):
+            raise nd.DataError(f"input file '{path}' not found")
+        if not os.path.isfile(path):
+            raise nd.DataError(f"input '{path}' is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise nd.DataError(f"input file '{path}' is not readable")
+    if a.layout == "rows":
+        if a.seq_len is None:
+            raise nd.DataError("--layout rows needs --seq-len")
+        if a.seq_len < 1:
+            raise nd.DataError(f"--seq-len must be >= 1, got {a.seq_len}")
+    else:
+        if a.pad:
+            raise nd.DataError("--pad only applies to --layout rows")
+        if a.seq_len is not None:
+            raise nd.DataError("--seq-len only applies to --layout rows (stream windows are chosen at training time)")
+    if not 0.0 <= a.val_fraction < 1.0:
+        raise nd.DataError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
+    if a.val_fraction > 0 and not a.val_out:
+        raise nd.DataError("--val-fraction needs --val-out")
+    if a.val_out and a.val_fraction == 0:
+        raise nd.DataError("--val-out needs --val-fraction > 0")
+    outs = [a.out] + ([a.val_out] if a.val_out else [])
+    if a.val_out and os.path.abspath(a.val_out) == os.path.abspath(a.out):
+        raise nd.DataError("--val-out must differ from --out")
+    for o in outs:
+        d = os.path.dirname(os.path.abspath(o))
+        if not os.path.isdir(d):
+            raise nd.DataError(f"output folder '{d}' (for '{o}') does not exist")
+        if os.path.isdir(o):
+            raise nd.DataError(f"output '{o}' is a folder")
+        if any(os.path.abspath(o) == os.path.abspath(i) for i in a.inputs):
+            raise nd.DataError(f"output '{o}' is also an input")
+    if a.chunk_chars < 16:
+        raise nd.DataError("--chunk-chars must be >= 16")
+
+
+def tokenize_to_file(a, tok, raw):
+    """Append the int32 token stream of all inputs to the open binary file `raw`; returns its length."""
+    import numpy as np
+
+    total = 0
+
+    def put(ids):
+        nonlocal total
+        arr = np.asarray(ids, dtype=np.int32)
+        arr.tofile(raw)
+        total += arr.size
+
+    for k, path in enumerate(a.inputs):
+        if k > 0 and a.eos_between_files:
+            put([tok.eos_id])
+        if tok.name == "byte":
+            for block in nd.read_byte_blocks(path):
+                put(np.frombuffer(block, dtype=np.uint8))
+        else:
+            batch = []
+            for piece in nd.read_text_pieces(path, piece_chars=a.chunk_chars):
+                batch.append(piece)
+                if len(batch) >= 16:
+                    for ids in tok.encode_texts(batch):
+                        put(ids)
+                    batch = []
+            if batch:
+                for ids in tok.encode_texts(batch):
+                    put(ids)
+    raw.flush()
+    return total
+
+
+def write_h5(path, stream, a, tok, split):
+    """Write stream (a 1-D int32 array-like, e.g. a memmap slice) to `path` atomically.
+    Returns a one-line summary."""
+    import h5py
+    import numpy as np
+
+    n = int(stream.shape[0])
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["tokenizer"] = tok.name
+            f.attrs["vocab_size"] = np.int64(tok.vocab_size)
+            f.attrs["source"] = "\n".join(os.path.abspath(p) for p in a.inputs)
+            f.attrs["layout"] = a.layout
+            f.attrs["eos_id"] = np.int64(tok.eos_id)
+            if split:
+                f.attrs["split"] = split
+            if tok.vocab_dir:
+                f.attrs["vocab_dir"] = tok.vocab_dir
+            if a.layout == "stream":
+                ds = f.create_dataset("tokens", shape=(0,), maxshape=(None,), dtype="int32",
+                                      chunks=(min(1 << 16, max(n, 1)),))
+                for s in range(0, n, IO_BLOCK):
+                    block = np.asarray(stream[s:s + IO_BLOCK], dtype=np.int32)
+                    ds.resize((s + block.size,))
+                    ds[s:s + block.size] = block
+                f.attrs["num_tokens"] = np.int64(n)
+                summary = f"{n} tokens (stream)"
+            else:
+                T = a.seq_len
+                full, rem = divmod(n, T)
+                rows = full + (1 if a.pad and rem else 0)
+                if rows == 0:
+                    raise nd.DataError(
+                        f"{split or 'output'} part has {n} tokens, fewer than --seq-len {T}: no rows "
+                        f"(use --pad or a smaller --seq-len)")
+                pad_id = tok.eos_id if tok.eos_id >= 0 else 0
+                chunk_rows = max(1, min(rows, (1 << 16) // T))
+                kw = dict(shape=(0, T), maxshape=(None, T), dtype="int32", chunks=(chunk_rows, T))
+                ids_ds = f.create_dataset("input_ids", **kw)
+                mask_ds = f.create_dataset("attention_mask", **kw)
+                lab_ds = f.create_dataset("labels", **kw) if a.pad else None
+                rows_per_block = max(1, IO_BLOCK // T)
+                stored = 0
+                for r0 in range(0, rows, rows_per_block):
+                    r1 = min(rows, r0 + rows_per_block)
+                    flat = np.asarray(stream[r0 * T:min(n, r1 * T)], dtype=np.int32)
+                    real = flat.size
+                    if real < (r1 - r0) * T:  # the padded last row
+                        flat = np.concatenate([flat, np.full((r1 - r0) * T - real, pad_id, np.int32)])
+                    ids = flat.reshape(r1 - r0, T)
+                    mask = np.zeros_like(ids)
+                    mask.reshape(-1)[:real] = 1
+                    for ds in (ids_ds, mask_ds) + ((lab_ds,) if lab_ds is not None else ()):
+                        ds.resize((r1, T))
+                    ids_ds[r0:r1] = ids
+                    mask_ds[r0:r1] = mask
+                    if lab_ds is not None:
+                        lab_ds[r0:r1] = np.where(mask == 1, ids, np.int32(-100))
+                    stored += real
+                f.attrs["num_tokens"] = np.int64(stored)
+                f.attrs["seq_len"] = np.int64(T)
+                f.attrs["num_rows"] = np.int64(rows)
+                dropped = n - stored
+                summary = f"{rows} rows x {T} ({stored} tokens" + (
+                    f", {rows * T - stored} padded)" if a.pad else f", {dropped} dropped)")
+        return tmp, summary
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _umask_mode():
+    """0666 less the process umask (mkstemp creates files 0600)."""
+    old = os.umask(0)
+    os.umask(old)
+    return 0o666 & ~old
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    temps = []
+    try:
+        check_args(a)
+        tok = nd.load_tokenizer(a.tokenizer, a.vocab_dir)
+        if a.eos_between_files and tok.eos_id < 0:
+            raise nd.DataError(f"--eos-between-files: the {tok.name} tokenizer has no EOS token")
+        import numpy as np
+
+        out_dir = os.path.dirname(os.path.abspath(a.out))
+        fd, raw_path = tempfile.mkstemp(dir=out_dir, prefix="." + os.path.basename(a.out) + ".", suffix=".tokens.tmp")
+        temps.append(raw_path)
+        with os.fdopen(fd, "wb") as raw:
+            L = tokenize_to_file(a, tok, raw)
+        if L == 0:
+            raise nd.DataError("the inputs contain no text (0 tokens): " + ", ".join(f"'{p}'" for p in a.inputs))
+        stream = np.memmap(raw_path, dtype=np.int32, mode="r", shape=(L,))
+        n_val = int(round(a.val_fraction * L)) if a.val_fraction > 0 else 0
+        n_train = L - n_val
+        if a.val_fraction > 0 and (n_val == 0 or n_train == 0):
+            raise nd.DataError(f"--val-fraction {a.val_fraction} of {L} tokens leaves an empty "
+                               f"{'validation' if n_val == 0 else 'training'} part")
+        split = "train" if n_val else None
+        tmp_train, s_train = write_h5(a.out, stream[:n_train], a, tok, split)
+        temps.append(tmp_train)
+        done = [(tmp_train, a.out, s_train)]
+        if n_val:
+            tmp_val, s_val = write_h5(a.val_out, stream[n_train:], a, tok, "val")
+            temps.append(tmp_val)
+            done.append((tmp_val, a.val_out, s_val))
+        del stream
+        mode = _umask_mode()
+        for tmp, final, _ in done:
+            os.chmod(tmp, mode)
+            os.replace(tmp, final)
+            temps.remove(tmp)
+        if not a.quiet:
+            for _, final, s in done:
+                print(f"{PROG}: wrote {final}: {s}, tokenizer {tok.name}", file=sys.stderr)
+        return 0
+    except nd.DataError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        for t in temps:
+            _remove(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
