@@ -1,0 +1,309 @@
+// Multi-head scaled dot-product attention over a packed qkv[B,T,3C] (q | k | v, head h at columns
+// h*HS..h*HS+HS of each part), with causal and key-padding masks and dropout on the probabilities,
+// plus single-position decoding with a KV cache.
+//
+// One OpenMP task per (b, h), static schedule: every output element is produced by one thread in a
+// fixed order, so results are bitwise reproducible and independent of the thread count. Per head the
+// products are small (T x T x HS) and would be many tiny GEMM calls from inside a parallel region, so
+// they use a register-tiled 4x16 kernel on per-thread, zero-padded copies of the head's q, k, v
+// (T padded to Tp, HS to Hp, multiples of 16). Causal attention skips the tiles above the diagonal.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace nlp::cpu {
+namespace {
+
+typedef float v8 __attribute__((vector_size(32)));
+
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// C[4,16] = A[4,L] @ B[L,16]; A rows lda apart, B rows ldb apart, C rows ldc apart (overwritten).
+inline void tile_4x16(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb,
+                      int L, float* __restrict C, size_t ldc) {
+  v8 c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+  for (int l = 0; l < L; ++l) {
+    const float* b = B + (size_t)l * ldb;
+    const v8 b0 = load8(b), b1 = load8(b + 8);
+    const float a0 = A[l], a1 = A[lda + l], a2 = A[2 * lda + l], a3 = A[3 * lda + l];
+    c00 += a0 * b0;
+    c01 += a0 * b1;
+    c10 += a1 * b0;
+    c11 += a1 * b1;
+    c20 += a2 * b0;
+    c21 += a2 * b1;
+    c30 += a3 * b0;
+    c31 += a3 * b1;
+  }
+  store8(C, c00);
+  store8(C + 8, c01);
+  store8(C + ldc, c10);
+  store8(C + ldc + 8, c11);
+  store8(C + 2 * ldc, c20);
+  store8(C + 2 * ldc + 8, c21);
+  store8(C + 3 * ldc, c30);
+  store8(C + 3 * ldc + 8, c31);
+}
+
+inline int round16(int x) { return (x + 15) / 16 * 16; }
+
+// Row r of head h, part `part` (0 q, 1 k, 2 v) of sequence b.
+inline const float* head_row(const float* qkv, int b, int r, int h, int part, int T, int C, int HS) {
+  return qkv + ((size_t)b * T + r) * 3 * (size_t)C + (size_t)part * C + (size_t)h * HS;
+}
+
+// dst[Tp,Hp] rows t < T (others untouched, i.e. zero) = part of head h, times s
+inline void gather_rows(float* dst, int Hp, const float* qkv, int b, int h, int part, int T, int C,
+                        int HS, float s) {
+  for (int t = 0; t < T; ++t) {
+    const float* src = head_row(qkv, b, t, h, part, T, C, HS);
+    float* d = dst + (size_t)t * Hp;
+    for (int x = 0; x < HS; ++x) d[x] = src[x] * s;
+  }
+}
+
+// dst[Hp,Tp] = transposed part of head h (rows d < HS, columns t < T)
+inline void gather_transposed(float* dst, int Tp, const float* qkv, int b, int h, int part, int T,
+                              int C, int HS) {
+  for (int t = 0; t < T; ++t) {
+    const float* src = head_row(qkv, b, t, h, part, T, C, HS);
+    for (int d = 0; d < HS; ++d) dst[(size_t)d * Tp + t] = src[d];
+  }
+}
+
+inline bool key_ok(const int32_t* mask, bool causal, int i, int j) {
+  return (!causal || j <= i) && (!mask || mask[j] != 0);
+}
+
+}  // namespace
+
+// out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+                       bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS) {
+  const int C = NH * HS;
+  const int Tp = round16(T), Hp = round16(HS);
+  const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+  const bool drop = dropout_p > 0.0f;
+  const float dscale = dropout_scale(dropout_p);
+  const int BH = B * NH;
+
+#pragma omp parallel
+  {
+    // zero padding stays zero: only rows t < T / columns d < HS are ever written
+    std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
+    std::vector<float> s((size_t)4 * Tp), o((size_t)4 * Hp);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
+      gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
+      gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
+      gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
+      for (int i0 = 0; i0 < T; i0 += 4) {
+        const int ni = T - i0 < 4 ? T - i0 : 4;
+        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;  // keys this row block can see
+        // scores s[4, j < jend] = q_i . k_j / sqrt(HS)
+        for (int j0 = 0; j0 < jend; j0 += 16)
+          tile_4x16(qs.data() + (size_t)i0 * Hp, Hp, kt.data() + j0, Tp, HS, s.data() + j0, Tp);
+        for (int r = 0; r < ni; ++r) {
+          const int i = i0 + r;
+          float* __restrict srow = s.data() + (size_t)r * Tp;
+          float* __restrict arow = att + ((size_t)bh * T + i) * T;
+          // masked softmax; a fully masked row gives zeros
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int j = 0; j < jend; ++j)
+            if (key_ok(mask, causal, i, j) && srow[j] > mx) mx = srow[j];
+          float den = 0.0f;
+          for (int j = 0; j < jend; ++j) {
+            const float e = key_ok(mask, causal, i, j) ? std::exp(srow[j] - mx) : 0.0f;
+            arow[j] = e;
+            den += e;
+          }
+          const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+          for (int j = 0; j < jend; ++j) arow[j] *= inv;
+          for (int j = jend; j < T; ++j) arow[j] = 0.0f;
+          // the row of dropout(att) goes back into s for the product with v
+          if (drop) {
+            const uint64_t base = ((uint64_t)bh * T + i) * T;
+            for (int j = 0; j < jend; ++j)
+              srow[j] = arow[j] != 0.0f && uniform01(seed, base + j) >= dropout_p ? arow[j] * dscale
+                                                                                : 0.0f;
+          } else {
+            for (int j = 0; j < jend; ++j) srow[j] = arow[j];
+          }
+        }
+        for (int r = ni; r < 4; ++r)
+          for (int j = 0; j < jend; ++j) s[(size_t)r * Tp + j] = 0.0f;
+        // o[4, Hp] = dropout(att)[4, j < jend] @ v[j < jend, Hp]
+        for (int d0 = 0; d0 < Hp; d0 += 16)
+          tile_4x16(s.data(), Tp, vb.data() + d0, Hp, jend, o.data() + d0, Hp);
+        for (int r = 0; r < ni; ++r) {
+          float* oi = out + ((size_t)b * T + i0 + r) * C + (size_t)h * HS;
+          std::memcpy(oi, o.data() + (size_t)r * Hp, sizeof(float) * HS);
+        }
+      }
+    }
+  }
+}
+
+// dqkv[B,T,3C] += gradient through the forward above, from dout[B,T,C] and the saved att[B,NH,T,T].
+// With A the probabilities, A' = dropout(A) = A * kf (kf = keep/(1-p)), the scale sc = 1/sqrt(HS):
+//   dA'[T,T] = dout @ v^T;  dv += A'^T @ dout;  dA = dA' * kf;
+//   dS_ij = A_ij (dA_ij - sum_k A_ik dA_ik) * sc;  dq += dS @ k;  dk += dS^T @ q
+// scratch is not needed by this implementation (per-thread buffers instead).
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
+                        uint64_t seed, int B, int T, int NH, int HS) {
+  (void)scratch;
+  const int C = NH * HS;
+  const size_t C3 = 3 * (size_t)C;
+  const int Tp = round16(T), Hp = round16(HS);
+  const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+  const bool drop = dropout_p > 0.0f;
+  const float dscale = dropout_scale(dropout_p);
+  const int BH = B * NH;
+
+#pragma omp parallel
+  {
+    const size_t th = (size_t)Tp * Hp, tt = (size_t)Tp * Tp;
+    // rows t >= T / columns d >= HS of these are never written and stay zero
+    std::vector<float> qb(th), kb(th), dob(th), vt(th);
+    std::vector<float> ds(tt), dst(tt), pt(tt);  // ds holds dA' then dS; dst = dS^T; pt = A'^T
+    std::vector<float> dq(th), dk(th), dv(th);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
+      gather_rows(qb.data(), Hp, qkv, b, h, 0, T, C, HS, 1.0f);
+      gather_rows(kb.data(), Hp, qkv, b, h, 1, T, C, HS, 1.0f);
+      gather_transposed(vt.data(), Tp, qkv, b, h, 2, T, C, HS);
+      for (int t = 0; t < T; ++t)
+        std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
+                    sizeof(float) * HS);
+      // dA'[i, j] = dout_i . v_j  (tiles that hold some j <= i when causal)
+      for (int i0 = 0; i0 < T; i0 += 4) {
+        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;
+        for (int j0 = 0; j0 < jend; j0 += 16)
+          tile_4x16(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
+                    ds.data() + (size_t)i0 * Tp + j0, Tp);
+      }
+      // softmax backward row by row; fill dS, dS^T and A'^T (zeros where masked)
+      for (int i = 0; i < T; ++i) {
+        const float* __restrict arow = att + ((size_t)bh * T + i) * T;
+        float* __restrict drow = ds.data() + (size_t)i * Tp;
+        const int jend = causal ? i + 1 : T;
+        const uint64_t base = ((uint64_t)bh * T + i) * T;
+        float dot = 0.0f;
+        for (int j = 0; j < jend; ++j) {
+          const float a = arow[j];
+          float kf = 1.0f;
+          if (a == 0.0f || !key_ok(mask, causal, i, j)) {
+            kf = 0.0f;
+          } else if (drop) {
+            kf = uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f;
+          }
+          pt[(size_t)j * Tp + i] = a * kf;
+          const float da = drow[j] * kf;  // dA
+          drow[j] = da;
+          dot += a * da;
+        }
+        for (int j = 0; j < jend; ++j) {
+          const float v = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
+          drow[j] = v;
+          dst[(size_t)j * Tp + i] = v;
+        }
+        for (int j = jend; j < Tp; ++j) {
+          drow[j] = 0.0f;
+          dst[(size_t)j * Tp + i] = 0.0f;
+          pt[(size_t)j * Tp + i] = 0.0f;
+        }
+      }
+      for (int i0 = 0; i0 < T; i0 += 4) {
+        // dq[i] = sum_{j} dS_ij k_j
+        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;
+        for (int d0 = 0; d0 < Hp; d0 += 16)
+          tile_4x16(ds.data() + (size_t)i0 * Tp, Tp, kb.data() + d0, Hp, jend,
+                    dq.data() + (size_t)i0 * Hp + d0, Hp);
+        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+3, i >= j0 when causal)
+        const int j0 = i0, l0 = causal ? j0 : 0;
+        for (int d0 = 0; d0 < Hp; d0 += 16) {
+          tile_4x16(dst.data() + (size_t)j0 * Tp + l0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp,
+                    T - l0, dk.data() + (size_t)j0 * Hp + d0, Hp);
+          tile_4x16(pt.data() + (size_t)j0 * Tp + l0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp,
+                    T - l0, dv.data() + (size_t)j0 * Hp + d0, Hp);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        float* __restrict row = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
+        const float* sq = dq.data() + (size_t)t * Hp;
+        const float* sk = dk.data() + (size_t)t * Hp;
+        const float* sv = dv.data() + (size_t)t * Hp;
+        for (int d = 0; d < HS; ++d) {
+          row[d] += sq[d];
+          row[C + d] += sk[d];
+          row[2 * C + d] += sv[d];
+        }
+      }
+    }
+  }
+}
+
+// KV-cache decoding of position pos: kcache/vcache[B,NH,Tmax,HS] receive k, v of qkv_new[B,3C] at pos,
+// then out[B,C] = softmax(q k[0..pos]^T / sqrt(HS)) v[0..pos] (no mask beyond causality, no dropout).
+void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
+                      int pos, int Tmax, int NH, int HS) {
+  NLP_ASSERT(pos >= 0 && pos < Tmax);
+  const int C = NH * HS;
+  const size_t C3 = 3 * (size_t)C;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int BH = B * NH;
+  const int L = pos + 1;
+#pragma omp parallel
+  {
+    std::vector<float> s(L);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const float* q = qkv_new + (size_t)b * C3 + (size_t)h * HS;
+      float* kc = kcache + (size_t)bh * Tmax * HS;
+      float* vc = vcache + (size_t)bh * Tmax * HS;
+      for (int d = 0; d < HS; ++d) {
+        kc[(size_t)pos * HS + d] = q[C + d];
+        vc[(size_t)pos * HS + d] = q[2 * C + d];
+      }
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < L; ++j) {
+        const float* __restrict kj = kc + (size_t)j * HS;
+        float acc = 0.0f;
+        for (int d = 0; d < HS; ++d) acc += q[d] * sc * kj[d];
+        s[j] = acc;
+        mx = acc > mx ? acc : mx;
+      }
+      float den = 0.0f;
+      for (int j = 0; j < L; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        den += s[j];
+      }
+      const float inv = 1.0f / den;
+      float* __restrict o = out + (size_t)b * C + (size_t)h * HS;
+      for (int d = 0; d < HS; ++d) o[d] = 0.0f;
+      for (int j = 0; j < L; ++j) {
+        const float a = s[j] * inv;
+        const float* __restrict vj = vc + (size_t)j * HS;
+        for (int d = 0; d < HS; ++d) o[d] += a * vj[d];
+      }
+    }
+  }
+}
+
+}  // namespace nlp::cpu

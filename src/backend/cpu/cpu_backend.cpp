@@ -1,0 +1,151 @@
+// The CPU backend class: host memory (64-byte aligned, zeroed) and dispatch of every op to cpu_ops.h.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace nlp {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) {
+    if (threads > 0) {
+      omp_set_num_threads(threads);
+      openblas_set_num_threads(threads);
+    }
+  }
+
+  std::string name() const override { return "cpu"; }
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override {
+    size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (rounded == 0) rounded = kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p) throw Error(cat("cpu backend: out of host memory allocating ", bytes, " bytes"));
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void to_device(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes && dst != host_src) std::memmove(dst, host_src, bytes);
+  }
+  void to_host(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes && host_dst != src) std::memmove(host_dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+
+  // ---- embeddings ----
+  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+                         const float* wpe, const float* wtt, int B, int T, int C,
+                         int pos_offset) override {
+    cpu::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset);
+  }
+  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                          const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                          int pos_offset) override {
+    cpu::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset);
+  }
+
+  // ---- dense ----
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
+                      int K, int N, WLayout layout) override {
+    cpu::matmul_forward(out, inp, w, bias, M, K, N, layout);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int M, int K, int N, WLayout layout) override {
+    cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout);
+  }
+
+  // ---- layer norm ----
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C, float eps) override {
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+
+  // ---- elementwise ----
+  void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
+    cpu::gelu_forward(out, inp, N, form);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
+                     Gelu form) override {
+    cpu::gelu_backward(dinp, inp, dout, N, form);
+  }
+  void add(float* out, const float* a, const float* b, size_t N) override { cpu::add(out, a, b, N); }
+  void accumulate(float* dst, const float* src, size_t N) override { cpu::accumulate(dst, src, N); }
+  void scale(float* x, float s, size_t N) override { cpu::scale(x, s, N); }
+  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) override {
+    cpu::dropout_forward(out, inp, N, p, seed);
+  }
+  void dropout_backward(float* dinp, const float* dout, size_t N, float p,
+                        uint64_t seed) override {
+    cpu::dropout_backward(dinp, dout, N, p, seed);
+  }
+
+  // ---- attention ----
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+                         bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
+                         int HS) override {
+    cpu::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, const int32_t* attn_mask, bool causal,
+                          float dropout_p, uint64_t seed, int B, int T, int NH,
+                          int HS) override {
+    cpu::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B,
+                            T, NH, HS);
+  }
+  void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
+                        int pos, int Tmax, int NH, int HS) override {
+    cpu::attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS);
+  }
+
+  // ---- losses ----
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
+                            int V) override {
+    cpu::crossentropy_forward(losses, logits, targets, M, V);
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                             float dloss, int M, int V) override {
+    cpu::crossentropy_backward(dlogits, logits, targets, dloss, M, V);
+  }
+
+  // ---- reductions, optimizer ----
+  double sum(const float* x, size_t N) override { return cpu::sum(x, N); }
+  double sumsq(const float* x, size_t N) override { return cpu::sumsq(x, N); }
+  void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                    int t) override {
+    cpu::adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace nlp

@@ -1,0 +1,69 @@
+// Private to the CPU backend: the op implementations behind CpuBackend, one family per .cpp file.
+// Signatures and conventions are those of core/backend.h (row-major float32 host memory; backward ops
+// accumulate into non-null gradients). Every op is deterministic: OpenMP loops use static schedules and
+// each output element is produced by one thread in a fixed order, so results do not depend on timing
+// (and, apart from the OpenBLAS GEMMs, not on the thread count either).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend.h"
+
+namespace nlp::cpu {
+
+// Dropout scale 1/(1-p); 0 when p >= 1 (everything dropped).
+inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+// embedding.cpp
+void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset);
+void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                        const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                        int pos_offset);
+
+// matmul.cpp
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
+                    int N, WLayout layout);
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int M, int K, int N, WLayout layout);
+
+// layernorm.cpp
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C, float eps);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C);
+
+// gelu.cpp
+void gelu_forward(float* out, const float* inp, size_t N, Gelu form);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form);
+
+// elementwise.cpp
+void add(float* out, const float* a, const float* b, size_t N);
+void accumulate(float* dst, const float* src, size_t N);
+void scale(float* x, float s, size_t N);
+void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed);
+void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed);
+
+// attention.cpp
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+                       bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS);
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
+                        uint64_t seed, int B, int T, int NH, int HS);
+void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
+                      int pos, int Tmax, int NH, int HS);
+
+// crossentropy.cpp
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
+                          int V);
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           float dloss, int M, int V);
+
+// optimizer.cpp
+double sum(const float* x, size_t N);
+double sumsq(const float* x, size_t N);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                  int t);
+
+}  // namespace nlp::cpu

@@ -1,0 +1,67 @@
+// Token (+ position, + token-type) embeddings.
+#include "backend/cpu/cpu_ops.h"
+
+namespace nlp::cpu {
+
+// out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]])
+// wte [V,C], wpe [P,C], wtt [TT,C]
+void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset) {
+  const bool types = type_ids && wtt;
+  const int BT = B * T;
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < BT; ++bt) {
+    const int t = bt % T;
+    float* __restrict o = out + (size_t)bt * C;
+    const float* __restrict e = wte + (size_t)ids[bt] * C;
+    const float* __restrict p = wpe + (size_t)(pos_offset + t) * C;
+    if (types) {
+      const float* __restrict y = wtt + (size_t)type_ids[bt] * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c] + y[c];
+    } else {
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+}
+
+// dwte[V,C] += scatter of dout[B,T,C] by ids; dwpe[P,C] row pos_offset+t += sum_b dout[b,t];
+// dwtt[TT,C] += scatter by type_ids (when both non-null).
+// Deterministic: threads own channel blocks, and each block visits (b,t) in order.
+void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                        const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                        int pos_offset) {
+  const int BT = B * T;
+  const bool types = type_ids && dwtt;
+  constexpr int kBlock = 32;
+  const int nblocks = (C + kBlock - 1) / kBlock;
+  if (dwte || types) {
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; ++blk) {
+      const int c0 = blk * kBlock;
+      const int c1 = c0 + kBlock < C ? c0 + kBlock : C;
+      for (int bt = 0; bt < BT; ++bt) {
+        const float* __restrict d = dout + (size_t)bt * C;
+        if (dwte) {
+          float* __restrict g = dwte + (size_t)ids[bt] * C;
+          for (int c = c0; c < c1; ++c) g[c] += d[c];
+        }
+        if (types) {
+          float* __restrict g = dwtt + (size_t)type_ids[bt] * C;
+          for (int c = c0; c < c1; ++c) g[c] += d[c];
+        }
+      }
+    }
+  }
+  if (dwpe) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      float* __restrict g = dwpe + (size_t)(pos_offset + t) * C;
+      for (int b = 0; b < B; ++b) {
+        const float* __restrict d = dout + ((size_t)b * T + t) * C;
+        for (int c = 0; c < C; ++c) g[c] += d[c];
+      }
+    }
+  }
+}
+
+}  // namespace nlp::cpu
