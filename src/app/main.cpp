@@ -1,0 +1,127 @@
+// nlptrain: parse the configuration, bootstrap MPI, build the backend and the model, run the mode.
+// The only file that knows every layer. Errors: a message naming the file/key/value on stderr and a
+// non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
+#include <mpi.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "backend/cuda/device.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/backend.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "train/log.h"
+#include "train/session.h"
+
+#ifndef NLPTRAIN_VERSION
+#define NLPTRAIN_VERSION "0.1.0"
+#endif
+
+namespace {
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+int run(const nlp::Config& cfg, nlp::Comm& comm) {
+  using namespace nlp;
+  const int rank = comm.rank();
+  Log log(rank);
+  const bool append = cfg.run.mode != "train" || cfg.train.resume;
+  log.open(cfg.output.dir, append);
+
+  int threads = cfg.run.threads;
+  if (threads <= 0) {
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, hw / std::max(1, comm.local_size()));
+  }
+  auto be = make_backend(cfg.run.backend, threads, comm.local_rank());
+
+  ModelConfig mc = resolve_model_config(cfg);
+  auto model = make_model(mc, *be);
+
+  log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
+               " | ", comm.size(), " rank(s) | backend ", be->name(), " | ", threads,
+               " thread(s) per rank"));
+  log.info("effective configuration (also in " + cfg.output.dir + "/config.ini):");
+  log.info(cfg.to_ini());
+  if (rank == 0) {
+    const std::string tmp = cfg.output.dir + "/config.ini.tmp";
+    std::ofstream(tmp) << cfg.to_ini();
+    std::filesystem::rename(tmp, cfg.output.dir + "/config.ini");
+  }
+
+  const size_t nparams = model->params().total();
+  if (mc.weights.empty()) {
+    model->init_weights(cfg.train.seed);
+    log.info(cat("model: GPT-2 initialised from scratch (seed ", cfg.train.seed, ")"));
+  } else {
+    auto unused = load_model_weights(*model, mc.weights);
+    log.info(cat("model: loaded '", mc.weights, "'"));
+    for (auto& n : unused) log.info(cat("model: unused tensor in weights file: ", n));
+  }
+  char buf[320];
+  const int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(mc.n_positions, 1024);
+  std::snprintf(buf, sizeof buf,
+                "model: %d layers, %d heads, %d embd, vocab %d, %zu parameters (%.2fM) | memory per "
+                "rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d) %.1f MiB",
+                mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, nparams, nparams / 1e6,
+                mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T,
+                mib(model->activation_bytes(cfg.train.batch_size, T)));
+  log.info(buf);
+
+  Session s{cfg, comm, *be, log, *model};
+  if (cfg.run.mode == "train") run_train(s);
+  else if (cfg.run.mode == "eval") run_eval(s);
+  else if (cfg.run.mode == "generate") run_generate(s);
+  else if (cfg.run.mode == "gradients") run_gradients(s);
+  else throw Error(cat("run.mode: unknown mode '", cfg.run.mode, "'"));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+  // Configuration errors are the same on every rank: rank 0 reports, every rank exits with 2.
+  nlp::ParseResult pr;
+  try {
+    pr = nlp::parse_config(argc, argv);
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  if (pr.help || pr.version) {
+    if (rank == 0) {
+      if (pr.version) std::printf("nlptrain %s (CUDA backend %s)\n", NLPTRAIN_VERSION,
+                                  nlp::cuda_compiled() ? "compiled" : "not compiled");
+      else std::printf("%s", pr.help_text.c_str());
+    }
+    MPI_Finalize();
+    return 0;
+  }
+
+  std::unique_ptr<nlp::Comm> comm;
+  try {
+    comm = nlp::make_mpi_comm();
+    run(pr.config, *comm);
+  } catch (const std::exception& e) {
+    if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
+    else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    comm.reset();
+    MPI_Finalize();
+    return 1;
+  }
+  comm.reset();
+  MPI_Finalize();
+  return 0;
+}

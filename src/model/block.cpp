@@ -1,0 +1,161 @@
+#include "model/block.h"
+
+#include "core/error.h"
+
+namespace nlp {
+
+size_t block_acts_numel(const BlockConfig& c, int B, int T) {
+  const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
+  return BT * C          // ln1
+         + 2 * BT        // ln1 mean, rstd
+         + BT * 3 * C    // qkv
+         + size_t(B) * c.NH * T * T  // att
+         + BT * C        // atty
+         + BT * C        // res1
+         + BT * C        // ln2
+         + 2 * BT        // ln2 mean, rstd
+         + 2 * BT * FF   // fch, fch_gelu
+         + BT * C        // res2
+         + BT * C;       // out
+}
+
+size_t block_scratch_numel(const BlockConfig& c, int B, int T) {
+  const size_t BT = size_t(B) * T;
+  return 3 * BT * c.C + BT * 3 * c.C + 2 * BT * c.FF + size_t(B) * c.NH * T * T;
+}
+
+BlockActs carve_block_acts(float* p, const BlockConfig& c, int B, int T) {
+  const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
+  BlockActs a{};
+  auto take = [&p](size_t n) { float* r = p; p += n; return r; };
+  a.ln1 = take(BT * C);
+  a.ln1_mean = take(BT);
+  a.ln1_rstd = take(BT);
+  a.qkv = take(BT * 3 * C);
+  a.att = take(size_t(B) * c.NH * T * T);
+  a.atty = take(BT * C);
+  a.res1 = take(BT * C);
+  a.ln2 = take(BT * C);
+  a.ln2_mean = take(BT);
+  a.ln2_rstd = take(BT);
+  a.fch = take(BT * FF);
+  a.fch_gelu = take(BT * FF);
+  a.res2 = take(BT * C);
+  a.out = take(BT * C);
+  return a;
+}
+
+BlockScratch carve_block_scratch(float* p, const BlockConfig& c, int B, int T) {
+  const size_t BT = size_t(B) * T;
+  BlockScratch s{};
+  auto take = [&p](size_t n) { float* r = p; p += n; return r; };
+  s.d_res1 = take(BT * c.C);
+  s.d_c1 = take(BT * c.C);
+  s.d_c2 = take(BT * c.C);
+  s.d_qkv = take(BT * 3 * c.C);
+  s.d_ff1 = take(BT * c.FF);
+  s.d_ff2 = take(BT * c.FF);
+  s.d_att = take(size_t(B) * c.NH * T * T);
+  return s;
+}
+
+void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
+                   const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
+                   int B, int T) {
+  if (!c.pre_ln) throw Error("post-LN transformer blocks (BERT) are not implemented yet");
+  const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
+  const float p_attn = training ? c.attn_pdrop : 0.f;
+  const float p_resid = training ? c.resid_pdrop : 0.f;
+  const size_t n = size_t(BT) * C;
+
+  // attention sub-block: res1[BT,C] = x + drop(proj(attn(LN1(x))))
+  be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
+  be.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
+  be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
+                       HS);
+  be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
+  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1);
+  be.add(a.res1, a.res1, x, n);
+
+  // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1)))))
+  be.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, w.ln2_w, w.ln2_b, BT, C, c.ln_eps);
+  be.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, FF, c.layout);
+  be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
+  be.matmul_forward(a.out, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
+  be.dropout_forward(a.out, a.out, n, p_resid, seeds.resid2);
+  be.add(a.out, a.out, a.res1, n);
+}
+
+void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
+                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
+                    float* dout, const float* x, const int32_t* attn_mask, bool training,
+                    BlockSeeds seeds, int B, int T) {
+  NLP_ASSERT(c.pre_ln);
+  const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
+  const float p_attn = training ? c.attn_pdrop : 0.f;
+  const float p_resid = training ? c.resid_pdrop : 0.f;
+  const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
+  const size_t f = sizeof(float);
+
+  // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
+  be.copy(s.d_res1, dout, n * f);
+  be.zero(s.d_c1, n * f);
+  be.dropout_backward(s.d_c1, dout, n, p_resid, seeds.resid2);
+  be.zero(s.d_ff2, nff * f);
+  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
+                     c.layout);
+  be.zero(s.d_ff1, nff * f);
+  be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
+  be.zero(s.d_c2, n * f);
+  be.matmul_backward(s.d_c2, gw.fc_w, gw.fc_b, s.d_ff1, a.ln2, w.fc_w, BT, C, FF, c.layout);
+  be.layernorm_backward(s.d_res1, gw.ln2_w, gw.ln2_b, s.d_c2, a.res1, w.ln2_w, a.ln2_mean,
+                        a.ln2_rstd, BT, C);
+
+  // res1 = x + drop(proj(attn(LN1(x))))
+  be.accumulate(dx, s.d_res1, n);
+  be.zero(s.d_c1, n * f);
+  be.dropout_backward(s.d_c1, s.d_res1, n, p_resid, seeds.resid1);
+  be.zero(s.d_c2, n * f);
+  be.matmul_backward(s.d_c2, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
+  be.zero(s.d_qkv, 3 * n * f);
+  be.attention_backward(s.d_qkv, s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
+                        seeds.attn, B, T, c.NH, HS);
+  be.zero(s.d_c1, n * f);
+  be.matmul_backward(s.d_c1, gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C, c.layout);
+  be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,
+                        C);
+}
+
+size_t block_decode_scratch_numel(const BlockConfig& c, int B) {
+  return size_t(B) * (7 * size_t(c.C) + 2 * size_t(c.FF) + 2);
+}
+
+void block_decode(Backend& be, const BlockConfig& c, const BlockWeights& w, const float* x,
+                  float* out, float* kcache, float* vcache, float* scratch, int B, int pos,
+                  int Tmax) {
+  NLP_ASSERT(c.pre_ln && c.causal);
+  const int C = c.C, FF = c.FF, HS = C / c.NH;
+  const size_t n = size_t(B) * C;
+  float* ln = scratch;          // [B,C]
+  float* qkv = ln + n;          // [B,3C]
+  float* atty = qkv + 3 * n;    // [B,C]
+  float* tmp = atty + n;        // [B,C]
+  float* res = tmp + n;         // [B,C]
+  float* fch = res + n;         // [B,FF]
+  float* fchg = fch + size_t(B) * FF;  // [B,FF]
+  float* mean = fchg + size_t(B) * FF; // [B]
+  float* rstd = mean + B;              // [B]
+
+  be.layernorm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b, B, C, c.ln_eps);
+  be.matmul_forward(qkv, ln, w.qkv_w, w.qkv_b, B, C, 3 * C, c.layout);
+  be.attention_decode(atty, qkv, kcache, vcache, B, pos, Tmax, c.NH, HS);
+  be.matmul_forward(tmp, atty, w.proj_w, w.proj_b, B, C, C, c.layout);
+  be.add(res, tmp, x, n);
+  be.layernorm_forward(ln, mean, rstd, res, w.ln2_w, w.ln2_b, B, C, c.ln_eps);
+  be.matmul_forward(fch, ln, w.fc_w, w.fc_b, B, C, FF, c.layout);
+  be.gelu_forward(fchg, fch, size_t(B) * FF, c.gelu);
+  be.matmul_forward(tmp, fchg, w.fcp_w, w.fcp_b, B, FF, C, c.layout);
+  be.add(out, tmp, res, n);
+}
+
+}  // namespace nlp

@@ -1,0 +1,86 @@
+// The transformer block shared by GPT-2 and BERT, parameterised by what differs between them:
+//   pre-LN (GPT-2): x1 = x  + drop(attn(LN1(x)));  y = x1 + drop(mlp(LN2(x1)))
+//   post-LN (BERT): x1 = LN1(x + drop(attn(x)));   y = LN2(x1 + drop(mlp(x1)))
+// attention: qkv = in @ Wqkv + bqkv (fused q|k|v), multi-head softmax(q k^T/sqrt(HS)) v, out projection;
+// mlp: gelu(in @ Wfc + bfc) @ Wproj + bproj. Weight layout per BlockConfig::layout (Conv1D or Linear).
+#pragma once
+#include <cstdint>
+
+#include "core/backend.h"
+
+namespace nlp {
+
+struct BlockConfig {
+  int C = 0, NH = 0, FF = 0;  // channels, heads, MLP hidden
+  bool pre_ln = true;
+  bool causal = true;
+  Gelu gelu = Gelu::Tanh;
+  WLayout layout = WLayout::InOut;
+  float ln_eps = 1e-5f;
+  float attn_pdrop = 0.f, resid_pdrop = 0.f;
+};
+
+// Pointers to one block's tensors (parameters, or their gradients: same struct).
+struct BlockWeights {
+  float *ln1_w, *ln1_b;    // [C]
+  float *qkv_w, *qkv_b;    // [C,3C] (InOut) or [3C,C] (OutIn); [3C]
+  float *proj_w, *proj_b;  // [C,C]; [C]
+  float *ln2_w, *ln2_b;    // [C]
+  float *fc_w, *fc_b;      // [C,FF] or [FF,C]; [FF]
+  float *fcp_w, *fcp_b;    // [FF,C] or [C,FF]; [C]
+};
+
+// Saved activations of one block for B*T rows (owned by the model's activation arena).
+struct BlockActs {
+  float* ln1;               // [BT,C]   LN1 output (pre-LN) or LN1 output = x1 (post-LN)
+  float *ln1_mean, *ln1_rstd;  // [BT]
+  float* qkv;               // [BT,3C]
+  float* att;               // [B,NH,T,T] softmax probabilities
+  float* atty;              // [BT,C]   attention output before the projection
+  float* res1;              // [BT,C]   x + drop(proj)  (the residual stream after attention)
+  float* ln2;               // [BT,C]
+  float *ln2_mean, *ln2_rstd;  // [BT]
+  float* fch;               // [BT,FF]  before GELU
+  float* fch_gelu;          // [BT,FF]
+  float* res2;              // [BT,C]   x1 + drop(mlp)  (post-LN: LN2's input)
+  float* out;               // [BT,C]   block output
+};
+
+// Scratch for backward, shared by all blocks (sized for one block).
+struct BlockScratch {
+  float *d_res1, *d_c1, *d_c2;  // [BT,C]
+  float *d_qkv;                 // [BT,3C]
+  float *d_ff1, *d_ff2;         // [BT,FF]
+  float* d_att;                 // [B,NH,T,T]
+};
+
+// Element counts for one block's activations and the shared scratch.
+size_t block_acts_numel(const BlockConfig& c, int B, int T);
+size_t block_scratch_numel(const BlockConfig& c, int B, int T);
+// Carve BlockActs / BlockScratch out of a buffer of the sizes above.
+BlockActs carve_block_acts(float* base, const BlockConfig& c, int B, int T);
+BlockScratch carve_block_scratch(float* base, const BlockConfig& c, int B, int T);
+
+// Per-block dropout seeds: attention probabilities, residual after attention, residual after MLP.
+struct BlockSeeds {
+  uint64_t attn, resid1, resid2;
+};
+
+// x[BT,C] -> a.out[BT,C]. attn_mask [B,T] nullable. training=false disables dropout.
+void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
+                   const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
+                   int B, int T);
+// dout[BT,C] (consumed, may be overwritten) -> dx[BT,C] += ..., gw += ...
+void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
+                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
+                    float* dout, const float* x, const int32_t* attn_mask, bool training,
+                    BlockSeeds seeds, int B, int T);
+
+// One decoding position for B sequences with KV caches [B,NH,Tmax,HS] (pre-LN only, no dropout).
+// x[B,C] -> out[B,C]; scratch holds block_decode_scratch_numel(c, B) floats.
+size_t block_decode_scratch_numel(const BlockConfig& c, int B);
+void block_decode(Backend& be, const BlockConfig& c, const BlockWeights& w, const float* x,
+                  float* out, float* kcache, float* vcache, float* scratch, int B, int pos,
+                  int Tmax);
+
+}  // namespace nlp

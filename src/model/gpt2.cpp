@@ -1,0 +1,320 @@
+// GPT-2 (HF GPT2LMHeadModel): token + position embeddings, n_layer pre-LN blocks with causal attention
+// and gelu_new, final LayerNorm, LM head tied to the token embedding, cross-entropy with ignore index.
+// Parameters carry the HF state_dict names and shapes (Conv1D layout [in, out]).
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/block.h"
+#include "model/model.h"
+
+namespace nlp {
+namespace {
+
+class Gpt2 final : public Model {
+ public:
+  Gpt2(const ModelConfig& mc, Backend& be) : mc_(mc), be_(be) {
+    C_ = mc.n_embd;
+    V_ = mc.vocab_size;
+    L_ = mc.n_layer;
+    bc_.C = C_;
+    bc_.NH = mc.n_head;
+    bc_.FF = 4 * C_;
+    bc_.pre_ln = true;
+    bc_.causal = true;
+    bc_.gelu = Gelu::Tanh;
+    bc_.layout = WLayout::InOut;
+    bc_.ln_eps = mc.layer_norm_epsilon;
+    bc_.attn_pdrop = mc.attn_pdrop;
+    bc_.resid_pdrop = mc.resid_pdrop;
+
+    const int64_t C = C_, FF = bc_.FF;
+    wte_ = ps_.add("transformer.wte.weight", {V_, C}, true);
+    wpe_ = ps_.add("transformer.wpe.weight", {mc.n_positions, C}, true);
+    for (int l = 0; l < L_; ++l) {
+      const std::string p = cat("transformer.h.", l, ".");
+      LayerIdx li;
+      li.ln1_w = ps_.add(p + "ln_1.weight", {C}, false);
+      li.ln1_b = ps_.add(p + "ln_1.bias", {C}, false);
+      li.qkv_w = ps_.add(p + "attn.c_attn.weight", {C, 3 * C}, true);
+      li.qkv_b = ps_.add(p + "attn.c_attn.bias", {3 * C}, false);
+      li.proj_w = ps_.add(p + "attn.c_proj.weight", {C, C}, true);
+      li.proj_b = ps_.add(p + "attn.c_proj.bias", {C}, false);
+      li.ln2_w = ps_.add(p + "ln_2.weight", {C}, false);
+      li.ln2_b = ps_.add(p + "ln_2.bias", {C}, false);
+      li.fc_w = ps_.add(p + "mlp.c_fc.weight", {C, FF}, true);
+      li.fc_b = ps_.add(p + "mlp.c_fc.bias", {FF}, false);
+      li.fcp_w = ps_.add(p + "mlp.c_proj.weight", {FF, C}, true);
+      li.fcp_b = ps_.add(p + "mlp.c_proj.bias", {C}, false);
+      layers_.push_back(li);
+    }
+    lnf_w_ = ps_.add("transformer.ln_f.weight", {C}, false);
+    lnf_b_ = ps_.add("transformer.ln_f.bias", {C}, false);
+    ps_.allocate(be_);
+  }
+
+  ~Gpt2() override { be_.release(arena_); }
+
+  ParamStore& params() override { return ps_; }
+  const ModelConfig& config() const override { return mc_; }
+
+  void write_attrs(h5::File& f) const override {
+    f.set_attr("model_type", std::string("gpt2"));
+    f.set_attr("architectures", std::string("GPT2LMHeadModel"));
+    f.set_attr("activation_function", std::string("gelu_new"));
+    f.set_attr("n_layer", int64_t(mc_.n_layer));
+    f.set_attr("n_head", int64_t(mc_.n_head));
+    f.set_attr("n_embd", int64_t(mc_.n_embd));
+    f.set_attr("vocab_size", int64_t(mc_.vocab_size));
+    f.set_attr("n_positions", int64_t(mc_.n_positions));
+    f.set_attr("n_ctx", int64_t(mc_.n_positions));
+    f.set_attr("layer_norm_epsilon", double(mc_.layer_norm_epsilon));
+    f.set_attr("embd_pdrop", double(mc_.embd_pdrop));
+    f.set_attr("attn_pdrop", double(mc_.attn_pdrop));
+    f.set_attr("resid_pdrop", double(mc_.resid_pdrop));
+    f.set_attr("initializer_range", double(mc_.initializer_range));
+    f.set_attr("tie_word_embeddings", int64_t(1));
+  }
+
+  // HF GPT2PreTrainedModel._init_weights: weights N(0, initializer_range), residual projections
+  // (attn.c_proj, mlp.c_proj) N(0, initializer_range / sqrt(2 n_layer)), biases 0, LayerNorm 1/0.
+  void init_weights(uint64_t seed) override {
+    std::vector<float> host;
+    auto views = ps_.host_views(host);
+    Rng rng(derive_seed(seed, 0x1417));
+    const float std0 = mc_.initializer_range;
+    const float std_res = std0 / std::sqrt(2.0f * L_);
+    for (auto& t : views) {
+      const auto& n = t.name;
+      auto ends = [&n](const std::string& s) {
+        return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+      };
+      const int64_t cnt = t.numel();
+      if (ends(".bias")) {
+        std::fill(t.data, t.data + cnt, 0.f);
+      } else if (n.find(".ln_") != std::string::npos) {
+        std::fill(t.data, t.data + cnt, 1.f);
+      } else {
+        const float sd = ends("c_proj.weight") ? std_res : std0;
+        for (int64_t i = 0; i < cnt; ++i) t.data[i] = sd * rng.normal();
+      }
+    }
+    ps_.upload(host);
+  }
+
+  size_t activation_bytes(int B, int T) const override {
+    return acts_numel(B, T) * sizeof(float) + 3 * size_t(B) * T * sizeof(int32_t);
+  }
+
+  double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
+    ensure_acts(b.B, b.T);
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    NLP_ASSERT(T <= mc_.n_positions);
+    const size_t n = size_t(BT) * C;
+    // x0[BT,C] = drop(wte[ids] + wpe[t])
+    be_.embedding_forward(x0_, b.ids, nullptr, ps_.p(wte_), ps_.p(wpe_), nullptr, B, T, C, 0);
+    be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
+    const float* x = x0_;
+    for (int l = 0; l < L_; ++l) {
+      BlockWeights w = weights(l, false);
+      block_forward(be_, bc_, w, acts_[l], x, b.mask, training, seeds(seed, l), B, T);
+      x = acts_[l].out;
+    }
+    // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
+    be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
+                          mc_.layer_norm_epsilon);
+    be_.matmul_forward(logits_, lnf_, ps_.p(wte_), nullptr, BT, C, V_, WLayout::OutIn);
+    if (!b.targets) return 0.0;
+    be_.crossentropy_forward(losses_, logits_, b.targets, BT, V_);
+    return be_.sum(losses_, BT);
+  }
+
+  void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) override {
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    NLP_ASSERT(B == curB_ && T == curT_ && b.targets);
+    const size_t n = size_t(BT) * C, f = sizeof(float);
+    be_.zero(dlogits_, size_t(BT) * V_ * f);
+    be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
+    be_.zero(dlnf_, n * f);
+    be_.matmul_backward(dlnf_, ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
+                        WLayout::OutIn);
+    const float* xL = L_ > 0 ? acts_[L_ - 1].out : x0_;
+    be_.zero(dres_a_, n * f);
+    be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL, ps_.p(lnf_w_),
+                           lnf_mean_, lnf_rstd_, BT, C);
+    for (int l = L_ - 1; l >= 0; --l) {
+      const float* x = l > 0 ? acts_[l - 1].out : x0_;
+      be_.zero(dres_b_, n * f);
+      block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
+                     dres_a_, x, b.mask, training, seeds(seed, l), B, T);
+      std::swap(dres_a_, dres_b_);
+    }
+    // dres_a = d x0 (after embedding dropout)
+    be_.zero(dlnf_, n * f);
+    be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
+    be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), nullptr, dlnf_, b.ids, nullptr, B, T, C, 0);
+  }
+
+  const float* logits() const override { return logits_; }
+
+  // ---- used by the decoder ----
+  BlockWeights weights(int l, bool grad) {
+    auto P = [&](int i) { return grad ? ps_.g(i) : ps_.p(i); };
+    const LayerIdx& li = layers_[l];
+    return BlockWeights{P(li.ln1_w), P(li.ln1_b), P(li.qkv_w), P(li.qkv_b),
+                        P(li.proj_w), P(li.proj_b), P(li.ln2_w), P(li.ln2_b),
+                        P(li.fc_w), P(li.fc_b), P(li.fcp_w), P(li.fcp_b)};
+  }
+  const BlockConfig& block_config() const { return bc_; }
+  int wte() const { return wte_; }
+  int wpe() const { return wpe_; }
+  int lnf_w() const { return lnf_w_; }
+  int lnf_b() const { return lnf_b_; }
+  int n_layer() const { return L_; }
+
+ private:
+  struct LayerIdx {
+    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
+  };
+
+  static uint64_t seed_embd(uint64_t seed) { return derive_seed(seed, 0xE3B); }
+  static BlockSeeds seeds(uint64_t seed, int l) {
+    return BlockSeeds{derive_seed(seed, 100 + l, 1), derive_seed(seed, 100 + l, 2),
+                      derive_seed(seed, 100 + l, 3)};
+  }
+
+  size_t acts_numel(int B, int T) const {
+    const size_t BT = size_t(B) * T, C = C_;
+    return BT * C                                  // x0
+           + size_t(L_) * block_acts_numel(bc_, B, T)
+           + block_scratch_numel(bc_, B, T)
+           + BT * C + 2 * BT                       // lnf, mean, rstd
+           + 2 * BT * size_t(V_)                   // logits, dlogits
+           + BT                                    // losses
+           + 3 * BT * C;                           // dlnf, dres_a, dres_b
+  }
+
+  void ensure_acts(int B, int T) {
+    if (B == curB_ && T == curT_) return;
+    be_.release(arena_);
+    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    curB_ = B;
+    curT_ = T;
+    const size_t BT = size_t(B) * T, C = C_;
+    float* p = arena_;
+    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    x0_ = take(BT * C);
+    acts_.clear();
+    for (int l = 0; l < L_; ++l)
+      acts_.push_back(carve_block_acts(take(block_acts_numel(bc_, B, T)), bc_, B, T));
+    scratch_ = carve_block_scratch(take(block_scratch_numel(bc_, B, T)), bc_, B, T);
+    lnf_ = take(BT * C);
+    lnf_mean_ = take(BT);
+    lnf_rstd_ = take(BT);
+    logits_ = take(BT * V_);
+    dlogits_ = take(BT * V_);
+    losses_ = take(BT);
+    dlnf_ = take(BT * C);
+    dres_a_ = take(BT * C);
+    dres_b_ = take(BT * C);
+  }
+
+  ModelConfig mc_;
+  Backend& be_;
+  BlockConfig bc_;
+  ParamStore ps_;
+  int C_, V_, L_;
+  int wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<LayerIdx> layers_;
+
+  int curB_ = 0, curT_ = 0;
+  float* arena_ = nullptr;  // all activations, carved per (B, T)
+  std::vector<BlockActs> acts_;
+  BlockScratch scratch_{};
+  float *x0_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
+  float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
+};
+
+// KV-cache decoding: one position at a time through the same weights; the cost of a new token is
+// independent of the prefix length except for the attention over the cache.
+class Gpt2Decoder final : public Decoder {
+ public:
+  Gpt2Decoder(Gpt2& m, Backend& be, int B) : m_(m), be_(be), B_(B) {
+    const ModelConfig& mc = m.config();
+    const BlockConfig& bc = m.block_config();
+    Tmax_ = mc.n_positions;
+    const size_t C = mc.n_embd, V = mc.vocab_size;
+    const size_t cache = size_t(B) * Tmax_ * C;  // [B,NH,Tmax,HS] per layer, k and v
+    const size_t total = 2 * cache * m.n_layer() + 2 * size_t(B) * C + size_t(B) * C + 2 * size_t(B) +
+                         size_t(B) * V + block_decode_scratch_numel(bc, B);
+    arena_ = static_cast<float*>(be.alloc(total * sizeof(float)));
+    float* p = arena_;
+    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    for (int l = 0; l < m.n_layer(); ++l) {
+      k_.push_back(take(cache));
+      v_.push_back(take(cache));
+    }
+    x_ = take(size_t(B) * C);
+    y_ = take(size_t(B) * C);
+    ln_ = take(size_t(B) * C);
+    mean_ = take(B);
+    rstd_ = take(B);
+    logits_ = take(size_t(B) * V);
+    scratch_ = take(block_decode_scratch_numel(bc, B));
+    ids_ = static_cast<int32_t*>(be.alloc(size_t(B) * sizeof(int32_t)));
+    host_logits_.resize(size_t(B) * V);
+  }
+  ~Gpt2Decoder() override {
+    be_.release(arena_);
+    be_.release(ids_);
+  }
+
+  int max_positions() const override { return Tmax_; }
+
+  const std::vector<float>& step(const std::vector<int32_t>& tokens, int pos) override {
+    const ModelConfig& mc = m_.config();
+    NLP_ASSERT(int(tokens.size()) == B_ && pos >= 0 && pos < Tmax_);
+    const int C = mc.n_embd, V = mc.vocab_size;
+    ParamStore& ps = m_.params();
+    be_.to_device(ids_, tokens.data(), tokens.size() * sizeof(int32_t));
+    // x[B,C] = wte[token] + wpe[pos]  (as a batch of B sequences of length 1 at offset pos)
+    be_.embedding_forward(x_, ids_, nullptr, ps.p(m_.wte()), ps.p(m_.wpe()), nullptr, B_, 1, C,
+                          pos);
+    for (int l = 0; l < m_.n_layer(); ++l) {
+      block_decode(be_, m_.block_config(), m_.weights(l, false), x_, y_, k_[l], v_[l], scratch_,
+                   B_, pos, Tmax_);
+      std::swap(x_, y_);
+    }
+    be_.layernorm_forward(ln_, mean_, rstd_, x_, ps.p(m_.lnf_w()), ps.p(m_.lnf_b()), B_, C,
+                          mc.layer_norm_epsilon);
+    be_.matmul_forward(logits_, ln_, ps.p(m_.wte()), nullptr, B_, C, V, WLayout::OutIn);
+    be_.to_host(host_logits_.data(), logits_, host_logits_.size() * sizeof(float));
+    return host_logits_;
+  }
+
+ private:
+  Gpt2& m_;
+  Backend& be_;
+  int B_, Tmax_;
+  float* arena_ = nullptr;
+  std::vector<float*> k_, v_;
+  float *x_, *y_, *ln_, *mean_, *rstd_, *logits_, *scratch_;
+  int32_t* ids_ = nullptr;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be) {
+  if (mc.type == "gpt2") return std::make_unique<Gpt2>(mc, be);
+  throw Error(cat("model.type: unsupported model type '", mc.type, "'"));
+}
+
+std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B) {
+  auto* g = dynamic_cast<Gpt2*>(&m);
+  if (!g) throw Error("generation needs a GPT-2 model (model.type=gpt2)");
+  return std::make_unique<Gpt2Decoder>(*g, be, B);
+}
+
+}  // namespace nlp

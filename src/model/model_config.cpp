@@ -1,0 +1,67 @@
+// The model configuration: from the INI, or from the root attributes of model.weights.
+// With a weights file the architecture comes from the file; an architecture key set explicitly in
+// the INI (or on the command line) that disagrees with the file is an error naming both values.
+// Dropout probabilities may be overridden (they are training choices, not architecture).
+#include <cmath>
+
+#include "core/error.h"
+#include "io/h5.h"
+#include "model/model.h"
+
+namespace nlp {
+namespace {
+
+void take_int(const Config& cfg, const h5::File& f, const std::string& key, int& field) {
+  if (!f.has_attr(key))
+    throw Error(cat("weights file '", f.path(), "': missing root attribute '", key, "'"));
+  const int64_t v = f.attr_int(key);
+  if (cfg.is_set("model." + key) && v != field)
+    throw Error(cat("model.", key, " = ", field, " (", cfg.source.empty() ? "command line" : cfg.source,
+                    ") disagrees with ", key, " = ", v, " in weights file '", f.path(), "'"));
+  if (v < 1) throw Error(cat("weights file '", f.path(), "': attribute ", key, " = ", v, " must be >= 1"));
+  field = static_cast<int>(v);
+}
+
+void take_float(const Config& cfg, const h5::File& f, const std::string& key, float& field,
+                bool overridable) {
+  if (!f.has_attr(key)) return;  // optional: keep the INI value
+  const float v = static_cast<float>(f.attr_double(key));
+  if (cfg.is_set("model." + key)) {
+    if (overridable) return;
+    if (std::fabs(v - field) > 1e-6f * std::fabs(v))
+      throw Error(cat("model.", key, " = ", field, " disagrees with ", key, " = ", v,
+                      " in weights file '", f.path(), "'"));
+  }
+  field = v;
+}
+
+}  // namespace
+
+ModelConfig resolve_model_config(const Config& cfg) {
+  ModelConfig mc = cfg.model;
+  if (mc.weights.empty()) return mc;
+  h5::File f = h5::File::open_read(mc.weights);
+  if (!f.has_attr("model_type"))
+    throw Error(cat("weights file '", mc.weights,
+                    "': missing root attribute 'model_type' (expected \"gpt2\")"));
+  const std::string type = f.attr_string("model_type");
+  if (type != mc.type)
+    throw Error(cat("weights file '", mc.weights, "' has model_type = \"", type,
+                    "\" but model.type = ", mc.type));
+  take_int(cfg, f, "n_layer", mc.n_layer);
+  take_int(cfg, f, "n_head", mc.n_head);
+  take_int(cfg, f, "n_embd", mc.n_embd);
+  take_int(cfg, f, "vocab_size", mc.vocab_size);
+  take_int(cfg, f, "n_positions", mc.n_positions);
+  if (mc.n_embd % mc.n_head != 0)
+    throw Error(cat("weights file '", mc.weights, "': n_embd = ", mc.n_embd,
+                    " is not divisible by n_head = ", mc.n_head));
+  take_float(cfg, f, "layer_norm_epsilon", mc.layer_norm_epsilon, false);
+  take_float(cfg, f, "initializer_range", mc.initializer_range, true);
+  take_float(cfg, f, "embd_pdrop", mc.embd_pdrop, true);
+  take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true);
+  take_float(cfg, f, "resid_pdrop", mc.resid_pdrop, true);
+  return mc;
+}
+
+}  // namespace nlp

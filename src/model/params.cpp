@@ -1,0 +1,59 @@
+#include "model/params.h"
+
+#include "core/error.h"
+
+namespace nlp {
+
+int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  NLP_ASSERT(params_ == nullptr);
+  ParamSpec s;
+  s.name = name;
+  s.shape = std::move(shape);
+  s.decay = decay;
+  s.numel = 1;
+  for (auto d : s.shape) s.numel *= static_cast<size_t>(d);
+  // Keep every tensor 16-float aligned (64 bytes) for vector loads.
+  s.offset = (total_ + 15) / 16 * 16;
+  total_ = s.offset + s.numel;
+  specs_.push_back(std::move(s));
+  return static_cast<int>(specs_.size()) - 1;
+}
+
+void ParamStore::allocate(Backend& be) {
+  be_ = &be;
+  params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+}
+
+ParamStore::~ParamStore() {
+  if (be_) {
+    be_->release(params_);
+    be_->release(grads_);
+  }
+}
+
+int ParamStore::index(const std::string& name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return static_cast<int>(i);
+  throw Error(cat("internal error: no parameter named '", name, "'"));
+}
+
+std::vector<NamedTensor> ParamStore::host_views(std::vector<float>& host) const {
+  host.resize(total_);
+  std::vector<NamedTensor> v;
+  v.reserve(specs_.size());
+  for (const auto& s : specs_) v.push_back(NamedTensor{s.name, s.shape, host.data() + s.offset});
+  return v;
+}
+
+void ParamStore::download(std::vector<float>& host) const {
+  host.resize(total_);
+  be_->to_host(host.data(), params_, total_ * sizeof(float));
+}
+
+void ParamStore::upload(const std::vector<float>& host) {
+  NLP_ASSERT(host.size() == total_);
+  be_->to_device(params_, host.data(), total_ * sizeof(float));
+}
+
+}  // namespace nlp

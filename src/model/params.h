@@ -1,0 +1,50 @@
+// Parameters and their gradients: one contiguous arena each in backend memory (as in llm.c), so that
+// gradients are allreduced in one call and the optimizer walks one buffer. Each tensor keeps its
+// Hugging Face state_dict name and shape, which is what the HDF5 weights and checkpoints use.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "io/weights.h"
+
+namespace nlp {
+
+struct ParamSpec {
+  std::string name;            // HF state_dict key, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // HF shape
+  bool decay = true;           // AdamW weight decay applies (false for biases and LayerNorm)
+  size_t offset = 0;           // element offset into the arenas
+  size_t numel = 0;
+};
+
+class ParamStore {
+ public:
+  // Register a tensor before allocate(); returns its index.
+  int add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  void allocate(Backend& be);  // params and grads arenas, zeroed
+  ~ParamStore();
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  size_t total() const { return total_; }
+  float* data() { return params_; }
+  float* grad() { return grads_; }
+  float* p(int i) { return params_ + specs_[i].offset; }
+  float* g(int i) { return grads_ + specs_[i].offset; }
+  int index(const std::string& name) const;  // throws when unknown
+
+  // Host copies in HF layout for I/O: fills `host` (resized to total()) and returns views into it.
+  std::vector<NamedTensor> host_views(std::vector<float>& host) const;
+  void download(std::vector<float>& host) const;           // backend -> host, all params
+  void upload(const std::vector<float>& host);             // host -> backend, all params
+
+ private:
+  Backend* be_ = nullptr;
+  std::vector<ParamSpec> specs_;
+  size_t total_ = 0;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+};
+
+}  // namespace nlp

@@ -1,0 +1,41 @@
+// What every run mode needs: the config, the communicator, the backend, the log, the model.
+// app/main.cpp builds a Session and calls one of the run_* functions.
+#pragma once
+#include <string>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/backend.h"
+#include "io/dataset.h"
+#include "model/model.h"
+#include "train/log.h"
+
+namespace nlp {
+
+struct Session {
+  const Config& cfg;
+  Comm& comm;
+  Backend& be;
+  Log& log;
+  Model& model;
+};
+
+struct EvalResult {
+  double loss = 0, perplexity = 0;
+  int64_t tokens = 0;
+};
+
+void run_train(Session& s);      // run.mode = train
+void run_eval(Session& s);       // run.mode = eval
+void run_generate(Session& s);   // run.mode = generate
+void run_gradients(Session& s);  // run.mode = gradients
+
+// Mean loss over the eval set (all ranks take part; dropout off). max_batches 0 = all.
+EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches);
+// Sample text from the prompt with the generate.* settings (call on one rank only).
+std::string generate_sample(Session& s, uint64_t seed);
+
+// Opens a dataset for the model (window length data.seq_len or n_positions), checking T fits.
+TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key);
+
+}  // namespace nlp

@@ -1,0 +1,200 @@
+// The training loop (run.mode = train): data-parallel AdamW with gradient accumulation, clipping by
+// global norm, warmup + decay schedule, periodic evaluation, checkpoints, samples, and resume.
+//
+// Loss normalisation: every rank divides its summed token losses by the GLOBAL number of target
+// tokens of the step (all micro-batches, all ranks), and gradients are summed across ranks. N ranks
+// with batch B therefore make exactly the update of 1 rank with batch N*B (up to fp32 summation order).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/checkpoint.h"
+#include "train/batches.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/session.h"
+
+namespace nlp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st) {
+  std::string path;
+  if (s.comm.rank() == 0) {
+    std::vector<float> hp, hm, hv;
+    auto params = s.model.params().host_views(hp);
+    s.model.params().download(hp);
+    auto m = opt.host_views(opt.exp_avg(), hm);
+    auto v = opt.host_views(opt.exp_avg_sq(), hv);
+    path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
+                           [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
+  }
+  s.comm.barrier();  // the checkpoint exists for every rank once this returns
+  return path;
+}
+
+void restore(Session& s, AdamW& opt, const std::string& path, TrainState& st) {
+  std::vector<float> hp, hm, hv;
+  auto params = s.model.params().host_views(hp);
+  auto m = opt.host_views(opt.exp_avg(), hm);
+  auto v = opt.host_views(opt.exp_avg_sq(), hv);
+  st = load_checkpoint(path, params, m, v);
+  s.model.params().upload(hp);
+  opt.upload(opt.exp_avg(), hm);
+  opt.upload(opt.exp_avg_sq(), hv);
+}
+
+void log_eval(Session& s, int step, const EvalResult& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "eval  step %d | loss %.4f | perplexity %.3f | %lld tokens", step,
+                r.loss, r.perplexity, static_cast<long long>(r.tokens));
+  s.log.info(buf);
+  s.log.metrics(Json().integer("step", step).str("split", "eval").exact("loss", r.loss)
+                    .num("perplexity", r.perplexity).done());
+}
+
+void log_sample(Session& s, int step) {
+  if (s.comm.rank() != 0) return;
+  std::string text = generate_sample(s, derive_seed(s.cfg.generate.seed, step));
+  s.log.info(cat("sample step ", step, ":\n", text, "\n--- end of sample ---"));
+}
+
+}  // namespace
+
+void run_train(Session& s) {
+  const Config& cfg = s.cfg;
+  const TrainConfig& tc = cfg.train;
+  const int rank = s.comm.rank(), world = s.comm.size();
+  TokenDataset train = open_dataset(s, cfg.data.train, "data.train");
+  const int B = tc.batch_size, T = train.seq_len();
+  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
+  std::unique_ptr<TokenDataset> eval;
+  if (!cfg.data.eval.empty()) eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
+
+  ParamStore& ps = s.model.params();
+  AdamW opt(ps, s.be, tc);
+  TrainState st;
+  st.seed = tc.seed;
+  st.world_size = world;
+  st.best_metric = INFINITY;
+
+  if (tc.resume) {
+    const std::string ckpt = latest_checkpoint(cfg.output.dir);
+    if (ckpt.empty()) {
+      s.log.info(cat("train.resume: no checkpoint in '", cfg.output.dir, "/checkpoints', starting from step 0"));
+    } else {
+      restore(s, opt, ckpt, st);
+      if (st.seed != tc.seed)
+        s.log.info(cat("warning: checkpoint was written with train.seed = ", st.seed,
+                       "; continuing with its seed"));
+      s.log.info(cat("resumed from '", ckpt, "' at step ", st.step, " (data position ",
+                     st.next_batch, ")"));
+    }
+  }
+  const uint64_t seed = st.seed;
+
+  const int64_t tokens_per_step = int64_t(B) * T * tc.grad_accum * world;
+  s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
+                 sampler.batches_per_epoch(), " global batches per epoch); ", tokens_per_step,
+                 " tokens per step (batch ", B, " x accum ", tc.grad_accum, " x ranks ", world, ")"));
+
+  DeviceBatchBuffer dbuf(s.be);
+  TokenBatch tb;
+  std::vector<HostBatch> micro(tc.grad_accum);
+  const auto t_start = Clock::now();
+  int steps_done_here = 0;
+  double train_seconds = 0;
+
+  for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
+    const auto t0 = Clock::now();
+    const float lr =
+        learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
+    s.be.zero(ps.grad(), ps.total() * sizeof(float));
+
+    // Read every micro-batch first: the global target count normalises the loss.
+    double counts[1] = {0};
+    for (int a = 0; a < tc.grad_accum; ++a) {
+      auto idx = sampler.indices(st.next_batch + a);
+      train.read(idx.data(), static_cast<int>(idx.size()), tb);
+      micro[a] = make_clm_batch(tb);
+      counts[0] += static_cast<double>(micro[a].valid_targets());
+    }
+    s.comm.allreduce_sum_host(counts, 1);
+    if (counts[0] <= 0)
+      throw Error(cat("step ", step + 1, ": the batch has no target tokens (all labels are -100) in '",
+                      cfg.data.train, "'"));
+    const float dloss = static_cast<float>(1.0 / counts[0]);
+
+    double loss_sum[1] = {0};
+    for (int a = 0; a < tc.grad_accum; ++a) {
+      DeviceBatch db = dbuf.upload(micro[a]);
+      const uint64_t dseed = derive_seed(seed, step, a, rank);
+      loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
+      s.model.backward(db, dloss, /*training=*/true, dseed);
+    }
+    s.comm.allreduce_sum(ps.grad(), ps.total());
+    s.comm.allreduce_sum_host(loss_sum, 1);
+    const double loss = loss_sum[0] / counts[0];
+    const double norm = std::sqrt(s.be.sumsq(ps.grad(), ps.total()));
+    if (!std::isfinite(loss) || !std::isfinite(norm))
+      throw Error(cat("step ", step + 1, ": loss or gradient norm is not finite (loss ", loss,
+                      ", grad norm ", norm, "); lower train.lr or raise train.warmup_steps"));
+    // torch.nn.utils.clip_grad_norm_: scale by clip/(norm + 1e-6) when the norm exceeds clip.
+    const float grad_scale =
+        (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
+    opt.step(lr, grad_scale, step + 1);
+    s.be.synchronize();
+
+    st.step = step + 1;
+    st.next_batch += tc.grad_accum;
+    const double dt = seconds_since(t0);
+    train_seconds += dt;
+    ++steps_done_here;
+    const double tok_s = tokens_per_step / dt;
+    if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1) {
+      const double elapsed = seconds_since(t_start);
+      const double eta = train_seconds / steps_done_here * (tc.steps - st.step);
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.3f s/step "
+                    "| elapsed %s | eta %s",
+                    static_cast<long long>(st.step), tc.steps, loss, lr, norm, tok_s, dt,
+                    format_duration(elapsed).c_str(), format_duration(eta).c_str());
+      s.log.info(buf);
+    }
+    s.log.metrics(Json().integer("step", st.step).exact("loss", loss).num("lr", lr)
+                      .num("grad_norm", norm).num("tokens_per_s", tok_s).num("step_time_s", dt)
+                      .done());
+
+    const bool last = st.step == tc.steps;
+    if (eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
+      EvalResult r = evaluate(s, *eval, cfg.eval.batches);
+      log_eval(s, static_cast<int>(st.step), r);
+      st.best_metric = std::min(st.best_metric, r.loss);
+    }
+    if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
+      const std::string path = checkpoint_now(s, opt, st);
+      s.log.info(cat("checkpoint: ", path));
+    }
+    if (tc.sample_interval > 0 && (st.step % tc.sample_interval == 0 || last))
+      log_sample(s, static_cast<int>(st.step));
+  }
+  if (steps_done_here > 0) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "done: %d steps in %s, %.0f tokens/s on average",
+                  steps_done_here, format_duration(train_seconds).c_str(),
+                  double(tokens_per_step) * steps_done_here / train_seconds);
+    s.log.info(buf);
+  } else {
+    s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
+  }
+}
+
+}  // namespace nlp

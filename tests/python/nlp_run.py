@@ -1,0 +1,71 @@
+"""Helpers for the integration tests: locate the binary, write small datasets, run nlptrain under
+mpirun with a time limit, read metrics.jsonl."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+SOURCE_DIR = Path(os.environ.get("NLPTRAIN_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+
+
+def binary() -> str:
+    b = os.environ.get("NLPTRAIN_BIN")
+    if b:
+        return b
+    for cand in ("build/nlptrain", "build-lead/nlptrain"):
+        p = SOURCE_DIR / cand
+        if p.exists():
+            return str(p)
+    raise FileNotFoundError("nlptrain binary not found: set NLPTRAIN_BIN or build into build/")
+
+
+def shared_data() -> Path:
+    return Path(os.environ.get("NLPTRAIN_SHARED_DATA", SOURCE_DIR.parent / "shared" / "data"))
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_pml="ob1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def run(args, ranks=1, timeout=600, check=True):
+    """Run nlptrain with `args` on `ranks` MPI ranks; returns CompletedProcess (text)."""
+    cmd = ["mpirun", "-np", str(ranks), binary()] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
+    if check and p.returncode != 0:
+        raise AssertionError(f"nlptrain failed ({p.returncode}): {' '.join(cmd)}\n"
+                             f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}")
+    return p
+
+
+def write_rows(path, ids, mask=None, labels=None):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("input_ids", data=np.asarray(ids, dtype=np.int32))
+        if mask is not None:
+            f.create_dataset("attention_mask", data=np.asarray(mask, dtype=np.int32))
+        if labels is not None:
+            f.create_dataset("labels", data=np.asarray(labels, dtype=np.int32))
+
+
+def write_stream(path, tokens):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.int32))
+
+
+def metrics(out_dir):
+    rows = [json.loads(l) for l in Path(out_dir, "metrics.jsonl").read_text().splitlines() if l]
+    train = [r for r in rows if r.get("split") is None]
+    evals = [r for r in rows if r.get("split") == "eval"]
+    return train, evals
+
+
+def read_weights(path):
+    with h5py.File(path, "r") as f:
+        out = {}
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+        return out
