@@ -73,7 +73,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   log.info(buf);
 
   Session s{cfg, comm, *be, log, *model};
-  if (cfg.run.mode == "train") run_train(s);
+  if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
   else if (cfg.run.mode == "generate") run_generate(s);
   else if (cfg.run.mode == "gradients") run_gradients(s);
@@ -109,9 +109,10 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<nlp::Comm> comm;
+  int code = 0;
   try {
     comm = nlp::make_mpi_comm();
-    run(pr.config, *comm);
+    code = run(pr.config, *comm);
   } catch (const std::exception& e) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
     else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
@@ -123,5 +124,5 @@ int main(int argc, char** argv) {
   }
   comm.reset();
   MPI_Finalize();
-  return 0;
+  return code;
 }

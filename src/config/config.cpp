@@ -93,6 +93,8 @@ const std::vector<Entry>& schema() {
       {KEY(run, backend), one_of(kBackends), "compute backend"},
       {KEY(run, threads), ge(0), "CPU threads per rank; 0 = cores / ranks on this node"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
+      {KEY(run, peak_tflops), ge(0),
+       "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},
       // [model]
       {KEY(model, type), one_of(kModelTypes), "model architecture"},
       {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},

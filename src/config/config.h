@@ -17,6 +17,7 @@ struct RunConfig {
   std::string backend = "cpu"; // cpu | cuda
   int threads = 0;             // CPU threads per rank; 0 = cores / ranks on this node
   int log_interval = 1;        // log a line every N steps
+  float peak_tflops = 0.f;     // peak TFLOP/s per rank (for MFU); 0 = unknown
 };
 
 struct ModelConfig {

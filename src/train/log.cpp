@@ -66,6 +66,12 @@ Json& Json::integer(const std::string& k, long long v) {
   return *this;
 }
 
+Json& Json::boolean(const std::string& k, bool v) {
+  key(k);
+  s_ += v ? "true" : "false";
+  return *this;
+}
+
 Json& Json::str(const std::string& k, const std::string& v) {
   key(k);
   s_ += "\"";

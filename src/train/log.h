@@ -29,6 +29,7 @@ class Json {
   Json& exact(const std::string& key, double v);  // 17 digits: round-trips the double bitwise
   Json& integer(const std::string& key, long long v);
   Json& str(const std::string& key, const std::string& v);
+  Json& boolean(const std::string& key, bool v);
   std::string done() const { return s_ + "}"; }
 
  private:

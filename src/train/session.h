@@ -25,7 +25,7 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 
-void run_train(Session& s);      // run.mode = train
+int run_train(Session& s);       // run.mode = train; returns the exit code (0, or kExitRequeue)
 void run_eval(Session& s);       // run.mode = eval
 void run_generate(Session& s);   // run.mode = generate
 void run_gradients(Session& s);  // run.mode = gradients

@@ -15,6 +15,8 @@
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/session.h"
+#include "train/signals.h"
+#include "train/summary.h"
 
 namespace nlp {
 namespace {
@@ -68,7 +70,7 @@ void log_sample(Session& s, int step) {
 
 }  // namespace
 
-void run_train(Session& s) {
+int run_train(Session& s) {
   const Config& cfg = s.cfg;
   const TrainConfig& tc = cfg.train;
   const int rank = s.comm.rank(), world = s.comm.size();
@@ -111,22 +113,29 @@ void run_train(Session& s) {
   const auto t_start = Clock::now();
   int steps_done_here = 0;
   double train_seconds = 0;
+  StepTimes times;  // summed over steps after the first (which includes one-time allocation)
+  install_stop_handlers();
 
   for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
     const auto t0 = Clock::now();
+    double t_data = 0, t_comm = 0;
     const float lr =
         learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
     s.be.zero(ps.grad(), ps.total() * sizeof(float));
 
     // Read every micro-batch first: the global target count normalises the loss.
     double counts[1] = {0};
+    auto tp = Clock::now();
     for (int a = 0; a < tc.grad_accum; ++a) {
       auto idx = sampler.indices(st.next_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       micro[a] = make_clm_batch(tb);
       counts[0] += static_cast<double>(micro[a].valid_targets());
     }
+    t_data += seconds_since(tp);
+    tp = Clock::now();
     s.comm.allreduce_sum_host(counts, 1);
+    t_comm += seconds_since(tp);
     if (counts[0] <= 0)
       throw Error(cat("step ", step + 1, ": the batch has no target tokens (all labels are -100) in '",
                       cfg.data.train, "'"));
@@ -139,8 +148,12 @@ void run_train(Session& s) {
       loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
       s.model.backward(db, dloss, /*training=*/true, dseed);
     }
+    s.be.synchronize();
+    tp = Clock::now();
     s.comm.allreduce_sum(ps.grad(), ps.total());
     s.comm.allreduce_sum_host(loss_sum, 1);
+    s.be.synchronize();
+    t_comm += seconds_since(tp);
     const double loss = loss_sum[0] / counts[0];
     const double norm = std::sqrt(s.be.sumsq(ps.grad(), ps.total()));
     if (!std::isfinite(loss) || !std::isfinite(norm))
@@ -157,6 +170,7 @@ void run_train(Session& s) {
     const double dt = seconds_since(t0);
     train_seconds += dt;
     ++steps_done_here;
+    if (steps_done_here > 1) times.add(dt, t_data, t_comm);
     const double tok_s = tokens_per_step / dt;
     if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1) {
       const double elapsed = seconds_since(t_start);
@@ -185,6 +199,16 @@ void run_train(Session& s) {
     }
     if (tc.sample_interval > 0 && (st.step % tc.sample_interval == 0 || last))
       log_sample(s, static_cast<int>(st.step));
+
+    // A stop signal on any rank stops every rank at the same step boundary.
+    double sig[1] = {static_cast<double>(stop_signal())};
+    s.comm.allreduce_sum_host(sig, 1);
+    if (sig[0] > 0 && !last) {
+      const std::string path = checkpoint_now(s, opt, st);
+      s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
+                     "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
+      break;
+    }
   }
   if (steps_done_here > 0) {
     char buf[256];
@@ -195,6 +219,8 @@ void run_train(Session& s) {
   } else {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
   }
+  write_summary(s, times, tokens_per_step, T, st.step == tc.steps);
+  return st.step == tc.steps ? 0 : kExitRequeue;
 }
 
 }  // namespace nlp

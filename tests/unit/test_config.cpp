@@ -21,7 +21,7 @@ namespace {
 
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
-    "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval",
+    "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",

@@ -1,0 +1,86 @@
+#include "train/summary.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "train/log.h"
+
+namespace nlp {
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(line.find_first_not_of(' ', p + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+double gpt2_flops_per_token(const ModelConfig& mc, size_t parameters, int T) {
+  const double n = static_cast<double>(parameters) - double(mc.n_positions) * mc.n_embd;
+  return 6.0 * n + 12.0 * mc.n_layer * double(T) * mc.n_embd;
+}
+
+void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
+                   bool completed) {
+  // Nodes: ranks that are local rank 0 of their node.
+  double nodes[1] = {s.comm.local_rank() == 0 ? 1.0 : 0.0};
+  s.comm.allreduce_sum_host(nodes, 1);
+  if (s.comm.rank() != 0) return;
+
+  const ModelConfig& mc = s.model.config();
+  const size_t params = s.model.params().total();
+  const int n = times.steps;
+  const double step_s = n ? times.total / n : 0;
+  const double data_s = n ? times.data / n : 0;
+  const double comm_s = n ? times.comm / n : 0;
+  const double tok_s = step_s > 0 ? tokens_per_step / step_s : 0;
+  const double fpt = gpt2_flops_per_token(mc, params, T);
+  const double achieved = tok_s * fpt;  // FLOP/s over all ranks
+  const double peak = double(s.cfg.run.peak_tflops) * 1e12 * s.comm.size();
+  const std::string device =
+      s.be.name() == "cpu" ? cat("cpu: ", cpu_model_name()) : s.be.name();
+
+  Json j;
+  j.integer("world_size", s.comm.size())
+      .integer("nodes", static_cast<long long>(nodes[0]))
+      .integer("ranks_per_node", s.comm.local_size())
+      .str("backend", s.cfg.run.backend)
+      .str("device", device)
+      .str("model_type", mc.type)
+      .integer("n_layer", mc.n_layer)
+      .integer("n_embd", mc.n_embd)
+      .integer("parameters", static_cast<long long>(params))
+      .integer("batch_size_per_rank", s.cfg.train.batch_size)
+      .integer("grad_accum", s.cfg.train.grad_accum)
+      .integer("seq_len", T)
+      .integer("tokens_per_step", tokens_per_step)
+      .integer("timed_steps", n)
+      .num("step_time_s", step_s)
+      .num("compute_s", step_s - data_s - comm_s)
+      .num("comm_s", comm_s)
+      .num("data_s", data_s)
+      .num("tokens_per_s", tok_s)
+      .num("flops_per_token", fpt)
+      .num("achieved_tflops", achieved / 1e12);
+  j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set
+  j.boolean("completed", completed);
+  const std::string path = s.cfg.output.dir + "/summary.json";
+  {
+    std::ofstream f(path + ".tmp");
+    f << j.done() << "\n";
+    if (!f) throw Error(cat("cannot write '", path, "'"));
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+}  // namespace nlp
