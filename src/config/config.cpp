@@ -30,10 +30,10 @@ namespace {
 namespace po = boost::program_options;
 
 // ---- allowed choices: extend these lists (only) to accept new values ------------------------------
-const std::vector<std::string> kModes = {"train", "eval", "generate", "gradients"};
-const std::vector<std::string> kTasks = {"clm"};        // later: mlm, doc_cls, pair_cls, ner, qa
+const std::vector<std::string> kModes = {"train", "eval", "predict", "generate", "gradients"};
+const std::vector<std::string> kTasks = {"clm", "mlm", "doc_cls", "pair_cls", "ner", "qa"};
 const std::vector<std::string> kBackends = {"cpu", "cuda"};
-const std::vector<std::string> kModelTypes = {"gpt2"};  // later: bert
+const std::vector<std::string> kModelTypes = {"gpt2", "bert"};
 const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
 const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
 
@@ -89,7 +89,8 @@ const std::vector<Entry>& schema() {
       // [run]
       {KEY(run, mode), one_of(kModes),
        "what to do; train and gradients need data.train, eval needs data.eval"},
-      {KEY(run, task), one_of(kTasks), "training objective: clm = causal language modelling"},
+      {KEY(run, task), one_of(kTasks),
+       "objective: clm (gpt2); mlm, doc_cls, pair_cls, ner, qa (bert)"},
       {KEY(run, backend), one_of(kBackends), "compute backend"},
       {KEY(run, threads), ge(0), "CPU threads per rank; 0 = cores / ranks on this node"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
@@ -108,6 +109,16 @@ const std::vector<Entry>& schema() {
       {KEY(model, resid_pdrop), closed_open(0, 1), "dropout probability on the residual branches"},
       {KEY(model, layer_norm_epsilon), gt(0), "epsilon added to the variance in layer norm"},
       {KEY(model, initializer_range), gt(0), "standard deviation of the initial weights"},
+      {KEY(model, hidden_size), ge(1), "bert: hidden size"},
+      {KEY(model, num_hidden_layers), ge(1), "bert: number of transformer blocks"},
+      {KEY(model, num_attention_heads), ge(1), "bert: attention heads (must divide model.hidden_size)"},
+      {KEY(model, intermediate_size), ge(1), "bert: MLP hidden size"},
+      {KEY(model, max_position_embeddings), ge(1), "bert: maximum sequence length"},
+      {KEY(model, type_vocab_size), ge(1), "bert: number of token types (segments)"},
+      {KEY(model, layer_norm_eps), gt(0), "bert: epsilon added to the variance in layer norm"},
+      {KEY(model, hidden_dropout_prob), closed_open(0, 1), "bert: dropout on embeddings and residual branches"},
+      {KEY(model, attention_probs_dropout_prob), closed_open(0, 1), "bert: dropout on the attention weights"},
+      {KEY(model, num_labels), ge(0), "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels"},
       // [data]
       {KEY(data, train), none(), "HDF5 dataset for training (and gradients mode)"},
       {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},
@@ -694,6 +705,23 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("model.n_embd = ", c.model.n_embd, " (", from("model.n_embd"),
                     ") must be divisible by model.n_head = ", c.model.n_head, " (",
                     from("model.n_head"), ")"));
+  if (c.model.hidden_size % c.model.num_attention_heads != 0)
+    throw Error(cat("model.hidden_size = ", c.model.hidden_size, " (", from("model.hidden_size"),
+                    ") must be divisible by model.num_attention_heads = ",
+                    c.model.num_attention_heads, " (", from("model.num_attention_heads"), ")"));
+  const bool causal_task = c.run.task == "clm";
+  if (c.model.type == "gpt2" && !causal_task)
+    throw Error(cat("run.task = ", c.run.task, " (", from("run.task"),
+                    ") needs model.type = bert; model.type = gpt2 (", from("model.type"),
+                    ") trains run.task = clm"));
+  if (c.model.type == "bert" && causal_task)
+    throw Error(cat("run.task = clm (", from("run.task"), ") needs model.type = gpt2; with model.type = bert (",
+                    from("model.type"), ") use mlm, doc_cls, pair_cls, ner or qa"));
+  if (c.run.mode == "generate" && c.model.type != "gpt2")
+    throw Error(cat("run.mode = generate (", from("run.mode"), ") needs model.type = gpt2"));
+  if (c.run.mode == "predict" && c.data.eval.empty())
+    throw Error(cat("run.mode = predict (", from("run.mode"),
+                    ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));
   if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty())
     throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
                     ") requires generate.vocab_dir (folder with encoder.json and vocab.bpe)"));

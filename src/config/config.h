@@ -12,8 +12,8 @@
 namespace nlp {
 
 struct RunConfig {
-  std::string mode = "train";  // train | eval | generate | gradients
-  std::string task = "clm";    // clm (later: mlm, doc_cls, pair_cls, ner, qa)
+  std::string mode = "train";  // train | eval | predict | generate | gradients
+  std::string task = "clm";    // clm (gpt2); mlm, doc_cls, pair_cls, ner, qa (bert)
   std::string backend = "cpu"; // cpu | cuda
   int threads = 0;             // CPU threads per rank; 0 = cores / ranks on this node
   int log_interval = 1;        // log a line every N steps
@@ -21,7 +21,7 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt2";   // gpt2 (later: bert)
+  std::string type = "gpt2";   // gpt2 | bert
   std::string weights;         // HDF5 weights; empty = initialise from scratch
   int n_layer = 4;
   int n_head = 4;
@@ -33,6 +33,17 @@ struct ModelConfig {
   float resid_pdrop = 0.1f;
   float layer_norm_epsilon = 1e-5f;
   float initializer_range = 0.02f;
+  // BERT (model.type = bert), Hugging Face BertConfig names; vocab_size and initializer_range shared.
+  int hidden_size = 256;
+  int num_hidden_layers = 4;
+  int num_attention_heads = 4;
+  int intermediate_size = 1024;
+  int max_position_embeddings = 512;
+  int type_vocab_size = 2;
+  float layer_norm_eps = 1e-12f;
+  float hidden_dropout_prob = 0.1f;
+  float attention_probs_dropout_prob = 0.1f;
+  int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0)
 };
 
 struct DataConfig {

@@ -80,6 +80,14 @@ class Backend {
   virtual void accumulate(float* dst, const float* src, size_t N) = 0;
   // x[N] *= s
   virtual void scale(float* x, float s, size_t N) = 0;
+  // out[N] = tanh(inp)   (BERT pooler)
+  virtual void tanh_forward(float* out, const float* inp, size_t N) = 0;
+  // dinp[N] += (1 - out^2) * dout, from the forward output
+  virtual void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) = 0;
+  // Strided rows: out[n,C] = inp[i*stride, 0..C) for i < n (e.g. the [CLS] row of each sequence)
+  virtual void rows_gather(float* out, const float* inp, int n, int C, size_t stride) = 0;
+  // dinp[i*stride, 0..C) += dout[i,C]
+  virtual void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride) = 0;
   // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp.
   virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) = 0;
   // dinp[N] += dout * keep / (1-p)

@@ -39,8 +39,9 @@ constexpr uint64_t kShuffleTag = 0x73687566666C6521ull;
 
 }  // namespace
 
-TokenDataset::TokenDataset(const std::string& path, int seq_len, int vocab_size)
-    : path_(path), file_(h5::File::open_read(path)), vocab_(vocab_size) {
+TokenDataset::TokenDataset(const std::string& path, int seq_len, int vocab_size, DatasetLimits limits)
+    : path_(path), file_(h5::File::open_read(path)), vocab_(vocab_size), limits_(limits) {
+  if (limits_.label_range <= 0) limits_.label_range = vocab_size;
   if (vocab_size < 1) throw Error(cat("file '", path, "': invalid vocab_size ", vocab_size));
   if (seq_len < 0) throw Error(cat("file '", path, "': invalid seq_len ", seq_len));
   if (file_.has("input_ids")) {
@@ -59,14 +60,33 @@ TokenDataset::TokenDataset(const std::string& path, int seq_len, int vocab_size)
                       seq_len, " was requested (use ", shape[1], " or 0)"));
     n_ = shape[0];
     T_ = static_cast<int>(shape[1]);
-    for (const char* col : {"attention_mask", "labels"}) {
+    for (const char* col : {"attention_mask", "labels", "token_type_ids"}) {
       if (!file_.has(col)) continue;
       require_int32(file_, col);
       const auto s = file_.shape(col);
+      const std::string name = col;
+      if (name == "labels" && s.size() == 1 && s[0] == shape[0]) {  // sequence classification
+        has_seq_labels_ = true;
+        continue;
+      }
       if (s != shape)
         throw Error(cat("file '", path, "': ", col, " has shape ", shape_str(s),
-                        ", expected the shape of input_ids ", shape_str(shape)));
-      (std::string(col) == "labels" ? has_labels_ : has_mask_) = true;
+                        ", expected the shape of input_ids ", shape_str(shape),
+                        name == "labels" ? " (token labels) or [examples] (sequence labels)" : ""));
+      (name == "labels" ? has_labels_ : name == "token_type_ids" ? has_types_ : has_mask_) = true;
+    }
+    const bool s_pos = file_.has("start_positions"), e_pos = file_.has("end_positions");
+    if (s_pos != e_pos)
+      throw Error(cat("file '", path, "': has ", s_pos ? "start_positions" : "end_positions",
+                      " but not ", s_pos ? "end_positions" : "start_positions"));
+    if (s_pos) {
+      for (const char* col : {"start_positions", "end_positions"}) {
+        require_int32(file_, col);
+        if (file_.shape(col) != std::vector<int64_t>{shape[0]})
+          throw Error(cat("file '", path, "': ", col, " has shape ", shape_str(file_.shape(col)),
+                          ", expected [", shape[0], "]"));
+      }
+      has_positions_ = true;
     }
   } else if (file_.has("tokens")) {
     stream_ = true;
@@ -102,6 +122,10 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
   batch.attention_mask.resize(total);
   batch.labels.resize(total);
   batch.label_next.resize(static_cast<size_t>(count));
+  batch.token_type_ids.assign(total, 0);
+  batch.seq_labels.assign(static_cast<size_t>(count), -100);
+  batch.start_positions.assign(static_cast<size_t>(count), -100);
+  batch.end_positions.assign(static_cast<size_t>(count), -100);
 
   std::vector<int32_t> buf;
   int k = 0;
@@ -153,12 +177,34 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       if (has_labels_) {
         file_.read_i32_rows("labels", first, run, lab);
         for (size_t j = 0; j < len; ++j)
-          if (lab[j] != -100 && (lab[j] < 0 || lab[j] >= vocab_))
+          if (lab[j] != -100 && (lab[j] < 0 || lab[j] >= limits_.label_range))
             throw Error(cat("file '", path_, "': labels[row ", first + static_cast<int64_t>(j / T), ", pos ",
-                            j % T, "] = ", lab[j], " is out of range for vocab_size ", vocab_,
-                            " (and is not -100)"));
+                            j % T, "] = ", lab[j], " is out of range [0, ", limits_.label_range,
+                            ") (and is not -100)"));
       } else {
         std::copy(ids, ids + len, lab);
+      }
+      if (has_types_) {
+        int32_t* tt = batch.token_type_ids.data() + dst;
+        file_.read_i32_rows("token_type_ids", first, run, tt);
+        for (size_t j = 0; j < len; ++j)
+          if (tt[j] < 0 || tt[j] >= limits_.type_vocab)
+            throw Error(cat("file '", path_, "': token_type_ids[row ", first + static_cast<int64_t>(j / T),
+                            ", pos ", j % T, "] = ", tt[j], " is out of range for type_vocab_size ",
+                            limits_.type_vocab));
+      }
+      auto read_col = [&](const char* col, std::vector<int32_t>& out, int lo, int hi) {
+        int32_t* p = out.data() + k;
+        file_.read_i32_rows(col, first, run, p);
+        for (int j = 0; j < run; ++j)
+          if (p[j] != -100 && (p[j] < lo || p[j] >= hi))
+            throw Error(cat("file '", path_, "': ", col, "[", first + j, "] = ", p[j],
+                            " is out of range [", lo, ", ", hi, ")"));
+      };
+      if (has_seq_labels_) read_col("labels", batch.seq_labels, 0, limits_.label_range);
+      if (has_positions_) {
+        read_col("start_positions", batch.start_positions, 0, T_);
+        read_col("end_positions", batch.end_positions, 0, T_);
       }
       for (int r = 0; r < run; ++r) batch.label_next[static_cast<size_t>(k + r)] = -100;
     }

@@ -14,21 +14,40 @@
 
 namespace nlp {
 
+// BERT task columns (2-D layout only), all int32:
+//   token_type_ids [N,T] (segment ids, 0 when absent), labels [N] (sequence classification) instead of
+//   [N,T], start_positions / end_positions [N] (extractive QA, token positions in [0,T)).
+
 // A batch of n examples of length T, host memory, row-major [n,T].
 struct TokenBatch {
   int n = 0, T = 0;
   std::vector<int32_t> input_ids;       // [n,T]
   std::vector<int32_t> attention_mask;  // [n,T], all 1 when the file has none
-  std::vector<int32_t> labels;          // [n,T], unshifted: = input_ids where the file has no labels
+  std::vector<int32_t> labels;          // [n,T], unshifted: = input_ids where the file has no
+                                        // token-level labels
   std::vector<int32_t> label_next;      // [n]: label of the position after the window
                                         // (stream: tokens[i*T+T]; 2-D: -100)
+  std::vector<int32_t> token_type_ids;  // [n,T], 0 when the file has none
+  std::vector<int32_t> seq_labels;      // [n], -100 when the file has no 1-D labels
+  std::vector<int32_t> start_positions, end_positions;  // [n], -100 when absent
+};
+
+// Value ranges checked on read (0 = the default given).
+struct DatasetLimits {
+  int label_range = 0;  // token-level and sequence-level labels in [0, label_range); 0 = vocab_size
+  int type_vocab = 2;   // token_type_ids in [0, type_vocab)
 };
 
 class TokenDataset {
  public:
   // Opens and validates layout, dtypes and shapes. `seq_len` is the window length for stream
   // datasets; for 2-D datasets it must be 0 or equal to the stored T (else an error).
-  TokenDataset(const std::string& path, int seq_len, int vocab_size);
+  TokenDataset(const std::string& path, int seq_len, int vocab_size, DatasetLimits limits = {});
+
+  const h5::File& file() const { return file_; }  // for task attributes (num_labels, special ids)
+  bool has_token_labels() const { return has_labels_; }
+  bool has_seq_labels() const { return has_seq_labels_; }
+  bool has_positions() const { return has_positions_; }
 
   const std::string& path() const { return path_; }
   int64_t size() const { return n_; }     // number of examples (rows or windows)
@@ -46,6 +65,8 @@ class TokenDataset {
   int vocab_ = 0;
   bool stream_ = false;
   bool has_mask_ = false, has_labels_ = false;
+  bool has_types_ = false, has_seq_labels_ = false, has_positions_ = false;
+  DatasetLimits limits_;
 };
 
 // Deterministic example order for data parallel training.

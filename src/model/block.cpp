@@ -59,14 +59,81 @@ BlockScratch carve_block_scratch(float* p, const BlockConfig& c, int B, int T) {
   return s;
 }
 
+namespace {
+
+// BERT: x1 = LN1(x + drop(proj(attn(x)))); y = LN2(x1 + drop(mlp(x1))).
+// Saved: res1 = x + drop(proj) (LN1 input), ln1 = x1, res2 = x1 + drop(mlp) (LN2 input), out = y.
+void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
+                     const float* x, const int32_t* attn_mask, float p_attn, float p_resid,
+                     BlockSeeds seeds, int B, int T) {
+  const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
+  const size_t n = size_t(BT) * C;
+  be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
+  be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
+                       HS);
+  be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
+  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1);
+  be.add(a.res1, a.res1, x, n);
+  be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.res1, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
+  be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, BT, C, FF, c.layout);
+  be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
+  be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
+  be.dropout_forward(a.res2, a.res2, n, p_resid, seeds.resid2);
+  be.add(a.res2, a.res2, a.ln1, n);
+  be.layernorm_forward(a.out, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C, c.ln_eps);
+}
+
+void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
+                      const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
+                      const float* dout, const float* x, const int32_t* attn_mask, float p_attn,
+                      float p_resid, BlockSeeds seeds, int B, int T) {
+  const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
+  const size_t n = size_t(BT) * C, nff = size_t(BT) * FF, f = sizeof(float);
+  float* d_r2 = s.d_c2;   // grad of LN2's input
+  float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
+  be.zero(d_r2, n * f);
+  be.layernorm_backward(d_r2, gw.ln2_w, gw.ln2_b, dout, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
+                        BT, C);
+  // r2 = x1 + drop(fcp(gelu(fc(x1))))
+  be.copy(d_x1, d_r2, n * f);
+  be.zero(s.d_c1, n * f);
+  be.dropout_backward(s.d_c1, d_r2, n, p_resid, seeds.resid2);
+  be.zero(s.d_ff2, nff * f);
+  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
+                     c.layout);
+  be.zero(s.d_ff1, nff * f);
+  be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
+  be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, BT, C, FF, c.layout);
+  // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x))))
+  float* d_r1 = s.d_c2;
+  be.zero(d_r1, n * f);
+  be.layernorm_backward(d_r1, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w, a.ln1_mean, a.ln1_rstd,
+                        BT, C);
+  be.accumulate(dx, d_r1, n);
+  be.zero(s.d_c1, n * f);
+  be.dropout_backward(s.d_c1, d_r1, n, p_resid, seeds.resid1);
+  float* d_atty = s.d_res1;
+  be.zero(d_atty, n * f);
+  be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
+  be.zero(s.d_qkv, 3 * n * f);
+  be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
+                        seeds.attn, B, T, c.NH, HS);
+  be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
+}
+
+}  // namespace
+
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
                    const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
                    int B, int T) {
-  if (!c.pre_ln) throw Error("post-LN transformer blocks (BERT) are not implemented yet");
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C;
+  if (!c.pre_ln) {
+    post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T);
+    return;
+  }
 
   // attention sub-block: res1[BT,C] = x + drop(proj(attn(LN1(x))))
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
@@ -90,12 +157,15 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                     const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
                     float* dout, const float* x, const int32_t* attn_mask, bool training,
                     BlockSeeds seeds, int B, int T) {
-  NLP_ASSERT(c.pre_ln);
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
   const size_t f = sizeof(float);
+  if (!c.pre_ln) {
+    post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T);
+    return;
+  }
 
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
   be.copy(s.d_res1, dout, n * f);

@@ -25,6 +25,10 @@ const std::vector<std::string> kAllKeys = {
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
+    "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
+    "model.num_labels",
     "data.train", "data.eval", "data.seq_len", "data.shuffle",
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
@@ -466,12 +470,22 @@ TEST(ConfigChoices, AllowedAndRejected) {
   std::string m = error_of({"--data.train=x", "--run.mode=fit"});
   EXPECT_CONTAINS(m, "run.mode");
   EXPECT_CONTAINS(m, "'fit'");
-  EXPECT_CONTAINS(m, "train, eval, generate, gradients");
-  m = error_of({"--data.train=x", "--run.task=mlm"});
+  EXPECT_CONTAINS(m, "train, eval, predict, generate, gradients");
+  m = error_of({"--data.train=x", "--run.task=summarize"});
   EXPECT_CONTAINS(m, "run.task");
   EXPECT_CONTAINS(m, "clm");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--run.backend=tpu"}), "run.backend");
-  EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=bert"}), "model.type");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=t5"}), "model.type");
+  // Task and model must fit together.
+  m = error_of({"--data.train=x", "--run.task=mlm"});
+  EXPECT_CONTAINS(m, "run.task = mlm");
+  EXPECT_CONTAINS(m, "model.type = bert");
+  m = error_of({"--data.train=x", "--model.type=bert"});
+  EXPECT_CONTAINS(m, "run.task = clm");
+  EXPECT_EQ(parse({"--data.train=x", "--model.type=bert", "--run.task=qa"}).config.run.task, "qa");
+  EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=bert", "--run.task=ner",
+                            "--model.hidden_size=30", "--model.num_attention_heads=4"}),
+                  "model.hidden_size = 30");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--train.schedule=step"}), "train.schedule");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--generate.tokenizer=spm"}), "generate.tokenizer");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--run.mode=Train"}), "run.mode");  // case matters
@@ -609,7 +623,7 @@ TEST(ConfigHelp, ListsEveryKeyWithTypeAndDefault) {
   for (const char* section : {"[run]", "[model]", "[data]", "[train]", "[eval]", "[checkpoint]",
                               "[output]", "[generate]"})
     EXPECT_CONTAINS(help, section);
-  EXPECT_CONTAINS(help, "train|eval|generate|gradients");
+  EXPECT_CONTAINS(help, "train|eval|predict|generate|gradients");
   EXPECT_CONTAINS(help, "50257");
 }
 

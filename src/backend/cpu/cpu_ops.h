@@ -33,6 +33,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C);
 
+// rows.cpp
+void tanh_forward(float* out, const float* inp, size_t N);
+void tanh_backward(float* dinp, const float* out, const float* dout, size_t N);
+void rows_gather(float* out, const float* inp, int n, int C, size_t stride);
+void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride);
+
 // gelu.cpp
 void gelu_forward(float* out, const float* inp, size_t N, Gelu form);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form);
