@@ -13,7 +13,9 @@
 #include "config/config.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "io/h5.h"
 #include "model/model.h"
+#include "model/task.h"
 #include "train/log.h"
 #include "train/session.h"
 
@@ -40,7 +42,17 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   auto be = make_backend(cfg.run.backend, threads, comm.local_rank());
 
   ModelConfig mc = resolve_model_config(cfg);
-  auto model = make_model(mc, *be);
+  const Task task = parse_task(cfg.run.task);
+  if (has_classifier(task) && mc.num_labels == 0) {
+    // model.num_labels = 0: take the dataset's num_labels attribute
+    const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+    h5::File f = h5::File::open_read(data);
+    if (!f.has_attr("num_labels"))
+      throw Error(cat("model.num_labels = 0 and dataset '", data,
+                      "' has no num_labels attribute: set model.num_labels"));
+    mc.num_labels = static_cast<int>(f.attr_int("num_labels"));
+  }
+  auto model = make_model(mc, *be, cfg.run.task);
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be->name(), " | ", threads,
@@ -54,27 +66,35 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   }
 
   const size_t nparams = model->params().total();
+  model->init_weights(cfg.train.seed);  // also the fresh head when fine-tuning an encoder
   if (mc.weights.empty()) {
-    model->init_weights(cfg.train.seed);
-    log.info(cat("model: GPT-2 initialised from scratch (seed ", cfg.train.seed, ")"));
+    log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
   } else {
-    auto unused = load_model_weights(*model, mc.weights);
+    std::vector<std::string> unused, fresh;
+    load_model_weights(*model, mc.weights, &unused, &fresh);
     log.info(cat("model: loaded '", mc.weights, "'"));
-    for (auto& n : unused) log.info(cat("model: unused tensor in weights file: ", n));
+    for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
+    for (auto& n : unused) log.info(cat("model: unused tensor in the weights file: ", n));
   }
+  const bool bert = mc.type == "bert";
+  const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
+  const int heads = bert ? mc.num_attention_heads : mc.n_head;
+  const int width = bert ? mc.hidden_size : mc.n_embd;
+  const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
   char buf[320];
-  const int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(mc.n_positions, 1024);
+  const int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
   std::snprintf(buf, sizeof buf,
-                "model: %d layers, %d heads, %d embd, vocab %d, %zu parameters (%.2fM) | memory per "
-                "rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d) %.1f MiB",
-                mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, nparams, nparams / 1e6,
+                "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
+                "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d) %.1f MiB",
+                mc.type.c_str(), layers, heads, width, mc.vocab_size, nparams, nparams / 1e6,
                 mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T,
                 mib(model->activation_bytes(cfg.train.batch_size, T)));
   log.info(buf);
 
-  Session s{cfg, comm, *be, log, *model};
+  Session s{cfg, task, comm, *be, log, *model};
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
+  else if (cfg.run.mode == "predict") run_predict(s);
   else if (cfg.run.mode == "generate") run_generate(s);
   else if (cfg.run.mode == "gradients") run_gradients(s);
   else throw Error(cat("run.mode: unknown mode '", cfg.run.mode, "'"));

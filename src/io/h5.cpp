@@ -476,6 +476,53 @@ void File::read_i64(const std::string& name, const std::vector<int64_t>& expect,
   init_library();
   read_any(id_, path_, name, expect, out, DType::I64);
 }
+void File::read_i32(const std::string& name, const std::vector<int64_t>& expect, int32_t* out) const {
+  init_library();
+  read_any(id_, path_, name, expect, out, DType::I32);
+}
+
+std::vector<std::string> File::read_strings(const std::string& name) const {
+  init_library();
+  Id ds(H5Dopen2(id_, name.c_str(), H5P_DEFAULT));
+  if (!ds.ok()) throw Error(cat("file '", path_, "': no dataset '", name, "'"));
+  Id type(H5Dget_type(ds.get()));
+  if (H5Tget_class(type.get()) != H5T_STRING)
+    throw Error(cat("file '", path_, "': dataset '", name, "' has type ", type_desc(type.get()),
+                    ", expected strings"));
+  Id space(H5Dget_space(ds.get()));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank != 1)
+    throw Error(cat("file '", path_, "': dataset '", name, "' must be a 1-D array of strings"));
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  std::vector<std::string> out(n);
+  if (n == 0) return out;
+  const H5T_cset_t cset = H5Tget_cset(type.get());
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Id mt(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mt.get(), H5T_VARIABLE);
+    H5Tset_cset(mt.get(), cset);
+    std::vector<char*> ptrs(n, nullptr);
+    if (H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0)
+      throw Error(cat("file '", path_, "': cannot read strings '", name, "': ", h5_reason()));
+    for (hsize_t i = 0; i < n; ++i) out[i] = ptrs[i] ? std::string(ptrs[i]) : std::string();
+    H5Dvlen_reclaim(mt.get(), space.get(), H5P_DEFAULT, ptrs.data());
+    return out;
+  }
+  const size_t size = H5Tget_size(type.get());
+  std::string buf(size * n, '\0');
+  Id mt(H5Tcopy(type.get()));
+  if (H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+    throw Error(cat("file '", path_, "': cannot read strings '", name, "': ", h5_reason()));
+  for (hsize_t i = 0; i < n; ++i) {
+    std::string v = buf.substr(i * size, size);
+    const size_t end = v.find('\0');
+    if (end != std::string::npos) v.resize(end);
+    out[i] = v;
+  }
+  return out;
+}
+
 void File::read_u8(const std::string& name, const std::vector<int64_t>& expect, uint8_t* out) const {
   init_library();
   read_any(id_, path_, name, expect, out, DType::U8);

@@ -45,6 +45,9 @@ class File {
   void read_f64(const std::string& name, const std::vector<int64_t>& expect, double* out) const;
   void read_i64(const std::string& name, const std::vector<int64_t>& expect, int64_t* out) const;
   void read_u8(const std::string& name, const std::vector<int64_t>& expect, uint8_t* out) const;
+  void read_i32(const std::string& name, const std::vector<int64_t>& expect, int32_t* out) const;
+  // A 1-D dataset of strings (variable- or fixed-length, as h5py writes them).
+  std::vector<std::string> read_strings(const std::string& name) const;
 
   // Hyperslab read of int32 data along the first dimension:
   // rows [row0, row0+nrows) of a 1-D or 2-D int32 dataset, into out (nrows * row_len values).

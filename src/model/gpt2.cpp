@@ -156,6 +156,9 @@ class Gpt2 final : public Model {
   }
 
   const float* logits() const override { return logits_; }
+  std::vector<OutputView> outputs() const override {
+    return {OutputView{"logits", {curB_, curT_, V_}, logits_}};
+  }
 
   // ---- used by the decoder ----
   BlockWeights weights(int l, bool grad) {
@@ -306,9 +309,8 @@ class Gpt2Decoder final : public Decoder {
 
 }  // namespace
 
-std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be) {
-  if (mc.type == "gpt2") return std::make_unique<Gpt2>(mc, be);
-  throw Error(cat("model.type: unsupported model type '", mc.type, "'"));
+std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be) {
+  return std::make_unique<Gpt2>(mc, be);
 }
 
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B) {

@@ -16,9 +16,20 @@ namespace nlp {
 // A batch in backend memory. targets are already aligned with positions (for CLM: shifted).
 struct DeviceBatch {
   int B = 0, T = 0;
-  const int32_t* ids = nullptr;      // [B,T]
-  const int32_t* mask = nullptr;     // [B,T] key padding mask (1 keep, 0 pad); nullable
-  const int32_t* targets = nullptr;  // [B,T] (-100 = ignore)
+  const int32_t* ids = nullptr;       // [B,T]
+  const int32_t* mask = nullptr;      // [B,T] key padding mask (1 keep, 0 pad); nullable
+  const int32_t* targets = nullptr;   // [B,T] token targets (clm, mlm, ner; -100 = ignore)
+  const int32_t* type_ids = nullptr;  // [B,T] token types (bert)
+  const int32_t* labels = nullptr;    // [B] sequence labels (doc_cls, pair_cls)
+  const int32_t* start = nullptr;     // [B] answer start positions (qa)
+  const int32_t* end = nullptr;       // [B] answer end positions (qa)
+};
+
+// A named output of the last forward (backend memory), e.g. "logits" [B,T,V].
+struct OutputView {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data;
 };
 
 class Model {
@@ -35,6 +46,11 @@ class Model {
   // Backward of dloss * (sum of losses) through the last forward, accumulating into params().grad().
   virtual void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) = 0;
   virtual const float* logits() const = 0;  // [B,T,V] of the last forward (backend memory)
+  // Every output of the last forward: logits (clm, mlm, cls, ner) or start/end logits (qa).
+  virtual std::vector<OutputView> outputs() const = 0;
+  // Parameters that may be absent from a weights file and keep their fresh initialisation
+  // (a task head or pooler when fine-tuning an encoder). Others are required.
+  virtual bool may_be_new(const std::string& name) const { (void)name; return false; }
   // Bytes of activations needed for a batch of B x T (for the memory report).
   virtual size_t activation_bytes(int B, int T) const = 0;
 };
@@ -52,14 +68,15 @@ class Decoder {
 // is set (then model keys given explicitly in the INI must agree, else an error naming both).
 ModelConfig resolve_model_config(const Config& cfg);
 
-std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be);
+std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm");
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
 
 }  // namespace nlp
 
 namespace nlp {
-// Load model.weights into the model's parameters (HF names and shapes validated). Returns the names
-// of datasets in the file that the model does not use (lm_head.weight, tied to the token embedding,
-// and attention mask buffers are expected and not reported).
-std::vector<std::string> load_model_weights(Model& m, const std::string& path);
+// Load model.weights into the model's parameters (HF names and shapes validated).
+// `unused`: datasets in the file the model does not use (tied heads and buffers are not reported);
+// `fresh`: parameters absent from the file that keep their initialisation (Model::may_be_new).
+void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
+                        std::vector<std::string>* fresh);
 }  // namespace nlp

@@ -43,21 +43,37 @@ ModelConfig resolve_model_config(const Config& cfg) {
   h5::File f = h5::File::open_read(mc.weights);
   if (!f.has_attr("model_type"))
     throw Error(cat("weights file '", mc.weights,
-                    "': missing root attribute 'model_type' (expected \"gpt2\")"));
+                    "': missing root attribute 'model_type' (expected \"gpt2\" or \"bert\")"));
   const std::string type = f.attr_string("model_type");
   if (type != mc.type)
     throw Error(cat("weights file '", mc.weights, "' has model_type = \"", type,
                     "\" but model.type = ", mc.type));
+  take_int(cfg, f, "vocab_size", mc.vocab_size);
+  take_float(cfg, f, "initializer_range", mc.initializer_range, true);
+  if (type == "bert") {
+    take_int(cfg, f, "hidden_size", mc.hidden_size);
+    take_int(cfg, f, "num_hidden_layers", mc.num_hidden_layers);
+    take_int(cfg, f, "num_attention_heads", mc.num_attention_heads);
+    take_int(cfg, f, "intermediate_size", mc.intermediate_size);
+    take_int(cfg, f, "max_position_embeddings", mc.max_position_embeddings);
+    take_int(cfg, f, "type_vocab_size", mc.type_vocab_size);
+    if (mc.hidden_size % mc.num_attention_heads != 0)
+      throw Error(cat("weights file '", mc.weights, "': hidden_size = ", mc.hidden_size,
+                      " is not divisible by num_attention_heads = ", mc.num_attention_heads));
+    take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false);
+    take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true);
+    take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true);
+    // num_labels is not taken from the file: fine-tuning an encoder may use a new head size.
+    return mc;
+  }
   take_int(cfg, f, "n_layer", mc.n_layer);
   take_int(cfg, f, "n_head", mc.n_head);
   take_int(cfg, f, "n_embd", mc.n_embd);
-  take_int(cfg, f, "vocab_size", mc.vocab_size);
   take_int(cfg, f, "n_positions", mc.n_positions);
   if (mc.n_embd % mc.n_head != 0)
     throw Error(cat("weights file '", mc.weights, "': n_embd = ", mc.n_embd,
                     " is not divisible by n_head = ", mc.n_head));
   take_float(cfg, f, "layer_norm_epsilon", mc.layer_norm_epsilon, false);
-  take_float(cfg, f, "initializer_range", mc.initializer_range, true);
   take_float(cfg, f, "embd_pdrop", mc.embd_pdrop, true);
   take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true);
   take_float(cfg, f, "resid_pdrop", mc.resid_pdrop, true);

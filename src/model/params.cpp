@@ -4,7 +4,7 @@
 
 namespace nlp {
 
-int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool decay) {
+int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool decay, bool packed) {
   NLP_ASSERT(params_ == nullptr);
   ParamSpec s;
   s.name = name;
@@ -13,7 +13,7 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool de
   s.numel = 1;
   for (auto d : s.shape) s.numel *= static_cast<size_t>(d);
   // Keep every tensor 16-float aligned (64 bytes) for vector loads.
-  s.offset = (total_ + 15) / 16 * 16;
+  s.offset = packed ? total_ : (total_ + 15) / 16 * 16;
   total_ = s.offset + s.numel;
   specs_.push_back(std::move(s));
   return static_cast<int>(specs_.size()) - 1;

@@ -21,8 +21,9 @@ struct ParamSpec {
 
 class ParamStore {
  public:
-  // Register a tensor before allocate(); returns its index.
-  int add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  // Register a tensor before allocate(); returns its index. packed = placed immediately after the
+  // previous tensor (no alignment gap), so that e.g. BERT's query/key/value form one [3C, C] matrix.
+  int add(const std::string& name, std::vector<int64_t> shape, bool decay, bool packed = false);
   void allocate(Backend& be);  // params and grads arenas, zeroed
   ~ParamStore();
 

@@ -16,6 +16,36 @@ class Parser {
  public:
   Parser(const std::string& s, const std::string& source) : s_(s), src_(source) {}
 
+  // ["a", "b", ...]
+  std::vector<std::string> parse_string_array() {
+    std::vector<std::string> out;
+    skip_ws();
+    expect('[');
+    skip_ws();
+    if (peek() == ']') {
+      ++i_;
+    } else {
+      for (;;) {
+        skip_ws();
+        out.push_back(parse_string());
+        skip_ws();
+        const char c = peek();
+        if (c == ',') {
+          ++i_;
+          continue;
+        }
+        if (c == ']') {
+          ++i_;
+          break;
+        }
+        fail(i_, "expected ',' or ']'");
+      }
+    }
+    skip_ws();
+    if (i_ != s_.size()) fail(i_, "unexpected data after the array");
+    return out;
+  }
+
   std::vector<std::pair<std::string, int64_t>> parse_object() {
     std::vector<std::pair<std::string, int64_t>> out;
     std::unordered_set<std::string> seen;
@@ -184,6 +214,10 @@ class Parser {
 std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::string& json,
                                                                      const std::string& source) {
   return Parser(json, source).parse_object();
+}
+
+std::vector<std::string> parse_string_array(const std::string& json, const std::string& source) {
+  return Parser(json, source).parse_string_array();
 }
 
 std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path) {

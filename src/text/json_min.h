@@ -17,6 +17,9 @@ namespace nlp::text {
 std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::string& json,
                                                                      const std::string& source);
 
+// Parse a JSON array of strings, e.g. ["O", "B-PS", "I-PS"]; errors name `source`.
+std::vector<std::string> parse_string_array(const std::string& json, const std::string& source);
+
 // Read and parse a file; a missing or unreadable file is an error naming the path.
 std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path);
 

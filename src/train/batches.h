@@ -1,6 +1,8 @@
-// Batches for causal LM: reads this rank's examples through the Sampler, builds shifted targets
-// (target[t] = label[t+1], the last position takes the label after the window, -100 for 2-D rows;
-// as HF's shift inside the loss) and uploads them to backend memory.
+// Batches for every task: from the dataset's columns to what the model's loss needs, then to backend
+// memory. CLM: targets shifted (target[t] = label[t+1]; the last position takes the label after the
+// window, -100 for 2-D rows), as HF shifts inside the loss. MLM: dynamic masking when the dataset has
+// no labels (15% of real tokens; of those 80% [MASK], 10% a random token, 10% unchanged), seeded.
+// NER: token labels as given. doc_cls/pair_cls: sequence labels. QA: start/end positions.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -8,18 +10,31 @@
 #include "core/backend.h"
 #include "io/dataset.h"
 #include "model/model.h"
+#include "model/task.h"
 
 namespace nlp {
 
-// Host-side CLM batch: ids, mask and shifted targets, [B,T] each.
 struct HostBatch {
   int B = 0, T = 0;
-  std::vector<int32_t> ids, mask, targets;
+  std::vector<int32_t> ids, mask, targets, type_ids;  // [B,T]
+  std::vector<int32_t> labels, start, end;            // [B]
   bool has_padding = false;  // any mask value 0 (else the mask is not passed to attention)
-  int64_t valid_targets() const;
+  // Number of loss terms (the loss is their mean): target tokens (clm, mlm, ner), labelled
+  // sequences (doc_cls, pair_cls), or questions (qa).
+  int64_t loss_units(Task task) const;
 };
 
-HostBatch make_clm_batch(const TokenBatch& tb);
+// Special token ids for MLM masking (dataset root attributes mask_id, cls_id, sep_id, pad_id).
+struct MlmSpec {
+  int32_t mask_id = -1, cls_id = -1, sep_id = -1, pad_id = -1;
+  int vocab_size = 0;
+  float probability = 0.15f;
+};
+// Reads the special ids from the dataset's attributes; an error names the file and attribute.
+MlmSpec read_mlm_spec(const TokenDataset& ds, int vocab_size);
+
+// mlm may be null unless task is mlm and the dataset has no labels; seed drives the masking.
+HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64_t seed);
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

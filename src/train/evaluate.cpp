@@ -1,59 +1,110 @@
-// Evaluation: mean cross-entropy and perplexity over a dataset, sharded across ranks.
+// Evaluation and prediction: loss and task metrics over a dataset, sharded across ranks (rank r takes
+// examples r, r+world, ...; every example is seen once, none dropped), and the predictions files.
 #include <cmath>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "train/batches.h"
 #include "train/session.h"
+#include "train/task_eval.h"
 
 namespace nlp {
 
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
+  const bool bert = mc.type == "bert";
+  const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
   // 2-D files carry their own T (data.seq_len, when set, must match it); a 1-D token stream is cut
   // into windows of data.seq_len, by default min(n_positions, 1024).
   int seq_len = s.cfg.data.seq_len;
-  if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(mc.n_positions, 1024);
-  TokenDataset ds(path, seq_len, mc.vocab_size);
-  if (ds.seq_len() > mc.n_positions)
-    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(),
-                    " exceeds model.n_positions = ", mc.n_positions));
+  if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
+  DatasetLimits limits;
+  if (has_classifier(s.task)) limits.label_range = mc.num_labels;
+  if (bert) limits.type_vocab = mc.type_vocab_size;
+  TokenDataset ds(path, seq_len, mc.vocab_size, limits);
+  if (ds.seq_len() > positions)
+    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
+                    bert ? "max_position_embeddings" : "n_positions", " = ", positions));
+  // The columns the task needs.
+  if (is_seq_cls(s.task) && !ds.has_seq_labels())
+    throw Error(cat(key, " = '", path, "': run.task = ", s.cfg.run.task, " needs 1-D 'labels' [examples]"));
+  if (s.task == Task::Ner && !ds.has_token_labels())
+    throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
+  if (s.task == Task::Qa && !ds.has_positions())
+    throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
   return ds;
 }
 
-EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches) {
+EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool write_predictions) {
   const Config& cfg = s.cfg;
-  Sampler sampler(ds.size(), cfg.train.batch_size, s.comm.rank(), s.comm.size(), cfg.train.seed,
-                  /*shuffle=*/false);
-  int64_t nb = sampler.batches_per_epoch();
+  const int B = cfg.train.batch_size, rank = s.comm.rank(), world = s.comm.size();
+  std::unique_ptr<MlmSpec> mlm;
+  if (s.task == Task::Mlm && !ds.has_token_labels())
+    mlm = std::make_unique<MlmSpec>(read_mlm_spec(ds, s.model.config().vocab_size));
+  TaskEval te(s.task, ds, s.model.config().num_labels);
+
+  std::vector<int64_t> mine;
+  for (int64_t i = rank; i < ds.size(); i += world) mine.push_back(i);
+  int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
   if (max_batches > 0) nb = std::min<int64_t>(nb, max_batches);
+
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
-  double sums[2] = {0, 0};  // loss sum, target count
+  double sums[2] = {0, 0};  // loss sum, loss units
   for (int64_t g = 0; g < nb; ++g) {
-    auto idx = sampler.indices(g);
-    ds.read(idx.data(), static_cast<int>(idx.size()), tb);
-    HostBatch hb = make_clm_batch(tb);
-    sums[1] += static_cast<double>(hb.valid_targets());
+    const int64_t* idx = mine.data() + g * B;
+    const int count = static_cast<int>(std::min<int64_t>(B, int64_t(mine.size()) - g * B));
+    ds.read(idx, count, tb);
+    // Evaluation masking (mlm) is fixed: the same positions are masked at every evaluation.
+    HostBatch hb = make_batch(s.task, tb, mlm.get(), derive_seed(cfg.train.seed, 0xE7A1, idx[0]));
+    sums[1] += static_cast<double>(hb.loss_units(s.task));
     sums[0] += s.model.forward(dbuf.upload(hb), /*training=*/false, 0);
+    te.add(hb, idx, s.model.outputs(), s.be);
   }
   s.comm.allreduce_sum_host(sums, 2);
   EvalResult r;
   r.tokens = static_cast<int64_t>(sums[1]);
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
-  r.perplexity = std::exp(r.loss);
+  te.finish(s.comm, r);
+  if (write_predictions && rank == 0) te.write_predictions(cfg.output.dir);
   return r;
 }
 
+std::string format_eval(const EvalResult& r) {
+  std::string line = cat("loss ", r.loss);
+  for (const auto& [k, v] : r.metrics) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " | %s %.4f", k.c_str(), v);
+    line += buf;
+  }
+  return line + cat(" | ", r.tokens, " loss terms");
+}
+
+namespace {
+
+void log_eval_result(Session& s, const EvalResult& r, const char* what) {
+  s.log.info(cat(what, " | ", format_eval(r)));
+  Json j;
+  j.str("split", "eval").exact("loss", r.loss);
+  for (const auto& [k, v] : r.metrics) j.num(k, v);
+  j.integer("tokens", r.tokens);
+  s.log.metrics(j.done());
+}
+
+}  // namespace
+
 void run_eval(Session& s) {
   TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
-  EvalResult r = evaluate(s, ds, s.cfg.eval.batches);
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "eval | loss %.6f | perplexity %.4f | %lld tokens", r.loss,
-                r.perplexity, static_cast<long long>(r.tokens));
-  s.log.info(buf);
-  s.log.metrics(Json().str("split", "eval").num("loss", r.loss).num("perplexity", r.perplexity)
-                    .integer("tokens", r.tokens).done());
+  log_eval_result(s, evaluate(s, ds, s.cfg.eval.batches), "eval");
+}
+
+void run_predict(Session& s) {
+  TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
+  EvalResult r = evaluate(s, ds, s.cfg.eval.batches, /*write_predictions=*/true);
+  log_eval_result(s, r, "predict");
+  s.log.info(cat("predict: wrote ", s.cfg.output.dir,
+                 s.task == Task::Qa ? "/predictions.json" : "/predictions.jsonl"));
 }
 
 }  // namespace nlp

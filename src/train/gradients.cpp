@@ -1,7 +1,7 @@
 // Verification mode (run.mode = gradients): forward and backward on the first train.batch_size
 // sequences of data.train, dropout off, no update. Rank 0 writes <output.dir>/gradients.h5: a scalar
-// `loss`, the `logits` [B,T,V], and one dataset per parameter gradient, named and shaped as the
-// parameter. Used to check nlptrain against Hugging Face transformers on the same weights and batch.
+// `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa), and one dataset per
+// parameter gradient, named and shaped as the parameter. Used to check nlptrain against Hugging Face transformers on the same weights and batch.
 #include <numeric>
 
 #include "core/error.h"
@@ -22,9 +22,11 @@ void run_gradients(Session& s) {
   std::iota(idx.begin(), idx.end(), 0);
   TokenBatch tb;
   ds.read(idx.data(), B, tb);
-  HostBatch hb = make_clm_batch(tb);
-  const int64_t count = hb.valid_targets();
-  if (count == 0) throw Error("gradients: the batch has no target tokens");
+  // mlm: the dataset's labels are used as given (no dynamic masking), so that a reference
+  // implementation can be fed the same masked batch.
+  HostBatch hb = make_batch(s.task, tb, nullptr, 0);
+  const int64_t count = hb.loss_units(s.task);
+  if (count == 0) throw Error("gradients: the batch has nothing to learn from (all labels are -100)");
 
   ParamStore& ps = s.model.params();
   DeviceBatchBuffer dbuf(s.be);
@@ -38,14 +40,18 @@ void run_gradients(Session& s) {
   s.log.info(buf);
   if (s.comm.rank() != 0) return;
 
-  const int T = hb.T, V = s.model.config().vocab_size;
-  std::vector<float> logits(size_t(B) * T * V), grads(ps.total());
-  s.be.to_host(logits.data(), s.model.logits(), logits.size() * sizeof(float));
+  std::vector<float> grads(ps.total());
   s.be.to_host(grads.data(), ps.grad(), grads.size() * sizeof(float));
   const std::string path = cfg.output.dir + "/gradients.h5";
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_f64("loss", {}, &loss);
-    f.write_f32("logits", {B, T, V}, logits.data());
+    for (const OutputView& o : s.model.outputs()) {  // logits, or start_logits/end_logits
+      size_t n = 1;
+      for (auto d : o.shape) n *= size_t(d);
+      std::vector<float> h(n);
+      s.be.to_host(h.data(), o.data, n * sizeof(float));
+      f.write_f32(o.name, o.shape, h.data());
+    }
     for (const auto& sp : ps.specs()) f.write_f32(sp.name, sp.shape, grads.data() + sp.offset);
     s.model.write_attrs(f);
   });

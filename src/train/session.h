@@ -8,12 +8,14 @@
 #include "core/backend.h"
 #include "io/dataset.h"
 #include "model/model.h"
+#include "model/task.h"
 #include "train/log.h"
 
 namespace nlp {
 
 struct Session {
   const Config& cfg;
+  Task task;
   Comm& comm;
   Backend& be;
   Log& log;
@@ -22,7 +24,11 @@ struct Session {
 
 struct EvalResult {
   double loss = 0, perplexity = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  // loss units (target tokens, sequences or questions)
+  std::vector<std::pair<std::string, double>> metrics;  // task metrics: accuracy, f1, exact_match, ...
+  std::string primary = "loss";  // the metric that picks the best checkpoint
+  double primary_value = 0;
+  bool higher_is_better = false;
 };
 
 int run_train(Session& s);       // run.mode = train; returns the exit code (0, or kExitRequeue)
@@ -30,8 +36,12 @@ void run_eval(Session& s);       // run.mode = eval
 void run_generate(Session& s);   // run.mode = generate
 void run_gradients(Session& s);  // run.mode = gradients
 
-// Mean loss over the eval set (all ranks take part; dropout off). max_batches 0 = all.
-EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches);
+// Loss and task metrics over the eval set (all ranks take part, each on examples rank, rank+world,
+// ...; dropout off). max_batches 0 = all. With write_predictions, rank 0 writes the task's predictions
+// to output.dir (predictions.jsonl, or predictions.json for qa).
+EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool write_predictions = false);
+void run_predict(Session& s);  // run.mode = predict
+std::string format_eval(const EvalResult& r);  // "loss 2.31 | accuracy 0.8123 | ..." for the log
 // Sample text from the prompt with the generate.* settings (call on one rank only).
 std::string generate_sample(Session& s, uint64_t seed);
 

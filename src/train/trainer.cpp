@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
+#include "io/weights.h"
 #include "train/batches.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -54,12 +55,28 @@ void restore(Session& s, AdamW& opt, const std::string& path, TrainState& st) {
 }
 
 void log_eval(Session& s, int step, const EvalResult& r) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "eval  step %d | loss %.4f | perplexity %.3f | %lld tokens", step,
-                r.loss, r.perplexity, static_cast<long long>(r.tokens));
-  s.log.info(buf);
-  s.log.metrics(Json().integer("step", step).str("split", "eval").exact("loss", r.loss)
-                    .num("perplexity", r.perplexity).done());
+  s.log.info(cat("eval  step ", step, " | ", format_eval(r)));
+  Json j;
+  j.integer("step", step).str("split", "eval").exact("loss", r.loss);
+  for (const auto& [k, v] : r.metrics) j.num(k, v);
+  s.log.metrics(j.done());
+}
+
+// <output.dir>/best.h5: the weights (HF layout) with the best eval metric so far.
+void save_best(Session& s, const TrainState& st, const EvalResult& r) {
+  if (s.comm.rank() == 0) {
+    std::vector<float> hp;
+    auto params = s.model.params().host_views(hp);
+    s.model.params().download(hp);
+    save_weights(s.cfg.output.dir + "/best.h5", params, [&](h5::File& f) {
+      s.model.write_attrs(f);
+      f.set_attr("nlptrain_step", int64_t(st.step));
+      f.set_attr("nlptrain_best_metric", r.primary_value);
+      f.set_attr("nlptrain_best_metric_name", r.primary);
+    });
+  }
+  s.log.info(cat("best: ", r.primary, " ", r.primary_value, " at step ", st.step, " -> ",
+                 s.cfg.output.dir, "/best.h5"));
 }
 
 void log_sample(Session& s, int step) {
@@ -75,6 +92,9 @@ int run_train(Session& s) {
   const TrainConfig& tc = cfg.train;
   const int rank = s.comm.rank(), world = s.comm.size();
   TokenDataset train = open_dataset(s, cfg.data.train, "data.train");
+  std::unique_ptr<MlmSpec> mlm;
+  if (s.task == Task::Mlm && !train.has_token_labels())
+    mlm = std::make_unique<MlmSpec>(read_mlm_spec(train, s.model.config().vocab_size));
   const int B = tc.batch_size, T = train.seq_len();
   Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
   std::unique_ptr<TokenDataset> eval;
@@ -85,7 +105,7 @@ int run_train(Session& s) {
   TrainState st;
   st.seed = tc.seed;
   st.world_size = world;
-  st.best_metric = INFINITY;
+  st.best_metric = NAN;  // none yet
 
   if (tc.resume) {
     const std::string ckpt = latest_checkpoint(cfg.output.dir);
@@ -129,15 +149,15 @@ int run_train(Session& s) {
     for (int a = 0; a < tc.grad_accum; ++a) {
       auto idx = sampler.indices(st.next_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
-      micro[a] = make_clm_batch(tb);
-      counts[0] += static_cast<double>(micro[a].valid_targets());
+      micro[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step, a, 1000 + rank));
+      counts[0] += static_cast<double>(micro[a].loss_units(s.task));
     }
     t_data += seconds_since(tp);
     tp = Clock::now();
     s.comm.allreduce_sum_host(counts, 1);
     t_comm += seconds_since(tp);
     if (counts[0] <= 0)
-      throw Error(cat("step ", step + 1, ": the batch has no target tokens (all labels are -100) in '",
+      throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
                       cfg.data.train, "'"));
     const float dloss = static_cast<float>(1.0 / counts[0]);
 
@@ -191,7 +211,13 @@ int run_train(Session& s) {
     if (eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
       EvalResult r = evaluate(s, *eval, cfg.eval.batches);
       log_eval(s, static_cast<int>(st.step), r);
-      st.best_metric = std::min(st.best_metric, r.loss);
+      const bool better = std::isnan(st.best_metric) ||
+                          (r.higher_is_better ? r.primary_value > st.best_metric
+                                              : r.primary_value < st.best_metric);
+      if (better) {
+        st.best_metric = r.primary_value;
+        save_best(s, st, r);
+      }
     }
     if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
       const std::string path = checkpoint_now(s, opt, st);

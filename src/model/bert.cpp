@@ -1,0 +1,418 @@
+// BERT (HF BertModel + task heads) on the shared transformer block (post-LN, padding mask, erf GELU).
+// Embeddings: LayerNorm(word + position + token_type) then dropout. Heads by run.task, with the HF
+// state_dict names and nn.Linear [out, in] layout:
+//   doc_cls, pair_cls (BertForSequenceClassification): pooler tanh(dense([CLS])) -> dropout -> classifier
+//   ner (BertForTokenClassification): dropout -> classifier on every token, ignore -100
+//   qa (BertForQuestionAnswering): qa_outputs -> start/end logits; loss = mean of the two CEs
+//   mlm (BertForMaskedLM): transform (dense, GELU, LayerNorm) -> decoder tied to the word embeddings
+//       + cls.predictions.bias
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/block.h"
+#include "model/model.h"
+#include "model/task.h"
+
+namespace nlp {
+namespace {
+
+class Bert final : public Model {
+ public:
+  Bert(const ModelConfig& mc, Backend& be, Task task) : mc_(mc), be_(be), task_(task) {
+    C_ = mc.hidden_size;
+    V_ = mc.vocab_size;
+    L_ = mc.num_hidden_layers;
+    NL_ = mc.num_labels;
+    if (has_classifier(task) && NL_ < 2)
+      throw Error(cat("model.num_labels = ", NL_, ": run.task needs at least 2 labels"));
+    bc_.C = C_;
+    bc_.NH = mc.num_attention_heads;
+    bc_.FF = mc.intermediate_size;
+    bc_.pre_ln = false;
+    bc_.causal = false;
+    bc_.gelu = Gelu::Erf;
+    bc_.layout = WLayout::OutIn;
+    bc_.ln_eps = mc.layer_norm_eps;
+    bc_.attn_pdrop = mc.attention_probs_dropout_prob;
+    bc_.resid_pdrop = mc.hidden_dropout_prob;
+
+    const int64_t C = C_, FF = bc_.FF;
+    wte_ = ps_.add("bert.embeddings.word_embeddings.weight", {V_, C}, true);
+    wpe_ = ps_.add("bert.embeddings.position_embeddings.weight", {mc.max_position_embeddings, C}, true);
+    wtt_ = ps_.add("bert.embeddings.token_type_embeddings.weight", {mc.type_vocab_size, C}, true);
+    eln_w_ = ps_.add("bert.embeddings.LayerNorm.weight", {C}, false);
+    eln_b_ = ps_.add("bert.embeddings.LayerNorm.bias", {C}, false);
+    for (int l = 0; l < L_; ++l) {
+      const std::string p = cat("bert.encoder.layer.", l, ".");
+      LayerIdx li;
+      // query/key/value stored back to back: one fused [3C, C] matmul (q | k | v), as the block expects.
+      li.qkv_w = ps_.add(p + "attention.self.query.weight", {C, C}, true);
+      ps_.add(p + "attention.self.key.weight", {C, C}, true, /*packed=*/true);
+      ps_.add(p + "attention.self.value.weight", {C, C}, true, /*packed=*/true);
+      li.qkv_b = ps_.add(p + "attention.self.query.bias", {C}, false);
+      ps_.add(p + "attention.self.key.bias", {C}, false, /*packed=*/true);
+      ps_.add(p + "attention.self.value.bias", {C}, false, /*packed=*/true);
+      li.proj_w = ps_.add(p + "attention.output.dense.weight", {C, C}, true);
+      li.proj_b = ps_.add(p + "attention.output.dense.bias", {C}, false);
+      li.ln1_w = ps_.add(p + "attention.output.LayerNorm.weight", {C}, false);
+      li.ln1_b = ps_.add(p + "attention.output.LayerNorm.bias", {C}, false);
+      li.fc_w = ps_.add(p + "intermediate.dense.weight", {FF, C}, true);
+      li.fc_b = ps_.add(p + "intermediate.dense.bias", {FF}, false);
+      li.fcp_w = ps_.add(p + "output.dense.weight", {C, FF}, true);
+      li.fcp_b = ps_.add(p + "output.dense.bias", {C}, false);
+      li.ln2_w = ps_.add(p + "output.LayerNorm.weight", {C}, false);
+      li.ln2_b = ps_.add(p + "output.LayerNorm.bias", {C}, false);
+      layers_.push_back(li);
+    }
+    if (is_seq_cls(task)) {
+      pool_w_ = ps_.add("bert.pooler.dense.weight", {C, C}, true);
+      pool_b_ = ps_.add("bert.pooler.dense.bias", {C}, false);
+    }
+    if (has_classifier(task)) {
+      cls_w_ = ps_.add("classifier.weight", {NL_, C}, true);
+      cls_b_ = ps_.add("classifier.bias", {NL_}, false);
+    }
+    if (task == Task::Qa) {
+      qa_w_ = ps_.add("qa_outputs.weight", {2, C}, true);
+      qa_b_ = ps_.add("qa_outputs.bias", {2}, false);
+    }
+    if (task == Task::Mlm) {
+      tr_w_ = ps_.add("cls.predictions.transform.dense.weight", {C, C}, true);
+      tr_b_ = ps_.add("cls.predictions.transform.dense.bias", {C}, false);
+      tln_w_ = ps_.add("cls.predictions.transform.LayerNorm.weight", {C}, false);
+      tln_b_ = ps_.add("cls.predictions.transform.LayerNorm.bias", {C}, false);
+      mlm_b_ = ps_.add("cls.predictions.bias", {V_}, false);
+    }
+    ps_.allocate(be_);
+  }
+
+  ~Bert() override { be_.release(arena_); }
+
+  ParamStore& params() override { return ps_; }
+  const ModelConfig& config() const override { return mc_; }
+
+  bool may_be_new(const std::string& name) const override {
+    return name.rfind("bert.embeddings.", 0) != 0 && name.rfind("bert.encoder.", 0) != 0;
+  }
+
+  void write_attrs(h5::File& f) const override {
+    static const char* arch[] = {"", "BertForMaskedLM", "BertForSequenceClassification",
+                                 "BertForSequenceClassification", "BertForTokenClassification",
+                                 "BertForQuestionAnswering"};
+    f.set_attr("model_type", std::string("bert"));
+    f.set_attr("architectures", std::string(arch[int(task_)]));
+    f.set_attr("hidden_act", std::string("gelu"));
+    f.set_attr("hidden_size", int64_t(mc_.hidden_size));
+    f.set_attr("num_hidden_layers", int64_t(mc_.num_hidden_layers));
+    f.set_attr("num_attention_heads", int64_t(mc_.num_attention_heads));
+    f.set_attr("intermediate_size", int64_t(mc_.intermediate_size));
+    f.set_attr("max_position_embeddings", int64_t(mc_.max_position_embeddings));
+    f.set_attr("type_vocab_size", int64_t(mc_.type_vocab_size));
+    f.set_attr("vocab_size", int64_t(mc_.vocab_size));
+    f.set_attr("layer_norm_eps", double(mc_.layer_norm_eps));
+    f.set_attr("hidden_dropout_prob", double(mc_.hidden_dropout_prob));
+    f.set_attr("attention_probs_dropout_prob", double(mc_.attention_probs_dropout_prob));
+    f.set_attr("initializer_range", double(mc_.initializer_range));
+    f.set_attr("num_labels", int64_t(has_classifier(task_) ? NL_ : 2));
+    f.set_attr("pad_token_id", int64_t(0));
+  }
+
+  // HF BertPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
+  // LayerNorm 1/0, the padding row (pad_token_id 0) of the word embeddings zero.
+  void init_weights(uint64_t seed) override {
+    std::vector<float> host;
+    auto views = ps_.host_views(host);
+    Rng rng(derive_seed(seed, 0xBE27));
+    for (auto& t : views) {
+      const auto& n = t.name;
+      const int64_t cnt = t.numel();
+      const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+      if (n.find("LayerNorm.weight") != std::string::npos) {
+        std::fill(t.data, t.data + cnt, 1.f);
+      } else if (is_bias || n.find("LayerNorm.") != std::string::npos) {
+        std::fill(t.data, t.data + cnt, 0.f);
+      } else {
+        for (int64_t i = 0; i < cnt; ++i) t.data[i] = mc_.initializer_range * rng.normal();
+      }
+    }
+    std::fill(views[wte_].data, views[wte_].data + C_, 0.f);  // padding_idx = 0
+    ps_.upload(host);
+  }
+
+  size_t activation_bytes(int B, int T) const override { return acts_numel(B, T) * sizeof(float); }
+
+  double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
+    ensure_acts(b.B, b.T);
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    if (T > mc_.max_position_embeddings)
+      throw Error(cat("sequence length ", T, " exceeds model.max_position_embeddings = ",
+                      mc_.max_position_embeddings));
+    const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
+    const size_t n = size_t(BT) * C;
+    // x0[BT,C] = drop(LN(wte[ids] + wpe[t] + wtt[types]))
+    be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, C, 0);
+    be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
+                          mc_.layer_norm_eps);
+    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B));
+    const float* x = x0_;
+    for (int l = 0; l < L_; ++l) {
+      block_forward(be_, bc_, weights(l, false), acts_[l], x, b.mask, training, seeds(seed, l), B, T);
+      x = acts_[l].out;
+    }
+    xL_ = x;
+    return head_forward(b, training, seed);
+  }
+
+  void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) override {
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    NLP_ASSERT(B == curB_ && T == curT_);
+    const size_t n = size_t(BT) * C, f = sizeof(float);
+    be_.zero(dres_a_, n * f);
+    head_backward(b, dloss, training, seed);  // d xL into dres_a_
+    for (int l = L_ - 1; l >= 0; --l) {
+      const float* x = l > 0 ? acts_[l - 1].out : x0_;
+      be_.zero(dres_b_, n * f);
+      block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
+                     dres_a_, x, b.mask, training, seeds(seed, l), B, T);
+      std::swap(dres_a_, dres_b_);
+    }
+    const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
+    be_.zero(dres_b_, n * f);
+    be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B));
+    be_.zero(dres_a_, n * f);
+    be_.layernorm_backward(dres_a_, ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
+                           emb_mean_, emb_rstd_, BT, C);
+    be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dres_a_, b.ids, b.type_ids, B, T,
+                           C, 0);
+  }
+
+  const float* logits() const override { return logits_; }
+
+  std::vector<OutputView> outputs() const override {
+    const int B = curB_, T = curT_;
+    switch (task_) {
+      case Task::Qa:
+        return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
+      case Task::Mlm: return {OutputView{"logits", {B, T, V_}, logits_}};
+      case Task::Ner: return {OutputView{"logits", {B, T, NL_}, logits_}};
+      default: return {OutputView{"logits", {B, NL_}, logits_}};
+    }
+  }
+
+ private:
+  struct LayerIdx {
+    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
+  };
+
+  BlockWeights weights(int l, bool grad) {
+    auto P = [&](int i) { return grad ? ps_.g(i) : ps_.p(i); };
+    const LayerIdx& li = layers_[l];
+    return BlockWeights{P(li.ln1_w), P(li.ln1_b), P(li.qkv_w), P(li.qkv_b),
+                        P(li.proj_w), P(li.proj_b), P(li.ln2_w), P(li.ln2_b),
+                        P(li.fc_w), P(li.fc_b), P(li.fcp_w), P(li.fcp_b)};
+  }
+  static BlockSeeds seeds(uint64_t seed, int l) {
+    return BlockSeeds{derive_seed(seed, 100 + l, 1), derive_seed(seed, 100 + l, 2),
+                      derive_seed(seed, 100 + l, 3)};
+  }
+
+  // ---- heads: forward returns the sum of losses over the batch's loss units ----
+  double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
+    const uint64_t hseed = derive_seed(seed, 0x4EAD);
+    switch (task_) {
+      case Task::DocCls:
+      case Task::PairCls: {
+        // cls[B,C] = xL[b, 0]; pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[B,NL]
+        be_.rows_gather(h1_, xL_, B, C, size_t(T) * C);
+        be_.matmul_forward(h2_, h1_, ps_.p(pool_w_), ps_.p(pool_b_), B, C, C, WLayout::OutIn);
+        be_.tanh_forward(h3_, h2_, size_t(B) * C);
+        be_.dropout_forward(h4_, h3_, size_t(B) * C, p_hidden, hseed);
+        be_.matmul_forward(logits_, h4_, ps_.p(cls_w_), ps_.p(cls_b_), B, C, NL_, WLayout::OutIn);
+        if (!b.labels) return 0;
+        be_.crossentropy_forward(losses_, logits_, b.labels, B, NL_);
+        return be_.sum(losses_, B);
+      }
+      case Task::Ner: {
+        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed);
+        be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), BT, C, NL_, WLayout::OutIn);
+        if (!b.targets) return 0;
+        be_.crossentropy_forward(losses_, logits_, b.targets, BT, NL_);
+        return be_.sum(losses_, BT);
+      }
+      case Task::Qa: {
+        // start[B,T] = xL qa_w[0]^T + qa_b[0]; end[B,T] = xL qa_w[1]^T + qa_b[1]
+        float* start = logits_;
+        float* end = logits_ + size_t(BT);
+        be_.matmul_forward(start, xL_, ps_.p(qa_w_), ps_.p(qa_b_), BT, C, 1, WLayout::OutIn);
+        be_.matmul_forward(end, xL_, ps_.p(qa_w_) + C, ps_.p(qa_b_) + 1, BT, C, 1, WLayout::OutIn);
+        if (!b.start) return 0;
+        be_.crossentropy_forward(losses_, start, b.start, B, T);
+        be_.crossentropy_forward(losses_ + B, end, b.end, B, T);
+        return 0.5 * be_.sum(losses_, 2 * size_t(B));
+      }
+      case Task::Mlm: {
+        // h2 = LN(gelu(xL Wt^T + bt)); logits[BT,V] = h2 wte^T + bias
+        be_.matmul_forward(h1_, xL_, ps_.p(tr_w_), ps_.p(tr_b_), BT, C, C, WLayout::OutIn);
+        be_.gelu_forward(h3_, h1_, size_t(BT) * C, Gelu::Erf);
+        be_.layernorm_forward(h2_, hmean_, hrstd_, h3_, ps_.p(tln_w_), ps_.p(tln_b_), BT, C,
+                              mc_.layer_norm_eps);
+        be_.matmul_forward(logits_, h2_, ps_.p(wte_), ps_.p(mlm_b_), BT, C, V_, WLayout::OutIn);
+        if (!b.targets) return 0;
+        be_.crossentropy_forward(losses_, logits_, b.targets, BT, V_);
+        return be_.sum(losses_, BT);
+      }
+      default: throw Error("bert: unsupported task");
+    }
+  }
+
+  // d(dloss * loss sum)/d xL accumulated into dres_a_.
+  void head_backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) {
+    const int B = b.B, T = b.T, BT = B * T, C = C_;
+    const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
+    const uint64_t hseed = derive_seed(seed, 0x4EAD);
+    const size_t f = sizeof(float);
+    switch (task_) {
+      case Task::DocCls:
+      case Task::PairCls: {
+        be_.zero(dlogits_, size_t(B) * NL_ * f);
+        be_.crossentropy_backward(dlogits_, logits_, b.labels, dloss, B, NL_);
+        be_.zero(dh1_, size_t(B) * C * f);
+        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h4_, ps_.p(cls_w_), B, C,
+                            NL_, WLayout::OutIn);
+        be_.zero(dh2_, size_t(B) * C * f);
+        be_.dropout_backward(dh2_, dh1_, size_t(B) * C, p_hidden, hseed);
+        be_.zero(dh1_, size_t(B) * C * f);
+        be_.tanh_backward(dh1_, h3_, dh2_, size_t(B) * C);
+        be_.zero(dh2_, size_t(B) * C * f);
+        be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), B, C,
+                            C, WLayout::OutIn);
+        be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
+        return;
+      }
+      case Task::Ner: {
+        be_.zero(dlogits_, size_t(BT) * NL_ * f);
+        be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, NL_);
+        be_.zero(dh1_, size_t(BT) * C * f);
+        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), BT, C,
+                            NL_, WLayout::OutIn);
+        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed);
+        return;
+      }
+      case Task::Qa: {
+        float* dstart = dlogits_;
+        float* dend = dlogits_ + size_t(BT);
+        be_.zero(dlogits_, 2 * size_t(BT) * f);
+        be_.crossentropy_backward(dstart, logits_, b.start, 0.5f * dloss, B, T);
+        be_.crossentropy_backward(dend, logits_ + size_t(BT), b.end, 0.5f * dloss, B, T);
+        be_.matmul_backward(dres_a_, ps_.g(qa_w_), ps_.g(qa_b_), dstart, xL_, ps_.p(qa_w_), BT, C,
+                            1, WLayout::OutIn);
+        be_.matmul_backward(dres_a_, ps_.g(qa_w_) + C, ps_.g(qa_b_) + 1, dend, xL_,
+                            ps_.p(qa_w_) + C, BT, C, 1, WLayout::OutIn);
+        return;
+      }
+      case Task::Mlm: {
+        const size_t n = size_t(BT) * C;
+        be_.zero(dlogits_, size_t(BT) * V_ * f);
+        be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
+        be_.zero(dh2_, n * f);
+        be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), dlogits_, h2_, ps_.p(wte_), BT, C, V_,
+                            WLayout::OutIn);
+        be_.zero(dh1_, n * f);
+        be_.layernorm_backward(dh1_, ps_.g(tln_w_), ps_.g(tln_b_), dh2_, h3_, ps_.p(tln_w_), hmean_,
+                               hrstd_, BT, C);
+        be_.zero(dh2_, n * f);
+        be_.gelu_backward(dh2_, h1_, dh1_, n, Gelu::Erf);
+        be_.matmul_backward(dres_a_, ps_.g(tr_w_), ps_.g(tr_b_), dh2_, xL_, ps_.p(tr_w_), BT, C, C,
+                            WLayout::OutIn);
+        return;
+      }
+      default: throw Error("bert: unsupported task");
+    }
+  }
+
+  // Width of the head's output rows.
+  size_t logits_numel(int B, int T) const {
+    const size_t BT = size_t(B) * T;
+    switch (task_) {
+      case Task::Mlm: return BT * V_;
+      case Task::Ner: return BT * NL_;
+      case Task::Qa: return 2 * BT;
+      default: return size_t(B) * NL_;
+    }
+  }
+
+  size_t acts_numel(int B, int T) const {
+    const size_t BT = size_t(B) * T, C = C_;
+    return 2 * BT * C + 2 * BT                    // emb, x0, emb mean/rstd
+           + size_t(L_) * block_acts_numel(bc_, B, T) + block_scratch_numel(bc_, B, T)
+           + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
+           + 2 * logits_numel(B, T)               // logits, dlogits
+           + 2 * BT                               // losses (qa uses 2B)
+           + 2 * BT * C;                          // dres_a, dres_b
+  }
+
+  void ensure_acts(int B, int T) {
+    if (B == curB_ && T == curT_) return;
+    be_.release(arena_);
+    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    curB_ = B;
+    curT_ = T;
+    const size_t BT = size_t(B) * T, C = C_;
+    float* p = arena_;
+    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    emb_ = take(BT * C);
+    x0_ = take(BT * C);
+    emb_mean_ = take(BT);
+    emb_rstd_ = take(BT);
+    acts_.clear();
+    for (int l = 0; l < L_; ++l)
+      acts_.push_back(carve_block_acts(take(block_acts_numel(bc_, B, T)), bc_, B, T));
+    scratch_ = carve_block_scratch(take(block_scratch_numel(bc_, B, T)), bc_, B, T);
+    h1_ = take(BT * C);
+    h2_ = take(BT * C);
+    h3_ = take(BT * C);
+    h4_ = take(BT * C);
+    dh1_ = take(BT * C);
+    dh2_ = take(BT * C);
+    hmean_ = take(BT);
+    hrstd_ = take(BT);
+    logits_ = take(logits_numel(B, T));
+    dlogits_ = take(logits_numel(B, T));
+    losses_ = take(2 * BT);
+    dres_a_ = take(BT * C);
+    dres_b_ = take(BT * C);
+  }
+
+  ModelConfig mc_;
+  Backend& be_;
+  Task task_;
+  BlockConfig bc_;
+  ParamStore ps_;
+  int C_, V_, L_, NL_;
+  int wte_, wpe_, wtt_, eln_w_, eln_b_;
+  int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
+  int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
+  std::vector<LayerIdx> layers_;
+
+  int curB_ = 0, curT_ = 0;
+  float* arena_ = nullptr;
+  std::vector<BlockActs> acts_;
+  BlockScratch scratch_{};
+  const float* xL_ = nullptr;
+  float *emb_ = nullptr, *x0_ = nullptr, *emb_mean_ = nullptr, *emb_rstd_ = nullptr;
+  float *h1_ = nullptr, *h2_ = nullptr, *h3_ = nullptr, *h4_ = nullptr, *dh1_ = nullptr, *dh2_ = nullptr;
+  float *hmean_ = nullptr, *hrstd_ = nullptr;
+  float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
+  float *dres_a_ = nullptr, *dres_b_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::string& task) {
+  return std::make_unique<Bert>(mc, be, parse_task(task));
+}
+
+}  // namespace nlp

@@ -1,0 +1,50 @@
+// Per-task evaluation state: collects each batch's outputs on this rank, combines the ranks with
+// sums (every example is owned by exactly one rank, so per-example arrays add up without overlap),
+// then computes the task metrics and, on request, the predictions.
+//   clm: loss, perplexity            mlm: masked-token accuracy, perplexity
+//   doc_cls, pair_cls: accuracy      ner: entity precision/recall/F1 (seqeval) over first sub-tokens
+//   qa: exact match and F1 (SQuAD v1.1 and KorQuAD 1.0) on answer text mapped back through offsets
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "io/dataset.h"
+#include "model/model.h"
+#include "model/task.h"
+#include "train/batches.h"
+#include "train/session.h"
+
+namespace nlp {
+
+class TaskEval {
+ public:
+  TaskEval(Task task, const TokenDataset& ds, int num_labels);
+  // Outputs of the model's last forward on hb (examples idx[0..B)), copied from backend memory.
+  void add(const HostBatch& hb, const int64_t* idx, const std::vector<OutputView>& outputs,
+           Backend& be);
+  // Sum across ranks and compute the metrics into r (loss and units already set).
+  void finish(Comm& comm, EvalResult& r);
+  // Rank 0 only, after finish(): predictions file(s) into dir.
+  void write_predictions(const std::string& dir) const;
+
+ private:
+  void finish_ner(EvalResult& r);
+  void finish_qa(EvalResult& r);
+
+  Task task_;
+  const TokenDataset& ds_;
+  int NL_;
+  int64_t N_;
+  int T_;
+  std::vector<std::string> id2label_;
+  double correct_ = 0, total_ = 0;   // accuracy counts (cls, mlm)
+  std::vector<double> pred_;         // cls: label+1 per example; ner: label+1 per token [N,T]
+  std::vector<double> gold_;         // ner: label+1 per labelled token [N,T] (0 = not labelled)
+  std::vector<double> span_;         // qa: per feature (valid, score, start char, end char)
+  std::vector<int32_t> offsets_;     // qa: offset_mapping [N,T,2]
+  std::vector<std::string> qa_ids_, qa_answers_;  // qa: per example id and answer (rank 0)
+};
+
+}  // namespace nlp

@@ -1,0 +1,134 @@
+"""BERT with each head against Hugging Face transformers (BertForSequenceClassification,
+BertForTokenClassification, BertForQuestionAnswering, BertForMaskedLM) on the same random weights and
+batch: outputs, loss and every parameter gradient, relative error (norm-wise) at most 1e-4."""
+import h5py
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import nlp_run as nr
+
+CFG = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+           intermediate_size=48, max_position_embeddings=24, type_vocab_size=2,
+           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=1e-12)
+B, T, NL = 3, 16, 5
+HEADS = {
+    "doc_cls": transformers.BertForSequenceClassification,
+    "pair_cls": transformers.BertForSequenceClassification,
+    "ner": transformers.BertForTokenClassification,
+    "qa": transformers.BertForQuestionAnswering,
+    "mlm": transformers.BertForMaskedLM,
+}
+SKIP_KEYS = ("position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def rel(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def make_model(task):
+    torch.manual_seed(11)
+    # BertForQuestionAnswering's qa_outputs has num_labels outputs: 2 (start, end)
+    config = transformers.BertConfig(num_labels=2 if task == "qa" else NL,
+                                     attn_implementation="eager", **CFG)
+    model = HEADS[task](config).double().eval()
+    with torch.no_grad():  # non-trivial LayerNorm and bias values
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+        for name, p in model.named_parameters():  # round to float32: both sides see the same weights
+            p.copy_(p.float().double())
+    return model
+
+
+def write_weights(model, path):
+    with h5py.File(path, "w") as f:
+        for k, v in model.state_dict().items():
+            if any(s in k for s in SKIP_KEYS):
+                continue
+            f.create_dataset(k, data=v.float().numpy())
+        f.attrs["model_type"] = "bert"
+        for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            f.attrs[k] = np.int64(CFG[k])
+        f.attrs["layer_norm_eps"] = float(CFG["layer_norm_eps"])
+
+
+def make_batch(task, rng):
+    ids = rng.integers(1, CFG["vocab_size"], size=(B, T)).astype(np.int32)
+    mask = np.ones((B, T), dtype=np.int32)
+    mask[1, 11:] = 0  # right padding
+    mask[2, 6:] = 0
+    types = np.zeros((B, T), dtype=np.int32)
+    types[:, 8:] = 1
+    types *= mask
+    cols = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    if task in ("doc_cls", "pair_cls"):
+        cols["labels"] = rng.integers(0, NL, size=B).astype(np.int32)
+    elif task == "ner":
+        lab = rng.integers(0, NL, size=(B, T)).astype(np.int32)
+        lab[mask == 0] = -100
+        lab[:, 0] = -100
+        lab[0, 3] = -100  # a continuation sub-token
+        cols["labels"] = lab
+    elif task == "qa":
+        cols["start_positions"] = np.array([2, 5, 1], dtype=np.int32)
+        cols["end_positions"] = np.array([4, 9, 5], dtype=np.int32)
+    elif task == "mlm":
+        lab = np.full((B, T), -100, dtype=np.int32)
+        pick = (rng.random((B, T)) < 0.3) & (mask == 1)
+        pick[:, 0] = True
+        lab[pick] = ids[pick]
+        ids[pick] = 3  # a [MASK] id
+        cols["labels"] = lab
+    return cols
+
+
+@pytest.mark.parametrize("task", list(HEADS))
+def test_bert_head_matches_transformers(task, tmp_path):
+    model = make_model(task)
+    weights = tmp_path / "w.h5"
+    write_weights(model, weights)
+    cols = make_batch(task, np.random.default_rng(5))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    out = tmp_path / "out"
+    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients",
+            f"--model.weights={weights}", f"--model.num_labels={NL}", f"--data.train={data}",
+            f"--train.batch_size={B}", f"--output.dir={out}", "--run.threads=1",
+            "--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0"])
+
+    kwargs = {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items()}
+    res = model(**kwargs)
+    res.loss.backward()
+    worst = {}
+    with h5py.File(out / "gradients.h5") as g:
+        assert abs(float(g["loss"][()]) - res.loss.item()) <= 1e-5 * abs(res.loss.item())
+        if task == "qa":
+            worst["start_logits"] = rel(g["start_logits"][()], res.start_logits.detach().numpy())
+            worst["end_logits"] = rel(g["end_logits"][()], res.end_logits.detach().numpy())
+        else:
+            worst["logits"] = rel(g["logits"][()], res.logits.detach().numpy())
+        names = [n for n, _ in model.named_parameters()]
+        scale = max(float(np.abs(p.grad.numpy()).max()) for _, p in model.named_parameters())
+        for name, p in model.named_parameters():
+            assert name in g, f"gradient of {name} missing"
+            if np.abs(p.grad.numpy()).max() <= 1e-12 * scale:
+                # Zero in exact arithmetic because softmax is shift-invariant (the attention key
+                # bias; the QA output bias): both sides are rounding noise, so bound ours absolutely.
+                assert np.abs(g[name][()]).max() <= 1e-6 * scale, name
+                continue
+            worst[name] = rel(g[name][()], p.grad.numpy())
+        # nlptrain has no extra parameters
+        ours = []
+        g.visititems(lambda n, o: ours.append(n) if isinstance(o, h5py.Dataset) else None)
+        extra = set(ours) - set(names) - {"loss", "logits", "start_logits", "end_logits"}
+        assert not extra, extra
+    top = max(worst, key=worst.get)
+    print(f"{task}: max relative error {worst[top]:.2e} ({top})")
+    assert worst[top] <= 1e-4, (top, worst[top])
