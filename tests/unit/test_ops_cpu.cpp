@@ -416,6 +416,50 @@ INSTANTIATE_TEST_SUITE_P(Forms, GeluTest, ::testing::Values(Gelu::Tanh, Gelu::Er
                          });
 
 // ================================================================================================
+// head ops: tanh (BERT pooler), strided row gather / scatter-add ([CLS] rows)
+// ================================================================================================
+
+TEST(Tanh, ForwardMatchesFloat64AndBackwardMatchesFiniteDifferences) {
+  const size_t N = 1537;
+  VF x = randu(N, 61, -4.0f, 4.0f), R = randn(N, 62);
+  VF y(N);
+  be().tanh_forward(y.data(), x.data(), N);
+  VD ref(N), g(N);
+  const double h = 1e-5;
+  for (size_t i = 0; i < N; ++i) {
+    ref[i] = std::tanh((double)x[i]);
+    g[i] = (std::tanh((double)x[i] + h) - std::tanh((double)x[i] - h)) / (2 * h) * R[i];
+  }
+  EXPECT_LE(rel_err(y, ref), 1e-6);
+  VF dx(N);
+  be().tanh_backward(dx.data(), y.data(), R.data(), N);  // from the forward output
+  EXPECT_LE(rel_err(dx, g), 1e-5);
+  VF p0 = randn(N, 63), p = p0, t(N);
+  be().tanh_backward(p.data(), y.data(), R.data(), N);
+  be().tanh_backward(t.data(), y.data(), R.data(), N);
+  be().tanh_backward(t.data(), y.data(), R.data(), N);
+  expect_accumulates(dx, p0, p, t, "tanh dinp");
+}
+
+TEST(Rows, GatherPicksStridedRowsAndScatterAddIsItsAdjoint) {
+  const int n = 5, C = 7, T = 9;
+  const size_t stride = size_t(T) * C;
+  VF x = randn(size_t(n) * stride, 71);
+  VF out(size_t(n) * C, std::numeric_limits<float>::quiet_NaN());
+  be().rows_gather(out.data(), x.data(), n, C, stride);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < C; ++c) EXPECT_EQ(out[size_t(i) * C + c], x[size_t(i) * stride + c]);
+  // adjoint: <gather(x), d> == <x, scatter(d)>, and scatter adds to what is there
+  VF d = randn(size_t(n) * C, 72), base = randn(x.size(), 73), dx = base;
+  be().rows_scatter_add(dx.data(), d.data(), n, C, stride);
+  double lhs = dot(to_d(out), to_d(d)), rhs = 0;
+  for (size_t i = 0; i < x.size(); ++i) rhs += (double)x[i] * ((double)dx[i] - (double)base[i]);
+  EXPECT_NEAR(lhs, rhs, 1e-4 * std::abs(lhs));
+  for (size_t i = 0; i < x.size(); ++i)
+    if (i % stride >= size_t(C)) EXPECT_EQ(dx[i], base[i]) << "scatter wrote outside the rows";
+}
+
+// ================================================================================================
 // elementwise
 // ================================================================================================
 
