@@ -4,8 +4,8 @@
 set -euo pipefail
 
 APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-          libboost-program-options-dev libopenblas-dev libgtest-dev)
-PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib)
+          libboost-program-options-dev libopenblas-dev libgtest-dev slurmd slurmctld slurm-client munge rsync)
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do

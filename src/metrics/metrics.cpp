@@ -5,9 +5,10 @@
 // * Entity chunking and P/R/F1: the `seqeval` package (1.2.2), default mode (no `mode="strict"`,
 //   no scheme), seqeval.metrics.sequence_labeling.get_entities / precision_score / recall_score /
 //   f1_score with average="micro" and zero_division="warn" (which returns 0).
-//   A tag is split as seqeval does: its first character is the chunk tag (B, I, E, S, O, or anything
-//   else) and its type is what follows the first '-' after that character ("_" when empty), so
-//   "B-PER" -> (B, PER), "O" -> (O, _), "B" -> (B, _). A chunk ends before position i when
+//   A tag is split as seqeval does: its first character is the chunk tag (B, I, E, S, O, or
+//   anything else) and its type is what follows the first '-' after that character ("_" when
+//   empty), so "B-PER" -> (B, PER), "O" -> (O, _), "B" -> (B, _).
+//   A chunk ends before position i when
 //     the previous tag is E or S; or it is B or I and the tag is B, S or O; or the previous tag is
 //     neither O nor '.' and the type changes;
 //   a chunk starts at i when
@@ -55,19 +56,19 @@
 #include "metrics/metrics.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <iterator>
 #include <map>
-#include <set>
 #include <string_view>
 #include <tuple>
-#include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 #include "text/unicode.h"
 
 namespace nlp {
 
-// ---- accuracy ---------------------------------------------------------------------------------------
+// ---- accuracy -----------------------------------------------------------------------------------
 
 double accuracy(const std::vector<int32_t>& pred, const std::vector<int32_t>& gold) {
   if (pred.size() != gold.size())
@@ -78,7 +79,7 @@ double accuracy(const std::vector<int32_t>& pred, const std::vector<int32_t>& go
   return static_cast<double>(correct) / static_cast<double>(gold.size());
 }
 
-// ---- seqeval chunking ------------------------------------------------------------------------------
+// ---- seqeval chunking ---------------------------------------------------------------------------
 
 namespace {
 
@@ -88,7 +89,8 @@ struct TagParts {
 };
 
 TagParts split_tag(const std::string& chunk) {
-  if (chunk.empty()) throw Error("entity tags: empty tag string (expected e.g. \"O\" or \"B-PER\")");
+  if (chunk.empty())
+    throw Error("entity tags: empty tag string (expected e.g. \"O\" or \"B-PER\")");
   const std::string_view s(chunk);
   const size_t n = static_cast<size_t>(text::decode_utf8(s, 0).len);
   std::string_view rest = s.substr(n);
@@ -197,7 +199,7 @@ PRF entity_prf(const std::vector<std::vector<std::string>>& gold,
   return r;
 }
 
-// ---- Python-compatible text primitives --------------------------------------------------------------
+// ---- Python-compatible text primitives ----------------------------------------------------------
 
 namespace {
 
@@ -212,9 +214,8 @@ U32 decode(const std::string& s) {
   out.reserve(s.size());
   for (size_t off = 0; off < s.size();) {
     const text::Decoded d = text::decode_utf8(s, off);
-    out.push_back(d.cp == text::kInvalidCodePoint
-                      ? kEscapeBase + static_cast<unsigned char>(s[off])
-                      : d.cp);
+    out.push_back(d.cp == text::kInvalidCodePoint ? kEscapeBase + static_cast<unsigned char>(s[off])
+                                                  : d.cp);
     off += static_cast<size_t>(d.len);
   }
   return out;
@@ -230,8 +231,8 @@ void encode_append(std::string& out, char32_t cp) {
 // Python's str.isspace(): bidirectional class WS, B or S, or category Zs.
 bool is_py_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // string.punctuation: !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~
@@ -346,19 +347,18 @@ bool in_ranges(char32_t c, std::initializer_list<std::pair<char32_t, char32_t>> 
 }
 
 bool is_case_ignorable(char32_t c) {
-  return in_ranges(c, {{0x27, 0x27},     {0x2E, 0x2E},     {0x3A, 0x3A},     {0x5E, 0x5E},
-                       {0x60, 0x60},     {0xA8, 0xA8},     {0xAD, 0xAD},     {0xAF, 0xAF},
-                       {0xB4, 0xB4},     {0xB7, 0xB8},     {0x2B0, 0x36F},   {0x374, 0x375},
-                       {0x37A, 0x37A},   {0x384, 0x385},   {0x387, 0x387},   {0x483, 0x489},
-                       {0x559, 0x559},   {0x55F, 0x55F},   {0x1AB0, 0x1AFF}, {0x1D2C, 0x1D6A},
-                       {0x1D78, 0x1D78}, {0x1D9B, 0x1DFF}, {0x1FBD, 0x1FBD}, {0x1FBF, 0x1FC1},
-                       {0x1FCD, 0x1FCF}, {0x1FDD, 0x1FDF}, {0x1FED, 0x1FEF}, {0x1FFD, 0x1FFE},
-                       {0x200B, 0x200F}, {0x2018, 0x2019}, {0x2024, 0x2024}, {0x2027, 0x2027},
-                       {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x206F}, {0x2071, 0x2071},
-                       {0x207F, 0x207F}, {0x2090, 0x209C}, {0x20D0, 0x20F0}, {0xFE00, 0xFE0F},
-                       {0xFE13, 0xFE13}, {0xFE20, 0xFE2F}, {0xFE52, 0xFE52}, {0xFE55, 0xFE55},
-                       {0xFEFF, 0xFEFF}, {0xFF07, 0xFF07}, {0xFF0E, 0xFF0E}, {0xFF1A, 0xFF1A},
-                       {0xFF3E, 0xFF3E}, {0xFF40, 0xFF40}});
+  return in_ranges(
+      c,
+      {{0x27, 0x27},     {0x2E, 0x2E},     {0x3A, 0x3A},     {0x5E, 0x5E},     {0x60, 0x60},
+       {0xA8, 0xA8},     {0xAD, 0xAD},     {0xAF, 0xAF},     {0xB4, 0xB4},     {0xB7, 0xB8},
+       {0x2B0, 0x36F},   {0x374, 0x375},   {0x37A, 0x37A},   {0x384, 0x385},   {0x387, 0x387},
+       {0x483, 0x489},   {0x559, 0x559},   {0x55F, 0x55F},   {0x1AB0, 0x1AFF}, {0x1D2C, 0x1D6A},
+       {0x1D78, 0x1D78}, {0x1D9B, 0x1DFF}, {0x1FBD, 0x1FBD}, {0x1FBF, 0x1FC1}, {0x1FCD, 0x1FCF},
+       {0x1FDD, 0x1FDF}, {0x1FED, 0x1FEF}, {0x1FFD, 0x1FFE}, {0x200B, 0x200F}, {0x2018, 0x2019},
+       {0x2024, 0x2024}, {0x2027, 0x2027}, {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x206F},
+       {0x2071, 0x2071}, {0x207F, 0x207F}, {0x2090, 0x209C}, {0x20D0, 0x20F0}, {0xFE00, 0xFE0F},
+       {0xFE13, 0xFE13}, {0xFE20, 0xFE2F}, {0xFE52, 0xFE52}, {0xFE55, 0xFE55}, {0xFEFF, 0xFEFF},
+       {0xFF07, 0xFF07}, {0xFF0E, 0xFF0E}, {0xFF1A, 0xFF1A}, {0xFF3E, 0xFF3E}, {0xFF40, 0xFF40}});
 }
 
 bool is_cased(char32_t c) {
@@ -507,7 +507,7 @@ void require_golds(const char* fn, const std::vector<std::string>& golds) {
 
 }  // namespace
 
-// ---- SQuAD v1.1 ---------------------------------------------------------------------------------------
+// ---- SQuAD v1.1 ---------------------------------------------------------------------------------
 
 std::string squad_normalize(const std::string& s) { return join_tokens(squad_tokens(s)); }
 
@@ -527,7 +527,7 @@ double squad_f1(const std::string& pred, const std::vector<std::string>& golds) 
   return best;
 }
 
-// ---- KorQuAD 1.0 --------------------------------------------------------------------------------------
+// ---- KorQuAD 1.0 --------------------------------------------------------------------------------
 
 double korquad_exact_match(const std::string& pred, const std::vector<std::string>& golds) {
   require_golds("korquad_exact_match", golds);
@@ -541,7 +541,8 @@ double korquad_f1(const std::string& pred, const std::vector<std::string>& golds
   require_golds("korquad_f1", golds);
   const std::vector<char32_t> p = chars_of(korquad_tokens(pred));
   double best = 0.0;
-  for (const std::string& g : golds) best = std::max(best, overlap_f1(p, chars_of(korquad_tokens(g))));
+  for (const std::string& g : golds)
+    best = std::max(best, overlap_f1(p, chars_of(korquad_tokens(g))));
   return best;
 }
 

@@ -37,8 +37,8 @@ int argmax(const float* v, int n) {
 }
 
 std::string json_escape(const std::string& s) {
-  std::string j = Json().str("x", s).done();  // {"x":"..."}
-  return j.substr(5, j.size() - 6);
+  const std::string j = Json().str("x", s).done();  // {"x":"<escaped>"}
+  return j.substr(6, j.size() - 8);
 }
 
 }  // namespace
