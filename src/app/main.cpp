@@ -18,6 +18,7 @@
 #include "model/task.h"
 #include "train/log.h"
 #include "train/session.h"
+#include "train/signals.h"
 
 #ifndef NLPTRAIN_VERSION
 #define NLPTRAIN_VERSION "0.1.0"
@@ -105,6 +106,9 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // From the start: a SIGUSR1/SIGTERM during set-up stops the run at the first step boundary
+  // (with a checkpoint) instead of killing it.
+  nlp::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -108,7 +108,13 @@ int run_train(Session& s) {
   st.best_metric = NAN;  // none yet
 
   if (tc.resume) {
-    const std::string ckpt = latest_checkpoint(cfg.output.dir);
+    // Rank 0 picks the checkpoint and every rank loads that file: ranks that each looked for the
+    // newest one could see different files (node-local output, a lagging shared file system).
+    std::string ckpt = rank == 0 ? latest_checkpoint(cfg.output.dir) : std::string();
+    uint64_t len = ckpt.size();
+    s.comm.broadcast_host(&len, sizeof len, 0);
+    ckpt.resize(len);
+    if (len > 0) s.comm.broadcast_host(ckpt.data(), len, 0);
     if (ckpt.empty()) {
       s.log.info(cat("train.resume: no checkpoint in '", cfg.output.dir, "/checkpoints', starting from step 0"));
     } else {
@@ -134,8 +140,6 @@ int run_train(Session& s) {
   int steps_done_here = 0;
   double train_seconds = 0;
   StepTimes times;  // summed over steps after the first (which includes one-time allocation)
-  install_stop_handlers();
-
   for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
     const auto t0 = Clock::now();
     double t_data = 0, t_comm = 0;
@@ -219,9 +223,11 @@ int run_train(Session& s) {
         save_best(s, st, r);
       }
     }
+    bool checkpointed = false;
     if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
       const std::string path = checkpoint_now(s, opt, st);
       s.log.info(cat("checkpoint: ", path));
+      checkpointed = true;
     }
     if (tc.sample_interval > 0 && (st.step % tc.sample_interval == 0 || last))
       log_sample(s, static_cast<int>(st.step));
@@ -230,7 +236,7 @@ int run_train(Session& s) {
     double sig[1] = {static_cast<double>(stop_signal())};
     s.comm.allreduce_sum_host(sig, 1);
     if (sig[0] > 0 && !last) {
-      const std::string path = checkpoint_now(s, opt, st);
+      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st);
       s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
                      "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
       break;

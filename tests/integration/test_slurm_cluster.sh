@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# The SLURM workflow end to end on a real two-node SLURM cluster on this host (tests/slurm/):
+#   (a) sbatch -N2 jobscripts/train_multinode.sh, 2 nodes x 1 rank, srun --mpi=pmix, output.dir on scratch:
+#       COMPLETED / ExitCode 0:0 (scontrol and the jobcomp file), summary.json (world_size 2, nodes 2),
+#       metrics.jsonl steps 1..N once each, the checkpoint, all copied back to the submit dir, scratch
+#       removed on both nodes;
+#   (b) jobscripts/train_1node.sh, 1 node x 2 ranks, LAUNCHER=mpirun;
+#   (c) requeue: long jobs stopped with `scancel --signal=USR1 --batch` (the path of the jobscripts'
+#       `#SBATCH --signal=B:USR1@120`) once they are running and have logged steps; each must exit 75
+#       inside, requeue itself, resume from its checkpoint ("resumed from"), and COMPLETE, with
+#       metrics.jsonl holding every step exactly once. (c1) srun + output.dir on scratch (restored
+#       from the copy-back on both nodes), (c2) mpirun + output.dir on shared storage;
+#   (d) jobscripts/scaling_sweep.sh --max-nodes 2: 1- and 2-node runs with their summary.json.
+# Job results stay in $NLPTRAIN_SLURM_TEST_OUT/submit (default OUT: test_slurm_cluster/ next to the
+# binary; OUT/submit is replaced at the start), e.g. the sweep's OUT/submit/sweep/nodes_1/summary.json.
+# The cluster, its scratch and its daemons are removed at the end (NLPTRAIN_KEEP_CLUSTER=1 keeps the
+# cluster dir, stopped, for debugging).
+# Exit: 0 pass, 1 fail, 77 skipped (SLURM/munge missing or unable to start here, with the reason).
+set -euo pipefail
+
+SRC=${NLPTRAIN_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+BIN=${NLPTRAIN_BIN:-$SRC/build/nlptrain}
+T0=$SECONDS
+say() { printf '[slurm-test %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
+skip() { echo "SKIPPED: $*"; exit 77; }
+
+[ -x "$BIN" ] || { echo "FAIL: nlptrain binary '$BIN' not found (set NLPTRAIN_BIN)" >&2; exit 1; }
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+for b in sbatch squeue scontrol scancel sinfo srun slurmctld slurmd munged rsync mpirun; do
+  command -v "$b" >/dev/null || [ -x "/usr/sbin/$b" ] ||
+    skip "'$b' is not installed (tools/install_deps.sh installs slurmd slurmctld slurm-client munge rsync openmpi-bin)"
+done
+
+OUT=${NLPTRAIN_SLURM_TEST_OUT:-$(dirname "$BIN")/test_slurm_cluster}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -rf "$OUT/submit"   # the previous run's results (everything this test writes is under OUT/submit)
+CL=$(mktemp -d "${TMPDIR:-/tmp}/nlptrain-slurm-test.XXXXXX")
+cleanup() {
+  local rc=$?
+  set +e
+  bash "$SRC/tests/slurm/stop_cluster.sh" "$CL" >/dev/null 2>&1
+  if [ "${NLPTRAIN_KEEP_CLUSTER:-0}" = 1 ]; then echo "kept the cluster dir $CL"; else rm -rf "$CL"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# Everything printed on a failure: the job's output, its state, the daemons' logs.
+diagnose() {
+  local j=${1:-}
+  echo "---- diagnostics"
+  if [ -n "$j" ]; then
+    scontrol show job "$j" 2>&1 | sed 's/^/  /'
+    local f
+    for f in "$OUT"/submit/slurm-*-"$j".out "$OUT"/submit/sweep/logs/*-"$j".out; do
+      [ -f "$f" ] && { echo "---- $f (last 40 lines)"; tail -n 40 "$f"; }
+    done
+  fi
+  echo "---- squeue"; squeue 2>&1 | tail -n 20
+  echo "---- sinfo"; sinfo 2>&1
+  [ -f "$CL/log/jobcomp.txt" ] && { echo "---- jobcomp.txt"; cat "$CL/log/jobcomp.txt"; }
+  for f in "$CL"/log/slurmctld.log "$CL"/log/slurmd.n1.log "$CL"/log/slurmd.n2.log; do
+    [ -f "$f" ] && { echo "---- $f (last 25 lines)"; tail -n 25 "$f"; }
+  done
+}
+fail() { echo "FAIL: $1" >&2; diagnose "${2:-}" >&2; exit 1; }
+
+# ---- the cluster
+say "starting a two-node SLURM in $CL"
+rc=0
+bash "$SRC/tests/slurm/start_cluster.sh" "$CL" || rc=$?
+((rc == 0)) || { ((rc == 77)) && skip "SLURM cannot run on this machine (see the reason above)"; fail "start_cluster.sh exited $rc"; }
+# shellcheck disable=SC1091
+source "$CL/env.sh"
+[ "$(sinfo -h -N -t idle -o %N | sort -u | tr '\n' ' ')" = "n1 n2 " ] || fail "nodes n1 n2 are not idle"
+
+# ---- the environment the jobs inherit (sbatch exports it)
+export NLPTRAIN=$BIN
+export OMPI_MCA_btl=self,tcp     # two SLURM "nodes" on one host: no shared-memory transport between them
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo  # both "nodes" are 127.0.0.1
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+unset SCRATCH_ROOT RESULTS_DIR LAUNCHER OUTPUT_ON STAGE RESUME REQUEUE NLPTRAIN_INI NLPTRAIN_ARGS
+JS=$SRC/jobscripts
+
+# ---- a small dataset and the model (in the submit dir: shared storage for these nodes)
+SUB=$OUT/submit
+mkdir -p "$SUB/data"
+cd "$SUB"
+mapfile -t texts < <(ls "$SRC"/src/*/*.cpp "$SRC"/src/*/*.h | head -n 40)
+python3 "$SRC/tools/make_dataset.py" --tokenizer byte --layout stream --out data/train.h5 "${texts[@]}" \
+  >make_dataset.log 2>&1 || { cat make_dataset.log; fail "tools/make_dataset.py could not write the dataset"; }
+cat >tiny.ini <<'EOF'
+# A tiny GPT-2 for the SLURM tests: a few hundredths of a second per step on one core.
+[run]
+log_interval = 1
+[model]
+vocab_size = 256
+n_layer = 2
+n_head = 2
+n_embd = 32
+n_positions = 64
+[data]
+train = data/train.h5
+seq_len = 64
+[train]
+batch_size = 4
+steps = 20
+[checkpoint]
+interval = 10
+EOF
+
+# ---- helpers
+field() {  # field JOB NAME: a field of `scontrol show job` (empty when the job is unknown)
+  scontrol show job "$1" -o 2>/dev/null | tr ' ' '\n' | awk -F= -v k="$2" '$1 == k {sub(/^[^=]*=/, ""); print; exit}'
+}
+wait_done() {  # wait_done JOB [TIMEOUT] [MIN_RESTARTS]: until a final state, left in $st
+  local j=$1 limit=${2:-300} restarts=${3:-0} t=$SECONDS
+  while :; do
+    st=$(field "$j" JobState)
+    case $st in
+      COMPLETED) (($(field "$j" Restarts) >= restarts)) && break ;;
+      FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) break ;;
+      "") fail "job $j is unknown to slurmctld" "$j" ;;
+    esac
+    ((SECONDS - t < limit)) || fail "job $j not finished after ${limit}s (state $st)" "$j"
+    sleep 1
+  done
+}
+check_completed() {  # JobState=COMPLETED, ExitCode=0:0, and the jobcomp file agrees
+  local j=$1 st=$2 what=$3
+  [ "$st" = COMPLETED ] || fail "$what: job $j ended $st, not COMPLETED" "$j"
+  [ "$(field "$j" ExitCode)" = 0:0 ] || fail "$what: job $j ExitCode $(field "$j" ExitCode), not 0:0" "$j"
+  local line
+  line=$(grep "^JobId=$j " "$CL/log/jobcomp.txt" | tail -n 1 || true)
+  [[ $line == *" JobState=COMPLETED "* && $line == *" ExitCode=0:0 "* ]] ||
+    fail "$what: jobcomp.txt has no 'JobState=COMPLETED ... ExitCode=0:0' line for job $j: $line" "$j"
+}
+check_results() {  # check_results DIR JOB WORLD NODES RPN STEPS [RESUMED]: summary, metrics, checkpoint
+  local dir=$1 j=$2
+  [ -f "$dir/summary.json" ] || fail "no summary.json in $dir" "$j"
+  python3 - "$dir" "$3" "$4" "$5" "$6" "${7:-0}" <<'EOF' || fail "results in $dir are wrong (see above)" "$j"
+import json, os, re, sys
+d, world, nodes, rpn, steps, resumed = sys.argv[1], *map(int, sys.argv[2:])
+bad = []
+s = json.load(open(os.path.join(d, "summary.json")))
+for k, v in (("world_size", world), ("nodes", nodes), ("ranks_per_node", rpn), ("completed", True), ("backend", "cpu")):
+    if s.get(k) != v:
+        bad.append(f"summary.json: {k} = {s.get(k)!r}, expected {v!r}")
+if not s.get("tokens_per_s", 0) > 0:
+    bad.append(f"summary.json: tokens_per_s = {s.get('tokens_per_s')!r}")
+got = [json.loads(l)["step"] for l in open(os.path.join(d, "metrics.jsonl")) if l.strip() and '"split"' not in l]
+if got != list(range(1, steps + 1)):
+    dup = sorted({x for x in got if got.count(x) > 1})
+    miss = sorted(set(range(1, steps + 1)) - set(got))
+    bad.append(f"metrics.jsonl: {len(got)} step lines, expected steps 1..{steps} once each in order "
+               f"(duplicated {dup[:10]}, missing {miss[:10]})")
+ck = os.path.join(d, "checkpoints", "step_%08d.h5" % steps)
+log = open(os.path.join(d, "log.txt")).read()
+if resumed:
+    m = re.findall(r"resumed from '.*step_(\d+)\.h5' at step (\d+)", log)
+    if not m:
+        bad.append("log.txt: no 'resumed from' line")
+    elif not 0 < int(m[-1][1]) < steps:
+        bad.append(f"log.txt: resumed at step {m[-1][1]}, expected between 1 and {steps - 1}")
+    else:
+        print(f"  {d}: resumed at step {m[-1][1]} of {steps}")
+    if "stop signal received" not in log:
+        bad.append("log.txt: no 'stop signal received' line")
+elif not os.path.isfile(ck):
+    bad.append(f"no checkpoint {ck}")
+for b in bad:
+    print("  " + b)
+sys.exit(1 if bad else 0)
+EOF
+}
+check_scratch_clean() {  # no nlptrain.JOB left in any node's scratch
+  local j=$1 left
+  left=$(find "$CL/scratch" -maxdepth 2 -name "nlptrain.$j" 2>/dev/null)
+  [ -z "$left" ] || fail "scratch not removed after job $j: $left" "$j"
+}
+wait_steps() {  # wait_steps JOB FILE N: until FILE shows nlptrain's step N (the job is RUNNING)
+  local j=$1 f=$2 n=$3 t=$SECONDS
+  while :; do
+    [ "$(field "$j" JobState)" = RUNNING ] && [ -f "$f" ] &&
+      grep -Eq "^step +$n/" "$f" && return 0
+    case $(field "$j" JobState) in PENDING | RUNNING | CONFIGURING) ;; *) fail "job $j ended before it was signalled" "$j" ;; esac
+    ((SECONDS - t < 120)) || fail "job $j did not log step $n within 120 s" "$j"
+    sleep 0.3
+  done
+}
+
+# ---- submit everything; the cluster runs what fits (2 nodes x 2 CPUs) and queues the rest
+LONG=300
+say "submitting (a) 2x1 srun, (b) 1x2 mpirun, (c1) 2x1 srun requeue, (c2) 2x1 mpirun requeue, (d) sweep"
+JA=$(sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini --output.dir=results/a) ||
+  fail "sbatch (a) failed"
+JB=$(LAUNCHER=mpirun sbatch --parsable --ntasks-per-node=2 "$JS/train_1node.sh" tiny.ini --output.dir=results/b) ||
+  fail "sbatch (b) failed"
+JC1=$(sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini \
+        --train.steps=$LONG --checkpoint.interval=0 --output.dir=results/c1) || fail "sbatch (c1) failed"
+JC2=$(LAUNCHER=mpirun OUTPUT_ON=shared sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini \
+        --train.steps=$LONG --checkpoint.interval=0 --output.dir=results/c2) || fail "sbatch (c2) failed"
+"$JS/scaling_sweep.sh" --max-nodes 2 --ntasks-per-node 1 --out "$SUB/sweep" tiny.ini >sweep.txt ||
+  { cat sweep.txt; fail "scaling_sweep.sh failed"; }
+cat sweep.txt
+mapfile -t JD < <(cut -f2 "$SUB/sweep/jobs.tsv")
+[ "${#JD[@]}" = 2 ] || fail "the sweep submitted ${#JD[@]} jobs, expected 2 (1 and 2 nodes)"
+say "jobs: a=$JA b=$JB c1=$JC1 c2=$JC2 sweep=${JD[*]}"
+
+# ---- (c) signal the long jobs once they are training, the way --signal=B:USR1 does
+for j in "$JC1" "$JC2"; do
+  wait_steps "$j" "$SUB/slurm-nlptrain-multinode-$j.out" 5
+  scancel --signal=USR1 --batch "$j" || fail "scancel --signal=USR1 --batch $j failed" "$j"
+  say "(c) job $j running: sent SIGUSR1 to its batch shell"
+done
+
+# ---- (a)
+wait_done "$JA"
+check_completed "$JA" "$st" "(a) train_multinode 2x1"
+check_results "$SUB/results/a" "$JA" 2 2 1 20
+grep -q "data/data.train-train.h5" "$SUB/results/a/config.ini" || fail "(a) data.train was not staged to scratch" "$JA"
+grep -q "staged 1 input file(s) to 2 node(s)" "$SUB/slurm-nlptrain-multinode-$JA.out" || fail "(a) no staging to 2 nodes" "$JA"
+check_scratch_clean "$JA"
+say "(a) pass: 2 nodes x 1 rank COMPLETED 0:0, results copied back to results/a, scratch removed"
+
+# ---- (b)
+wait_done "$JB"
+check_completed "$JB" "$st" "(b) train_1node 1x2 mpirun"
+check_results "$SUB/results/b" "$JB" 2 1 2 20
+check_scratch_clean "$JB"
+say "(b) pass: 1 node x 2 ranks (mpirun) COMPLETED 0:0"
+
+# ---- (d)
+for i in 0 1; do
+  n=$((i + 1))
+  wait_done "${JD[i]}"
+  check_completed "${JD[i]}" "$st" "(d) sweep at $n node(s)"
+  check_results "$SUB/sweep/nodes_$n" "${JD[i]}" "$n" "$n" 1 20
+  check_scratch_clean "${JD[i]}"
+done
+say "(d) pass: sweep summaries in $SUB/sweep/nodes_1/summary.json and $SUB/sweep/nodes_2/summary.json"
+# The scaling report on the real 1- and 2-node sweep: table, CSV and plots.
+python3 "$SRC/tools/scaling_report" --out "$SUB/sweep/report" "$SUB/sweep" > "$SUB/sweep/report.txt" \
+  || fail "(d) tools/scaling_report failed on the sweep: $(tail -3 "$SUB/sweep/report.txt")"
+[ "$(grep -c '^| 1 |\|^| 2 |' "$SUB/sweep/report/scaling.md")" -ge 2 ] \
+  || fail "(d) scaling.md lacks the 1- and 2-node rows"
+for png in throughput efficiency step_breakdown model; do
+  head -c 8 "$SUB/sweep/report/$png.png" | od -An -tx1 | grep -q '89 50 4e 47' \
+    || fail "(d) $png.png is not a PNG"
+done
+say "(d) pass: scaling_report on the sweep -> $SUB/sweep/report/scaling.md and 4 PNG plots"
+
+# ---- (c)
+for j in "$JC1" "$JC2"; do
+  wait_done "$j" 300 1
+  check_completed "$j" "$st" "(c) requeue"
+  r=$(field "$j" Restarts)
+  [ "$r" = 1 ] || fail "(c) job $j restarted $r times, expected 1" "$j"
+  f=$SUB/slurm-nlptrain-multinode-$j.out
+  grep -q "nlptrain exited with code 75" "$f" || fail "(c) job $j: nlptrain did not exit 75 on SIGUSR1" "$j"
+  grep -q "requeueing job $j" "$f" || fail "(c) job $j did not requeue itself" "$j"
+  grep -q "restart 1:" "$f" || fail "(c) job $j: no second run in its output" "$j"
+  grep -q "^JobId=$j .* JobState=COMPLETED " "$CL/log/jobcomp.txt" || fail "(c) job $j: no COMPLETED jobcomp line" "$j"
+  check_scratch_clean "$j"
+done
+check_results "$SUB/results/c1" "$JC1" 2 2 1 $LONG 1
+check_results "$SUB/results/c2" "$JC2" 2 2 1 $LONG 1
+say "(c) pass: SIGUSR1 -> checkpoint, exit 75, requeue, resume, COMPLETED (srun+scratch, mpirun+shared)"
+
+[ -z "$(squeue -h -o %i)" ] || fail "jobs left in the queue: $(squeue -h -o %i | tr '\n' ' ')"
+say "PASS (results in $SUB; sweep: $SUB/sweep/nodes_1/summary.json, $SUB/sweep/nodes_2/summary.json)"
