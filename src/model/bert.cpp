@@ -45,7 +45,7 @@ class Bert final : public Model {
     eln_b_ = ps_.add("bert.embeddings.LayerNorm.bias", {C}, false);
     for (int l = 0; l < L_; ++l) {
       const std::string p = cat("bert.encoder.layer.", l, ".");
-      LayerIdx li;
+      BlockParamIdx li;
       // query/key/value stored back to back: one fused [3C, C] matmul (q | k | v), as the block expects.
       li.qkv_w = ps_.add(p + "attention.self.query.weight", {C, C}, true);
       ps_.add(p + "attention.self.key.weight", {C, C}, true, /*packed=*/true);
@@ -157,7 +157,7 @@ class Bert final : public Model {
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B));
     const float* x = x0_;
     for (int l = 0; l < L_; ++l) {
-      block_forward(be_, bc_, weights(l, false), acts_[l], x, b.mask, training, seeds(seed, l), B, T);
+      block_forward(be_, bc_, weights(l, false), acts_[l], x, b.mask, training, block_seeds(seed, l), B, T);
       x = acts_[l].out;
     }
     xL_ = x;
@@ -174,7 +174,7 @@ class Bert final : public Model {
       const float* x = l > 0 ? acts_[l - 1].out : x0_;
       be_.zero(dres_b_, n * f);
       block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
-                     dres_a_, x, b.mask, training, seeds(seed, l), B, T);
+                     dres_a_, x, b.mask, training, block_seeds(seed, l), B, T);
       std::swap(dres_a_, dres_b_);
     }
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
@@ -201,22 +201,7 @@ class Bert final : public Model {
   }
 
  private:
-  struct LayerIdx {
-    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
-  };
-
-  BlockWeights weights(int l, bool grad) {
-    auto P = [&](int i) { return grad ? ps_.g(i) : ps_.p(i); };
-    const LayerIdx& li = layers_[l];
-    return BlockWeights{P(li.ln1_w), P(li.ln1_b), P(li.qkv_w), P(li.qkv_b),
-                        P(li.proj_w), P(li.proj_b), P(li.ln2_w), P(li.ln2_b),
-                        P(li.fc_w), P(li.fc_b), P(li.fcp_w), P(li.fcp_b)};
-  }
-  static BlockSeeds seeds(uint64_t seed, int l) {
-    return BlockSeeds{derive_seed(seed, 100 + l, 1), derive_seed(seed, 100 + l, 2),
-                      derive_seed(seed, 100 + l, 3)};
-  }
-
+  BlockWeights weights(int l, bool grad) { return block_weights(ps_, layers_[l], grad); }
   // ---- heads: forward returns the sum of losses over the batch's loss units ----
   double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
@@ -395,7 +380,7 @@ class Bert final : public Model {
   int wte_, wpe_, wtt_, eln_w_, eln_b_;
   int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
-  std::vector<LayerIdx> layers_;
+  std::vector<BlockParamIdx> layers_;
 
   int curB_ = 0, curT_ = 0;
   float* arena_ = nullptr;

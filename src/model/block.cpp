@@ -1,8 +1,20 @@
 #include "model/block.h"
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace nlp {
+
+BlockSeeds block_seeds(uint64_t seed, int layer) {
+  return BlockSeeds{derive_seed(seed, 100 + layer, 1), derive_seed(seed, 100 + layer, 2),
+                    derive_seed(seed, 100 + layer, 3)};
+}
+
+BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad) {
+  auto P = [&](int k) { return grad ? ps.g(k) : ps.p(k); };
+  return BlockWeights{P(i.ln1_w), P(i.ln1_b), P(i.qkv_w), P(i.qkv_b), P(i.proj_w), P(i.proj_b),
+                      P(i.ln2_w), P(i.ln2_b), P(i.fc_w),  P(i.fc_b),  P(i.fcp_w), P(i.fcp_b)};
+}
 
 size_t block_acts_numel(const BlockConfig& c, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/backend.h"
+#include "model/params.h"
 
 namespace nlp {
 
@@ -65,6 +66,14 @@ BlockScratch carve_block_scratch(float* base, const BlockConfig& c, int B, int T
 struct BlockSeeds {
   uint64_t attn, resid1, resid2;
 };
+// The seeds of block `layer` in a forward pass seeded by `seed` (same derivation for every model).
+BlockSeeds block_seeds(uint64_t seed, int layer);
+
+// Indices of one block's tensors in the model's ParamStore, and their pointers (params or grads).
+struct BlockParamIdx {
+  int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
+};
+BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad);
 
 // x[BT,C] -> a.out[BT,C]. attn_mask [B,T] nullable. training=false disables dropout.
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,

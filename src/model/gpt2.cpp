@@ -33,7 +33,7 @@ class Gpt2 final : public Model {
     wpe_ = ps_.add("transformer.wpe.weight", {mc.n_positions, C}, true);
     for (int l = 0; l < L_; ++l) {
       const std::string p = cat("transformer.h.", l, ".");
-      LayerIdx li;
+      BlockParamIdx li;
       li.ln1_w = ps_.add(p + "ln_1.weight", {C}, false);
       li.ln1_b = ps_.add(p + "ln_1.bias", {C}, false);
       li.qkv_w = ps_.add(p + "attn.c_attn.weight", {C, 3 * C}, true);
@@ -117,7 +117,7 @@ class Gpt2 final : public Model {
     const float* x = x0_;
     for (int l = 0; l < L_; ++l) {
       BlockWeights w = weights(l, false);
-      block_forward(be_, bc_, w, acts_[l], x, b.mask, training, seeds(seed, l), B, T);
+      block_forward(be_, bc_, w, acts_[l], x, b.mask, training, block_seeds(seed, l), B, T);
       x = acts_[l].out;
     }
     // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
@@ -146,7 +146,7 @@ class Gpt2 final : public Model {
       const float* x = l > 0 ? acts_[l - 1].out : x0_;
       be_.zero(dres_b_, n * f);
       block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
-                     dres_a_, x, b.mask, training, seeds(seed, l), B, T);
+                     dres_a_, x, b.mask, training, block_seeds(seed, l), B, T);
       std::swap(dres_a_, dres_b_);
     }
     // dres_a = d x0 (after embedding dropout)
@@ -161,13 +161,7 @@ class Gpt2 final : public Model {
   }
 
   // ---- used by the decoder ----
-  BlockWeights weights(int l, bool grad) {
-    auto P = [&](int i) { return grad ? ps_.g(i) : ps_.p(i); };
-    const LayerIdx& li = layers_[l];
-    return BlockWeights{P(li.ln1_w), P(li.ln1_b), P(li.qkv_w), P(li.qkv_b),
-                        P(li.proj_w), P(li.proj_b), P(li.ln2_w), P(li.ln2_b),
-                        P(li.fc_w), P(li.fc_b), P(li.fcp_w), P(li.fcp_b)};
-  }
+  BlockWeights weights(int l, bool grad) { return block_weights(ps_, layers_[l], grad); }
   const BlockConfig& block_config() const { return bc_; }
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
@@ -176,16 +170,7 @@ class Gpt2 final : public Model {
   int n_layer() const { return L_; }
 
  private:
-  struct LayerIdx {
-    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
-  };
-
   static uint64_t seed_embd(uint64_t seed) { return derive_seed(seed, 0xE3B); }
-  static BlockSeeds seeds(uint64_t seed, int l) {
-    return BlockSeeds{derive_seed(seed, 100 + l, 1), derive_seed(seed, 100 + l, 2),
-                      derive_seed(seed, 100 + l, 3)};
-  }
-
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return BT * C                                  // x0
@@ -228,7 +213,7 @@ class Gpt2 final : public Model {
   ParamStore ps_;
   int C_, V_, L_;
   int wte_, wpe_, lnf_w_, lnf_b_;
-  std::vector<LayerIdx> layers_;
+  std::vector<BlockParamIdx> layers_;
 
   int curB_ = 0, curT_ = 0;
   float* arena_ = nullptr;  // all activations, carved per (B, T)
