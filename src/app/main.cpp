@@ -41,6 +41,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     threads = std::max(1, hw / std::max(1, comm.local_size()));
   }
   auto be = make_backend(cfg.run.backend, threads, comm.local_rank());
+  if (cfg.run.backend == "cuda" && comm.size() > 1)
+    throw Error(cat("run.backend = cuda with ", comm.size(),
+                    " ranks: gradient allreduce on GPU memory needs the NCCL communicator, which is "
+                    "not implemented yet (this Open MPI is not CUDA-aware); run one rank, or use "
+                    "run.backend = cpu"));
 
   ModelConfig mc = resolve_model_config(cfg);
   const Task task = parse_task(cfg.run.task);

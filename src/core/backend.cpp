@@ -2,6 +2,7 @@
 #include "core/backend.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "core/error.h"
 
@@ -16,8 +17,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int 
     if (local_rank >= n)
       throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
                       " device(s) on this node); use at most one rank per GPU"));
-    throw Error("run.backend=cuda: the CUDA ops are not implemented yet in this build; use "
-                "run.backend=cpu");
+    return make_cuda_backend(local_rank);
   }
   throw Error(cat("run.backend: unknown backend '", name, "' (expected cpu or cuda)"));
 }

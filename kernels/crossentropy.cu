@@ -1,0 +1,96 @@
+// Fused softmax + cross-entropy over logits[M,V], one block per row; the probabilities are never
+// stored: each pass re-reads the row (max; sum of exp in double; then the loss or the gradient).
+//   forward:  losses[M] = log(sum_v exp(x_v - max)) + max - x[target]   (0 where target == -100)
+//   backward: dlogits[M,V] += (softmax(x) - onehot(target)) * dloss       (ignored rows untouched)
+// Targets outside [0, V) that are not the ignore index are reported through *bad_row (atomicMin of
+// the row index, an integer: the reported row does not depend on timing); such rows are skipped.
+// Block reductions are fixed trees: deterministic.
+#include <cmath>
+
+#include "common.cuh"
+#include "kernels.cuh"
+
+namespace nlp {
+namespace kern {
+namespace {
+
+constexpr int32_t kIgnore = -100;  // core/backend.h kIgnoreIndex
+
+// max over the row and sum of exp(x - max) in double, returned to every thread
+__device__ __forceinline__ void row_stats(const float* x, int V, float* mx_out, double* se_out) {
+  __shared__ float redf[32];
+  __shared__ double redd[32];
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
+  mx = block_max(mx, redf);
+  double se = 0.0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) se += (double)expf(x[v] - mx);
+  se = block_sum(se, redd);
+  *mx_out = mx;
+  *se_out = se;
+}
+
+__global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ logits,
+                         const int32_t* __restrict__ targets, int V, int* bad_row) {
+  const int m = blockIdx.x;
+  const int32_t t = targets[m];
+  if (t == kIgnore) {
+    if (threadIdx.x == 0) losses[m] = 0.f;
+    return;
+  }
+  if (t < 0 || t >= V) {
+    if (threadIdx.x == 0) {
+      atomicMin(bad_row, m);
+      losses[m] = NAN;
+    }
+    return;
+  }
+  const float* x = logits + (size_t)m * V;
+  float mx;
+  double se;
+  row_stats(x, V, &mx, &se);
+  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)x[t]));
+}
+
+__global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ logits,
+                         const int32_t* __restrict__ targets, float dloss, int V, int* bad_row) {
+  const int m = blockIdx.x;
+  const int32_t t = targets[m];
+  if (t == kIgnore) return;
+  if (t < 0 || t >= V) {
+    if (threadIdx.x == 0) atomicMin(bad_row, m);
+    return;
+  }
+  const float* x = logits + (size_t)m * V;
+  float* g = dlogits + (size_t)m * V;
+  float mx;
+  double se;
+  row_stats(x, V, &mx, &se);
+  const float f = static_cast<float>((double)dloss / se);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float gv = g[v] + expf(x[v] - mx) * f;
+    if (v == t) gv -= dloss;
+    g[v] = gv;
+  }
+}
+
+inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >= 64 ? 64 : 32)); }
+
+}  // namespace
+
+cudaError_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                 int M, int V, int* bad_row, cudaStream_t s) {
+  if (M <= 0) return cudaGetLastError();
+  ce_fwd_k<<<M, threads_for(V), 0, s>>>(losses, logits, targets, V, bad_row);
+  return cudaGetLastError();
+}
+
+cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                  float dloss, int M, int V, int* bad_row, cudaStream_t s) {
+  if (M <= 0) return cudaGetLastError();
+  ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, V, bad_row);
+  return cudaGetLastError();
+}
+
+}  // namespace kern
+}  // namespace nlp

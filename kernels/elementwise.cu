@@ -1,0 +1,167 @@
+// Elementwise ops: add, accumulate, scale, tanh forward/backward, strided row gather/scatter-add,
+// dropout (counter-based mask of core/rng.h: keep(i) = uniform01(seed, i) >= p, the same mask as the
+// CPU backend, regenerated in backward), bias broadcast and fill.
+// All are grid-stride loops, one thread per element: every output element is written by exactly
+// one thread, so results are bitwise equal to the CPU backend's (same float operations).
+// Also the float -> bf16 cast of the GEMM operands in the bf16 matmul mode.
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+#include "core/rng.h"
+#include "kernels.cuh"
+
+namespace nlp {
+namespace kern {
+namespace {
+
+constexpr int kThreads = 256;
+
+#define GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+// out[n] = a + b   (out may alias a or b)
+__global__ void add_k(float* out, const float* a, const float* b, size_t n) {
+  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+// dst[n] += src
+__global__ void accumulate_k(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
+  GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+// x[n] *= f
+__global__ void scale_k(float* x, float f, size_t n) { GRID_STRIDE(i, n) x[i] *= f; }
+
+// out[n] = tanh(inp)
+__global__ void tanh_fwd_k(float* out, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) out[i] = tanhf(inp[i]);
+}
+
+// dinp[n] += (1 - out^2) * dout
+__global__ void tanh_bwd_k(float* __restrict__ dinp, const float* __restrict__ out,
+                           const float* __restrict__ dout, size_t n) {
+  GRID_STRIDE(i, n) dinp[i] += (1.f - out[i] * out[i]) * dout[i];
+}
+
+// out[r,C] = inp[r*stride + c]   (r < rows)
+__global__ void rows_gather_k(float* __restrict__ out, const float* __restrict__ inp, int C,
+                              size_t stride, size_t n) {
+  GRID_STRIDE(i, n) {
+    const size_t r = i / C, c = i % C;
+    out[i] = inp[r * stride + c];
+  }
+}
+
+// dinp[r*stride + c] += dout[r,C]
+__global__ void rows_scatter_add_k(float* __restrict__ dinp, const float* __restrict__ dout, int C,
+                                   size_t stride, size_t n) {
+  GRID_STRIDE(i, n) {
+    const size_t r = i / C, c = i % C;
+    dinp[r * stride + c] += dout[i];
+  }
+}
+
+// out[n] = inp * keep(i) / (1-p)   (out may alias inp)
+__global__ void dropout_fwd_k(float* out, const float* inp, size_t n, float p, float sc,
+                              uint64_t seed) {
+  GRID_STRIDE(i, n) out[i] = uniform01(seed, i) >= p ? inp[i] * sc : 0.0f;
+}
+
+// dinp[n] += dout * keep(i) / (1-p)
+__global__ void dropout_bwd_k(float* __restrict__ dinp, const float* __restrict__ dout, size_t n,
+                              float p, float sc, uint64_t seed) {
+  GRID_STRIDE(i, n) if (uniform01(seed, i) >= p) dinp[i] += dout[i] * sc;
+}
+
+// out[M,N] = bias[N]
+__global__ void broadcast_rows_k(float* __restrict__ out, const float* __restrict__ bias, int N,
+                                 size_t n) {
+  GRID_STRIDE(i, n) out[i] = bias[i % N];
+}
+
+__global__ void fill_k(float* x, float v, size_t n) { GRID_STRIDE(i, n) x[i] = v; }
+
+// dst[n] = bf16(src[n]), round to nearest even
+__global__ void to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __restrict__ src, size_t n) {
+  GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+}  // namespace
+
+cudaError_t add(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {
+  if (n) add_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);
+  return cudaGetLastError();
+}
+
+cudaError_t accumulate(float* dst, const float* src, size_t n, cudaStream_t s) {
+  if (n) accumulate_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(float* x, float f, size_t n, cudaStream_t s) {
+  if (n) scale_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, f, n);
+  return cudaGetLastError();
+}
+
+cudaError_t tanh_forward(float* out, const float* inp, size_t n, cudaStream_t s) {
+  if (n) tanh_fwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+cudaError_t tanh_backward(float* dinp, const float* out, const float* dout, size_t n,
+                          cudaStream_t s) {
+  if (n) tanh_bwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, out, dout, n);
+  return cudaGetLastError();
+}
+
+cudaError_t rows_gather(float* out, const float* inp, int rows, int C, size_t stride,
+                        cudaStream_t s) {
+  const size_t n = size_t(rows > 0 ? rows : 0) * size_t(C > 0 ? C : 0);
+  if (n) rows_gather_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, C, stride, n);
+  return cudaGetLastError();
+}
+
+cudaError_t rows_scatter_add(float* dinp, const float* dout, int rows, int C, size_t stride,
+                             cudaStream_t s) {
+  const size_t n = size_t(rows > 0 ? rows : 0) * size_t(C > 0 ? C : 0);
+  if (n) rows_scatter_add_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, C, stride, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
+                            cudaStream_t s) {
+  if (n)
+    dropout_fwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n, p, dropout_scale(p),
+                                                             seed);
+  return cudaGetLastError();
+}
+
+cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
+                             cudaStream_t s) {
+  if (n)
+    dropout_bwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, n, p, dropout_scale(p),
+                                                             seed);
+  return cudaGetLastError();
+}
+
+cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s) {
+  const size_t n = size_t(M > 0 ? M : 0) * size_t(N > 0 ? N : 0);
+  if (n) broadcast_rows_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, bias, N, n);
+  return cudaGetLastError();
+}
+
+cudaError_t fill(float* x, float v, size_t n, cudaStream_t s) {
+  if (n) fill_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, v, n);
+  return cudaGetLastError();
+}
+
+cudaError_t to_bf16(void* dst, const float* src, size_t n, cudaStream_t s) {
+  if (n)
+    to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src, n);
+  return cudaGetLastError();
+}
+
+}  // namespace kern
+}  // namespace nlp

@@ -1,0 +1,103 @@
+// Host-side launchers of the hand-written CUDA kernels (kernels/*.cu), called by the CUDA backend
+// (src/backend/cuda/cuda_backend_cuda.cpp). Declarations only, no device code: this header is
+// included from C++20 host code as well as from the .cu files (compiled as C++17).
+//
+// Conventions are those of core/backend.h: row-major float32 device memory; backward launchers
+// ACCUMULATE into gradients; null gradient pointers are skipped by the caller. Every launcher
+// enqueues on `s` and returns cudaGetLastError() of its launches (cudaSuccess when nothing was
+// launched). Launchers that need scratch take a device workspace of at least *_ws_bytes() bytes.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nlp {
+namespace kern {
+
+// ---- elementwise.cu ------------------------------------------------------------------------------
+cudaError_t add(float* out, const float* a, const float* b, size_t n, cudaStream_t s);
+cudaError_t accumulate(float* dst, const float* src, size_t n, cudaStream_t s);
+cudaError_t scale(float* x, float f, size_t n, cudaStream_t s);
+cudaError_t tanh_forward(float* out, const float* inp, size_t n, cudaStream_t s);
+cudaError_t tanh_backward(float* dinp, const float* out, const float* dout, size_t n,
+                          cudaStream_t s);
+cudaError_t rows_gather(float* out, const float* inp, int n, int C, size_t stride, cudaStream_t s);
+cudaError_t rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+                             cudaStream_t s);
+// p > 0 only (the caller copies for p <= 0)
+cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
+                            cudaStream_t s);
+cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
+                             cudaStream_t s);
+// out[M,N] = bias[N] broadcast over rows
+cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s);
+// x[n] = v
+cudaError_t fill(float* x, float v, size_t n, cudaStream_t s);
+// dst[n] (__nv_bfloat16) = round-to-nearest-even of src[n]   (bf16 GEMM operands)
+cudaError_t to_bf16(void* dst, const float* src, size_t n, cudaStream_t s);
+
+// ---- gelu.cu -------------------------------------------------------------------------------------
+cudaError_t gelu_forward(float* out, const float* inp, size_t n, bool tanh_form, cudaStream_t s);
+cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
+                          bool tanh_form, cudaStream_t s);
+
+// ---- layernorm.cu --------------------------------------------------------------------------------
+cudaError_t layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                              const float* w, const float* b, int N, int C, float eps,
+                              cudaStream_t s);
+size_t layernorm_backward_ws_bytes(int N, int C);
+cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                               const float* inp, const float* w, const float* mean,
+                               const float* rstd, int N, int C, void* ws, cudaStream_t s);
+
+// ---- reductions.cu -------------------------------------------------------------------------------
+size_t colsum_ws_bytes(int M, int N);
+// dst[N] += sum over rows of x[M,N] (deterministic two-stage column reduction)
+cudaError_t colsum_accumulate(float* dst, const float* x, int M, int N, void* ws, cudaStream_t s);
+// Rows per chunk of the two-stage column reductions, and the second stage: dst[N] += sum over
+// k < nchunks of partial[k,N], in order (shared by colsum_accumulate and layernorm_backward).
+constexpr int kColsumChunk = 256;
+cudaError_t colsum_finish(float* dst, const float* partial, int nchunks, int N, cudaStream_t s);
+size_t sum_ws_bytes(size_t n);
+// *result (device double) = sum(x) or sum(x^2), in double, deterministic
+cudaError_t sum_double(double* result, const float* x, size_t n, bool square, void* ws,
+                       cudaStream_t s);
+
+// ---- embedding.cu --------------------------------------------------------------------------------
+cudaError_t embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
+                              const float* wte, const float* wpe, const float* wtt, int B, int T,
+                              int C, int pos_offset, cudaStream_t s);
+size_t embedding_backward_ws_bytes(int BT, int C);
+cudaError_t embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                               const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                               int pos_offset, void* ws, size_t ws_bytes, cudaStream_t s);
+
+// ---- attention.cu --------------------------------------------------------------------------------
+cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+                              bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
+                              int HS, cudaStream_t s);
+cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                               const float* att, const int32_t* attn_mask, bool causal,
+                               float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
+                               cudaStream_t s);
+size_t attention_decode_ws_bytes(int B, int pos, int NH);
+cudaError_t attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
+                             int B, int pos, int Tmax, int NH, int HS, void* ws, cudaStream_t s);
+
+// ---- crossentropy.cu -----------------------------------------------------------------------------
+// *bad_row (device int) is lowered (atomicMin) to the first row whose target is neither in [0, V)
+// nor the ignore index; the caller sets it to INT_MAX before and reads it after.
+cudaError_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                 int M, int V, int* bad_row, cudaStream_t s);
+cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                  float dloss, int M, int V, int* bad_row, cudaStream_t s);
+
+// ---- adamw.cu ------------------------------------------------------------------------------------
+// Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).
+cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
+                         float step_size, float bc2_sqrt, float decay, float beta1, float beta2,
+                         float eps, float grad_scale, cudaStream_t s);
+
+}  // namespace kern
+}  // namespace nlp

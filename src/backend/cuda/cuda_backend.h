@@ -1,0 +1,26 @@
+// The CUDA backend: every op of core/backend.h in fp32 on one GPU (cuBLASLt GEMMs, the hand-written
+// kernels of kernels/*.cu). Implemented in cuda_backend_cuda.cpp when built with CUDA; the stub
+// (cuda_backend_stub.cpp) throws nlp::Error in builds without CUDA.
+#pragma once
+#include <memory>
+
+#include "core/backend.h"
+
+namespace nlp {
+
+// Arithmetic of the dense-layer GEMMs (matmul_forward/backward); every other op is fp32, and the
+// parameters, gradients, optimizer state and activations stay fp32 in every mode:
+//   Fp32: strict fp32 (CUBLAS_COMPUTE_32F), the mode the tests hold to 1e-5 of the CPU backend;
+//   Tf32: fp32 storage, TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), ~1e-3 relative;
+//   Bf16: operands rounded to bf16 on the fly (fp32 master weights), fp32 accumulation and output.
+enum class CudaMatmul { Fp32, Tf32, Bf16 };
+
+// Binds GPU `local_rank` (cudaSetDevice) and creates the backend's stream and library handles.
+// Throws nlp::Error when CUDA is not compiled in, no device is usable, or local_rank has no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul = CudaMatmul::Fp32);
+
+// The cudaStream_t (as void*) on which a CUDA backend enqueues every op, e.g. for an NCCL
+// communicator to reduce gradients in stream order; nullptr for any other backend.
+void* cuda_backend_stream(Backend& be);
+
+}  // namespace nlp

@@ -1,0 +1,341 @@
+// The CUDA backend class: device memory (stream-ordered pool allocations, zeroed), one stream per
+// backend on which every op is enqueued in call order, GEMMs through cuBLASLt (gemm.h) and the
+// hand-written kernels of kernels/*.cu (kernels.cuh). fp32 throughout; no float atomics, so every op
+// is deterministic run to run. Host <-> device copies synchronise the stream, so a host buffer may
+// be reused as soon as to_device returns and is valid as soon as to_host returns.
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/gemm.h"
+#include "core/error.h"
+
+namespace nlp {
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so that later calls report their own
+    throw Error(cat("cuda backend: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                    ")"));
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, CudaMatmul matmul) : device_(device) {
+    ck(cudaSetDevice(device_), "cudaSetDevice");
+    ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
+    cudaMemPool_t pool = nullptr;
+    ck(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+    uint64_t threshold = UINT64_MAX;
+    ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+       "cudaMemPoolSetAttribute");
+    const cuda::GemmMode mode = matmul == CudaMatmul::Bf16   ? cuda::GemmMode::Bf16
+                                : matmul == CudaMatmul::Tf32 ? cuda::GemmMode::Tf32
+                                                             : cuda::GemmMode::Fp32;
+    gemm_ = std::make_unique<cuda::Gemm>(stream_, mode);
+    ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
+    ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    if (ws_) cudaFreeAsync(ws_, stream_);
+    cudaStreamSynchronize(stream_);
+    if (small_) cudaFree(small_);
+    if (host_small_) cudaFreeHost(host_small_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override {
+    const size_t n = bytes ? bytes : 256;
+    void* p = nullptr;
+    cudaError_t e = cudaMallocAsync(&p, n, stream_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error(cat("cuda backend: out of device memory allocating ", bytes, " bytes on GPU ",
+                      device_, " (", free_b >> 20, " MiB free of ", total_b >> 20,
+                      " MiB): lower train.batch_size or data.seq_len (", cudaGetErrorString(e), ")"));
+    }
+    ck(cudaMemsetAsync(p, 0, n, stream_), "cudaMemsetAsync(alloc)");
+    return p;
+  }
+  void release(void* p) override {
+    if (p) ck(cudaFreeAsync(p, stream_), "cudaFreeAsync");
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) ck(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+  }
+  void to_device(void* dst, const void* host_src, size_t bytes) override {
+    if (!bytes) return;
+    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
+    ck(cudaStreamSynchronize(stream_), "to_device (synchronize)");
+  }
+  void to_host(void* host_dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
+    ck(cudaStreamSynchronize(stream_), "to_host (synchronize)");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src)
+      ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+  }
+  void synchronize() override {
+    ck(cudaStreamSynchronize(stream_), "synchronize");
+    ck(cudaGetLastError(), "synchronize (last error)");
+  }
+
+  // ---- embeddings ----
+  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+                         const float* wpe, const float* wtt, int B, int T, int C,
+                         int pos_offset) override {
+    ck(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, stream_),
+       "embedding_forward");
+  }
+  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+                          const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
+                          int pos_offset) override {
+    const size_t need = kern::embedding_backward_ws_bytes(B * T, C);
+    void* w = workspace(need);
+    ck(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, w,
+                                need, stream_),
+       "embedding_backward");
+  }
+
+  // ---- dense ----
+  // out[M,N] = inp[M,K] @ W + bias;  InOut: W [K,N];  OutIn: W [N,K]
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
+                      int K, int N, WLayout layout) override {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+      if (bias)
+        ck(kern::broadcast_rows(out, bias, M, N, stream_), "matmul_forward (bias)");
+      else
+        zero(out, sizeof(float) * size_t(M) * N);
+      return;
+    }
+    gemm_->run(out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
+  }
+  // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int M, int K, int N, WLayout layout) override {
+    if (M <= 0 || N <= 0) return;
+    const bool inout = layout == WLayout::InOut;
+    if (K > 0 && dinp)  // InOut: W stored [K,N] = Z^T; OutIn: W stored [N,K] = Z
+      gemm_->run(dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
+    if (K > 0 && dw) {
+      if (inout)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
+        gemm_->run(dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
+      else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
+        gemm_->run(dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
+    }
+    if (dbias) {
+      void* ws = workspace(kern::colsum_ws_bytes(M, N));
+      ck(kern::colsum_accumulate(dbias, dout, M, N, ws, stream_), "matmul_backward (dbias)");
+    }
+  }
+
+  // ---- layer norm ----
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C, float eps) override {
+    ck(kern::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, stream_),
+       "layernorm_forward");
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
+    ck(kern::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, stream_),
+       "layernorm_backward");
+  }
+
+  // ---- elementwise ----
+  void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
+    ck(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
+                     Gelu form) override {
+    ck(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
+  }
+  void add(float* out, const float* a, const float* b, size_t N) override {
+    ck(kern::add(out, a, b, N, stream_), "add");
+  }
+  void accumulate(float* dst, const float* src, size_t N) override {
+    ck(kern::accumulate(dst, src, N, stream_), "accumulate");
+  }
+  void scale(float* x, float s, size_t N) override { ck(kern::scale(x, s, N, stream_), "scale"); }
+  void tanh_forward(float* out, const float* inp, size_t N) override {
+    ck(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
+  }
+  void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
+    ck(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
+  }
+  void rows_gather(float* out, const float* inp, int n, int C, size_t stride) override {
+    ck(kern::rows_gather(out, inp, n, C, stride, stream_), "rows_gather");
+  }
+  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride) override {
+    ck(kern::rows_scatter_add(dinp, dout, n, C, stride, stream_), "rows_scatter_add");
+  }
+  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) override {
+    if (p <= 0.0f) {
+      copy(out, inp, N * sizeof(float));
+      return;
+    }
+    ck(kern::dropout_forward(out, inp, N, p, seed, stream_), "dropout_forward");
+  }
+  void dropout_backward(float* dinp, const float* dout, size_t N, float p,
+                        uint64_t seed) override {
+    if (p <= 0.0f) {
+      accumulate(dinp, dout, N);
+      return;
+    }
+    ck(kern::dropout_backward(dinp, dout, N, p, seed, stream_), "dropout_backward");
+  }
+
+  // ---- attention ----
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+                         bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
+                         int HS) override {
+    ck(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+                               stream_),
+       "attention_forward");
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, const int32_t* attn_mask, bool causal,
+                          float dropout_p, uint64_t seed, int B, int T, int NH,
+                          int HS) override {
+    ck(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
+                                B, T, NH, HS, stream_),
+       "attention_backward");
+  }
+  void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
+                        int pos, int Tmax, int NH, int HS) override {
+    NLP_ASSERT(pos >= 0 && pos < Tmax);
+    void* ws = workspace(kern::attention_decode_ws_bytes(B, pos, NH));
+    ck(kern::attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS, ws, stream_),
+       "attention_decode");
+  }
+
+  // ---- losses ----
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
+                            int V) override {
+    if (M <= 0) return;
+    int* bad = reset_bad_row();
+    ck(kern::crossentropy_forward(losses, logits, targets, M, V, bad, stream_),
+       "crossentropy_forward");
+    check_bad_row(targets, M, V);
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                             float dloss, int M, int V) override {
+    if (M <= 0) return;
+    int* bad = reset_bad_row();
+    ck(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad, stream_),
+       "crossentropy_backward");
+    check_bad_row(targets, M, V);
+  }
+
+  // ---- reductions, optimizer ----
+  double sum(const float* x, size_t N) override { return reduce(x, N, false); }
+  double sumsq(const float* x, size_t N) override { return reduce(x, N, true); }
+
+  void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                    int t) override {
+    // bias corrections in double as torch (and the CPU backend) do
+    const double bc1 = 1.0 - std::pow((double)beta1, t);
+    const double bc2 = 1.0 - std::pow((double)beta2, t);
+    const float step_size = static_cast<float>((double)lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float decay = 1.0f - lr * weight_decay;
+    ck(kern::adamw_update(param, grad, m, v, N, step_size, bc2_sqrt, decay, beta1, beta2, eps,
+                          grad_scale, stream_),
+       "adamw_update");
+  }
+
+ private:
+  // Scratch that lives until the next call needing more (stream order makes reuse safe).
+  void* workspace(size_t bytes) {
+    if (bytes <= ws_bytes_) return ws_;
+    if (ws_) ck(cudaFreeAsync(ws_, stream_), "cudaFreeAsync(workspace)");
+    ws_ = nullptr;
+    ws_bytes_ = 0;
+    const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
+    ck(cudaMallocAsync(&ws_, n, stream_), "cudaMallocAsync(workspace)");
+    ws_bytes_ = n;
+    return ws_;
+  }
+
+  double reduce(const float* x, size_t N, bool square) {
+    if (N == 0) return 0.0;
+    void* ws = workspace(kern::sum_ws_bytes(N));
+    double* d = static_cast<double*>(small_);
+    ck(kern::sum_double(d, x, N, square, ws, stream_), square ? "sumsq" : "sum");
+    ck(cudaMemcpyAsync(host_small_, d, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+       "sum (copy)");
+    ck(cudaStreamSynchronize(stream_), "sum (synchronize)");
+    return *static_cast<double*>(host_small_);
+  }
+
+  int* reset_bad_row() {
+    int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
+    ck(cudaMemsetAsync(bad, 0x7f, sizeof(int), stream_), "crossentropy (flag)");  // 0x7f7f7f7f
+    return bad;
+  }
+
+  // Same message as the CPU backend for a target outside [0, V) that is not the ignore index.
+  void check_bad_row(const int32_t* targets, int M, int V) {
+    int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
+    int* hb = reinterpret_cast<int*>(static_cast<char*>(host_small_) + 64);
+    ck(cudaMemcpyAsync(hb, bad, sizeof(int), cudaMemcpyDeviceToHost, stream_), "crossentropy (flag)");
+    ck(cudaStreamSynchronize(stream_), "crossentropy (synchronize)");
+    const int row = *hb;
+    if (row >= 0 && row < M) {
+      int32_t t = 0;
+      to_host(&t, targets + row, sizeof t);
+      throw Error(cat("crossentropy: target ", t, " at row ", row, " is outside the vocabulary [0, ",
+                      V, ") and is not the ignore index ", kIgnoreIndex));
+    }
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  void* small_ = nullptr;       // device: [0] double reduction result, [64] int bad row
+  void* host_small_ = nullptr;  // pinned mirror
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (n == 0) throw Error(cat("run.backend=cuda: no usable CUDA device: ", why));
+  if (local_rank < 0 || local_rank >= n)
+    throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
+                    " device(s) on this node); use at most one rank per GPU"));
+  return std::make_unique<CudaBackend>(local_rank, matmul);
+}
+
+void* cuda_backend_stream(Backend& be) {
+  auto* c = dynamic_cast<CudaBackend*>(&be);
+  return c ? static_cast<void*>(c->stream()) : nullptr;
+}
+
+}  // namespace nlp

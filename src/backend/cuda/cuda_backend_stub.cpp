@@ -1,0 +1,15 @@
+// The CUDA backend factory in builds without CUDA (-DNLPTRAIN_CUDA=OFF or no nvcc).
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace nlp {
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul) {
+  throw Error(cat("run.backend=cuda (local rank ", local_rank,
+                  "): nlptrain was built without CUDA (no nvcc, or -DNLPTRAIN_CUDA=OFF); "
+                  "use run.backend=cpu or rebuild with the CUDA toolkit"));
+}
+
+void* cuda_backend_stream(Backend&) { return nullptr; }
+
+}  // namespace nlp

@@ -1,0 +1,57 @@
+// Row-major fp32 GEMMs for the CUDA backend through cuBLASLt (cuBLAS sgemm as the fallback when the
+// heuristic offers no algorithm, e.g. for odd alignments). Private to src/backend/cuda/.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace nlp::cuda {
+
+// Operand arithmetic (see CudaMatmul in cuda_backend.h).
+enum class GemmMode { Fp32, Tf32, Bf16 };
+
+class Gemm {
+ public:
+  Gemm(cudaStream_t s, GemmMode mode);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // Y[M,P] (row-major, leading dimension P) = opX(X)[M,Q] @ opZ(Z)[Q,P] + beta * Y (+ bias[P]).
+  // X is stored [M,Q] (trans_x false) or [Q,M] (true); Z is stored [Q,P] or [P,Q].
+  // beta is 0 (overwrite) or 1 (accumulate). Fp32 mode: strict fp32 (CUBLAS_COMPUTE_32F, no TF32);
+  // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer.
+  // bias (nullable) only with beta == 0: the cuBLASLt BIAS epilogue where an algorithm accepts its
+  // alignment, else the rows are first filled with the bias and the product accumulated onto them.
+  void run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
+           float beta, const float* bias);
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // an algorithm was found
+  };
+  // opA, opB, m, n, k, bias epilogue, alignments of A, B, C, bias
+  using Key = std::tuple<int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+  Plan& plan(const Key& key, const float* bias);
+
+  void* bf16_scratch(size_t bytes);
+
+  cudaStream_t stream_;
+  GemmMode mode_;
+  void* bf16_ = nullptr;  // bf16 copies of the operands (Bf16 mode)
+  size_t bf16_bytes_ = 0;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace nlp::cuda

@@ -1,0 +1,164 @@
+// Row-major GEMMs on cuBLASLt (see gemm.h). A row-major R[a,b] is the column-major R^T with leading
+// dimension b, so Y[M,P] = X[M,Q] @ Z[Q,P] is computed as the column-major Y^T[P,M] = Z^T[P,Q] X^T[Q,M]:
+// cuBLASLt A = Z, B = X, m = P, n = M, k = Q; a stored transpose becomes op = T on that operand.
+// Plans (descriptors + the heuristic's first algorithm) are cached per shape, transposes, epilogue
+// and pointer alignments; the same plan gives the same bits every call.
+#include "backend/cuda/gemm.h"
+
+#include "core/error.h"
+#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+
+namespace nlp::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (Hopper: 32 MiB)
+
+void ck_lt(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(cat("cuda backend: ", what, " failed: ", cublasGetStatusName(st), " (",
+                    cublasGetStatusString(st), ")"));
+}
+
+void ck_rt(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(cat("cuda backend: ", what, " failed: ", cudaGetErrorString(e)));
+}
+
+// Largest power of two (<= 256) dividing the address.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+}  // namespace
+
+Gemm::Gemm(cudaStream_t s, GemmMode mode) : stream_(s), mode_(mode) {
+  ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
+  ck_lt(cublasCreate(&blas_), "cublasCreate");
+  ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
+  ck_lt(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");  // no TF32
+  ck_rt(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(cuBLASLt workspace)");
+  workspace_bytes_ = kWorkspaceBytes;
+}
+
+Gemm::~Gemm() {
+  for (auto& [k, p] : plans_) {
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  }
+  cudaStreamSynchronize(stream_);
+  if (bf16_) cudaFreeAsync(bf16_, stream_);
+  cudaStreamSynchronize(stream_);
+  if (workspace_) cudaFree(workspace_);
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [opa, opb, m, n, k, use_bias, ala, alb, alc, albias] = key;
+  (void)albias;
+  Plan p;
+  const cublasOperation_t ta = opa ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = opb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasComputeType_t compute =
+      mode_ == GemmMode::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t ab = mode_ == GemmMode::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  ck_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+  ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+  if (use_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_32F;
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
+    // the heuristic reads the bias pointer's alignment
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "set BIAS_POINTER");
+  }
+  // stored shapes (column-major): A is m x k (op N) or k x m (op T); B is k x n or n x k; C is m x n
+  ck_lt(cublasLtMatrixLayoutCreate(&p.a, ab, opa ? k : m, opa ? m : k, opa ? k : m), "layout A");
+  ck_lt(cublasLtMatrixLayoutCreate(&p.b, ab, opb ? n : k, opb ? k : n, opb ? n : k), "layout B");
+  ck_lt(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, m, n, m), "layout C");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ck_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t ws = workspace_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ala, sizeof ala);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alb, sizeof alb);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc);
+  cublasLtMatmulHeuristicResult_t res{};
+  int returned = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+    p.algo = res.algo;
+    p.ok = true;
+  }
+  return plans_.emplace(key, p).first->second;
+}
+
+void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
+               int Q, float beta, const float* bias) {
+  if (M <= 0 || P <= 0 || Q <= 0) return;
+  NLP_ASSERT(!bias || beta == 0.0f);
+  const int m = P, n = M, k = Q;
+  const float alpha = 1.0f;
+  const void* A = Z;  // the operands as cuBLASLt reads them (bf16 copies in Bf16 mode)
+  const void* B = X;
+  if (mode_ == GemmMode::Bf16) {
+    const size_t nz = size_t(P) * Q, nx = size_t(M) * Q;
+    const size_t off = (nz * 2 + 255) / 256 * 256;
+    char* buf = static_cast<char*>(bf16_scratch(off + nx * 2));
+    ck_rt(kern::to_bf16(buf, Z, nz, stream_), "to_bf16");
+    ck_rt(kern::to_bf16(buf + off, X, nx, stream_), "to_bf16");
+    A = buf;
+    B = buf + off;
+  }
+  const Key key{trans_z ? 1 : 0, trans_x ? 1 : 0, m, n, k, bias != nullptr, alignment(A),
+                alignment(B), alignment(Y), bias ? alignment(bias) : 0u};
+  Plan& p = plan(key, bias);
+  if (p.ok) {
+    if (bias)
+      ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof bias),
+            "set BIAS_POINTER");
+    ck_lt(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, Y, p.c, Y, p.c, &p.algo,
+                         workspace_, workspace_bytes_, stream_),
+          "cublasLtMatmul");
+    return;
+  }
+  if (bias) {
+    // no epilogue algorithm for this alignment: try the plain plan on bias-filled rows
+    ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
+    run(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
+    return;
+  }
+  // cuBLAS sgemm fallback on the fp32 operands (pedantic fp32 in every mode)
+  const cublasOperation_t ta = trans_z ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = trans_x ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ck_lt(cublasSgemm(blas_, ta, tb, m, n, k, &alpha, Z, trans_z ? k : m, X, trans_x ? n : k, &beta,
+                    Y, m),
+        "cublasSgemm");
+}
+
+// Grow-only scratch for the bf16 operand copies (stream order makes reuse safe).
+void* Gemm::bf16_scratch(size_t bytes) {
+  if (bytes <= bf16_bytes_) return bf16_;
+  if (bf16_) ck_rt(cudaFreeAsync(bf16_, stream_), "cudaFreeAsync(bf16 scratch)");
+  bf16_ = nullptr;
+  bf16_bytes_ = 0;
+  const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
+  ck_rt(cudaMallocAsync(&bf16_, n, stream_), "cudaMallocAsync(bf16 scratch)");
+  bf16_bytes_ = n;
+  return bf16_;
+}
+
+}  // namespace nlp::cuda
