@@ -5,7 +5,7 @@ set -euo pipefail
 
 APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libgtest-dev slurmd slurmctld slurm-client munge rsync)
-PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval)
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -88,7 +88,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const int width = bert ? mc.hidden_size : mc.n_embd;
   const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
   char buf[320];
-  const int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
+  // T for the memory estimate: data.seq_len, else a 2-D dataset's row length, else the stream default.
+  int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
+  if (cfg.data.seq_len == 0 && !cfg.data.train.empty()) {
+    h5::File f = h5::File::open_read(cfg.data.train);
+    if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);
+  }
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
                 "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d) %.1f MiB",

@@ -142,6 +142,16 @@ class Bert final : public Model {
 
   size_t activation_bytes(int B, int T) const override { return acts_numel(B, T) * sizeof(float); }
 
+  double flops_per_token(int T) const override {
+    // embedding tables are lookups; the MLM decoder multiplies by the (tied) word embeddings
+    const double tables = double(V_ + mc_.max_position_embeddings + mc_.type_vocab_size) * C_;
+    double dense = double(ps_.total()) - tables;
+    if (task_ == Task::Mlm) dense += double(V_) * C_;
+    return 6.0 * dense + 12.0 * L_ * double(T) * C_;
+  }
+  int num_layers() const override { return L_; }
+  int width() const override { return C_; }
+
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
     ensure_acts(b.B, b.T);
     const int B = b.B, T = b.T, BT = B * T, C = C_;

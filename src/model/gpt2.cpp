@@ -102,6 +102,14 @@ class Gpt2 final : public Model {
     ps_.upload(host);
   }
 
+  double flops_per_token(int T) const override {
+    // everything but the position table: wte is used as the LM head
+    const double dense = double(ps_.total()) - double(mc_.n_positions) * C_;
+    return 6.0 * dense + 12.0 * L_ * double(T) * C_;
+  }
+  int num_layers() const override { return L_; }
+  int width() const override { return C_; }
+
   size_t activation_bytes(int B, int T) const override {
     return acts_numel(B, T) * sizeof(float) + 3 * size_t(B) * T * sizeof(int32_t);
   }

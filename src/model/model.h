@@ -53,6 +53,11 @@ class Model {
   virtual bool may_be_new(const std::string& name) const { (void)name; return false; }
   // Bytes of activations needed for a batch of B x T (for the memory report).
   virtual size_t activation_bytes(int B, int T) const = 0;
+  // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not
+  // the embedding tables, except a tied output head) + 12 x layers x T x width for attention.
+  virtual double flops_per_token(int T) const = 0;
+  virtual int num_layers() const = 0;
+  virtual int width() const = 0;
 };
 
 // Incremental decoding with a KV cache (GPT-2).

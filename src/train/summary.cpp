@@ -25,11 +25,6 @@ std::string cpu_model_name() {
 
 }  // namespace
 
-double gpt2_flops_per_token(const ModelConfig& mc, size_t parameters, int T) {
-  const double n = static_cast<double>(parameters) - double(mc.n_positions) * mc.n_embd;
-  return 6.0 * n + 12.0 * mc.n_layer * double(T) * mc.n_embd;
-}
-
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
                    bool completed) {
   // Nodes: ranks that are local rank 0 of their node.
@@ -44,7 +39,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   const double data_s = n ? times.data / n : 0;
   const double comm_s = n ? times.comm / n : 0;
   const double tok_s = step_s > 0 ? tokens_per_step / step_s : 0;
-  const double fpt = gpt2_flops_per_token(mc, params, T);
+  const double fpt = s.model.flops_per_token(T);
   const double achieved = tok_s * fpt;  // FLOP/s over all ranks
   const double peak = double(s.cfg.run.peak_tflops) * 1e12 * s.comm.size();
   const std::string device =
@@ -57,8 +52,9 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .str("backend", s.cfg.run.backend)
       .str("device", device)
       .str("model_type", mc.type)
-      .integer("n_layer", mc.n_layer)
-      .integer("n_embd", mc.n_embd)
+      .str("task", s.cfg.run.task)
+      .integer("n_layer", s.model.num_layers())
+      .integer("n_embd", s.model.width())
       .integer("parameters", static_cast<long long>(params))
       .integer("batch_size_per_rank", s.cfg.train.batch_size)
       .integer("grad_accum", s.cfg.train.grad_accum)

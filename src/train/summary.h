@@ -19,10 +19,6 @@ struct StepTimes {
   }
 };
 
-// Training FLOPs per token of GPT-2: 6 * (parameters except the position table) for the dense
-// layers and the tied LM head, plus 12 * n_layer * T * n_embd for attention scores and values.
-double gpt2_flops_per_token(const ModelConfig& mc, size_t parameters, int T);
-
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
                    bool completed);
 
