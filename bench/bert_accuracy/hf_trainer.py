@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Hugging Face Trainer side of the nlptrain BERT accuracy comparison.
+
+Reads the same HDF5 files as nlptrain (tools/prep_*.py output), trains with transformers.Trainer and
+evaluates with the same metrics nlptrain reports, written to <out>/result.json.
+
+  hf_trainer.py --task mlm --train mlm_train.h5 --eval mlm_eval.h5 --out DIR --steps 300 --batch 64 \
+      --lr 5e-4 --warmup 30 [--hidden 256 --layers 4 --heads 4 --intermediate 1024 --max-pos 256]
+  hf_trainer.py --task doc_cls --init DIR_OF_MLM/model --train ... --eval ... --out ... --steps ... --batch 32
+
+Matching nlptrain: AdamW (betas 0.9/0.999, eps 1e-8) with Trainer's no-decay groups (biases,
+LayerNorm weights), global-norm clipping 1.0, dropout 0.1, fp32, one process with
+torch.set_num_threads(THREADS), no dataloader workers. The schedule is nlptrain's, not HF's stock
+linear one: warmup multiplier (step+1)/warmup, then linear decay (N-step)/(N-warmup) (identical to HF
+after warmup; HF's stock warmup is step/warmup, i.e. one step later). --hf-warmup uses the stock one.
+MLM masking: 15% of the non-special, non-padding tokens, 80% [MASK] / 10% random token / 10% kept
+(DataCollatorForLanguageModeling's rule, done here on the HDF5 ids with the file's cls/sep/pad/mask ids);
+evaluation masks with a fixed seed, so every evaluation sees the same masked positions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import string
+import sys
+import time
+from collections import Counter
+
+import h5py
+import numpy as np
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True, choices=["mlm", "doc_cls", "pair_cls", "ner", "qa"])
+    p.add_argument("--train", required=True)
+    p.add_argument("--eval", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--init", default="", help="folder of the saved MLM model (fine-tuning); empty = from scratch")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True, help="global batch (per_device_train_batch_size, 1 process)")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--hf-warmup", action="store_true", help="HF's stock linear schedule (warmup step/warmup)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eval-batch", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--intermediate", type=int, default=1024)
+    p.add_argument("--max-pos", type=int, default=256)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--log-steps", type=int, default=20)
+    return p.parse_args(argv)
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+class H5Rows(torch.utils.data.Dataset):
+    """The model columns of one HDF5 file, in memory, as a list of dicts of tensors."""
+
+    def __init__(self, path, task):
+        with h5py.File(path, "r") as f:
+            self.attrs = {k: f.attrs[k] for k in f.attrs}
+            cols = {"input_ids": "input_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
+            if task in ("doc_cls", "pair_cls", "ner"):
+                cols["labels"] = "labels"
+            if task == "qa":
+                cols["start_positions"] = "start_positions"
+                cols["end_positions"] = "end_positions"
+            self.cols = {k: torch.from_numpy(f[v][()].astype(np.int64)) for k, v in cols.items()}
+            self.extra = {}
+            for k in ("offset_mapping", "example_index"):
+                if k in f:
+                    self.extra[k] = f[k][()]
+            for k in ("context", "answers", "example_id"):
+                if k in f:
+                    self.extra[k] = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in f[k][()]]
+        self.n = self.cols["input_ids"].shape[0]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.cols.items()}
+
+
+class MlmCollator:
+    """15% of the real tokens (not [CLS]/[SEP]/[PAD], attention_mask 1) become targets; of those
+    80% -> [MASK], 10% -> random id, 10% unchanged (transformers.DataCollatorForLanguageModeling)."""
+
+    def __init__(self, attrs, vocab_size, prob=0.15, generator=None):
+        self.special = [int(attrs["cls_id"]), int(attrs["sep_id"]), int(attrs["pad_id"])]
+        self.mask_id = int(attrs["mask_id"])
+        self.V = vocab_size
+        self.prob = prob
+        self.g = generator
+
+    def __call__(self, rows):
+        ids = torch.stack([r["input_ids"] for r in rows])
+        am = torch.stack([r["attention_mask"] for r in rows])
+        tt = torch.stack([r["token_type_ids"] for r in rows])
+        labels = ids.clone()
+        special = am == 0
+        for s in self.special:
+            special |= ids == s
+        pm = torch.full(ids.shape, self.prob)
+        pm.masked_fill_(special, 0.0)
+        masked = torch.bernoulli(pm, generator=self.g).bool()
+        labels[~masked] = -100
+        repl = torch.bernoulli(torch.full(ids.shape, 0.8), generator=self.g).bool() & masked
+        ids = ids.clone()
+        ids[repl] = self.mask_id
+        rnd = torch.bernoulli(torch.full(ids.shape, 0.5), generator=self.g).bool() & masked & ~repl
+        ids[rnd] = torch.randint(self.V, ids.shape, dtype=torch.long, generator=self.g)[rnd]
+        return {"input_ids": ids, "attention_mask": am, "token_type_ids": tt, "labels": labels}
+
+
+def plain_collate(rows):
+    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+def squad_normalize(s):
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def squad_f1(pred, gold):
+    p, g = squad_normalize(pred).split(), squad_normalize(gold).split()
+    common = Counter(p) & Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    pr, rc = same / len(p), same / len(g)
+    return 2 * pr * rc / (pr + rc)
+
+
+KORQUAD_REMOVE = "'\"《》<>〈〉()‘’"
+
+
+def korquad_normalize(s):
+    for c in KORQUAD_REMOVE:
+        s = s.replace(c, " ")
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    return " ".join(s.split())
+
+
+def korquad_f1(pred, gold):
+    p = [c for t in korquad_normalize(pred).split() for c in t]
+    g = [c for t in korquad_normalize(gold).split() for c in t]
+    common = Counter(p) & Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    pr, rc = same / len(p), same / len(g)
+    return 2 * pr * rc / (pr + rc)
+
+
+def qa_metrics(ds, start_logits, end_logits, max_answer=30):
+    off = ds.extra["offset_mapping"]
+    exi = ds.extra["example_index"]
+    ctx, ans, ids = ds.extra["context"], ds.extra["answers"], ds.extra["example_id"]
+    E = len(ctx)
+    best = [-math.inf] * E
+    best_span = [None] * E
+    for f in range(len(exi)):
+        o = off[f]
+        inside = o[:, 0] >= 0
+        s = start_logits[f].astype(np.float64)
+        e = end_logits[f].astype(np.float64)
+        T = len(s)
+        # score[i, j] = s[i] + e[j] for i <= j < i + max_answer, both inside the context
+        sc = s[:, None] + e[None, :]
+        ii, jj = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+        ok = (jj >= ii) & (jj < ii + max_answer) & inside[:, None] & inside[None, :]
+        if not ok.any():
+            continue
+        sc = np.where(ok, sc, -np.inf)
+        k = int(np.argmax(sc))
+        i, j = divmod(k, T)
+        if sc[i, j] > best[exi[f]]:
+            best[exi[f]] = sc[i, j]
+            best_span[exi[f]] = (int(o[i, 0]), int(o[j, 1]))
+    em = f1 = kem = kf1 = 0.0
+    n = 0
+    preds = {}
+    for e in range(E):
+        if best_span[e] is None:
+            continue
+        text = ctx[e][best_span[e][0]:best_span[e][1]]
+        golds = json.loads(ans[e])
+        preds[ids[e]] = text
+        em += max(float(squad_normalize(text) == squad_normalize(g)) for g in golds)
+        f1 += max(squad_f1(text, g) for g in golds)
+        kem += max(float(korquad_normalize(text) == korquad_normalize(g)) for g in golds)
+        kf1 += max(korquad_f1(text, g) for g in golds)
+        n += 1
+    c = max(n, 1)
+    return {"exact_match": 100 * em / c, "f1": 100 * f1 / c, "korquad_exact_match": 100 * kem / c,
+            "korquad_f1": 100 * kf1 / c, "questions": n}, preds
+
+
+@torch.no_grad()
+def evaluate(model, ds, task, batch, seed):
+    from seqeval.metrics import f1_score, precision_score, recall_score
+
+    model.eval()
+    id2label = json.loads(ds.attrs.get("id2label", "[]"))
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed + 0xE7A1)
+    coll = MlmCollator(ds.attrs, V, generator=g) if task == "mlm" else plain_collate
+    loss_sum = 0.0
+    loss_n = 0
+    correct = total = 0
+    gold_seqs, pred_seqs = [], []
+    starts, ends = [], []
+    for a in range(0, len(ds), batch):
+        b = coll([ds[i] for i in range(a, min(len(ds), a + batch))])
+        out = model(**b)
+        if task == "mlm":
+            lab = b["labels"]
+            n = int((lab != -100).sum())
+            loss_sum += float(out.loss) * n
+            loss_n += n
+            pred = out.logits.argmax(-1)
+            correct += int(((pred == lab) & (lab != -100)).sum())
+            total += n
+        elif task in ("doc_cls", "pair_cls"):
+            n = b["labels"].shape[0]
+            loss_sum += float(out.loss) * n
+            loss_n += n
+            correct += int((out.logits.argmax(-1) == b["labels"]).sum())
+            total += n
+        elif task == "ner":
+            lab = b["labels"]
+            n = int((lab != -100).sum())
+            loss_sum += float(out.loss) * n
+            loss_n += n
+            pred = out.logits.argmax(-1)
+            for r in range(lab.shape[0]):
+                keep = lab[r] != -100
+                gs = [id2label[int(x)] for x in lab[r][keep]]
+                if gs:
+                    gold_seqs.append(gs)
+                    pred_seqs.append([id2label[int(x)] for x in pred[r][keep]])
+        else:  # qa
+            n = b["input_ids"].shape[0]
+            loss_sum += float(out.loss) * n
+            loss_n += n
+            starts.append(out.start_logits.numpy())
+            ends.append(out.end_logits.numpy())
+    loss = loss_sum / max(loss_n, 1)
+    res = {"loss": loss}
+    if task == "mlm":
+        res.update(accuracy=correct / max(total, 1), perplexity=math.exp(loss), masked_tokens=total)
+    elif task in ("doc_cls", "pair_cls"):
+        res.update(accuracy=correct / max(total, 1), examples=total)
+    elif task == "ner":
+        res.update(precision=precision_score(gold_seqs, pred_seqs), recall=recall_score(gold_seqs, pred_seqs),
+                   f1=f1_score(gold_seqs, pred_seqs), sentences=len(gold_seqs))
+    else:
+        m, preds = qa_metrics(ds, np.concatenate(starts), np.concatenate(ends))
+        res.update(m)
+        res["_predictions"] = preds
+    return res
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    import transformers
+    from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                              BertForTokenClassification, Trainer, TrainingArguments)
+
+    transformers.logging.set_verbosity_error()
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    train = H5Rows(a.train, a.task)
+    evds = H5Rows(a.eval, a.task)
+    transformers.set_seed(a.seed)
+    cls = {"mlm": BertForMaskedLM, "doc_cls": BertForSequenceClassification, "pair_cls": BertForSequenceClassification,
+           "ner": BertForTokenClassification, "qa": BertForQuestionAnswering}[a.task]
+    kw = {}
+    if a.task in ("doc_cls", "pair_cls", "ner"):
+        kw["num_labels"] = int(train.attrs["num_labels"])
+    if a.init:
+        model = cls.from_pretrained(a.init, hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, **kw)
+    else:
+        cfg = BertConfig(vocab_size=int(train.attrs["vocab_size"]), hidden_size=a.hidden, num_hidden_layers=a.layers,
+                         num_attention_heads=a.heads, intermediate_size=a.intermediate, max_position_embeddings=a.max_pos,
+                         type_vocab_size=2, hidden_act="gelu", hidden_dropout_prob=a.dropout,
+                         attention_probs_dropout_prob=a.dropout, pad_token_id=int(train.attrs["pad_id"]), **kw)
+        model = cls(cfg)
+    collator = MlmCollator(train.attrs, model.config.vocab_size) if a.task == "mlm" else plain_collate
+
+    W, N = a.warmup, a.steps
+
+    def lam(step):  # nlptrain's schedule (src/train/schedule.cpp), as a multiplier of the peak lr
+        if W > 0 and step < W:
+            return (step + 1) / W if not a.hf_warmup else step / W
+        return max(0.0, (N - step) / max(1, N - W))
+
+    class T(Trainer):
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lam)
+            return self.lr_scheduler
+
+    args = TrainingArguments(
+        output_dir=os.path.join(a.out, "trainer"), max_steps=a.steps, per_device_train_batch_size=a.batch // a.grad_accum,
+        gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, weight_decay=a.weight_decay,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
+        warmup_steps=0, seed=a.seed, data_seed=a.seed, logging_steps=a.log_steps, save_strategy="no",
+        eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
+        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True)
+    trainer = T(model=model, args=args, train_dataset=train, data_collator=collator)
+    t_train0 = time.time()
+    tr = trainer.train()
+    t_train = time.time() - t_train0
+    t_ev0 = time.time()
+    res = evaluate(model, evds, a.task, a.eval_batch, a.seed)
+    t_eval = time.time() - t_ev0
+    preds = res.pop("_predictions", None)
+    if preds is not None:
+        with open(os.path.join(a.out, "predictions.json"), "w") as f:
+            json.dump(preds, f, ensure_ascii=False, indent=0)
+    if a.task == "mlm":
+        model.save_pretrained(os.path.join(a.out, "model"))
+    with open(os.path.join(a.out, "log_history.jsonl"), "w") as f:
+        for r in trainer.state.log_history:
+            f.write(json.dumps(r) + "\n")
+    out = {"task": a.task, "eval": res, "steps": a.steps, "global_batch": a.batch, "lr": a.lr, "warmup": a.warmup,
+           "train_s": t_train, "eval_s": t_eval, "wall_s": time.time() - t0, "threads": a.threads,
+           "train_loss": tr.training_loss, "transformers": transformers.__version__, "torch": torch.__version__,
+           "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    with open(os.path.join(a.out, "result.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
