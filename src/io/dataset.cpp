@@ -13,11 +13,7 @@ namespace nlp {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+using h5::shape_str;
 
 std::string join(const std::vector<std::string>& v) {
   std::string r;

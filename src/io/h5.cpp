@@ -84,11 +84,6 @@ class Id {
   hid_t id_ = -1;
 };
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 std::string norm_obj(const std::string& obj) { return obj.empty() ? std::string("/") : obj; }
 
@@ -771,6 +766,12 @@ void atomic_commit(const std::string& tmp_path, const std::string& path) {
 void atomic_abort(const std::string& tmp_path) {
   std::error_code ec;
   fs::remove(tmp_path, ec);
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
 }
 
 }  // namespace nlp::h5

@@ -9,6 +9,7 @@ namespace nlp::h5 {
 
 enum class DType { F32, F64, I32, I64, U8, Other };
 std::string dtype_name(DType t);
+std::string shape_str(const std::vector<int64_t>& shape);  // "[2, 3]" for error messages
 
 class File {
  public:

@@ -38,9 +38,8 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
   for (auto& t : views) {
     if (!f.has(t.name)) {
       if (!m.may_be_new(t.name))
-        throw Error(cat("weights file '", path, "': missing tensor '", t.name, "' (shape ",
-                        t.shape.size() ? std::to_string(t.shape[0]) : "", t.shape.size() > 1 ? "x" : "",
-                        t.shape.size() > 1 ? std::to_string(t.shape[1]) : "", ")"));
+        throw Error(cat("weights file '", path, "': missing tensor '", t.name, "' of shape ",
+                        h5::shape_str(t.shape)));
       if (fresh) fresh->push_back(t.name);
       continue;
     }
