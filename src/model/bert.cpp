@@ -63,7 +63,7 @@ class Bert final : public Model {
       li.fcp_b = ps_.add(p + "output.dense.bias", {C}, false);
       li.ln2_w = ps_.add(p + "output.LayerNorm.weight", {C}, false);
       li.ln2_b = ps_.add(p + "output.LayerNorm.bias", {C}, false);
-      layers_.push_back(li);
+      stack_.layers.push_back(li);
     }
     if (is_seq_cls(task)) {
       pool_w_ = ps_.add("bert.pooler.dense.weight", {C, C}, true);
@@ -165,12 +165,7 @@ class Bert final : public Model {
     be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B));
-    const float* x = x0_;
-    for (int l = 0; l < L_; ++l) {
-      block_forward(be_, bc_, weights(l, false), acts_[l], x, b.mask, training, block_seeds(seed, l), B, T);
-      x = acts_[l].out;
-    }
-    xL_ = x;
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T);
     return head_forward(b, training, seed);
   }
 
@@ -180,13 +175,7 @@ class Bert final : public Model {
     const size_t n = size_t(BT) * C, f = sizeof(float);
     be_.zero(dres_a_, n * f);
     head_backward(b, dloss, training, seed);  // d xL into dres_a_
-    for (int l = L_ - 1; l >= 0; --l) {
-      const float* x = l > 0 ? acts_[l - 1].out : x0_;
-      be_.zero(dres_b_, n * f);
-      block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
-                     dres_a_, x, b.mask, training, block_seeds(seed, l), B, T);
-      std::swap(dres_a_, dres_b_);
-    }
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B));
@@ -211,7 +200,7 @@ class Bert final : public Model {
   }
 
  private:
-  BlockWeights weights(int l, bool grad) { return block_weights(ps_, layers_[l], grad); }
+  BlockWeights weights(int l, bool grad) { return block_weights(ps_, stack_.layers[l], grad); }
   // ---- heads: forward returns the sum of losses over the batch's loss units ----
   double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
@@ -342,7 +331,7 @@ class Bert final : public Model {
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return 2 * BT * C + 2 * BT                    // emb, x0, emb mean/rstd
-           + size_t(L_) * block_acts_numel(bc_, B, T) + block_scratch_numel(bc_, B, T)
+           + stack_.numel(B, T)
            + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
@@ -362,10 +351,7 @@ class Bert final : public Model {
     x0_ = take(BT * C);
     emb_mean_ = take(BT);
     emb_rstd_ = take(BT);
-    acts_.clear();
-    for (int l = 0; l < L_; ++l)
-      acts_.push_back(carve_block_acts(take(block_acts_numel(bc_, B, T)), bc_, B, T));
-    scratch_ = carve_block_scratch(take(block_scratch_numel(bc_, B, T)), bc_, B, T);
+    stack_.carve(take(stack_.numel(B, T)), B, T);
     h1_ = take(BT * C);
     h2_ = take(BT * C);
     h3_ = take(BT * C);
@@ -384,18 +370,16 @@ class Bert final : public Model {
   ModelConfig mc_;
   Backend& be_;
   Task task_;
-  BlockConfig bc_;
+  BlockStack stack_;  // the transformer blocks: config, parameter indices, activations
+  BlockConfig& bc_ = stack_.config;
   ParamStore ps_;
   int C_, V_, L_, NL_;
   int wte_, wpe_, wtt_, eln_w_, eln_b_;
   int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
-  std::vector<BlockParamIdx> layers_;
 
   int curB_ = 0, curT_ = 0;
   float* arena_ = nullptr;
-  std::vector<BlockActs> acts_;
-  BlockScratch scratch_{};
   const float* xL_ = nullptr;
   float *emb_ = nullptr, *x0_ = nullptr, *emb_mean_ = nullptr, *emb_rstd_ = nullptr;
   float *h1_ = nullptr, *h2_ = nullptr, *h3_ = nullptr, *h4_ = nullptr, *dh1_ = nullptr, *dh2_ = nullptr;

@@ -208,6 +208,42 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                         C);
 }
 
+size_t BlockStack::numel(int B, int T) const {
+  return layers.size() * block_acts_numel(config, B, T) + block_scratch_numel(config, B, T);
+}
+
+void BlockStack::carve(float* base, int B, int T) {
+  acts_.clear();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    acts_.push_back(carve_block_acts(base, config, B, T));
+    base += block_acts_numel(config, B, T);
+  }
+  scratch_ = carve_block_scratch(base, config, B, T);
+}
+
+const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
+                                 bool training, uint64_t seed, int B, int T) {
+  const float* x = x0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
+                  block_seeds(seed, int(l)), B, T);
+    x = acts_[l].out;
+  }
+  return x;
+}
+
+void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
+                          const int32_t* mask, bool training, uint64_t seed, int B, int T) {
+  const size_t bytes = size_t(B) * T * config.C * sizeof(float);
+  for (int l = int(layers.size()) - 1; l >= 0; --l) {
+    const float* x = l > 0 ? acts_[l - 1].out : x0;
+    be.zero(db, bytes);
+    block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
+                   acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l), B, T);
+    std::swap(da, db);
+  }
+}
+
 size_t block_decode_scratch_numel(const BlockConfig& c, int B) {
   return size_t(B) * (7 * size_t(c.C) + 2 * size_t(c.FF) + 2);
 }

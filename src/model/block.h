@@ -5,6 +5,7 @@
 // mlp: gelu(in @ Wfc + bfc) @ Wproj + bproj. Weight layout per BlockConfig::layout (Conv1D or Linear).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/backend.h"
 #include "model/params.h"
@@ -84,6 +85,27 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                     const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
                     float* dout, const float* x, const int32_t* attn_mask, bool training,
                     BlockSeeds seeds, int B, int T);
+
+// The stack of blocks of a model (GPT-2 and BERT alike): the layers' parameter indices, their saved
+// activations and the backward scratch shared by the layers; forward and backward loop over them.
+class BlockStack {
+ public:
+  BlockConfig config;
+  std::vector<BlockParamIdx> layers;
+
+  size_t numel(int B, int T) const;       // floats of activations + scratch for a B x T batch
+  void carve(float* base, int B, int T);  // lay them out in base (numel(B, T) floats)
+  // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers)
+  const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
+                       bool training, uint64_t seed, int B, int T);
+  // *da holds d xL on entry (consumed) and d x0 on return; *db is workspace; both [BT,C].
+  void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
+                const int32_t* mask, bool training, uint64_t seed, int B, int T);
+
+ private:
+  std::vector<BlockActs> acts_;
+  BlockScratch scratch_{};
+};
 
 // One decoding position for B sequences with KV caches [B,NH,Tmax,HS] (pre-LN only, no dropout).
 // x[B,C] -> out[B,C]; scratch holds block_decode_scratch_numel(c, B) floats.

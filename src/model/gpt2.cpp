@@ -46,7 +46,7 @@ class Gpt2 final : public Model {
       li.fc_b = ps_.add(p + "mlp.c_fc.bias", {FF}, false);
       li.fcp_w = ps_.add(p + "mlp.c_proj.weight", {FF, C}, true);
       li.fcp_b = ps_.add(p + "mlp.c_proj.bias", {C}, false);
-      layers_.push_back(li);
+      stack_.layers.push_back(li);
     }
     lnf_w_ = ps_.add("transformer.ln_f.weight", {C}, false);
     lnf_b_ = ps_.add("transformer.ln_f.bias", {C}, false);
@@ -122,12 +122,8 @@ class Gpt2 final : public Model {
     // x0[BT,C] = drop(wte[ids] + wpe[t])
     be_.embedding_forward(x0_, b.ids, nullptr, ps_.p(wte_), ps_.p(wpe_), nullptr, B, T, C, 0);
     be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
-    const float* x = x0_;
-    for (int l = 0; l < L_; ++l) {
-      BlockWeights w = weights(l, false);
-      block_forward(be_, bc_, w, acts_[l], x, b.mask, training, block_seeds(seed, l), B, T);
-      x = acts_[l].out;
-    }
+    const float* x = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T);
+    xL_ = x;
     // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
                           mc_.layer_norm_epsilon);
@@ -146,17 +142,10 @@ class Gpt2 final : public Model {
     be_.zero(dlnf_, n * f);
     be_.matmul_backward(dlnf_, ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
                         WLayout::OutIn);
-    const float* xL = L_ > 0 ? acts_[L_ - 1].out : x0_;
     be_.zero(dres_a_, n * f);
-    be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL, ps_.p(lnf_w_),
+    be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);
-    for (int l = L_ - 1; l >= 0; --l) {
-      const float* x = l > 0 ? acts_[l - 1].out : x0_;
-      be_.zero(dres_b_, n * f);
-      block_backward(be_, bc_, weights(l, false), weights(l, true), acts_[l], scratch_, dres_b_,
-                     dres_a_, x, b.mask, training, block_seeds(seed, l), B, T);
-      std::swap(dres_a_, dres_b_);
-    }
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T);
     // dres_a = d x0 (after embedding dropout)
     be_.zero(dlnf_, n * f);
     be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
@@ -169,7 +158,7 @@ class Gpt2 final : public Model {
   }
 
   // ---- used by the decoder ----
-  BlockWeights weights(int l, bool grad) { return block_weights(ps_, layers_[l], grad); }
+  BlockWeights weights(int l, bool grad) { return block_weights(ps_, stack_.layers[l], grad); }
   const BlockConfig& block_config() const { return bc_; }
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
@@ -182,8 +171,7 @@ class Gpt2 final : public Model {
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return BT * C                                  // x0
-           + size_t(L_) * block_acts_numel(bc_, B, T)
-           + block_scratch_numel(bc_, B, T)
+           + stack_.numel(B, T)
            + BT * C + 2 * BT                       // lnf, mean, rstd
            + 2 * BT * size_t(V_)                   // logits, dlogits
            + BT                                    // losses
@@ -200,10 +188,7 @@ class Gpt2 final : public Model {
     float* p = arena_;
     auto take = [&p](size_t k) { float* r = p; p += k; return r; };
     x0_ = take(BT * C);
-    acts_.clear();
-    for (int l = 0; l < L_; ++l)
-      acts_.push_back(carve_block_acts(take(block_acts_numel(bc_, B, T)), bc_, B, T));
-    scratch_ = carve_block_scratch(take(block_scratch_numel(bc_, B, T)), bc_, B, T);
+    stack_.carve(take(stack_.numel(B, T)), B, T);
     lnf_ = take(BT * C);
     lnf_mean_ = take(BT);
     lnf_rstd_ = take(BT);
@@ -217,16 +202,15 @@ class Gpt2 final : public Model {
 
   ModelConfig mc_;
   Backend& be_;
-  BlockConfig bc_;
+  BlockStack stack_;  // the transformer blocks: config, parameter indices, activations
+  BlockConfig& bc_ = stack_.config;
   ParamStore ps_;
   int C_, V_, L_;
   int wte_, wpe_, lnf_w_, lnf_b_;
-  std::vector<BlockParamIdx> layers_;
 
   int curB_ = 0, curT_ = 0;
   float* arena_ = nullptr;  // all activations, carved per (B, T)
-  std::vector<BlockActs> acts_;
-  BlockScratch scratch_{};
+  const float* xL_ = nullptr;  // the last block's output
   float *x0_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
   float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
