@@ -8,7 +8,7 @@
   stream);
 - run the nlptrain binary (optionally under mpirun) and read what it wrote.
 
-The binary is ``$NLPTRAIN_BIN`` (set by CTest), else ``<repo>/build-parity/nlptrain``.
+The binary is ``$NLPTRAIN_BIN`` (set by CTest), else ``<repo>/build/nlptrain`` (nlp_run.binary).
 """
 from __future__ import annotations
 
@@ -23,31 +23,20 @@ import h5py
 import numpy as np
 import torch
 
+import nlp_run as nr
+
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_BIN = REPO / "build-parity" / "nlptrain"
 
 
 # ---- the binary -------------------------------------------------------------------------------------
 
 def nlptrain_bin() -> Path:
     """Path of the nlptrain binary; raises (never skips) when it does not exist."""
-    p = Path(os.environ.get("NLPTRAIN_BIN") or DEFAULT_BIN)
-    if not (p.is_file() and os.access(p, os.X_OK)):
-        raise FileNotFoundError(
-            f"nlptrain binary not found at '{p}' (set NLPTRAIN_BIN, or build it: "
-            f"cmake -S . -B build-parity -DNLPTRAIN_CUDA=OFF && cmake --build build-parity --target nlptrain)")
-    return p
+    return Path(nr.binary())
 
 
 def run_env(threads: int | None = None) -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.setdefault("OMPI_MCA_pml", "ob1")
-    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
+    return nr.mpi_env(threads)
 
 
 def write_ini(path: str | os.PathLike, sections: Mapping[str, Mapping[str, object]]) -> Path:
@@ -167,24 +156,14 @@ def save_weights(model, path: str | os.PathLike, include_lm_head: bool = True) -
 
 def write_dataset(path: str | os.PathLike, input_ids, attention_mask=None, labels=None) -> Path:
     """2-D dataset: input_ids [N,T] int32, optional attention_mask and labels (-100 = ignore)."""
-    path = Path(path)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("input_ids", data=np.asarray(input_ids, dtype=np.int32))
-        if attention_mask is not None:
-            f.create_dataset("attention_mask", data=np.asarray(attention_mask, dtype=np.int32))
-        if labels is not None:
-            f.create_dataset("labels", data=np.asarray(labels, dtype=np.int32))
-    return path
+    nr.write_rows(path, input_ids, attention_mask, labels)
+    return Path(path)
 
 
 def write_token_stream(path: str | os.PathLike, tokens) -> Path:
-    path = Path(path)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.int32))
-    return path
+    nr.write_stream(path, tokens)
+    return Path(path)
 
-
-# ---- reading results --------------------------------------------------------------------------------
 
 def read_gradients(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every dataset of gradients.h5 (loss as a 0-d float64 array)."""

@@ -1,5 +1,7 @@
 """Helpers for the integration tests: locate the binary, write small datasets, run nlptrain under
 mpirun with a time limit, read metrics.jsonl."""
+from __future__ import annotations
+
 import json
 import os
 import subprocess
@@ -12,24 +14,28 @@ SOURCE_DIR = Path(os.environ.get("NLPTRAIN_SOURCE_DIR", Path(__file__).resolve()
 
 
 def binary() -> str:
+    """The nlptrain binary: $NLPTRAIN_BIN (ctest sets it), else build/nlptrain. Raises, never skips."""
     b = os.environ.get("NLPTRAIN_BIN")
     if b:
         return b
-    for cand in ("build/nlptrain", "build-lead/nlptrain"):
-        p = SOURCE_DIR / cand
-        if p.exists():
-            return str(p)
-    raise FileNotFoundError("nlptrain binary not found: set NLPTRAIN_BIN or build into build/")
+    p = SOURCE_DIR / "build" / "nlptrain"
+    if p.exists():
+        return str(p)
+    raise FileNotFoundError("nlptrain binary not found: set NLPTRAIN_BIN or build into build/ "
+                            "(cmake -S . -B build && cmake --build build --target nlptrain)")
 
 
 def shared_data() -> Path:
     return Path(os.environ.get("NLPTRAIN_SHARED_DATA", SOURCE_DIR.parent / "shared" / "data"))
 
 
-def mpi_env() -> dict:
+def mpi_env(threads: int | None = 1) -> dict:
+    """Environment for mpirun as root on one host; OMP_NUM_THREADS set unless threads is None."""
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_pml="ob1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 

@@ -11,7 +11,7 @@
 Every comparison is the norm-wise relative error ||nlptrain - ref|| / ||ref||. The worst errors are
 printed (also when the test passes).
 
-The binary: $NLPTRAIN_BIN, else <repo>/build-parity/nlptrain. A missing binary fails the tests.
+The binary: $NLPTRAIN_BIN, else <repo>/build/nlptrain. A missing binary fails the tests.
 """
 from __future__ import annotations
 
@@ -30,15 +30,6 @@ GOAL = 1e-5         # what a correct float32 implementation reaches; reported, n
 UPDATE_TOL = 1e-3   # parameter updates after 5 AdamW steps (see test_train_steps)
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-
-
-@pytest.fixture
-def report(capsys):
-    """print() that reaches the terminal even when pytest captures output."""
-    def _print(*args):
-        with capsys.disabled():
-            print(*args, flush=True)
-    return _print
 
 
 def gradients_run(tmp_path: Path, model, ids, mask=None, labels=None, tag="run"):

@@ -1,7 +1,7 @@
 """Tests of tools/hf_import.py and tools/hf_export.py (Hugging Face <-> nlptrain HDF5).
 
 Run: python3 -m pytest -q -rs tests/python/test_hf_interop.py (CTest sets NLPTRAIN_BIN and
-NLPTRAIN_SOURCE_DIR; by hand the binary defaults to <source>/build-hf/nlptrain).
+NLPTRAIN_SOURCE_DIR; by hand the binary defaults to <source>/build/nlptrain).
 
 1. Random GPT2LMHeadModel saved as safetensors (single and sharded), float16 safetensors and
    pytorch_model.bin: import -> export gives bitwise-equal tensors and the same config.json, loads in
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+import nlp_run as nr
+
 np = pytest.importorskip("numpy", reason="NLPTRAIN_ALL_SKIPPED: numpy is not installed")
 h5py = pytest.importorskip("h5py", reason="NLPTRAIN_ALL_SKIPPED: h5py is not installed")
 torch = pytest.importorskip("torch", reason="NLPTRAIN_ALL_SKIPPED: torch is not installed")
@@ -44,30 +46,9 @@ transformers.logging.set_verbosity_error()
 
 # ---- helpers ----------------------------------------------------------------------------------------
 
-@pytest.fixture
-def report(capsys):
-    """print() that reaches the terminal even when pytest captures output."""
-    def _print(*args):
-        with capsys.disabled():
-            print(*args, flush=True)
-    return _print
-
-
-def nlptrain_bin() -> Path:
-    cands = [os.environ.get("NLPTRAIN_BIN"), SOURCE / "build-hf" / "nlptrain", "/work/main/build-hf/nlptrain"]
-    for c in cands:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return Path(c)
-    raise FileNotFoundError("nlptrain binary not found: set NLPTRAIN_BIN or build it: cmake -S . -B build-hf "
-                            "-DNLPTRAIN_CUDA=OFF && cmake --build build-hf --target nlptrain")
-
-
 def run_nlptrain(*args, cwd=None):
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_pml="ob1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-    cmd = [str(nlptrain_bin()), *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+    cmd = [nr.binary(), *map(str, args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=nr.mpi_env(), cwd=cwd)
     if p.returncode != 0:
         raise AssertionError(f"nlptrain failed ({p.returncode}): {' '.join(cmd)}\n"
                              f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import nlp_run as nr
+
 np = pytest.importorskip("numpy", reason="NLPTRAIN_ALL_SKIPPED: numpy is not installed")
 pytest.importorskip("matplotlib", reason="NLPTRAIN_ALL_SKIPPED: matplotlib is not installed")
 
@@ -353,9 +355,11 @@ def test_duplicate_and_unmeasured_runs(tmp_path):
 # ------------------------------------------------------------------------------------ real runs
 
 def nlptrain_binary():
-    env = os.environ.get("NLPTRAIN_BIN")
-    cands = [Path(env)] if env else [SOURCE / "build-lead" / "nlptrain", Path("/work/main/build-lead/nlptrain")]
-    return next((c for c in cands if c.is_file() and os.access(c, os.X_OK)), None)
+    try:
+        b = Path(nr.binary())
+    except FileNotFoundError:
+        return None
+    return b if b.is_file() and os.access(b, os.X_OK) else None
 
 
 def test_real_runs(tmp_path):
