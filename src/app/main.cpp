@@ -72,7 +72,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   }
 
   const size_t nparams = model->params().total();
-  model->init_weights(cfg.train.seed);  // also the fresh head when fine-tuning an encoder
+  // Initialise unless every parameter will come from the weights file (a fine-tuned encoder's new
+  // head keeps this initialisation).
+  bool any_new = mc.weights.empty();
+  for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
+  if (any_new) model->init_weights(cfg.train.seed);
   if (mc.weights.empty()) {
     log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
   } else {
