@@ -43,21 +43,21 @@ __global__ void tanh_bwd_k(float* __restrict__ dinp, const float* __restrict__ o
   GRID_STRIDE(i, n) dinp[i] += (1.f - out[i] * out[i]) * dout[i];
 }
 
-// out[r,C] = inp[r*stride + c]   (r < rows)
+// out[i,C] = inp[r(i)*stride + c], r(i) = idx ? idx[i] : i   (i < rows)
 __global__ void rows_gather_k(float* __restrict__ out, const float* __restrict__ inp, int C,
-                              size_t stride, size_t n) {
+                              size_t stride, const int32_t* __restrict__ idx, size_t n) {
   GRID_STRIDE(i, n) {
     const size_t r = i / C, c = i % C;
-    out[i] = inp[r * stride + c];
+    out[i] = inp[size_t(idx ? idx[r] : r) * stride + c];
   }
 }
 
-// dinp[r*stride + c] += dout[r,C]
+// dinp[r(i)*stride + c] += dout[i,C]; the rows are distinct, so no two threads write one element
 __global__ void rows_scatter_add_k(float* __restrict__ dinp, const float* __restrict__ dout, int C,
-                                   size_t stride, size_t n) {
+                                   size_t stride, const int32_t* __restrict__ idx, size_t n) {
   GRID_STRIDE(i, n) {
     const size_t r = i / C, c = i % C;
-    dinp[r * stride + c] += dout[i];
+    dinp[size_t(idx ? idx[r] : r) * stride + c] += dout[i];
   }
 }
 
@@ -117,16 +117,17 @@ cudaError_t tanh_backward(float* dinp, const float* out, const float* dout, size
 }
 
 cudaError_t rows_gather(float* out, const float* inp, int rows, int C, size_t stride,
-                        cudaStream_t s) {
+                        const int32_t* idx, cudaStream_t s) {
   const size_t n = size_t(rows > 0 ? rows : 0) * size_t(C > 0 ? C : 0);
-  if (n) rows_gather_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, C, stride, n);
+  if (n) rows_gather_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, C, stride, idx, n);
   return cudaGetLastError();
 }
 
 cudaError_t rows_scatter_add(float* dinp, const float* dout, int rows, int C, size_t stride,
-                             cudaStream_t s) {
+                             const int32_t* idx, cudaStream_t s) {
   const size_t n = size_t(rows > 0 ? rows : 0) * size_t(C > 0 ? C : 0);
-  if (n) rows_scatter_add_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, C, stride, n);
+  if (n)
+    rows_scatter_add_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, C, stride, idx, n);
   return cudaGetLastError();
 }
 

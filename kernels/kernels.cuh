@@ -22,9 +22,11 @@ cudaError_t scale(float* x, float f, size_t n, cudaStream_t s);
 cudaError_t tanh_forward(float* out, const float* inp, size_t n, cudaStream_t s);
 cudaError_t tanh_backward(float* dinp, const float* out, const float* dout, size_t n,
                           cudaStream_t s);
-cudaError_t rows_gather(float* out, const float* inp, int n, int C, size_t stride, cudaStream_t s);
+// row r(i) = idx ? idx[i] : i; scatter: the rows must be distinct
+cudaError_t rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+                        const int32_t* idx, cudaStream_t s);
 cudaError_t rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
-                             cudaStream_t s);
+                             const int32_t* idx, cudaStream_t s);
 // p > 0 only (the caller copies for p <= 0)
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
                             cudaStream_t s);

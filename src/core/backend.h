@@ -84,10 +84,13 @@ class Backend {
   virtual void tanh_forward(float* out, const float* inp, size_t N) = 0;
   // dinp[N] += (1 - out^2) * dout, from the forward output
   virtual void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) = 0;
-  // Strided rows: out[n,C] = inp[i*stride, 0..C) for i < n (e.g. the [CLS] row of each sequence)
-  virtual void rows_gather(float* out, const float* inp, int n, int C, size_t stride) = 0;
-  // dinp[i*stride, 0..C) += dout[i,C]
-  virtual void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride) = 0;
+  // Row gather: out[i,C] = inp[r(i)*stride, 0..C) for i < n, where r(i) = idx[i], or i when idx is
+  // null (e.g. the [CLS] row of each sequence: stride T*C; the masked positions for MLM: stride C).
+  virtual void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+                           const int32_t* idx = nullptr) = 0;
+  // Its adjoint: dinp[r(i)*stride, 0..C) += dout[i,C]; the rows r(i) must be distinct.
+  virtual void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+                                const int32_t* idx = nullptr) = 0;
   // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp.
   virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) = 0;
   // dinp[N] += dout * keep / (1-p)

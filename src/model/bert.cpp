@@ -5,7 +5,9 @@
 //   ner (BertForTokenClassification): dropout -> classifier on every token, ignore -100
 //   qa (BertForQuestionAnswering): qa_outputs -> start/end logits; loss = mean of the two CEs
 //   mlm (BertForMaskedLM): transform (dense, GELU, LayerNorm) -> decoder tied to the word embeddings
-//       + cls.predictions.bias
+//       + cls.predictions.bias, applied to the masked positions only (DeviceBatch::rows): the other
+//       positions carry no loss, so HF's logits there are never used; this saves ~85% of the head,
+//       which is most of the work of a small BERT (V x C against 12 C^2 per layer).
 #include <cmath>
 
 #include "core/error.h"
@@ -87,7 +89,10 @@ class Bert final : public Model {
     ps_.allocate(be_);
   }
 
-  ~Bert() override { be_.release(arena_); }
+  ~Bert() override {
+    be_.release(arena_);
+    be_.release(mlm_logits_);
+  }
 
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
@@ -140,13 +145,22 @@ class Bert final : public Model {
     ps_.upload(host);
   }
 
-  size_t activation_bytes(int B, int T) const override { return acts_numel(B, T) * sizeof(float); }
+  size_t activation_bytes(int B, int T) const override {
+    size_t n = acts_numel(B, T);
+    // mlm logits and their gradient, [rows, V] each; rows ~ 15% of the positions, reported as 20%
+    if (task_ == Task::Mlm) n += 2 * (size_t(B) * T / 5 + 1) * size_t(V_);
+    return n * sizeof(float);
+  }
 
   double flops_per_token(int T) const override {
-    // embedding tables are lookups; the MLM decoder multiplies by the (tied) word embeddings
+    // embedding tables are lookups. The MLM head (transform C x C, decoder tied to the V x C word
+    // embeddings) runs on the masked 15% of the tokens only.
     const double tables = double(V_ + mc_.max_position_embeddings + mc_.type_vocab_size) * C_;
     double dense = double(ps_.total()) - tables;
-    if (task_ == Task::Mlm) dense += double(V_) * C_;
+    if (task_ == Task::Mlm) {
+      const double head = double(C_) * C_ + double(V_) * C_;
+      dense += 0.15 * head - double(C_) * C_;
+    }
     return 6.0 * dense + 12.0 * L_ * double(T) * C_;
   }
   int num_layers() const override { return L_; }
@@ -186,14 +200,14 @@ class Bert final : public Model {
                            C, 0);
   }
 
-  const float* logits() const override { return logits_; }
+  const float* logits() const override { return task_ == Task::Mlm ? mlm_logits_ : logits_; }
 
   std::vector<OutputView> outputs() const override {
     const int B = curB_, T = curT_;
     switch (task_) {
       case Task::Qa:
         return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
-      case Task::Mlm: return {OutputView{"logits", {B, T, V_}, logits_}};
+      case Task::Mlm: return {OutputView{"logits", {mlm_rows_, V_}, mlm_logits_}};
       case Task::Ner: return {OutputView{"logits", {B, T, NL_}, logits_}};
       default: return {OutputView{"logits", {B, NL_}, logits_}};
     }
@@ -238,15 +252,20 @@ class Bert final : public Model {
         return 0.5 * be_.sum(losses_, 2 * size_t(B));
       }
       case Task::Mlm: {
-        // h2 = LN(gelu(xL Wt^T + bt)); logits[BT,V] = h2 wte^T + bias
-        be_.matmul_forward(h1_, xL_, ps_.p(tr_w_), ps_.p(tr_b_), BT, C, C, WLayout::OutIn);
-        be_.gelu_forward(h3_, h1_, size_t(BT) * C, Gelu::Erf);
-        be_.layernorm_forward(h2_, hmean_, hrstd_, h3_, ps_.p(tln_w_), ps_.p(tln_b_), BT, C,
+        // M = b.nrows masked positions. h4[M,C] = xL[rows]; h2 = LN(gelu(h4 Wt^T + bt));
+        // logits[M,V] = h2 wte^T + bias; loss against row_targets
+        const int M = b.nrows;
+        NLP_ASSERT(M == 0 || (b.rows && b.row_targets));
+        ensure_mlm_rows(M);
+        if (M == 0) return 0;
+        be_.rows_gather(h4_, xL_, M, C, C, b.rows);
+        be_.matmul_forward(h1_, h4_, ps_.p(tr_w_), ps_.p(tr_b_), M, C, C, WLayout::OutIn);
+        be_.gelu_forward(h3_, h1_, size_t(M) * C, Gelu::Erf);
+        be_.layernorm_forward(h2_, hmean_, hrstd_, h3_, ps_.p(tln_w_), ps_.p(tln_b_), M, C,
                               mc_.layer_norm_eps);
-        be_.matmul_forward(logits_, h2_, ps_.p(wte_), ps_.p(mlm_b_), BT, C, V_, WLayout::OutIn);
-        if (!b.targets) return 0;
-        be_.crossentropy_forward(losses_, logits_, b.targets, BT, V_);
-        return be_.sum(losses_, BT);
+        be_.matmul_forward(mlm_logits_, h2_, ps_.p(wte_), ps_.p(mlm_b_), M, C, V_, WLayout::OutIn);
+        be_.crossentropy_forward(losses_, mlm_logits_, b.row_targets, M, V_);
+        return be_.sum(losses_, M);
       }
       default: throw Error("bert: unsupported task");
     }
@@ -298,30 +317,35 @@ class Bert final : public Model {
         return;
       }
       case Task::Mlm: {
-        const size_t n = size_t(BT) * C;
-        be_.zero(dlogits_, size_t(BT) * V_ * f);
-        be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
+        const int M = b.nrows;
+        NLP_ASSERT(M == mlm_rows_);
+        if (M == 0) return;
+        const size_t n = size_t(M) * C;
+        be_.zero(mlm_dlogits_, size_t(M) * V_ * f);
+        be_.crossentropy_backward(mlm_dlogits_, mlm_logits_, b.row_targets, dloss, M, V_);
         be_.zero(dh2_, n * f);
-        be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), dlogits_, h2_, ps_.p(wte_), BT, C, V_,
-                            WLayout::OutIn);
+        be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, ps_.p(wte_), M, C,
+                            V_, WLayout::OutIn);
         be_.zero(dh1_, n * f);
         be_.layernorm_backward(dh1_, ps_.g(tln_w_), ps_.g(tln_b_), dh2_, h3_, ps_.p(tln_w_), hmean_,
-                               hrstd_, BT, C);
+                               hrstd_, M, C);
         be_.zero(dh2_, n * f);
         be_.gelu_backward(dh2_, h1_, dh1_, n, Gelu::Erf);
-        be_.matmul_backward(dres_a_, ps_.g(tr_w_), ps_.g(tr_b_), dh2_, xL_, ps_.p(tr_w_), BT, C, C,
+        be_.zero(dh1_, n * f);
+        be_.matmul_backward(dh1_, ps_.g(tr_w_), ps_.g(tr_b_), dh2_, h4_, ps_.p(tr_w_), M, C, C,
                             WLayout::OutIn);
+        be_.rows_scatter_add(dres_a_, dh1_, M, C, C, b.rows);  // rows are distinct positions
         return;
       }
       default: throw Error("bert: unsupported task");
     }
   }
 
-  // Width of the head's output rows.
+  // The head's logits in the arena (mlm: a separate buffer sized by the masked rows).
   size_t logits_numel(int B, int T) const {
     const size_t BT = size_t(B) * T;
     switch (task_) {
-      case Task::Mlm: return BT * V_;
+      case Task::Mlm: return 0;
       case Task::Ner: return BT * NL_;
       case Task::Qa: return 2 * BT;
       default: return size_t(B) * NL_;
@@ -336,6 +360,16 @@ class Bert final : public Model {
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
            + 2 * BT * C;                          // dres_a, dres_b
+  }
+
+  // mlm logits and dlogits [M,V]; M varies from batch to batch, the buffer only grows.
+  void ensure_mlm_rows(int M) {
+    mlm_rows_ = M;
+    if (M <= mlm_cap_) return;
+    be_.release(mlm_logits_);
+    mlm_cap_ = M + M / 8;  // headroom: the next batches mask about as many positions
+    mlm_logits_ = static_cast<float*>(be_.alloc(2 * size_t(mlm_cap_) * V_ * sizeof(float)));
+    mlm_dlogits_ = mlm_logits_ + size_t(mlm_cap_) * V_;
   }
 
   void ensure_acts(int B, int T) {
@@ -386,6 +420,8 @@ class Bert final : public Model {
   float *hmean_ = nullptr, *hrstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
   float *dres_a_ = nullptr, *dres_b_ = nullptr;
+  float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
+  int mlm_rows_ = 0, mlm_cap_ = 0;
 };
 
 }  // namespace

@@ -23,6 +23,11 @@ struct DeviceBatch {
   const int32_t* labels = nullptr;    // [B] sequence labels (doc_cls, pair_cls)
   const int32_t* start = nullptr;     // [B] answer start positions (qa)
   const int32_t* end = nullptr;       // [B] answer end positions (qa)
+  // mlm: the flat positions b*T+t whose target is not -100, in order, and their targets [nrows].
+  // The MLM head scores only these rows (the others do not enter the loss).
+  const int32_t* rows = nullptr;
+  const int32_t* row_targets = nullptr;
+  int nrows = 0;
 };
 
 // A named output of the last forward (backend memory), e.g. "logits" [B,T,V].
@@ -46,7 +51,8 @@ class Model {
   // Backward of dloss * (sum of losses) through the last forward, accumulating into params().grad().
   virtual void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) = 0;
   virtual const float* logits() const = 0;  // [B,T,V] of the last forward (backend memory)
-  // Every output of the last forward: logits (clm, mlm, cls, ner) or start/end logits (qa).
+  // Every output of the last forward: logits (clm [B,T,V]; mlm [nrows,V], the masked positions only;
+  // doc_cls/pair_cls [B,NL]; ner [B,T,NL]) or start/end logits (qa [B,T] each).
   virtual std::vector<OutputView> outputs() const = 0;
   // Parameters that may be absent from a weights file and keep their fresh initialisation
   // (a task head or pooler when fine-tuning an encoder). Others are required.

@@ -71,6 +71,12 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
     hb.targets = tb.labels;  // mlm with given labels, ner
   }
   if (hb.targets.empty()) hb.targets.assign(n, kIgnoreIndex);
+  if (task == Task::Mlm)
+    for (size_t i = 0; i < n; ++i)
+      if (hb.targets[i] != kIgnoreIndex) {
+        hb.rows.push_back(static_cast<int32_t>(i));
+        hb.row_targets.push_back(hb.targets[i]);
+      }
   for (int32_t m : hb.mask)
     if (m == 0) {
       hb.has_padding = true;
@@ -83,7 +89,8 @@ DeviceBatchBuffer::~DeviceBatchBuffer() { be_.release(buf_); }
 
 DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.B);
-  const size_t need = 4 * n + 3 * b;
+  const size_t r = hb.rows.size();
+  const size_t need = 4 * n + 3 * b + 2 * r;
   if (need > cap_) {
     be_.release(buf_);
     buf_ = static_cast<int32_t*>(be_.alloc(need * sizeof(int32_t)));
@@ -108,6 +115,9 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.labels = put(hb.labels, b);
   db.start = put(hb.start, b);
   db.end = put(hb.end, b);
+  db.rows = put(hb.rows, r);
+  db.row_targets = put(hb.row_targets, r);
+  db.nrows = static_cast<int>(r);
   return db;
 }
 

@@ -2,6 +2,7 @@
 // memory. CLM: targets shifted (target[t] = label[t+1]; the last position takes the label after the
 // window, -100 for 2-D rows), as HF shifts inside the loss. MLM: dynamic masking when the dataset has
 // no labels (15% of real tokens; of those 80% [MASK], 10% a random token, 10% unchanged), seeded.
+// MLM also lists the masked positions (rows), the only ones its head scores.
 // NER: token labels as given. doc_cls/pair_cls: sequence labels. QA: start/end positions.
 #pragma once
 #include <cstdint>
@@ -18,6 +19,7 @@ struct HostBatch {
   int B = 0, T = 0;
   std::vector<int32_t> ids, mask, targets, type_ids;  // [B,T]
   std::vector<int32_t> labels, start, end;            // [B]
+  std::vector<int32_t> rows, row_targets;  // mlm: positions with a target, and the targets
   bool has_padding = false;  // any mask value 0 (else the mask is not passed to attention)
   // Number of loss terms (the loss is their mean): target tokens (clm, mlm, ner), labelled
   // sequences (doc_cls, pair_cls), or questions (qa).

@@ -1,6 +1,7 @@
 // Verification mode (run.mode = gradients): forward and backward on the first train.batch_size
 // sequences of data.train, dropout off, no update. Rank 0 writes <output.dir>/gradients.h5: a scalar
-// `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa), and one dataset per
+// `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa; for mlm `logits` has a row
+// per masked position only, listed as flat indices b*T+t in `masked_positions`), and one dataset per
 // parameter gradient, named and shaped as the parameter. Used to check nlptrain against Hugging Face transformers on the same weights and batch.
 #include <numeric>
 
@@ -52,6 +53,8 @@ void run_gradients(Session& s) {
       s.be.to_host(h.data(), o.data, n * sizeof(float));
       f.write_f32(o.name, o.shape, h.data());
     }
+    if (s.task == Task::Mlm)
+      f.write_i32("masked_positions", {int64_t(hb.rows.size())}, hb.rows.data());
     for (const auto& sp : ps.specs()) f.write_f32(sp.name, sp.shape, grads.data() + sp.offset);
     s.model.write_attrs(f);
   });

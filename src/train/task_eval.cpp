@@ -80,12 +80,13 @@ void TaskEval::add(const HostBatch& hb, const int64_t* idx, const std::vector<Ou
   switch (task_) {
     case Task::Clm: return;
     case Task::Mlm: {
-      const int V = static_cast<int>(outputs[0].shape[2]);
+      // logits [nrows, V]: one row per masked position, in the order of hb.rows
+      const int V = static_cast<int>(outputs[0].shape[1]);
+      NLP_ASSERT(size_t(outputs[0].shape[0]) == hb.row_targets.size());
       std::vector<float> lg = fetch(0);
-      for (size_t i = 0; i < hb.targets.size(); ++i) {
-        if (hb.targets[i] == kIgnoreIndex) continue;
+      for (size_t i = 0; i < hb.row_targets.size(); ++i) {
         total_ += 1;
-        correct_ += argmax(lg.data() + i * V, V) == hb.targets[i];
+        correct_ += argmax(lg.data() + i * V, V) == hb.row_targets[i];
       }
       return;
     }

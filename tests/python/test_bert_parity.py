@@ -112,6 +112,13 @@ def test_bert_head_matches_transformers(task, tmp_path):
         if task == "qa":
             worst["start_logits"] = rel(g["start_logits"][()], res.start_logits.detach().numpy())
             worst["end_logits"] = rel(g["end_logits"][()], res.end_logits.detach().numpy())
+        elif task == "mlm":
+            # nlptrain scores the masked positions only (the loss needs no others): a row per
+            # position listed in masked_positions, which must be exactly the labelled ones
+            pos = g["masked_positions"][()]
+            assert np.array_equal(pos, np.flatnonzero(cols["labels"].reshape(-1) != -100))
+            full = res.logits.detach().numpy().reshape(B * T, -1)
+            worst["logits"] = rel(g["logits"][()], full[pos])
         else:
             worst["logits"] = rel(g["logits"][()], res.logits.detach().numpy())
         names = [n for n, _ in model.named_parameters()]
@@ -127,7 +134,8 @@ def test_bert_head_matches_transformers(task, tmp_path):
         # nlptrain has no extra parameters
         ours = []
         g.visititems(lambda n, o: ours.append(n) if isinstance(o, h5py.Dataset) else None)
-        extra = set(ours) - set(names) - {"loss", "logits", "start_logits", "end_logits"}
+        extra = set(ours) - set(names) - {"loss", "logits", "start_logits", "end_logits",
+                                          "masked_positions"}
         assert not extra, extra
     top = max(worst, key=worst.get)
     print(f"{task}: max relative error {worst[top]:.2e} ({top})")

@@ -522,13 +522,15 @@ def write_bert_data(path: Path, task: str, n=8, t=12, vocab=50, seed=0) -> dict:
     return cols
 
 
-def nlptrain_bert_logits(tmp: Path, weights: Path, task: str, data: Path, extra=()) -> np.ndarray:
+def nlptrain_bert_logits(tmp: Path, weights: Path, task: str, data: Path, extra=()):
+    """Logits from nlptrain's gradients mode, and for mlm the flat positions they belong to (its MLM
+    head scores the masked positions only); None otherwise."""
     out = tmp / f"grad_{task}"
     run_nlptrain("--run.mode=gradients", "--model.type=bert", f"--run.task={task}", f"--model.weights={weights}",
                  f"--data.train={data}", "--train.batch_size=2", f"--output.dir={out}", "--data.shuffle=false",
                  "--run.threads=1", *extra)
     with h5py.File(out / "gradients.h5", "r") as f:
-        return f["logits"][()]
+        return f["logits"][()], (f["masked_positions"][()] if "masked_positions" in f else None)
 
 
 def hf_bert_logits(model, cols: dict, rows=2) -> np.ndarray:
@@ -549,7 +551,7 @@ def test_bert_logits_match_transformers(tmp_path, report):
     model = assert_loads_cleanly(out, transformers.AutoModelForSequenceClassification)
     data = tmp_path / "data.h5"
     cols = write_bert_data(data, "doc_cls", vocab=97)
-    ours = nlptrain_bert_logits(tmp_path, h5, "doc_cls", data, ["--model.num_labels=3"])
+    ours, _ = nlptrain_bert_logits(tmp_path, h5, "doc_cls", data, ["--model.num_labels=3"])
     ref = hf_bert_logits(model, cols)
     err = rel_err(ours, ref)
     report(f"\n[hf_interop] BERT doc_cls logits, nlptrain (imported) vs transformers (exported): rel err {err:.3e}")
@@ -581,8 +583,11 @@ def test_bert_checkpoint_exports(tmp_path, task, report):
     model = assert_loads_cleanly(out, getattr(transformers, cls_name))
     if task == "doc_cls":
         assert model.config.num_labels == 3
-    ours = nlptrain_bert_logits(tmp_path, ckpt, task, data, labels)
+    ours, positions = nlptrain_bert_logits(tmp_path, ckpt, task, data, labels)
     ref = hf_bert_logits(model, cols)
+    if task == "mlm":
+        assert np.array_equal(positions, np.flatnonzero(cols["labels"][:2].reshape(-1) != -100))
+        ref = ref.reshape(-1, ref.shape[-1])[positions]
     err = rel_err(ours, ref)
     report(f"\n[hf_interop] BERT {task} logits, nlptrain checkpoint vs transformers (exported): rel err {err:.3e}")
     assert err <= LOGITS_TOL, err

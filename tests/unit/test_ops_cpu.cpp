@@ -459,6 +459,32 @@ TEST(Rows, GatherPicksStridedRowsAndScatterAddIsItsAdjoint) {
     if (i % stride >= size_t(C)) EXPECT_EQ(dx[i], base[i]) << "scatter wrote outside the rows";
 }
 
+TEST(Rows, GatherByIndexPicksListedRowsAndScatterAddIsItsAdjoint) {
+  // the MLM head's selection: rows = flat positions of the masked tokens, stride C
+  const int R = 40, C = 300;  // n * C above the OpenMP threshold
+  const std::vector<int32_t> idx = {7, 0, 39, 12, 13, 25, 3, 31, 38, 1, 20, 19, 8, 33, 5, 22, 27, 16,
+                                    30, 2, 11, 36, 9, 24, 17, 6, 35, 28, 14, 21, 26, 4, 34, 18, 10,
+                                    29, 23, 15, 32, 37};
+  const int n = 29;  // a subset of the rows, in no particular order
+  VF x = randn(size_t(R) * C, 74);
+  VF out(size_t(n) * C, std::numeric_limits<float>::quiet_NaN());
+  be().rows_gather(out.data(), x.data(), n, C, C, idx.data());
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < C; ++c) ASSERT_EQ(out[size_t(i) * C + c], x[size_t(idx[i]) * C + c]);
+  VF d = randn(size_t(n) * C, 75), base = randn(x.size(), 76), dx = base;
+  be().rows_scatter_add(dx.data(), d.data(), n, C, C, idx.data());
+  double lhs = dot(to_d(out), to_d(d)), rhs = 0;
+  for (size_t i = 0; i < x.size(); ++i) rhs += (double)x[i] * ((double)dx[i] - (double)base[i]);
+  EXPECT_NEAR(lhs, rhs, 1e-4 * std::abs(lhs));
+  std::vector<bool> picked(R, false);
+  for (int i = 0; i < n; ++i) picked[idx[i]] = true;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const size_t k = size_t(r) * C + c;
+      if (!picked[r]) ASSERT_EQ(dx[k], base[k]) << "scatter wrote to unlisted row " << r;
+    }
+}
+
 // ================================================================================================
 // elementwise
 // ================================================================================================

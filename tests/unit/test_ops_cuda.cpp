@@ -406,6 +406,21 @@ TEST_F(CudaOps, RowsGatherScatterAdd) {
   float* gg = put(g0);
   gpu().rows_scatter_add(gg, put(d), B, C, stride);
   EXPECT_CLOSE(get(gg, g0.size()), g_c, kExact);
+  // by index (the MLM head's masked positions): distinct rows of [B*T, C], unordered
+  const VI idx = {17, 3, 60, 41, 0, 65, 22, 9, 50, 31, 12, 47, 5};
+  const int n = int(idx.size());
+  VF oi_c(size_t(n) * C), gi_c = g0;
+  cpu().rows_gather(oi_c.data(), x.data(), n, C, C, idx.data());
+  cpu().rows_scatter_add(gi_c.data(), randn(size_t(n) * C, 503).data(), n, C, C, idx.data());
+  int32_t* gidx = static_cast<int32_t*>(gpu().alloc(idx.size() * sizeof(int32_t)));
+  gpu().to_device(gidx, idx.data(), idx.size() * sizeof(int32_t));
+  float* goi = nan_buf(oi_c.size());
+  gpu().rows_gather(goi, put(x), n, C, C, gidx);
+  EXPECT_CLOSE(get(goi, oi_c.size()), oi_c, kExact);
+  float* ggi = put(g0);
+  gpu().rows_scatter_add(ggi, put(randn(size_t(n) * C, 503)), n, C, C, gidx);
+  EXPECT_CLOSE(get(ggi, g0.size()), gi_c, kExact);
+  gpu().release(gidx);
 }
 
 TEST_F(CudaOps, DropoutSameMaskAsCpu) {
@@ -685,6 +700,7 @@ nlp::ModelConfig bert_config() {
 struct HostBatch {
   int B = 0, T = 0;
   VI ids, mask, targets, type_ids, labels, start, end;
+  VI rows, row_targets;  // mlm: masked positions and their targets
 };
 
 HostBatch make_host_batch(const std::string& task, int B, int T, int V, int NL, uint64_t seed) {
@@ -719,7 +735,11 @@ HostBatch make_host_batch(const std::string& task, int B, int T, int V, int NL, 
     h.targets.assign(BT, nlp::kIgnoreIndex);
     nlp::Rng r(seed + 3);
     for (size_t i = 0; i < BT; ++i)
-      if (h.mask[i] && r.uniform() < 0.25f) h.targets[i] = 1 + int32_t(r.next_u64() % uint64_t(V - 1));
+      if (h.mask[i] && r.uniform() < 0.25f) {
+        h.targets[i] = 1 + int32_t(r.next_u64() % uint64_t(V - 1));
+        h.rows.push_back(int32_t(i));  // the masked positions, as make_batch lists them
+        h.row_targets.push_back(h.targets[i]);
+      }
   } else if (task == "qa") {
     h.start = randi(B, seed + 4, 0, T / 2);
     h.end = randi(B, seed + 5, T / 2, T - 3 * (B - 1));
@@ -742,6 +762,9 @@ class Batch {
     db.labels = put(h.labels);
     db.start = put(h.start);
     db.end = put(h.end);
+    db.rows = put(h.rows);
+    db.row_targets = put(h.row_targets);
+    db.nrows = int(h.rows.size());
   }
   ~Batch() {
     for (void* p : ptrs_) be_.release(p);

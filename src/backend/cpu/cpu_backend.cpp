@@ -90,11 +90,13 @@ class CpuBackend final : public Backend {
   void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
     cpu::tanh_backward(dinp, out, dout, N);
   }
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride) override {
-    cpu::rows_gather(out, inp, n, C, stride);
+  void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+                   const int32_t* idx) override {
+    cpu::rows_gather(out, inp, n, C, stride, idx);
   }
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride) override {
-    cpu::rows_scatter_add(dinp, dout, n, C, stride);
+  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+                        const int32_t* idx) override {
+    cpu::rows_scatter_add(dinp, dout, n, C, stride, idx);
   }
   void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
     cpu::gelu_forward(out, inp, N, form);

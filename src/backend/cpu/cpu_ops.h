@@ -36,8 +36,8 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // rows.cpp
 void tanh_forward(float* out, const float* inp, size_t N);
 void tanh_backward(float* dinp, const float* out, const float* dout, size_t N);
-void rows_gather(float* out, const float* inp, int n, int C, size_t stride);
-void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride);
+void rows_gather(float* out, const float* inp, int n, int C, size_t stride, const int32_t* idx);
+void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride, const int32_t* idx);
 
 // gelu.cpp
 void gelu_forward(float* out, const float* inp, size_t N, Gelu form);

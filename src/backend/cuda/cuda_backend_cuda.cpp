@@ -185,11 +185,13 @@ class CudaBackend final : public Backend {
   void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
     ck(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
   }
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride) override {
-    ck(kern::rows_gather(out, inp, n, C, stride, stream_), "rows_gather");
+  void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+                   const int32_t* idx) override {
+    ck(kern::rows_gather(out, inp, n, C, stride, idx, stream_), "rows_gather");
   }
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride) override {
-    ck(kern::rows_scatter_add(dinp, dout, n, C, stride, stream_), "rows_scatter_add");
+  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+                        const int32_t* idx) override {
+    ck(kern::rows_scatter_add(dinp, dout, n, C, stride, idx, stream_), "rows_scatter_add");
   }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) override {
     if (p <= 0.0f) {
