@@ -8,7 +8,7 @@
 #   TASKS="doc_cls ner" bash bench/bert_accuracy/run.sh   # skip MLM (reuse), run these tasks
 # Settings (environment): WORK (bench/bert_accuracy/work), RES (bench/results/bert-accuracy-YYYYMMDD),
 #   NLPTRAIN_BIN (build-acc/nlptrain), HIDDEN LAYERS HEADS INTER (128 2 4 512), MLM_STEPS (60), MLM_LR (1e-3),
-#   FT_STEPS (100), FT_LR (1e-3), SEED (1234).
+#   FT_STEPS (100), FT_LR (1e-3), SEED (1234), MLM_EVAL (0).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-bench/bert_accuracy/work}
@@ -18,6 +18,7 @@ PY=${PYTHON:-python3}
 HIDDEN=${HIDDEN:-128}; LAYERS=${LAYERS:-2}; HEADS=${HEADS:-4}; INTER=${INTER:-512}; MAXPOS=${MAXPOS:-256}
 MLM_STEPS=${MLM_STEPS:-60}; MLM_LR=${MLM_LR:-1e-3}; MLM_BATCH=64
 FT_STEPS=${FT_STEPS:-100}; FT_LR=${FT_LR:-1e-3}; SEED=${SEED:-1234}
+MLM_EVAL=${MLM_EVAL:-0}  # nlptrain's MLM eval interval (0: at the end only), for the learning curve
 TASKS=${TASKS:-"mlm doc_cls pair_cls ner qa"}
 ONLY=${ONLY:-both}
 D=$WORK/data
@@ -53,8 +54,9 @@ timed() {  # timed NAME CMD... : wall time and load before/after into $RES/NAME.
 run_nlptrain() {
   local t=$1 out=$WORK/nlptrain/$1
   local b=$(( $(gbatch "$t") / 2 ))
-  local extra=()
+  local extra=() evint=0
   if [ "$t" = mlm ]; then
+    evint=$MLM_EVAL
     extra=(--model.weights= --model.hidden_size=$HIDDEN --model.num_hidden_layers=$LAYERS
            --model.num_attention_heads=$HEADS --model.intermediate_size=$INTER --model.max_position_embeddings=$MAXPOS
            --eval.batches=0)
@@ -65,7 +67,7 @@ run_nlptrain() {
   timed "nlptrain_$t" mpirun -np 2 "$BIN" "inputs/$(ini "$t").ini" "${extra[@]}" \
     --data.train=$D/$(trainf "$t").h5 --data.eval=$D/$(evalf "$t").h5 --train.steps=$(steps "$t") \
     --train.batch_size=$b --train.lr=$(lr "$t") --train.warmup_steps=$(warm "$t") --train.weight_decay=0.01 \
-    --train.seed=$SEED --eval.interval=0 --checkpoint.interval=0 --run.threads=1 --run.log_interval=10 \
+    --train.seed=$SEED --eval.interval=$evint --checkpoint.interval=0 --run.threads=1 --run.log_interval=10 \
     --output.dir=$out
   mkdir -p "$RES/nlptrain_$t"
   cp "$out"/metrics.jsonl "$out"/summary.json "$out"/config.ini "$RES/nlptrain_$t/" 2>/dev/null || true

@@ -140,3 +140,39 @@ def test_bert_head_matches_transformers(task, tmp_path):
     top = max(worst, key=worst.get)
     print(f"{task}: max relative error {worst[top]:.2e} ({top})")
     assert worst[top] <= 1e-4, (top, worst[top])
+
+
+def test_mlm_eval_metrics_match_transformers(tmp_path):
+    """run.mode=eval for mlm on 2 ranks (each scores its shard of the masked positions): loss and
+    masked-token accuracy equal transformers' on the same weights and labelled batch. Half of the
+    labels are set to transformers' own argmax, so the accuracy is far from 0 and from 1."""
+    model = make_model("mlm")
+    weights = tmp_path / "w.h5"
+    write_weights(model, weights)
+    rng = np.random.default_rng(8)
+    n = 6  # rows: 3 per rank
+    cols = {k: np.concatenate([make_batch("mlm", rng)[k] for _ in range(n // B)]) for k in
+            ("input_ids", "attention_mask", "token_type_ids", "labels")}
+    inputs = {k: torch.tensor(cols[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        pred = model(**inputs).logits.argmax(-1).numpy()
+    lab = cols["labels"]
+    pos = np.argwhere(lab != -100)
+    for k, (i, j) in enumerate(pos):
+        if k % 2 == 0:
+            lab[i, j] = pred[i, j]
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v.astype(np.int32))
+    with torch.no_grad():
+        res = model(**inputs, labels=torch.tensor(lab, dtype=torch.long))
+    want_acc = float((pred[lab != -100] == lab[lab != -100]).mean())
+    out = tmp_path / "out"
+    nr.run(["--model.type=bert", "--run.task=mlm", "--run.mode=eval", f"--model.weights={weights}",
+            f"--data.eval={data}", "--train.batch_size=2", f"--output.dir={out}", "--run.threads=1"],
+           ranks=2)
+    ev = nr.metrics(out)[1][-1]
+    assert ev["tokens"] == int((lab != -100).sum())
+    assert abs(ev["loss"] - res.loss.item()) <= 1e-5 * res.loss.item(), (ev["loss"], res.loss.item())
+    assert 0.3 < want_acc < 0.9 and abs(ev["accuracy"] - want_acc) <= 1e-9, (ev["accuracy"], want_acc)
