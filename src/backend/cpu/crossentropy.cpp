@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vmath.h"
 #include "core/error.h"
 
 namespace nlp::cpu {
@@ -20,27 +21,7 @@ void check_targets(const int32_t* targets, int M, int V) {
 }
 
 // max over the row and sum of exp(x - max) (accumulated in double)
-// exp(x) for x <= 0 (the arguments here are x - max), written so that the compiler vectorises it:
-// x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), e^r by its Taylor series
-// to r^6/720 (truncation below 1.2e-7 relative), times 2^n built in the exponent bits.
-// Below -87 the result is clamped to e^-87 (~1.6e-38), negligible beside the row's sum >= 1.
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
+// exp(x - max) by exp_nonpositive (vmath.h), which the compiler vectorises.
 inline float row_max(const float* x, int V) {
   float m = x[0];
 #pragma omp simd reduction(max : m)

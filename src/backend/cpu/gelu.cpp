@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vmath.h"
 
 namespace nlp::cpu {
 namespace {
@@ -12,6 +13,14 @@ constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 constexpr float kCoef = 0.044715f;
 constexpr size_t kParallelMin = 1 << 14;
+
+// Erf form, vectorisable: with z = x/sqrt2, E = exp(-z^2) = exp(-x^2/2) and q = erfc(|z|),
+// 1 + erf(z) = 2 - q for z >= 0 and q for z < 0 (no cancellation for negative x).
+inline float one_plus_erf(float x, float E) {
+  const float q = erfc_nonneg(std::fabs(x) * kInvSqrt2, E);
+  return x >= 0.0f ? 2.0f - q : q;
+}
+inline float gauss(float x) { return exp_nonpositive(-0.5f * x * x); }  // exp(-x^2/2)
 }  // namespace
 
 // out[N] = gelu(inp[N])
@@ -23,10 +32,10 @@ void gelu_forward(float* out, const float* inp, size_t N, Gelu form) {
       out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x)));
     }
   } else {
-#pragma omp parallel for schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
     for (size_t i = 0; i < N; ++i) {
       const float x = inp[i];
-      out[i] = 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+      out[i] = 0.5f * x * one_plus_erf(x, gauss(x));
     }
   }
 }
@@ -45,10 +54,11 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, G
       dinp[i] += d * dout[i];
     }
   } else {
-#pragma omp parallel for schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
     for (size_t i = 0; i < N; ++i) {
       const float x = inp[i];
-      const float d = 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * std::exp(-0.5f * x * x) * kInvSqrt2Pi;
+      const float E = gauss(x);  // shared by erf and the density term
+      const float d = 0.5f * one_plus_erf(x, E) + x * E * kInvSqrt2Pi;
       dinp[i] += d * dout[i];
     }
   }
