@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # BERT accuracy comparison: nlptrain (mpirun -np 2, 1 thread per rank) vs Hugging Face Trainer (1 process,
 # torch.set_num_threads(2)) on the same HDF5 files. MLM pre-training, then 4 fine-tuning tasks, each side
-# starting from its own MLM encoder. Raw outputs go to $RES; the summary table to $RES.md.
+# starting from its own MLM encoder. Raw outputs go to $RES; the summary tables to $RES/report_table.md
+# and $RES/time_table.md (the analysis beside them, $RES.md, is written by hand).
 #   bash bench/bert_accuracy/run.sh                 # everything (prep if missing, build if missing)
 #   PARALLEL=1 bash bench/bert_accuracy/run.sh     # the two sides of each task at the same time (default: one after the other)
 #   ONLY=hf bash bench/bert_accuracy/run.sh         # one side only (nlptrain|hf)
@@ -103,5 +104,6 @@ for t in $TASKS; do
     [ "$ONLY" = nlptrain ] || run_hf "$t" || true
   fi
 done
-"$PY" bench/bert_accuracy/report.py "$RES" > "$RES.md"
-cat "$RES.md"
+"$PY" bench/bert_accuracy/report.py "$RES" > "$RES/report_table.md"
+"$PY" bench/bert_accuracy/rerun_table.py "$RES" > "$RES/time_table.md" 2>/dev/null || true
+cat "$RES/report_table.md"
