@@ -409,16 +409,16 @@ TEST_F(CudaOps, RowsGatherScatterAdd) {
   // by index (the MLM head's masked positions): distinct rows of [B*T, C], unordered
   const VI idx = {17, 3, 60, 41, 0, 65, 22, 9, 50, 31, 12, 47, 5};
   const int n = int(idx.size());
-  VF oi_c(size_t(n) * C), gi_c = g0;
+  VF oi_c(size_t(n) * C), gi_c = g0, di = randn(size_t(n) * C, 503);
   cpu().rows_gather(oi_c.data(), x.data(), n, C, C, idx.data());
-  cpu().rows_scatter_add(gi_c.data(), randn(size_t(n) * C, 503).data(), n, C, C, idx.data());
+  cpu().rows_scatter_add(gi_c.data(), di.data(), n, C, C, idx.data());
   int32_t* gidx = static_cast<int32_t*>(gpu().alloc(idx.size() * sizeof(int32_t)));
   gpu().to_device(gidx, idx.data(), idx.size() * sizeof(int32_t));
   float* goi = nan_buf(oi_c.size());
   gpu().rows_gather(goi, put(x), n, C, C, gidx);
   EXPECT_CLOSE(get(goi, oi_c.size()), oi_c, kExact);
   float* ggi = put(g0);
-  gpu().rows_scatter_add(ggi, put(randn(size_t(n) * C, 503)), n, C, C, gidx);
+  gpu().rows_scatter_add(ggi, put(di), n, C, C, gidx);
   EXPECT_CLOSE(get(ggi, g0.size()), gi_c, kExact);
   gpu().release(gidx);
 }
