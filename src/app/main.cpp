@@ -40,7 +40,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = std::max(1, hw / std::max(1, comm.local_size()));
   }
-  auto be = make_backend(cfg.run.backend, threads, comm.local_rank());
+  const Precision precision = parse_precision(cfg.train.precision, cfg.run.backend);
+  auto be = make_backend(cfg.run.backend, threads, comm.local_rank(), precision, cfg.run.sync_check);
   if (cfg.run.backend == "cuda" && comm.size() > 1)
     throw Error(cat("run.backend = cuda with ", comm.size(),
                     " ranks: gradient allreduce on GPU memory needs the NCCL communicator, which is "
@@ -61,8 +62,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   auto model = make_model(mc, *be, cfg.run.task);
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
-               " | ", comm.size(), " rank(s) | backend ", be->name(), " | ", threads,
-               " thread(s) per rank"));
+               " | ", comm.size(), " rank(s) | backend ", be->name(), " | precision ",
+               precision_name(precision), " | ", threads, " thread(s) per rank"));
   log.info("effective configuration (also in " + cfg.output.dir + "/config.ini):");
   log.info(cfg.to_ini());
   if (rank == 0) {

@@ -36,6 +36,7 @@ const std::vector<std::string> kBackends = {"cpu", "cuda"};
 const std::vector<std::string> kModelTypes = {"gpt2", "bert"};
 const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
 const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
+const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -96,6 +97,8 @@ const std::vector<Entry>& schema() {
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, peak_tflops), ge(0),
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},
+      {KEY(run, sync_check), none(),
+       "cuda: synchronise and check for errors after every op, so a fault names its op (slow; debugging)"},
       // [model]
       {KEY(model, type), one_of(kModelTypes), "model architecture"},
       {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},
@@ -140,6 +143,9 @@ const std::vector<Entry>& schema() {
       {KEY(train, seed), none(), "seed for initialisation, dropout and shuffling"},
       {KEY(train, resume), none(), "continue from the newest checkpoint in output.dir"},
       {KEY(train, sample_interval), ge(0), "generate a sample every N steps and at the end; 0 = off"},
+      {KEY(train, precision), one_of(kPrecisions),
+       "dense-layer arithmetic: fp32, tf32 or bf16 operands (fp32 accumulation, weights, optimizer); "
+       "auto = bf16 on cuda, fp32 on cpu; the cpu backend rounds operands as the GPU does"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},

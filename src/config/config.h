@@ -18,6 +18,7 @@ struct RunConfig {
   int threads = 0;             // CPU threads per rank; 0 = cores / ranks on this node
   int log_interval = 1;        // log a line every N steps
   float peak_tflops = 0.f;     // peak TFLOP/s per rank (for MFU); 0 = unknown
+  bool sync_check = false;     // cuda: synchronise and check for errors after every op (debugging)
 };
 
 struct ModelConfig {
@@ -69,6 +70,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   bool resume = false;         // continue from the newest checkpoint in output.dir
   int sample_interval = 0;     // generate a sample every N steps and at the end (0 = off)
+  std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
 };
 
 struct EvalConfig {

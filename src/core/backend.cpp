@@ -8,8 +8,26 @@
 
 namespace nlp {
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank) {
-  if (name == "cpu") return make_cpu_backend(threads);
+Precision parse_precision(const std::string& value, const std::string& backend) {
+  if (value == "fp32") return Precision::Fp32;
+  if (value == "tf32") return Precision::Tf32;
+  if (value == "bf16") return Precision::Bf16;
+  if (value == "auto") return backend == "cuda" ? Precision::Bf16 : Precision::Fp32;
+  throw Error(cat("train.precision: unknown value '", value, "' (expected auto, fp32, tf32 or bf16)"));
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Tf32: return "tf32";
+    case Precision::Bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
+                                      Precision precision, bool sync_check) {
+  if (name == "cpu") return make_cpu_backend(threads, precision);
   if (name == "cuda") {
     std::string why;
     int n = cuda_device_count(&why);
@@ -17,7 +35,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int 
     if (local_rank >= n)
       throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
                       " device(s) on this node); use at most one rank per GPU"));
-    return make_cuda_backend(local_rank);
+    return make_cuda_backend(local_rank, precision, sync_check);
   }
   throw Error(cat("run.backend: unknown backend '", name, "' (expected cpu or cuda)"));
 }

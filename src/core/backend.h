@@ -25,6 +25,16 @@ enum class WLayout { InOut, OutIn };
 
 constexpr int32_t kIgnoreIndex = -100;
 
+// Arithmetic of the dense-layer GEMMs (matmul_forward/backward), train.precision. Parameters,
+// gradients, the optimizer state and every other op stay fp32; accumulation is fp32 in every mode.
+//   Fp32: strict fp32.  Tf32: operands rounded to TF32 (10-bit mantissa), as the tensor cores read them.
+//   Bf16: operands rounded to bf16 (7-bit mantissa). The CPU backend rounds the operands the same way
+//   (round to nearest even) before an fp32 GEMM, so both backends compute the same function.
+enum class Precision { Fp32, Tf32, Bf16 };
+// "fp32" | "tf32" | "bf16" | "auto" (bf16 on cuda, fp32 on cpu) -> Precision; throws on anything else.
+Precision parse_precision(const std::string& value, const std::string& backend);
+const char* precision_name(Precision p);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -139,6 +149,9 @@ class Backend {
 };
 
 // Factory: "cpu" or "cuda". Throws nlp::Error naming the backend when it is unavailable.
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank);
+// sync_check (cuda): synchronise and check for errors after every op, so a fault names its op.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
+                                      Precision precision = Precision::Fp32,
+                                      bool sync_check = false);
 
 }  // namespace nlp

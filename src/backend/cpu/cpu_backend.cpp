@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/round.h"
 #include "core/error.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -20,7 +22,7 @@ constexpr size_t kAlign = 64;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, Precision precision) : precision_(precision) {
     if (threads > 0) {
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
@@ -65,13 +67,29 @@ class CpuBackend final : public Backend {
   }
 
   // ---- dense ----
+  // Tf32/Bf16: the operands are rounded as the GPU's tensor cores read them (cpu/round.h); the bias,
+  // the accumulation and the outputs stay fp32, and dbias sums the unrounded dout as the GPU does.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
                       int K, int N, WLayout layout) override {
-    cpu::matmul_forward(out, inp, w, bias, M, K, N, layout);
+    if (precision_ == Precision::Fp32) {
+      cpu::matmul_forward(out, inp, w, bias, M, K, N, layout);
+      return;
+    }
+    const float* ri = rounded(0, inp, size_t(M) * K);
+    const float* rw = rounded(1, w, size_t(K) * N);
+    cpu::matmul_forward(out, ri, rw, bias, M, K, N, layout);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int M, int K, int N, WLayout layout) override {
-    cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout);
+    if (precision_ == Precision::Fp32) {
+      cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout);
+      return;
+    }
+    const float* rd = rounded(0, dout, size_t(M) * N);
+    const float* ri = dw ? rounded(1, inp, size_t(M) * K) : nullptr;
+    const float* rw = dinp ? rounded(2, w, size_t(K) * N) : nullptr;
+    cpu::matmul_backward(dinp, dw, nullptr, rd, ri, rw, M, K, N, layout);
+    if (dbias) cpu::matmul_backward(nullptr, nullptr, dbias, dout, inp, w, M, K, N, layout);
   }
 
   // ---- layer norm ----
@@ -152,12 +170,27 @@ class CpuBackend final : public Backend {
                     int t) override {
     cpu::adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
   }
+
+ private:
+  // A copy of x[n] rounded to this backend's operand precision, in scratch slot `slot` (0..2).
+  const float* rounded(int slot, const float* x, size_t n) {
+    std::vector<float>& buf = round_buf_[slot];
+    if (buf.size() < n) buf.resize(n);
+    float* r = buf.data();
+    const int drop = precision_ == Precision::Bf16 ? 16 : 13;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) r[i] = cpu::round_mantissa(x[i], drop);
+    return r;
+  }
+
+  Precision precision_;
+  std::vector<float> round_buf_[3];
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision) {
+  return std::make_unique<CpuBackend>(threads, precision);
 }
 
 }  // namespace nlp

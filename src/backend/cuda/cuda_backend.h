@@ -13,11 +13,13 @@ namespace nlp {
 //   Fp32: strict fp32 (CUBLAS_COMPUTE_32F), the mode the tests hold to 1e-5 of the CPU backend;
 //   Tf32: fp32 storage, TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), ~1e-3 relative;
 //   Bf16: operands rounded to bf16 on the fly (fp32 master weights), fp32 accumulation and output.
-enum class CudaMatmul { Fp32, Tf32, Bf16 };
+using CudaMatmul = Precision;  // Fp32 | Tf32 | Bf16 (core/backend.h)
 
 // Binds GPU `local_rank` (cudaSetDevice) and creates the backend's stream and library handles.
 // Throws nlp::Error when CUDA is not compiled in, no device is usable, or local_rank has no GPU.
-std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul = CudaMatmul::Fp32);
+// sync_check: synchronise the stream and check for errors after every op (names the failing op).
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul = CudaMatmul::Fp32,
+                                           bool sync_check = false);
 
 // The cudaStream_t (as void*) on which a CUDA backend enqueues every op, e.g. for an NCCL
 // communicator to reduce gradients in stream order; nullptr for any other backend.

@@ -29,7 +29,8 @@ void ck(cudaError_t e, const char* what) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, CudaMatmul matmul) : device_(device) {
+  CudaBackend(int device, CudaMatmul matmul, bool sync_check)
+      : device_(device), sync_check_(sync_check) {
     ck(cudaSetDevice(device_), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
@@ -38,10 +39,7 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
        "cudaMemPoolSetAttribute");
-    const cuda::GemmMode mode = matmul == CudaMatmul::Bf16   ? cuda::GemmMode::Bf16
-                                : matmul == CudaMatmul::Tf32 ? cuda::GemmMode::Tf32
-                                                             : cuda::GemmMode::Fp32;
-    gemm_ = std::make_unique<cuda::Gemm>(stream_, mode);
+    gemm_ = std::make_unique<cuda::Gemm>(stream_, matmul);
     ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
     ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
   }
@@ -104,7 +102,7 @@ class CudaBackend final : public Backend {
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C,
                          int pos_offset) override {
-    ck(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, stream_),
+    op(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, stream_),
        "embedding_forward");
   }
   void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
@@ -112,7 +110,7 @@ class CudaBackend final : public Backend {
                           int pos_offset) override {
     const size_t need = kern::embedding_backward_ws_bytes(B * T, C);
     void* w = workspace(need);
-    ck(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, w,
+    op(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, w,
                                 need, stream_),
        "embedding_backward");
   }
@@ -124,12 +122,12 @@ class CudaBackend final : public Backend {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
       if (bias)
-        ck(kern::broadcast_rows(out, bias, M, N, stream_), "matmul_forward (bias)");
+        op(kern::broadcast_rows(out, bias, M, N, stream_), "matmul_forward (bias)");
       else
         zero(out, sizeof(float) * size_t(M) * N);
       return;
     }
-    gemm_->run(out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
+    gemm(out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
   }
   // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
@@ -137,68 +135,68 @@ class CudaBackend final : public Backend {
     if (M <= 0 || N <= 0) return;
     const bool inout = layout == WLayout::InOut;
     if (K > 0 && dinp)  // InOut: W stored [K,N] = Z^T; OutIn: W stored [N,K] = Z
-      gemm_->run(dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
+      gemm(dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
     if (K > 0 && dw) {
       if (inout)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
-        gemm_->run(dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
+        gemm(dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
       else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
-        gemm_->run(dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
+        gemm(dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
     }
     if (dbias) {
       void* ws = workspace(kern::colsum_ws_bytes(M, N));
-      ck(kern::colsum_accumulate(dbias, dout, M, N, ws, stream_), "matmul_backward (dbias)");
+      op(kern::colsum_accumulate(dbias, dout, M, N, ws, stream_), "matmul_backward (dbias)");
     }
   }
 
   // ---- layer norm ----
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C, float eps) override {
-    ck(kern::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, stream_),
+    op(kern::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, stream_),
        "layernorm_forward");
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) override {
     void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
-    ck(kern::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, stream_),
+    op(kern::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, stream_),
        "layernorm_backward");
   }
 
   // ---- elementwise ----
   void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
-    ck(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
+    op(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
                      Gelu form) override {
-    ck(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
+    op(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
   }
   void add(float* out, const float* a, const float* b, size_t N) override {
-    ck(kern::add(out, a, b, N, stream_), "add");
+    op(kern::add(out, a, b, N, stream_), "add");
   }
   void accumulate(float* dst, const float* src, size_t N) override {
-    ck(kern::accumulate(dst, src, N, stream_), "accumulate");
+    op(kern::accumulate(dst, src, N, stream_), "accumulate");
   }
-  void scale(float* x, float s, size_t N) override { ck(kern::scale(x, s, N, stream_), "scale"); }
+  void scale(float* x, float s, size_t N) override { op(kern::scale(x, s, N, stream_), "scale"); }
   void tanh_forward(float* out, const float* inp, size_t N) override {
-    ck(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
+    op(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
   }
   void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
-    ck(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
+    op(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
   }
   void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
                    const int32_t* idx) override {
-    ck(kern::rows_gather(out, inp, n, C, stride, idx, stream_), "rows_gather");
+    op(kern::rows_gather(out, inp, n, C, stride, idx, stream_), "rows_gather");
   }
   void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
                         const int32_t* idx) override {
-    ck(kern::rows_scatter_add(dinp, dout, n, C, stride, idx, stream_), "rows_scatter_add");
+    op(kern::rows_scatter_add(dinp, dout, n, C, stride, idx, stream_), "rows_scatter_add");
   }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) override {
     if (p <= 0.0f) {
       copy(out, inp, N * sizeof(float));
       return;
     }
-    ck(kern::dropout_forward(out, inp, N, p, seed, stream_), "dropout_forward");
+    op(kern::dropout_forward(out, inp, N, p, seed, stream_), "dropout_forward");
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p,
                         uint64_t seed) override {
@@ -206,14 +204,14 @@ class CudaBackend final : public Backend {
       accumulate(dinp, dout, N);
       return;
     }
-    ck(kern::dropout_backward(dinp, dout, N, p, seed, stream_), "dropout_backward");
+    op(kern::dropout_backward(dinp, dout, N, p, seed, stream_), "dropout_backward");
   }
 
   // ---- attention ----
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                          int HS) override {
-    ck(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+    op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
                                stream_),
        "attention_forward");
   }
@@ -221,7 +219,7 @@ class CudaBackend final : public Backend {
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
                           int HS) override {
-    ck(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
+    op(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
                                 B, T, NH, HS, stream_),
        "attention_backward");
   }
@@ -229,7 +227,7 @@ class CudaBackend final : public Backend {
                         int pos, int Tmax, int NH, int HS) override {
     NLP_ASSERT(pos >= 0 && pos < Tmax);
     void* ws = workspace(kern::attention_decode_ws_bytes(B, pos, NH));
-    ck(kern::attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS, ws, stream_),
+    op(kern::attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS, ws, stream_),
        "attention_decode");
   }
 
@@ -238,7 +236,7 @@ class CudaBackend final : public Backend {
                             int V) override {
     if (M <= 0) return;
     int* bad = reset_bad_row();
-    ck(kern::crossentropy_forward(losses, logits, targets, M, V, bad, stream_),
+    op(kern::crossentropy_forward(losses, logits, targets, M, V, bad, stream_),
        "crossentropy_forward");
     check_bad_row(targets, M, V);
   }
@@ -246,7 +244,7 @@ class CudaBackend final : public Backend {
                              float dloss, int M, int V) override {
     if (M <= 0) return;
     int* bad = reset_bad_row();
-    ck(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad, stream_),
+    op(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad, stream_),
        "crossentropy_backward");
     check_bad_row(targets, M, V);
   }
@@ -264,12 +262,27 @@ class CudaBackend final : public Backend {
     const float step_size = static_cast<float>((double)lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     const float decay = 1.0f - lr * weight_decay;
-    ck(kern::adamw_update(param, grad, m, v, N, step_size, bc2_sqrt, decay, beta1, beta2, eps,
+    op(kern::adamw_update(param, grad, m, v, N, step_size, bc2_sqrt, decay, beta1, beta2, eps,
                           grad_scale, stream_),
        "adamw_update");
   }
 
  private:
+  // Checks an op's launch; with run.sync_check also waits for it, so an asynchronous fault (an
+  // illegal address, a misaligned access) is reported under the op that caused it.
+  void op(cudaError_t e, const char* what) {
+    ck(e, what);
+    if (sync_check_) {
+      ck(cudaStreamSynchronize(stream_), what);
+      ck(cudaGetLastError(), what);
+    }
+  }
+  void gemm(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
+            int Q, float beta, const float* bias) {
+    gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
+    if (sync_check_) op(cudaSuccess, "matmul (cuBLASLt)");
+  }
+
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
   void* workspace(size_t bytes) {
     if (bytes <= ws_bytes_) return ws_;
@@ -286,7 +299,7 @@ class CudaBackend final : public Backend {
     if (N == 0) return 0.0;
     void* ws = workspace(kern::sum_ws_bytes(N));
     double* d = static_cast<double*>(small_);
-    ck(kern::sum_double(d, x, N, square, ws, stream_), square ? "sumsq" : "sum");
+    op(kern::sum_double(d, x, N, square, ws, stream_), square ? "sumsq" : "sum");
     ck(cudaMemcpyAsync(host_small_, d, sizeof(double), cudaMemcpyDeviceToHost, stream_),
        "sum (copy)");
     ck(cudaStreamSynchronize(stream_), "sum (synchronize)");
@@ -315,6 +328,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  bool sync_check_ = false;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   void* ws_ = nullptr;
@@ -325,14 +339,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul) {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul, bool sync_check) {
   std::string why;
   const int n = cuda_device_count(&why);
   if (n == 0) throw Error(cat("run.backend=cuda: no usable CUDA device: ", why));
   if (local_rank < 0 || local_rank >= n)
     throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
                     " device(s) on this node); use at most one rank per GPU"));
-  return std::make_unique<CudaBackend>(local_rank, matmul);
+  return std::make_unique<CudaBackend>(local_rank, matmul, sync_check);
 }
 
 void* cuda_backend_stream(Backend& be) {

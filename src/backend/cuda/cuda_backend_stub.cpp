@@ -4,7 +4,7 @@
 
 namespace nlp {
 
-std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul) {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul, bool) {
   throw Error(cat("run.backend=cuda (local rank ", local_rank,
                   "): nlptrain was built without CUDA (no nvcc, or -DNLPTRAIN_CUDA=OFF); "
                   "use run.backend=cpu or rebuild with the CUDA toolkit"));

@@ -9,10 +9,12 @@
 #include <map>
 #include <tuple>
 
+#include "core/backend.h"
+
 namespace nlp::cuda {
 
-// Operand arithmetic (see CudaMatmul in cuda_backend.h).
-enum class GemmMode { Fp32, Tf32, Bf16 };
+// Operand arithmetic: train.precision (core/backend.h).
+using GemmMode = Precision;
 
 class Gemm {
  public:

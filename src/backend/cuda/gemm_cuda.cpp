@@ -122,21 +122,30 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
     A = buf;
     B = buf + off;
   }
-  const Key key{trans_z ? 1 : 0, trans_x ? 1 : 0, m, n, k, bias != nullptr, alignment(A),
-                alignment(B), alignment(Y), bias ? alignment(bias) : 0u};
+  // The heuristic's alignment preferences cover A, B, C and D but not the bias: an epilogue kernel
+  // may read the bias in 16-byte vectors, so a less aligned bias (e.g. qa_b + 1) never reaches it.
+  const bool epilogue = bias && alignment(bias) >= 16;
+  if (bias && !epilogue) {
+    ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
+    run(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
+    return;
+  }
+  const Key key{trans_z ? 1 : 0, trans_x ? 1 : 0, m, n, k, epilogue, alignment(A),
+                alignment(B), alignment(Y), epilogue ? alignment(bias) : 0u};
   Plan& p = plan(key, bias);
   if (p.ok) {
-    if (bias)
+    if (epilogue)
       ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                            sizeof bias),
             "set BIAS_POINTER");
-    ck_lt(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, Y, p.c, Y, p.c, &p.algo,
-                         workspace_, workspace_bytes_, stream_),
-          "cublasLtMatmul");
-    return;
+    const cublasStatus_t st = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, Y, p.c,
+                                             Y, p.c, &p.algo, workspace_, workspace_bytes_, stream_);
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) ck_lt(st, "cublasLtMatmul");
+    p.ok = false;  // not supported after all: this shape takes the fallbacks below from now on
   }
   if (bias) {
-    // no epilogue algorithm for this alignment: try the plain plan on bias-filled rows
+    // no epilogue algorithm for this shape: the plain product onto bias-filled rows
     ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
     run(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
     return;
