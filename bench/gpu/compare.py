@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Checks of a GPU run (bench/gpu/run.sh): prints PASS or FAIL lines, exits 1 on any FAIL.
+
+  compare.py losses REF/metrics.jsonl TEST/metrics.jsonl --within 20:1e-4 --within 100:1e-3
+      per-step training losses of TEST against REF: for each N:TOL, the largest relative difference
+      over steps 1..N must be <= TOL (both runs must have reached step N)
+  compare.py resume STRAIGHT_DIR RESUMED_DIR --step 20
+      a run that stopped and resumed against one that never stopped: the losses of every step that
+      both logged are bitwise equal (17 significant digits in metrics.jsonl) and every dataset of
+      checkpoints/step_<step>.h5 is bitwise equal (needs h5py)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+
+def train_losses(path: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "split" not in r:
+                out[int(r["step"])] = float(r["loss"])  # a resumed run appends: the last value wins
+    return out
+
+
+def cmd_losses(a) -> int:
+    ref, test = train_losses(a.ref), train_losses(a.test)
+    bad = 0
+    for spec in a.within:
+        n, tol = spec.split(":")
+        n, tol = int(n), float(tol)
+        steps = range(1, n + 1)
+        missing = [s for s in steps if s not in ref or s not in test]
+        if missing:
+            print(f"FAIL losses 1..{n}: steps missing (first {missing[0]}) in {a.ref if missing[0] not in ref else a.test}")
+            bad += 1
+            continue
+        worst, at = max((abs(test[s] - ref[s]) / abs(ref[s]), s) for s in steps)
+        ok = worst <= tol
+        bad += not ok
+        print(f"{'PASS' if ok else 'FAIL'} losses 1..{n}: max relative difference {worst:.3e} at step {at} "
+              f"(tolerance {tol:g}); step {n}: ref {ref[n]:.6f} test {test[n]:.6f}")
+    return 1 if bad else 0
+
+
+def cmd_resume(a) -> int:
+    s, r = train_losses(os.path.join(a.straight, "metrics.jsonl")), train_losses(os.path.join(a.resumed, "metrics.jsonl"))
+    common = sorted(set(s) & set(r))
+    bad = 0
+    if len(common) < a.step or max(common, default=0) < a.step:
+        print(f"FAIL resume: losses logged by both runs: {len(common)} steps (need 1..{a.step})")
+        return 1
+    diff = [k for k in common if s[k] != r[k]]
+    ok = not diff
+    bad += not ok
+    print(f"{'PASS' if ok else 'FAIL'} resume losses: {len(common)} steps, {len(diff)} differ"
+          + (f" (first at step {diff[0]}: {s[diff[0]]!r} vs {r[diff[0]]!r})" if diff else " (bitwise equal)"))
+    try:
+        import h5py
+        import numpy as np
+    except ImportError:
+        print("FAIL resume checkpoint: h5py not available")
+        return 1
+    name = f"checkpoints/step_{a.step:08d}.h5"
+    fs, fr = os.path.join(a.straight, name), os.path.join(a.resumed, name)
+    if not (os.path.exists(fs) and os.path.exists(fr)):
+        print(f"FAIL resume checkpoint: {name} missing ({glob.glob(os.path.join(a.straight, 'checkpoints/*'))}, "
+              f"{glob.glob(os.path.join(a.resumed, 'checkpoints/*'))})")
+        return 1
+    n = ndiff = 0
+    with h5py.File(fs, "r") as hs, h5py.File(fr, "r") as hr:
+        names: list[str] = []
+        hs.visit(lambda k: names.append(k) if isinstance(hs[k], h5py.Dataset) else None)
+        for k in names:
+            n += 1
+            if k not in hr or not np.array_equal(np.asarray(hs[k]), np.asarray(hr[k])):
+                ndiff += 1
+                if ndiff <= 3:
+                    print(f"  differs: {k}")
+    ok = n > 0 and ndiff == 0
+    bad += not ok
+    print(f"{'PASS' if ok else 'FAIL'} resume checkpoint {name}: {n} datasets, {ndiff} differ")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("losses")
+    p.add_argument("ref")
+    p.add_argument("test")
+    p.add_argument("--within", action="append", required=True, metavar="N:TOL")
+    p = sub.add_parser("resume")
+    p.add_argument("straight")
+    p.add_argument("resumed")
+    p.add_argument("--step", type=int, required=True)
+    a = ap.parse_args()
+    try:
+        return cmd_losses(a) if a.cmd == "losses" else cmd_resume(a)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"FAIL {a.cmd}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

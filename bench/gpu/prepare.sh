@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build machine side of a GPU run: build nlptrain with CUDA, pack what a bare GPU machine lacks, and
+# make the datasets, all into bench/gpu/stage/ (git-ignored; the device tool carries it).
+#
+#   bash bench/gpu/prepare.sh [SHARED_DATA_DIR]      (default ../shared/data beside the checkout)
+#
+# Then on the GPU machine (device tool: carry bench/gpu/stage):
+#   bash bench/gpu/run.sh                            (see there; writes everything under $OUT)
+#
+# stage/bin/   nlptrain, test_ops_cuda, run-on-device.sh + device-libs.tar.xz (Open MPI, HDF5,
+#              OpenBLAS, Boost; the device has CUDA, cuDNN and NCCL in its PyTorch install)
+# stage/data/  gpt2_train.h5   GPT-2 BPE token stream (WikiText-2 test + Tiny Shakespeare), for the
+#                              124M benchmark (T=1024) and the small end-to-end runs
+#              nsmc_train.h5   NSMC reviews, kcbert-base WordPiece, T=128 (doc_cls), 4096 rows
+#              commit.txt      the commit the binaries were built from
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+D=${1:-../shared/data}
+B=${BUILD_DIR:-build-gpu}
+S=bench/gpu/stage
+command -v nvcc >/dev/null || { echo "prepare: nvcc not found: the GPU run needs a CUDA build" >&2; exit 2; }
+for f in "$D/wikitext2/wiki.test.raw" "$D/tinyshakespeare/input.txt" "$D/vocab/gpt2/encoder.json" \
+         "$D/nsmc/nsmc_from_raw_train.tsv" "$D/vocab/kcbert-base/vocab.txt"; do
+  [[ -f "$f" ]] || { echo "prepare: missing $f (shared data)" >&2; exit 2; }
+done
+
+# -march=native off: the GPU machine's CPU may lack this machine's instructions.
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DNLPTRAIN_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
+cmake --build "$B" -j"$(nproc)" --target nlptrain test_ops_cuda
+# pack only what travels: nlptrain and test_ops_cuda (pack_for_device scans BUILD/tests/test_*)
+tmp=$(mktemp -d)
+mkdir -p "$tmp/tests"
+cp "$B/nlptrain" "$tmp/"
+cp "$B/tests/test_ops_cuda" "$tmp/tests/"
+tools/pack_for_device.sh --tar "$tmp"
+
+rm -rf "$S" && mkdir -p "$S/bin" "$S/data"
+cp "$tmp/nlptrain" "$tmp/tests/test_ops_cuda" "$tmp/run-on-device.sh" "$tmp/device-libs.tar.xz" "$S/bin/"
+rm -rf "$tmp"
+git rev-parse HEAD > "$S/commit.txt"
+git status --porcelain --untracked-files=no | grep -q . && echo "dirty" >> "$S/commit.txt" || true
+
+python3 tools/make_dataset.py --tokenizer gpt2 --vocab-dir "$D/vocab/gpt2" --layout stream \
+  --eos-between-files --out "$S/data/gpt2_train.h5" --quiet \
+  "$D/wikitext2/wiki.test.raw" "$D/tinyshakespeare/input.txt"
+head -n 4097 "$D/nsmc/nsmc_from_raw_train.tsv" > "$S/data/nsmc_4096.tsv"
+python3 tools/prep_doc_cls.py --vocab "$D/vocab/kcbert-base/vocab.txt" --input "$S/data/nsmc_4096.tsv" \
+  --max-seq-len 128 --out "$S/data/nsmc_train.h5" --quiet
+rm -f "$S/data/nsmc_4096.tsv"
+du -sh "$S"/* "$S"

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# One command for a whole GPU run, on the GPU machine (no MPI, no HDF5, no network there):
+#
+#   bash bench/gpu/prepare.sh                        # here: build with CUDA, pack, make the data
+#   # device tool, carry ["bench/gpu/stage"]:
+#   OUT=... bash bench/gpu/run.sh                    # there; SECTIONS="info tests e2e resume bench torch"
+#
+# Sections (SECTIONS, default all, in this order; each logs under $W and nothing stops the others):
+#   info    nvidia-smi, driver/toolkit/PyTorch versions, the commit of the binaries
+#   tests   test_ops_cuda: every op, GPT-2 and each BERT head against the CPU backend
+#   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
+#           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
+#           steps and 1e-3 over 100 (bench/gpu/compare.py)
+#   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
+#           bitwise equal
+#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
+#   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
+# Every log, metrics.jsonl and summary.json is packed into $OUT/gpu-run.tar.gz; $OUT/results.json
+# holds one record per benchmark and side (bench/gpu/collect.py), $OUT/summary.txt the table.
+# DEADLINE (seconds, default 560): sections that would start after it are skipped (and say so), so
+# the files come back inside the device tool's 600 s limit.
+set -uo pipefail
+cd "$(dirname "$0")"
+here=$PWD
+OUT=${OUT:-$here/out-gpu}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/gpurun.XXXXXX)
+SECTIONS=${SECTIONS:-"info tests e2e resume bench torch"}
+DEADLINE=${DEADLINE:-560}
+BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
+TORCH_RUNS=${TORCH_RUNS:-"gpt2:eager:bf16 gpt2:compile:bf16 bert:eager:bf16 bert:compile:bf16 gpt2:eager:fp32 bert:eager:fp32 bert:compile:fp32 gpt2:compile:fp32"}
+export PYTHONUNBUFFERED=1
+t_start=$(date +%s)
+NL="$here/stage/bin/run-on-device.sh $here/stage/bin/nlptrain"
+elapsed() { echo $(( $(date +%s) - t_start )); }
+log() { echo "[run.sh $(elapsed)s] $*" | tee -a "$W/run.log"; }
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+in_time() {  # in_time NEED_SECONDS: enough time left before DEADLINE?
+  if (( $(elapsed) + $1 > DEADLINE )); then log "SKIPPED (deadline): $2"; return 1; fi
+}
+
+# mem_watch NAME CMD...: run CMD while sampling the GPU's used memory (nvidia-smi, every 100 ms);
+# the peak (MiB, the whole device, CUDA context included) goes to $W/mem/NAME.
+mkdir -p "$W/mem"
+mem_watch() {
+  local name=$1
+  shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$W/mem/$name.trace" 2>/dev/null &
+  local smi=$!
+  "$@"
+  local rc=$?
+  kill $smi 2>/dev/null
+  wait $smi 2>/dev/null
+  sort -n "$W/mem/$name.trace" | tail -1 > "$W/mem/$name"
+  return $rc
+}
+
+finish() {
+  log "packing logs"
+  python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
+      > "$OUT/summary.txt" 2> "$W/collect.err" || echo "collect.py failed: $(tail -3 "$W/collect.err")" >> "$OUT/summary.txt"
+  cp "$W/run.log" "$OUT/run.log" 2>/dev/null
+  tar -czf "$OUT/gpu-run.tar.gz" -C "$W" . 2>/dev/null
+  cat "$OUT/summary.txt"
+}
+trap finish EXIT
+
+log "sections: $SECTIONS | deadline ${DEADLINE}s | work $W"
+cat stage/commit.txt > "$W/commit.txt"
+
+if want info; then
+  {
+    date -u +"%Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+    nvcc --version 2>/dev/null | tail -2
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'transformers', transformers.__version__)"
+    nproc; free -g | head -2
+    "$here/stage/bin/run-on-device.sh" --check "$here/stage/bin/nlptrain" "$here/stage/bin/test_ops_cuda"
+    $NL --version
+  } > "$W/info.log" 2>&1
+  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 > "$W/device_name"
+  log "info: $(cat "$W/device_name")"
+fi
+
+if want tests && in_time 60 "tests"; then
+  timeout 300 "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
+      > "$W/test_ops_cuda.log" 2>&1
+  log "tests: exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$W/test_ops_cuda.log" | head -30 | tee -a "$W/run.log"
+fi
+
+if want e2e && in_time 90 "e2e"; then
+  for m in gpt2_small bert_small; do
+    for be in cuda cpu; do
+      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) \
+          --output.dir="$W/e2e/${m}_$be" > "$W/e2e_${m}_$be.log" 2>&1
+      log "e2e $m $be: exit $? | $(grep -E '^step +100/' "$W/e2e/${m}_$be/log.txt" 2>/dev/null | head -1)"
+    done
+    python3 compare.py losses "$W/e2e/${m}_cpu/metrics.jsonl" "$W/e2e/${m}_cuda/metrics.jsonl" \
+        --within 20:1e-4 --within 100:1e-3 2>&1 | tee "$W/e2e_${m}_compare.log" | tee -a "$W/run.log"
+  done
+fi
+
+if want resume && in_time 60 "resume"; then
+  R=$W/resume
+  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+      --output.dir="$R/straight" > "$W/resume_straight.log" 2>&1
+  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=10 --checkpoint.interval=10 \
+      --output.dir="$R/resumed" > "$W/resume_first.log" 2>&1
+  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+      --train.resume=true --output.dir="$R/resumed" > "$W/resume_second.log" 2>&1
+  python3 compare.py resume "$R/straight" "$R/resumed" --step 20 2>&1 | tee "$W/resume_compare.log" | tee -a "$W/run.log"
+fi
+
+if want bench; then
+  for prec in $BENCH_PRECISIONS; do
+    for m in gpt2_124m bert_base_doc_cls; do
+      in_time 60 "bench $m $prec" || continue
+      name="nlptrain_${m}_${prec}"
+      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec \
+          --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
+      log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+      [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
+    done
+  done
+fi
+
+if want torch; then
+  for r in $TORCH_RUNS; do
+    IFS=: read -r model mode prec <<< "$r"
+    need=45
+    [[ $mode == compile ]] && need=150
+    in_time $need "torch $r" || continue
+    if [[ $model == gpt2 ]]; then args=(--batch 16 --seq 1024 --data stage/data/gpt2_train.h5)
+    else args=(--batch 32 --seq 128 --data stage/data/nsmc_train.h5); fi
+    warm=3
+    [[ $mode == compile ]] && warm=5
+    name="torch_${model}_${mode}_${prec}"
+    mem_watch "$name" timeout 300 python3 torch_bench.py --model $model --mode $mode --precision $prec \
+        "${args[@]}" --steps 20 --warmup $warm > "$W/$name.log" 2>&1
+    log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+  done
+fi
+log "done"
