@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu/prepare.sh                        # here: build with CUDA, pack, make the data
 #   # device tool, carry ["bench/gpu/stage"]:
-#   OUT=... bash bench/gpu/run.sh                    # there; SECTIONS="info tests e2e resume bench torch"
+#   OUT=... bash bench/gpu/run.sh                    # there; SECTIONS="info tests e2e resume bench profile torch"
 #
 # Sections (SECTIONS, default all, in this order; each logs under $W and nothing stops the others):
 #   info    nvidia-smi, driver/toolkit/PyTorch versions, the commit of the binaries
@@ -14,6 +14,7 @@
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
+#   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
 #   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
 # Every log, metrics.jsonl and summary.json is packed into $OUT/gpu-run.tar.gz; $OUT/results.json
 # holds one record per benchmark and side (bench/gpu/collect.py), $OUT/summary.txt the table.
@@ -25,9 +26,11 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpurun.XXXXXX)
-SECTIONS=${SECTIONS:-"info tests e2e resume bench torch"}
+SECTIONS=${SECTIONS:-"info tests e2e resume bench profile torch"}
 DEADLINE=${DEADLINE:-560}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
+PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
+PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
 TORCH_RUNS=${TORCH_RUNS:-"gpt2:eager:bf16 gpt2:compile:bf16 bert:eager:bf16 bert:compile:bf16 gpt2:eager:fp32 bert:eager:fp32 bert:compile:fp32 gpt2:compile:fp32"}
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
@@ -60,7 +63,9 @@ finish() {
   python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
       > "$OUT/summary.txt" 2> "$W/collect.err" || echo "collect.py failed: $(tail -3 "$W/collect.err")" >> "$OUT/summary.txt"
   cp "$W/run.log" "$OUT/run.log" 2>/dev/null
-  tar -czf "$OUT/gpu-run.tar.gz" -C "$W" . 2>/dev/null
+  # every log and metrics file, no checkpoints (the device tool brings back at most 16 MiB a file)
+  tar -czf "$OUT/gpu-run.tar.gz" -C "$W" --exclude='*.h5' --exclude='*.trace' . 2>/dev/null
+  cp "$W/test_ops_cuda.log" "$OUT/" 2>/dev/null
   cat "$OUT/summary.txt"
 }
 trap finish EXIT
@@ -123,6 +128,17 @@ if want bench; then
       log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
     done
+  done
+fi
+
+if want profile; then
+  for m in $PROFILE_MODELS; do
+    in_time 40 "profile $m" || continue
+    name="profile_${m}_${PROFILE_PRECISION}"
+    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true \
+        --output.dir="$W/$name" > "$W/$name.log" 2>&1
+    log "profile $name: exit $?"
+    { echo "== $name"; sed -n '/profile (run.profile)/,/ total /p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   done
 fi
 

@@ -99,6 +99,8 @@ const std::vector<Entry>& schema() {
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},
       {KEY(run, sync_check), none(),
        "cuda: synchronise and check for errors after every op, so a fault names its op (slow; debugging)"},
+      {KEY(run, profile), none(),
+       "cuda: time every op with CUDA events from step 2 on and log a per-op table at the end of training"},
       // [model]
       {KEY(model, type), one_of(kModelTypes), "model architecture"},
       {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},

@@ -19,6 +19,7 @@ struct RunConfig {
   int log_interval = 1;        // log a line every N steps
   float peak_tflops = 0.f;     // peak TFLOP/s per rank (for MFU); 0 = unknown
   bool sync_check = false;     // cuda: synchronise and check for errors after every op (debugging)
+  bool profile = false;        // cuda: per-op GPU time (CUDA events) logged at the end of training
 };
 
 struct ModelConfig {

@@ -48,6 +48,9 @@ class Backend {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
   virtual void synchronize() {}
+  // run.profile: time every op (CUDA events; no extra synchronisation) and report a per-op table.
+  virtual void set_profiling(bool /*on*/) {}
+  virtual std::string profile_report() { return {}; }
 
   // ---- embeddings --------------------------------------------------------------------------------
   // out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null)

@@ -195,6 +195,7 @@ int run_train(Session& s) {
     train_seconds += dt;
     ++steps_done_here;
     if (steps_done_here > 1) times.add(dt, t_data, t_comm);
+    if (steps_done_here == 1 && cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
     const double tok_s = tokens_per_step / dt;
     if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1) {
       const double elapsed = seconds_since(t_start);
@@ -250,6 +251,11 @@ int run_train(Session& s) {
     s.log.info(buf);
   } else {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
+  }
+  if (cfg.run.profile) {
+    const std::string rep = s.be.profile_report();
+    s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile")
+                           : rep);
   }
   write_summary(s, times, tokens_per_step, T, st.step == tc.steps);
   return st.step == tc.steps ? 0 : kExitRequeue;

@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/op_profile.h"
 #include "core/error.h"
 
 namespace nlp {
@@ -77,26 +78,39 @@ class CudaBackend final : public Backend {
     if (p) ck(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   }
   void zero(void* p, size_t bytes) override {
-    if (bytes) ck(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+    if (bytes) op(cudaMemsetAsync(p, 0, bytes, stream_), "zero");
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
     if (!bytes) return;
-    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
+    op(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
     ck(cudaStreamSynchronize(stream_), "to_device (synchronize)");
+    after_sync();
   }
   void to_host(void* host_dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
+    op(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
     ck(cudaStreamSynchronize(stream_), "to_host (synchronize)");
+    after_sync();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src)
-      ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+      op(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
   void synchronize() override {
     ck(cudaStreamSynchronize(stream_), "synchronize");
     ck(cudaGetLastError(), "synchronize (last error)");
+    after_sync();
   }
+  void set_profiling(bool on) override {
+    if (on && !prof_) {
+      synchronize();
+      prof_ = std::make_unique<cuda::OpProfile>(stream_);
+      prof_->mark("(start)");
+    } else if (!on) {
+      prof_.reset();
+    }
+  }
+  std::string profile_report() override { return prof_ ? prof_->report() : std::string(); }
 
   // ---- embeddings ----
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
@@ -127,7 +141,7 @@ class CudaBackend final : public Backend {
         zero(out, sizeof(float) * size_t(M) * N);
       return;
     }
-    gemm(out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
+    gemm("matmul_forward", out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
   }
   // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
@@ -135,12 +149,12 @@ class CudaBackend final : public Backend {
     if (M <= 0 || N <= 0) return;
     const bool inout = layout == WLayout::InOut;
     if (K > 0 && dinp)  // InOut: W stored [K,N] = Z^T; OutIn: W stored [N,K] = Z
-      gemm(dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
+      gemm("matmul_backward (dinp)", dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
     if (K > 0 && dw) {
       if (inout)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
-        gemm(dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
+        gemm("matmul_backward (dW)", dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
       else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
-        gemm(dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
+        gemm("matmul_backward (dW)", dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
     }
     if (dbias) {
       void* ws = workspace(kern::colsum_ws_bytes(M, N));
@@ -235,18 +249,17 @@ class CudaBackend final : public Backend {
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
                             int V) override {
     if (M <= 0) return;
-    int* bad = reset_bad_row();
-    op(kern::crossentropy_forward(losses, logits, targets, M, V, bad, stream_),
+    op(kern::crossentropy_forward(losses, logits, targets, M, V, bad_row(targets, M, V), stream_),
        "crossentropy_forward");
-    check_bad_row(targets, M, V);
+    copy_bad_row();
   }
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                              float dloss, int M, int V) override {
     if (M <= 0) return;
-    int* bad = reset_bad_row();
-    op(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad, stream_),
+    op(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad_row(targets, M, V),
+                                   stream_),
        "crossentropy_backward");
-    check_bad_row(targets, M, V);
+    copy_bad_row();
   }
 
   // ---- reductions, optimizer ----
@@ -270,17 +283,19 @@ class CudaBackend final : public Backend {
  private:
   // Checks an op's launch; with run.sync_check also waits for it, so an asynchronous fault (an
   // illegal address, a misaligned access) is reported under the op that caused it.
+  // With run.profile, also marks the op's end for the per-op timing.
   void op(cudaError_t e, const char* what) {
     ck(e, what);
+    if (prof_) prof_->mark(what);
     if (sync_check_) {
       ck(cudaStreamSynchronize(stream_), what);
       ck(cudaGetLastError(), what);
     }
   }
-  void gemm(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
-            int Q, float beta, const float* bias) {
+  void gemm(const char* what, float* Y, const float* X, bool trans_x, const float* Z, bool trans_z,
+            int M, int P, int Q, float beta, const float* bias) {
     gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
-    if (sync_check_) op(cudaSuccess, "matmul (cuBLASLt)");
+    op(cudaSuccess, what);
   }
 
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
@@ -303,32 +318,57 @@ class CudaBackend final : public Backend {
     ck(cudaMemcpyAsync(host_small_, d, sizeof(double), cudaMemcpyDeviceToHost, stream_),
        "sum (copy)");
     ck(cudaStreamSynchronize(stream_), "sum (synchronize)");
+    after_sync();
     return *static_cast<double*>(host_small_);
   }
 
-  int* reset_bad_row() {
-    int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
-    ck(cudaMemsetAsync(bad, 0x7f, sizeof(int), stream_), "crossentropy (flag)");  // 0x7f7f7f7f
-    return bad;
+  void after_sync() {
+    if (prof_) prof_->collect();
+    check_targets();
   }
 
-  // Same message as the CPU backend for a target outside [0, V) that is not the ignore index.
-  void check_bad_row(const int32_t* targets, int M, int V) {
+  // Cross-entropy target check without a synchronisation inside the step: the kernels atomicMin the
+  // first bad row into a device flag, whose copy to pinned memory is enqueued after the op; the flag
+  // is read at the next synchronisation (synchronize, to_host, sum), which every step has, and a bad
+  // target is reported there with the CPU backend's message.
+  int* bad_row(const int32_t* targets, int M, int V) {
+    int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
+    if (!ce_.armed) {
+      ck(cudaMemsetAsync(bad, 0x7f, sizeof(int), stream_), "crossentropy (flag)");  // 0x7f7f7f7f
+      ce_.armed = true;
+    }
+    ce_.targets = targets;
+    ce_.M = M;
+    ce_.V = V;
+    return bad;
+  }
+  // After the op: enqueue the flag's copy (read by check_targets once the stream is synchronised).
+  void copy_bad_row() {
     int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
     int* hb = reinterpret_cast<int*>(static_cast<char*>(host_small_) + 64);
     ck(cudaMemcpyAsync(hb, bad, sizeof(int), cudaMemcpyDeviceToHost, stream_), "crossentropy (flag)");
-    ck(cudaStreamSynchronize(stream_), "crossentropy (synchronize)");
-    const int row = *hb;
-    if (row >= 0 && row < M) {
+  }
+  // Called with the stream synchronised.
+  void check_targets() {
+    if (!ce_.armed) return;
+    ce_.armed = false;
+    const int row = *reinterpret_cast<int*>(static_cast<char*>(host_small_) + 64);
+    if (row >= 0 && row < ce_.M) {
       int32_t t = 0;
-      to_host(&t, targets + row, sizeof t);
+      ck(cudaMemcpy(&t, ce_.targets + row, sizeof t, cudaMemcpyDeviceToHost), "crossentropy (target)");
       throw Error(cat("crossentropy: target ", t, " at row ", row, " is outside the vocabulary [0, ",
-                      V, ") and is not the ignore index ", kIgnoreIndex));
+                      ce_.V, ") and is not the ignore index ", kIgnoreIndex));
     }
   }
+  struct {
+    bool armed = false;  // a flag is pending (set since the last check)
+    const int32_t* targets = nullptr;
+    int M = 0, V = 0;
+  } ce_;
 
   int device_;
   bool sync_check_ = false;
+  std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   void* ws_ = nullptr;
