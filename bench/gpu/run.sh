@@ -31,6 +31,7 @@ DEADLINE=${DEADLINE:-560}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
 PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
+GPT2_BATCH=${GPT2_BATCH:-16}  # GPT-2 124M sequences per step (both sides); BERT-base: 32
 TORCH_RUNS=${TORCH_RUNS:-"gpt2:eager:bf16 gpt2:compile:bf16 bert:eager:bf16 bert:compile:bf16 gpt2:eager:fp32 bert:eager:fp32 bert:compile:fp32 gpt2:compile:fp32"}
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
@@ -123,7 +124,9 @@ if want bench; then
     for m in gpt2_124m bert_base_doc_cls; do
       in_time 60 "bench $m $prec" || continue
       name="nlptrain_${m}_${prec}"
-      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec \
+      extra=()
+      [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
+      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
           --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
       log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
@@ -135,7 +138,9 @@ if want profile; then
   for m in $PROFILE_MODELS; do
     in_time 40 "profile $m" || continue
     name="profile_${m}_${PROFILE_PRECISION}"
-    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true \
+    extra=()
+    [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
+    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
         --output.dir="$W/$name" > "$W/$name.log" 2>&1
     log "profile $name: exit $?"
     { echo "== $name"; sed -n '/profile (run.profile)/,/ total /p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
@@ -148,7 +153,7 @@ if want torch; then
     need=45
     [[ $mode == compile ]] && need=150
     in_time $need "torch $r" || continue
-    if [[ $model == gpt2 ]]; then args=(--batch 16 --seq 1024 --data stage/data/gpt2_train.h5)
+    if [[ $model == gpt2 ]]; then args=(--batch $GPT2_BATCH --seq 1024 --data stage/data/gpt2_train.h5)
     else args=(--batch 32 --seq 128 --data stage/data/nsmc_train.h5); fi
     warm=3
     [[ $mode == compile ]] && warm=5

@@ -147,14 +147,9 @@ class CudaBackend final : public Backend {
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int M, int K, int N, WLayout layout) override {
     if (M <= 0 || N <= 0) return;
-    const bool inout = layout == WLayout::InOut;
-    if (K > 0 && dinp)  // InOut: W stored [K,N] = Z^T; OutIn: W stored [N,K] = Z
-      gemm("matmul_backward (dinp)", dinp, dout, false, w, inout, M, K, N, 1.0f, nullptr);
-    if (K > 0 && dw) {
-      if (inout)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
-        gemm("matmul_backward (dW)", dw, inp, true, dout, false, K, N, M, 1.0f, nullptr);
-      else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
-        gemm("matmul_backward (dW)", dw, dout, true, inp, false, N, K, M, 1.0f, nullptr);
+    if (K > 0 && (dinp || dw)) {
+      gemm_->backward(dinp, dw, dout, inp, w, M, K, N, layout == WLayout::InOut);
+      op(cudaSuccess, "matmul_backward (dinp, dW)");
     }
     if (dbias) {
       void* ws = workspace(kern::colsum_ws_bytes(M, N));

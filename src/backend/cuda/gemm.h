@@ -32,7 +32,18 @@ class Gemm {
   void run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
            float beta, const float* bias);
 
+  // The dense layer's two backward products, accumulated (beta = 1), with each operand rounded once
+  // in Bf16 mode (dout feeds both products):
+  //   dinp[M,K] += dout[M,N] @ W^T   (skipped when dinp is null)
+  //   dW += inp^T @ dout in W's layout: inout ? [K,N] : [N,K]   (skipped when dw is null)
+  void backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int M,
+                int K, int N, bool inout);
+
  private:
+  // Y = opX(X) @ opZ(Z) + beta Y (+ bias) on operands already in the mode's type (bf16 in Bf16 mode).
+  void run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool trans_z, int M, int P,
+                 int Q, float beta, const float* bias);
+
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;

@@ -108,26 +108,61 @@ Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
 void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
                int Q, float beta, const float* bias) {
   if (M <= 0 || P <= 0 || Q <= 0) return;
+  if (mode_ != GemmMode::Bf16) {
+    run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
+    return;
+  }
+  const size_t nz = size_t(P) * Q, nx = size_t(M) * Q;
+  const size_t off = (nz * 2 + 255) / 256 * 256;
+  char* buf = static_cast<char*>(bf16_scratch(off + nx * 2));
+  ck_rt(kern::to_bf16(buf, Z, nz, stream_), "to_bf16");
+  ck_rt(kern::to_bf16(buf + off, X, nx, stream_), "to_bf16");
+  run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
+}
+
+void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                    int M, int K, int N, bool inout) {
+  if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dw)) return;
+  const void *d = dout, *x = inp, *z = w;
+  if (mode_ == GemmMode::Bf16) {
+    auto al = [](size_t elems) { return (elems * 2 + 255) / 256 * 256; };
+    const size_t nd = size_t(M) * N, nx = dw ? size_t(M) * K : 0, nw = dinp ? size_t(K) * N : 0;
+    char* buf = static_cast<char*>(bf16_scratch(al(nd) + al(nx) + al(nw)));
+    ck_rt(kern::to_bf16(buf, dout, nd, stream_), "to_bf16");
+    d = buf;
+    if (dw) {
+      ck_rt(kern::to_bf16(buf + al(nd), inp, nx, stream_), "to_bf16");
+      x = buf + al(nd);
+    }
+    if (dinp) {
+      ck_rt(kern::to_bf16(buf + al(nd) + al(nx), w, nw, stream_), "to_bf16");
+      z = buf + al(nd) + al(nx);
+    }
+  }
+  // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
+  if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);
+  if (dw) {
+    if (inout)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
+      run_typed(dw, x, true, d, false, K, N, M, 1.0f, nullptr);
+    else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
+      run_typed(dw, d, true, x, false, N, K, M, 1.0f, nullptr);
+  }
+}
+
+void Gemm::run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool trans_z, int M,
+                     int P, int Q, float beta, const float* bias) {
+  if (M <= 0 || P <= 0 || Q <= 0) return;
   NLP_ASSERT(!bias || beta == 0.0f);
   const int m = P, n = M, k = Q;
   const float alpha = 1.0f;
-  const void* A = Z;  // the operands as cuBLASLt reads them (bf16 copies in Bf16 mode)
+  const void* A = Z;  // the operands as cuBLASLt reads them
   const void* B = X;
-  if (mode_ == GemmMode::Bf16) {
-    const size_t nz = size_t(P) * Q, nx = size_t(M) * Q;
-    const size_t off = (nz * 2 + 255) / 256 * 256;
-    char* buf = static_cast<char*>(bf16_scratch(off + nx * 2));
-    ck_rt(kern::to_bf16(buf, Z, nz, stream_), "to_bf16");
-    ck_rt(kern::to_bf16(buf + off, X, nx, stream_), "to_bf16");
-    A = buf;
-    B = buf + off;
-  }
   // The heuristic's alignment preferences cover A, B, C and D but not the bias: an epilogue kernel
   // may read the bias in 16-byte vectors, so a less aligned bias (e.g. qa_b + 1) never reaches it.
   const bool epilogue = bias && alignment(bias) >= 16;
   if (bias && !epilogue) {
     ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
-    run(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
+    run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
     return;
   }
   const Key key{trans_z ? 1 : 0, trans_x ? 1 : 0, m, n, k, epilogue, alignment(A),
@@ -147,15 +182,19 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   if (bias) {
     // no epilogue algorithm for this shape: the plain product onto bias-filled rows
     ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
-    run(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
+    run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
     return;
   }
-  // cuBLAS sgemm fallback on the fp32 operands (pedantic fp32 in every mode)
+  // cuBLAS fallback on the same operands (fp32 or bf16), fp32 accumulation and output; pedantic
+  // math (no TF32) except in Tf32 mode
   const cublasOperation_t ta = trans_z ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = trans_x ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ck_lt(cublasSgemm(blas_, ta, tb, m, n, k, &alpha, Z, trans_z ? k : m, X, trans_x ? n : k, &beta,
-                    Y, m),
-        "cublasSgemm");
+  const cudaDataType_t ab = mode_ == GemmMode::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      mode_ == GemmMode::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  ck_lt(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, ab, trans_z ? k : m, B, ab, trans_x ? n : k,
+                     &beta, Y, CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
 }
 
 // Grow-only scratch for the bf16 operand copies (stream order makes reuse safe).
