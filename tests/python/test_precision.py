@@ -172,6 +172,6 @@ def test_bert_doc_cls_bf16_tracks_fp32(tmp_path, report):
     # chance both precisions would agree trivially.
     assert ref[-10:].mean() < 0.67, ref
     # Measured (2026-11-23): mean of the last 10 within 1.9e-3 of fp32 at this seed, 1.5e-3 and 9.6e-4
-    # at seeds 1 and 2. The agreement is a property of stable training, not a bound: at lr 3e-3 one seed
-    # of this run drifted apart to 4e-2, as two fp32 runs on different thread counts can.
+    # at seeds 1 and 2. The agreement is a property of stable training, not a bound: at lr 3e-3, seed 1,
+    # the bf16 and fp32 trajectories drifted apart to 4e-2.
     compare(runs, report, "bert doc_cls")
