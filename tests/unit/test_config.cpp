@@ -22,6 +22,7 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
+    "run.sync_check",
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -33,6 +34,7 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
+    "train.precision",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
     "output.dir",
@@ -71,6 +73,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.backend, b.run.backend);
   EXPECT_EQ(a.run.threads, b.run.threads);
   EXPECT_EQ(a.run.log_interval, b.run.log_interval);
+  EXPECT_EQ(a.run.peak_tflops, b.run.peak_tflops);
+  EXPECT_EQ(a.run.sync_check, b.run.sync_check);
   EXPECT_EQ(a.model.type, b.model.type);
   EXPECT_EQ(a.model.weights, b.model.weights);
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
@@ -102,6 +106,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.seed, b.train.seed);
   EXPECT_EQ(a.train.resume, b.train.resume);
   EXPECT_EQ(a.train.sample_interval, b.train.sample_interval);
+  EXPECT_EQ(a.train.precision, b.train.precision);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -150,6 +155,8 @@ TEST(ConfigDefaults, StructDefaults) {
   EXPECT_EQ(c.generate.prompt, "\n");
   EXPECT_EQ(c.generate.tokenizer, "byte");
   EXPECT_EQ(c.output.dir, "out");
+  EXPECT_EQ(c.train.precision, "auto");  // bf16 on cuda, fp32 on cpu (core/backend.h)
+  EXPECT_FALSE(c.run.sync_check);
   EXPECT_TRUE(c.source.empty());
   EXPECT_TRUE(c.explicitly_set.empty());
 }
@@ -491,6 +498,44 @@ TEST(ConfigChoices, AllowedAndRejected) {
   EXPECT_CONTAINS(error_of({"--data.train=x", "--run.mode=Train"}), "run.mode");  // case matters
 }
 
+TEST_F(ConfigTest, PrecisionChoices) {
+  for (const char* p : {"auto", "fp32", "tf32", "bf16"}) {
+    EXPECT_EQ(parse({"--data.train=x", std::string("--train.precision=") + p}).config.train.precision, p);
+    const std::string path = write("p.ini", std::string("[data]\ntrain = x.h5\n[train]\nprecision = ") + p + "\n");
+    EXPECT_EQ(parse({path}).config.train.precision, p);
+  }
+  // fp16 is not offered; spellings are exact (case matters), and empty is not "auto".
+  for (const char* bad : {"fp16", "BF16", "bfloat16", "float32", "", "bf16 fp32"}) {
+    const std::string m = error_of({"--data.train=x", std::string("--train.precision=") + bad});
+    EXPECT_CONTAINS(m, "train.precision");
+    EXPECT_CONTAINS(m, std::string("'") + bad + "'");
+    EXPECT_CONTAINS(m, "command line");
+    EXPECT_CONTAINS(m, "auto, fp32, tf32, bf16");
+  }
+  const std::string path = write("bad.ini", "[data]\ntrain = x.h5\n[train]\n\nprecision = half\n");
+  const std::string m = error_of({path});
+  EXPECT_CONTAINS(m, path);
+  EXPECT_CONTAINS(m, "line 5");
+  EXPECT_CONTAINS(m, "train.precision");
+  EXPECT_CONTAINS(m, "'half'");
+}
+
+TEST_F(ConfigTest, SyncCheckIsABool) {
+  EXPECT_FALSE(parse({"--data.train=x"}).config.run.sync_check);
+  EXPECT_TRUE(parse({"--data.train=x", "--run.sync_check=true"}).config.run.sync_check);
+  EXPECT_TRUE(parse({"--data.train=x", "--run.sync_check", "on"}).config.run.sync_check);
+  EXPECT_FALSE(parse({"--data.train=x", "--run.sync_check=0"}).config.run.sync_check);
+  const std::string path = write("s.ini", "[data]\ntrain = x.h5\n[run]\nsync_check = yes\n");
+  EXPECT_TRUE(parse({path}).config.run.sync_check);
+  std::string m = error_of({"--data.train=x", "--run.sync_check=sometimes"});
+  EXPECT_CONTAINS(m, "run.sync_check");
+  EXPECT_CONTAINS(m, "'sometimes'");
+  EXPECT_CONTAINS(m, "expected a bool");
+  // A key of [run], not of [train].
+  m = error_of({"--data.train=x", "--train.sync_check=true"});
+  EXPECT_CONTAINS(m, "did you mean run.sync_check?");
+}
+
 // ---- cross-key checks -----------------------------------------------------------------------------------
 
 TEST_F(ConfigTest, NEmbdDivisibleByNHead) {
@@ -548,7 +593,7 @@ TEST_F(ConfigTest, MissingFile) {
 TEST_F(ConfigTest, ToIniRoundTrip) {
   const std::string path = write("full.ini",
                                  "[run]\nmode = gradients\ntask = clm\nbackend = cuda\nthreads = 2\n"
-                                 "log_interval = 5\n"
+                                 "log_interval = 5\npeak_tflops = 312.5\nsync_check = true\n"
                                  "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
                                  "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
@@ -559,7 +604,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
-                                 "sample_interval = 11\n"
+                                 "sample_interval = 11\nprecision = tf32\n"
                                  "[eval]\ninterval = 13\nbatches = 2\n"
                                  "[checkpoint]\ninterval = 50\nkeep = 3\n"
                                  "[output]\ndir = runs/a b\n"
@@ -571,6 +616,8 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
   EXPECT_EQ(a.data.train, " lead space.h5");
   EXPECT_EQ(a.data.eval, "e#1;x.h5");
   EXPECT_EQ(a.model.attn_pdrop, 0.123456789f);
+  EXPECT_TRUE(a.run.sync_check);
+  EXPECT_EQ(a.train.precision, "tf32");
 
   const std::string ini = a.to_ini();
   const std::string path2 = write("written.ini", ini);
