@@ -22,7 +22,7 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
-    "run.sync_check",
+    "run.sync_check", "run.profile",
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -75,6 +75,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.log_interval, b.run.log_interval);
   EXPECT_EQ(a.run.peak_tflops, b.run.peak_tflops);
   EXPECT_EQ(a.run.sync_check, b.run.sync_check);
+  EXPECT_EQ(a.run.profile, b.run.profile);
   EXPECT_EQ(a.model.type, b.model.type);
   EXPECT_EQ(a.model.weights, b.model.weights);
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
@@ -157,6 +158,7 @@ TEST(ConfigDefaults, StructDefaults) {
   EXPECT_EQ(c.output.dir, "out");
   EXPECT_EQ(c.train.precision, "auto");  // bf16 on cuda, fp32 on cpu (core/backend.h)
   EXPECT_FALSE(c.run.sync_check);
+  EXPECT_FALSE(c.run.profile);
   EXPECT_TRUE(c.source.empty());
   EXPECT_TRUE(c.explicitly_set.empty());
 }
