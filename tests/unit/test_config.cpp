@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -22,17 +23,19 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
+    "run.sync_check",
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
     "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
-    "model.num_labels",
+    "model.num_labels", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle",
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
+    "train.precision",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
     "output.dir",
@@ -83,6 +86,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.resid_pdrop, b.model.resid_pdrop);
   EXPECT_EQ(a.model.layer_norm_epsilon, b.model.layer_norm_epsilon);
   EXPECT_EQ(a.model.initializer_range, b.model.initializer_range);
+  EXPECT_EQ(a.model.attention, b.model.attention);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.eval, b.data.eval);
   EXPECT_EQ(a.data.seq_len, b.data.seq_len);
@@ -102,6 +106,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.seed, b.train.seed);
   EXPECT_EQ(a.train.resume, b.train.resume);
   EXPECT_EQ(a.train.sample_interval, b.train.sample_interval);
+  EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_EQ(a.run.sync_check, b.run.sync_check);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -150,6 +156,7 @@ TEST(ConfigDefaults, StructDefaults) {
   EXPECT_EQ(c.generate.prompt, "\n");
   EXPECT_EQ(c.generate.tokenizer, "byte");
   EXPECT_EQ(c.output.dir, "out");
+  EXPECT_EQ(c.model.attention, "auto");
   EXPECT_TRUE(c.source.empty());
   EXPECT_TRUE(c.explicitly_set.empty());
 }
@@ -489,6 +496,27 @@ TEST(ConfigChoices, AllowedAndRejected) {
   EXPECT_CONTAINS(error_of({"--data.train=x", "--train.schedule=step"}), "train.schedule");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--generate.tokenizer=spm"}), "generate.tokenizer");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--run.mode=Train"}), "run.mode");  // case matters
+}
+
+// model.attention: the key's choices, and how core/backend.h resolves them per backend and precision
+TEST(ConfigChoices, ModelAttention) {
+  for (const char* a : {"auto", "cudnn", "native"})
+    EXPECT_EQ(parse({"--data.train=x", std::string("--model.attention=") + a}).config.model.attention, a);
+  const std::string m = error_of({"--data.train=x", "--model.attention=flash"});
+  EXPECT_CONTAINS(m, "model.attention");
+  EXPECT_CONTAINS(m, "'flash'");
+  EXPECT_CONTAINS(m, "auto, cudnn, native");
+
+  using nlp::Precision;
+  using nlp::parse_fused_attention;
+  EXPECT_TRUE(parse_fused_attention("auto", "cuda", Precision::Bf16));
+  EXPECT_FALSE(parse_fused_attention("auto", "cuda", Precision::Fp32));
+  EXPECT_FALSE(parse_fused_attention("auto", "cuda", Precision::Tf32));
+  EXPECT_TRUE(parse_fused_attention("cudnn", "cuda", Precision::Fp32));  // asked for: bf16 attention
+  EXPECT_FALSE(parse_fused_attention("native", "cuda", Precision::Bf16));
+  for (const char* a : {"auto", "cudnn", "native"})  // the cpu backend has only its own attention
+    EXPECT_FALSE(parse_fused_attention(a, "cpu", Precision::Bf16)) << a;
+  EXPECT_THROW(parse_fused_attention("flash", "cuda", Precision::Bf16), nlp::Error);
 }
 
 // ---- cross-key checks -----------------------------------------------------------------------------------

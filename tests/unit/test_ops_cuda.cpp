@@ -280,7 +280,7 @@ TEST_F(CudaOps, MatmulTf32AndBf16Modes) {
                         M, K, N, WLayout::OutIn);
   for (auto [mode, tol] : {std::pair{nlp::CudaMatmul::Tf32, 2e-3}, std::pair{nlp::CudaMatmul::Bf16, 1e-2}}) {
     SCOPED_TRACE(mode == nlp::CudaMatmul::Tf32 ? "tf32" : "bf16");
-    auto be = nlp::make_cuda_backend(0, mode);
+    auto be = nlp::make_cuda_backend(0, {mode});
     auto up = [&](const VF& h) {
       float* p = static_cast<float*>(be->alloc(h.size() * sizeof(float)));
       be->to_device(p, h.data(), h.size() * sizeof(float));
@@ -876,7 +876,7 @@ TEST_F(CudaOps, Gpt2DecoderMatchesCpu) {
 
 TEST_F(CudaOps, Gpt2LossInBf16MatmulMode) {
   const nlp::ModelConfig mc = gpt2_config();
-  auto be = nlp::make_cuda_backend(0, nlp::CudaMatmul::Bf16);
+  auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
   auto mcpu = nlp::make_model(mc, cpu(), "clm");
   auto mbf = nlp::make_model(mc, *be, "clm");
   mcpu->init_weights(5);
