@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -35,8 +36,23 @@ using Shape4 = std::vector<int64_t>;
 // Graph tensor uids: the variant pack maps them to device pointers.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
 
-// How the key padding mask reaches cuDNN (see attention_cudnn.h).
-enum class MaskKind { None = 0, KeyBias = 1, FullBias = 2 };  // -, [B,1,1,T], [B,1,T,T]
+// How the key padding mask reaches cuDNN: an additive bf16 bias (0 kept, -1e9 masked) as
+//   Key       dims [B,1,1,T], strides [ld, ld, ld, 1]   one row per sequence, broadcast by cuDNN
+//   KeyRows0  dims [B,1,T,T], strides [ld, ld, 0, 1]    the same [B,ld] rows; the query dim broadcast
+//                                                       by a zero stride (as torch's expand() does)
+//   Full      dims [B,1,T,T], strides [T*ld, T*ld, ld, 1], materialised per call
+// The bias buffer holds [B, rows, ld] elements: rows = T for Full, else 1.
+enum class MaskKind { None = 0, Key = 1, KeyRows0 = 2, Full = 3 };
+
+const char* mask_name(MaskKind m) {
+  switch (m) {
+    case MaskKind::None: return "none";
+    case MaskKind::Key: return "key";
+    case MaskKind::KeyRows0: return "key0";
+    case MaskKind::Full: return "full";
+  }
+  return "?";
+}
 
 // What a cached graph computes.
 struct Key {
@@ -49,9 +65,10 @@ struct Key {
 };
 
 std::string describe(const Key& k) {
-  const char* mask = k.mask == MaskKind::None      ? "no key mask"
-                     : k.mask == MaskKind::KeyBias ? "key mask as a [B,1,1,T] bias"
-                                                   : "key mask as a [B,1,T,T] bias";
+  const char* mask = k.mask == MaskKind::None       ? "no key mask"
+                     : k.mask == MaskKind::Key      ? "key mask as a [B,1,1,T] bias"
+                     : k.mask == MaskKind::KeyRows0 ? "key mask as a [B,1,T,T] bias of zero query stride"
+                                                    : "key mask as a materialised [B,1,T,T] bias";
   return cat("B=", k.B, " T=", k.T, " NH=", k.NH, " HS=", k.HS, ", ",
              k.causal ? "causal" : "not causal", ", ", mask, ", dropout ", k.p);
 }
@@ -86,10 +103,11 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
   auto K = tensor("K", kK, dims, qkv_stride, bf16);
   auto V = tensor("V", kV, dims, qkv_stride, bf16);
   std::shared_ptr<TA> bias, seed, offset;
-  if (k.mask != MaskKind::None) {
-    const int64_t rows = k.mask == MaskKind::FullBias ? T : 1, ld = bias_ld(k.T);
-    bias = tensor("bias", kBias, {B, 1, rows, T}, {rows * ld, rows * ld, ld, 1}, bf16);
-  }
+  const int64_t ld = bias_ld(k.T);
+  if (k.mask == MaskKind::Key) bias = tensor("bias", kBias, {B, 1, 1, T}, {ld, ld, ld, 1}, bf16);
+  if (k.mask == MaskKind::KeyRows0) bias = tensor("bias", kBias, {B, 1, T, T}, {ld, ld, 0, 1}, bf16);
+  if (k.mask == MaskKind::Full)
+    bias = tensor("bias", kBias, {B, 1, T, T}, {T * ld, T * ld, ld, 1}, bf16);
   if (k.p > 0.f) {
     seed = tensor("philox_seed", kSeed, {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
     offset = tensor("philox_offset", kOffset, {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
@@ -182,7 +200,8 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   std::map<Key, Plan> forward, backward;
   std::map<std::tuple<int, int, int, int>, bool> support;  // (B, T, NH, HS) -> cuDNN runs it
-  std::map<Key, MaskKind> mask_kind;  // masked variant (key.mask ignored) -> the bias layout in use
+  // masked variant (key.mask ignored) -> the bias layout in use, per direction
+  std::map<Key, MaskKind> mask_forward, mask_backward;
   void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
   size_t ws_bytes = 0;
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
@@ -215,35 +234,57 @@ struct CudnnAttention::Impl {
     return p;
   }
 
-  // The graph key of a call: for a masked call, the first bias layout whose forward and backward
-  // graphs both build ([B,1,1,T], else [B,1,T,T]); decided once per variant.
-  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, float p) {
+  // The graph key of a call. A masked call takes the first bias layout of mask_layouts() whose
+  // graph builds for that direction, decided once per variant.
+  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, float p, bool is_backward) {
     Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
     if (!masked) return k;
-    auto it = mask_kind.find(k);
-    if (it != mask_kind.end()) {
+    auto& chosen = is_backward ? mask_backward : mask_forward;
+    auto it = chosen.find(k);
+    if (it != chosen.end()) {
       k.mask = it->second;
       return k;
     }
+    const std::vector<MaskKind> layouts = mask_layouts(is_backward);
     std::string why;
-    for (MaskKind m : {MaskKind::KeyBias, MaskKind::FullBias}) {
+    for (MaskKind m : layouts) {
       Key km = k;
       km.mask = m;
-      const Plan& f = plan(km, false);
-      const Plan& b = f.graph ? plan(km, true) : f;
-      if (f.graph && b.graph) {
-        if (m == MaskKind::FullBias)
-          std::fprintf(stderr,
-                       "nlptrain: cuDNN attention (%s): a [B,1,1,T] mask bias is not supported "
-                       "(%s); using a [B,1,T,T] bias built per call\n",
-                       describe(km).c_str(), why.c_str());
-        mask_kind.emplace(k, m);
+      const Plan& pl = plan(km, is_backward);
+      if (pl.graph) {
+        if (m != layouts.front())
+          std::fprintf(stderr, "nlptrain: cuDNN attention %s (%s): %s\n",
+                       is_backward ? "backward" : "forward", describe(km).c_str(),
+                       cat("the preferred mask layout failed (", why, ")").c_str());
+        chosen.emplace(k, m);
         return km;
       }
-      why = f.graph ? b.error : f.error;
+      why = pl.error;
     }
-    throw Error(cat("cuDNN attention (", describe(k), "): no cuDNN engine for a key padding mask: ",
-                    why, "; run with model.attention = native"));
+    throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
+                    "): no cuDNN engine for a key padding mask: ", why,
+                    "; run with model.attention = native"));
+  }
+
+  // Bias layouts to try, in order. The forward broadcasts one row per sequence ([B,1,1,T]). The
+  // backward gets the query dimension spelled out: a cuDNN 9 backward took a [B,1,1,T] bias without
+  // complaint and computed wrong gradients (H100, checked by CudaOpsCudnn.PaddingMaskMatchesCpu).
+  // NLPTRAIN_CUDNN_MASK_BIAS=<forward>,<backward> (each key, key0 or full) forces a layout, to check
+  // another cuDNN version.
+  std::vector<MaskKind> mask_layouts(bool is_backward) {
+    const char* env = std::getenv("NLPTRAIN_CUDNN_MASK_BIAS");
+    if (env && *env) {
+      const std::string v(env);
+      const size_t comma = v.find(',');
+      const std::string want = is_backward ? (comma == std::string::npos ? v : v.substr(comma + 1))
+                                           : v.substr(0, comma);
+      for (MaskKind m : {MaskKind::Key, MaskKind::KeyRows0, MaskKind::Full})
+        if (want == mask_name(m)) return {m};
+      throw Error(cat("NLPTRAIN_CUDNN_MASK_BIAS = '", v,
+                      "': expected <forward>,<backward>, each key, key0 or full"));
+    }
+    if (is_backward) return {MaskKind::KeyRows0, MaskKind::Full};
+    return {MaskKind::Key, MaskKind::KeyRows0, MaskKind::Full};
   }
 
   // Device scratch for one call: cuDNN's workspace, then (masked calls) the bias [B,rows,ld] bf16
@@ -257,7 +298,7 @@ struct CudnnAttention::Impl {
   CallBuffers buffers(const Plan& p, const Key& k) {
     CallBuffers cb;
     const size_t wsb = sdpa_align(size_t(p.workspace));
-    cb.rows = k.mask == MaskKind::FullBias ? k.T : 1;
+    cb.rows = k.mask == MaskKind::Full ? k.T : 1;
     const size_t bias_bytes =
         k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * cb.rows * bias_ld(k.T) * 2);
     const size_t first_bytes = k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * 4);
@@ -353,7 +394,7 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
   float* stats = reinterpret_cast<float*>(base + L.stats);  // [B,NH,T,1]
   char* o = base + L.o;                                     // [B,T,C] bf16
   char* qkv16 = base + L.qkv;                               // [B,T,3C] bf16
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p);
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, false);
   const Plan& p = m.require(k, false);
   const Impl::CallBuffers cb = m.buffers(p, k);
 
@@ -381,7 +422,7 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
   char* dout16 = sbase + S.dout;  // [B,T,C] bf16
   char* dqkv16 = sbase + S.dqkv;  // [B,T,3C] bf16
   char* qkv16 = base + L.qkv;
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p);
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, true);
   const Plan& p = m.require(k, true);
   const Impl::CallBuffers cb = m.buffers(p, k);
 

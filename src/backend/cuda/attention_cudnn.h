@@ -19,8 +19,10 @@
 //
 // Masks: causal = cuDNN's diagonal band (right bound 0, top-left aligned). The key padding mask
 // attn_mask[B,T] (any 0/1 pattern) becomes an additive bf16 bias, 0 for a kept key and -1e9 for a
-// masked one, shaped [B,1,1,T] (broadcast over heads and queries); if cuDNN rejects that broadcast,
-// a materialised [B,1,T,T] bias (built per call in the workspace, never kept). A query row whose keys
+// masked one, one row of T per sequence built per call in the workspace (never kept): the forward
+// reads it as [B,1,1,T] (broadcast over heads and queries), the backward as [B,1,T,T] with a zero
+// query stride (cuDNN 9.19's backward accepted the [B,1,1,T] form and returned wrong gradients); a
+// layout a cuDNN version rejects falls back to a materialised [B,1,T,T] bias. A query row whose keys
 // are all masked would give cuDNN's uniform average over the masked keys; such rows (found from the
 // first unmasked key of each sequence) get a zero output and no gradient, as on the native path.
 //
