@@ -39,6 +39,27 @@ cudaError_t fill(float* x, float v, size_t n, cudaStream_t s);
 // dst[n] (__nv_bfloat16) = round-to-nearest-even of src[n]   (bf16 GEMM operands)
 cudaError_t to_bf16(void* dst, const float* src, size_t n, cudaStream_t s);
 
+// ---- convert.cu ----------------------------------------------------------------------------------
+// dst[n] = float(src[n]) and dst[n] += float(src[n]); src is __nv_bfloat16[n]
+cudaError_t from_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
+cudaError_t accumulate_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
+
+// ---- sdpa_io.cu (the cuDNN fused-attention path) -------------------------------------------------
+// From the key padding mask[B,T] (0 = masked key): bias (__nv_bfloat16 [B, rows, ld], ld >= T;
+// rows = 1 for a [B,1,1,T] bias, T for [B,1,T,T]) = 0 for a kept key, -1e9 for a masked one, and
+// first[B] = the first unmasked key of each sequence (T when none).
+cudaError_t sdpa_mask_bias(void* bias, int32_t* first, const int32_t* mask, int B, int T, int rows,
+                           int ld, cudaStream_t s);
+// out[B,T,C] (fp32) = float(o) (__nv_bfloat16), zero on query rows with no visible key (first
+// nullable: no mask, plain conversion); causal: query t sees keys <= t.
+cudaError_t sdpa_out_from_bf16(float* out, const void* o, const int32_t* first, bool causal, int B,
+                               int T, int C, cudaStream_t s);
+// dst[B,T,C] (__nv_bfloat16) = bf16(dout), zero on query rows with no visible key (first nullable)
+cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first, bool causal,
+                              int B, int T, int C, cudaStream_t s);
+// dst[0] = seed, dst[1] = offset (int64, device): cuDNN's Philox dropout arguments
+cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, uint64_t offset, cudaStream_t s);
+
 // ---- gelu.cu -------------------------------------------------------------------------------------
 cudaError_t gelu_forward(float* out, const float* inp, size_t n, bool tanh_form, cudaStream_t s);
 cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,

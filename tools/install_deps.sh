@@ -5,7 +5,10 @@ set -euo pipefail
 
 APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libgtest-dev slurmd slurmctld slurm-client munge rsync)
-PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate)
+# pip name, or pip-name:import-name when they differ. nvidia-cudnn-frontend: the header-only cuDNN
+# frontend (include/cudnn_frontend.h in the interpreter's purelib) for the CUDA backend's fused attention.
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate
+         nvidia-cudnn-frontend:cudnn)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -21,7 +24,7 @@ fi
 PY=${PYTHON:-python3}
 need_py=()
 for p in "${PY_PKGS[@]}"; do
-  "$PY" -c "import $p" >/dev/null 2>&1 || need_py+=("$p")
+  "$PY" -c "import ${p#*:}" >/dev/null 2>&1 || need_py+=("${p%%:*}")
 done
 if ((${#need_py[@]})); then
   echo "install_deps: pip install ${need_py[*]}"

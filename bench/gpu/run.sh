@@ -106,6 +106,20 @@ if want e2e && in_time 90 "e2e"; then
     python3 compare.py losses "$W/e2e/${m}_cpu/metrics.jsonl" "$W/e2e/${m}_cuda/metrics.jsonl" \
         --within 20:1e-4 --within 100:1e-3 2>&1 | tee "$W/e2e_${m}_compare.log" | tee -a "$W/run.log"
   done
+  # bf16 with the fused (cuDNN) attention against the CPU's bf16 emulation (which keeps attention in
+  # fp32): attention dropout off, since cuDNN draws its own mask
+  for m in gpt2_small bert_small; do
+    in_time 40 "e2e bf16 $m" || continue
+    for be in cuda cpu; do
+      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) --train.precision=bf16 \
+          --model.attention=auto --model.attn_pdrop=0 --model.attention_probs_dropout_prob=0 \
+          --output.dir="$W/e2e/${m}_bf16_$be" > "$W/e2e_${m}_bf16_$be.log" 2>&1
+      log "e2e $m bf16 $be: exit $? | $(grep -E '^step +100/' "$W/e2e/${m}_bf16_$be/log.txt" 2>/dev/null | head -1)"
+    done
+    grep -h "attention" "$W/e2e/${m}_bf16_cuda/log.txt" 2>/dev/null | head -3 | tee -a "$W/run.log"
+    python3 compare.py losses "$W/e2e/${m}_bf16_cpu/metrics.jsonl" "$W/e2e/${m}_bf16_cuda/metrics.jsonl" \
+        --within 100:2e-2 2>&1 | tee "$W/e2e_${m}_bf16_compare.log" | tee -a "$W/run.log"
+  done
 fi
 
 if want resume && in_time 60 "resume"; then
@@ -117,6 +131,17 @@ if want resume && in_time 60 "resume"; then
   timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
       --train.resume=true --output.dir="$R/resumed" > "$W/resume_second.log" 2>&1
   python3 compare.py resume "$R/straight" "$R/resumed" --step 20 2>&1 | tee "$W/resume_compare.log" | tee -a "$W/run.log"
+  # again in bf16 with the fused attention (cuDNN's deterministic backward) and its dropout on
+  for part in "straight 20" "resumed16 10" "resumed16 20"; do
+    read -r dir steps <<< "$part"
+    r=()
+    [[ $dir == resumed16 && $steps == 20 ]] && r=(--train.resume=true)
+    timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.precision=bf16 --model.attention=auto \
+        --train.steps=$steps --checkpoint.interval=10 "${r[@]}" --output.dir="$R/bf16_$dir" \
+        > "$W/resume_bf16_${dir}_$steps.log" 2>&1
+  done
+  python3 compare.py resume "$R/bf16_straight" "$R/bf16_resumed16" --step 20 2>&1 | sed 's/^/bf16 /' \
+      | tee "$W/resume_bf16_compare.log" | tee -a "$W/run.log"
 fi
 
 if want bench; then

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "comm/comm.h"
 #include "config/config.h"
@@ -41,7 +42,17 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     threads = std::max(1, hw / std::max(1, comm.local_size()));
   }
   const Precision precision = parse_precision(cfg.train.precision, cfg.run.backend);
-  auto be = make_backend(cfg.run.backend, threads, comm.local_rank(), precision, cfg.run.sync_check);
+  BackendOptions bopts;
+  bopts.precision = precision;
+  bopts.sync_check = cfg.run.sync_check;
+  bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, precision);
+  // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
+  // error of make_backend instead
+  std::string no_cudnn;
+  const bool auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
+                                  !cuda_fused_attention_available(&no_cudnn);
+  if (auto_without_cudnn) bopts.fused_attention = false;
+  auto be = make_backend(cfg.run.backend, threads, comm.local_rank(), bopts);
   if (cfg.run.backend == "cuda" && comm.size() > 1)
     throw Error(cat("run.backend = cuda with ", comm.size(),
                     " ranks: gradient allreduce on GPU memory needs the NCCL communicator, which is "
@@ -63,7 +74,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be->name(), " | precision ",
-               precision_name(precision), " | ", threads, " thread(s) per rank"));
+               precision_name(precision), " | attention ",
+               bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank"));
+  if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")
+    log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
+                 " backend: it has only the native attention"));
+  if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
   log.info("effective configuration (also in " + cfg.output.dir + "/config.ini):");
   log.info(cfg.to_ini());
   if (rank == 0) {

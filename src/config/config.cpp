@@ -37,6 +37,7 @@ const std::vector<std::string> kModelTypes = {"gpt2", "bert"};
 const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
 const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
+const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -124,6 +125,9 @@ const std::vector<Entry>& schema() {
       {KEY(model, hidden_dropout_prob), closed_open(0, 1), "bert: dropout on embeddings and residual branches"},
       {KEY(model, attention_probs_dropout_prob), closed_open(0, 1), "bert: dropout on the attention weights"},
       {KEY(model, num_labels), ge(0), "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels"},
+      {KEY(model, attention), one_of(kAttention),
+       "attention kernels: cudnn = cuDNN fused flash attention (bf16, no [T,T] matrix kept), native = "
+       "nlptrain's own (fp32); auto = cudnn on cuda with bf16 precision, else native (cpu: always native)"},
       // [data]
       {KEY(data, train), none(), "HDF5 dataset for training (and gradients mode)"},
       {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},

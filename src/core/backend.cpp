@@ -25,9 +25,17 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+bool parse_fused_attention(const std::string& value, const std::string& backend,
+                           Precision precision) {
+  if (value != "auto" && value != "cudnn" && value != "native")
+    throw Error(cat("model.attention: unknown value '", value, "' (expected auto, cudnn or native)"));
+  if (backend != "cuda" || value == "native") return false;
+  return value == "cudnn" || precision == Precision::Bf16;
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
-                                      Precision precision, bool sync_check) {
-  if (name == "cpu") return make_cpu_backend(threads, precision);
+                                      const BackendOptions& options) {
+  if (name == "cpu") return make_cpu_backend(threads, options.precision);
   if (name == "cuda") {
     std::string why;
     int n = cuda_device_count(&why);
@@ -35,7 +43,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int 
     if (local_rank >= n)
       throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
                       " device(s) on this node); use at most one rank per GPU"));
-    return make_cuda_backend(local_rank, precision, sync_check);
+    return make_cuda_backend(local_rank, options);
   }
   throw Error(cat("run.backend: unknown backend '", name, "' (expected cpu or cuda)"));
 }

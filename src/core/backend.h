@@ -34,6 +34,11 @@ enum class Precision { Fp32, Tf32, Bf16 };
 // "fp32" | "tf32" | "bf16" | "auto" (bf16 on cuda, fp32 on cpu) -> Precision; throws on anything else.
 Precision parse_precision(const std::string& value, const std::string& backend);
 const char* precision_name(Precision p);
+// model.attention: "auto" | "cudnn" | "native" -> whether attention runs through cuDNN's fused SDPA
+// (BackendOptions::fused_attention). auto: yes on the cuda backend when `precision` is bf16. The cpu
+// backend has only its own attention, so it always gets false (a caller may log that "cudnn" is
+// ignored there). Throws nlp::Error on any other value.
+bool parse_fused_attention(const std::string& value, const std::string& backend, Precision precision);
 
 class Backend {
  public:
@@ -112,19 +117,35 @@ class Backend {
 
   // ---- attention -----------------------------------------------------------------------------------
   // qkv[B,T,3C] holds q | k | v per row (head h uses columns h*HS..h*HS+HS of each part).
-  // att[B,NH,T,T] receives the softmax probabilities (before dropout), saved for backward.
+  // att holds attention_saved_floats(B, T, NH, HS) floats: the state attention_forward saves for
+  // attention_backward, opaque to the caller. The native paths (CPU, CUDA kernels) save the softmax
+  // probabilities (before dropout) as att[B,NH,T,T]; a fused path (cuDNN) saves far less.
   // Masking: causal (key j > query i masked) and/or key padding attn_mask[B,T] (0 = masked key; nullable).
   // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
-  // Attention dropout on the probabilities uses mask element index ((b*NH + h)*T + i)*T + j.
+  // Attention dropout on the probabilities uses mask element index ((b*NH + h)*T + i)*T + j on the
+  // native paths (a fused path draws its own mask: same seed, same mask, but not this one).
   // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const int32_t* attn_mask, bool causal, float dropout_p,
                                  uint64_t seed, int B, int T, int NH, int HS) = 0;
-  // dqkv[B,T,3C] += ... ; scratch[B,NH,T,T] is caller-provided workspace (contents undefined after)
+  // dqkv[B,T,3C] += ... ; att as saved by attention_forward with the same arguments;
+  // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
+  // undefined after)
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS) = 0;
+  // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
+  // this shape (the model's activation arena asks before carving). Default: B*NH*T*T each, the
+  // probabilities and their gradient.
+  virtual size_t attention_saved_floats(int B, int T, int NH, int HS) {
+    (void)HS;
+    return size_t(B) * NH * T * T;
+  }
+  virtual size_t attention_scratch_floats(int B, int T, int NH, int HS) {
+    (void)HS;
+    return size_t(B) * NH * T * T;
+  }
   // Incremental decoding with a KV cache, one new position `pos` per sequence, no dropout:
   // writes k,v of qkv_new[B,3C] into kcache/vcache[B,NH,Tmax,HS] at pos, then
   // out[B,C] = softmax(q k[0..pos]^T / sqrt(HS)) v[0..pos]
@@ -151,10 +172,16 @@ class Backend {
                             float grad_scale, int t) = 0;
 };
 
+// How a backend is built (make_backend); every field has the default of a plain fp32 backend.
+struct BackendOptions {
+  Precision precision = Precision::Fp32;  // train.precision: dense-layer GEMM arithmetic
+  bool sync_check = false;  // cuda: synchronise and check for errors after every op (names the op)
+  bool fused_attention = false;  // cuda: attention through cuDNN's fused SDPA (model.attention)
+};
+
 // Factory: "cpu" or "cuda". Throws nlp::Error naming the backend when it is unavailable.
-// sync_check (cuda): synchronise and check for errors after every op, so a fault names its op.
+// The CPU backend uses options.precision only.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
-                                      Precision precision = Precision::Fp32,
-                                      bool sync_check = false);
+                                      const BackendOptions& options = {});
 
 }  // namespace nlp

@@ -355,7 +355,7 @@ class Bert final : public Model {
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return 2 * BT * C + 2 * BT                    // emb, x0, emb mean/rstd
-           + stack_.numel(B, T)
+           + stack_.numel(be_, B, T)
            + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
@@ -385,7 +385,7 @@ class Bert final : public Model {
     x0_ = take(BT * C);
     emb_mean_ = take(BT);
     emb_rstd_ = take(BT);
-    stack_.carve(take(stack_.numel(B, T)), B, T);
+    stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
     h1_ = take(BT * C);
     h2_ = take(BT * C);
     h3_ = take(BT * C);

@@ -16,12 +16,18 @@ BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad) {
                       P(i.ln2_w), P(i.ln2_b), P(i.fc_w),  P(i.fc_b),  P(i.fcp_w), P(i.fcp_b)};
 }
 
-size_t block_acts_numel(const BlockConfig& c, int B, int T) {
+AttnSizes attn_sizes(Backend& be, const BlockConfig& c, int B, int T) {
+  const int HS = c.C / c.NH;
+  return AttnSizes{be.attention_saved_floats(B, T, c.NH, HS),
+                   be.attention_scratch_floats(B, T, c.NH, HS)};
+}
+
+size_t block_acts_numel(const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
   return BT * C          // ln1
          + 2 * BT        // ln1 mean, rstd
          + BT * 3 * C    // qkv
-         + size_t(B) * c.NH * T * T  // att
+         + att.saved     // att
          + BT * C        // atty
          + BT * C        // res1
          + BT * C        // ln2
@@ -31,12 +37,12 @@ size_t block_acts_numel(const BlockConfig& c, int B, int T) {
          + BT * C;       // out
 }
 
-size_t block_scratch_numel(const BlockConfig& c, int B, int T) {
+size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T;
-  return 3 * BT * c.C + BT * 3 * c.C + 2 * BT * c.FF + size_t(B) * c.NH * T * T;
+  return 3 * BT * c.C + BT * 3 * c.C + 2 * BT * c.FF + att.scratch;
 }
 
-BlockActs carve_block_acts(float* p, const BlockConfig& c, int B, int T) {
+BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
   BlockActs a{};
   auto take = [&p](size_t n) { float* r = p; p += n; return r; };
@@ -44,7 +50,7 @@ BlockActs carve_block_acts(float* p, const BlockConfig& c, int B, int T) {
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
   a.qkv = take(BT * 3 * C);
-  a.att = take(size_t(B) * c.NH * T * T);
+  a.att = take(att.saved);
   a.atty = take(BT * C);
   a.res1 = take(BT * C);
   a.ln2 = take(BT * C);
@@ -57,7 +63,8 @@ BlockActs carve_block_acts(float* p, const BlockConfig& c, int B, int T) {
   return a;
 }
 
-BlockScratch carve_block_scratch(float* p, const BlockConfig& c, int B, int T) {
+BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes& att, int B,
+                                 int T) {
   const size_t BT = size_t(B) * T;
   BlockScratch s{};
   auto take = [&p](size_t n) { float* r = p; p += n; return r; };
@@ -67,7 +74,7 @@ BlockScratch carve_block_scratch(float* p, const BlockConfig& c, int B, int T) {
   s.d_qkv = take(BT * 3 * c.C);
   s.d_ff1 = take(BT * c.FF);
   s.d_ff2 = take(BT * c.FF);
-  s.d_att = take(size_t(B) * c.NH * T * T);
+  s.d_att = take(att.scratch);
   return s;
 }
 
@@ -208,17 +215,19 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                         C);
 }
 
-size_t BlockStack::numel(int B, int T) const {
-  return layers.size() * block_acts_numel(config, B, T) + block_scratch_numel(config, B, T);
+size_t BlockStack::numel(Backend& be, int B, int T) const {
+  const AttnSizes att = attn_sizes(be, config, B, T);
+  return layers.size() * block_acts_numel(config, att, B, T) + block_scratch_numel(config, att, B, T);
 }
 
-void BlockStack::carve(float* base, int B, int T) {
+void BlockStack::carve(Backend& be, float* base, int B, int T) {
+  const AttnSizes att = attn_sizes(be, config, B, T);
   acts_.clear();
   for (size_t l = 0; l < layers.size(); ++l) {
-    acts_.push_back(carve_block_acts(base, config, B, T));
-    base += block_acts_numel(config, B, T);
+    acts_.push_back(carve_block_acts(base, config, att, B, T));
+    base += block_acts_numel(config, att, B, T);
   }
-  scratch_ = carve_block_scratch(base, config, B, T);
+  scratch_ = carve_block_scratch(base, config, att, B, T);
 }
 
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,

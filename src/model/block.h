@@ -37,7 +37,7 @@ struct BlockActs {
   float* ln1;               // [BT,C]   LN1 output (pre-LN) or LN1 output = x1 (post-LN)
   float *ln1_mean, *ln1_rstd;  // [BT]
   float* qkv;               // [BT,3C]
-  float* att;               // [B,NH,T,T] softmax probabilities
+  float* att;               // the attention op's saved state (AttnSizes::saved floats; native: [B,NH,T,T] probabilities)
   float* atty;              // [BT,C]   attention output before the projection
   float* res1;              // [BT,C]   x + drop(proj)  (the residual stream after attention)
   float* ln2;               // [BT,C]
@@ -53,15 +53,24 @@ struct BlockScratch {
   float *d_res1, *d_c1, *d_c2;  // [BT,C]
   float *d_qkv;                 // [BT,3C]
   float *d_ff1, *d_ff2;         // [BT,FF]
-  float* d_att;                 // [B,NH,T,T]
+  float* d_att;                 // attention backward scratch (AttnSizes::scratch floats; native: [B,NH,T,T])
 };
 
+// Floats of the attention op's saved state (BlockActs::att, per block) and backward scratch
+// (BlockScratch::d_att, shared) for a B x T batch: the backend decides (Backend::attention_saved_floats
+// and attention_scratch_floats; B*NH*T*T each on the native paths, far less with fused attention).
+struct AttnSizes {
+  size_t saved = 0, scratch = 0;
+};
+AttnSizes attn_sizes(Backend& be, const BlockConfig& c, int B, int T);
+
 // Element counts for one block's activations and the shared scratch.
-size_t block_acts_numel(const BlockConfig& c, int B, int T);
-size_t block_scratch_numel(const BlockConfig& c, int B, int T);
+size_t block_acts_numel(const BlockConfig& c, const AttnSizes& att, int B, int T);
+size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, int T);
 // Carve BlockActs / BlockScratch out of a buffer of the sizes above.
-BlockActs carve_block_acts(float* base, const BlockConfig& c, int B, int T);
-BlockScratch carve_block_scratch(float* base, const BlockConfig& c, int B, int T);
+BlockActs carve_block_acts(float* base, const BlockConfig& c, const AttnSizes& att, int B, int T);
+BlockScratch carve_block_scratch(float* base, const BlockConfig& c, const AttnSizes& att, int B,
+                                 int T);
 
 // Per-block dropout seeds: attention probabilities, residual after attention, residual after MLP.
 struct BlockSeeds {
@@ -93,8 +102,9 @@ class BlockStack {
   BlockConfig config;
   std::vector<BlockParamIdx> layers;
 
-  size_t numel(int B, int T) const;       // floats of activations + scratch for a B x T batch
-  void carve(float* base, int B, int T);  // lay them out in base (numel(B, T) floats)
+  // floats of activations + scratch for a B x T batch (the attention parts sized by `be`)
+  size_t numel(Backend& be, int B, int T) const;
+  void carve(Backend& be, float* base, int B, int T);  // lay them out in base (numel(be, B, T) floats)
   // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers)
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                        bool training, uint64_t seed, int B, int T);

@@ -171,7 +171,7 @@ class Gpt2 final : public Model {
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return BT * C                                  // x0
-           + stack_.numel(B, T)
+           + stack_.numel(be_, B, T)
            + BT * C + 2 * BT                       // lnf, mean, rstd
            + 2 * BT * size_t(V_)                   // logits, dlogits
            + BT                                    // losses
@@ -188,7 +188,7 @@ class Gpt2 final : public Model {
     float* p = arena_;
     auto take = [&p](size_t k) { float* r = p; p += k; return r; };
     x0_ = take(BT * C);
-    stack_.carve(take(stack_.numel(B, T)), B, T);
+    stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
     lnf_ = take(BT * C);
     lnf_mean_ = take(BT);
     lnf_rstd_ = take(BT);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -29,7 +30,7 @@ const std::vector<std::string> kAllKeys = {
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
     "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
-    "model.num_labels",
+    "model.num_labels", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle",
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
@@ -88,6 +89,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.resid_pdrop, b.model.resid_pdrop);
   EXPECT_EQ(a.model.layer_norm_epsilon, b.model.layer_norm_epsilon);
   EXPECT_EQ(a.model.initializer_range, b.model.initializer_range);
+  EXPECT_EQ(a.model.attention, b.model.attention);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.eval, b.data.eval);
   EXPECT_EQ(a.data.seq_len, b.data.seq_len);
@@ -159,6 +161,7 @@ TEST(ConfigDefaults, StructDefaults) {
   EXPECT_EQ(c.train.precision, "auto");  // bf16 on cuda, fp32 on cpu (core/backend.h)
   EXPECT_FALSE(c.run.sync_check);
   EXPECT_FALSE(c.run.profile);
+  EXPECT_EQ(c.model.attention, "auto");
   EXPECT_TRUE(c.source.empty());
   EXPECT_TRUE(c.explicitly_set.empty());
 }
@@ -536,6 +539,27 @@ TEST_F(ConfigTest, SyncCheckIsABool) {
   // A key of [run], not of [train].
   m = error_of({"--data.train=x", "--train.sync_check=true"});
   EXPECT_CONTAINS(m, "did you mean run.sync_check?");
+}
+
+// model.attention: the key's choices, and how core/backend.h resolves them per backend and precision
+TEST(ConfigChoices, ModelAttention) {
+  for (const char* a : {"auto", "cudnn", "native"})
+    EXPECT_EQ(parse({"--data.train=x", std::string("--model.attention=") + a}).config.model.attention, a);
+  const std::string m = error_of({"--data.train=x", "--model.attention=flash"});
+  EXPECT_CONTAINS(m, "model.attention");
+  EXPECT_CONTAINS(m, "'flash'");
+  EXPECT_CONTAINS(m, "auto, cudnn, native");
+
+  using nlp::Precision;
+  using nlp::parse_fused_attention;
+  EXPECT_TRUE(parse_fused_attention("auto", "cuda", Precision::Bf16));
+  EXPECT_FALSE(parse_fused_attention("auto", "cuda", Precision::Fp32));
+  EXPECT_FALSE(parse_fused_attention("auto", "cuda", Precision::Tf32));
+  EXPECT_TRUE(parse_fused_attention("cudnn", "cuda", Precision::Fp32));  // asked for: bf16 attention
+  EXPECT_FALSE(parse_fused_attention("native", "cuda", Precision::Bf16));
+  for (const char* a : {"auto", "cudnn", "native"})  // the cpu backend has only its own attention
+    EXPECT_FALSE(parse_fused_attention(a, "cpu", Precision::Bf16)) << a;
+  EXPECT_THROW(parse_fused_attention("flash", "cuda", Precision::Bf16), nlp::Error);
 }
 
 // ---- cross-key checks -----------------------------------------------------------------------------------

@@ -14,6 +14,14 @@
 //      of 1e-3 of the whole gradient's norm when larger (kModelGrad: two layers of fp32 reordering);
 //      10 AdamW steps: every loss within 5e-4 relative (kTrain; Adam's normalised update amplifies
 //      last-bit differences of tiny moments).
+//  - cuDNN fused attention (CudaOpsCudnn, a second backend with BackendOptions::fused_attention and
+//    bf16 precision) against the CPU backend's fp32 attention on the same bf16-rounded q, k, v and
+//    upstream gradient: output 1e-2 (kFusedFwd: O and the probabilities pass through bf16), each of
+//    dq, dk, dv 2e-2 (kFusedBwd: dO, dq, dk, dv are bf16). Whole models against the CPU backend in
+//    bf16 precision (both round the GEMM operands alike; attention dropout off, since cuDNN draws its
+//    own mask): loss 2e-2, outputs 3e-2, each parameter gradient 5e-2 of its norm or of 1e-2 of the
+//    whole gradient's norm (kFusedModel*). Dropout: the same seed gives the same bits, the kept
+//    fraction is 1-p within 0.01, and the backward uses the forward's mask.
 //  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason from
 //    cuda_device_count(); a GPU that is present but whose backend fails to start is a failure.
 #include <gtest/gtest.h>
@@ -28,6 +36,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/round.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "config/config.h"
@@ -52,11 +61,17 @@ constexpr double kRed = 1e-12;
 constexpr double kModelOut = 1e-5;
 constexpr double kModelGrad = 1e-4;
 constexpr double kTrain = 5e-4;
+constexpr double kFusedFwd = 1e-2;
+constexpr double kFusedBwd = 2e-2;
+constexpr double kFusedModelLoss = 2e-2;
+constexpr double kFusedModelOut = 3e-2;
+constexpr double kFusedModelGrad = 5e-2;
 
 // ---- the two backends ------------------------------------------------------------------------------
 
 struct GpuState {
   std::unique_ptr<Backend> be;
+  std::unique_ptr<Backend> fused;  // fused (cuDNN) attention, bf16 precision; made by CudaOpsCudnn
   std::string skip_reason;  // no device: skip
   std::string failure;      // device present but the backend failed: fail
 };
@@ -84,13 +99,23 @@ GpuState& gpu_state() {
 // destruction at exit).
 class GpuEnvironment : public ::testing::Environment {
  public:
-  void TearDown() override { gpu_state().be.reset(); }
+  void TearDown() override {
+    gpu_state().fused.reset();
+    gpu_state().be.reset();
+  }
 };
 const ::testing::Environment* const kGpuEnvironment =
     ::testing::AddGlobalTestEnvironment(new GpuEnvironment);
 
 Backend& cpu() {
   static std::unique_ptr<Backend> b = nlp::make_cpu_backend(2);
+  return *b;
+}
+
+// The CPU backend with bf16 GEMM operands (train.precision = bf16), the reference of whole models on
+// the fused-attention backend.
+Backend& cpu_bf16() {
+  static std::unique_ptr<Backend> b = nlp::make_cpu_backend(2, nlp::Precision::Bf16);
   return *b;
 }
 
@@ -126,6 +151,11 @@ double rel_err(const VF& a, const VF& ref) {
 double rel_err(double a, double ref) {
   if (!std::isfinite(a)) return std::numeric_limits<double>::infinity();
   return ref != 0 ? std::fabs(a - ref) / std::fabs(ref) : std::fabs(a);
+}
+
+VF round_bf16(VF v) {
+  for (float& x : v) x = nlp::cpu::round_bf16(x);
+  return v;
 }
 
 bool bitwise_equal(const VF& a, const VF& b) {
@@ -205,6 +235,14 @@ TEST_F(CudaOps, FactoryChecksLocalRank) {
   EXPECT_EQ(b->name(), "cuda");
 }
 
+// The default backend (every fp32 test here) keeps the native attention: probabilities [B,NH,T,T].
+TEST_F(CudaOps, DefaultBackendUsesNativeAttention) {
+  for (int T : {7, 64, 1024}) {
+    EXPECT_EQ(gpu().attention_saved_floats(2, T, 12, 64), size_t(2) * 12 * T * T) << T;
+    EXPECT_EQ(gpu().attention_scratch_floats(2, T, 12, 64), size_t(2) * 12 * T * T) << T;
+  }
+}
+
 // ====================================================================================================
 // matmul (cuBLASLt), both layouts, bias epilogue, accumulation, odd shapes and alignments
 // ====================================================================================================
@@ -280,7 +318,7 @@ TEST_F(CudaOps, MatmulTf32AndBf16Modes) {
                         M, K, N, WLayout::OutIn);
   for (auto [mode, tol] : {std::pair{nlp::CudaMatmul::Tf32, 2e-3}, std::pair{nlp::CudaMatmul::Bf16, 1e-2}}) {
     SCOPED_TRACE(mode == nlp::CudaMatmul::Tf32 ? "tf32" : "bf16");
-    auto be = nlp::make_cuda_backend(0, mode);
+    auto be = nlp::make_cuda_backend(0, {mode});
     auto up = [&](const VF& h) {
       float* p = static_cast<float*>(be->alloc(h.size() * sizeof(float)));
       be->to_device(p, h.data(), h.size() * sizeof(float));
@@ -888,7 +926,7 @@ TEST_F(CudaOps, Gpt2DecoderMatchesCpu) {
 
 TEST_F(CudaOps, Gpt2LossInBf16MatmulMode) {
   const nlp::ModelConfig mc = gpt2_config();
-  auto be = nlp::make_cuda_backend(0, nlp::CudaMatmul::Bf16);
+  auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
   auto mcpu = nlp::make_model(mc, cpu(), "clm");
   auto mbf = nlp::make_model(mc, *be, "clm");
   mcpu->init_weights(5);
@@ -943,6 +981,329 @@ TEST_F(CudaOps, Gpt2TenAdamWStepsMatchCpu) { compare_training(gpu(), gpt2_config
 TEST_F(CudaOps, BertTenAdamWStepsMatchCpu) {
   compare_training(gpu(), bert_config(), "mlm", 4, 24);
   compare_training(gpu(), bert_config(), "doc_cls", 4, 24);
+}
+
+// ====================================================================================================
+// cuDNN fused attention (BackendOptions::fused_attention): a second backend, bf16 precision
+// ====================================================================================================
+
+// Skips when nlptrain was built without the cuDNN frontend; buffers live on the fused backend (its own
+// stream), released after each test.
+class CudaOpsCudnn : public CudaOps {
+ protected:
+  void SetUp() override {
+    CudaOps::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    std::string why;
+    if (!nlp::cuda_fused_attention_available(&why)) GTEST_SKIP() << "built without cuDNN: " << why;
+    GpuState& g = gpu_state();
+    if (!g.fused) {
+      nlp::BackendOptions o;
+      o.precision = nlp::Precision::Bf16;
+      o.fused_attention = true;
+      g.fused = nlp::make_cuda_backend(0, o);
+    }
+  }
+  void TearDown() override {
+    if (gpu_state().fused) {
+      for (void* p : fallocs_) fused().release(p);
+      fallocs_.clear();
+      fused().synchronize();
+    }
+    CudaOps::TearDown();
+  }
+
+  Backend& fused() { return *gpu_state().fused; }
+
+  template <typename T>
+  T* fput(const std::vector<T>& h) {
+    T* p = static_cast<T*>(fused().alloc(h.size() * sizeof(T)));
+    fallocs_.push_back(p);
+    fused().to_device(p, h.data(), h.size() * sizeof(T));
+    return p;
+  }
+  float* fnan(size_t n) { return fput(VF(n, std::numeric_limits<float>::quiet_NaN())); }
+  VF fget(const float* p, size_t n) {
+    VF h(n);
+    fused().to_host(h.data(), p, n * sizeof(float));
+    return h;
+  }
+
+  // Forward and backward of the fused backend against the CPU backend's fp32 attention on the same
+  // bf16-rounded q, k, v and dout (dropout 0): the output within kFusedFwd, each of dq, dk, dv (what
+  // the backward ADDED to a random dqkv) within kFusedBwd.
+  void check_against_cpu(const AttnShape& s, bool causal, const VI* mask, uint64_t seed) {
+    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS="
+                                    << s.HS << " causal=" << causal << " mask=" << (mask != nullptr));
+    const int C = s.NH * s.HS;
+    const size_t BT = size_t(s.B) * s.T, nqkv = BT * 3 * C, nout = BT * C;
+    const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
+    ASSERT_NE(fused().attention_saved_floats(s.B, s.T, s.NH, s.HS), natt)
+        << "cuDNN does not run this shape (see the warning above)";
+    const VF qkv = round_bf16(randn(nqkv, seed, 1.0f));
+    const VF dout = round_bf16(randn(nout, seed + 1));
+    const VF dq0 = randn(nqkv, seed + 2);
+    const int32_t* cm = mask ? mask->data() : nullptr;
+    VF out_c(nout), att_c(natt), dq_c = dq0, scratch_c(natt);
+    cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), cm, causal, 0.f, 0, s.B, s.T,
+                            s.NH, s.HS);
+    cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(), att_c.data(),
+                             cm, causal, 0.f, 0, s.B, s.T, s.NH, s.HS);
+
+    const size_t nsaved = fused().attention_saved_floats(s.B, s.T, s.NH, s.HS);
+    const size_t nscratch = fused().attention_scratch_floats(s.B, s.T, s.NH, s.HS);
+    float* gq = fput(qkv);
+    int32_t* gm = mask ? fput(*mask) : nullptr;
+    float *gsaved = fnan(nsaved), *go = fnan(nout);
+    fused().attention_forward(go, gsaved, gq, gm, causal, 0.f, 5, s.B, s.T, s.NH, s.HS);
+    EXPECT_LE(rel_err(fget(go, nout), out_c), kFusedFwd) << "output";
+
+    float* gdq = fput(dq0);
+    float* gscratch = fnan(nscratch);  // contents undefined: must not leak into dqkv
+    fused().attention_backward(gdq, gscratch, fput(dout), gq, gsaved, gm, causal, 0.f, 5, s.B, s.T,
+                               s.NH, s.HS);
+    const VF dq_g = fget(gdq, nqkv);
+    const char* names[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; ++part) {  // the added gradient, per part of each row
+      VF a, r;
+      for (size_t row = 0; row < BT; ++row)
+        for (int c = 0; c < C; ++c) {
+          const size_t i = row * 3 * C + size_t(part) * C + c;
+          a.push_back(dq_g[i] - dq0[i]);
+          r.push_back(dq_c[i] - dq0[i]);
+        }
+      EXPECT_LE(rel_err(a, r), kFusedBwd) << names[part];
+    }
+  }
+
+  std::vector<void*> fallocs_;
+};
+
+// GPT-2 shapes: causal, head size 64, 2 to 12 heads, up to T = 1024; and non-causal, unaligned T.
+TEST_F(CudaOpsCudnn, CausalAndPlainAttentionMatchCpu) {
+  check_against_cpu({2, 64, 2, 64}, true, nullptr, 3000);
+  check_against_cpu({2, 128, 4, 64}, true, nullptr, 3010);
+  check_against_cpu({1, 1024, 12, 64}, true, nullptr, 3020);
+  check_against_cpu({3, 77, 3, 64}, false, nullptr, 3030);
+  check_against_cpu({2, 100, 4, 32}, false, nullptr, 3040);
+}
+
+// BERT shapes with a key padding mask: right padding of different lengths, a mask with holes, and a
+// sequence with every key masked (its rows give zeros and no gradient, as on the native path); and a
+// causal mask combined with left padding (the first query rows see no key at all).
+TEST_F(CudaOpsCudnn, PaddingMaskMatchesCpu) {
+  {
+    const int B = 5, T = 128;
+    VI m(size_t(B) * T, 1);
+    const int len[B] = {128, 100, 37, 1, 0};
+    for (int b = 0; b < B; ++b)
+      for (int t = len[b]; t < T; ++t) m[size_t(b) * T + t] = 0;
+    for (int t = 3; t < 60; t += 4) m[size_t(2) * T + t] = 0;  // holes inside sequence 2
+    check_against_cpu({B, T, 4, 64}, false, &m, 3100);
+  }
+  {
+    const int B = 3, T = 96;
+    VI m(size_t(B) * T, 1);
+    for (int t = 0; t < 10; ++t) m[t] = 0;                  // sequence 0: left padding
+    for (int t = 50; t < T; ++t) m[size_t(1) * T + t] = 0;  // sequence 1: right padding
+    check_against_cpu({B, T, 2, 64}, true, &m, 3110);
+  }
+  {  // BERT-base-like: 12 heads, T = 512, lengths from 512 down
+    const int B = 2, T = 512;
+    VI m(size_t(B) * T, 1);
+    for (int t = 300; t < T; ++t) m[size_t(1) * T + t] = 0;
+    check_against_cpu({B, T, 12, 64}, false, &m, 3120);
+  }
+}
+
+// Dropout through cuDNN's Philox generator. With q = k = 0 every row is uniform, and with HS == T and
+// v[b,t,h,:] = e_t (one-hot) the output IS the dropped probability matrix:
+// out[b,i,h*HS + j] = keep(b,h,i,j) / (T (1-p)). So: the same seed gives the same bits (forward and
+// backward), another seed another mask, the kept fraction is 1-p, and the backward's dv equals
+// P_drop^T dout with P_drop read from the forward output (the backward uses the forward's mask).
+TEST_F(CudaOpsCudnn, DropoutIsSeededConsistentAndUnbiased) {
+  const int B = 2, T = 64, NH = 4, HS = 64, C = NH * HS;
+  const float p = 0.1f;
+  const size_t BT = size_t(B) * T, nqkv = BT * 3 * C, nout = BT * C;
+  VF qkv(nqkv, 0.f);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH; ++h) qkv[(size_t(b) * T + t) * 3 * C + 2 * C + h * HS + t] = 1.f;
+  float* gq = fput(qkv);
+  const size_t nsaved = fused().attention_saved_floats(B, T, NH, HS);
+  ASSERT_NE(nsaved, size_t(B) * NH * T * T) << "cuDNN does not run this shape";
+  float *s1 = fnan(nsaved), *s2 = fnan(nsaved), *s3 = fnan(nsaved);
+  float *o1 = fnan(nout), *o2 = fnan(nout), *o3 = fnan(nout);
+  fused().attention_forward(o1, s1, gq, nullptr, false, p, 11, B, T, NH, HS);
+  fused().attention_forward(o2, s2, gq, nullptr, false, p, 11, B, T, NH, HS);
+  fused().attention_forward(o3, s3, gq, nullptr, false, p, 12, B, T, NH, HS);
+  const VF out1 = fget(o1, nout), out2 = fget(o2, nout), out3 = fget(o3, nout);
+  EXPECT_TRUE(bitwise_equal(out1, out2)) << "same seed, different output";
+  EXPECT_FALSE(bitwise_equal(out1, out3)) << "another seed, same output";
+
+  const double kept_value = 1.0 / (T * (1.0 - p));
+  size_t kept = 0, odd = 0;
+  for (float x : out1) {
+    if (x > 0.5 * kept_value) {
+      ++kept;
+      if (std::fabs(x - kept_value) > 0.01 * kept_value) ++odd;
+    } else if (x != 0.f) {
+      ++odd;
+    }
+  }
+  EXPECT_EQ(odd, 0u) << "elements neither 0 nor 1/(T(1-p))";
+  EXPECT_NEAR(double(kept) / double(nout), 1.0 - p, 0.01) << "kept fraction";
+
+  // backward: twice with the same seed (bitwise equal), and dv = P_drop^T dout
+  const VF dout = round_bf16(randn(nout, 3200));
+  float* gd = fput(dout);
+  const size_t nscratch = fused().attention_scratch_floats(B, T, NH, HS);
+  VF grads[2];
+  for (VF& g : grads) {
+    float* gdq = fput(VF(nqkv, 0.f));
+    fused().attention_backward(gdq, fnan(nscratch), gd, gq, s1, nullptr, false, p, 11, B, T, NH, HS);
+    g = fget(gdq, nqkv);
+  }
+  EXPECT_TRUE(bitwise_equal(grads[0], grads[1])) << "same seed, different gradients";
+  VF dv_g, dv_ref;
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < T; ++j)
+      for (int h = 0; h < NH; ++h)
+        for (int d = 0; d < HS; ++d) {
+          double acc = 0;  // sum_i P_drop[b,h,i,j] dout[b,i,h,d]
+          for (int i = 0; i < T; ++i)
+            acc += double(out1[(size_t(b) * T + i) * C + h * HS + j]) *
+                   dout[(size_t(b) * T + i) * C + h * HS + d];
+          dv_ref.push_back(float(acc));
+          dv_g.push_back(grads[0][(size_t(b) * T + j) * 3 * C + 2 * C + h * HS + d]);
+        }
+  EXPECT_LE(rel_err(dv_g, dv_ref), kFusedBwd) << "dv: the backward's dropout mask is not the forward's";
+}
+
+// The saved state and the backward scratch do not grow with T^2: at T = 1024 they are ~8x smaller
+// than the probabilities, and a GPT-2's activation memory shrinks accordingly.
+TEST_F(CudaOpsCudnn, SavedStateIsFarSmallerThanProbabilities) {
+  const int B = 4, T = 1024, NH = 12, HS = 64;
+  const size_t natt = size_t(B) * NH * T * T;
+  EXPECT_LT(fused().attention_saved_floats(B, T, NH, HS) * 4, natt);
+  EXPECT_LT(fused().attention_scratch_floats(B, T, NH, HS) * 4, natt);
+  nlp::ModelConfig mc = gpt2_config();
+  mc.n_positions = 1024;
+  auto m_native = nlp::make_model(mc, gpu(), "clm");
+  auto m_fused = nlp::make_model(mc, fused(), "clm");
+  EXPECT_LT(m_fused->activation_bytes(B, T) * 2, m_native->activation_bytes(B, T));
+}
+
+// A shape cuDNN rejects (head size 4) keeps the native fp32 kernels, in sizing and in dispatch.
+TEST_F(CudaOpsCudnn, UnsupportedShapeFallsBackToNative) {
+  const AttnShape s{3, 7, 3, 4};
+  const int C = s.NH * s.HS;
+  const size_t nqkv = size_t(s.B) * s.T * 3 * C, nout = size_t(s.B) * s.T * C;
+  const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
+  ASSERT_EQ(fused().attention_saved_floats(s.B, s.T, s.NH, s.HS), natt);
+  ASSERT_EQ(fused().attention_scratch_floats(s.B, s.T, s.NH, s.HS), natt);
+  const VF qkv = randn(nqkv, 3300, 1.5f), dout = randn(nout, 3301), dq0 = randn(nqkv, 3302);
+  VF out_c(nout), att_c(natt), dq_c = dq0, scr(natt);
+  cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), nullptr, true, 0.2f, 9, s.B, s.T,
+                          s.NH, s.HS);
+  cpu().attention_backward(dq_c.data(), scr.data(), dout.data(), qkv.data(), att_c.data(), nullptr,
+                           true, 0.2f, 9, s.B, s.T, s.NH, s.HS);
+  float *gq = fput(qkv), *ga = fnan(natt), *go = fnan(nout), *gdq = fput(dq0);
+  fused().attention_forward(go, ga, gq, nullptr, true, 0.2f, 9, s.B, s.T, s.NH, s.HS);
+  fused().attention_backward(gdq, fnan(natt), fput(dout), gq, ga, nullptr, true, 0.2f, 9, s.B, s.T,
+                             s.NH, s.HS);
+  EXPECT_CLOSE(fget(go, nout), out_c, kAttn);
+  EXPECT_CLOSE(fget(ga, natt), att_c, kAttn);  // the native path's probabilities, index-hash dropout
+  EXPECT_CLOSE(fget(gdq, nqkv), dq_c, kAttn);
+}
+
+// Whole models on the fused backend (cuDNN attention, bf16 GEMMs) against the CPU backend in bf16
+// precision, forward and backward, eval and training (residual and embedding dropout on, with the
+// same masks on both; attention dropout off).
+void compare_model_fused(Backend& g, nlp::ModelConfig mc, const std::string& task, int B, int T) {
+  SCOPED_TRACE("task " + task + " (fused attention)");
+  mc.attn_pdrop = 0.f;
+  mc.attention_probs_dropout_prob = 0.f;
+  const bool bert = mc.type == "bert";
+  const int NH = bert ? mc.num_attention_heads : mc.n_head;
+  const int HS = (bert ? mc.hidden_size : mc.n_embd) / NH;
+  ASSERT_NE(g.attention_saved_floats(B, T, NH, HS), size_t(B) * NH * T * T)
+      << "cuDNN does not run this shape";
+  auto mcpu = nlp::make_model(mc, cpu_bf16(), task);
+  auto mgpu = nlp::make_model(mc, g, task);
+  mcpu->init_weights(42);
+  std::vector<float> w;
+  mcpu->params().download(w);
+  mgpu->params().upload(w);
+  const HostBatch hb = make_host_batch(task, B, T, mc.vocab_size, mc.num_labels, 4343);
+  Batch bc(cpu_bf16(), hb), bg(g, hb);
+  const uint64_t seed = nlp::derive_seed(8, 1, 0);
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    const size_t P = mcpu->params().total();
+    cpu_bf16().zero(mcpu->params().grad(), P * sizeof(float));
+    g.zero(mgpu->params().grad(), P * sizeof(float));
+    const double lc = mcpu->forward(bc.db, training, seed);
+    const double lg = mgpu->forward(bg.db, training, seed);
+    EXPECT_LE(rel_err(lg, lc), kFusedModelLoss) << "loss gpu " << lg << " cpu " << lc;
+    auto oc = mcpu->outputs(), og = mgpu->outputs();
+    ASSERT_EQ(oc.size(), og.size());
+    for (size_t i = 0; i < oc.size(); ++i) {
+      size_t n = 1;
+      for (auto d : oc[i].shape) n *= size_t(d);
+      EXPECT_LE(rel_err(download(g, og[i].data, n), download(cpu_bf16(), oc[i].data, n)),
+                kFusedModelOut)
+          << "output " << oc[i].name;
+    }
+    const float dloss = 1.0f / float(B * T);
+    mcpu->backward(bc.db, dloss, training, seed);
+    mgpu->backward(bg.db, dloss, training, seed);
+    const VF gc = download(cpu_bf16(), mcpu->params().grad(), P);
+    const VF gg = download(g, mgpu->params().grad(), P);
+    double total = 0;
+    for (float x : gc) total += double(x) * x;
+    total = std::sqrt(total);
+    ASSERT_GT(total, 0.0);
+    for (const auto& sp : mcpu->params().specs()) {
+      double num = 0, den = 0;
+      bool finite = true;
+      for (size_t i = sp.offset; i < sp.offset + sp.numel; ++i) {
+        finite = finite && std::isfinite(gg[i]);
+        num += (double(gg[i]) - gc[i]) * (double(gg[i]) - gc[i]);
+        den += double(gc[i]) * gc[i];
+      }
+      EXPECT_TRUE(finite) << "gradient " << sp.name << " has non-finite values";
+      EXPECT_LE(std::sqrt(num) / std::max(std::sqrt(den), 1e-2 * total), kFusedModelGrad)
+          << "gradient " << sp.name;
+    }
+  }
+}
+
+TEST_F(CudaOpsCudnn, Gpt2ForwardBackwardMatchesCpuBf16) {
+  compare_model_fused(fused(), gpt2_config(), "clm", 3, 33);
+}
+
+TEST_F(CudaOpsCudnn, BertHeadsForwardBackwardMatchCpuBf16) {
+  for (const char* task : {"doc_cls", "pair_cls", "ner", "qa", "mlm"})
+    compare_model_fused(fused(), bert_config(), task, 3, 29);
+}
+
+// An explicit model.attention = cudnn in a build without cuDNN is an error naming the key (the test
+// binary of a build WITH cuDNN checks that the factory accepts it).
+TEST_F(CudaOps, FusedAttentionFactory) {
+  nlp::BackendOptions o;
+  o.fused_attention = true;
+  std::string why;
+  if (nlp::cuda_fused_attention_available(&why)) {
+    EXPECT_EQ(nlp::make_backend("cuda", 1, 0, o)->name(), "cuda");
+  } else {
+    try {
+      nlp::make_backend("cuda", 1, 0, o);
+      ADD_FAILURE() << "no error";
+    } catch (const nlp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("model.attention = cudnn"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // (cuda_backend_stub.cpp) throws nlp::Error in builds without CUDA.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "core/backend.h"
 
@@ -17,9 +18,15 @@ using CudaMatmul = Precision;  // Fp32 | Tf32 | Bf16 (core/backend.h)
 
 // Binds GPU `local_rank` (cudaSetDevice) and creates the backend's stream and library handles.
 // Throws nlp::Error when CUDA is not compiled in, no device is usable, or local_rank has no GPU.
-// sync_check: synchronise the stream and check for errors after every op (names the failing op).
-std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul = CudaMatmul::Fp32,
-                                           bool sync_check = false);
+// options.precision: the GEMM arithmetic (CudaMatmul above);
+// options.sync_check: synchronise the stream and check for errors after every op (names the op);
+// options.fused_attention: attention_forward/backward through cuDNN's fused SDPA where cuDNN
+//   supports the shape (attention_cudnn.h); an error when nlptrain was built without cuDNN.
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, const BackendOptions& options = {});
+
+// Whether this build has cuDNN's fused attention (BackendOptions::fused_attention); when not, *why
+// (nullable) says what was missing at build time.
+bool cuda_fused_attention_available(std::string* why);
 
 // The cudaStream_t (as void*) on which a CUDA backend enqueues every op, e.g. for an NCCL
 // communicator to reduce gradients in stream order; nullptr for any other backend.

@@ -1,6 +1,7 @@
 // The CUDA backend class: device memory (stream-ordered pool allocations, zeroed), one stream per
 // backend on which every op is enqueued in call order, GEMMs through cuBLASLt (gemm.h) and the
-// hand-written kernels of kernels/*.cu (kernels.cuh). fp32 throughout; no float atomics, so every op
+// hand-written kernels of kernels/*.cu (kernels.cuh), attention optionally through cuDNN's fused SDPA
+// (attention_cudnn.h). fp32 throughout but for that attention; no float atomics, so every op
 // is deterministic run to run. Host <-> device copies synchronise the stream, so a host buffer may
 // be reused as soon as to_device returns and is valid as soon as to_host returns.
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gemm.h"
@@ -30,8 +32,8 @@ void ck(cudaError_t e, const char* what) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, CudaMatmul matmul, bool sync_check)
-      : device_(device), sync_check_(sync_check) {
+  CudaBackend(int device, const BackendOptions& options)
+      : device_(device), sync_check_(options.sync_check) {
     ck(cudaSetDevice(device_), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
@@ -40,13 +42,15 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
        "cudaMemPoolSetAttribute");
-    gemm_ = std::make_unique<cuda::Gemm>(stream_, matmul);
+    gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision);
+    if (options.fused_attention) fused_ = std::make_unique<cuda::CudnnAttention>(stream_);
     ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
     ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    fused_.reset();
     gemm_.reset();
     if (ws_) cudaFreeAsync(ws_, stream_);
     cudaStreamSynchronize(stream_);
@@ -217,9 +221,26 @@ class CudaBackend final : public Backend {
   }
 
   // ---- attention ----
+  // With fused attention, every shape cuDNN supports (decided once per shape, the same answer for
+  // sizing and dispatch) runs through cuDNN's SDPA and saves/uses the small state of
+  // attention_cudnn.h; any other shape, and every shape without it, runs the native kernels with
+  // att[B,NH,T,T] probabilities.
+  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
+    return fused(B, T, NH, HS) ? cuda::sdpa_saved_floats(B, T, NH, HS)
+                               : Backend::attention_saved_floats(B, T, NH, HS);
+  }
+  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
+    return fused(B, T, NH, HS) ? cuda::sdpa_scratch_floats(B, T, NH, HS)
+                               : Backend::attention_scratch_floats(B, T, NH, HS);
+  }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                          int HS) override {
+    if (fused(B, T, NH, HS)) {
+      fused_->forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
+      op(cudaGetLastError(), "attention_forward (cuDNN)");
+      return;
+    }
     op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
                                stream_),
        "attention_forward");
@@ -228,6 +249,11 @@ class CudaBackend final : public Backend {
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
                           int HS) override {
+    if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
+      fused_->backward(dqkv, scratch, dout, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
+      op(cudaGetLastError(), "attention_backward (cuDNN)");
+      return;
+    }
     op(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
                                 B, T, NH, HS, stream_),
        "attention_backward");
@@ -292,6 +318,8 @@ class CudaBackend final : public Backend {
     gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
     op(cudaSuccess, what);
   }
+
+  bool fused(int B, int T, int NH, int HS) { return fused_ && fused_->supports(B, T, NH, HS); }
 
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
   void* workspace(size_t bytes) {
@@ -366,6 +394,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::CudnnAttention> fused_;  // BackendOptions::fused_attention
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   void* small_ = nullptr;       // device: [0] double reduction result, [64] int bad row
@@ -374,15 +403,22 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int local_rank, CudaMatmul matmul, bool sync_check) {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, const BackendOptions& options) {
   std::string why;
   const int n = cuda_device_count(&why);
   if (n == 0) throw Error(cat("run.backend=cuda: no usable CUDA device: ", why));
   if (local_rank < 0 || local_rank >= n)
     throw Error(cat("run.backend=cuda: local rank ", local_rank, " has no GPU (", n,
                     " device(s) on this node); use at most one rank per GPU"));
-  return std::make_unique<CudaBackend>(local_rank, matmul, sync_check);
+  std::string no_cudnn;
+  if (options.fused_attention && !cuda::cudnn_attention_compiled(&no_cudnn))
+    throw Error(cat("model.attention = cudnn: nlptrain was built without the cuDNN frontend (",
+                    no_cudnn, "); use model.attention = native, or pip install "
+                    "nvidia-cudnn-frontend and rebuild"));
+  return std::make_unique<CudaBackend>(local_rank, options);
 }
+
+bool cuda_fused_attention_available(std::string* why) { return cuda::cudnn_attention_compiled(why); }
 
 void* cuda_backend_stream(Backend& be) {
   auto* c = dynamic_cast<CudaBackend*>(&be);

@@ -1,0 +1,442 @@
+// cuDNN frontend implementation of attention_cudnn.h: graph construction and caching, the variant
+// packs of the forward and backward SDPA graphs, and the conversions around them (kernels/sdpa_io.cu,
+// kernels/convert.cu). Compiled only when CMake found the cuDNN frontend (NLPTRAIN_HAVE_CUDNN); the
+// only file that includes cudnn_frontend.h (slow to compile: ~1 minute).
+#include "backend/cuda/attention_cudnn.h"
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "core/error.h"
+
+namespace nlp::cuda {
+
+bool cudnn_attention_compiled(std::string* why) {
+  if (why) why->clear();
+  return true;
+}
+
+namespace {
+
+namespace fe = cudnn_frontend;
+using TA = fe::graph::Tensor_attributes;
+using Shape4 = std::vector<int64_t>;
+
+// Graph tensor uids: the variant pack maps them to device pointers.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+
+// How the key padding mask reaches cuDNN: an additive bf16 bias (0 kept, -1e9 masked) as
+//   Key       dims [B,1,1,T], strides [ld, ld, ld, 1]   one row per sequence, broadcast by cuDNN
+//   KeyRows0  dims [B,1,T,T], strides [ld, ld, 0, 1]    the same [B,ld] rows; the query dim broadcast
+//                                                       by a zero stride (as torch's expand() does)
+//   Full      dims [B,1,T,T], strides [T*ld, T*ld, ld, 1], materialised per call
+// The bias buffer holds [B, rows, ld] elements: rows = T for Full, else 1.
+enum class MaskKind { None = 0, Key = 1, KeyRows0 = 2, Full = 3 };
+
+const char* mask_name(MaskKind m) {
+  switch (m) {
+    case MaskKind::None: return "none";
+    case MaskKind::Key: return "key";
+    case MaskKind::KeyRows0: return "key0";
+    case MaskKind::Full: return "full";
+  }
+  return "?";
+}
+
+// What a cached graph computes.
+struct Key {
+  int B = 0, T = 0, NH = 0, HS = 0;
+  bool causal = false;
+  MaskKind mask = MaskKind::None;
+  float p = 0.f;  // dropout probability; 0 = no dropout node
+  auto tie() const { return std::tuple(B, T, NH, HS, causal, int(mask), p); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+std::string describe(const Key& k) {
+  const char* mask = k.mask == MaskKind::None       ? "no key mask"
+                     : k.mask == MaskKind::Key      ? "key mask as a [B,1,1,T] bias"
+                     : k.mask == MaskKind::KeyRows0 ? "key mask as a [B,1,T,T] bias of zero query stride"
+                                                    : "key mask as a materialised [B,1,T,T] bias";
+  return cat("B=", k.B, " T=", k.T, " NH=", k.NH, " HS=", k.HS, ", ",
+             k.causal ? "causal" : "not causal", ", ", mask, ", dropout ", k.p);
+}
+
+// Row stride of the bias in elements: rows of a multiple of 16 bytes (cuDNN's operand alignment).
+int64_t bias_ld(int T) { return (int64_t(T) + 7) / 8 * 8; }
+
+// A built graph (graph == nullptr: the build failed with `error`; failures are cached too).
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;       // bytes
+  bool deterministic = false;  // backward: cuDNN's deterministic algorithm
+  std::string error;
+};
+
+fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool deterministic,
+                        Plan& out) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t B = k.B, T = k.T, H = k.NH, D = k.HS, C = H * D;
+  const Shape4 dims{B, H, T, D};
+  const Shape4 qkv_stride{T * 3 * C, D, 3 * C, 1};  // heads of the fused [B,T,3C] buffer
+  const Shape4 o_stride{T * C, D, C, 1};            // heads of a [B,T,C] buffer
+  const Shape4 stats_dims{B, H, T, 1}, stats_stride{H * T, T, 1, 1};
+  auto tensor = [&](const char* name, Uid uid, const Shape4& d, const Shape4& s, fe::DataType_t t) {
+    return g->tensor(TA().set_name(name).set_uid(uid).set_dim(d).set_stride(s).set_data_type(t));
+  };
+  const auto bf16 = fe::DataType_t::BFLOAT16;
+  auto Q = tensor("Q", kQ, dims, qkv_stride, bf16);
+  auto K = tensor("K", kK, dims, qkv_stride, bf16);
+  auto V = tensor("V", kV, dims, qkv_stride, bf16);
+  std::shared_ptr<TA> bias, seed, offset;
+  const int64_t ld = bias_ld(k.T);
+  if (k.mask == MaskKind::Key) bias = tensor("bias", kBias, {B, 1, 1, T}, {ld, ld, ld, 1}, bf16);
+  if (k.mask == MaskKind::KeyRows0) bias = tensor("bias", kBias, {B, 1, T, T}, {ld, ld, 0, 1}, bf16);
+  if (k.mask == MaskKind::Full)
+    bias = tensor("bias", kBias, {B, 1, T, T}, {T * ld, T * ld, ld, 1}, bf16);
+  if (k.p > 0.f) {
+    seed = tensor("philox_seed", kSeed, {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
+    offset = tensor("philox_offset", kOffset, {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
+  }
+  const float scale = 1.0f / std::sqrt(float(k.HS));
+  if (!backward) {
+    auto opt = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(true);
+    opt.set_attn_scale(scale);
+    if (k.causal)
+      opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (bias) opt.set_bias(bias);
+    if (seed) opt.set_dropout(k.p, seed, offset);
+    auto [O, Stats] = g->sdpa(Q, K, V, opt);
+    O->set_output(true).set_uid(kO).set_dim(dims).set_stride(o_stride).set_data_type(bf16);
+    Stats->set_output(true)
+        .set_uid(kStats)
+        .set_dim(stats_dims)
+        .set_stride(stats_stride)
+        .set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    auto O = tensor("O", kO, dims, o_stride, bf16);
+    auto dO = tensor("dO", kDO, dims, o_stride, bf16);
+    auto Stats = tensor("Stats", kStats, stats_dims, stats_stride, fe::DataType_t::FLOAT);
+    auto opt = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
+    opt.set_attn_scale(scale).set_deterministic_algorithm(deterministic);
+    if (k.causal)
+      opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (bias) opt.set_bias(bias);
+    if (seed) opt.set_dropout(k.p, seed, offset);
+    auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opt);
+    dQ->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
+    dK->set_output(true).set_uid(kDK).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
+    dV->set_output(true).set_uid(kDV).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
+  }
+  fe::error_t st = g->validate();
+  if (st.is_good()) st = g->build_operation_graph(handle);
+  if (st.is_good()) st = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (st.is_good()) st = g->check_support(handle);
+  if (st.is_good()) st = g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  int64_t ws = 0;
+  if (st.is_good()) st = g->get_workspace_size(ws);
+  if (st.is_bad()) return st;
+  out.graph = std::move(g);
+  out.workspace = ws;
+  out.deterministic = deterministic;
+  return st;
+}
+
+// build_graph with the frontend's exceptions (it throws on a few paths) turned into an error
+Plan try_build(cudnnHandle_t handle, const Key& k, bool backward, bool deterministic) {
+  Plan p;
+  try {
+    fe::error_t st = build_graph(handle, k, backward, deterministic, p);
+    if (st.is_bad()) {
+      p.graph.reset();
+      p.error = st.get_message().empty() ? "error code " + std::to_string(int(st.get_code()))
+                                         : st.get_message();
+    }
+  } catch (const std::exception& e) {
+    p.graph.reset();
+    p.error = e.what();
+  }
+  return p;
+}
+
+void ck_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(cat("cuDNN attention: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                    ")"));
+  }
+}
+
+void ck_cudnn(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS)
+    throw Error(cat("cuDNN attention: ", what, " failed: ", cudnnGetErrorString(s)));
+}
+
+// p rounded up to the next multiple of kSdpaAlign
+template <typename P>
+char* align_up(P* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<char*>((a + kSdpaAlign - 1) / kSdpaAlign * kSdpaAlign);
+}
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, Plan> forward, backward;
+  std::map<std::tuple<int, int, int, int>, bool> support;  // (B, T, NH, HS) -> cuDNN runs it
+  // masked variant (key.mask ignored) -> the bias layout in use, per direction
+  std::map<Key, MaskKind> mask_forward, mask_backward;
+  void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
+  size_t ws_bytes = 0;
+  int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
+
+  // The cached graph of `k`, built on first use; failures are cached (graph == nullptr).
+  const Plan& plan(const Key& k, bool is_backward) {
+    auto& cache = is_backward ? backward : forward;
+    auto it = cache.find(k);
+    if (it != cache.end()) return it->second;
+    Plan p = try_build(handle, k, is_backward, /*deterministic=*/is_backward);
+    if (is_backward && !p.graph) {  // no deterministic backward for this variant: the other one
+      Plan q = try_build(handle, k, true, false);
+      if (q.graph)
+        std::fprintf(stderr,
+                     "nlptrain: cuDNN attention backward (%s) has no deterministic algorithm (%s): "
+                     "its gradients are not bitwise reproducible run to run\n",
+                     describe(k).c_str(), p.error.c_str());
+      p = std::move(q);
+    }
+    return cache.emplace(k, std::move(p)).first->second;
+  }
+
+  // The plan of `k` or an nlp::Error naming the variant
+  const Plan& require(const Key& k, bool is_backward) {
+    const Plan& p = plan(k, is_backward);
+    if (!p.graph)
+      throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
+                      "): no cuDNN engine: ", p.error,
+                      "; run with model.attention = native"));
+    return p;
+  }
+
+  // The graph key of a call. A masked call takes the first bias layout of mask_layouts() whose
+  // graph builds for that direction, decided once per variant.
+  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, float p, bool is_backward) {
+    Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
+    if (!masked) return k;
+    auto& chosen = is_backward ? mask_backward : mask_forward;
+    auto it = chosen.find(k);
+    if (it != chosen.end()) {
+      k.mask = it->second;
+      return k;
+    }
+    const std::vector<MaskKind> layouts = mask_layouts(is_backward);
+    std::string why;
+    for (MaskKind m : layouts) {
+      Key km = k;
+      km.mask = m;
+      const Plan& pl = plan(km, is_backward);
+      if (pl.graph) {
+        if (m != layouts.front())
+          std::fprintf(stderr, "nlptrain: cuDNN attention %s (%s): %s\n",
+                       is_backward ? "backward" : "forward", describe(km).c_str(),
+                       cat("the preferred mask layout failed (", why, ")").c_str());
+        chosen.emplace(k, m);
+        return km;
+      }
+      why = pl.error;
+    }
+    throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
+                    "): no cuDNN engine for a key padding mask: ", why,
+                    "; run with model.attention = native"));
+  }
+
+  // Bias layouts to try, in order. The forward broadcasts one row per sequence ([B,1,1,T]). The
+  // backward gets the query dimension spelled out: a cuDNN 9 backward took a [B,1,1,T] bias without
+  // complaint and computed wrong gradients (H100, checked by CudaOpsCudnn.PaddingMaskMatchesCpu).
+  // NLPTRAIN_CUDNN_MASK_BIAS=<forward>,<backward> (each key, key0 or full) forces a layout, to check
+  // another cuDNN version.
+  std::vector<MaskKind> mask_layouts(bool is_backward) {
+    const char* env = std::getenv("NLPTRAIN_CUDNN_MASK_BIAS");
+    if (env && *env) {
+      const std::string v(env);
+      const size_t comma = v.find(',');
+      const std::string want = is_backward ? (comma == std::string::npos ? v : v.substr(comma + 1))
+                                           : v.substr(0, comma);
+      for (MaskKind m : {MaskKind::Key, MaskKind::KeyRows0, MaskKind::Full})
+        if (want == mask_name(m)) return {m};
+      throw Error(cat("NLPTRAIN_CUDNN_MASK_BIAS = '", v,
+                      "': expected <forward>,<backward>, each key, key0 or full"));
+    }
+    if (is_backward) return {MaskKind::KeyRows0, MaskKind::Full};
+    return {MaskKind::Key, MaskKind::KeyRows0, MaskKind::Full};
+  }
+
+  // Device scratch for one call: cuDNN's workspace, then (masked calls) the bias [B,rows,ld] bf16
+  // and the first unmasked key of each sequence [B] int32.
+  struct CallBuffers {
+    void* workspace = nullptr;
+    void* bias = nullptr;
+    int32_t* first = nullptr;
+    int rows = 0;
+  };
+  CallBuffers buffers(const Plan& p, const Key& k) {
+    CallBuffers cb;
+    const size_t wsb = sdpa_align(size_t(p.workspace));
+    cb.rows = k.mask == MaskKind::Full ? k.T : 1;
+    const size_t bias_bytes =
+        k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * cb.rows * bias_ld(k.T) * 2);
+    const size_t first_bytes = k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * 4);
+    char* base = static_cast<char*>(grow(wsb + bias_bytes + first_bytes));
+    cb.workspace = p.workspace > 0 ? base : nullptr;
+    if (k.mask != MaskKind::None) {
+      cb.bias = base + wsb;
+      cb.first = reinterpret_cast<int32_t*>(base + wsb + bias_bytes);
+    }
+    return cb;
+  }
+
+  // The grow-only buffer (stream order makes reuse by the next call safe).
+  void* grow(size_t bytes) {
+    if (bytes <= ws_bytes) return ws;
+    if (ws) ck_cuda(cudaFreeAsync(ws, stream), "cudaFreeAsync(workspace)");
+    ws = nullptr;
+    ws_bytes = 0;
+    const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
+    ck_cuda(cudaMallocAsync(&ws, n, stream), "cudaMallocAsync(workspace)");
+    ws_bytes = n;
+    return ws;
+  }
+
+  // Mask bias and first keys (masked calls), Philox arguments (dropout)
+  void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed) {
+    if (k.mask != MaskKind::None)
+      ck_cuda(kern::sdpa_mask_bias(cb.bias, cb.first, mask, k.B, k.T, cb.rows, int(bias_ld(k.T)),
+                                   stream),
+              "mask bias");
+    if (k.p > 0.f) ck_cuda(kern::sdpa_philox_args(philox, seed, 0, stream), "dropout seed");
+  }
+
+  void execute(const Plan& p, const Key& k, std::unordered_map<int64_t, void*>& pack,
+               const CallBuffers& cb, const char* what) {
+    if (k.mask != MaskKind::None) pack[kBias] = cb.bias;
+    if (k.p > 0.f) {
+      pack[kSeed] = philox;
+      pack[kOffset] = philox + 1;
+    }
+    fe::error_t st = p.graph->execute(handle, pack, cb.workspace);
+    if (st.is_bad())
+      throw Error(cat("cuDNN attention ", what, " (", describe(k), "): execute failed: ",
+                      st.get_message()));
+  }
+};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = stream;
+  ck_cudnn(cudnnCreate(&impl_->handle), "cudnnCreate");
+  ck_cudnn(cudnnSetStream(impl_->handle, stream), "cudnnSetStream");
+  ck_cuda(cudaMalloc(&impl_->philox, 2 * sizeof(int64_t)), "cudaMalloc(dropout seed)");
+}
+
+CudnnAttention::~CudnnAttention() {
+  if (!impl_) return;
+  cudaStreamSynchronize(impl_->stream);
+  impl_->forward.clear();  // the plans hold cuDNN descriptors: released before the handle
+  impl_->backward.clear();
+  if (impl_->ws) cudaFreeAsync(impl_->ws, impl_->stream);
+  cudaStreamSynchronize(impl_->stream);
+  if (impl_->philox) cudaFree(impl_->philox);
+  if (impl_->handle) cudnnDestroy(impl_->handle);
+}
+
+bool CudnnAttention::supports(int B, int T, int NH, int HS) {
+  Impl& m = *impl_;
+  const auto shape = std::tuple(B, T, NH, HS);
+  auto it = m.support.find(shape);
+  if (it != m.support.end()) return it->second;
+  const Key k{B, T, NH, HS, false, MaskKind::None, 0.f};
+  const Plan& f = m.plan(k, false);
+  const Plan& b = f.graph ? m.plan(k, true) : f;
+  const bool ok = f.graph && b.graph;
+  if (!ok)
+    std::fprintf(stderr,
+                 "nlptrain: cuDNN fused attention does not support B=%d T=%d NH=%d HS=%d (%s %s): "
+                 "this shape uses the native attention kernels\n",
+                 B, T, NH, HS, f.graph ? "backward:" : "forward:", (f.graph ? b.error : f.error).c_str());
+  m.support.emplace(shape, ok);
+  return ok;
+}
+
+// out[B,T,C] = attention(q, k, v); saved <- stats, O, q|k|v (bf16)
+void CudnnAttention::forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask,
+                             bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
+                             int HS) {
+  Impl& m = *impl_;
+  const int C = NH * HS;
+  const size_t BT = size_t(B) * T;
+  const SdpaSavedLayout L = sdpa_saved_layout(B, T, NH, HS);
+  char* base = align_up(saved);
+  float* stats = reinterpret_cast<float*>(base + L.stats);  // [B,NH,T,1]
+  char* o = base + L.o;                                     // [B,T,C] bf16
+  char* qkv16 = base + L.qkv;                               // [B,T,3C] bf16
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, false);
+  const Plan& p = m.require(k, false);
+  const Impl::CallBuffers cb = m.buffers(p, k);
+
+  ck_cuda(kern::to_bf16(qkv16, qkv, BT * 3 * C, m.stream), "qkv to bf16");
+  m.prepare(k, cb, attn_mask, seed);
+  const size_t part = size_t(C) * 2;  // bytes from q to k to v within a row
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, qkv16}, {kK, qkv16 + part}, {kV, qkv16 + 2 * part}, {kO, o}, {kStats, stats}};
+  m.execute(p, k, pack, cb, "forward");
+  ck_cuda(kern::sdpa_out_from_bf16(out, o, attn_mask ? cb.first : nullptr, causal, B, T, C, m.stream),
+          "output to fp32");
+}
+
+// dqkv[B,T,3C] += d attention / d qkv, from the saved stats, O and q|k|v
+void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, const float* saved,
+                              const int32_t* attn_mask, bool causal, float dropout_p,
+                              uint64_t seed, int B, int T, int NH, int HS) {
+  Impl& m = *impl_;
+  const int C = NH * HS;
+  const size_t BT = size_t(B) * T;
+  const SdpaSavedLayout L = sdpa_saved_layout(B, T, NH, HS);
+  char* base = align_up(saved);
+  const SdpaScratchLayout S = sdpa_scratch_layout(B, T, NH, HS);
+  char* sbase = align_up(scratch);
+  char* dout16 = sbase + S.dout;  // [B,T,C] bf16
+  char* dqkv16 = sbase + S.dqkv;  // [B,T,3C] bf16
+  char* qkv16 = base + L.qkv;
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, true);
+  const Plan& p = m.require(k, true);
+  const Impl::CallBuffers cb = m.buffers(p, k);
+
+  m.prepare(k, cb, attn_mask, seed);
+  ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask ? cb.first : nullptr, causal, B, T, C,
+                                  m.stream),
+          "dout to bf16");
+  const size_t part = size_t(C) * 2;
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, qkv16},          {kK, qkv16 + part},           {kV, qkv16 + 2 * part},
+      {kO, base + L.o},     {kStats, base + L.stats},     {kDO, dout16},
+      {kDQ, dqkv16},        {kDK, dqkv16 + part},         {kDV, dqkv16 + 2 * part}};
+  m.execute(p, k, pack, cb, "backward");
+  ck_cuda(kern::accumulate_bf16(dqkv, dqkv16, BT * 3 * C, m.stream), "dqkv accumulate");
+}
+
+}  // namespace nlp::cuda

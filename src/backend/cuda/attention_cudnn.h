@@ -1,0 +1,121 @@
+// Fused scaled-dot-product attention (flash attention) forward and backward through the cuDNN
+// frontend graph API: the CUDA backend's attention_forward/attention_backward when
+// BackendOptions::fused_attention is on (model.attention = cudnn, or auto with bf16 precision).
+// Private to src/backend/cuda/. Implemented in attention_cudnn.cpp when CMake found the cuDNN
+// frontend headers and libcudnn (NLPTRAIN_HAVE_CUDNN), else by attention_cudnn_off.cpp.
+//
+// Arithmetic: q, k, v, the output and the gradients pass through bf16 (cuDNN's SDPA has no fp32
+// I/O kernels); scores, softmax and accumulation are fp32 inside cuDNN. No [B,NH,T,T] tensor is ever
+// stored: the backward recomputes the probabilities from the softmax statistics.
+//
+// Saved state, in the model's `att` buffer (sdpa_saved_floats; every part 256-byte aligned):
+//   stats  fp32 [B,NH,T,1]  log-sum-exp of each score row (cuDNN's "Stats")
+//   o      bf16 [B,T,C]     the forward output O (heads concatenated; the backward needs it)
+//   qkv    bf16 [B,T,3C]    q | k | v, converted once in the forward, read again by the backward
+// Backward scratch (sdpa_scratch_floats): dO bf16 [B,T,C] and dq | dk | dv bf16 [B,T,3C], which a
+// kernel then ADDS to the fp32 dqkv (backward ops accumulate).
+// Views: Q, K, V (and dQ, dK, dV) are [B,NH,T,HS] with strides [T*3C, HS, 3C, 1] at element offsets
+// 0, C, 2C of the fused buffer; O and dO are [B,NH,T,HS] with strides [T*C, HS, C, 1].
+//
+// Masks: causal = cuDNN's diagonal band (right bound 0, top-left aligned). The key padding mask
+// attn_mask[B,T] (any 0/1 pattern) becomes an additive bf16 bias, 0 for a kept key and -1e9 for a
+// masked one, one row of T per sequence built per call in the workspace (never kept): the forward
+// reads it as [B,1,1,T] (broadcast over heads and queries), the backward as [B,1,T,T] with a zero
+// query stride (cuDNN 9.19's backward accepted the [B,1,1,T] form and returned wrong gradients); a
+// layout a cuDNN version rejects falls back to a materialised [B,1,T,T] bias. A query row whose keys
+// are all masked would give cuDNN's uniform average over the masked keys; such rows (found from the
+// first unmasked key of each sequence) get a zero output and no gradient, as on the native path.
+//
+// Dropout: cuDNN's own Philox generator with seed = the op's `seed` and offset 0, in the forward and
+// again in the backward, so both see the same mask. It is NOT the native/CPU mask (core/rng.h index
+// hash): comparisons against the CPU backend need attention dropout 0 or the native attention.
+//
+// Graphs (forward, backward) are built once per (B, T, NH, HS, causal, mask layout, dropout p) and
+// cached with their workspace sizes; everything runs on the backend's stream. Which shapes cuDNN runs
+// is decided once per (B, T, NH, HS), before the model sizes its buffers (supports()): the forward
+// and backward graphs of the plain variant must build, else the shape keeps the native kernels and
+// one warning line goes to stderr.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace nlp::cuda {
+
+// Whether attention_cudnn.cpp is compiled in; when not, *why (nullable) says what CMake lacked.
+bool cudnn_attention_compiled(std::string* why);
+
+constexpr size_t kSdpaAlign = 256;  // bytes: alignment of every part of the saved state and scratch
+
+inline size_t sdpa_align(size_t bytes) { return (bytes + kSdpaAlign - 1) / kSdpaAlign * kSdpaAlign; }
+
+// Byte offsets of the saved state's parts from the 256-aligned base inside `att`; `total` includes
+// the slack that aligning the base may consume.
+struct SdpaSavedLayout {
+  size_t stats = 0, o = 0, qkv = 0, total = 0;
+};
+inline SdpaSavedLayout sdpa_saved_layout(int B, int T, int NH, int HS) {
+  const size_t BT = size_t(B) * T, C = size_t(NH) * HS;
+  SdpaSavedLayout l;
+  l.stats = 0;
+  l.o = l.stats + sdpa_align(BT * NH * sizeof(float));  // stats [B,NH,T,1] fp32
+  l.qkv = l.o + sdpa_align(BT * C * 2);                 // o [B,T,C] bf16
+  l.total = l.qkv + sdpa_align(BT * 3 * C * 2)          // qkv [B,T,3C] bf16
+            + kSdpaAlign;                               // base alignment slack
+  return l;
+}
+
+// Byte offsets of the backward scratch's parts: dO bf16 [B,T,C], dqkv bf16 [B,T,3C].
+struct SdpaScratchLayout {
+  size_t dout = 0, dqkv = 0, total = 0;
+};
+inline SdpaScratchLayout sdpa_scratch_layout(int B, int T, int NH, int HS) {
+  const size_t BT = size_t(B) * T, C = size_t(NH) * HS;
+  SdpaScratchLayout l;
+  l.dout = 0;
+  l.dqkv = l.dout + sdpa_align(BT * C * 2);
+  l.total = l.dqkv + sdpa_align(BT * 3 * C * 2) + kSdpaAlign;
+  return l;
+}
+
+inline size_t sdpa_saved_floats(int B, int T, int NH, int HS) {
+  return (sdpa_saved_layout(B, T, NH, HS).total + sizeof(float) - 1) / sizeof(float);
+}
+inline size_t sdpa_scratch_floats(int B, int T, int NH, int HS) {
+  return (sdpa_scratch_layout(B, T, NH, HS).total + sizeof(float) - 1) / sizeof(float);
+}
+
+// One per CUDA backend. Not thread-safe (neither is the backend).
+class CudnnAttention {
+ public:
+  // Creates the cuDNN handle on the current device and binds it to `stream`. Throws nlp::Error.
+  explicit CudnnAttention(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Whether cuDNN runs attention of this shape: decided on the first call by building the forward
+  // and backward graphs of the plain variant (no mask, no dropout; kept in the cache), then cached.
+  // A "no" (cuDNN reports the configuration unsupported) prints one line to stderr; the caller then
+  // uses its native kernels for this shape, in sizing and in dispatch alike.
+  bool supports(int B, int T, int NH, int HS);
+
+  // As Backend::attention_forward, for a shape with supports() true: `saved` holds
+  // sdpa_saved_floats(B, T, NH, HS) floats (any 4-byte alignment); out[B,T,C] fp32.
+  void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool causal,
+               float dropout_p, uint64_t seed, int B, int T, int NH, int HS);
+  // As Backend::attention_backward: dqkv[B,T,3C] += ...; `saved` as written by forward() with the
+  // same arguments; `scratch` holds sdpa_scratch_floats(B, T, NH, HS) floats.
+  void backward(float* dqkv, float* scratch, const float* dout, const float* saved,
+                const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed, int B, int T,
+                int NH, int HS);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nlp::cuda

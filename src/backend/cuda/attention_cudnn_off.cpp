@@ -1,0 +1,39 @@
+// attention_cudnn.h in CUDA builds without the cuDNN frontend (CMake did not find cudnn_frontend.h,
+// cudnn.h or libcudnn, or -DNLPTRAIN_CUDNN=OFF): nothing runs; the factory reports why
+// (make_cuda_backend with fused_attention on throws before constructing a CudnnAttention).
+#include "backend/cuda/attention_cudnn.h"
+
+#include "core/error.h"
+
+#ifndef NLPTRAIN_CUDNN_MISSING
+#define NLPTRAIN_CUDNN_MISSING "cuDNN support was not configured"
+#endif
+
+namespace nlp::cuda {
+
+bool cudnn_attention_compiled(std::string* why) {
+  if (why) *why = NLPTRAIN_CUDNN_MISSING;
+  return false;
+}
+
+struct CudnnAttention::Impl {};
+
+CudnnAttention::CudnnAttention(cudaStream_t) {
+  throw Error(cat("cuDNN attention: not compiled in (", NLPTRAIN_CUDNN_MISSING, ")"));
+}
+
+CudnnAttention::~CudnnAttention() = default;
+
+bool CudnnAttention::supports(int, int, int, int) { return false; }
+
+void CudnnAttention::forward(float*, float*, const float*, const int32_t*, bool, float, uint64_t, int,
+                             int, int, int) {
+  throw Error("cuDNN attention: not compiled in");
+}
+
+void CudnnAttention::backward(float*, float*, const float*, const float*, const int32_t*, bool, float,
+                              uint64_t, int, int, int, int) {
+  throw Error("cuDNN attention: not compiled in");
+}
+
+}  // namespace nlp::cuda
