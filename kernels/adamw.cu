@@ -29,7 +29,51 @@ __global__ void adamw_k(float* __restrict__ param, const float* __restrict__ gra
   }
 }
 
+// One launch over many tensors: each element finds its span by binary search over the span ends
+// (a few hundred, cached in L1), then does adamw_k's arithmetic with its span's decay factor.
+__global__ void adamw_spans_k(float* __restrict__ param, const float* __restrict__ grad,
+                              float* __restrict__ m, float* __restrict__ v,
+                              const uint64_t* __restrict__ start, const uint64_t* __restrict__ end,
+                              const uint8_t* __restrict__ decays, int nspans, size_t n,
+                              float step_size, float bc2_sqrt, float decay_on, float decay_off,
+                              float beta1, float beta2, float eps, float grad_scale) {
+  const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int lo = 0, hi = nspans - 1;  // first span with end > i
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (end[mid] > i) hi = mid;
+      else lo = mid + 1;
+    }
+    if (i < start[lo] || i >= end[lo]) continue;  // an alignment gap between tensors
+    const float decay = decays[lo] ? decay_on : decay_off;
+    const float g = grad[i] * grad_scale;
+    float p = param[i] * decay;
+    const float mi = beta1 * m[i] + omb1 * g;
+    const float vi = beta2 * v[i] + omb2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    p -= step_size * (mi / denom);
+    param[i] = p;
+  }
+}
+
 }  // namespace
+
+cudaError_t adamw_update_spans(float* param, const float* grad, float* m, float* v,
+                               const uint64_t* start, const uint64_t* end, const uint8_t* decays,
+                               int nspans, size_t n_total, float step_size, float bc2_sqrt,
+                               float decay_on, float decay_off, float beta1, float beta2,
+                               float eps, float grad_scale, cudaStream_t s) {
+  if (n_total && nspans > 0)
+    adamw_spans_k<<<grid_for(n_total, 256), 256, 0, s>>>(param, grad, m, v, start, end, decays,
+                                                         nspans, n_total, step_size, bc2_sqrt,
+                                                         decay_on, decay_off, beta1, beta2, eps,
+                                                         grad_scale);
+  return cudaGetLastError();
+}
 
 cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
                          float step_size, float bc2_sqrt, float decay, float beta1, float beta2,

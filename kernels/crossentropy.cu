@@ -5,6 +5,9 @@
 // Targets outside [0, V) that are not the ignore index are reported through *bad_row (atomicMin of
 // the row index, an integer: the reported row does not depend on timing); such rows are skipped.
 // Block reductions are fixed trees: deterministic.
+// Row statistics: the forward can save each row's max and sum of exp (row_max, row_sumexp), and the
+// backward can take them instead of re-reading the row twice (one read of the logits instead of three):
+// the same numbers, so the same bits as recomputing them.
 #include <cmath>
 
 #include "common.cuh"
@@ -31,7 +34,8 @@ __device__ __forceinline__ void row_stats(const float* x, int V, float* mx_out, 
 }
 
 __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ logits,
-                         const int32_t* __restrict__ targets, int V, int* bad_row) {
+                         const int32_t* __restrict__ targets, int V, int* bad_row,
+                         float* __restrict__ row_max, double* __restrict__ row_sumexp) {
   const int m = blockIdx.x;
   const int32_t t = targets[m];
   if (t == kIgnore) {
@@ -49,11 +53,18 @@ __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ l
   float mx;
   double se;
   row_stats(x, V, &mx, &se);
-  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)x[t]));
+  if (threadIdx.x == 0) {
+    losses[m] = static_cast<float>(log(se) + ((double)mx - (double)x[t]));
+    if (row_max) {
+      row_max[m] = mx;
+      row_sumexp[m] = se;
+    }
+  }
 }
 
 __global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ logits,
-                         const int32_t* __restrict__ targets, float dloss, int V, int* bad_row) {
+                         const int32_t* __restrict__ targets, float dloss, int V, int* bad_row,
+                         const float* __restrict__ row_max, const double* __restrict__ row_sumexp) {
   const int m = blockIdx.x;
   const int32_t t = targets[m];
   if (t == kIgnore) return;
@@ -65,7 +76,12 @@ __global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ 
   float* g = dlogits + (size_t)m * V;
   float mx;
   double se;
-  row_stats(x, V, &mx, &se);
+  if (row_max) {
+    mx = row_max[m];
+    se = row_sumexp[m];
+  } else {
+    row_stats(x, V, &mx, &se);
+  }
   const float f = static_cast<float>((double)dloss / se);
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float gv = g[v] + expf(x[v] - mx) * f;
@@ -79,16 +95,19 @@ inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >=
 }  // namespace
 
 cudaError_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
-                                 int M, int V, int* bad_row, cudaStream_t s) {
+                                 int M, int V, int* bad_row, float* row_max, double* row_sumexp,
+                                 cudaStream_t s) {
   if (M <= 0) return cudaGetLastError();
-  ce_fwd_k<<<M, threads_for(V), 0, s>>>(losses, logits, targets, V, bad_row);
+  ce_fwd_k<<<M, threads_for(V), 0, s>>>(losses, logits, targets, V, bad_row, row_max, row_sumexp);
   return cudaGetLastError();
 }
 
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                  float dloss, int M, int V, int* bad_row, cudaStream_t s) {
+                                  float dloss, int M, int V, int* bad_row, const float* row_max,
+                                  const double* row_sumexp, cudaStream_t s) {
   if (M <= 0) return cudaGetLastError();
-  ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, V, bad_row);
+  ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, V, bad_row, row_max,
+                                        row_sumexp);
   return cudaGetLastError();
 }
 

@@ -111,16 +111,28 @@ cudaError_t attention_decode(float* out, const float* qkv_new, float* kcache, fl
 // ---- crossentropy.cu -----------------------------------------------------------------------------
 // *bad_row (device int) is lowered (atomicMin) to the first row whose target is neither in [0, V)
 // nor the ignore index; the caller sets it to INT_MAX before and reads it after.
+// row_max[M] / row_sumexp[M] (nullable): the forward saves each row's max and sum of exp there, and
+// the backward reads them instead of recomputing (pass the forward's, unchanged logits).
 cudaError_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
-                                 int M, int V, int* bad_row, cudaStream_t s);
+                                 int M, int V, int* bad_row, float* row_max, double* row_sumexp,
+                                 cudaStream_t s);
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                  float dloss, int M, int V, int* bad_row, cudaStream_t s);
+                                  float dloss, int M, int V, int* bad_row, const float* row_max,
+                                  const double* row_sumexp, cudaStream_t s);
 
 // ---- adamw.cu ------------------------------------------------------------------------------------
 // Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).
 cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
                          float step_size, float bc2_sqrt, float decay, float beta1, float beta2,
                          float eps, float grad_scale, cudaStream_t s);
+// The same over the spans of one arena in one launch: span k is [start[k], end[k]) with decay
+// factor decay_on when decays[k] != 0, else decay_off (starts ascending, spans disjoint); elements
+// outside every span are not touched. n_total = end of the last span.
+cudaError_t adamw_update_spans(float* param, const float* grad, float* m, float* v,
+                               const uint64_t* start, const uint64_t* end, const uint8_t* decays,
+                               int nspans, size_t n_total, float step_size, float bc2_sqrt,
+                               float decay_on, float decay_off, float beta1, float beta2,
+                               float eps, float grad_scale, cudaStream_t s);
 
 }  // namespace kern
 }  // namespace nlp

@@ -59,6 +59,15 @@ mem_watch() {
   return $rc
 }
 
+# results.json, summary.txt and the log archive under $OUT after every section, so that a run
+# stopped from outside still brings back what it measured
+snapshot() {
+  python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
+      > "$OUT/summary.txt" 2> "$W/collect.err" || true
+  cp "$W/run.log" "$OUT/run.log" 2>/dev/null
+  tar -czf "$OUT/gpu-run.tar.gz" -C "$W" --exclude='*.h5' --exclude='*.trace' . 2>/dev/null
+}
+
 finish() {
   log "packing logs"
   python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
@@ -96,6 +105,7 @@ if want tests && in_time 60 "tests"; then
   grep -E '^\[  FAILED  \]' "$W/test_ops_cuda.log" | head -30 | tee -a "$W/run.log"
 fi
 
+snapshot
 if want e2e && in_time 90 "e2e"; then
   for m in gpt2_small bert_small; do
     for be in cuda cpu; do
@@ -122,6 +132,7 @@ if want e2e && in_time 90 "e2e"; then
   done
 fi
 
+snapshot
 if want resume && in_time 60 "resume"; then
   R=$W/resume
   timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
@@ -144,6 +155,7 @@ if want resume && in_time 60 "resume"; then
       | tee "$W/resume_bf16_compare.log" | tee -a "$W/run.log"
 fi
 
+snapshot
 if want bench; then
   for prec in $BENCH_PRECISIONS; do
     for m in gpt2_124m bert_base_doc_cls; do
@@ -159,6 +171,7 @@ if want bench; then
   done
 fi
 
+snapshot
 if want profile; then
   for m in $PROFILE_MODELS; do
     in_time 40 "profile $m" || continue
@@ -168,15 +181,16 @@ if want profile; then
     timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
         --output.dir="$W/$name" > "$W/$name.log" 2>&1
     log "profile $name: exit $?"
-    { echo "== $name"; sed -n '/profile (run.profile)/,/ total /p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
+    { echo "== $name"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   done
 fi
 
+snapshot
 if want torch; then
   for r in $TORCH_RUNS; do
     IFS=: read -r model mode prec <<< "$r"
-    need=45
-    [[ $mode == compile ]] && need=150
+    need=35
+    [[ $mode == compile ]] && need=90
     in_time $need "torch $r" || continue
     if [[ $model == gpt2 ]]; then args=(--batch $GPT2_BATCH --seq 1024 --data stage/data/gpt2_train.h5)
     else args=(--batch 32 --seq 128 --data stage/data/nsmc_train.h5); fi
@@ -186,6 +200,7 @@ if want torch; then
     mem_watch "$name" timeout 300 python3 torch_bench.py --model $model --mode $mode --precision $prec \
         "${args[@]}" --steps 20 --warmup $warm > "$W/$name.log" 2>&1
     log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+    snapshot
   done
 fi
 log "done"

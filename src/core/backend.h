@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace nlp {
 
@@ -158,6 +159,8 @@ class Backend {
   virtual void crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
                                     int M, int V) = 0;
   // dlogits[M,V] += (softmax(logits) - onehot(target)) * dloss; rows with ignored targets get nothing.
+  // The logits must be those of the last crossentropy_forward on the same pointer, M and V, unchanged
+  // since (a backend may reuse the forward's row statistics: the CUDA backend does).
   virtual void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                      float dloss, int M, int V) = 0;
 
@@ -170,6 +173,20 @@ class Backend {
   virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t N,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             float grad_scale, int t) = 0;
+  // The same step on many tensors of one arena at once (every parameter of a model): span i is the
+  // elements [offset, offset + numel) of param/grad/m/v with its own weight decay. Bitwise the same
+  // as one adamw_update per span; a backend may do it in one pass (CUDA: one launch).
+  struct AdamWSpan {
+    size_t offset, numel;
+    float weight_decay;
+  };
+  virtual void adamw_update_spans(float* param, const float* grad, float* m, float* v,
+                                  const std::vector<AdamWSpan>& spans, float lr, float beta1,
+                                  float beta2, float eps, float grad_scale, int t) {
+    for (const AdamWSpan& sp : spans)
+      adamw_update(param + sp.offset, grad + sp.offset, m + sp.offset, v + sp.offset, sp.numel, lr,
+                   beta1, beta2, eps, sp.weight_decay, grad_scale, t);
+  }
 };
 
 // How a backend is built (make_backend); every field has the default of a plain fp32 backend.

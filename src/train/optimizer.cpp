@@ -13,11 +13,11 @@ AdamW::~AdamW() {
 }
 
 void AdamW::step(float lr, float grad_scale, int t) {
-  for (const auto& s : ps_.specs()) {
-    be_.adamw_update(ps_.data() + s.offset, ps_.grad() + s.offset, m_ + s.offset, v_ + s.offset,
-                     s.numel, lr, tc_.beta1, tc_.beta2, tc_.adam_eps,
-                     s.decay ? tc_.weight_decay : 0.f, grad_scale, t);
-  }
+  if (spans_.empty())
+    for (const auto& s : ps_.specs())
+      spans_.push_back({s.offset, s.numel, s.decay ? tc_.weight_decay : 0.f});
+  be_.adamw_update_spans(ps_.data(), ps_.grad(), m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
+                         tc_.adam_eps, grad_scale, t);
 }
 
 std::vector<NamedTensor> AdamW::host_views(float* dev, std::vector<float>& host) const {

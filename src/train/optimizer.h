@@ -32,6 +32,7 @@ class AdamW {
   TrainConfig tc_;
   float* m_ = nullptr;
   float* v_ = nullptr;
+  std::vector<Backend::AdamWSpan> spans_;  // one per parameter tensor, with its weight decay
 };
 
 }  // namespace nlp

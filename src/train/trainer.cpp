@@ -135,7 +135,23 @@ int run_train(Session& s) {
 
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
-  std::vector<HostBatch> micro(tc.grad_accum);
+  // The micro-batches of a step, read on the host. Those of the next step are read while the GPU
+  // runs this step's backward (the ops are queued asynchronously), so the data read is hidden
+  // behind the compute; the batches depend only on (seed, step, data position), so reading ahead
+  // changes no result, and a run that stops discards them.
+  std::vector<HostBatch> micro(tc.grad_accum), next_micro(tc.grad_accum);
+  double next_count = 0;
+  bool have_next = false;
+  auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
+    double count = 0;
+    for (int a = 0; a < tc.grad_accum; ++a) {
+      auto idx = sampler.indices(first_batch + a);
+      train.read(idx.data(), static_cast<int>(idx.size()), tb);
+      out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
+      count += static_cast<double>(out[a].loss_units(s.task));
+    }
+    return count;
+  };
   const auto t_start = Clock::now();
   int steps_done_here = 0;
   double train_seconds = 0;
@@ -147,16 +163,18 @@ int run_train(Session& s) {
         learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
     s.be.zero(ps.grad(), ps.total() * sizeof(float));
 
-    // Read every micro-batch first: the global target count normalises the loss.
+    // Every micro-batch before the first forward: the global target count normalises the loss.
+    // t_data counts only a read that was not done ahead (the exposed data wait).
     double counts[1] = {0};
     auto tp = Clock::now();
-    for (int a = 0; a < tc.grad_accum; ++a) {
-      auto idx = sampler.indices(st.next_batch + a);
-      train.read(idx.data(), static_cast<int>(idx.size()), tb);
-      micro[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step, a, 1000 + rank));
-      counts[0] += static_cast<double>(micro[a].loss_units(s.task));
+    if (have_next) {
+      std::swap(micro, next_micro);
+      counts[0] = next_count;
+      have_next = false;
+    } else {
+      counts[0] = read_step(step, static_cast<int64_t>(st.next_batch), micro);
+      t_data += seconds_since(tp);
     }
-    t_data += seconds_since(tp);
     tp = Clock::now();
     s.comm.allreduce_sum_host(counts, 1);
     t_comm += seconds_since(tp);
@@ -171,6 +189,10 @@ int run_train(Session& s) {
       const uint64_t dseed = derive_seed(seed, step, a, rank);
       loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
       s.model.backward(db, dloss, /*training=*/true, dseed);
+    }
+    if (step + 1 < tc.steps) {  // read ahead while the GPU works
+      next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + tc.grad_accum, next_micro);
+      have_next = true;
     }
     s.be.synchronize();
     tp = Clock::now();

@@ -662,6 +662,38 @@ TEST_F(CudaOps, SumAndSumsqInDouble) {
   EXPECT_EQ(gpu().sum(nullptr, 0), 0.0);
 }
 
+// One launch over many tensors (with alignment gaps between them, which stay untouched) gives
+// bitwise what one adamw_update per tensor gives, on the GPU; and matches the CPU's spans to kOp.
+TEST_F(CudaOps, AdamWSpansEqualPerTensorUpdates) {
+  using Span = nlp::Backend::AdamWSpan;
+  const std::vector<Span> spans = {{0, 1000, 0.1f},  {1000, 7, 0.f},   {1024, 50000, 0.1f},
+                                   {51024, 1, 0.f},  {51040, 3000, 0.1f}, {54040, 129, 0.f}};
+  const size_t n = 54200;  // the tail past the last span is not touched either
+  VF p0 = randn(n, 1400), m0 = randn(n, 1401, 0.01f), v0(n);
+  for (size_t i = 0; i < n; ++i) v0[i] = std::fabs(randn(1, 1402 + i % 7, 1e-4f)[0]) + 1e-6f;
+  float *pa = put(p0), *ma = put(m0), *va = put(v0);  // per tensor
+  float *pb = put(p0), *mb = put(m0), *vb = put(v0);  // spans
+  VF pc = p0, mc = m0, vc = v0;                       // CPU spans
+  for (int t = 1; t <= 3; ++t) {
+    VF g = randn(n, 1410 + t, 0.1f);
+    float* gg = put(g);
+    const float lr = 1e-3f * t;
+    for (const Span& sp : spans)
+      gpu().adamw_update(pa + sp.offset, gg + sp.offset, ma + sp.offset, va + sp.offset, sp.numel,
+                         lr, 0.9f, 0.999f, 1e-8f, sp.weight_decay, 0.7f, t);
+    gpu().adamw_update_spans(pb, gg, mb, vb, spans, lr, 0.9f, 0.999f, 1e-8f, 0.7f, t);
+    cpu().adamw_update_spans(pc.data(), g.data(), mc.data(), vc.data(), spans, lr, 0.9f, 0.999f,
+                             1e-8f, 0.7f, t);
+  }
+  EXPECT_CLOSE(get(pb, n), get(pa, n), kExact);
+  EXPECT_CLOSE(get(mb, n), get(ma, n), kExact);
+  EXPECT_CLOSE(get(vb, n), get(va, n), kExact);
+  EXPECT_CLOSE(get(pb, n), pc, kOp);
+  const VF pbh = get(pb, n);
+  for (size_t i : {size_t(1007), size_t(1023), size_t(51030), size_t(54190)})
+    EXPECT_EQ(pbh[i], p0[i]) << "element " << i << " outside every span changed";
+}
+
 TEST_F(CudaOps, AdamWMatchesCpuOverThreeSteps) {
   const size_t n = 100001;
   VF p = randn(n, 1300), m(n, 0.f), v(n, 0.f);

@@ -53,6 +53,8 @@ class CudaBackend final : public Backend {
     fused_.reset();
     gemm_.reset();
     if (ws_) cudaFreeAsync(ws_, stream_);
+    if (span_start_) cudaFreeAsync(span_start_, stream_);
+    if (ce_stats_.se) cudaFreeAsync(ce_stats_.se, stream_);
     cudaStreamSynchronize(stream_);
     if (small_) cudaFree(small_);
     if (host_small_) cudaFreeHost(host_small_);
@@ -82,9 +84,11 @@ class CudaBackend final : public Backend {
     if (p) ck(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   }
   void zero(void* p, size_t bytes) override {
+    forget_ce_stats(p);
     if (bytes) op(cudaMemsetAsync(p, 0, bytes, stream_), "zero");
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
+    forget_ce_stats(dst);
     if (!bytes) return;
     op(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
     ck(cudaStreamSynchronize(stream_), "to_device (synchronize)");
@@ -97,6 +101,7 @@ class CudaBackend final : public Backend {
     after_sync();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    forget_ce_stats(dst);
     if (bytes && dst != src)
       op(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
@@ -145,6 +150,7 @@ class CudaBackend final : public Backend {
         zero(out, sizeof(float) * size_t(M) * N);
       return;
     }
+    forget_ce_stats(out);
     gemm("matmul_forward", out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
   }
   // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
@@ -270,14 +276,21 @@ class CudaBackend final : public Backend {
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
                             int V) override {
     if (M <= 0) return;
-    op(kern::crossentropy_forward(losses, logits, targets, M, V, bad_row(targets, M, V), stream_),
+    ce_stats_capacity(M);
+    op(kern::crossentropy_forward(losses, logits, targets, M, V, bad_row(targets, M, V),
+                                  ce_stats_.mx, ce_stats_.se, stream_),
        "crossentropy_forward");
+    ce_stats_.logits = logits;
+    ce_stats_.M = M;
+    ce_stats_.V = V;
     copy_bad_row();
   }
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                              float dloss, int M, int V) override {
     if (M <= 0) return;
+    const bool reuse = ce_stats_.logits == logits && ce_stats_.M == M && ce_stats_.V == V;
     op(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad_row(targets, M, V),
+                                   reuse ? ce_stats_.mx : nullptr, reuse ? ce_stats_.se : nullptr,
                                    stream_),
        "crossentropy_backward");
     copy_bad_row();
@@ -301,7 +314,70 @@ class CudaBackend final : public Backend {
        "adamw_update");
   }
 
+  // Every tensor in one launch (a step of BERT-base has ~200 tensors: ~200 launches and their gaps
+  // otherwise). The span table lives on the device, uploaded when the spans change.
+  void adamw_update_spans(float* param, const float* grad, float* m, float* v,
+                          const std::vector<AdamWSpan>& spans, float lr, float beta1, float beta2,
+                          float eps, float grad_scale, int t) override {
+    float wd = 0.f;  // the one non-zero weight decay (one launch handles two decay factors)
+    bool one_wd = true;
+    for (const AdamWSpan& sp : spans) {
+      if (sp.weight_decay != 0.f && wd != 0.f && sp.weight_decay != wd) one_wd = false;
+      if (sp.weight_decay != 0.f) wd = sp.weight_decay;
+    }
+    bool ascending = true;
+    for (size_t k = 1; k < spans.size(); ++k)
+      ascending = ascending && spans[k].offset >= spans[k - 1].offset + spans[k - 1].numel;
+    if (spans.empty() || !one_wd || !ascending) {
+      Backend::adamw_update_spans(param, grad, m, v, spans, lr, beta1, beta2, eps, grad_scale, t);
+      return;
+    }
+    if (!same_spans(spans)) upload_spans(spans);
+    const double bc1 = 1.0 - std::pow((double)beta1, t);
+    const double bc2 = 1.0 - std::pow((double)beta2, t);
+    const float step_size = static_cast<float>((double)lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float decay_on = 1.0f - lr * wd;
+    const float decay_off = 1.0f - lr * 0.0f;
+    const size_t n_total = spans.back().offset + spans.back().numel;
+    op(kern::adamw_update_spans(param, grad, m, v, span_start_, span_end_, span_decay_,
+                                int(spans.size()), n_total, step_size, bc2_sqrt, decay_on,
+                                decay_off, beta1, beta2, eps, grad_scale, stream_),
+       "adamw_update");
+  }
+
  private:
+  bool same_spans(const std::vector<AdamWSpan>& spans) const {
+    if (spans.size() != spans_.size()) return false;
+    for (size_t k = 0; k < spans.size(); ++k)
+      if (spans[k].offset != spans_[k].offset || spans[k].numel != spans_[k].numel ||
+          (spans[k].weight_decay != 0.f) != (spans_[k].weight_decay != 0.f))
+        return false;
+    return true;
+  }
+  void upload_spans(const std::vector<AdamWSpan>& spans) {
+    const size_t n = spans.size();
+    std::vector<uint64_t> st(n), en(n);
+    std::vector<uint8_t> dec(n);
+    for (size_t k = 0; k < n; ++k) {
+      st[k] = spans[k].offset;
+      en[k] = spans[k].offset + spans[k].numel;
+      dec[k] = spans[k].weight_decay != 0.f;
+    }
+    release(span_start_);
+    span_start_ = static_cast<uint64_t*>(alloc(n * 17 + 16));  // start | end | decay
+    span_end_ = span_start_ + n;
+    span_decay_ = reinterpret_cast<uint8_t*>(span_end_ + n);
+    to_device(span_start_, st.data(), n * 8);
+    to_device(span_end_, en.data(), n * 8);
+    to_device(span_decay_, dec.data(), n);
+    spans_ = spans;
+  }
+  std::vector<AdamWSpan> spans_;  // the table on the device
+  uint64_t* span_start_ = nullptr;
+  uint64_t* span_end_ = nullptr;
+  uint8_t* span_decay_ = nullptr;
+
   // Checks an op's launch; with run.sync_check also waits for it, so an asynchronous fault (an
   // illegal address, a misaligned access) is reported under the op that caused it.
   // With run.profile, also marks the op's end for the per-op timing.
@@ -343,6 +419,29 @@ class CudaBackend final : public Backend {
     ck(cudaStreamSynchronize(stream_), "sum (synchronize)");
     after_sync();
     return *static_cast<double*>(host_small_);
+  }
+
+  // Row statistics of the last crossentropy_forward (max and sum of exp per row), reused by a
+  // crossentropy_backward on the same logits (pointer, M, V): one read of the [M,V] logits instead of
+  // three. Forgotten when an op writes that buffer (matmul_forward, copy, zero, to_device): the
+  // backend contract (core/backend.h) is that the logits are unchanged in between.
+  struct {
+    const void* logits = nullptr;
+    int M = 0, V = 0;
+    float* mx = nullptr;
+    double* se = nullptr;
+    int cap = 0;
+  } ce_stats_;
+  void forget_ce_stats(const void* written) {
+    if (written == ce_stats_.logits) ce_stats_.logits = nullptr;
+  }
+  void ce_stats_capacity(int M) {
+    if (M <= ce_stats_.cap) return;
+    if (ce_stats_.se) release(ce_stats_.se);
+    ce_stats_.se = static_cast<double*>(alloc(size_t(M) * 12 + 64));  // se [M] double | mx [M] float
+    ce_stats_.mx = reinterpret_cast<float*>(ce_stats_.se + M);
+    ce_stats_.cap = M;
+    ce_stats_.logits = nullptr;
   }
 
   void after_sync() {
