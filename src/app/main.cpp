@@ -89,6 +89,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   }
 
   const size_t nparams = model->params().total();
+  std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
   // Initialise unless every parameter will come from the weights file (a fine-tuned encoder's new
   // head keeps this initialisation).
   bool any_new = mc.weights.empty();
@@ -97,9 +98,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   if (mc.weights.empty()) {
     log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
   } else {
-    std::vector<std::string> unused, fresh;
-    load_model_weights(*model, mc.weights, &unused, &fresh);
+    std::vector<std::string> unused;
+    std::string note;
+    load_model_weights(*model, mc.weights, &unused, &fresh, &note);
     log.info(cat("model: loaded '", mc.weights, "'"));
+    if (!note.empty()) log.info(cat("model: ", note));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
     for (auto& n : unused) log.info(cat("model: unused tensor in the weights file: ", n));
   }
@@ -123,7 +126,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                 mib(model->activation_bytes(cfg.train.batch_size, T)));
   log.info(buf);
 
-  Session s{cfg, task, comm, *be, log, *model};
+  Session s{cfg, task, comm, *be, log, *model, fresh};
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
   else if (cfg.run.mode == "predict") run_predict(s);

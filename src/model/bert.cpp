@@ -97,6 +97,8 @@ class Bert final : public Model {
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
 
+  std::string base_prefix() const override { return "bert."; }
+
   bool may_be_new(const std::string& name) const override {
     return name.rfind("bert.embeddings.", 0) != 0 && name.rfind("bert.encoder.", 0) != 0;
   }

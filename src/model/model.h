@@ -57,6 +57,9 @@ class Model {
   // Parameters that may be absent from a weights file and keep their fresh initialisation
   // (a task head or pooler when fine-tuning an encoder). Others are required.
   virtual bool may_be_new(const std::string& name) const { (void)name; return false; }
+  // transformers' base_model_prefix with its dot ("bert.", "transformer."): the parameters of the
+  // base model start with it; a base-model checkpoint (BertModel, GPT2Model) stores them without it.
+  virtual std::string base_prefix() const = 0;
   // Bytes of activations needed for a batch of B x T (for the memory report).
   virtual size_t activation_bytes(int B, int T) const = 0;
   // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not
@@ -88,6 +91,8 @@ namespace nlp {
 // Load model.weights into the model's parameters (HF names and shapes validated).
 // `unused`: datasets in the file the model does not use (tied heads and buffers are not reported);
 // `fresh`: parameters absent from the file that keep their initialisation (Model::may_be_new).
+// A file with no name under Model::base_prefix() is read as a base-model checkpoint (BertModel,
+// GPT2Model: names without the prefix); `note` (nullable) then says so, for the log.
 void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
-                        std::vector<std::string>* fresh);
+                        std::vector<std::string>* fresh, std::string* note = nullptr);
 }  // namespace nlp
