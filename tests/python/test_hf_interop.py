@@ -593,6 +593,69 @@ def test_bert_checkpoint_exports(tmp_path, task, report):
     assert err <= LOGITS_TOL, err
 
 
+# ---- 4b. base-model checkpoints (BertModel, GPT2Model: no 'bert.' / 'transformer.' prefix) --------------
+
+@pytest.mark.parametrize("cls_name", ["BertModel", "GPT2Model"])
+def test_base_model_round_trip(tmp_path, cls_name):
+    """A base-model checkpoint keeps its names through import and export (bitwise, same config.json)
+    and the export loads as that class."""
+    if cls_name == "GPT2Model":
+        model = gpt2_model().transformer
+        model.config.architectures = None
+    else:
+        model = bert_model("BertModel")
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    orig_config = json.loads((src / "config.json").read_text())
+    assert orig_config["architectures"] == [cls_name]
+    expected = weights_of(model)
+    assert not any(k.startswith(("bert.", "transformer.")) for k in expected)
+    h5 = tmp_path / "base.h5"
+    hf_import(src, h5)
+    out = tmp_path / "export"
+    hf_export(h5, out)
+    got = read_exported(out)
+    assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], v) for k, v in expected.items())
+    assert json.loads((out / "config.json").read_text()) == orig_config
+    assert_loads_cleanly(out, getattr(transformers, cls_name))
+    hf_import(out, tmp_path / "again.h5")
+    assert_same_h5(h5, tmp_path / "again.h5")
+
+
+def test_finetuned_from_base_model_exports(tmp_path, report):
+    """doc_cls fine-tuned from a BertModel checkpoint without pooler: the checkpoint exports as
+    BertForSequenceClassification (pooler and classifier included), which transformers loads with
+    no missing key and which gives nlptrain's logits."""
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=16, type_vocab_size=2)
+    torch.manual_seed(0)
+    base = perturb_(BertModel(cfg, add_pooling_layer=False), 1)
+    src = tmp_path / "src"
+    base.save_pretrained(src)
+    h5 = tmp_path / "base.h5"
+    hf_import(src, h5)
+    data = tmp_path / "data.h5"
+    cols = write_bert_data(data, "doc_cls")
+    run_dir = tmp_path / "run"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--model.num_labels=3",
+                     "--train.steps=2", "--checkpoint.interval=2", "--train.batch_size=2", "--run.threads=1",
+                     f"--data.train={data}", f"--output.dir={run_dir}")
+    assert "read as a base-model checkpoint" in p.stdout
+    for n in ("bert.pooler.dense.weight", "classifier.weight"):
+        assert f"new tensor, not in the weights file (initialised): {n}" in p.stdout
+    ckpt = run_dir / "checkpoints" / "step_00000002.h5"
+    out = tmp_path / "export"
+    hf_export(ckpt, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 3
+    model = assert_loads_cleanly(out, transformers.BertForSequenceClassification)
+    ours, _ = nlptrain_bert_logits(tmp_path, ckpt, "doc_cls", data, ["--model.num_labels=3"])
+    err = rel_err(ours, hf_bert_logits(model, cols))
+    report(f"\n[hf_interop] doc_cls fine-tuned from BertModel, logits vs transformers (exported): rel err {err:.3e}")
+    assert err <= LOGITS_TOL, err
+
+
 # ---- 5. bad input -------------------------------------------------------------------------------------------
 
 def assert_failed(p, *names):
