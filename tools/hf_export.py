@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_layout import (CONFIG_JSON_ATTR, DEFAULT_ARCHITECTURE, NLPTRAIN_ATTR_PREFIX,  # noqa: E402
-                       OPTIMIZER_GROUP, WEIGHT_FILES, Log, ToolError, atomic_dir, attr_matches_config,
-                       attr_to_python, check_parent, float32_shortest, json_text, main_wrapper,
+                       NULL_PAD_TOKEN_ID, OPTIMIZER_GROUP, WEIGHT_FILES, Log, ToolError, atomic_dir,
+                       attr_matches_config, attr_to_python, check_parent, float32_shortest, json_text, main_wrapper,
                        _fsync_dir, _fsync_file, _umask)
 
 TOOL = "hf_export"
@@ -150,7 +150,7 @@ class ConfigDefaults:
 
 def restore_value(key: str, val, ref_default):
     """An attribute value as a config.json value: 'architectures' as a list, bools from 0/1,
-    float32-rounded floats as their shortest decimal."""
+    pad_token_id -1 as null, float32-rounded floats as their shortest decimal."""
     if key == "architectures" and isinstance(val, str):
         s = val.strip()
         if s.startswith("["):
@@ -161,6 +161,8 @@ def restore_value(key: str, val, ref_default):
             except json.JSONDecodeError:
                 pass
         return [val]
+    if key == "pad_token_id" and val == NULL_PAD_TOKEN_ID:
+        return None
     if isinstance(ref_default, bool) and isinstance(val, int) and val in (0, 1):
         return bool(val)
     if isinstance(val, float):

@@ -27,6 +27,8 @@ from typing import Any, Iterator
 CONFIG_JSON_ATTR = "hf_config_json"
 # Root attributes with this prefix are nlptrain run state (checkpoints), never model config.
 NLPTRAIN_ATTR_PREFIX = "nlptrain_"
+# The pad_token_id attribute of a config.json whose pad_token_id is null (nlptrain's "none").
+NULL_PAD_TOKEN_ID = -1
 # Groups of an nlptrain checkpoint that hold no model weights.
 OPTIMIZER_GROUP = "optimizer"
 
@@ -105,9 +107,10 @@ def config_to_attrs(config: dict, log: Log) -> dict[str, Any]:
     """The scalar entries of config.json as HDF5 root attribute values (numpy scalars / str).
 
     Strings stay strings, ints become int64, floats float64, bools int64 0/1. None, lists and dicts
-    are left to the hf_config_json attribute. Two derived attributes are added for nlptrain:
-    'architectures' as a plain string when the list has one entry (nlptrain writes it that way) and
-    'num_labels' = len(id2label) when config.json has id2label but no num_labels.
+    are left to the hf_config_json attribute. Derived attributes are added for nlptrain:
+    'architectures' as a plain string when the list has one entry (nlptrain writes it that way),
+    'num_labels' = len(id2label) when config.json has id2label but no num_labels, and
+    'pad_token_id' = -1 for a null pad_token_id (no padding_idx; nlptrain's model.pad_token_id = -1).
     """
     import numpy as np
 
@@ -135,6 +138,8 @@ def config_to_attrs(config: dict, log: Log) -> dict[str, Any]:
     id2label = config.get("id2label")
     if "num_labels" not in config and isinstance(id2label, dict) and id2label:
         attrs["num_labels"] = np.int64(len(id2label))
+    if "pad_token_id" in config and config["pad_token_id"] is None:
+        attrs["pad_token_id"] = np.int64(NULL_PAD_TOKEN_ID)
     return attrs
 
 
@@ -164,6 +169,8 @@ def attr_matches_config(key: str, attr: Any, config: dict) -> bool:
         return config.get("architectures") == [attr]
     if key == "num_labels" and "num_labels" not in config and isinstance(config.get("id2label"), dict):
         return attr == len(config["id2label"])
+    if key == "pad_token_id" and attr == NULL_PAD_TOKEN_ID:
+        return key in config and config[key] is None
     if key not in config:
         return False
     ref = config[key]

@@ -46,6 +46,9 @@ struct ModelConfig {
   float hidden_dropout_prob = 0.1f;
   float attention_probs_dropout_prob = 0.1f;
   int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0)
+  // [PAD] id: its word-embedding row starts at zero and gets no gradient from the lookup
+  // (transformers' padding_idx = pad_token_id); -1 = none. From model.weights when it says.
+  int pad_token_id = 0;
   // Attention implementation: auto | cudnn | native. auto = cudnn (cuDNN's fused flash attention) on
   // the cuda backend when train.precision resolves to bf16, native otherwise; the cpu backend is
   // always native.

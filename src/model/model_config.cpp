@@ -63,7 +63,19 @@ ModelConfig resolve_model_config(const Config& cfg) {
     take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false);
     take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true);
     take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true);
-    // num_labels is not taken from the file: fine-tuning an encoder may use a new head size.
+    // pad_token_id: transformers' padding_idx of the word embeddings (-1 = null in config.json,
+    // as tools/hf_import.py writes it); a file without it keeps the INI value (default 0, as BertConfig).
+    if (f.has_attr("pad_token_id")) {
+      const int64_t v = f.attr_int("pad_token_id");
+      if (cfg.is_set("model.pad_token_id") && v != mc.pad_token_id)
+        throw Error(cat("model.pad_token_id = ", mc.pad_token_id, " (",
+                        cfg.source.empty() ? "command line" : cfg.source, ") disagrees with pad_token_id = ",
+                        v, " in weights file '", f.path(), "'"));
+      if (v < -1 || v >= mc.vocab_size)
+        throw Error(cat("weights file '", f.path(), "': attribute pad_token_id = ", v,
+                        " is outside [-1, vocab_size = ", mc.vocab_size, ")"));
+      mc.pad_token_id = static_cast<int>(v);
+    }
     return mc;
   }
   take_int(cfg, f, "n_layer", mc.n_layer);

@@ -604,6 +604,7 @@ def test_base_model_round_trip(tmp_path, cls_name):
         model.config.architectures = None
     else:
         model = bert_model("BertModel")
+        model.config.pad_token_id = None  # no padding_idx: the attribute says -1, config.json null
     src = tmp_path / "src"
     model.save_pretrained(src)
     orig_config = json.loads((src / "config.json").read_text())
@@ -612,8 +613,13 @@ def test_base_model_round_trip(tmp_path, cls_name):
     assert not any(k.startswith(("bert.", "transformer.")) for k in expected)
     h5 = tmp_path / "base.h5"
     hf_import(src, h5)
+    if cls_name == "BertModel":
+        assert orig_config["pad_token_id"] is None
+        with h5py.File(h5, "r") as f:
+            assert f.attrs["pad_token_id"] == -1
     out = tmp_path / "export"
-    hf_export(h5, out)
+    p = hf_export(h5, out)
+    assert "warning" not in p.stderr, p.stderr
     got = read_exported(out)
     assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], v) for k, v in expected.items())
     assert json.loads((out / "config.json").read_text()) == orig_config
