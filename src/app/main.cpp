@@ -61,14 +61,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
 
   ModelConfig mc = resolve_model_config(cfg);
   const Task task = parse_task(cfg.run.task);
-  if (has_classifier(task) && mc.num_labels == 0) {
-    // model.num_labels = 0: take the dataset's num_labels attribute
-    const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
-    h5::File f = h5::File::open_read(data);
-    if (!f.has_attr("num_labels"))
-      throw Error(cat("model.num_labels = 0 and dataset '", data,
-                      "' has no num_labels attribute: set model.num_labels"));
-    mc.num_labels = static_cast<int>(f.attr_int("num_labels"));
+  std::string num_labels_source;
+  if (has_classifier(task)) {
+    const NumLabels nl = resolve_num_labels(cfg, mc);
+    mc.num_labels = nl.n;
+    num_labels_source = nl.source;
   }
   auto model = make_model(mc, *be, cfg.run.task);
 
@@ -95,6 +92,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   bool any_new = mc.weights.empty();
   for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
   if (any_new) model->init_weights(cfg.train.seed);
+  if (!num_labels_source.empty())
+    log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
   if (mc.weights.empty()) {
     log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
   } else {

@@ -124,7 +124,9 @@ const std::vector<Entry>& schema() {
       {KEY(model, layer_norm_eps), gt(0), "bert: epsilon added to the variance in layer norm"},
       {KEY(model, hidden_dropout_prob), closed_open(0, 1), "bert: dropout on embeddings and residual branches"},
       {KEY(model, attention_probs_dropout_prob), closed_open(0, 1), "bert: dropout on the attention weights"},
-      {KEY(model, num_labels), ge(0), "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels"},
+      {KEY(model, num_labels), ge(0),
+       "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels; a classifier in model.weights "
+       "sets it (a value given here that disagrees is an error)"},
       {KEY(model, pad_token_id), ge(-1),
        "bert: id of the padding token, whose word-embedding row starts at zero and gets no gradient from "
        "the embedding lookup (transformers' padding_idx); -1 = none; from model.weights when it has one"},

@@ -45,7 +45,8 @@ struct ModelConfig {
   float layer_norm_eps = 1e-12f;
   float hidden_dropout_prob = 0.1f;
   float attention_probs_dropout_prob = 0.1f;
-  int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0)
+  int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0; from
+                               // model.weights' classifier when it has one: resolve_num_labels)
   // [PAD] id: its word-embedding row starts at zero and gets no gradient from the lookup
   // (transformers' padding_idx = pad_token_id); -1 = none. From model.weights when it says.
   int pad_token_id = 0;

@@ -82,6 +82,15 @@ class Decoder {
 // is set (then model keys given explicitly in the INI must agree, else an error naming both).
 ModelConfig resolve_model_config(const Config& cfg);
 
+// The label count of a classifier task (doc_cls, pair_cls, ner) and where it came from (for the
+// log): from the classifier in model.weights when it has one (model.num_labels and the dataset must
+// agree, else an error naming both values), else model.num_labels, or the dataset's when that is 0.
+struct NumLabels {
+  int n = 0;
+  std::string source;
+};
+NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
+
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm");
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
 

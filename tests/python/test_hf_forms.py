@@ -145,8 +145,13 @@ def run_bert(tmp_path, h5, task, cols, extra=()):
 def bert_case(tmp_path, tmp_path_factory, report, form, storage, task):
     src, h5 = imported(tmp_path_factory, "bert", form, storage)
     cols = P.make_batch(task, np.random.default_rng(5))
-    labels = [] if task == "qa" else [f"--model.num_labels={NL}"]
+    # num_labels from the file's classifier when it has one (as from_pretrained), else given
+    file_classifier = form in ("BertForSequenceClassification", "BertForTokenClassification")
+    labels = [] if task in ("qa", "mlm") or file_classifier else [f"--model.num_labels={NL}"]
     p, grads = run_bert(tmp_path, h5, task, cols, labels)
+    if task in ("doc_cls", "ner"):
+        src_text = "(from 'classifier.weight' of shape [5, 32]" if file_classifier else "(model.num_labels)"
+        assert f"model: num_labels = {NL} {src_text}" in p.stdout, p.stdout
 
     cls = P.HEADS[task]
     model, info = cls.from_pretrained(str(src), output_loading_info=True, dtype=torch.float64,
@@ -232,4 +237,61 @@ def test_missing_base_tensor_names_both_names(tmp_path, tmp_path_factory):
                 f"--data.train={data}", f"--model.num_labels={NL}", f"--output.dir={tmp_path / 'o'}"], check=False)
     assert p.returncode != 0
     for s in (str(broken), "bert.encoder.layer.1.output.dense.weight", "'encoder.layer.1.output.dense.weight'"):
+        assert s in p.stderr, (s, p.stderr)
+
+
+# ---- num_labels from the weights (model.num_labels may still be given; a disagreement is an error) ------
+
+def classifier_case(tmp_path, tmp_path_factory, task="doc_cls"):
+    form = "BertForSequenceClassification" if task == "doc_cls" else "BertForTokenClassification"
+    _, h5 = imported(tmp_path_factory, "bert", form, "safetensors")
+    cols = P.make_batch(task, np.random.default_rng(5))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    return h5, data
+
+
+def nlptrain_args(task, h5, data, out):
+    return ["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", f"--model.weights={h5}",
+            f"--data.train={data}", f"--train.batch_size={P.B}", f"--output.dir={out}", "--run.threads=1"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_num_labels_disagreement_is_an_error(tmp_path, tmp_path_factory, ranks):
+    h5, data = classifier_case(tmp_path, tmp_path_factory, "ner")
+    p = nr.run(nlptrain_args("ner", h5, data, tmp_path / "o") + ["--model.num_labels=4"], ranks=ranks, check=False)
+    assert p.returncode != 0, p.stdout
+    for s in ("model.num_labels = 4", "num_labels = 5", str(h5), "classifier.weight"):
+        assert s in p.stderr, (s, p.stderr)
+    # the same value is fine
+    nr.run(nlptrain_args("ner", h5, data, tmp_path / "o2") + [f"--model.num_labels={NL}"])
+
+
+def test_num_labels_dataset_disagreement_is_an_error(tmp_path, tmp_path_factory):
+    """model.num_labels = 0 takes the dataset's num_labels, which must agree with the classifier."""
+    h5, data = classifier_case(tmp_path, tmp_path_factory)
+    with h5py.File(data, "r+") as f:
+        f.attrs["num_labels"] = np.int64(3)
+    p = nr.run(nlptrain_args("doc_cls", h5, data, tmp_path / "o") + ["--model.num_labels=0"], check=False)
+    assert p.returncode != 0
+    for s in (str(data), "num_labels = 3", str(h5), "num_labels = 5"):
+        assert s in p.stderr, (s, p.stderr)
+    with h5py.File(data, "r+") as f:
+        f.attrs["num_labels"] = np.int64(NL)
+    p = nr.run(nlptrain_args("doc_cls", h5, data, tmp_path / "o2") + ["--model.num_labels=0"])
+    assert f"model: num_labels = {NL} (from 'classifier.weight'" in p.stdout
+
+
+@pytest.mark.parametrize("attr", ["num_labels", "id2label"])
+def test_num_labels_attribute_must_match_classifier(tmp_path, tmp_path_factory, attr):
+    h5, data = classifier_case(tmp_path, tmp_path_factory)
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(Path(h5).read_bytes())
+    with h5py.File(bad, "r+") as f:
+        f.attrs[attr] = np.int64(4) if attr == "num_labels" else '["a", "b", "c", "d"]'
+    p = nr.run(nlptrain_args("doc_cls", bad, data, tmp_path / "o"), check=False)
+    assert p.returncode != 0
+    for s in (str(bad), attr, "[5, 32]"):
         assert s in p.stderr, (s, p.stderr)
