@@ -66,6 +66,9 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     const NumLabels nl = resolve_num_labels(cfg, mc);
     mc.num_labels = nl.n;
     num_labels_source = nl.source;
+    std::string names_source;
+    mc.id2label = resolve_label_names(cfg, mc, &names_source);
+    if (!mc.id2label.empty()) num_labels_source += cat("; label names from ", names_source);
   }
   auto model = make_model(mc, *be, cfg.run.task);
 

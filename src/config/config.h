@@ -50,6 +50,9 @@ struct ModelConfig {
   // [PAD] id: its word-embedding row starts at zero and gets no gradient from the lookup
   // (transformers' padding_idx = pad_token_id); -1 = none. From model.weights when it says.
   int pad_token_id = 0;
+  // Not an INI key: the label names of a classifier task (resolve_label_names: the dataset's
+  // id2label, else model.weights'), written to checkpoints as the id2label attribute.
+  std::vector<std::string> id2label;
   // Attention implementation: auto | cudnn | native. auto = cudnn (cuDNN's fused flash attention) on
   // the cuda backend when train.precision resolves to bf16, native otherwise; the cpu backend is
   // always native.

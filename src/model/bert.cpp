@@ -15,6 +15,7 @@
 #include "model/block.h"
 #include "model/model.h"
 #include "model/task.h"
+#include "text/json_min.h"
 
 namespace nlp {
 namespace {
@@ -125,6 +126,9 @@ class Bert final : public Model {
     f.set_attr("attention_probs_dropout_prob", double(mc_.attention_probs_dropout_prob));
     f.set_attr("initializer_range", double(mc_.initializer_range));
     f.set_attr("num_labels", int64_t(has_classifier(task_) ? NL_ : 2));
+    // label names (JSON list; tools/hf_export.py writes them as config.json's id2label / label2id)
+    if (has_classifier(task_) && int(mc_.id2label.size()) == NL_)
+      f.set_attr("id2label", text::write_string_array(mc_.id2label));
     f.set_attr("pad_token_id", int64_t(pad_));  // -1 = none (null in config.json)
   }
 

@@ -91,6 +91,11 @@ struct NumLabels {
 };
 NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
 
+// Label names of a classifier task with mc.num_labels labels: the id2label attribute (JSON list) of
+// the dataset (data.train, else data.eval), else that of model.weights when it has mc.num_labels
+// names; empty when neither has them. `source` says which (for the log).
+std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source);
+
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm");
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
 

@@ -105,6 +105,28 @@ NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
   return r;
 }
 
+std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source) {
+  const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+  if (!data.empty()) {
+    h5::File d = h5::File::open_read(data);
+    if (d.has_attr("id2label")) {
+      if (source) *source = cat("dataset '", data, "'");
+      return text::parse_string_array(d.attr_string("id2label"), data + ":id2label");
+    }
+  }
+  if (!mc.weights.empty()) {
+    h5::File f = h5::File::open_read(mc.weights);
+    if (f.has_attr("id2label")) {
+      auto names = text::parse_string_array(f.attr_string("id2label"), mc.weights + ":id2label");
+      if (int(names.size()) == mc.num_labels) {
+        if (source) *source = cat("weights file '", mc.weights, "'");
+        return names;
+      }
+    }
+  }
+  return {};
+}
+
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
   if (mc.weights.empty()) return mc;

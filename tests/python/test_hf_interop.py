@@ -662,6 +662,79 @@ def test_finetuned_from_base_model_exports(tmp_path, report):
     assert err <= LOGITS_TOL, err
 
 
+# ---- 4c. label names (id2label) ----------------------------------------------------------------------------
+
+def predictions(out_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (out_dir / "predictions.jsonl").read_text().splitlines() if l]
+
+
+def test_label_names_from_weights(tmp_path):
+    """A classifier checkpoint with id2label, a dataset without label names: num_labels and the names
+    come from the weights; predictions carry them, and a fine-tuned checkpoint exports them as
+    config.json's id2label / label2id."""
+    bert = bert_model()
+    bert.config.id2label = {0: "négatif", 1: "neutre \"n\"", 2: "positif"}
+    bert.config.label2id = {v: k for k, v in bert.config.id2label.items()}
+    src = tmp_path / "src"
+    bert.save_pretrained(src)
+    h5 = tmp_path / "w.h5"
+    hf_import(src, h5)
+    names = ["négatif", 'neutre "n"', "positif"]
+    with h5py.File(h5, "r") as f:
+        assert json.loads(f.attrs["id2label"]) == names
+    data = tmp_path / "data.h5"
+    write_bert_data(data, "doc_cls", vocab=97)
+    with h5py.File(data, "r+") as f:
+        del f.attrs["id2label"], f.attrs["num_labels"]
+    pred_dir = tmp_path / "pred"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", "--run.mode=predict", f"--model.weights={h5}",
+                     f"--data.eval={data}", "--train.batch_size=4", f"--output.dir={pred_dir}", "--run.threads=1")
+    assert f"model: num_labels = 3 (from 'classifier.weight' of shape [3, 32] in weights file '{h5}'; " \
+           f"label names from weights file '{h5}')" in p.stdout, p.stdout
+    rows = predictions(pred_dir)
+    assert len(rows) == 8 and all(r["label_name"] == names[r["label"]] for r in rows), rows
+
+    run_dir = tmp_path / "run"
+    run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--train.steps=1",
+                 "--checkpoint.interval=1", "--train.batch_size=2", "--run.threads=1", f"--data.train={data}",
+                 f"--output.dir={run_dir}")
+    out = tmp_path / "export"
+    hf_export(run_dir / "checkpoints" / "step_00000001.h5", out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": names[0], "1": names[1], "2": names[2]}
+    assert config["label2id"] == {names[0]: 0, names[1]: 1, names[2]: 2}
+    model = assert_loads_cleanly(out, transformers.AutoModelForSequenceClassification)
+    assert model.config.id2label == {0: names[0], 1: names[1], 2: names[2]}
+
+
+def test_label_names_from_dataset(tmp_path):
+    """Fine-tuning a BertModel on a dataset with id2label: the exported classifier carries the
+    dataset's names; the dataset's names win over the weights' (transformers' LABEL_i defaults)."""
+    from transformers import BertModel
+    torch.manual_seed(0)
+    base = perturb_(BertModel(bert_model().config), 1)
+    src = tmp_path / "src"
+    base.save_pretrained(src)
+    h5 = tmp_path / "w.h5"
+    hf_import(src, h5)
+    data = tmp_path / "data.h5"
+    write_bert_data(data, "doc_cls", vocab=97)  # id2label ["a", "b", "c"]
+    run_dir = tmp_path / "run"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--model.num_labels=0",
+                     "--train.steps=1", "--checkpoint.interval=1", "--train.batch_size=2", "--run.threads=1",
+                     f"--data.train={data}", f"--output.dir={run_dir}")
+    assert f"label names from dataset '{data}'" in p.stdout
+    ckpt = run_dir / "checkpoints" / "step_00000001.h5"
+    with h5py.File(ckpt, "r") as f:
+        assert json.loads(f.attrs["id2label"]) == ["a", "b", "c"]
+    out = tmp_path / "export"
+    hf_export(ckpt, out, "--config", src)  # the original config.json (id2label LABEL_0, LABEL_1)
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "a", "1": "b", "2": "c"} and config["label2id"] == {"a": 0, "b": 1, "c": 2}
+    model = assert_loads_cleanly(out, transformers.BertForSequenceClassification)
+    assert model.config.num_labels == 3
+
+
 # ---- 5. bad input -------------------------------------------------------------------------------------------
 
 def assert_failed(p, *names):
