@@ -150,7 +150,7 @@ def bert_case(tmp_path, tmp_path_factory, report, form, storage, task):
     labels = [] if task in ("qa", "mlm") or file_classifier else [f"--model.num_labels={NL}"]
     p, grads = run_bert(tmp_path, h5, task, cols, labels)
     if task in ("doc_cls", "ner"):
-        src_text = "(from 'classifier.weight' of shape [5, 32]" if file_classifier else "(model.num_labels)"
+        src_text = "(from 'classifier.weight' of shape [5, 32]" if file_classifier else "(model.num_labels"
         assert f"model: num_labels = {NL} {src_text}" in p.stdout, p.stdout
 
     cls = P.HEADS[task]
