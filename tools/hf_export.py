@@ -34,9 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_layout import (CONFIG_JSON_ATTR, DEFAULT_ARCHITECTURE, NLPTRAIN_ATTR_PREFIX,  # noqa: E402
-                       OPTIMIZER_GROUP, WEIGHT_FILES, Log, ToolError, atomic_dir, attr_matches_config,
-                       attr_to_python, check_parent, float32_shortest, json_text, main_wrapper,
-                       _fsync_dir, _fsync_file, _umask)
+                       NULL_PAD_TOKEN_ID, OPTIMIZER_GROUP, WEIGHT_FILES, Log, ToolError, atomic_dir,
+                       attr_matches_config, attr_to_python, check_parent, float32_shortest,
+                       id2label_list, json_text, label_maps, main_wrapper, _fsync_dir, _fsync_file,
+                       _umask)
 
 TOOL = "hf_export"
 WEIGHT_FILE = {"safetensors": "model.safetensors", "bin": "pytorch_model.bin"}
@@ -150,6 +151,7 @@ class ConfigDefaults:
 
 def restore_value(key: str, val, ref_default):
     """An attribute value as a config.json value: 'architectures' as a list, bools from 0/1,
+    pad_token_id -1 as null, id2label from a JSON list of names to config.json's {"0": name} dict,
     float32-rounded floats as their shortest decimal."""
     if key == "architectures" and isinstance(val, str):
         s = val.strip()
@@ -161,6 +163,15 @@ def restore_value(key: str, val, ref_default):
             except json.JSONDecodeError:
                 pass
         return [val]
+    if key == "pad_token_id" and val == NULL_PAD_TOKEN_ID:
+        return None
+    if key == "id2label" and isinstance(val, str) and val.strip().startswith("["):
+        try:
+            names = json.loads(val)
+        except json.JSONDecodeError:
+            names = None
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return label_maps(names)[0]
     if isinstance(ref_default, bool) and isinstance(val, int) and val in (0, 1):
         return bool(val)
     if isinstance(val, float):
@@ -234,6 +245,11 @@ def build_config(in_path: Path, tensors: dict, attrs: dict, config_json: str | N
                             f"pass --architecture (e.g. BertForSequenceClassification)")
         log.note(f"architectures = [{arch!r}] (inferred from model_type and tensor names)")
         config["architectures"] = [arch]
+    # Label names from the id2label attribute (nlptrain writes a JSON list): label2id follows them.
+    if "id2label" in attrs and not (base is not None and attr_matches_config("id2label", attrs["id2label"], base)):
+        names = id2label_list(config.get("id2label"))
+        if names is not None:
+            config["label2id"] = label_maps(names)[1]
     # A classification head without num_labels / id2label: take the label count from the tensor.
     arch0 = config["architectures"][0] if config.get("architectures") else ""
     cls_w = tensors.get("classifier.weight")

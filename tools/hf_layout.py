@@ -27,6 +27,8 @@ from typing import Any, Iterator
 CONFIG_JSON_ATTR = "hf_config_json"
 # Root attributes with this prefix are nlptrain run state (checkpoints), never model config.
 NLPTRAIN_ATTR_PREFIX = "nlptrain_"
+# The pad_token_id attribute of a config.json whose pad_token_id is null (nlptrain's "none").
+NULL_PAD_TOKEN_ID = -1
 # Groups of an nlptrain checkpoint that hold no model weights.
 OPTIMIZER_GROUP = "optimizer"
 
@@ -105,9 +107,12 @@ def config_to_attrs(config: dict, log: Log) -> dict[str, Any]:
     """The scalar entries of config.json as HDF5 root attribute values (numpy scalars / str).
 
     Strings stay strings, ints become int64, floats float64, bools int64 0/1. None, lists and dicts
-    are left to the hf_config_json attribute. Two derived attributes are added for nlptrain:
-    'architectures' as a plain string when the list has one entry (nlptrain writes it that way) and
-    'num_labels' = len(id2label) when config.json has id2label but no num_labels.
+    are left to the hf_config_json attribute. Derived attributes are added for nlptrain:
+    'architectures' as a plain string when the list has one entry (nlptrain writes it that way),
+    'num_labels' = len(id2label) when config.json has id2label but no num_labels, 'id2label' as a
+    JSON list of the names (the form of nlptrain's datasets and checkpoints) when config.json's
+    id2label maps "0".."n-1" to strings, and 'pad_token_id' = -1 for a null pad_token_id (no
+    padding_idx; nlptrain's model.pad_token_id = -1).
     """
     import numpy as np
 
@@ -135,7 +140,32 @@ def config_to_attrs(config: dict, log: Log) -> dict[str, Any]:
     id2label = config.get("id2label")
     if "num_labels" not in config and isinstance(id2label, dict) and id2label:
         attrs["num_labels"] = np.int64(len(id2label))
+    names = id2label_list(id2label)
+    if names is not None:
+        attrs["id2label"] = json.dumps(names, ensure_ascii=False)
+    if "pad_token_id" in config and config["pad_token_id"] is None:
+        attrs["pad_token_id"] = np.int64(NULL_PAD_TOKEN_ID)
     return attrs
+
+
+def id2label_list(id2label) -> list[str] | None:
+    """config.json's id2label ({"0": "NEG", "1": "POS"}) as a list of names, or None when it is not
+    a dict of string names keyed 0..n-1."""
+    if not isinstance(id2label, dict) or not id2label:
+        return None
+    try:
+        keys = sorted(int(k) for k in id2label)
+    except (TypeError, ValueError):
+        return None
+    if keys != list(range(len(id2label))) or not all(isinstance(v, str) for v in id2label.values()):
+        return None
+    by_index = {int(k): v for k, v in id2label.items()}
+    return [by_index[i] for i in range(len(by_index))]
+
+
+def label_maps(names: list[str]) -> tuple[dict, dict]:
+    """(id2label, label2id) of config.json for a list of label names."""
+    return {str(i): n for i, n in enumerate(names)}, {n: i for i, n in enumerate(names)}
 
 
 def attr_to_python(val: Any) -> Any:
@@ -164,6 +194,13 @@ def attr_matches_config(key: str, attr: Any, config: dict) -> bool:
         return config.get("architectures") == [attr]
     if key == "num_labels" and "num_labels" not in config and isinstance(config.get("id2label"), dict):
         return attr == len(config["id2label"])
+    if key == "pad_token_id" and attr == NULL_PAD_TOKEN_ID:
+        return key in config and config[key] is None
+    if key == "id2label" and isinstance(attr, str):
+        try:
+            return json.loads(attr) == id2label_list(config.get("id2label"))
+        except json.JSONDecodeError:
+            return False
     if key not in config:
         return False
     ref = config[key]

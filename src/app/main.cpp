@@ -61,14 +61,14 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
 
   ModelConfig mc = resolve_model_config(cfg);
   const Task task = parse_task(cfg.run.task);
-  if (has_classifier(task) && mc.num_labels == 0) {
-    // model.num_labels = 0: take the dataset's num_labels attribute
-    const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
-    h5::File f = h5::File::open_read(data);
-    if (!f.has_attr("num_labels"))
-      throw Error(cat("model.num_labels = 0 and dataset '", data,
-                      "' has no num_labels attribute: set model.num_labels"));
-    mc.num_labels = static_cast<int>(f.attr_int("num_labels"));
+  std::string num_labels_source;
+  if (has_classifier(task)) {
+    const NumLabels nl = resolve_num_labels(cfg, mc);
+    mc.num_labels = nl.n;
+    num_labels_source = nl.source;
+    std::string names_source;
+    mc.id2label = resolve_label_names(cfg, mc, &names_source);
+    if (!mc.id2label.empty()) num_labels_source += cat("; label names from ", names_source);
   }
   auto model = make_model(mc, *be, cfg.run.task);
 
@@ -89,17 +89,22 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   }
 
   const size_t nparams = model->params().total();
+  std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
   // Initialise unless every parameter will come from the weights file (a fine-tuned encoder's new
   // head keeps this initialisation).
   bool any_new = mc.weights.empty();
   for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
   if (any_new) model->init_weights(cfg.train.seed);
+  if (!num_labels_source.empty())
+    log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
   if (mc.weights.empty()) {
     log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
   } else {
-    std::vector<std::string> unused, fresh;
-    load_model_weights(*model, mc.weights, &unused, &fresh);
+    std::vector<std::string> unused;
+    std::string note;
+    load_model_weights(*model, mc.weights, &unused, &fresh, &note);
     log.info(cat("model: loaded '", mc.weights, "'"));
+    if (!note.empty()) log.info(cat("model: ", note));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
     for (auto& n : unused) log.info(cat("model: unused tensor in the weights file: ", n));
   }
@@ -123,7 +128,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                 mib(model->activation_bytes(cfg.train.batch_size, T)));
   log.info(buf);
 
-  Session s{cfg, task, comm, *be, log, *model};
+  Session s{cfg, task, comm, *be, log, *model, fresh};
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
   else if (cfg.run.mode == "predict") run_predict(s);

@@ -124,7 +124,12 @@ const std::vector<Entry>& schema() {
       {KEY(model, layer_norm_eps), gt(0), "bert: epsilon added to the variance in layer norm"},
       {KEY(model, hidden_dropout_prob), closed_open(0, 1), "bert: dropout on embeddings and residual branches"},
       {KEY(model, attention_probs_dropout_prob), closed_open(0, 1), "bert: dropout on the attention weights"},
-      {KEY(model, num_labels), ge(0), "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels"},
+      {KEY(model, num_labels), ge(0),
+       "bert: classes of doc_cls, pair_cls, ner; 0 = the dataset's num_labels; a classifier in model.weights "
+       "sets it (a value given here that disagrees is an error)"},
+      {KEY(model, pad_token_id), ge(-1),
+       "bert: id of the padding token, whose word-embedding row starts at zero and gets no gradient from "
+       "the embedding lookup (transformers' padding_idx); -1 = none; from model.weights when it has one"},
       {KEY(model, attention), one_of(kAttention),
        "attention kernels: cudnn = cuDNN fused flash attention (bf16, no [T,T] matrix kept), native = "
        "nlptrain's own (fp32); auto = cudnn on cuda with bf16 precision, else native (cpu: always native)"},
@@ -721,6 +726,10 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("model.hidden_size = ", c.model.hidden_size, " (", from("model.hidden_size"),
                     ") must be divisible by model.num_attention_heads = ",
                     c.model.num_attention_heads, " (", from("model.num_attention_heads"), ")"));
+  if (c.model.type == "bert" && c.model.weights.empty() && c.model.pad_token_id >= c.model.vocab_size)
+    throw Error(cat("model.pad_token_id = ", c.model.pad_token_id, " (", from("model.pad_token_id"),
+                    ") must be below model.vocab_size = ", c.model.vocab_size, " (",
+                    from("model.vocab_size"), ")"));
   const bool causal_task = c.run.task == "clm";
   if (c.model.type == "gpt2" && !causal_task)
     throw Error(cat("run.task = ", c.run.task, " (", from("run.task"),

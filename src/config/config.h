@@ -45,7 +45,14 @@ struct ModelConfig {
   float layer_norm_eps = 1e-12f;
   float hidden_dropout_prob = 0.1f;
   float attention_probs_dropout_prob = 0.1f;
-  int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0)
+  int num_labels = 2;          // doc_cls, pair_cls, ner (from the dataset's num_labels when 0; from
+                               // model.weights' classifier when it has one: resolve_num_labels)
+  // [PAD] id: its word-embedding row starts at zero and gets no gradient from the lookup
+  // (transformers' padding_idx = pad_token_id); -1 = none. From model.weights when it says.
+  int pad_token_id = 0;
+  // Not an INI key: the label names of a classifier task (resolve_label_names: the dataset's
+  // id2label, else model.weights'), written to checkpoints as the id2label attribute.
+  std::vector<std::string> id2label;
   // Attention implementation: auto | cudnn | native. auto = cudnn (cuDNN's fused flash attention) on
   // the cuda backend when train.precision resolves to bf16, native otherwise; the cpu backend is
   // always native.

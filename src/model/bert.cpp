@@ -15,6 +15,7 @@
 #include "model/block.h"
 #include "model/model.h"
 #include "model/task.h"
+#include "text/json_min.h"
 
 namespace nlp {
 namespace {
@@ -26,6 +27,9 @@ class Bert final : public Model {
     V_ = mc.vocab_size;
     L_ = mc.num_hidden_layers;
     NL_ = mc.num_labels;
+    pad_ = mc.pad_token_id;
+    if (pad_ < -1 || pad_ >= V_)
+      throw Error(cat("model.pad_token_id = ", pad_, " is outside [-1, vocab_size = ", V_, ")"));
     if (has_classifier(task) && NL_ < 2)
       throw Error(cat("model.num_labels = ", NL_, ": run.task needs at least 2 labels"));
     bc_.C = C_;
@@ -97,6 +101,8 @@ class Bert final : public Model {
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
 
+  std::string base_prefix() const override { return "bert."; }
+
   bool may_be_new(const std::string& name) const override {
     return name.rfind("bert.embeddings.", 0) != 0 && name.rfind("bert.encoder.", 0) != 0;
   }
@@ -120,11 +126,14 @@ class Bert final : public Model {
     f.set_attr("attention_probs_dropout_prob", double(mc_.attention_probs_dropout_prob));
     f.set_attr("initializer_range", double(mc_.initializer_range));
     f.set_attr("num_labels", int64_t(has_classifier(task_) ? NL_ : 2));
-    f.set_attr("pad_token_id", int64_t(0));
+    // label names (JSON list; tools/hf_export.py writes them as config.json's id2label / label2id)
+    if (has_classifier(task_) && int(mc_.id2label.size()) == NL_)
+      f.set_attr("id2label", text::write_string_array(mc_.id2label));
+    f.set_attr("pad_token_id", int64_t(pad_));  // -1 = none (null in config.json)
   }
 
   // HF BertPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
-  // LayerNorm 1/0, the padding row (pad_token_id 0) of the word embeddings zero.
+  // LayerNorm 1/0, the padding row (pad_token_id) of the word embeddings zero.
   void init_weights(uint64_t seed) override {
     std::vector<float> host;
     auto views = ps_.host_views(host);
@@ -141,7 +150,8 @@ class Bert final : public Model {
         for (int64_t i = 0; i < cnt; ++i) t.data[i] = mc_.initializer_range * rng.normal();
       }
     }
-    std::fill(views[wte_].data, views[wte_].data + C_, 0.f);  // padding_idx = 0
+    if (pad_ >= 0)  // padding_idx
+      std::fill(views[wte_].data + size_t(pad_) * C_, views[wte_].data + size_t(pad_ + 1) * C_, 0.f);
     ps_.upload(host);
   }
 
@@ -196,8 +206,14 @@ class Bert final : public Model {
     be_.zero(dres_a_, n * f);
     be_.layernorm_backward(dres_a_, ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
                            emb_mean_, emb_rstd_, BT, C);
+    // transformers' nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to the pad
+    // row's gradient (the tied MLM decoder, accumulated above, and earlier micro-steps still do):
+    // keep the row as it is before the scatter and put it back after.
+    float* pad_grad = pad_ >= 0 ? ps_.g(wte_) + size_t(pad_) * C : nullptr;
+    if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(C) * f);
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dres_a_, b.ids, b.type_ids, B, T,
                            C, 0);
+    if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(C) * f);
   }
 
   const float* logits() const override { return task_ == Task::Mlm ? mlm_logits_ : logits_; }
@@ -359,7 +375,8 @@ class Bert final : public Model {
            + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
-           + 2 * BT * C;                          // dres_a, dres_b
+           + 2 * BT * C                           // dres_a, dres_b
+           + C;                                   // the pad row's gradient, kept over the lookup
   }
 
   // mlm logits and dlogits [M,V]; M varies from batch to batch, the buffer only grows.
@@ -399,6 +416,7 @@ class Bert final : public Model {
     losses_ = take(2 * BT);
     dres_a_ = take(BT * C);
     dres_b_ = take(BT * C);
+    pad_save_ = take(C);
   }
 
   ModelConfig mc_;
@@ -408,6 +426,7 @@ class Bert final : public Model {
   BlockConfig& bc_ = stack_.config;
   ParamStore ps_;
   int C_, V_, L_, NL_;
+  int pad_ = -1;  // padding_idx of the word embeddings (-1 = none)
   int wte_, wpe_, wtt_, eln_w_, eln_b_;
   int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
@@ -419,7 +438,7 @@ class Bert final : public Model {
   float *h1_ = nullptr, *h2_ = nullptr, *h3_ = nullptr, *h4_ = nullptr, *dh1_ = nullptr, *dh2_ = nullptr;
   float *hmean_ = nullptr, *hrstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
-  float *dres_a_ = nullptr, *dres_b_ = nullptr;
+  float *dres_a_ = nullptr, *dres_b_ = nullptr, *pad_save_ = nullptr;
   float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
   int mlm_rows_ = 0, mlm_cap_ = 0;
 };

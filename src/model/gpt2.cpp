@@ -56,6 +56,7 @@ class Gpt2 final : public Model {
   ~Gpt2() override { be_.release(arena_); }
 
   ParamStore& params() override { return ps_; }
+  std::string base_prefix() const override { return "transformer."; }
   const ModelConfig& config() const override { return mc_; }
 
   void write_attrs(h5::File& f) const override {

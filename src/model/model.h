@@ -57,6 +57,9 @@ class Model {
   // Parameters that may be absent from a weights file and keep their fresh initialisation
   // (a task head or pooler when fine-tuning an encoder). Others are required.
   virtual bool may_be_new(const std::string& name) const { (void)name; return false; }
+  // transformers' base_model_prefix with its dot ("bert.", "transformer."): the parameters of the
+  // base model start with it; a base-model checkpoint (BertModel, GPT2Model) stores them without it.
+  virtual std::string base_prefix() const = 0;
   // Bytes of activations needed for a batch of B x T (for the memory report).
   virtual size_t activation_bytes(int B, int T) const = 0;
   // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not
@@ -79,6 +82,20 @@ class Decoder {
 // is set (then model keys given explicitly in the INI must agree, else an error naming both).
 ModelConfig resolve_model_config(const Config& cfg);
 
+// The label count of a classifier task (doc_cls, pair_cls, ner) and where it came from (for the
+// log): from the classifier in model.weights when it has one (model.num_labels and the dataset must
+// agree, else an error naming both values), else model.num_labels, or the dataset's when that is 0.
+struct NumLabels {
+  int n = 0;
+  std::string source;
+};
+NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
+
+// Label names of a classifier task with mc.num_labels labels: the id2label attribute (JSON list) of
+// the dataset (data.train, else data.eval), else that of model.weights when it has mc.num_labels
+// names; empty when neither has them. `source` says which (for the log).
+std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source);
+
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm");
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
 
@@ -88,6 +105,8 @@ namespace nlp {
 // Load model.weights into the model's parameters (HF names and shapes validated).
 // `unused`: datasets in the file the model does not use (tied heads and buffers are not reported);
 // `fresh`: parameters absent from the file that keep their initialisation (Model::may_be_new).
+// A file with no name under Model::base_prefix() is read as a base-model checkpoint (BertModel,
+// GPT2Model: names without the prefix); `note` (nullable) then says so, for the log.
 void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
-                        std::vector<std::string>* fresh);
+                        std::vector<std::string>* fresh, std::string* note = nullptr);
 }  // namespace nlp

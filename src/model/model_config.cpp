@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/h5.h"
 #include "model/model.h"
+#include "text/json_min.h"
 
 namespace nlp {
 namespace {
@@ -37,6 +38,95 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
 
 }  // namespace
 
+// num_labels of a classifier task, as from_pretrained decides it: a weights file that carries a
+// classifier fixes it (the rows of classifier.weight; its num_labels / id2label attributes must agree);
+// model.num_labels, when set, must then agree (0 = the dataset's num_labels, which must agree too).
+// Without a classifier in the file: model.num_labels, or the dataset's when it is 0.
+NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
+  const std::string where = cfg.source.empty() ? "command line" : cfg.source;
+  const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+  auto dataset_num_labels = [&](bool required) -> int64_t {
+    if (data.empty()) {
+      if (required) throw Error("model.num_labels = 0 needs data.train or data.eval (their num_labels attribute)");
+      return 0;
+    }
+    h5::File d = h5::File::open_read(data);
+    if (!d.has_attr("num_labels")) {
+      if (required)
+        throw Error(cat("model.num_labels = 0 and dataset '", data,
+                        "' has no num_labels attribute: set model.num_labels"));
+      return 0;
+    }
+    return d.attr_int("num_labels");
+  };
+  NumLabels r;
+  if (!mc.weights.empty()) {
+    h5::File f = h5::File::open_read(mc.weights);
+    const std::string name = "classifier.weight";
+    if (f.has(name)) {
+      const std::vector<int64_t> shape = f.shape(name);
+      if (shape.size() != 2)
+        throw Error(cat("weights file '", f.path(), "': tensor '", name, "' has shape ", h5::shape_str(shape),
+                        ", expected [num_labels, hidden_size]"));
+      const int64_t n = shape[0];
+      if (f.has_attr("num_labels") && f.attr_int("num_labels") != n)
+        throw Error(cat("weights file '", f.path(), "': attribute num_labels = ", f.attr_int("num_labels"),
+                        " disagrees with '", name, "' of shape ", h5::shape_str(shape)));
+      if (f.has_attr("id2label")) {
+        const auto names = text::parse_string_array(f.attr_string("id2label"), f.path() + ":id2label");
+        if (int64_t(names.size()) != n)
+          throw Error(cat("weights file '", f.path(), "': attribute id2label has ", names.size(),
+                          " labels but '", name, "' has shape ", h5::shape_str(shape)));
+      }
+      if (n < 2)
+        throw Error(cat("weights file '", f.path(), "': '", name, "' of shape ", h5::shape_str(shape),
+                        " has ", n, " label(s); doc_cls, pair_cls and ner need at least 2"));
+      if (cfg.is_set("model.num_labels") && mc.num_labels != 0 && mc.num_labels != n)
+        throw Error(cat("model.num_labels = ", mc.num_labels, " (", where, ") disagrees with num_labels = ", n,
+                        " of weights file '", f.path(), "' ('", name, "' has shape ", h5::shape_str(shape), ")"));
+      if (mc.num_labels == 0) {
+        const int64_t d = dataset_num_labels(false);
+        if (d != 0 && d != n)
+          throw Error(cat("dataset '", data, "' has num_labels = ", d, " but weights file '", f.path(),
+                          "' has num_labels = ", n, " ('", name, "' has shape ", h5::shape_str(shape), ")"));
+      }
+      r.n = static_cast<int>(n);
+      r.source = cat("from '", name, "' of shape ", h5::shape_str(shape), " in weights file '", f.path(), "'");
+      return r;
+    }
+  }
+  if (mc.num_labels == 0) {
+    r.n = static_cast<int>(dataset_num_labels(true));
+    r.source = cat("from the num_labels attribute of dataset '", data, "'");
+  } else {
+    r.n = mc.num_labels;
+    r.source = cfg.is_set("model.num_labels") ? "model.num_labels" : "the default of model.num_labels";
+  }
+  return r;
+}
+
+std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source) {
+  const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+  if (!data.empty()) {
+    h5::File d = h5::File::open_read(data);
+    if (d.has_attr("id2label")) {
+      if (source) *source = cat("dataset '", data, "'");
+      return text::parse_string_array(d.attr_string("id2label"), data + ":id2label");
+    }
+  }
+  if (!mc.weights.empty()) {
+    h5::File f = h5::File::open_read(mc.weights);
+    if (f.has_attr("id2label")) {
+      auto names = text::parse_string_array(f.attr_string("id2label"), mc.weights + ":id2label");
+      if (int(names.size()) == mc.num_labels) {
+        if (source) *source = cat("weights file '", mc.weights, "'");
+        return names;
+      }
+    }
+  }
+  return {};
+}
+
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
   if (mc.weights.empty()) return mc;
@@ -63,7 +153,19 @@ ModelConfig resolve_model_config(const Config& cfg) {
     take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false);
     take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true);
     take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true);
-    // num_labels is not taken from the file: fine-tuning an encoder may use a new head size.
+    // pad_token_id: transformers' padding_idx of the word embeddings (-1 = null in config.json,
+    // as tools/hf_import.py writes it); a file without it keeps the INI value (default 0, as BertConfig).
+    if (f.has_attr("pad_token_id")) {
+      const int64_t v = f.attr_int("pad_token_id");
+      if (cfg.is_set("model.pad_token_id") && v != mc.pad_token_id)
+        throw Error(cat("model.pad_token_id = ", mc.pad_token_id, " (",
+                        cfg.source.empty() ? "command line" : cfg.source, ") disagrees with pad_token_id = ",
+                        v, " in weights file '", f.path(), "'"));
+      if (v < -1 || v >= mc.vocab_size)
+        throw Error(cat("weights file '", f.path(), "': attribute pad_token_id = ", v,
+                        " is outside [-1, vocab_size = ", mc.vocab_size, ")"));
+      mc.pad_token_id = static_cast<int>(v);
+    }
     return mc;
   }
   take_int(cfg, f, "n_layer", mc.n_layer);

@@ -1,4 +1,6 @@
 // Model factory and weight loading (shared by GPT-2 and BERT).
+#include <set>
+
 #include "core/error.h"
 #include "io/h5.h"
 #include "model/model.h"
@@ -28,30 +30,48 @@ bool expected_extra(const std::string& n) {
 
 }  // namespace
 
+// transformers saves a base model (BertModel, GPT2Model) without its base_model_prefix ('bert.',
+// 'transformer.'): "embeddings.word_embeddings.weight" instead of "bert.embeddings.word_embeddings.weight".
+// As from_pretrained does, a file in which no tensor name starts with the prefix is read as such a
+// checkpoint: parameter "<prefix>X" comes from dataset "X"; head parameters (no prefix) keep their names.
 void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
-                        std::vector<std::string>* fresh) {
+                        std::vector<std::string>* fresh, std::string* note) {
   h5::File f = h5::File::open_read(path);
+  const std::vector<std::string> names = f.list();
+  const std::string prefix = m.base_prefix();
+  bool has_prefix = prefix.empty();
+  for (const auto& n : names) has_prefix = has_prefix || n.rfind(prefix, 0) == 0;
+  auto file_name = [&](const std::string& param) {
+    if (has_prefix || param.rfind(prefix, 0) != 0) return param;
+    return param.substr(prefix.size());
+  };
+  if (!has_prefix && note)
+    *note = cat("no tensor name in the file starts with '", prefix,
+                "': read as a base-model checkpoint (names without the prefix, as transformers saves ",
+                m.config().type == "bert" ? "BertModel" : "GPT2Model", ")");
   std::vector<float> host;
   m.params().download(host);  // keeps the fresh initialisation of parameters absent from the file
   auto views = m.params().host_views(host);
-  std::vector<std::string> used;
+  std::set<std::string> used;
   for (auto& t : views) {
-    if (!f.has(t.name)) {
+    const std::string name = file_name(t.name);
+    if (!f.has(name)) {
       if (!m.may_be_new(t.name))
         throw Error(cat("weights file '", path, "': missing tensor '", t.name, "' of shape ",
-                        h5::shape_str(t.shape)));
+                        h5::shape_str(t.shape),
+                        has_prefix ? std::string()
+                                   : cat(" (looked for '", name, "': the file has no '", prefix,
+                                         "' names)")));
       if (fresh) fresh->push_back(t.name);
       continue;
     }
-    f.read_f32(t.name, t.shape, t.data);
-    used.push_back(t.name);
+    f.read_f32(name, t.shape, t.data);
+    used.insert(name);
   }
   if (unused) {
-    for (const auto& n : f.list()) {
-      if (expected_extra(n)) continue;
-      bool found = false;
-      for (const auto& u : used) found = found || u == n;
-      if (!found) unused->push_back(n);
+    for (const auto& n : names) {
+      if (expected_extra(n) || used.count(n)) continue;
+      unused->push_back(n);
     }
   }
   m.params().upload(host);

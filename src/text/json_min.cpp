@@ -229,4 +229,28 @@ std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::str
   return parse_string_int_object(ss.str(), path);
 }
 
+std::string write_string_array(const std::vector<std::string>& items) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ", ";
+    out += '"';
+    for (const char ch : items[i]) {
+      const unsigned char c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (c < 0x20) {
+        out += "\\u00";
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      } else {
+        out += ch;
+      }
+    }
+    out += '"';
+  }
+  return out + "]";
+}
+
 }  // namespace nlp::text

@@ -20,6 +20,10 @@ std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::
 // Parse a JSON array of strings, e.g. ["O", "B-PS", "I-PS"]; errors name `source`.
 std::vector<std::string> parse_string_array(const std::string& json, const std::string& source);
 
+// A JSON array of strings (", \ and control characters escaped; UTF-8 kept as is): the inverse of
+// parse_string_array.
+std::string write_string_array(const std::vector<std::string>& items);
+
 // Read and parse a file; a missing or unreadable file is an error naming the path.
 std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path);
 

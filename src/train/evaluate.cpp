@@ -42,7 +42,7 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
   std::unique_ptr<MlmSpec> mlm;
   if (s.task == Task::Mlm && !ds.has_token_labels())
     mlm = std::make_unique<MlmSpec>(read_mlm_spec(ds, s.model.config().vocab_size));
-  TaskEval te(s.task, ds, s.model.config().num_labels);
+  TaskEval te(s.task, ds, s.model.config().num_labels, s.model.config().id2label);
 
   std::vector<int64_t> mine;
   for (int64_t i = rank; i < ds.size(); i += world) mine.push_back(i);

@@ -2,7 +2,8 @@
 // sequences of data.train, dropout off, no update. Rank 0 writes <output.dir>/gradients.h5: a scalar
 // `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa; for mlm `logits` has a row
 // per masked position only, listed as flat indices b*T+t in `masked_positions`), and one dataset per
-// parameter gradient, named and shaped as the parameter. Used to check nlptrain against Hugging Face transformers on the same weights and batch.
+// parameter gradient, named and shaped as the parameter, and under `initialized/` the values of the
+// parameters that model.weights lacked (a new head, seeded). Used to check nlptrain against Hugging Face transformers on the same weights and batch.
 #include <numeric>
 
 #include "core/error.h"
@@ -56,6 +57,14 @@ void run_gradients(Session& s) {
     if (s.task == Task::Mlm)
       f.write_i32("masked_positions", {int64_t(hb.rows.size())}, hb.rows.data());
     for (const auto& sp : ps.specs()) f.write_f32(sp.name, sp.shape, grads.data() + sp.offset);
+    if (!s.initialised.empty()) {
+      std::vector<float> host;
+      ps.download(host);
+      for (const auto& name : s.initialised) {
+        const ParamSpec& sp = ps.specs()[ps.index(name)];
+        f.write_f32("initialized/" + name, sp.shape, host.data() + sp.offset);
+      }
+    }
     s.model.write_attrs(f);
   });
   s.log.info(cat("gradients: wrote '", path, "'"));

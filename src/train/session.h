@@ -20,6 +20,9 @@ struct Session {
   Backend& be;
   Log& log;
   Model& model;
+  // Parameters that did not come from model.weights (initialised: a new task head or pooler);
+  // gradients mode writes their values so that a reference can be given the same weights.
+  std::vector<std::string> initialised;
 };
 
 struct EvalResult {

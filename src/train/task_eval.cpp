@@ -43,10 +43,11 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
-TaskEval::TaskEval(Task task, const TokenDataset& ds, int num_labels)
+TaskEval::TaskEval(Task task, const TokenDataset& ds, int num_labels, const std::vector<std::string>& id2label)
     : task_(task), ds_(ds), NL_(num_labels), N_(ds.size()), T_(ds.seq_len()) {
   const h5::File& f = ds.file();
   if (f.has_attr("id2label")) id2label_ = text::parse_string_array(f.attr_string("id2label"), ds.path() + ":id2label");
+  else id2label_ = id2label;
   if (task == Task::Ner) {
     if (id2label_.size() != static_cast<size_t>(NL_))
       throw Error(cat("file '", ds.path(), "': ner needs the root attribute id2label with ", NL_,

@@ -20,7 +20,8 @@ namespace nlp {
 
 class TaskEval {
  public:
-  TaskEval(Task task, const TokenDataset& ds, int num_labels);
+  // Label names: the dataset's id2label attribute, else `id2label` (from the model: its weights').
+  TaskEval(Task task, const TokenDataset& ds, int num_labels, const std::vector<std::string>& id2label = {});
   // Outputs of the model's last forward on hb (examples idx[0..B)), copied from backend memory.
   void add(const HostBatch& hb, const int64_t* idx, const std::vector<OutputView>& outputs,
            Backend& be);

@@ -87,27 +87,15 @@ def make_batch(task, rng):
     return cols
 
 
-@pytest.mark.parametrize("task", list(HEADS))
-def test_bert_head_matches_transformers(task, tmp_path):
-    model = make_model(task)
-    weights = tmp_path / "w.h5"
-    write_weights(model, weights)
-    cols = make_batch(task, np.random.default_rng(5))
-    data = tmp_path / "d.h5"
-    with h5py.File(data, "w") as f:
-        for k, v in cols.items():
-            f.create_dataset(k, data=v)
-    out = tmp_path / "out"
-    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients",
-            f"--model.weights={weights}", f"--model.num_labels={NL}", f"--data.train={data}",
-            f"--train.batch_size={B}", f"--output.dir={out}", "--run.threads=1",
-            "--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0"])
-
+def compare_with_transformers(model, task, cols, gradients_h5):
+    """Run `model` (float64, eval) forward and backward on the batch `cols` and compare with what
+    nlptrain's gradients mode wrote: loss (relative 1e-5), then {name: relative error} of the outputs
+    and of every parameter gradient (asserted by the caller). nlptrain must have no extra parameter."""
     kwargs = {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items()}
     res = model(**kwargs)
     res.loss.backward()
     worst = {}
-    with h5py.File(out / "gradients.h5") as g:
+    with h5py.File(gradients_h5) as g:
         assert abs(float(g["loss"][()]) - res.loss.item()) <= 1e-5 * abs(res.loss.item())
         if task == "qa":
             worst["start_logits"] = rel(g["start_logits"][()], res.start_logits.detach().numpy())
@@ -117,7 +105,7 @@ def test_bert_head_matches_transformers(task, tmp_path):
             # position listed in masked_positions, which must be exactly the labelled ones
             pos = g["masked_positions"][()]
             assert np.array_equal(pos, np.flatnonzero(cols["labels"].reshape(-1) != -100))
-            full = res.logits.detach().numpy().reshape(B * T, -1)
+            full = res.logits.detach().numpy().reshape(-1, res.logits.shape[-1])
             worst["logits"] = rel(g["logits"][()], full[pos])
         else:
             worst["logits"] = rel(g["logits"][()], res.logits.detach().numpy())
@@ -136,7 +124,28 @@ def test_bert_head_matches_transformers(task, tmp_path):
         g.visititems(lambda n, o: ours.append(n) if isinstance(o, h5py.Dataset) else None)
         extra = set(ours) - set(names) - {"loss", "logits", "start_logits", "end_logits",
                                           "masked_positions"}
+        extra = {n for n in extra if not n.startswith("initialized/")}  # values, not gradients
         assert not extra, extra
+    return worst
+
+
+@pytest.mark.parametrize("task", list(HEADS))
+def test_bert_head_matches_transformers(task, tmp_path):
+    model = make_model(task)
+    weights = tmp_path / "w.h5"
+    write_weights(model, weights)
+    cols = make_batch(task, np.random.default_rng(5))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    out = tmp_path / "out"
+    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients",
+            f"--model.weights={weights}", f"--model.num_labels={NL}", f"--data.train={data}",
+            f"--train.batch_size={B}", f"--output.dir={out}", "--run.threads=1",
+            "--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0"])
+
+    worst = compare_with_transformers(model, task, cols, out / "gradients.h5")
     top = max(worst, key=worst.get)
     print(f"{task}: max relative error {worst[top]:.2e} ({top})")
     assert worst[top] <= 1e-4, (top, worst[top])
@@ -176,3 +185,58 @@ def test_mlm_eval_metrics_match_transformers(tmp_path):
     assert ev["tokens"] == int((lab != -100).sum())
     assert abs(ev["loss"] - res.loss.item()) <= 1e-5 * res.loss.item(), (ev["loss"], res.loss.item())
     assert 0.3 < want_acc < 0.9 and abs(ev["accuracy"] - want_acc) <= 1e-9, (ev["accuracy"], want_acc)
+
+
+PAD_CASES = [("doc_cls", 0), ("mlm", 0), ("ner", 7), ("qa", 0), ("doc_cls", None)]
+
+
+@pytest.mark.parametrize("task,pad", PAD_CASES, ids=[f"{t}-pad{p}" for t, p in PAD_CASES])
+def test_attended_pad_tokens(task, pad, tmp_path):
+    """transformers builds the word embeddings with padding_idx = pad_token_id: the lookup adds no
+    gradient to the [PAD] row, also where [PAD] tokens are attended (attention_mask 1). nlptrain
+    must do the same; for mlm the tied decoder still gives that row a gradient. pad_token_id comes
+    from the weights file's attribute (7 here for ner; -1 for a null pad_token_id, no padding_idx:
+    then id 0 is an ordinary token), else the default 0."""
+    torch.manual_seed(11)
+    config = transformers.BertConfig(num_labels=2 if task == "qa" else NL, pad_token_id=pad,
+                                     attn_implementation="eager", **CFG)
+    model = HEADS[task](config).double().eval()
+    assert model.bert.embeddings.word_embeddings.padding_idx == pad
+    attr, pad = (-1, 0) if pad is None else (pad, pad)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))  # the pad row too: not zero, so it matters in the forward
+            p.copy_(p.float().double())
+    weights = tmp_path / "w.h5"
+    write_weights(model, weights)
+    if attr != 0:
+        with h5py.File(weights, "r+") as f:
+            f.attrs["pad_token_id"] = np.int64(attr)
+    cols = make_batch(task, np.random.default_rng(6))
+    ids, mask = cols["input_ids"], cols["attention_mask"]
+    ids[mask == 0] = pad  # padding carries the [PAD] id ...
+    ids[0, [4, 9]] = pad  # ... and attended [PAD] tokens (mask 1)
+    ids[1, 2] = pad
+    ids[2, 1] = pad
+    assert mask[0, 4] == mask[0, 9] == mask[1, 2] == mask[2, 1] == 1
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    out = tmp_path / "out"
+    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", f"--model.weights={weights}",
+            f"--model.num_labels={NL}", f"--data.train={data}", f"--train.batch_size={B}",
+            f"--output.dir={out}", "--run.threads=1"])
+    worst = compare_with_transformers(model, task, cols, out / "gradients.h5")
+    name = "bert.embeddings.word_embeddings.weight"
+    ref = model.bert.embeddings.word_embeddings.weight.grad.numpy()
+    with h5py.File(out / "gradients.h5") as g:
+        ours = g[name][()]
+    if task == "mlm" or attr == -1:  # the decoder's share only; every share without padding_idx
+        assert np.abs(ref[pad]).max() > 0
+        worst["pad row"] = rel(ours[pad], ref[pad])
+    else:
+        assert np.all(ref[pad] == 0) and np.all(ours[pad] == 0), np.abs(ours[pad]).max()
+    top = max(worst, key=worst.get)
+    print(f"{task} with attended [PAD] = {attr}: max relative error {worst[top]:.2e} ({top})")
+    assert worst[top] <= 1e-4, (top, worst[top])

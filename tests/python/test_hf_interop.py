@@ -593,6 +593,148 @@ def test_bert_checkpoint_exports(tmp_path, task, report):
     assert err <= LOGITS_TOL, err
 
 
+# ---- 4b. base-model checkpoints (BertModel, GPT2Model: no 'bert.' / 'transformer.' prefix) --------------
+
+@pytest.mark.parametrize("cls_name", ["BertModel", "GPT2Model"])
+def test_base_model_round_trip(tmp_path, cls_name):
+    """A base-model checkpoint keeps its names through import and export (bitwise, same config.json)
+    and the export loads as that class."""
+    if cls_name == "GPT2Model":
+        model = gpt2_model().transformer
+        model.config.architectures = None
+    else:
+        model = bert_model("BertModel")
+        model.config.pad_token_id = None  # no padding_idx: the attribute says -1, config.json null
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    orig_config = json.loads((src / "config.json").read_text())
+    assert orig_config["architectures"] == [cls_name]
+    expected = weights_of(model)
+    assert not any(k.startswith(("bert.", "transformer.")) for k in expected)
+    h5 = tmp_path / "base.h5"
+    hf_import(src, h5)
+    if cls_name == "BertModel":
+        assert orig_config["pad_token_id"] is None
+        with h5py.File(h5, "r") as f:
+            assert f.attrs["pad_token_id"] == -1
+    out = tmp_path / "export"
+    p = hf_export(h5, out)
+    assert "warning" not in p.stderr, p.stderr
+    got = read_exported(out)
+    assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], v) for k, v in expected.items())
+    assert json.loads((out / "config.json").read_text()) == orig_config
+    assert_loads_cleanly(out, getattr(transformers, cls_name))
+    hf_import(out, tmp_path / "again.h5")
+    assert_same_h5(h5, tmp_path / "again.h5")
+
+
+def test_finetuned_from_base_model_exports(tmp_path, report):
+    """doc_cls fine-tuned from a BertModel checkpoint without pooler: the checkpoint exports as
+    BertForSequenceClassification (pooler and classifier included), which transformers loads with
+    no missing key and which gives nlptrain's logits."""
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=16, type_vocab_size=2)
+    torch.manual_seed(0)
+    base = perturb_(BertModel(cfg, add_pooling_layer=False), 1)
+    src = tmp_path / "src"
+    base.save_pretrained(src)
+    h5 = tmp_path / "base.h5"
+    hf_import(src, h5)
+    data = tmp_path / "data.h5"
+    cols = write_bert_data(data, "doc_cls")
+    run_dir = tmp_path / "run"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--model.num_labels=3",
+                     "--train.steps=2", "--checkpoint.interval=2", "--train.batch_size=2", "--run.threads=1",
+                     f"--data.train={data}", f"--output.dir={run_dir}")
+    assert "read as a base-model checkpoint" in p.stdout
+    for n in ("bert.pooler.dense.weight", "classifier.weight"):
+        assert f"new tensor, not in the weights file (initialised): {n}" in p.stdout
+    ckpt = run_dir / "checkpoints" / "step_00000002.h5"
+    out = tmp_path / "export"
+    hf_export(ckpt, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 3
+    model = assert_loads_cleanly(out, transformers.BertForSequenceClassification)
+    ours, _ = nlptrain_bert_logits(tmp_path, ckpt, "doc_cls", data, ["--model.num_labels=3"])
+    err = rel_err(ours, hf_bert_logits(model, cols))
+    report(f"\n[hf_interop] doc_cls fine-tuned from BertModel, logits vs transformers (exported): rel err {err:.3e}")
+    assert err <= LOGITS_TOL, err
+
+
+# ---- 4c. label names (id2label) ----------------------------------------------------------------------------
+
+def predictions(out_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (out_dir / "predictions.jsonl").read_text().splitlines() if l]
+
+
+def test_label_names_from_weights(tmp_path):
+    """A classifier checkpoint with id2label, a dataset without label names: num_labels and the names
+    come from the weights; predictions carry them, and a fine-tuned checkpoint exports them as
+    config.json's id2label / label2id."""
+    bert = bert_model()
+    bert.config.id2label = {0: "négatif", 1: "neutre \"n\"", 2: "positif"}
+    bert.config.label2id = {v: k for k, v in bert.config.id2label.items()}
+    src = tmp_path / "src"
+    bert.save_pretrained(src)
+    h5 = tmp_path / "w.h5"
+    hf_import(src, h5)
+    names = ["négatif", 'neutre "n"', "positif"]
+    with h5py.File(h5, "r") as f:
+        assert json.loads(f.attrs["id2label"]) == names
+    data = tmp_path / "data.h5"
+    write_bert_data(data, "doc_cls", vocab=97)
+    with h5py.File(data, "r+") as f:
+        del f.attrs["id2label"], f.attrs["num_labels"]
+    pred_dir = tmp_path / "pred"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", "--run.mode=predict", f"--model.weights={h5}",
+                     f"--data.eval={data}", "--train.batch_size=4", f"--output.dir={pred_dir}", "--run.threads=1")
+    assert f"model: num_labels = 3 (from 'classifier.weight' of shape [3, 32] in weights file '{h5}'; " \
+           f"label names from weights file '{h5}')" in p.stdout, p.stdout
+    rows = predictions(pred_dir)
+    assert len(rows) == 8 and all(r["label_name"] == names[r["label"]] for r in rows), rows
+
+    run_dir = tmp_path / "run"
+    run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--train.steps=1",
+                 "--checkpoint.interval=1", "--train.batch_size=2", "--run.threads=1", f"--data.train={data}",
+                 f"--output.dir={run_dir}")
+    out = tmp_path / "export"
+    hf_export(run_dir / "checkpoints" / "step_00000001.h5", out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": names[0], "1": names[1], "2": names[2]}
+    assert config["label2id"] == {names[0]: 0, names[1]: 1, names[2]: 2}
+    model = assert_loads_cleanly(out, transformers.AutoModelForSequenceClassification)
+    assert model.config.id2label == {0: names[0], 1: names[1], 2: names[2]}
+
+
+def test_label_names_from_dataset(tmp_path):
+    """Fine-tuning a BertModel on a dataset with id2label: the exported classifier carries the
+    dataset's names; the dataset's names win over the weights' (transformers' LABEL_i defaults)."""
+    from transformers import BertModel
+    torch.manual_seed(0)
+    base = perturb_(BertModel(bert_model().config), 1)
+    src = tmp_path / "src"
+    base.save_pretrained(src)
+    h5 = tmp_path / "w.h5"
+    hf_import(src, h5)
+    data = tmp_path / "data.h5"
+    write_bert_data(data, "doc_cls", vocab=97)  # id2label ["a", "b", "c"]
+    run_dir = tmp_path / "run"
+    p = run_nlptrain("--model.type=bert", "--run.task=doc_cls", f"--model.weights={h5}", "--model.num_labels=0",
+                     "--train.steps=1", "--checkpoint.interval=1", "--train.batch_size=2", "--run.threads=1",
+                     f"--data.train={data}", f"--output.dir={run_dir}")
+    assert f"label names from dataset '{data}'" in p.stdout
+    ckpt = run_dir / "checkpoints" / "step_00000001.h5"
+    with h5py.File(ckpt, "r") as f:
+        assert json.loads(f.attrs["id2label"]) == ["a", "b", "c"]
+    out = tmp_path / "export"
+    hf_export(ckpt, out, "--config", src)  # the original config.json (id2label LABEL_0, LABEL_1)
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "a", "1": "b", "2": "c"} and config["label2id"] == {"a": 0, "b": 1, "c": 2}
+    model = assert_loads_cleanly(out, transformers.BertForSequenceClassification)
+    assert model.config.num_labels == 3
+
+
 # ---- 5. bad input -------------------------------------------------------------------------------------------
 
 def assert_failed(p, *names):

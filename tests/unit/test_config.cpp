@@ -30,7 +30,7 @@ const std::vector<std::string> kAllKeys = {
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
     "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
-    "model.num_labels", "model.attention",
+    "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle",
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
@@ -90,6 +90,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.layer_norm_epsilon, b.model.layer_norm_epsilon);
   EXPECT_EQ(a.model.initializer_range, b.model.initializer_range);
   EXPECT_EQ(a.model.attention, b.model.attention);
+  EXPECT_EQ(a.model.pad_token_id, b.model.pad_token_id);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.eval, b.data.eval);
   EXPECT_EQ(a.data.seq_len, b.data.seq_len);
@@ -623,7 +624,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
                                  "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
-                                 "initializer_range = 0.035\n"
+                                 "initializer_range = 0.035\npad_token_id = -1\n"
                                  "[data]\ntrain = \" lead space.h5\"\neval = e#1;x.h5\nseq_len = 64\n"
                                  "shuffle = false\n"
                                  "[train]\nsteps = 77\nbatch_size = 3\ngrad_accum = 4\nlr = 1.7e-3\n"
@@ -714,3 +715,17 @@ TEST_F(ConfigTest, ExplicitlySet) {
 }
 
 }  // namespace
+
+TEST(ConfigPadTokenId, RangeChecked) {
+  // default 0 (BertConfig's pad_token_id); -1 = none; below -1 or at/above the vocabulary: an error
+  EXPECT_EQ(parse({"--data.train=x.h5"}).config.model.pad_token_id, 0);
+  EXPECT_EQ(parse({"--data.train=x.h5", "--model.type=bert", "--run.task=mlm", "--model.pad_token_id=-1"})
+                .config.model.pad_token_id, -1);
+  std::string m = error_of({"--data.train=x.h5", "--model.pad_token_id=-2"});
+  EXPECT_NE(m.find("model.pad_token_id"), std::string::npos) << m;
+  EXPECT_NE(m.find("-2"), std::string::npos) << m;
+  m = error_of({"--data.train=x.h5", "--model.type=bert", "--run.task=mlm", "--model.vocab_size=30",
+                "--model.pad_token_id=30"});
+  EXPECT_NE(m.find("model.pad_token_id = 30"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.vocab_size = 30"), std::string::npos) << m;
+}

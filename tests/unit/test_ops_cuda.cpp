@@ -926,6 +926,13 @@ void compare_model(Backend& g, const nlp::ModelConfig& mc, const std::string& ta
       const double err = std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * total);
       EXPECT_TRUE(finite) << "gradient " << s.name << " has non-finite values";
       EXPECT_LE(err, kModelGrad) << "gradient " << s.name;
+      // BERT's [PAD] row (pad_token_id 0; the padded positions hold id 0) gets no gradient from the
+      // embedding lookup (transformers' padding_idx); only the tied MLM decoder adds to it.
+      if (s.name == "bert.embeddings.word_embeddings.weight" && task != "mlm" && mc.pad_token_id >= 0) {
+        const size_t row = size_t(mc.pad_token_id) * size_t(s.shape[1]);
+        for (size_t c = 0; c < size_t(s.shape[1]); ++c)
+          ASSERT_EQ(a[row + c], 0.0f) << "gpu gradient of the [PAD] row, column " << c;
+      }
     }
   }
 }
