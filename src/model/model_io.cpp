@@ -1,6 +1,7 @@
 // Model factory and weight loading (shared by GPT-2 and BERT).
 #include "core/error.h"
 #include "io/h5.h"
+#include "io/weights.h"
 #include "model/model.h"
 
 namespace nlp {
@@ -44,6 +45,7 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
       continue;
     }
     f.read_f32(t.name, t.shape, t.data);
+    check_finite(path, t.name, t.shape, t.data);
     used.push_back(t.name);
   }
   if (unused) {
