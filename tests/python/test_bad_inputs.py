@@ -103,6 +103,7 @@ def run_case(case, out=None, previous=None, during=None):
     if helper:
         helper.join(5)
     p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    print(f"exit status {proc.returncode} after {elapsed:.1f} s; stderr:\n{stderr}")  # shown with -rP
     assert p.returncode != 0, f"exit status 0: {' '.join(cmd)}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr}"
     assert elapsed < LIMIT_S
     for e in case.expect:
