@@ -466,9 +466,13 @@ def test_checkpoint_dir_removed_mid_run(tmp_path):
     removed = []
 
     def remove_when_written(proc):
+        # Once step 2 is there, remove the folder until it is gone: an rmtree that races with the
+        # run writing the next checkpoint's temporary file can leave the folder behind.
         deadline = time.monotonic() + LIMIT_S
+        triggered = False
         while time.monotonic() < deadline and proc.poll() is None:
-            if (ckdir / "step_00000002.h5").exists():
+            triggered = triggered or (ckdir / "step_00000002.h5").exists()
+            if triggered:
                 shutil.rmtree(ckdir, ignore_errors=True)
                 if not ckdir.exists():
                     removed.append(True)
