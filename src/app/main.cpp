@@ -3,9 +3,11 @@
 // non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
 #include <thread>
 
 #include "backend/cuda/cuda_backend.h"
@@ -34,7 +36,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const int rank = comm.rank();
   Log log(rank);
   const bool append = cfg.run.mode != "train" || cfg.train.resume;
-  log.open(cfg.output.dir, append);
+  // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
+  log.open(cfg.output.dir, append, cfg.to_ini());
 
   int threads = cfg.run.threads;
   if (threads <= 0) {
@@ -82,11 +85,6 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
   log.info("effective configuration (also in " + cfg.output.dir + "/config.ini):");
   log.info(cfg.to_ini());
-  if (rank == 0) {
-    const std::string tmp = cfg.output.dir + "/config.ini.tmp";
-    std::ofstream(tmp) << cfg.to_ini();
-    std::filesystem::rename(tmp, cfg.output.dir + "/config.ini");
-  }
 
   const size_t nparams = model->params().total();
   std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
@@ -138,6 +136,67 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   return 0;
 }
 
+// Lines "key = value" of an effective configuration (Config::to_ini() without its header comment),
+// as "section.key" -> value, in order.
+std::vector<std::pair<std::string, std::string>> config_lines(const std::string& ini) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(ini);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const auto eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    out.emplace_back(section + "." + line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
+// Every rank must run with the same configuration. Ranks parse the INI themselves, so a node that
+// sees another file under the same path (a stale copy in node-local scratch, a lagging shared file
+// system) would train a different model or hang in a collective. Rank 0 broadcasts its effective
+// configuration; a rank whose configuration differs reports the first differing key with both
+// values. Returns false (every rank) when any rank differs.
+bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
+  if (size == 1) return true;
+  const std::string mine = cfg.to_ini();
+  std::string root = mine;
+  uint64_t len = root.size();
+  MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  root.resize(len);
+  MPI_Bcast(root.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+  const auto a = config_lines(root), b = config_lines(mine);
+  int differs = a != b ? 1 : 0, any = 0;
+  MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (any == 0) return true;
+  const std::string file = cfg.source.empty() ? std::string("command line only")
+                                              : "config file '" + cfg.source + "'";
+  if (differs) {
+    std::string what = "a different set of keys";
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      if (a[i] != b[i]) {
+        what = nlp::cat(b[i].first, " = ", b[i].second, " on rank ", rank, " but ", a[i].first, " = ",
+                        a[i].second, " on rank 0");
+        break;
+      }
+    std::fprintf(stderr,
+                 "nlptrain: error [rank %d of %d]: the configuration differs between ranks (%s): %s; "
+                 "every rank must read the same INI file and options (does this node see another "
+                 "copy of the file?)\n",
+                 rank, size, file.c_str(), what.c_str());
+  } else if (rank == 0) {
+    std::fprintf(stderr,
+                 "nlptrain: error [rank 0 of %d]: %d other rank(s) have a configuration different "
+                 "from rank 0's (%s); see their messages\n",
+                 size, any, file.c_str());
+  }
+  std::fflush(stderr);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,16 +204,44 @@ int main(int argc, char** argv) {
   // From the start: a SIGUSR1/SIGTERM during set-up stops the run at the first step boundary
   // (with a checkpoint) instead of killing it.
   nlp::install_stop_handlers();
+  // A write past RLIMIT_FSIZE (ulimit -f, a quota-like limit) must fail with EFBIG, so that the
+  // writer removes its temporary file and reports the path, instead of the process dying of SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
 
-  // Configuration errors are the same on every rank: rank 0 reports, every rank exits with 2.
+  // Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
+  // reports its error, and another rank reports its own only when it differs from rank 0's (the
+  // ranks read different files), so identical errors are printed once.
   nlp::ParseResult pr;
+  std::string parse_error;
+  int parsed_ok = 1;
   try {
     pr = nlp::parse_config(argc, argv);
   } catch (const std::exception& e) {
-    if (rank == 0) std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
+    parse_error = e.what();
+    parsed_ok = 0;
+  }
+  int all_ok = parsed_ok;
+  if (size > 1) MPI_Allreduce(&parsed_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_ok) {
+    std::string root_error = parse_error;
+    if (size > 1) {
+      uint64_t len = root_error.size();
+      MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+      root_error.resize(len);
+      MPI_Bcast(root_error.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+    }
+    if (rank == 0 && parsed_ok)
+      std::fprintf(stderr, "nlptrain: error [rank 0 of %d]: the configuration could not be read on "
+                           "other ranks (see their messages); every rank must see the same INI file\n",
+                   size);
+    else if (!parsed_ok && rank == 0)
+      std::fprintf(stderr, "nlptrain: error: %s\n", parse_error.c_str());
+    else if (!parsed_ok && parse_error != root_error)
+      std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, parse_error.c_str());
+    std::fflush(stderr);
     MPI_Finalize();
     return 2;
   }
@@ -166,6 +253,10 @@ int main(int argc, char** argv) {
     }
     MPI_Finalize();
     return 0;
+  }
+  if (!same_config_on_all_ranks(pr.config, rank, size)) {
+    MPI_Finalize();
+    return 2;
   }
 
   std::unique_ptr<nlp::Comm> comm;

@@ -13,8 +13,10 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -531,6 +533,43 @@ IniText clean_ini(const std::string& path, std::istream& in) {
   return out;
 }
 
+// Length of the valid UTF-8 sequence at s[i], or 0 when it is not one (overlong forms, surrogates
+// and code points above U+10FFFF are invalid).
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xF5 ? 0 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  if (c == 0xE0 && b(i + 1) < 0xA0) return 0;   // overlong
+  if (c == 0xED && b(i + 1) >= 0xA0) return 0;  // UTF-16 surrogates
+  if (c == 0xF0 && b(i + 1) < 0x90) return 0;   // overlong
+  if (c == 0xF4 && b(i + 1) >= 0x90) return 0;  // above U+10FFFF
+  return n;
+}
+
+// An INI file is UTF-8 text: a NUL byte (an HDF5 or other binary file given by mistake) or invalid
+// UTF-8 is an error naming the file, line and byte, rather than a confusing syntax error later.
+void require_text(const std::string& path, const std::string& data) {
+  int line = 1;
+  for (size_t i = 0; i < data.size();) {
+    if (data[i] == '\0')
+      throw Error(cat("config file '", path, "', line ", line, ": is not a text file (NUL byte at offset ",
+                      i, "); give an INI file, e.g. nlptrain input.ini"));
+    const size_t n = utf8_length(data, i);
+    if (n == 0) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(data[i]));
+      throw Error(cat("config file '", path, "', line ", line, ": is not a text file (invalid UTF-8 byte ",
+                      hex, " at offset ", i, ")"));
+    }
+    if (data[i] == '\n') ++line;
+    i += n;
+  }
+}
+
 po::options_description key_options() {
   po::options_description desc("keys");
   for (const auto& e : schema()) desc.add_options()(e.name.c_str(), po::value<std::string>(), "");
@@ -543,10 +582,13 @@ void read_ini(const std::string& path, Config& c, std::map<std::string, Origin>&
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(cat("config file '", path, "' not found"));
   if (fs::is_directory(path, ec)) throw Error(cat("config file '", path, "' is a directory"));
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(cat("config file '", path, "' cannot be opened for reading"));
-  IniText ini = clean_ini(path, f);
+  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) throw Error(cat("config file '", path, "': read error"));
+  require_text(path, data);
+  std::istringstream in(data);
+  IniText ini = clean_ini(path, in);
 
   std::istringstream text(ini.text);
   po::parsed_options parsed(nullptr);

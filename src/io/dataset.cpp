@@ -52,8 +52,8 @@ TokenDataset::TokenDataset(const std::string& path, int seq_len, int vocab_size,
     if (shape[1] > std::numeric_limits<int>::max())
       throw Error(cat("file '", path, "': input_ids rows of length ", shape[1], " are too long"));
     if (seq_len != 0 && seq_len != shape[1])
-      throw Error(cat("file '", path, "': input_ids has sequence length ", shape[1], " but seq_len ",
-                      seq_len, " was requested (use ", shape[1], " or 0)"));
+      throw Error(cat("file '", path, "': input_ids has sequence length ", shape[1], " but data.seq_len = ",
+                      seq_len, " (use ", shape[1], " or 0)"));
     n_ = shape[0];
     T_ = static_cast<int>(shape[1]);
     for (const char* col : {"attention_mask", "labels", "token_type_ids"}) {
@@ -201,10 +201,34 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       if (has_positions_) {
         read_col("start_positions", batch.start_positions, 0, T_);
         read_col("end_positions", batch.end_positions, 0, T_);
+        for (int j = 0; j < run; ++j) {
+          const int32_t a = batch.start_positions[static_cast<size_t>(k + j)];
+          const int32_t b = batch.end_positions[static_cast<size_t>(k + j)];
+          if ((a == -100) != (b == -100) || b < a)
+            throw Error(cat("file '", path_, "': end_positions[", first + j, "] = ", b,
+                            " and start_positions[", first + j, "] = ", a,
+                            " are not an answer span (the end must be at or after the start)"));
+        }
       }
       for (int r = 0; r < run; ++r) batch.label_next[static_cast<size_t>(k + r)] = -100;
     }
     k += run;
+  }
+}
+
+void TokenDataset::validate(int rank, int world) const {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw Error(cat("file '", path_, "': invalid rank ", rank, " of ", world, " for validation"));
+  const int64_t lo = n_ * rank / world, hi = n_ * (rank + 1) / world;
+  // Chunks of about 256 Ki tokens: bounded memory whatever the file size.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max(1, T_));
+  std::vector<int64_t> idx;
+  TokenBatch tb;
+  for (int64_t r0 = lo; r0 < hi; r0 += chunk) {
+    const int64_t n = std::min(chunk, hi - r0);
+    idx.resize(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), r0);
+    read(idx.data(), static_cast<int>(n), tb);
   }
 }
 

@@ -57,6 +57,11 @@ class TokenDataset {
   // Read examples idx[0..count) (any order, each in [0, size())) into batch (resized).
   void read(const int64_t* idx, int count, TokenBatch& batch) const;
 
+  // Read and check every value of this rank's share of the examples (contiguous ranges, together the
+  // whole file) with the checks of read(); throws naming the file, column, row and value. Called once
+  // at start-up, so a bad value anywhere stops the run before the first step, not when it is reached.
+  void validate(int rank, int world) const;
+
  private:
   std::string path_;
   h5::File file_;

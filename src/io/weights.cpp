@@ -2,6 +2,7 @@
 #include "io/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/error.h"
@@ -13,6 +14,24 @@ namespace {
 using h5::shape_str;
 
 }  // namespace
+
+void check_finite(const std::string& path, const std::string& name, const std::vector<int64_t>& shape,
+                  const float* data) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(data[i])) continue;
+    std::vector<int64_t> at(shape.size());
+    int64_t rest = i;
+    for (size_t k = shape.size(); k-- > 0;) {
+      at[k] = shape[k] > 0 ? rest % shape[k] : 0;
+      rest = shape[k] > 0 ? rest / shape[k] : 0;
+    }
+    const char* v = std::isnan(data[i]) ? "nan" : data[i] > 0 ? "inf" : "-inf";
+    throw Error(cat("file '", path, "': tensor '", name, "' holds a non-finite value ", v, " at ",
+                    shape_str(at), ": the weights are unusable (a diverged run, or a damaged file)"));
+  }
+}
 
 void save_weights(const std::string& path, const std::vector<NamedTensor>& tensors,
                   const std::function<void(h5::File&)>& write_attrs) {
@@ -52,6 +71,7 @@ std::vector<std::string> load_tensors(const h5::File& f, const std::vector<Named
     if (t.numel() > 0 && t.data == nullptr)
       throw Error(cat("load_tensors: tensor '", name, "' has no destination buffer"));
     f.read_f32(name, t.shape, t.data);
+    check_finite(f.path(), name, t.shape, t.data);
   }
 
   // Datasets in prefix's group whose names start with prefix and were not requested (full names;

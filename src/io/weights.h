@@ -29,9 +29,14 @@ void save_weights(const std::string& path, const std::vector<NamedTensor>& tenso
                   const std::function<void(h5::File&)>& write_attrs);
 
 // Read every tensor from f (each must exist, be float32 and have exactly the expected shape, else an
-// error naming the file, the tensor, and expected vs found). `prefix` is prepended to dataset names
+// error naming the file, the tensor, and expected vs found; NaN or infinite values are errors). `prefix` is prepended to dataset names
 // ("" for weights, "optimizer/exp_avg/" for optimizer state). Returns the names of datasets under
 // `prefix`'s group in the file that were not requested (callers report them as unused).
+// Throws naming the file, the tensor, the first non-finite value (nan, inf, -inf) and its index
+// when data (of the given shape) holds a NaN or an infinity.
+void check_finite(const std::string& path, const std::string& name, const std::vector<int64_t>& shape,
+                  const float* data);
+
 std::vector<std::string> load_tensors(const h5::File& f, const std::vector<NamedTensor>& tensors,
                                       const std::string& prefix = "");
 

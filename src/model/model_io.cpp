@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "io/h5.h"
+#include "io/weights.h"
 #include "model/model.h"
 
 namespace nlp {
@@ -66,6 +67,7 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
       continue;
     }
     f.read_f32(name, t.shape, t.data);
+    check_finite(path, name, t.shape, t.data);
     used.insert(name);
   }
   if (unused) {

@@ -33,7 +33,13 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
   if (s.task == Task::Qa && !ds.has_positions())
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
+  ds.validate(s.comm.rank(), s.comm.size());
   return ds;
+}
+
+void begin_output(Session& s) {
+  s.comm.barrier();
+  s.log.start();
 }
 
 EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool write_predictions) {
@@ -96,11 +102,13 @@ void log_eval_result(Session& s, const EvalResult& r, const char* what) {
 
 void run_eval(Session& s) {
   TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
+  begin_output(s);
   log_eval_result(s, evaluate(s, ds, s.cfg.eval.batches), "eval");
 }
 
 void run_predict(Session& s) {
   TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
+  begin_output(s);
   EvalResult r = evaluate(s, ds, s.cfg.eval.batches, /*write_predictions=*/true);
   log_eval_result(s, r, "predict");
   s.log.info(cat("predict: wrote ", s.cfg.output.dir,

@@ -90,13 +90,18 @@ std::string generate_sample(Session& s, uint64_t seed) {
 }
 
 void run_generate(Session& s) {
+  begin_output(s);
   if (s.comm.rank() != 0) return;
   std::string text = generate_sample(s, s.cfg.generate.seed);
   s.log.info(text);
   const std::string path = s.cfg.output.dir + "/generated.txt";
   std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
-  if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok) {
+    std::remove((path + ".tmp").c_str());
     throw Error(cat("cannot write '", path, "'"));
+  }
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 

@@ -20,6 +20,7 @@ void run_gradients(Session& s) {
   if (ds.size() < B)
     throw Error(cat("data.train = '", cfg.data.train, "' has ", ds.size(),
                     " examples, fewer than train.batch_size = ", B));
+  begin_output(s);
   std::vector<int64_t> idx(B);
   std::iota(idx.begin(), idx.end(), 0);
   TokenBatch tb;

@@ -1,7 +1,13 @@
 #include "train/log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -12,22 +18,67 @@ Log::~Log() {
   if (metrics_) std::fclose(metrics_);
 }
 
-void Log::open(const std::string& dir, bool append) {
+void Log::open(const std::string& dir, bool append, const std::string& config_ini) {
+  dir_ = dir;
+  append_ = append;
+  config_ini_ = config_ini;
   if (rank_ != 0) return;
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(cat("output.dir: cannot create directory '", dir, "': ", ec.message()));
-  const char* mode = append ? "a" : "w";
-  log_ = std::fopen((dir + "/log.txt").c_str(), mode);
-  metrics_ = std::fopen((dir + "/metrics.jsonl").c_str(), mode);
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw Error(cat("output.dir = '", dir, "' exists and is not a directory"));
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(cat("output.dir = '", dir, "': cannot create the directory: ", ec.message()));
+  // Probe: create and remove a file, so that an unwritable folder stops the run before any work.
+  const std::string probe = cat(dir, "/.nlptrain-write-test.", static_cast<long long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0)
+    throw Error(cat("output.dir = '", dir, "' is not writable: ", std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void Log::start() {
+  if (rank_ != 0 || started_) return;
+  started_ = true;
+  if (dir_.empty()) return;  // never opened (tests)
+  if (!config_ini_.empty()) {
+    const std::string tmp = cat(dir_, "/config.ini.tmp.", static_cast<long long>(::getpid()));
+    const std::string dst = dir_ + "/config.ini";
+    bool ok = false;
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << config_ini_;
+      f.flush();
+      ok = static_cast<bool>(f);
+    }
+    std::error_code ec;
+    if (ok) std::filesystem::rename(tmp, dst, ec);
+    if (!ok || ec) {
+      std::filesystem::remove(tmp, ec);
+      throw Error(cat("output.dir: cannot write '", dst, "'", ok ? ": " + ec.message() : std::string()));
+    }
+  }
+  const char* mode = append_ ? "a" : "w";
+  log_ = std::fopen((dir_ + "/log.txt").c_str(), mode);
+  const int log_err = errno;
+  metrics_ = std::fopen((dir_ + "/metrics.jsonl").c_str(), mode);
   if (!log_ || !metrics_)
-    throw Error(cat("output.dir: cannot write log.txt / metrics.jsonl in '", dir, "'"));
+    throw Error(cat("output.dir: cannot write log.txt / metrics.jsonl in '", dir_, "': ",
+                    std::strerror(log_ ? errno : log_err)));
+  for (const auto& line : pending_) std::fprintf(log_, "%s\n", line.c_str());
+  for (const auto& line : pending_metrics_) std::fprintf(metrics_, "%s\n", line.c_str());
+  pending_.clear();
+  pending_metrics_.clear();
+  std::fflush(log_);
+  std::fflush(metrics_);
 }
 
 void Log::info(const std::string& line) {
   if (rank_ != 0) return;
   std::fprintf(stdout, "%s\n", line.c_str());
   std::fflush(stdout);
+  if (!started_) pending_.push_back(line);
   if (log_) {
     std::fprintf(log_, "%s\n", line.c_str());
     std::fflush(log_);
@@ -35,7 +86,9 @@ void Log::info(const std::string& line) {
 }
 
 void Log::metrics(const std::string& json_line) {
-  if (rank_ != 0 || !metrics_) return;
+  if (rank_ != 0) return;
+  if (!started_) pending_metrics_.push_back(json_line);
+  if (!metrics_) return;
   std::fprintf(metrics_, "%s\n", json_line.c_str());
   std::fflush(metrics_);
 }

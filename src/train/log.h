@@ -1,8 +1,14 @@
 // Rank-0 logging to stdout and <output.dir>/log.txt, and metrics as JSON lines in
 // <output.dir>/metrics.jsonl. Other ranks write nothing.
+//
+// Nothing in output.dir is touched before start(): open() only checks that the folder can be written,
+// and lines logged before start() are printed and kept in memory. A run calls start() once every
+// input has been validated on every rank, so a run stopped by bad input leaves an earlier run's
+// log.txt, metrics.jsonl and config.ini as they were.
 #pragma once
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace nlp {
 
@@ -10,14 +16,22 @@ class Log {
  public:
   explicit Log(int rank) : rank_(rank) {}
   ~Log();
-  // Start writing log.txt and metrics.jsonl in dir (append=true when resuming).
-  void open(const std::string& dir, bool append);
+  // Remember dir (created if missing) and check that it is writable; append=true when resuming.
+  // config_ini: written to <dir>/config.ini (atomically) by start().
+  void open(const std::string& dir, bool append, const std::string& config_ini = "");
+  // Write config.ini, open log.txt and metrics.jsonl (truncated unless appending) and write the
+  // lines logged so far. Idempotent.
+  void start();
+  bool started() const { return started_; }
   bool is_root() const { return rank_ == 0; }
   void info(const std::string& line);   // one line, newline added
   void metrics(const std::string& json_line);
 
  private:
   int rank_;
+  std::string dir_, config_ini_;
+  bool append_ = false, started_ = false;
+  std::vector<std::string> pending_, pending_metrics_;  // logged before start()
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
 };

@@ -48,7 +48,14 @@ std::string format_eval(const EvalResult& r);  // "loss 2.31 | accuracy 0.8123 |
 // Sample text from the prompt with the generate.* settings (call on one rank only).
 std::string generate_sample(Session& s, uint64_t seed);
 
-// Opens a dataset for the model (window length data.seq_len or n_positions), checking T fits.
+// Opens a dataset for the model (window length data.seq_len or n_positions), checking T fits, and
+// validates every value in it: each rank checks its share of the examples (TokenDataset::validate),
+// so bad input anywhere in the file stops the run before the first step.
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key);
+
+// Each mode calls this once its inputs are open and validated, before it writes anything: it waits
+// for every rank (a rank that found bad input has stopped the run by then) and starts the log, so a
+// run stopped by bad input leaves output.dir as it was.
+void begin_output(Session& s);
 
 }  // namespace nlp

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -28,9 +29,18 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st) {
+// dir_expected: a checkpoint was written to (or resumed from) <output.dir>/checkpoints earlier in
+// this run, so the folder must still be there. A folder that vanished (scratch purged, another job
+// cleaning up) means the earlier checkpoints are gone: stop rather than quietly recreate it.
+std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, bool& dir_expected) {
   std::string path;
   if (s.comm.rank() == 0) {
+    const std::filesystem::path dir = std::filesystem::path(s.cfg.output.dir) / "checkpoints";
+    std::error_code ec;
+    if (dir_expected && !std::filesystem::is_directory(dir, ec))
+      throw Error(cat("checkpoint directory '", dir.string(), "' has disappeared since the last "
+                      "checkpoint of this run (removed or unmounted?); not writing step ", st.step,
+                      " into a new folder"));
     std::vector<float> hp, hm, hv;
     auto params = s.model.params().host_views(hp);
     s.model.params().download(hp);
@@ -39,6 +49,7 @@ std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st) {
     path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
                            [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
   }
+  dir_expected = true;
   s.comm.barrier();  // the checkpoint exists for every rank once this returns
   return path;
 }
@@ -96,6 +107,10 @@ int run_train(Session& s) {
   if (s.task == Task::Mlm && !train.has_token_labels())
     mlm = std::make_unique<MlmSpec>(read_mlm_spec(train, s.model.config().vocab_size));
   const int B = tc.batch_size, T = train.seq_len();
+  if (train.size() < static_cast<int64_t>(world) * B)
+    throw Error(cat("data.train = '", cfg.data.train, "' has ", train.size(), " examples, fewer than one "
+                    "global batch of ", static_cast<int64_t>(world) * B, " (", world, " ranks x "
+                    "train.batch_size = ", B, "): use fewer ranks or a smaller train.batch_size"));
   Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
   std::unique_ptr<TokenDataset> eval;
   if (!cfg.data.eval.empty()) eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
@@ -127,6 +142,8 @@ int run_train(Session& s) {
     }
   }
   const uint64_t seed = st.seed;
+  bool ckpt_dir_expected = st.step > 0;  // resumed from a checkpoint in that folder
+  begin_output(s);
 
   const int64_t tokens_per_step = int64_t(B) * T * tc.grad_accum * world;
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
@@ -248,7 +265,7 @@ int run_train(Session& s) {
     }
     bool checkpointed = false;
     if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
-      const std::string path = checkpoint_now(s, opt, st);
+      const std::string path = checkpoint_now(s, opt, st, ckpt_dir_expected);
       s.log.info(cat("checkpoint: ", path));
       checkpointed = true;
     }
@@ -259,7 +276,7 @@ int run_train(Session& s) {
     double sig[1] = {static_cast<double>(stop_signal())};
     s.comm.allreduce_sum_host(sig, 1);
     if (sig[0] > 0 && !last) {
-      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st);
+      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st, ckpt_dir_expected);
       s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
                      "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
       break;
