@@ -755,7 +755,9 @@ ParseResult parse_config(int argc, const char* const* argv) {
                       "; set generate.vocab_dir"));
   }
   if (!c.generate.prompts_file.empty()) {
-    if (c.is_set("generate.prompt"))
+    // A prompt set to its default does not conflict: Config::to_ini() writes every key, so the
+    // config.ini of a prompts_file run has both and must parse again.
+    if (c.is_set("generate.prompt") && c.generate.prompt != GenerateConfig{}.prompt)
       throw Error(cat("generate.prompt (", from("generate.prompt"), ") and generate.prompts_file = '",
                       c.generate.prompts_file, "' (", from("generate.prompts_file"),
                       ") are both set; give one of them"));
