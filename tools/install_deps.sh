@@ -7,7 +7,7 @@ APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-de
           libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libgtest-dev slurmd slurmctld slurm-client munge rsync)
 # pip name, or pip-name:import-name when they differ. nvidia-cudnn-frontend: the header-only cuDNN
 # frontend (include/cudnn_frontend.h in the interpreter's purelib) for the CUDA backend's fused attention.
-PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate tensorboard
          nvidia-cudnn-frontend:cudnn)
 
 missing=()

@@ -25,6 +25,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "text/tokenizer.h"
 
 namespace nlp {
 namespace {
@@ -169,6 +170,9 @@ const std::vector<Entry>& schema() {
       {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
       // [generate]
       {KEY(generate, prompt), none(), "prompt text (escapes \\n \\t \\\\ \\\" understood)", true},
+      {KEY(generate, prompts_file), none(),
+       "run.mode = generate: JSON lines file, one {\"prompt\": \"...\"} object per line (blank lines "
+       "skipped); one sample set per prompt, written to generated.jsonl; conflicts with generate.prompt"},
       {KEY(generate, max_new_tokens), ge(0), "tokens generated per sample"},
       {KEY(generate, temperature), gt(0), "sampling temperature"},
       {KEY(generate, top_k), ge(0), "sample among the k most likely tokens; 0 = off"},
@@ -176,7 +180,9 @@ const std::vector<Entry>& schema() {
       {KEY(generate, seed), none(), "sampling seed"},
       {KEY(generate, num_samples), ge(1), "number of samples"},
       {KEY(generate, tokenizer), one_of(kTokenizers), "byte (one token per byte) or gpt2 (BPE)"},
-      {KEY(generate, vocab_dir), none(), "for tokenizer gpt2: folder with encoder.json and vocab.bpe"},
+      {KEY(generate, vocab_dir), none(),
+       "for tokenizer gpt2: folder with encoder.json and vocab.bpe (or HF's vocab.json and merges.txt); "
+       "empty = the folder of model.weights"},
   };
   return table;
 }
@@ -785,9 +791,32 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (c.run.mode == "predict" && c.data.eval.empty())
     throw Error(cat("run.mode = predict (", from("run.mode"),
                     ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));
-  if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty())
-    throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
-                    ") requires generate.vocab_dir (folder with encoder.json and vocab.bpe)"));
+  if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty()) {
+    if (c.model.weights.empty())
+      throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
+                      ") requires generate.vocab_dir (folder with encoder.json and vocab.bpe, or "
+                      "vocab.json and merges.txt), or model.weights in a folder that holds them"));
+    const std::string dir = gpt2_vocab_dir(c);
+    const Gpt2VocabFiles f = find_gpt2_vocab_files(dir);
+    if (!f.complete())
+      throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
+                      ") without generate.vocab_dir: the folder of model.weights '", c.model.weights,
+                      "' (", from("model.weights"), "), '", dir, "', has no ",
+                      f.vocab.empty() ? "vocab.json (or encoder.json)" : "merges.txt (or vocab.bpe)",
+                      "; set generate.vocab_dir"));
+  }
+  if (!c.generate.prompts_file.empty()) {
+    // A prompt set to its default does not conflict: Config::to_ini() writes every key, so the
+    // config.ini of a prompts_file run has both and must parse again.
+    if (c.is_set("generate.prompt") && c.generate.prompt != GenerateConfig{}.prompt)
+      throw Error(cat("generate.prompt (", from("generate.prompt"), ") and generate.prompts_file = '",
+                      c.generate.prompts_file, "' (", from("generate.prompts_file"),
+                      ") are both set; give one of them"));
+    std::error_code ec;
+    if (c.run.mode == "generate" && !std::filesystem::is_regular_file(c.generate.prompts_file, ec))
+      throw Error(cat("generate.prompts_file = '", c.generate.prompts_file, "' (",
+                      from("generate.prompts_file"), "): file not found"));
+  }
   if ((c.run.mode == "train" || c.run.mode == "gradients") && c.data.train.empty())
     throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
                     ") requires data.train (an HDF5 dataset); set it in the INI file or with "
@@ -797,6 +826,12 @@ ParseResult parse_config(int argc, const char* const* argv) {
                     ") requires data.eval (an HDF5 dataset); set it in the INI file or with "
                     "--data.eval=PATH (see --help)"));
   return result;
+}
+
+std::string gpt2_vocab_dir(const Config& c) {
+  if (!c.generate.vocab_dir.empty()) return c.generate.vocab_dir;
+  const std::filesystem::path p = std::filesystem::path(c.model.weights).parent_path();
+  return p.empty() ? std::string(".") : p.string();
 }
 
 }  // namespace nlp

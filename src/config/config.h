@@ -101,6 +101,7 @@ struct OutputConfig {
 
 struct GenerateConfig {
   std::string prompt = "\n";
+  std::string prompts_file;    // JSON lines {"prompt": ...}; run.mode = generate only
   int max_new_tokens = 128;
   float temperature = 1.0f;
   int top_k = 0;               // 0 = off
@@ -108,7 +109,8 @@ struct GenerateConfig {
   uint64_t seed = 42;
   int num_samples = 1;
   std::string tokenizer = "byte";  // byte | gpt2
-  std::string vocab_dir;       // for gpt2: folder with encoder.json and vocab.bpe
+  std::string vocab_dir;       // for gpt2: folder with encoder.json and vocab.bpe (or vocab.json and
+                               // merges.txt); empty = the folder of model.weights
 };
 
 struct Config {
@@ -144,5 +146,9 @@ ParseResult parse_config(int argc, const char* const* argv);
 
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();
+
+// The folder the gpt2 tokenizer reads: generate.vocab_dir, or when empty the folder of model.weights
+// (a Hugging Face model folder imported with tools/hf_import.py keeps vocab.json and merges.txt there).
+std::string gpt2_vocab_dir(const Config& c);
 
 }  // namespace nlp

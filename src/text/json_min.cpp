@@ -1,7 +1,9 @@
 // Minimal flat {string: int} JSON reader (see json_min.h).
 #include "text/json_min.h"
 
+#include <cstdio>
 #include <fstream>
+#include <type_traits>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -46,8 +48,9 @@ class Parser {
     return out;
   }
 
-  std::vector<std::pair<std::string, int64_t>> parse_object() {
-    std::vector<std::pair<std::string, int64_t>> out;
+  template <class V = int64_t>
+  std::vector<std::pair<std::string, V>> parse_object() {
+    std::vector<std::pair<std::string, V>> out;
     std::unordered_set<std::string> seen;
     skip_ws();
     expect('{');
@@ -62,7 +65,13 @@ class Parser {
         skip_ws();
         expect(':');
         skip_ws();
-        const int64_t v = parse_int();
+        V v;
+        if constexpr (std::is_same_v<V, std::string>) {
+          if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
+          v = parse_string();
+        } else {
+          v = parse_int();
+        }
         if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
         out.emplace_back(std::move(key), v);
         skip_ws();
@@ -216,6 +225,60 @@ std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::
   return Parser(json, source).parse_object();
 }
 
+std::vector<std::pair<std::string, std::string>> parse_string_string_object(
+    const std::string& json, const std::string& source) {
+  return Parser(json, source).parse_object<std::string>();
+}
+
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = b[i];
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\t': out += "\\t"; break;
+        case '\r': out += "\\r"; break;
+        default:
+          if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+          } else {
+            out += char(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // Length and validity of a multi-byte sequence (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char d = b[i + k];
+      ok = k == 1 ? (d >= lo && d <= hi) : (d >= 0x80 && d <= 0xBF);
+    }
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    }
+  }
+  out += '"';
+  return out;
+}
+
 std::vector<std::string> parse_string_array(const std::string& json, const std::string& source) {
   return Parser(json, source).parse_string_array();
 }
@@ -230,26 +293,8 @@ std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::str
 }
 
 std::string write_string_array(const std::vector<std::string>& items) {
-  static const char* hex = "0123456789abcdef";
   std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i) out += ", ";
-    out += '"';
-    for (const char ch : items[i]) {
-      const unsigned char c = static_cast<unsigned char>(ch);
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += ch;
-      } else if (c < 0x20) {
-        out += "\\u00";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-      } else {
-        out += ch;
-      }
-    }
-    out += '"';
-  }
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + json_quote(items[i]);
   return out + "]";
 }
 

@@ -24,6 +24,15 @@ std::vector<std::string> parse_string_array(const std::string& json, const std::
 // parse_string_array.
 std::string write_string_array(const std::vector<std::string>& items);
 
+// Parse one flat JSON object whose values are all strings, e.g. a prompts-file line
+// {"prompt": "Hello", "id": "a1"}; entries in order, duplicate keys are an error naming `source`.
+std::vector<std::pair<std::string, std::string>> parse_string_string_object(
+    const std::string& json, const std::string& source);
+
+// `s` as a JSON string literal (with the quotes). Bytes that are not well-formed UTF-8 become
+// U+FFFD, so the result is always valid JSON; control characters are escaped.
+std::string json_quote(const std::string& s);
+
 // Read and parse a file; a missing or unreadable file is an error naming the path.
 std::vector<std::pair<std::string, int64_t>> read_string_int_json(const std::string& path);
 

@@ -206,15 +206,24 @@ std::string find_file(const std::string& dir, const char* name, const char* alt)
   std::error_code ec;
   if (fs::is_regular_file(p, ec)) return p.string();
   if (fs::is_regular_file(q, ec)) return q.string();
-  throw Error(
-      cat("gpt2 tokenizer: vocabulary file '", p.string(), "' not found (nor '", q.string(), "')"));
+  return {};
+}
+
+std::string need_file(const std::string& dir, const char* name, const char* alt) {
+  std::string f = find_file(dir, name, alt);
+  if (f.empty()) {
+    namespace fs = std::filesystem;
+    throw Error(cat("gpt2 tokenizer: vocabulary file '", (fs::path(dir) / name).string(),
+                    "' not found (nor '", (fs::path(dir) / alt).string(), "')"));
+  }
+  return f;
 }
 
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   explicit Gpt2Tokenizer(const std::string& vocab_dir) {
-    const std::string enc_path = find_file(vocab_dir, "encoder.json", "vocab.json");
-    const std::string bpe_path = find_file(vocab_dir, "vocab.bpe", "merges.txt");
+    const std::string enc_path = need_file(vocab_dir, "encoder.json", "vocab.json");
+    const std::string bpe_path = need_file(vocab_dir, "vocab.bpe", "merges.txt");
     load_vocab(enc_path);
     load_merges(bpe_path);
   }
@@ -425,6 +434,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
   if (kind == "gpt2") return std::make_unique<Gpt2Tokenizer>(vocab_dir);
   throw Error(cat("unknown tokenizer '", kind, "' (expected \"byte\" or \"gpt2\")"));
+}
+
+Gpt2VocabFiles find_gpt2_vocab_files(const std::string& dir) {
+  return {find_file(dir, "encoder.json", "vocab.json"), find_file(dir, "vocab.bpe", "merges.txt")};
 }
 
 }  // namespace nlp

@@ -42,6 +42,15 @@ class Tokenizer {
 // kinds are an nlp::Error naming the path or the kind.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);
 
+// The GPT-2 BPE files make_tokenizer("gpt2", dir) reads: the vocabulary (encoder.json, else
+// vocab.json, the Hugging Face name) and the merges (vocab.bpe, else merges.txt). Either path is
+// empty when neither name exists in dir.
+struct Gpt2VocabFiles {
+  std::string vocab, merges;
+  bool complete() const { return !vocab.empty() && !merges.empty(); }
+};
+Gpt2VocabFiles find_gpt2_vocab_files(const std::string& dir);
+
 namespace text {
 
 // GPT-2 pre-tokenization of `s` into consecutive pieces (views into s) that cover s exactly.

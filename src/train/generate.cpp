@@ -2,11 +2,14 @@
 // with temperature, top-k and top-p through the KV-cache decoder, one new token at a time.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <memory>
 #include <cmath>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "text/json_min.h"
 #include "text/tokenizer.h"
 #include "train/session.h"
 
@@ -51,39 +54,109 @@ int32_t sample_token(const float* logits, int V, float temperature, int top_k, f
   return order[keep - 1];
 }
 
-}  // namespace
-
-std::string generate_sample(Session& s, uint64_t seed) {
+// Continuations of one prompt: num_samples samples of up to max_new_tokens ids each (an end-of-text
+// id ends a sample and is kept). The random stream starts at `seed` and runs on across the samples.
+std::vector<std::vector<int32_t>> sample_continuations(Session& s, const Tokenizer& tok,
+                                                       std::vector<int32_t> prompt, uint64_t seed,
+                                                       const std::string& what) {
   const GenerateConfig& g = s.cfg.generate;
   const ModelConfig& mc = s.model.config();
-  auto tok = make_tokenizer(g.tokenizer, g.vocab_dir);
-  std::vector<int32_t> prompt = tok->encode(g.prompt);
-  if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
+  if (prompt.empty()) prompt.push_back(tok.eos_id() >= 0 ? tok.eos_id() : int32_t('\n'));
   for (int32_t id : prompt)
     if (id >= mc.vocab_size)
-      throw Error(cat("generate.prompt: token id ", id, " (tokenizer ", g.tokenizer,
+      throw Error(cat(what, ": token id ", id, " (tokenizer ", g.tokenizer,
                       ") is outside the model's vocabulary (model.vocab_size = ", mc.vocab_size, ")"));
   // Sample only ids the tokenizer can decode (a model's vocabulary may be padded beyond it).
-  const int V = std::min(mc.vocab_size, tok->vocab_size());
+  const int V = std::min(mc.vocab_size, tok.vocab_size());
   if (static_cast<int>(prompt.size()) >= mc.n_positions)
-    throw Error(cat("generate.prompt has ", prompt.size(), " tokens; model.n_positions = ",
-                    mc.n_positions, " leaves no room to generate"));
+    throw Error(cat(what, " has ", prompt.size(), " tokens; model.n_positions = ", mc.n_positions,
+                    " leaves no room to generate"));
 
   auto dec = make_decoder(s.model, s.be, 1);
   Rng rng(seed);
-  std::string out;
+  std::vector<std::vector<int32_t>> out;
   for (int sample = 0; sample < g.num_samples; ++sample) {
-    std::vector<int32_t> ids = prompt;
+    std::vector<int32_t> ids;
     const std::vector<float>* logits = nullptr;
     for (size_t pos = 0; pos < prompt.size(); ++pos) logits = &dec->step({prompt[pos]}, int(pos));
     const int limit = std::min<int>(mc.n_positions, int(prompt.size()) + g.max_new_tokens);
     for (int pos = int(prompt.size()); pos < limit; ++pos) {
       const int32_t next = sample_token(logits->data(), V, g.temperature, g.top_k, g.top_p, rng);
       ids.push_back(next);
-      if (next == tok->eos_id()) break;
+      if (next == tok.eos_id()) break;
       if (pos + 1 < limit) logits = &dec->step({next}, pos);
     }
-    if (sample > 0) out += "\n--- sample " + std::to_string(sample + 1) + " ---\n";
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+std::unique_ptr<Tokenizer> open_tokenizer(const Config& c, Log* log) {
+  if (c.generate.tokenizer != "gpt2") return make_tokenizer(c.generate.tokenizer, "");
+  const std::string dir = gpt2_vocab_dir(c);
+  auto tok = make_tokenizer("gpt2", dir);
+  if (log) {
+    const Gpt2VocabFiles f = find_gpt2_vocab_files(dir);
+    log->info(cat("generate: tokenizer gpt2 from ",
+                  c.generate.vocab_dir.empty() ? "the folder of model.weights" : "generate.vocab_dir",
+                  ": vocabulary '", f.vocab, "', merges '", f.merges, "'"));
+  }
+  return tok;
+}
+
+// Prompts of generate.prompts_file: one JSON object per line with a string "prompt" (other string
+// fields are allowed and ignored); blank lines are skipped.
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(cat("generate.prompts_file: cannot open '", path, "'"));
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int lineno = 1; std::getline(f, line); ++lineno) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    std::vector<std::pair<std::string, std::string>> fields;
+    try {
+      fields = text::parse_string_string_object(line, path);
+    } catch (const Error& e) {
+      throw Error(cat("generate.prompts_file '", path, "' line ", lineno, ": ", e.what(),
+                      " (expected one JSON object per line, e.g. {\"prompt\": \"Hello\"})"));
+    }
+    auto it = std::find_if(fields.begin(), fields.end(), [](const auto& kv) { return kv.first == "prompt"; });
+    if (it == fields.end())
+      throw Error(cat("generate.prompts_file '", path, "' line ", lineno,
+                      ": the object has no \"prompt\" field"));
+    prompts.push_back(it->second);
+  }
+  if (f.bad()) throw Error(cat("generate.prompts_file: error reading '", path, "'"));
+  if (prompts.empty()) throw Error(cat("generate.prompts_file '", path, "' holds no prompts"));
+  return prompts;
+}
+
+std::string ids_json(const std::vector<int32_t>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
+  if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+    throw Error(cat("cannot write '", path, "'"));
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+}  // namespace
+
+std::string generate_sample(Session& s, uint64_t seed) {
+  auto tok = open_tokenizer(s.cfg, nullptr);
+  std::vector<int32_t> prompt = tok->encode(s.cfg.generate.prompt);
+  auto samples = sample_continuations(s, *tok, prompt, seed, "generate.prompt");
+  if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
+  std::string out;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    std::vector<int32_t> ids = prompt;
+    ids.insert(ids.end(), samples[i].begin(), samples[i].end());
+    if (i > 0) out += "\n--- sample " + std::to_string(i + 1) + " ---\n";
     out += tok->decode(ids);
   }
   return out;
@@ -92,17 +165,46 @@ std::string generate_sample(Session& s, uint64_t seed) {
 void run_generate(Session& s) {
   begin_output(s);
   if (s.comm.rank() != 0) return;
-  std::string text = generate_sample(s, s.cfg.generate.seed);
-  s.log.info(text);
-  const std::string path = s.cfg.output.dir + "/generated.txt";
-  std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
-  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f && std::fclose(f) != 0) ok = false;
-  if (!ok) {
-    std::remove((path + ".tmp").c_str());
-    throw Error(cat("cannot write '", path, "'"));
+  const GenerateConfig& g = s.cfg.generate;
+  auto tok = open_tokenizer(s.cfg, &s.log);
+  const bool from_file = !g.prompts_file.empty();
+  const std::vector<std::string> prompts =
+      from_file ? read_prompts_file(g.prompts_file) : std::vector<std::string>{g.prompt};
+  if (from_file) s.log.info(cat("generate: ", prompts.size(), " prompts from '", g.prompts_file, "'"));
+
+  char num[64];
+  auto fmt = [&](double v) {
+    std::snprintf(num, sizeof num, "%.9g", v);
+    return std::string(num);
+  };
+  const std::string settings =
+      cat("{\"max_new_tokens\":", g.max_new_tokens, ",\"temperature\":", fmt(g.temperature),
+          ",\"top_k\":", g.top_k, ",\"top_p\":", fmt(g.top_p), ",\"seed\":", g.seed,
+          ",\"num_samples\":", g.num_samples, ",\"tokenizer\":", text::json_quote(g.tokenizer), "}");
+  std::string jsonl, txt;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string what = from_file ? cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1)
+                                       : std::string("generate.prompt");
+    std::vector<int32_t> prompt = tok->encode(prompts[i]);
+    // Every prompt starts from generate.seed: its samples do not depend on its place in the file.
+    auto samples = sample_continuations(s, *tok, prompt, g.seed, what);
+    if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
+    std::string texts, idss;
+    for (size_t k = 0; k < samples.size(); ++k) {
+      texts += (k ? "," : "") + text::json_quote(tok->decode(samples[k]));
+      idss += (k ? "," : "") + ids_json(samples[k]);
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), samples[k].begin(), samples[k].end());
+      if (k > 0) txt += "\n--- sample " + std::to_string(k + 1) + " ---\n";
+      txt += tok->decode(all);
+    }
+    if (i + 1 < prompts.size()) txt += "\n=== prompt " + std::to_string(i + 2) + " ===\n";
+    jsonl += cat("{\"prompt\":", text::json_quote(prompts[i]), ",\"prompt_ids\":", ids_json(prompt),
+                 ",\"samples\":[", texts, "],\"sample_ids\":[", idss, "],\"settings\":", settings, "}\n");
   }
-  std::rename((path + ".tmp").c_str(), path.c_str());
+  s.log.info(txt);
+  write_atomically(s.cfg.output.dir + "/generated.jsonl", jsonl);
+  if (!from_file) write_atomically(s.cfg.output.dir + "/generated.txt", txt);
 }
 
 }  // namespace nlp

@@ -41,7 +41,7 @@ const std::vector<std::string> kAllKeys = {
     "output.dir",
     "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
     "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
-    "generate.vocab_dir"};
+    "generate.vocab_dir", "generate.prompts_file"};
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "nlptrain");
@@ -125,6 +125,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.generate.num_samples, b.generate.num_samples);
   EXPECT_EQ(a.generate.tokenizer, b.generate.tokenizer);
   EXPECT_EQ(a.generate.vocab_dir, b.generate.vocab_dir);
+  EXPECT_EQ(a.generate.prompts_file, b.generate.prompts_file);
 }
 
 class ConfigTest : public ::testing::Test {
@@ -589,6 +590,47 @@ TEST(ConfigCross, TokenizerAndData) {
   EXPECT_CONTAINS(m, "data.train");
   m = error_of({"--run.mode=eval", "--data.train=x"});
   EXPECT_CONTAINS(m, "data.eval");
+}
+
+TEST_F(ConfigTest, Gpt2VocabularyBesideTheWeights) {
+  // No generate.vocab_dir: the folder of model.weights must hold the vocabulary and the merges.
+  const std::string w = (dir_ / "w.h5").string();
+  const std::vector<std::string> gen = {"--run.mode=generate", "--generate.tokenizer=gpt2",
+                                        "--model.weights=" + w};
+  std::string m = error_of(gen);
+  EXPECT_CONTAINS(m, dir_.string());
+  EXPECT_CONTAINS(m, "vocab.json");
+  EXPECT_CONTAINS(m, "generate.vocab_dir");
+  write("vocab.json", "{}");
+  m = error_of(gen);
+  EXPECT_CONTAINS(m, "merges.txt");
+  EXPECT_CONTAINS(m, dir_.string());
+  write("merges.txt", "");
+  Config c = parse(gen).config;
+  EXPECT_EQ(c.generate.vocab_dir, "");
+  EXPECT_EQ(nlp::gpt2_vocab_dir(c), dir_.string());
+  // An explicit generate.vocab_dir wins (and is not checked against the weights' folder).
+  c = parse({"--run.mode=generate", "--generate.tokenizer=gpt2", "--model.weights=/nowhere/w.h5",
+             "--generate.vocab_dir=/v"}).config;
+  EXPECT_EQ(nlp::gpt2_vocab_dir(c), "/v");
+}
+
+TEST_F(ConfigTest, PromptsFile) {
+  const std::string p = (dir_ / "prompts.jsonl").string();
+  std::string m = error_of({"--run.mode=generate", "--generate.prompts_file=" + p});
+  EXPECT_CONTAINS(m, "generate.prompts_file");
+  EXPECT_CONTAINS(m, p);
+  EXPECT_CONTAINS(m, "not found");
+  write("prompts.jsonl", "{\"prompt\": \"a\"}\n");
+  EXPECT_EQ(parse({"--run.mode=generate", "--generate.prompts_file=" + p}).config.generate.prompts_file, p);
+  m = error_of({"--run.mode=generate", "--generate.prompts_file=" + p, "--generate.prompt=hi"});
+  EXPECT_CONTAINS(m, "generate.prompt ");
+  EXPECT_CONTAINS(m, "generate.prompts_file");
+  EXPECT_CONTAINS(m, "both");
+  // The config.ini a prompts_file run writes (every key, prompt at its default) parses again.
+  Config c = parse({"--run.mode=generate", "--generate.prompts_file=" + p}).config;
+  const std::string ini = write("written.ini", c.to_ini());
+  EXPECT_EQ(parse({ini}).config.generate.prompts_file, p);
 }
 
 TEST_F(ConfigTest, DuplicateKey) {

@@ -269,6 +269,38 @@ TEST(JsonMin, FlatStringIntObject) {
 
 // ---- pre-tokenizer (expected pieces taken from HF tokenizers' GPT-2 regex) ----------------------
 
+TEST(JsonMin, FlatStringStringObject) {
+  auto v = nlp::text::parse_string_string_object(R"( {"prompt": "a\n\"b\" \u00e9", "id": ""} )", "p.jsonl");
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].first, "prompt");
+  EXPECT_EQ(v[0].second, "a\n\"b\" \xc3\xa9");
+  EXPECT_EQ(v[1].second, "");
+  for (const char* bad : {R"({"prompt": 3})", R"({"prompt": "a", "prompt": "b"})", R"(["a"])",
+                          R"({"prompt": "a"} x)", R"({"prompt": null})"}) {
+    try {
+      nlp::text::parse_string_string_object(bad, "p.jsonl");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const nlp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("p.jsonl"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(JsonMin, QuoteEscapesAndReplacesInvalidUtf8) {
+  using nlp::text::json_quote;
+  EXPECT_EQ(json_quote("a\"b\\c\n\t\r\x01"), R"("a\"b\\c\n\t\r\u0001")");
+  EXPECT_EQ(json_quote("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"");
+  // A cut multi-byte character, a lone continuation byte, an overlong form, a surrogate: U+FFFD each byte.
+  const std::string r = "\xef\xbf\xbd";
+  EXPECT_EQ(json_quote("x\xe2\x82"), "\"x" + r + r + "\"");
+  EXPECT_EQ(json_quote("\x80"), "\"" + r + "\"");
+  EXPECT_EQ(json_quote("\xc0\xaf"), "\"" + r + r + "\"");
+  EXPECT_EQ(json_quote("\xed\xa0\x80"), "\"" + r + r + r + "\"");
+  // Round trip through the reader for valid text.
+  const std::string t = "prompt: \"\\ \x7f \xc3\xa9\n";
+  EXPECT_EQ(nlp::text::parse_string_string_object("{\"k\": " + json_quote(t) + "}", "t")[0].second, t);
+}
+
 TEST(Gpt2Pretokenize, RegexCases) {
   using V = std::vector<std::string_view>;
   using nlp::text::gpt2_pretokenize;
