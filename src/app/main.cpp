@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -155,33 +156,70 @@ std::vector<std::pair<std::string, std::string>> config_lines(const std::string&
   return out;
 }
 
+// What a path key's value is compared by across ranks: the size of the regular file it names (a
+// node-local copy of the same file has the same size under another path); folders, empty values and
+// paths that do not exist yet (output.dir) are not compared.
+std::string path_identity(const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return "(not compared)";
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? std::string("(not compared)") : nlp::cat("a file of ", n, " bytes");
+}
+
 // Every rank must run with the same configuration. Ranks parse the INI themselves, so a node that
 // sees another file under the same path (a stale copy in node-local scratch, a lagging shared file
 // system) would train a different model or hang in a collective. Rank 0 broadcasts its effective
 // configuration; a rank whose configuration differs reports the first differing key with both
-// values. Returns false (every rank) when any rank differs.
+// values. Path keys compare the files they name (nlp::is_path_key, path_identity), since job
+// scripts legitimately give each node its own scratch path. Returns false (every rank) when any
+// rank differs.
 bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
   if (size == 1) return true;
-  const std::string mine = cfg.to_ini();
-  std::string root = mine;
+  auto canonical = [](std::vector<std::pair<std::string, std::string>> lines) {
+    for (auto& [key, value] : lines)
+      if (nlp::is_path_key(key)) value = value + " (" + path_identity(value) + ")";
+    return lines;
+  };
+  const auto b = canonical(config_lines(cfg.to_ini()));
+  std::string root;
+  for (const auto& [key, value] : b) root += key + " = " + value + "\n";
   uint64_t len = root.size();
   MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   root.resize(len);
   MPI_Bcast(root.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
-  const auto a = config_lines(root), b = config_lines(mine);
-  int differs = a != b ? 1 : 0, any = 0;
+  std::vector<std::pair<std::string, std::string>> a;
+  {
+    std::istringstream in(root);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto eq = line.find(" = ");
+      if (eq != std::string::npos) a.emplace_back(line.substr(0, eq), line.substr(eq + 3));
+    }
+  }
+  auto same = [](const std::pair<std::string, std::string>& x, const std::pair<std::string, std::string>& y) {
+    if (x.first != y.first) return false;
+    if (!nlp::is_path_key(x.first)) return x.second == y.second;
+    auto identity = [](const std::string& v) { return v.substr(v.rfind(" (")); };
+    return identity(x.second) == identity(y.second);
+  };
+  size_t first_diff = a.size() == b.size() ? a.size() : std::min(a.size(), b.size());
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (!same(a[i], b[i])) {
+      first_diff = i;
+      break;
+    }
+  int differs = first_diff < a.size() || a.size() != b.size() ? 1 : 0, any = 0;
   MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (any == 0) return true;
   const std::string file = cfg.source.empty() ? std::string("command line only")
                                               : "config file '" + cfg.source + "'";
   if (differs) {
     std::string what = "a different set of keys";
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-      if (a[i] != b[i]) {
-        what = nlp::cat(b[i].first, " = ", b[i].second, " on rank ", rank, " but ", a[i].first, " = ",
-                        a[i].second, " on rank 0");
-        break;
-      }
+    if (first_diff < std::min(a.size(), b.size())) {
+      const size_t i = first_diff;
+      what = nlp::cat(b[i].first, " = ", b[i].second, " on rank ", rank, " but ", a[i].first, " = ",
+                      a[i].second, " on rank 0");
+    }
     std::fprintf(stderr,
                  "nlptrain: error [rank %d of %d]: the configuration differs between ranks (%s): %s; "
                  "every rank must read the same INI file and options (does this node see another "

@@ -828,6 +828,13 @@ ParseResult parse_config(int argc, const char* const* argv) {
   return result;
 }
 
+bool is_path_key(const std::string& key) {
+  static const std::set<std::string> kPathKeys = {"model.weights", "data.train", "data.eval",
+                                                  "output.dir", "generate.prompts_file",
+                                                  "generate.vocab_dir"};
+  return kPathKeys.count(key) > 0;
+}
+
 std::string gpt2_vocab_dir(const Config& c) {
   if (!c.generate.vocab_dir.empty()) return c.generate.vocab_dir;
   const std::filesystem::path p = std::filesystem::path(c.model.weights).parent_path();

@@ -147,6 +147,11 @@ ParseResult parse_config(int argc, const char* const* argv);
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();
 
+// Keys that name a file or folder (data.train, model.weights, output.dir, ...). Their values may
+// differ between ranks (a job script that copies inputs to node-local scratch gives each node its
+// own path), so the cross-rank agreement check compares the files they name, not the strings.
+bool is_path_key(const std::string& key);
+
 // The folder the gpt2 tokenizer reads: generate.vocab_dir, or when empty the folder of model.weights
 // (a Hugging Face model folder imported with tools/hf_import.py keeps vocab.json and merges.txt there).
 std::string gpt2_vocab_dir(const Config& c);

@@ -515,6 +515,33 @@ def test_ranks_disagree_on_ini(tmp_path, previous):
     run_case(case, out, previous)
 
 
+def test_ranks_see_different_data_files(tmp_path, previous):
+    # Each node has its own scratch path (allowed), but rank 1's copy is another file (other size).
+    out = tmp_path / "out"
+    texts = []
+    for r, rows in enumerate([N, N + 4]):
+        data = h5write(tmp_path / f"node{r}.h5", input_ids=ids(rows=rows))
+        texts.append(f"[data]\ntrain = {data}\n[output]\ndir = {out}\n[train]\nsteps = 2\nbatch_size = 2\n")
+    wrapper = rank_dirs(tmp_path, texts)
+    case = Case(GPT, ["data.train", "node0.h5", "node1.h5", "bytes", "rank 1"], wrapper=wrapper)
+    run_case(case, out, previous)
+
+
+def test_node_local_copies_under_other_paths_are_accepted(tmp_path):
+    # Not an error: job scripts copy inputs to node-local scratch, so the paths differ by node while
+    # the files are the same (compared by size); output.dir may differ too (only rank 0 writes).
+    texts = []
+    for r in range(2):
+        (tmp_path / f"scratch{r}").mkdir()
+        data = h5write(tmp_path / f"scratch{r}" / "d.h5", input_ids=ids())
+        texts.append(f"[data]\ntrain = {data}\n[output]\ndir = {tmp_path / f'scratch{r}' / 'out'}\n"
+                     "[train]\nsteps = 2\nbatch_size = 2\n")
+    cmd = ["mpirun", "-np", "2"] + rank_dirs(tmp_path, texts) + [nr.binary()] + GPT
+    p = subprocess.run(cmd, capture_output=True, text=True, env=nr.mpi_env(), timeout=LIMIT_S)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    assert (tmp_path / "scratch0" / "out" / "metrics.jsonl").is_file()
+
+
 def test_ranks_disagree_one_ini_invalid(tmp_path, previous):
     # rank 1 sees a broken file: its parse fails while rank 0's succeeds; every rank must stop
     data = h5write(tmp_path / "d.h5", input_ids=ids())
