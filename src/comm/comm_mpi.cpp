@@ -14,6 +14,7 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -98,6 +99,11 @@ class MpiComm final : public Comm {
 
   void allreduce_sum_start(float* buf, size_t n) override {
     if (size_ == 1 || n == 0) return;
+    // Fault injection for the test that a stuck rank ends the run (tests/python/test_comm.py):
+    // NLPTRAIN_TEST_STALL_RANK=r makes rank r stop here (as a hung rank would) instead of summing.
+    static const char* stall = std::getenv("NLPTRAIN_TEST_STALL_RANK");
+    if (stall && std::atoi(stall) == rank_)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (!threaded_) {
       for (size_t off = 0; off < n; off += kMaxCount) {
         inline_.emplace_back();
@@ -185,6 +191,19 @@ class MpiComm final : public Comm {
   // One bucket: MPI_Iallreduce, then MPI_Test until complete. Returns an error message or "".
   std::string run(const Job& job) {
     const auto t0 = Clock::now();
+    int polls = 0;
+    std::string err = run_polls(job, polls);
+    // NLPTRAIN_COMM_TRACE=1: each bucket's time from its start to its completion (bench/overlap.sh)
+    static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
+    if (trace)
+      std::fprintf(stderr, "[trace rank %d] bucket of %zu floats: %.1f ms, %d polls, done at %.3f s\n",
+                   rank_, job.n, std::chrono::duration<double>(Clock::now() - t0).count() * 1e3, polls,
+                   std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+    return err;
+  }
+
+  std::string run_polls(const Job& job, int& total_polls) {
+    const auto t0 = Clock::now();
     for (size_t off = 0; off < job.n; off += kMaxCount) {
       MPI_Request req;
       int rc = MPI_Iallreduce(MPI_IN_PLACE, job.buf + off,
@@ -195,6 +214,7 @@ class MpiComm final : public Comm {
         int done = 0;
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Test (code ", rc, ")");
+        ++total_polls;
         if (done) break;
         if (timeout_s_ > 0 &&
             std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_)

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "comm/grad_reducer.h"
 #include "core/error.h"
@@ -219,6 +220,12 @@ int run_train(Session& s) {
     s.be.synchronize();
     tp = Clock::now();
     reducer.finish();
+    // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
+    static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
+    if (trace)
+      std::fprintf(stderr, "[trace rank %d] step %d: hooks %.1f ms, finish %.1f ms, at %.3f\n", rank, step + 1,
+                   t_hook * 1e3, seconds_since(tp) * 1e3,
+                   std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
     s.comm.allreduce_sum_host(loss_sum, 1);
     s.be.synchronize();
     t_comm += seconds_since(tp);
