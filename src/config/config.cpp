@@ -171,7 +171,8 @@ const std::vector<Entry>& schema() {
        "overlap the gradient allreduce with the backward (buckets, reverse layer order); false = one "
        "allreduce after the backward"},
       {KEY(comm, timeout_s), ge(0),
-       "a gradient collective not finished after this many seconds ends every rank with an error; "
+       "an overlapped gradient bucket or NCCL collective not finished after this many seconds ends "
+       "every rank with an error (the blocking MPI allreduce of comm.overlap = false is not covered); "
        "0 = wait forever"},
       // [output]
       {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
