@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include "backend/cuda/cuda_backend.h"
@@ -43,9 +44,23 @@ class NcclComm final : public Comm {
     cuda(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~NcclComm() override {
-    if (comm_) {
+    if (comm_ && std::uncaught_exceptions() > 0) {
+      // Unwinding after an error: sums may be queued that wait for ranks which will never join;
+      // waiting for them (or finalising, which syncs with the peers) could hang, so abort.
+      ncclCommAbort(comm_);
+    } else if (comm_) {
       cudaStreamSynchronize(comm_stream_);
-      ncclCommDestroy(comm_);
+      // Non-blocking communicator: finalise (flushes its work), wait until done, then destroy.
+      ncclResult_t rc = ncclCommFinalize(comm_);
+      const auto t0 = Clock::now();
+      ncclResult_t st = rc;
+      while (rc == ncclSuccess || rc == ncclInProgress) {
+        if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess || st != ncclInProgress) break;
+        if (timeout_s_ > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_) break;
+        std::this_thread::yield();
+      }
+      if (st == ncclSuccess) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
     }
     if (produced_) cudaEventDestroy(produced_);
     if (reduced_) cudaEventDestroy(reduced_);
