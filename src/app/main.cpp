@@ -56,12 +56,32 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
                                   !cuda_fused_attention_available(&no_cudnn);
   if (auto_without_cudnn) bopts.fused_attention = false;
-  auto be = make_backend(cfg.run.backend, threads, comm.local_rank(), bopts);
-  if (cfg.run.backend == "cuda" && comm.size() > 1)
-    throw Error(cat("run.backend = cuda with ", comm.size(),
-                    " ranks: gradient allreduce on GPU memory needs the NCCL communicator, which is "
-                    "not implemented yet (this Open MPI is not CUDA-aware); run one rank, or use "
-                    "run.backend = cpu"));
+  // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
+  // devices round-robin; NCCL needs a GPU per rank.
+  const bool cuda = cfg.run.backend == "cuda";
+  const int ndev = cuda ? cuda_device_count() : 0;
+  std::string no_nccl;
+  const bool have_nccl = nccl_available(&no_nccl);
+  std::string gpu_comm = "mpi";  // what sums the gradients
+  if (cuda && comm.size() > 1) {
+    gpu_comm = cfg.comm.gpu;
+    if (gpu_comm == "auto") gpu_comm = have_nccl && comm.local_size() <= std::max(ndev, 1) ? "nccl" : "staged";
+    if (gpu_comm == "nccl" && !have_nccl)
+      throw Error(cat("comm.gpu = nccl: nlptrain was built without NCCL (", no_nccl,
+                      "); use comm.gpu = staged or auto"));
+  } else if (!cuda && comm.size() > 1 && cfg.comm.gpu == "staged") {
+    gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
+  } else if (!cuda && cfg.comm.gpu == "nccl") {
+    throw Error("comm.gpu = nccl needs run.backend = cuda (NCCL sums GPU buffers)");
+  }
+  int device = comm.local_rank();
+  if (cuda && gpu_comm == "staged" && ndev > 0) device = comm.local_rank() % ndev;
+  auto be = make_backend(cfg.run.backend, threads, device, bopts);
+  // Declared after the backend, so destroyed before it: the GPU communicators use the backend.
+  std::unique_ptr<Comm> gpu;
+  if (gpu_comm == "staged") gpu = make_staged_comm(comm, *be);
+  else if (gpu_comm == "nccl") gpu = make_nccl_comm(comm, *be, cfg.comm.timeout_s);
+  Comm& dcomm = gpu ? *gpu : comm;
 
   ModelConfig mc = resolve_model_config(cfg);
   const Task task = parse_task(cfg.run.task);
@@ -77,7 +97,10 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   auto model = make_model(mc, *be, cfg.run.task);
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
-               " | ", comm.size(), " rank(s) | backend ", be->name(), " | precision ",
+               " | ", comm.size(), " rank(s) | backend ", be->name(),
+               comm.size() > 1 ? cat(" (gradients: ", gpu_comm, cfg.comm.overlap ? ", overlapped" : "", ")")
+                               : std::string(),
+               " | precision ",
                precision_name(precision), " | attention ",
                bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank"));
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")
@@ -127,7 +150,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                 mib(model->activation_bytes(cfg.train.batch_size, T)));
   log.info(buf);
 
-  Session s{cfg, task, comm, *be, log, *model, fresh};
+  Session s{cfg, task, dcomm, *be, log, *model, fresh};
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
   else if (cfg.run.mode == "predict") run_predict(s);
@@ -238,7 +261,10 @@ bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // SERIALIZED: the communicator's background thread runs the overlapped gradient sums while the
+  // main thread computes (never both inside MPI at once; comm_mpi.cpp).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   // From the start: a SIGUSR1/SIGTERM during set-up stops the run at the first step boundary
   // (with a checkpoint) instead of killing it.
   nlp::install_stop_handlers();
@@ -300,7 +326,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<nlp::Comm> comm;
   int code = 0;
   try {
-    comm = nlp::make_mpi_comm();
+    comm = nlp::make_mpi_comm(pr.config.comm.timeout_s);
     code = run(pr.config, *comm);
   } catch (const std::exception& e) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());

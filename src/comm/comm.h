@@ -21,12 +21,38 @@ class Comm {
   // In-place sum over all ranks of host doubles (losses, counts, norms).
   virtual void allreduce_sum_host(double* buf, size_t n) = 0;
   virtual void broadcast_host(void* buf, size_t bytes, int root) = 0;
+  // Non-blocking in-place sum of a range of a buffer in backend memory (a gradient bucket): it runs
+  // while the caller goes on computing, and is complete only after allreduce_wait(). Every rank must
+  // start the same ranges in the same order. No other call may touch the range until the wait.
+  // GPU communicators order the sum after the work already queued on the backend's stream.
+  virtual void allreduce_sum_start(float* buf, size_t n) = 0;
+  // Drive outstanding sums forward (where the implementation needs the caller's thread for that).
+  virtual void progress() {}
+  // Block until every started sum is complete (for GPU communicators: the backend's stream is
+  // ordered after them). Throws nlp::Error when a sum failed or exceeded the timeout.
+  virtual void allreduce_wait() = 0;
   virtual void barrier() = 0;
   // Every rank exits with `code`: used on any error so that no rank hangs.
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
-// MPI must already be initialised (see app/main.cpp).
-std::unique_ptr<Comm> make_mpi_comm();
+class Backend;
+
+// MPI must already be initialised (see app/main.cpp), with MPI_THREAD_SERIALIZED or more for the
+// background thread that runs the started sums (else they run, more slowly, on progress() calls).
+// timeout_s: a started sum that is not complete after this many seconds is an error (0 = never).
+std::unique_ptr<Comm> make_mpi_comm(double timeout_s = 0);
+
+// The staged communicator: gradient sums go backend memory -> host buffer -> `inner` (MPI) -> back,
+// in chunks; everything else forwards to `inner` (not owned: it and `be` must outlive the result). For GPU ranks without NCCL or sharing a GPU;
+// on the CPU backend the copies are plain copies (which is how it is tested).
+std::unique_ptr<Comm> make_staged_comm(Comm& inner, Backend& be,
+                                       size_t chunk_floats = size_t(1) << 22);
+
+// NCCL on device buffers, bootstrapped over `mpi` (rank 0 creates the unique id, MPI broadcasts it);
+// sums run in the order of the CUDA backend's stream; host-side calls forward to `mpi`. Throws
+// nlp::Error when NCCL is not compiled in (nccl_available() says why) or initialisation fails.
+std::unique_ptr<Comm> make_nccl_comm(Comm& mpi, Backend& be, double timeout_s);
+bool nccl_available(std::string* why);
 
 }  // namespace nlp

@@ -1,11 +1,27 @@
-// MPI communicator on host buffers (CPU backend): gradients averaged with MPI_Allreduce.
+// MPI communicator on host buffers (CPU backend): gradients summed with MPI_Allreduce, or, for the
+// overlapped gradient reduction, with MPI_Iallreduce run by a background thread.
+//
+// Why a thread: Open MPI progresses a non-blocking collective only inside MPI calls. MPI_Test between
+// blocks' backward would move a few fragments per call and leave most of the work to the final wait.
+// The thread starts each bucket's MPI_Iallreduce and polls it with MPI_Test (sleeping briefly between
+// polls so that it does not spin a core the compute needs), so the sum progresses during the compute.
+// With MPI_THREAD_SERIALIZED only one thread may be inside MPI at a time: every other call of this
+// class first waits until the thread has no work (the trainer calls nothing else in the meantime).
+// Without thread support the sums are started on the caller's thread and progressed by progress().
 #include <mpi.h>
 
 #include "comm/comm.h"
 #include "core/error.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace nlp {
 namespace {
@@ -19,16 +35,32 @@ void check(int rc, const char* what) {
   }
 }
 
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxCount = size_t(1) << 30;  // MPI counts are int
+
 class MpiComm final : public Comm {
  public:
-  MpiComm() {
+  explicit MpiComm(double timeout_s) : timeout_s_(timeout_s) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
     MPI_Comm_rank(node_, &local_rank_);
     MPI_Comm_size(node_, &local_size_);
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    threaded_ = provided >= MPI_THREAD_SERIALIZED;
   }
-  ~MpiComm() override { MPI_Comm_free(&node_); }
+  ~MpiComm() override {
+    if (worker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      worker_.join();
+    }
+    MPI_Comm_free(&node_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -37,37 +69,184 @@ class MpiComm final : public Comm {
 
   void allreduce_sum(float* buf, size_t n) override {
     if (size_ == 1) return;
-    // MPI counts are int: reduce in chunks of at most 2^30 elements.
-    const size_t chunk = size_t(1) << 30;
-    for (size_t off = 0; off < n; off += chunk) {
-      int cnt = static_cast<int>(std::min(chunk, n - off));
+    idle();
+    for (size_t off = 0; off < n; off += kMaxCount) {
+      int cnt = static_cast<int>(std::min(kMaxCount, n - off));
       check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
             "MPI_Allreduce(float)");
     }
   }
   void allreduce_sum_host(double* buf, size_t n) override {
     if (size_ == 1) return;
+    idle();
     check(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
                         MPI_COMM_WORLD),
           "MPI_Allreduce(double)");
   }
   void broadcast_host(void* buf, size_t bytes, int root) override {
     if (size_ == 1) return;
+    idle();
     check(MPI_Bcast(buf, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void barrier() override {
+    idle();
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
 
+  void allreduce_sum_start(float* buf, size_t n) override {
+    if (size_ == 1 || n == 0) return;
+    // Fault injection for the test that a stuck rank ends the run (tests/python/test_comm.py):
+    // NLPTRAIN_TEST_STALL_RANK=r makes rank r stop here (as a hung rank would) instead of summing.
+    static const char* stall = std::getenv("NLPTRAIN_TEST_STALL_RANK");
+    if (stall && std::atoi(stall) == rank_)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (!threaded_) {
+      for (size_t off = 0; off < n; off += kMaxCount) {
+        inline_.emplace_back();
+        check(MPI_Iallreduce(MPI_IN_PLACE, buf + off, static_cast<int>(std::min(kMaxCount, n - off)),
+                             MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &inline_.back()),
+              "MPI_Iallreduce");
+      }
+      if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      queue_.push_back({buf, n});
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+
+  void progress() override {
+    if (inline_.empty()) return;
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(inline_.size()), inline_.data(), &done, MPI_STATUSES_IGNORE),
+          "MPI_Testall");
+  }
+
+  void allreduce_wait() override {
+    if (!threaded_) {
+      // Poll so that the timeout can end the run instead of hanging in MPI_Waitall.
+      while (!inline_.empty()) {
+        int done = 0;
+        check(MPI_Testall(static_cast<int>(inline_.size()), inline_.data(), &done,
+                          MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+        if (done) {
+          inline_.clear();
+          inline_t0_ = Clock::time_point();
+          break;
+        }
+        if (timeout_s_ > 0 &&
+            std::chrono::duration<double>(Clock::now() - inline_t0_).count() > timeout_s_)
+          throw Error(cat("gradient allreduce not complete after comm.timeout_s = ", timeout_s_,
+                          " s (a rank is stuck or dead)"));
+      }
+      return;
+    }
+    idle();
+  }
+
  private:
+  struct Job {
+    float* buf;
+    size_t n;
+  };
+
+  // Wait until the worker has no job; rethrow its error.
+  void idle() {
+    if (!worker_.joinable()) return;
+    std::unique_lock<std::mutex> lk(m_);
+    cv_.wait(lk, [this] { return pending_ == 0 || !error_.empty(); });
+    if (!error_.empty()) throw Error(error_);
+  }
+
+  void work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [this] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      std::string err = run(job);
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        --pending_;
+        if (!err.empty() && error_.empty()) error_ = err;
+      }
+      cv_.notify_all();
+      if (!err.empty()) return;  // the caller throws and aborts every rank
+    }
+  }
+
+  // One bucket: MPI_Iallreduce, then MPI_Test until complete. Returns an error message or "".
+  std::string run(const Job& job) {
+    const auto t0 = Clock::now();
+    int polls = 0;
+    std::string err = run_polls(job, polls);
+    // NLPTRAIN_COMM_TRACE=1: each bucket's time from its start to its completion (bench/overlap.sh)
+    static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
+    if (trace)
+      std::fprintf(stderr, "[trace rank %d] bucket of %zu floats: %.1f ms, %d polls, done at %.3f s\n",
+                   rank_, job.n, std::chrono::duration<double>(Clock::now() - t0).count() * 1e3, polls,
+                   std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+    return err;
+  }
+
+  std::string run_polls(const Job& job, int& total_polls) {
+    const auto t0 = Clock::now();
+    for (size_t off = 0; off < job.n; off += kMaxCount) {
+      MPI_Request req;
+      int rc = MPI_Iallreduce(MPI_IN_PLACE, job.buf + off,
+                              static_cast<int>(std::min(kMaxCount, job.n - off)), MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD, &req);
+      if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Iallreduce (code ", rc, ")");
+      for (int polls = 0;; ++polls) {
+        int done = 0;
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Test (code ", rc, ")");
+        ++total_polls;
+        if (done) break;
+        if (timeout_s_ > 0 &&
+            std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_)
+          return cat("gradient allreduce of ", job.n, " floats not complete after comm.timeout_s = ",
+                     timeout_s_, " s (a rank is stuck or dead)");
+        // A burst of polls moves the data while it flows; then sleep so as not to spin a core
+        // the compute needs while the other ranks have not yet joined.
+        if (polls % 64 == 63) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    return {};
+  }
+
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   MPI_Comm node_ = MPI_COMM_NULL;
+  double timeout_s_ = 0;
+  bool threaded_ = false;
+  // threaded: the worker and its queue
+  std::thread worker_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  size_t pending_ = 0;
+  bool stop_ = false;
+  std::string error_;
+  // not threaded: requests started on the caller's thread
+  std::vector<MPI_Request> inline_;
+  Clock::time_point inline_t0_{};
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
+std::unique_ptr<Comm> make_mpi_comm(double timeout_s) { return std::make_unique<MpiComm>(timeout_s); }
 
 }  // namespace nlp

@@ -41,6 +41,7 @@ const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
 const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
+const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -166,6 +167,21 @@ const std::vector<Entry>& schema() {
       // [checkpoint]
       {KEY(checkpoint, interval), ge(0), "write a checkpoint every N steps and at the end; 0 = never"},
       {KEY(checkpoint, keep), ge(1), "number of newest checkpoints kept"},
+      // [comm]
+      {KEY(comm, gpu), one_of(kCommGpu),
+       "GPU gradient communicator with several ranks: nccl (device buffers), staged (device -> pinned "
+       "host -> MPI -> device, in chunks; for builds without NCCL or several ranks on one GPU); auto = "
+       "nccl when available and every rank has its own GPU, else staged"},
+      {KEY(comm, bucket_mb), open_closed(0, 4096),
+       "gradient bucket size in MiB: buckets are reduced as soon as the blocks that produce them "
+       "finish their backward (comm.overlap)"},
+      {KEY(comm, overlap), none(),
+       "overlap the gradient allreduce with the backward (buckets, reverse layer order); false = one "
+       "allreduce after the backward"},
+      {KEY(comm, timeout_s), ge(0),
+       "an overlapped gradient bucket or NCCL collective not finished after this many seconds ends "
+       "every rank with an error (the blocking MPI allreduce of comm.overlap = false is not covered); "
+       "0 = wait forever"},
       // [output]
       {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
       // [generate]

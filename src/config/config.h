@@ -95,6 +95,13 @@ struct CheckpointConfig {
   int keep = 2;                // newest checkpoints kept
 };
 
+struct CommConfig {
+  std::string gpu = "auto";    // run.backend = cuda with several ranks: auto | nccl | staged
+  float bucket_mb = 25.f;      // gradient bucket size for the overlapped allreduce (MiB of fp32)
+  bool overlap = true;         // reduce gradient buckets during the backward (false: one allreduce after it)
+  float timeout_s = 600.f;     // a collective that does not finish in this time ends every rank; 0 = never
+};
+
 struct OutputConfig {
   std::string dir = "out";     // logs, metrics.jsonl, config, checkpoints, gradients
 };
@@ -120,6 +127,7 @@ struct Config {
   TrainConfig train;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  CommConfig comm;
   OutputConfig output;
   GenerateConfig generate;
 

@@ -53,6 +53,9 @@ class Backend {
   virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  // Host memory for staging copies (page-locked on GPU backends, so copies run at full rate).
+  virtual void* host_alloc(size_t bytes) { return ::operator new(bytes); }
+  virtual void host_release(void* p) { ::operator delete(p); }
   virtual void synchronize() {}
   // run.profile: time every op (CUDA events; no extra synchronisation) and report a per-op table.
   virtual void set_profiling(bool /*on*/) {}

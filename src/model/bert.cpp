@@ -199,7 +199,10 @@ class Bert final : public Model {
     const size_t n = size_t(BT) * C, f = sizeof(float);
     be_.zero(dres_a_, n * f);
     head_backward(b, dloss, training, seed);  // d xL into dres_a_
-    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T);
+    // Final from here: the head's own tensors (after the last block; the tied MLM decoder weight is
+    // the word embedding, at offset 0, which also gets the embedding backward below).
+    grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, &grad_ready_);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B));
@@ -214,6 +217,7 @@ class Bert final : public Model {
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dres_a_, b.ids, b.type_ids, B, T,
                            C, 0);
     if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(C) * f);
+    grads_ready(0);
   }
 
   const float* logits() const override { return task_ == Task::Mlm ? mlm_logits_ : logits_; }

@@ -1,5 +1,7 @@
 #include "model/block.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -241,8 +243,29 @@ const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, c
   return x;
 }
 
+namespace {
+std::vector<int> layer_indices(const BlockParamIdx& i) {
+  return {i.ln1_w, i.ln1_b, i.qkv_w, i.qkv_b, i.proj_w, i.proj_b,
+          i.ln2_w, i.ln2_b, i.fc_w,  i.fc_b,  i.fcp_w,  i.fcp_b};
+}
+}  // namespace
+
+size_t BlockStack::layer_begin(const ParamStore& ps, int l) const {
+  size_t lo = ps.total();
+  for (int i : layer_indices(layers[l])) lo = std::min(lo, ps.specs()[i].offset);
+  return lo;
+}
+
+size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
+  size_t hi = 0;
+  for (int i : layer_indices(layers[l]))
+    hi = std::max(hi, ps.specs()[i].offset + ps.specs()[i].numel);
+  return hi;
+}
+
 void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
-                          const int32_t* mask, bool training, uint64_t seed, int B, int T) {
+                          const int32_t* mask, bool training, uint64_t seed, int B, int T,
+                          const std::function<void(size_t)>* ready) {
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
@@ -250,6 +273,7 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
                    acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l), B, T);
     std::swap(da, db);
+    if (ready && *ready) (*ready)(layer_begin(ps, l));
   }
 }
 

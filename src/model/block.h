@@ -5,6 +5,7 @@
 // mlp: gelu(in @ Wfc + bfc) @ Wproj + bproj. Weight layout per BlockConfig::layout (Conv1D or Linear).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/backend.h"
@@ -109,8 +110,14 @@ class BlockStack {
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                        bool training, uint64_t seed, int B, int T);
   // *da holds d xL on entry (consumed) and d x0 on return; *db is workspace; both [BT,C].
+  // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
   void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
-                const int32_t* mask, bool training, uint64_t seed, int B, int T);
+                const int32_t* mask, bool training, uint64_t seed, int B, int T,
+                const std::function<void(size_t)>* ready = nullptr);
+  // The range [begin, end) of block l's tensors in the parameter/gradient arenas (the tensors of a
+  // block are registered one after the other, so the range holds only that block's tensors).
+  size_t layer_begin(const ParamStore& ps, int l) const;
+  size_t layer_end(const ParamStore& ps, int l) const;
 
  private:
   std::vector<BlockActs> acts_;

@@ -146,11 +146,14 @@ class Gpt2 final : public Model {
     be_.zero(dres_a_, n * f);
     be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);
-    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T);
+    // Final from here: ln_f (the tied wte, at offset 0, also gets the embedding backward below).
+    grads_ready(ps_.specs()[lnf_w_].offset);
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, &grad_ready_);
     // dres_a = d x0 (after embedding dropout)
     be_.zero(dlnf_, n * f);
     be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), nullptr, dlnf_, b.ids, nullptr, B, T, C, 0);
+    grads_ready(0);
   }
 
   const float* logits() const override { return logits_; }

@@ -2,6 +2,7 @@
 // block; BERT and its heads will implement the same interface.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,20 @@ class Model {
   virtual double flops_per_token(int T) const = 0;
   virtual int num_layers() const = 0;
   virtual int width() const = 0;
+
+  // Called by backward() as soon as the gradients at offsets [lo, params().total()) of the gradient
+  // arena are final for this backward (after the head, after each block in reverse order, after the
+  // embeddings with lo = 0): the overlapped gradient reduction (comm/grad_reducer.h) starts their sum
+  // while the earlier blocks' backward runs. On GPU backends "final" means "queued on the stream".
+  // lo only decreases within one backward; an empty hook is not called.
+  using GradReadyHook = std::function<void(size_t lo)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
+ protected:
+  void grads_ready(size_t lo) {
+    if (grad_ready_) grad_ready_(lo);
+  }
+  GradReadyHook grad_ready_;
 };
 
 // Incremental decoding with a KV cache (GPT-2).

@@ -1,9 +1,11 @@
 #include "train/summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "train/log.h"
@@ -30,7 +32,27 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   // Nodes: ranks that are local rank 0 of their node.
   double nodes[1] = {s.comm.local_rank() == 0 ? 1.0 : 0.0};
   s.comm.allreduce_sum_host(nodes, 1);
+  // Every rank's exposed communication of every kept step: row r holds rank r's (one sum of the
+  // [ranks, steps] matrix, each rank filling its row). Every rank timed the same steps.
+  const int world = s.comm.size();
+  const size_t ns = times.comm_steps.size();
+  std::vector<double> comm_all(size_t(world) * ns, 0.0);
+  std::copy(times.comm_steps.begin(), times.comm_steps.end(), comm_all.begin() + size_t(s.comm.rank()) * ns);
+  if (!comm_all.empty()) s.comm.allreduce_sum_host(comm_all.data(), comm_all.size());
   if (s.comm.rank() != 0) return;
+  double comm_max = 0, comm_mean = 0, comm_min_step = 0;
+  for (int r = 0; r < world; ++r) {
+    double c = 0;
+    for (size_t k = 0; k < ns; ++k) c += comm_all[r * ns + k];
+    c = ns ? c / ns : 0;
+    comm_max = std::max(comm_max, c);
+    comm_mean += c / world;
+  }
+  for (size_t k = 0; k < ns; ++k) {
+    double m = comm_all[k];
+    for (int r = 1; r < world; ++r) m = std::min(m, comm_all[r * ns + k]);
+    comm_min_step += m / ns;
+  }
 
   const ModelConfig& mc = s.model.config();
   const size_t params = s.model.params().total();
@@ -64,6 +86,10 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("step_time_s", step_s)
       .num("compute_s", step_s - data_s - comm_s)
       .num("comm_s", comm_s)
+      .num("comm_s_max_rank", comm_max)
+      .num("comm_s_mean_rank", comm_mean)
+      .num("comm_s_min_step", comm_min_step)
+      .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1)
       .num("data_s", data_s)
       .num("tokens_per_s", tok_s)
       .num("flops_per_token", fpt)

@@ -1,21 +1,31 @@
 // The run summary for scaling studies: <output.dir>/summary.json, written by rank 0 at the end of
-// training (also after a stop signal). Step time is split into compute, exposed communication
-// (allreduce time that is not overlapped with compute) and data wait (reading and batching).
+// training (also after a stop signal). Step time is split into compute, exposed communication (the
+// time the training thread is blocked in communication: starting gradient buckets, waiting for them
+// before clipping, the small host sums; comm_s is rank 0's, comm_s_max_rank and comm_s_mean_rank
+// over all ranks) and data wait (reading and batching). A rank that finishes its backward before
+// the others also waits for them (load imbalance, not communication): comm_s_min_step, the mean over
+// steps of the smallest exposed time among the ranks in that step (that of the last rank to get
+// there), is the communication that was not hidden, without the imbalance.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "train/session.h"
 
 namespace nlp {
 
 struct StepTimes {
+  static constexpr size_t kKeep = 1000;  // per-step comm times kept (the last ones)
   int steps = 0;
   double total = 0, data = 0, comm = 0;
+  std::vector<double> comm_steps;  // this rank's exposed comm of the last kKeep timed steps
   void add(double step_s, double data_s, double comm_s) {
     ++steps;
     total += step_s;
     data += data_s;
     comm += comm_s;
+    if (comm_steps.size() == kKeep) comm_steps.erase(comm_steps.begin());
+    comm_steps.push_back(comm_s);
   }
 };
 

@@ -4,11 +4,14 @@
 // Loss normalisation: every rank divides its summed token losses by the GLOBAL number of target
 // tokens of the step (all micro-batches, all ranks), and gradients are summed across ranks. N ranks
 // with batch B therefore make exactly the update of 1 rank with batch N*B (up to fp32 summation order).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
+#include "comm/grad_reducer.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
@@ -169,6 +172,18 @@ int run_train(Session& s) {
     }
     return count;
   };
+  // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
+  // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
+  // communication (starting buckets, the final wait, the small host sums): the exposed part.
+  const size_t bucket_floats =
+      std::max<size_t>(1, static_cast<size_t>(double(cfg.comm.bucket_mb) * 1024 * 1024 / sizeof(float)));
+  GradReducer reducer(s.comm, ps.grad(), ps.total(), bucket_floats, cfg.comm.overlap && world > 1);
+  double t_hook = 0;  // time inside the model's grad-ready hook (bucket starts) during a step
+  auto hook = [&](size_t lo) {
+    const auto th = Clock::now();
+    reducer.ready(lo);
+    t_hook += seconds_since(th);
+  };
   const auto t_start = Clock::now();
   int steps_done_here = 0;
   double train_seconds = 0;
@@ -201,19 +216,33 @@ int run_train(Session& s) {
     const float dloss = static_cast<float>(1.0 / counts[0]);
 
     double loss_sum[1] = {0};
+    t_hook = 0;
     for (int a = 0; a < tc.grad_accum; ++a) {
       DeviceBatch db = dbuf.upload(micro[a]);
       const uint64_t dseed = derive_seed(seed, step, a, rank);
       loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
+      const bool last_micro = a + 1 == tc.grad_accum;  // only the summed gradients are reduced
+      if (last_micro) {
+        reducer.begin();
+        s.model.set_grad_ready_hook(hook);
+      }
       s.model.backward(db, dloss, /*training=*/true, dseed);
+      if (last_micro) s.model.set_grad_ready_hook(nullptr);
     }
+    t_comm += t_hook;
     if (step + 1 < tc.steps) {  // read ahead while the GPU works
       next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + tc.grad_accum, next_micro);
       have_next = true;
     }
     s.be.synchronize();
     tp = Clock::now();
-    s.comm.allreduce_sum(ps.grad(), ps.total());
+    reducer.finish();
+    // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
+    static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
+    if (trace)
+      std::fprintf(stderr, "[trace rank %d] step %d: hooks %.1f ms, finish %.1f ms, at %.3f\n", rank, step + 1,
+                   t_hook * 1e3, seconds_since(tp) * 1e3,
+                   std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
     s.comm.allreduce_sum_host(loss_sum, 1);
     s.be.synchronize();
     t_comm += seconds_since(tp);

@@ -38,6 +38,7 @@ const std::vector<std::string> kAllKeys = {
     "train.precision",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
+    "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
     "output.dir",
     "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
     "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
@@ -115,6 +116,10 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
   EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
+  EXPECT_EQ(a.comm.gpu, b.comm.gpu);
+  EXPECT_EQ(a.comm.bucket_mb, b.comm.bucket_mb);
+  EXPECT_EQ(a.comm.overlap, b.comm.overlap);
+  EXPECT_EQ(a.comm.timeout_s, b.comm.timeout_s);
   EXPECT_EQ(a.output.dir, b.output.dir);
   EXPECT_EQ(a.generate.prompt, b.generate.prompt);
   EXPECT_EQ(a.generate.max_new_tokens, b.generate.max_new_tokens);
@@ -439,7 +444,8 @@ TEST(ConfigRanges, OutOfRangeValuesAreRejected) {
       {"generate.top_k", "-1"},       {"generate.top_p", "0"},       {"generate.top_p", "1.01"},
       {"generate.max_new_tokens", "-1"}, {"generate.num_samples", "0"}, {"data.seq_len", "-1"},
       {"run.threads", "-1"},          {"run.log_interval", "0"},     {"train.sample_interval", "-1"},
-      {"model.initializer_range", "0"}, {"output.dir", ""}};
+      {"model.initializer_range", "0"}, {"output.dir", ""},          {"comm.gpu", "mpi"},
+      {"comm.bucket_mb", "0"},        {"comm.bucket_mb", "5000"},    {"comm.timeout_s", "-1"}};
   for (const auto& [key, value] : bad) {
     const std::string m = error_of({"--data.train=x", "--" + key + "=" + value});
     EXPECT_CONTAINS(m, key);
@@ -737,7 +743,7 @@ TEST(ConfigHelp, ListsEveryKeyWithTypeAndDefault) {
         << line;
   }
   for (const char* section : {"[run]", "[model]", "[data]", "[train]", "[eval]", "[checkpoint]",
-                              "[output]", "[generate]"})
+                              "[comm]", "[output]", "[generate]"})
     EXPECT_CONTAINS(help, section);
   EXPECT_CONTAINS(help, "train|eval|predict|generate|gradients");
   EXPECT_CONTAINS(help, "50257");

@@ -94,6 +94,14 @@ class CudaBackend final : public Backend {
     ck(cudaStreamSynchronize(stream_), "to_device (synchronize)");
     after_sync();
   }
+  void* host_alloc(size_t bytes) override {
+    void* p = nullptr;
+    ck(cudaMallocHost(&p, bytes), "cudaMallocHost (staging buffer)");
+    return p;
+  }
+  void host_release(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
   void to_host(void* host_dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     op(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");

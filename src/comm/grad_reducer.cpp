@@ -1,0 +1,45 @@
+#include "comm/grad_reducer.h"
+
+#include "core/error.h"
+
+namespace nlp {
+
+GradReducer::GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap)
+    : comm_(comm), grad_(grad), total_(total), bucket_(bucket_floats > 0 ? bucket_floats : 1),
+      overlap_(overlap), started_lo_(total) {}
+
+void GradReducer::begin() {
+  started_lo_ = total_;
+  buckets_.clear();
+}
+
+void GradReducer::start(size_t lo, size_t hi) {
+  buckets_.emplace_back(lo, hi);
+  comm_.allreduce_sum_start(grad_ + lo, hi - lo);
+}
+
+void GradReducer::ready(size_t lo) {
+  if (!overlap_) return;
+  NLP_ASSERT(lo <= total_);
+  if (lo < started_lo_ && started_lo_ - lo >= bucket_) {
+    start(lo, started_lo_);
+    started_lo_ = lo;
+  }
+  comm_.progress();
+}
+
+void GradReducer::finish() {
+  if (!overlap_) {
+    begin();
+    buckets_.emplace_back(0, total_);
+    comm_.allreduce_sum(grad_, total_);
+    return;
+  }
+  if (started_lo_ > 0) {
+    start(0, started_lo_);
+    started_lo_ = 0;
+  }
+  comm_.allreduce_wait();
+}
+
+}  // namespace nlp

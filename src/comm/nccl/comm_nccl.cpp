@@ -1,0 +1,193 @@
+// The NCCL communicator (comm.gpu = nccl): gradient sums on device buffers, bootstrapped over MPI.
+//
+// Set-up: rank 0 creates the unique id, MPI broadcasts it, every rank joins with a non-blocking
+// ncclCommInitRankConfig after the backend has bound its GPU; ncclCommGetAsyncError is polled until
+// the communicator is ready, for at most comm.timeout_s. Blocking sums run on the backend's stream
+// (stream order: no extra synchronisation). Overlapped buckets run on a communication stream that
+// waits on an event recorded on the backend's stream after the kernels that produced the bucket;
+// allreduce_wait makes the backend's stream wait on the last bucket and polls its completion.
+// Every wait polls ncclCommGetAsyncError and a deadline: on an NCCL error or a collective that is
+// stuck past comm.timeout_s, ncclCommAbort frees the GPU side and an nlp::Error goes to main, which
+// MPI_Aborts every rank with the message (no rank hangs in a collective).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+
+#include "backend/cuda/cuda_backend.h"
+#include "comm/comm.h"
+#include "core/error.h"
+
+namespace nlp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(Comm& mpi, Backend& be, double timeout_s) : mpi_(mpi), timeout_s_(timeout_s) {
+    stream_ = static_cast<cudaStream_t>(cuda_backend_stream(be));
+    if (!stream_) throw Error("comm.gpu = nccl needs the cuda backend");
+    ncclUniqueId id{};
+    if (mpi_.rank() == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    mpi_.broadcast_host(&id, sizeof id, 0);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // returns at once; completion polled below, with the timeout
+    ncclResult_t rc = ncclCommInitRankConfig(&comm_, mpi_.size(), id, mpi_.rank(), &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclCommInitRankConfig");
+    settle("ncclCommInitRankConfig");
+    cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~NcclComm() override {
+    if (comm_ && std::uncaught_exceptions() > 0) {
+      // Unwinding after an error: sums may be queued that wait for ranks which will never join;
+      // waiting for them (or finalising, which syncs with the peers) could hang, so abort.
+      ncclCommAbort(comm_);
+    } else if (comm_) {
+      cudaStreamSynchronize(comm_stream_);
+      // Non-blocking communicator: finalise (flushes its work), wait until done, then destroy.
+      ncclResult_t rc = ncclCommFinalize(comm_);
+      const auto t0 = Clock::now();
+      ncclResult_t st = rc;
+      while (rc == ncclSuccess || rc == ncclInProgress) {
+        if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess || st != ncclInProgress) break;
+        if (timeout_s_ > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_) break;
+        std::this_thread::yield();
+      }
+      if (st == ncclSuccess) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
+    }
+    if (produced_) cudaEventDestroy(produced_);
+    if (reduced_) cudaEventDestroy(reduced_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  }
+
+  int rank() const override { return mpi_.rank(); }
+  int size() const override { return mpi_.size(); }
+  int local_rank() const override { return mpi_.local_rank(); }
+  int local_size() const override { return mpi_.local_size(); }
+  void allreduce_sum_host(double* buf, size_t n) override { mpi_.allreduce_sum_host(buf, n); }
+  void broadcast_host(void* buf, size_t bytes, int root) override { mpi_.broadcast_host(buf, bytes, root); }
+  void barrier() override { mpi_.barrier(); }
+  [[noreturn]] void abort(int code) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    mpi_.abort(code);
+    std::_Exit(code);  // not reached
+  }
+
+  void allreduce_sum(float* buf, size_t n) override {
+    if (size() == 1 || n == 0) return;
+    enqueue(buf, n, stream_);
+    cuda(cudaEventRecord(reduced_, stream_), "cudaEventRecord");
+    wait_event(reduced_, "ncclAllReduce");
+  }
+
+  void allreduce_sum_start(float* buf, size_t n) override {
+    if (size() == 1 || n == 0) return;
+    cuda(cudaEventRecord(produced_, stream_), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(comm_stream_, produced_, 0), "cudaStreamWaitEvent");
+    enqueue(buf, n, comm_stream_);
+    started_ = true;
+  }
+
+  void allreduce_wait() override {
+    if (!started_) return;
+    started_ = false;
+    cuda(cudaEventRecord(reduced_, comm_stream_), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(stream_, reduced_, 0), "cudaStreamWaitEvent");
+    wait_event(reduced_, "ncclAllReduce (bucket)");
+  }
+
+ private:
+  void enqueue(float* buf, size_t n, cudaStream_t s) {
+    ncclResult_t rc = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, s);
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclAllReduce");
+    settle("ncclAllReduce");
+  }
+
+  // Poll the communicator's asynchronous state until it is no longer in progress.
+  void settle(const char* what) {
+    const auto t0 = Clock::now();
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      ncclResult_t rc = ncclCommGetAsyncError(comm_, &st);
+      if (rc != ncclSuccess) fail(rc, what);
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) fail(st, what);
+      check_deadline(t0, what);
+      std::this_thread::yield();
+    }
+  }
+
+  // Wait for an event on the GPU while watching NCCL's asynchronous errors and the deadline.
+  void wait_event(cudaEvent_t ev, const char* what) {
+    const auto t0 = Clock::now();
+    for (;;) {
+      cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) cuda(e, what);
+      ncclResult_t st = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &st);
+      if (st != ncclSuccess && st != ncclInProgress) fail(st, what);
+      check_deadline(t0, what);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void check_deadline(Clock::time_point t0, const char* what) {
+    if (timeout_s_ > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_) {
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw Error(cat("NCCL: ", what, " not complete after comm.timeout_s = ", timeout_s_,
+                      " s (a rank is stuck or dead); communicator aborted"));
+    }
+  }
+
+  [[noreturn]] void fail(ncclResult_t rc, const char* what) {
+    std::string msg = cat("NCCL error in ", what, ": ", ncclGetErrorString(rc));
+    if (comm_) {
+      const char* last = ncclGetLastError(comm_);
+      if (last && *last) msg += cat(" (", last, ")");
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    throw Error(msg + "; communicator aborted");
+  }
+
+  void cuda(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw Error(cat("NCCL communicator: ", what, ": ", cudaGetErrorString(e)));
+    }
+  }
+  void nccl(ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess) fail(rc, what);
+  }
+
+  Comm& mpi_;
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr, comm_stream_ = nullptr;
+  cudaEvent_t produced_ = nullptr, reduced_ = nullptr;
+  bool started_ = false;
+};
+
+}  // namespace
+
+bool nccl_available(std::string* why) {
+  if (why) why->clear();
+  return true;
+}
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& mpi, Backend& be, double timeout_s) {
+  return std::make_unique<NcclComm>(mpi, be, timeout_s);
+}
+
+}  // namespace nlp

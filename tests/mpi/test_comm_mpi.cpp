@@ -1,0 +1,148 @@
+// Multi-rank unit tests of the communicators (run by ctest under mpirun with 2 and 4 ranks,
+// tests/CMakeLists.txt): MpiComm's blocking and bucketed sums, and the staged communicator (backend
+// memory -> host buffer -> MPI -> back, in chunks) on the CPU backend, where to_host/to_device are
+// plain copies. Every rank runs every test; a failure on any rank fails the mpirun.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.h"
+#include "comm/grad_reducer.h"
+#include "core/backend.h"
+
+using namespace nlp;
+
+namespace {
+
+Comm* g_mpi = nullptr;
+
+// Ranks other than 0 print only their failures, naming the rank.
+class RankFailurePrinter final : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+// Rank r holds (r + 1) * (i % 97 + 1) at index i: the sum over ranks is S * (i % 97 + 1) with
+// S = size (size + 1) / 2, exact in fp32 for these small integers whatever the summation order.
+void fill(float* p, size_t n, size_t first, int rank) {
+  for (size_t i = 0; i < n; ++i) p[i] = float(rank + 1) * float((first + i) % 97 + 1);
+}
+void expect_summed(const float* p, size_t n, int size, const char* what) {
+  const float s = float(size) * float(size + 1) / 2;
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(p[i], s * float(i % 97 + 1)) << what << ": index " << i << " of " << n;
+}
+
+TEST(MpiComm, BlockingAndBucketedSums) {
+  Comm& c = *g_mpi;
+  ASSERT_GE(c.size(), 2) << "run under mpirun with 2 or more ranks";
+  std::vector<float> a(10007);
+  fill(a.data(), a.size(), 0, c.rank());
+  c.allreduce_sum(a.data(), a.size());
+  expect_summed(a.data(), a.size(), c.size(), "allreduce_sum");
+
+  // Buckets of uneven sizes started back to front, as GradReducer does; summed only at the wait.
+  fill(a.data(), a.size(), 0, c.rank());
+  c.allreduce_sum_start(a.data() + 6000, 4007);
+  c.allreduce_sum_start(a.data() + 5999, 1);
+  c.allreduce_sum_start(a.data(), 5999);
+  c.progress();
+  c.allreduce_wait();
+  expect_summed(a.data(), a.size(), c.size(), "buckets");
+  c.allreduce_wait();  // nothing started: returns at once
+}
+
+TEST(MpiComm, HostSumsAndBroadcast) {
+  Comm& c = *g_mpi;
+  double v[2] = {1.0, double(c.rank())};
+  c.allreduce_sum_host(v, 2);
+  EXPECT_EQ(v[0], c.size());
+  EXPECT_EQ(v[1], c.size() * (c.size() - 1) / 2.0);
+  int x = c.rank() == 0 ? 42 : -1;
+  c.broadcast_host(&x, sizeof x, 0);
+  EXPECT_EQ(x, 42);
+}
+
+TEST(StagedComm, CpuBackendChunksAndBucketsEqualTheSum) {
+  Comm& c = *g_mpi;
+  auto be = make_backend("cpu", 1, 0);
+  // 1000 floats per chunk: 10007 is 11 chunks, the last one partial.
+  auto staged = make_staged_comm(c, *be, 1000);
+  EXPECT_EQ(staged->rank(), c.rank());
+  EXPECT_EQ(staged->size(), c.size());
+  const size_t n = 10007;
+  float* d = static_cast<float*>(be->alloc(n * sizeof(float)));
+  fill(d, n, 0, c.rank());
+  staged->allreduce_sum(d, n);
+  expect_summed(d, n, c.size(), "staged allreduce_sum");
+
+  // Three steps of buckets through the GradReducer (the trainer's path), reusing the host buffers.
+  for (int step = 0; step < 3; ++step) {
+    fill(d, n, 0, c.rank());
+    GradReducer r(*staged, d, n, /*bucket_floats=*/3000, /*overlap=*/true);
+    r.begin();
+    for (size_t lo : {8000, 6500, 2000, 1500}) r.ready(lo);
+    r.ready(0);
+    r.finish();
+    ASSERT_EQ(r.buckets().size(), 3u);  // [6500,n) [2000,6500) [0,2000)
+    expect_summed(d, n, c.size(), "staged buckets");
+  }
+  be->release(d);
+}
+
+TEST(GradReducer, OverlapEqualsOneAllreduceOverMpi) {
+  Comm& c = *g_mpi;
+  const size_t n = 50000;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) a[i] = b[i] = 0.001f * float(c.rank() + 1) * float(i % 1013) - 0.3f;
+  GradReducer one(c, a.data(), n, 1000, /*overlap=*/false);
+  one.begin();
+  one.finish();
+  GradReducer ovl(c, b.data(), n, 1000, /*overlap=*/true);
+  ovl.begin();
+  for (size_t lo = n; lo >= 5000; lo -= 5000) ovl.ready(lo - 5000);
+  ovl.finish();
+  EXPECT_EQ(ovl.buckets().size(), 10u);
+  // With 2 ranks a + b is the same whatever the algorithm; with more, only the order may differ.
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 1e-6f * (1 + std::abs(a[i]))) << i;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {  // one rank's report is enough; the others print their failures
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  int rc = 0;
+  {
+    auto comm = make_mpi_comm(/*timeout_s=*/60);
+    g_mpi = comm.get();
+    rc = RUN_ALL_TESTS();
+    g_mpi = nullptr;
+  }
+  // Every rank must agree: any failure fails the whole run.
+  int any = rc != 0;
+  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
