@@ -76,6 +76,8 @@ struct TrainConfig {
   bool resume = false;         // continue from the newest checkpoint in output.dir
   int sample_interval = 0;     // generate a sample every N steps and at the end (0 = off)
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
+  std::string nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
+  int nonfinite_max = 5;       // skip: stop once this many consecutive steps were skipped
 };
 
 struct EvalConfig {
@@ -104,6 +106,12 @@ struct GenerateConfig {
   std::string vocab_dir;       // for gpt2: folder with encoder.json and vocab.bpe
 };
 
+// Test hooks; the defaults do nothing.
+struct DebugConfig {
+  std::string inject_nonfinite_step;  // "3,7": NaN gradient at these (1-based) steps; "" = none
+  int kill_at_step = 0;               // rank 0 SIGKILLs itself after step N's metrics; 0 = never
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -113,6 +121,7 @@ struct Config {
   CheckpointConfig checkpoint;
   OutputConfig output;
   GenerateConfig generate;
+  DebugConfig debug;
 
   std::string source;                 // the INI path it was read from ("" when none)
   std::set<std::string> explicitly_set;  // "section.key" given in the INI or on the command line
@@ -137,5 +146,9 @@ ParseResult parse_config(int argc, const char* const* argv);
 
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();
+
+// A list of step numbers "3, 7,12" (comma-separated integers >= 1; "" = none), in the given order.
+// Throws nlp::Error saying which element is wrong (the caller adds the key and where it came from).
+std::vector<int64_t> parse_step_list(const std::string& text);
 
 }  // namespace nlp

@@ -1,6 +1,7 @@
 // Model factory and weight loading (shared by GPT-2 and BERT).
 #include "core/error.h"
 #include "io/h5.h"
+#include "io/tensor_checksum.h"
 #include "model/model.h"
 
 namespace nlp {
@@ -44,8 +45,10 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
       continue;
     }
     f.read_f32(t.name, t.shape, t.data);
+    verify_checksum(f, t.name, t.data, t.numel());  // files written by nlptrain (best.h5, checkpoints)
     used.push_back(t.name);
   }
+  verify_checksum_count(f);
   if (unused) {
     for (const auto& n : f.list()) {
       if (expected_extra(n)) continue;
