@@ -55,12 +55,16 @@ std::string filter_metrics_after(const std::string& text, int64_t step, int64_t*
     if (line.empty()) continue;
     bool keep = false;
     const size_t at = line.find("\"step\":");
-    if (line.front() == '{' && line.back() == '}' && at != std::string::npos) {
-      const char* begin = line.c_str() + at + 7;
-      char* end = nullptr;
-      errno = 0;
-      const long long v = std::strtoll(begin, &end, 10);
-      keep = end != begin && errno == 0 && v <= step;
+    if (line.front() == '{' && line.back() == '}') {
+      if (at == std::string::npos) {
+        keep = true;  // a complete record of no training step (run.mode = eval writes those)
+      } else {
+        const char* begin = line.c_str() + at + 7;
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(begin, &end, 10);
+        keep = end != begin && errno == 0 && v <= step;
+      }
     }
     if (keep) kept += line + "\n";
     else ++n_dropped;

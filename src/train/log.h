@@ -29,9 +29,10 @@ class Log {
   std::string dir_;
 };
 
-// The lines of metrics.jsonl text to keep when resuming at `step`: those whose "step" is <= step.
-// Lines without a parsable "step", or not a complete {...} object, are dropped. `dropped` counts the
-// lines removed.
+// The lines of metrics.jsonl text to keep when resuming at `step`: complete {...} records whose
+// "step" is <= step, and complete records without a "step" (run.mode = eval results). Records of a
+// later step, and lines that are not a complete {...} object (a write cut off by a kill), are
+// dropped. `dropped` counts the lines removed.
 std::string filter_metrics_after(const std::string& text, int64_t step, int64_t* dropped);
 
 // A JSON object on one line: Json().num("step", 3).str("split", "eval").done()

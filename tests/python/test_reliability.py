@@ -97,8 +97,10 @@ def full(stream, tmp_path_factory):
 
 def crashed_run(stream, out, kill_at=7):
     """A run killed (SIGKILL on rank 0) after step `kill_at`'s metrics: checkpoints 2, 4, 6."""
+    t0 = time.time()
     p = nr.run(args(stream, out, 8, [f"--debug.kill_at_step={kill_at}"]), ranks=2, timeout=120, check=False)
     assert p.returncode != 0, p.stdout
+    assert time.time() - t0 < 30, "the surviving rank kept the job alive"  # dead rank ends the job
     assert [s for s, _ in train_records(out)] == list(range(1, kill_at + 1))
     assert sorted(x.name for x in (Path(out) / "checkpoints").glob("*.h5")) == \
         [f"step_{s:08d}.h5" for s in (2, 4, 6)]

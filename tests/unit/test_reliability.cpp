@@ -327,12 +327,14 @@ TEST(MetricsFilter, KeepsRecordsUpToTheStepAndDropsCutLines) {
       "{\"step\":2,\"loss\":2.5}\n"
       "{\"split\":\"eval\",\"step\":2,\"loss\":2.4}\n"
       "{\"step\":3,\"loss\":2}\n"
+      "{\"split\":\"eval\",\"loss\":2.2,\"tokens\":96}\n"  // run.mode = eval: no step, kept
       "{\"step\":10,\"loss\":1}\n"
       "{\"step\":4,\"lo";  // cut off by a kill
   int64_t dropped = -1;
   const std::string kept = nlp::filter_metrics_after(text, 2, &dropped);
   EXPECT_EQ(kept,
-            "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n{\"split\":\"eval\",\"step\":2,\"loss\":2.4}\n");
+            "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n{\"split\":\"eval\",\"step\":2,\"loss\":2.4}\n"
+            "{\"split\":\"eval\",\"loss\":2.2,\"tokens\":96}\n");
   EXPECT_EQ(dropped, 3);
   EXPECT_EQ(nlp::filter_metrics_after("", 5, &dropped), "");
   EXPECT_EQ(dropped, 0);
