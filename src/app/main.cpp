@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/task.h"
 #include "train/log.h"
+#include "train/run_lock.h"
 #include "train/session.h"
 #include "train/signals.h"
 
@@ -35,6 +36,8 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 int run(const nlp::Config& cfg, nlp::Comm& comm) {
   using namespace nlp;
   const int rank = comm.rank();
+  // Before anything is written to output.dir: a second run on the same folder is refused here.
+  RunLock lock = RunLock::acquire(comm, cfg.output.dir);
   Log log(rank);
   const bool append = cfg.run.mode != "train" || cfg.train.resume;
   // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).

@@ -42,6 +42,7 @@ const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
+const std::vector<std::string> kNonfinite = {"stop", "skip"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -57,6 +58,7 @@ struct Check {
   bool lo_open = false, hi_open = false;
   const std::vector<std::string>* choices = nullptr;
   bool nonempty = false;
+  bool step_list = false;  // a string holding parse_step_list's format
 };
 Check none() { return {}; }
 Check ge(double lo) { return {lo, std::nullopt, false, false}; }
@@ -72,6 +74,11 @@ Check one_of(const std::vector<std::string>& c) {
 Check nonempty() {
   Check k;
   k.nonempty = true;
+  return k;
+}
+Check step_list() {
+  Check k;
+  k.step_list = true;
   return k;
 }
 
@@ -161,6 +168,11 @@ const std::vector<Entry>& schema() {
       {KEY(train, precision), one_of(kPrecisions),
        "dense-layer arithmetic: fp32, tf32 or bf16 operands (fp32 accumulation, weights, optimizer); "
        "auto = bf16 on cuda, fp32 on cpu; the cpu backend rounds operands as the GPU does"},
+      {KEY(train, nonfinite), one_of(kNonfinite),
+       "a step whose loss or gradient norm is not finite: stop = end the run with an error; skip = drop "
+       "that step's update (it still counts toward train.steps, the lr schedule and the data order)"},
+      {KEY(train, nonfinite_max), ge(1),
+       "with train.nonfinite = skip: stop the run when this many consecutive steps were skipped"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},
@@ -199,6 +211,11 @@ const std::vector<Entry>& schema() {
       {KEY(generate, vocab_dir), none(),
        "for tokenizer gpt2: folder with encoder.json and vocab.bpe (or HF's vocab.json and merges.txt); "
        "empty = the folder of model.weights"},
+      // [debug]
+      {KEY(debug, inject_nonfinite_step), step_list(),
+       "testing: make the gradient NaN at these steps (1-based, comma-separated, e.g. 3,7); empty = never"},
+      {KEY(debug, kill_at_step), ge(0),
+       "testing: rank 0 kills itself with SIGKILL right after writing step N's metrics (a crash); 0 = never"},
   };
   return table;
 }
@@ -459,6 +476,7 @@ void assign(const Entry& e, Config& c, const std::string& raw, const Origin& o) 
 std::string check_text(const Check& k, bool compact = false) {
   if (k.choices) return compact ? join(*k.choices, "|") : "one of: " + join(*k.choices, ", ");
   if (k.nonempty) return "not empty";
+  if (k.step_list) return compact ? "steps >= 1, comma-separated" : "a comma-separated list of steps >= 1";
   if (k.lo && k.hi)
     return cat("in ", k.lo_open ? "(" : "[", format_bound(*k.lo), ", ", format_bound(*k.hi),
                k.hi_open ? ")" : "]");
@@ -480,6 +498,13 @@ void validate(const Entry& e, const Config& cc, const Origin& o) {
           if (k.choices && std::find(k.choices->begin(), k.choices->end(), v) == k.choices->end())
             bad_value(e, shown, "must be " + check_text(k));
           if (k.nonempty && v.empty()) bad_value(e, shown, "must not be empty");
+          if (k.step_list) {
+            try {
+              parse_step_list(v);
+            } catch (const Error& err) {
+              bad_value(e, shown, cat(err.what(), "; expected ", check_text(k), ", e.g. 3,7"));
+            }
+          }
         } else if constexpr (!std::is_same_v<T, bool>) {
           const double x = static_cast<double>(v);
           bool ok = true;
@@ -658,6 +683,27 @@ std::string Config::to_ini() const {
     os << e.key() << " = " << value_text(e, *this) << "\n";
   }
   return os.str();
+}
+
+std::vector<int64_t> parse_step_list(const std::string& text) {
+  std::vector<int64_t> out;
+  if (trim(text).empty()) return out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = trim(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    long long v = 0;
+    if (item.empty()) throw Error("empty element in the list");
+    if (!parse_integer(item, v)) {
+      if (integer_syntax(item)) throw Error(cat("'", item, "' is out of range"));
+      throw Error(cat("'", item, "' is not an integer"));
+    }
+    if (v < 1) throw Error(cat("step ", v, " is not >= 1"));
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 std::string config_help() {

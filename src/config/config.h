@@ -83,6 +83,8 @@ struct TrainConfig {
   bool resume = false;         // continue from the newest checkpoint in output.dir
   int sample_interval = 0;     // generate a sample every N steps and at the end (0 = off)
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
+  std::string nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
+  int nonfinite_max = 5;       // skip: stop once this many consecutive steps were skipped
 };
 
 struct EvalConfig {
@@ -120,6 +122,12 @@ struct GenerateConfig {
                                // merges.txt); empty = the folder of model.weights
 };
 
+// Test hooks; the defaults do nothing.
+struct DebugConfig {
+  std::string inject_nonfinite_step;  // "3,7": NaN gradient at these (1-based) steps; "" = none
+  int kill_at_step = 0;               // rank 0 SIGKILLs itself after step N's metrics; 0 = never
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -130,6 +138,7 @@ struct Config {
   CommConfig comm;
   OutputConfig output;
   GenerateConfig generate;
+  DebugConfig debug;
 
   std::string source;                 // the INI path it was read from ("" when none)
   std::set<std::string> explicitly_set;  // "section.key" given in the INI or on the command line
@@ -163,5 +172,9 @@ bool is_path_key(const std::string& key);
 // The folder the gpt2 tokenizer reads: generate.vocab_dir, or when empty the folder of model.weights
 // (a Hugging Face model folder imported with tools/hf_import.py keeps vocab.json and merges.txt there).
 std::string gpt2_vocab_dir(const Config& c);
+
+// A list of step numbers "3, 7,12" (comma-separated integers >= 1; "" = none), in the given order.
+// Throws nlp::Error saying which element is wrong (the caller adds the key and where it came from).
+std::vector<int64_t> parse_step_list(const std::string& text);
 
 }  // namespace nlp

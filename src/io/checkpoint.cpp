@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
 #include <utility>
 
 #include "core/error.h"
+#include "io/crc32.h"
+#include "io/tensor_checksum.h"
 
 namespace fs = std::filesystem;
 
@@ -19,6 +22,19 @@ namespace {
 
 constexpr const char* kExpAvg = "optimizer/exp_avg/";
 constexpr const char* kExpAvgSq = "optimizer/exp_avg_sq/";
+constexpr const char* kStateCrc = "nlptrain_state_crc32";
+
+// CRC-32 of the training state in a fixed text form (the double by its bit pattern), stored as a
+// root attribute so that an edited or damaged state attribute is detected like damaged tensor data.
+uint32_t state_crc(const TrainState& s) {
+  uint64_t metric_bits = 0;
+  std::memcpy(&metric_bits, &s.best_metric, sizeof metric_bits);
+  const std::string text =
+      cat("step=", s.step, ";next_batch=", s.next_batch, ";seed=", s.seed, ";world_size=", s.world_size,
+          ";best_metric=", metric_bits, ";optimizer_steps=", s.optimizer_steps,
+          ";nonfinite_skipped=", s.nonfinite_skipped, ";nonfinite_streak=", s.nonfinite_streak);
+  return crc32(text.data(), text.size());
+}
 
 // Step number of a checkpoint file name "step_<digits>.h5", or -1 for any other name (including
 // temporary files "step_....h5.tmp.<pid>").
@@ -58,7 +74,7 @@ void write_tensors(h5::File& f, const std::vector<NamedTensor>& ts, const std::s
   for (const auto& t : ts) {
     if (!seen.insert(t.name).second)
       throw Error(cat("checkpoint '", f.path(), "': tensor '", prefix, t.name, "' is listed twice"));
-    f.write_f32(prefix + t.name, t.shape, t.data);
+    write_checksummed_f32(f, prefix + t.name, t.shape, t.data);
   }
 }
 
@@ -84,6 +100,11 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     f.set_attr("nlptrain_seed", static_cast<int64_t>(state.seed));  // uint64 bit pattern
     f.set_attr("nlptrain_world_size", static_cast<int64_t>(state.world_size));
     f.set_attr("nlptrain_best_metric", static_cast<double>(state.best_metric));
+    f.set_attr("nlptrain_optimizer_steps", static_cast<int64_t>(state.optimizer_steps));
+    f.set_attr("nlptrain_nonfinite_skipped", static_cast<int64_t>(state.nonfinite_skipped));
+    f.set_attr("nlptrain_nonfinite_streak", static_cast<int64_t>(state.nonfinite_streak));
+    f.set_attr(kStateCrc, static_cast<int64_t>(state_crc(state)));
+    record_checksum_count(f, static_cast<int64_t>(params.size() + exp_avg.size() + exp_avg_sq.size()));
     if (write_model_attrs) write_model_attrs(f);
   });
 
@@ -104,6 +125,13 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
 std::string latest_checkpoint(const std::string& output_dir) {
   auto all = list_checkpoints(fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints");
   return all.empty() ? std::string() : all.front().second;
+}
+
+std::vector<std::string> checkpoint_files(const std::string& output_dir) {
+  std::vector<std::string> out;
+  for (auto& [step, path] : list_checkpoints(fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints"))
+    out.push_back(path);
+  return out;
 }
 
 TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
@@ -139,12 +167,32 @@ TrainState load_checkpoint(const std::string& path, const std::vector<NamedTenso
   }
   s.world_size = f.attr_int("nlptrain_world_size");
   s.best_metric = f.attr_double("nlptrain_best_metric");
-  if (s.step < 0 || s.next_batch < 0 || s.world_size < 1)
+  // Written since non-finite steps can be skipped; older checkpoints applied every step.
+  s.optimizer_steps = f.has_attr("nlptrain_optimizer_steps") ? f.attr_int("nlptrain_optimizer_steps") : s.step;
+  s.nonfinite_skipped = f.has_attr("nlptrain_nonfinite_skipped") ? f.attr_int("nlptrain_nonfinite_skipped") : 0;
+  s.nonfinite_streak = f.has_attr("nlptrain_nonfinite_streak") ? f.attr_int("nlptrain_nonfinite_streak") : 0;
+  if (f.has_attr(kStateCrc)) {
+    const int64_t stored = f.attr_int(kStateCrc);
+    if (stored != static_cast<int64_t>(state_crc(s)))
+      throw Error(cat("file '", path, "': the training state attributes fail their checksum (",
+                      kStateCrc, "): the file is damaged"));
+  } else if (has_checksums(f)) {
+    throw Error(cat("file '", path, "': root attribute '", kStateCrc,
+                    "' is missing although the file records checksums: the file is damaged"));
+  }
+  if (s.step < 0 || s.next_batch < 0 || s.world_size < 1 || s.optimizer_steps < 0 ||
+      s.optimizer_steps > s.step || s.nonfinite_skipped < 0 || s.nonfinite_streak < 0)
     throw Error(cat("file '", path, "': invalid training state (nlptrain_step=", s.step,
-                    ", nlptrain_next_batch=", s.next_batch, ", nlptrain_world_size=", s.world_size, ")"));
+                    ", nlptrain_next_batch=", s.next_batch, ", nlptrain_world_size=", s.world_size,
+                    ", nlptrain_optimizer_steps=", s.optimizer_steps, ")"));
+  const int64_t named = step_of(fs::path(path).filename().string());
+  if (named >= 0 && named != s.step)
+    throw Error(cat("file '", path, "' holds step ", s.step, " (nlptrain_step) but its name says step ",
+                    named));
   load_tensors(f, params, "");
   load_tensors(f, exp_avg, kExpAvg);
   load_tensors(f, exp_avg_sq, kExpAvgSq);
+  verify_checksum_count(f);
   return s;
 }
 

@@ -2,6 +2,12 @@
 // moments under optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>, and the training state as root
 // attributes. Written atomically (temporary file, fsync, rename); only the newest `keep` are kept.
 // Files: <output.dir>/checkpoints/step_<8-digit step>.h5
+//
+// Integrity: every dataset carries its CRC-32 and the root the number of checksummed datasets
+// (io/tensor_checksum.h); the training state attributes are covered by "nlptrain_state_crc32".
+// load_checkpoint verifies all of them, and that the step in the file name is the step the file
+// holds, so a truncated, bit-flipped or edited checkpoint is an Error naming the file and the reason.
+// Checkpoints written before checksums existed load unverified.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -18,6 +24,11 @@ struct TrainState {
   uint64_t seed = 0;         // run seed (dropout and shuffling streams are derived from seed and step)
   int64_t world_size = 1;    // world size that wrote it (informational)
   double best_metric = 0.0;  // best eval metric so far (loss for clm)
+  // AdamW updates applied (its bias-correction step count); smaller than `step` when steps were
+  // skipped for a non-finite gradient (train.nonfinite = skip). Older checkpoints: = step.
+  int64_t optimizer_steps = 0;
+  int64_t nonfinite_skipped = 0;  // steps skipped so far
+  int64_t nonfinite_streak = 0;   // consecutive skipped steps ending at `step`
 };
 
 // Returns the path written.
@@ -30,7 +41,12 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
 // Newest checkpoint in <output_dir>/checkpoints, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
 
-// Loads weights, moments and state (shapes validated as in load_tensors).
+// Every checkpoint file (step_<digits>.h5) in <output_dir>/checkpoints, newest first.
+std::vector<std::string> checkpoint_files(const std::string& output_dir);
+
+// Loads weights, moments and state (shapes validated as in load_tensors, checksums verified).
+// Throws an Error naming the file and the reason when the file cannot be opened, lacks a tensor or
+// an attribute, fails a checksum, or holds another step than its name says.
 TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
                            const std::vector<NamedTensor>& exp_avg,
                            const std::vector<NamedTensor>& exp_avg_sq);

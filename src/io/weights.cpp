@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/tensor_checksum.h"
 
 namespace nlp {
 
@@ -44,7 +45,8 @@ void save_weights(const std::string& path, const std::vector<NamedTensor>& tenso
       throw Error(cat("save_weights '", path, "': tensor '", t.name, "' has no data"));
   }
   h5::write_atomically(path, [&](h5::File& f) {
-    for (const auto& t : tensors) f.write_f32(t.name, t.shape, t.data);
+    for (const auto& t : tensors) write_checksummed_f32(f, t.name, t.shape, t.data);
+    record_checksum_count(f, static_cast<int64_t>(tensors.size()));
     if (write_attrs) write_attrs(f);
   });
 }
@@ -71,6 +73,7 @@ std::vector<std::string> load_tensors(const h5::File& f, const std::vector<Named
     if (t.numel() > 0 && t.data == nullptr)
       throw Error(cat("load_tensors: tensor '", name, "' has no destination buffer"));
     f.read_f32(name, t.shape, t.data);
+    verify_checksum(f, name, t.data, t.numel());
     check_finite(f.path(), name, t.shape, t.data);
   }
 

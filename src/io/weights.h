@@ -24,12 +24,15 @@ struct NamedTensor {
   }
 };
 
-// Write every tensor (float32) under its name, plus root attributes via write_attrs, atomically.
+// Write every tensor (float32) under its name with its checksum (io/tensor_checksum.h), plus root
+// attributes via write_attrs, atomically.
 void save_weights(const std::string& path, const std::vector<NamedTensor>& tensors,
                   const std::function<void(h5::File&)>& write_attrs);
 
 // Read every tensor from f (each must exist, be float32 and have exactly the expected shape, else an
-// error naming the file, the tensor, and expected vs found; NaN or infinite values are errors). `prefix` is prepended to dataset names
+// error naming the file, the tensor, and expected vs found), in a file with checksums must match its
+// checksum (else an error naming the file and the tensor), and must be finite (NaN or infinite values
+// are errors). `prefix` is prepended to dataset names
 // ("" for weights, "optimizer/exp_avg/" for optimizer state). Returns the names of datasets under
 // `prefix`'s group in the file that were not requested (callers report them as unused).
 // Throws naming the file, the tensor, the first non-finite value (nan, inf, -inf) and its index

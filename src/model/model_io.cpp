@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "io/h5.h"
+#include "io/tensor_checksum.h"
 #include "io/weights.h"
 #include "model/model.h"
 
@@ -67,9 +68,11 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
       continue;
     }
     f.read_f32(name, t.shape, t.data);
+    verify_checksum(f, name, t.data, t.numel());  // files written by nlptrain (best.h5, checkpoints)
     check_finite(path, name, t.shape, t.data);
     used.insert(name);
   }
+  verify_checksum_count(f);
   if (unused) {
     for (const auto& n : names) {
       if (expected_extra(n) || used.count(n)) continue;

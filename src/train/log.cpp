@@ -5,9 +5,11 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -93,6 +95,60 @@ void Log::metrics(const std::string& json_line) {
   std::fflush(metrics_);
 }
 
+std::string filter_metrics_after(const std::string& text, int64_t step, int64_t* dropped) {
+  std::string kept;
+  int64_t n_dropped = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    bool keep = false;
+    const size_t at = line.find("\"step\":");
+    if (line.front() == '{' && line.back() == '}') {
+      if (at == std::string::npos) {
+        keep = true;  // a complete record of no training step (run.mode = eval writes those)
+      } else {
+        const char* begin = line.c_str() + at + 7;
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(begin, &end, 10);
+        keep = end != begin && errno == 0 && v <= step;
+      }
+    }
+    if (keep) kept += line + "\n";
+    else ++n_dropped;
+  }
+  if (dropped) *dropped = n_dropped;
+  return kept;
+}
+
+int64_t Log::drop_metrics_after(int64_t step) {
+  if (rank_ != 0 || !metrics_) return 0;
+  const std::string path = dir_ + "/metrics.jsonl";
+  std::fclose(metrics_);
+  metrics_ = nullptr;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  int64_t dropped = 0;
+  const std::string all = text.str();
+  const std::string kept = filter_metrics_after(all, step, &dropped);
+  if (dropped > 0 || (!all.empty() && all.back() != '\n')) {
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << kept;
+      out.flush();
+      if (!out) throw Error(cat("cannot write '", tmp, "'"));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(cat("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno)));
+  }
+  metrics_ = std::fopen(path.c_str(), "a");
+  if (!metrics_) throw Error(cat("output.dir: cannot write metrics.jsonl in '", dir_, "'"));
+  return dropped;
+}
+
 void Json::key(const std::string& k) {
   if (s_.size() > 1) s_ += ",";
   s_ += "\"" + k + "\":";
@@ -125,25 +181,36 @@ Json& Json::boolean(const std::string& k, bool v) {
   return *this;
 }
 
+Json& Json::raw(const std::string& k, const std::string& json) {
+  key(k);
+  s_ += json;
+  return *this;
+}
+
 Json& Json::str(const std::string& k, const std::string& v) {
   key(k);
-  s_ += "\"";
+  s_ += json_string(v);
+  return *this;
+}
+
+std::string json_string(const std::string& v) {
+  std::string out = "\"";
   for (char c : v) {
     if (c == '"' || c == '\\') {
-      s_ += '\\';
-      s_ += c;
+      out += '\\';
+      out += c;
     } else if (c == '\n') {
-      s_ += "\\n";
+      out += "\\n";
     } else if (static_cast<unsigned char>(c) < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      s_ += buf;
+      out += buf;
     } else {
-      s_ += c;
+      out += c;
     }
   }
-  s_ += "\"";
-  return *this;
+  out += "\"";
+  return out;
 }
 
 std::string format_duration(double s) {

@@ -6,6 +6,7 @@
 // input has been validated on every rank, so a run stopped by bad input leaves an earlier run's
 // log.txt, metrics.jsonl and config.ini as they were.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -26,6 +27,11 @@ class Log {
   bool is_root() const { return rank_ == 0; }
   void info(const std::string& line);   // one line, newline added
   void metrics(const std::string& json_line);
+  // Resume: removes from metrics.jsonl every record of a step after `step` (written by an interrupted
+  // run after its last checkpoint; the resumed run writes them again) and any line that is not a
+  // complete record (a write cut off by a kill). The file is rewritten atomically. Returns the number
+  // of lines removed (0 on ranks other than 0).
+  int64_t drop_metrics_after(int64_t step);
 
  private:
   int rank_;
@@ -34,7 +40,14 @@ class Log {
   std::vector<std::string> pending_, pending_metrics_;  // logged before start()
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
+  std::string dir_;
 };
+
+// The lines of metrics.jsonl text to keep when resuming at `step`: complete {...} records whose
+// "step" is <= step, and complete records without a "step" (run.mode = eval results). Records of a
+// later step, and lines that are not a complete {...} object (a write cut off by a kill), are
+// dropped. `dropped` counts the lines removed.
+std::string filter_metrics_after(const std::string& text, int64_t step, int64_t* dropped);
 
 // A JSON object on one line: Json().num("step", 3).str("split", "eval").done()
 class Json {
@@ -44,6 +57,7 @@ class Json {
   Json& integer(const std::string& key, long long v);
   Json& str(const std::string& key, const std::string& v);
   Json& boolean(const std::string& key, bool v);
+  Json& raw(const std::string& key, const std::string& json);  // an already-encoded JSON value
   std::string done() const { return s_ + "}"; }
 
  private:
@@ -52,6 +66,7 @@ class Json {
   std::string s_ = "{";
 };
 
+std::string json_string(const std::string& v);  // v as a quoted, escaped JSON string
 std::string format_duration(double seconds);  // "1h02m03s", "4m05s", "12.3s"
 
 }  // namespace nlp

@@ -28,7 +28,7 @@ std::string cpu_model_name() {
 }  // namespace
 
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
-                   bool completed) {
+                   bool completed, const RunNotes& notes) {
   // Nodes: ranks that are local rank 0 of their node.
   double nodes[1] = {s.comm.local_rank() == 0 ? 1.0 : 0.0};
   s.comm.allreduce_sum_host(nodes, 1);
@@ -96,6 +96,18 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("achieved_tflops", achieved / 1e12);
   j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set
   j.boolean("completed", completed);
+  j.raw("resumed_from", notes.resumed_from.empty() ? "null" : json_string(notes.resumed_from));
+  j.integer("resumed_step", notes.resumed_step);
+  std::string damaged = "[";
+  for (const auto& [file, reason] : notes.damaged_checkpoints)
+    damaged += cat(damaged.size() > 1 ? "," : "", "{\"file\":", json_string(file), ",\"reason\":",
+                   json_string(reason), "}");
+  j.raw("damaged_checkpoints", damaged + "]");
+  j.integer("metrics_dropped", notes.metrics_dropped);
+  j.integer("nonfinite_skipped", notes.nonfinite_skipped);
+  std::string warnings = "[";
+  for (const auto& w : notes.warnings) warnings += cat(warnings.size() > 1 ? "," : "", json_string(w));
+  j.raw("warnings", warnings + "]");
   const std::string path = s.cfg.output.dir + "/summary.json";
   {
     std::ofstream f(path + ".tmp");

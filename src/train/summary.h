@@ -8,6 +8,8 @@
 // there), is the communication that was not hidden, without the imbalance.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "train/session.h"
@@ -29,7 +31,19 @@ struct StepTimes {
   }
 };
 
+// What happened to the run besides its timing: resume and non-finite steps (see the README's
+// "Reliability" section). Written as summary.json's "resumed_from", "resumed_step",
+// "damaged_checkpoints" ([{"file", "reason"}]), "metrics_dropped", "nonfinite_skipped", "warnings".
+struct RunNotes {
+  std::string resumed_from;  // checkpoint path; "" = not resumed
+  int64_t resumed_step = 0;
+  std::vector<std::pair<std::string, std::string>> damaged_checkpoints;  // (file, reason), newest first
+  int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume
+  int64_t nonfinite_skipped = 0;  // steps whose update was skipped (train.nonfinite = skip)
+  std::vector<std::string> warnings;  // every warning line of the log
+};
+
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
-                   bool completed);
+                   bool completed, const RunNotes& notes = {});
 
 }  // namespace nlp

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "comm/grad_reducer.h"
 #include "core/error.h"
@@ -18,6 +20,7 @@
 #include "io/weights.h"
 #include "train/batches.h"
 #include "train/optimizer.h"
+#include "train/resume.h"
 #include "train/schedule.h"
 #include "train/session.h"
 #include "train/signals.h"
@@ -57,15 +60,52 @@ std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, bool& d
   return path;
 }
 
-void restore(Session& s, AdamW& opt, const std::string& path, TrainState& st) {
-  std::vector<float> hp, hm, hv;
-  auto params = s.model.params().host_views(hp);
-  auto m = opt.host_views(opt.exp_avg(), hm);
-  auto v = opt.host_views(opt.exp_avg_sq(), hv);
-  st = load_checkpoint(path, params, m, v);
-  s.model.params().upload(hp);
-  opt.upload(opt.exp_avg(), hm);
-  opt.upload(opt.exp_avg_sq(), hv);
+// train.resume: continue from the newest intact checkpoint (resume.h), report the damaged ones, and
+// drop the metrics.jsonl records the interrupted run wrote after that checkpoint.
+void resume(Session& s, AdamW& opt, TrainState& st, RunNotes& notes) {
+  const Config& cfg = s.cfg;
+  const ResumeOutcome r = resume_from_checkpoint(s, opt, st);
+  for (size_t i = 0; i < r.damaged.size(); ++i) {
+    const auto& [file, reason] = r.damaged[i];
+    const std::string moved = i < r.moved_to.size() && !r.moved_to[i].empty()
+                                  ? cat("; moved to '", r.moved_to[i], "'")
+                                  : std::string("; could not be moved aside");
+    const std::string w = cat("warning: checkpoint '", file, "' is damaged and was not used (", reason, ")",
+                              moved);
+    s.log.info(w);
+    notes.warnings.push_back(w);
+    notes.damaged_checkpoints.emplace_back(file, reason);
+  }
+  if (r.path.empty()) {
+    s.log.info(cat("train.resume: no checkpoint in '", cfg.output.dir, "/checkpoints', starting from step 0"));
+  } else {
+    if (!r.damaged.empty()) {
+      const std::string w = cat("warning: resuming from the older checkpoint '", r.path, "' (step ", st.step,
+                                ") because ", r.damaged.size(), " newer one(s) are damaged");
+      s.log.info(w);
+      notes.warnings.push_back(w);
+    }
+    if (st.seed != cfg.train.seed)
+      s.log.info(cat("warning: checkpoint was written with train.seed = ", st.seed,
+                     "; continuing with its seed"));
+    s.log.info(cat("resumed from '", r.path, "' at step ", st.step, " (data position ", st.next_batch, ")"));
+    notes.resumed_from = r.path;
+    notes.resumed_step = st.step;
+  }
+}
+
+// After begin_output (metrics.jsonl is open): the records an interrupted run wrote after its last
+// checkpoint are removed, since the resumed run writes those steps again.
+void drop_metrics_after_resume(Session& s, const TrainState& st, RunNotes& notes) {
+  notes.metrics_dropped = s.log.drop_metrics_after(st.step);
+  if (notes.metrics_dropped > 0)
+    s.log.info(cat("train.resume: removed ", notes.metrics_dropped, " metrics.jsonl line(s) after step ",
+                   st.step, " (written by the interrupted run after its last checkpoint; they are "
+                   "written again)"));
+}
+
+bool listed(const std::vector<int64_t>& steps, int64_t step) {
+  return std::find(steps.begin(), steps.end(), step) != steps.end();
 }
 
 void log_eval(Session& s, int step, const EvalResult& r) {
@@ -125,28 +165,14 @@ int run_train(Session& s) {
   st.world_size = world;
   st.best_metric = NAN;  // none yet
 
-  if (tc.resume) {
-    // Rank 0 picks the checkpoint and every rank loads that file: ranks that each looked for the
-    // newest one could see different files (node-local output, a lagging shared file system).
-    std::string ckpt = rank == 0 ? latest_checkpoint(cfg.output.dir) : std::string();
-    uint64_t len = ckpt.size();
-    s.comm.broadcast_host(&len, sizeof len, 0);
-    ckpt.resize(len);
-    if (len > 0) s.comm.broadcast_host(ckpt.data(), len, 0);
-    if (ckpt.empty()) {
-      s.log.info(cat("train.resume: no checkpoint in '", cfg.output.dir, "/checkpoints', starting from step 0"));
-    } else {
-      restore(s, opt, ckpt, st);
-      if (st.seed != tc.seed)
-        s.log.info(cat("warning: checkpoint was written with train.seed = ", st.seed,
-                       "; continuing with its seed"));
-      s.log.info(cat("resumed from '", ckpt, "' at step ", st.step, " (data position ",
-                     st.next_batch, ")"));
-    }
-  }
+  RunNotes notes;
+  if (tc.resume) resume(s, opt, st, notes);
   const uint64_t seed = st.seed;
   bool ckpt_dir_expected = st.step > 0;  // resumed from a checkpoint in that folder
   begin_output(s);
+  if (tc.resume) drop_metrics_after_resume(s, st, notes);
+  const std::vector<int64_t> inject_nonfinite = parse_step_list(cfg.debug.inject_nonfinite_step);
+  const bool skip_nonfinite = tc.nonfinite == "skip";
 
   const int64_t tokens_per_step = int64_t(B) * T * tc.grad_accum * world;
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
@@ -246,15 +272,32 @@ int run_train(Session& s) {
     s.comm.allreduce_sum_host(loss_sum, 1);
     s.be.synchronize();
     t_comm += seconds_since(tp);
+    if (listed(inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      s.be.to_device(ps.grad(), &nan, sizeof nan);
+    }
     const double loss = loss_sum[0] / counts[0];
     const double norm = std::sqrt(s.be.sumsq(ps.grad(), ps.total()));
-    if (!std::isfinite(loss) || !std::isfinite(norm))
+    // Every rank holds the same summed gradient and loss, so every rank decides the same.
+    const bool finite = std::isfinite(loss) && std::isfinite(norm);
+    if (!finite && !skip_nonfinite)
       throw Error(cat("step ", step + 1, ": loss or gradient norm is not finite (loss ", loss,
-                      ", grad norm ", norm, "); lower train.lr or raise train.warmup_steps"));
-    // torch.nn.utils.clip_grad_norm_: scale by clip/(norm + 1e-6) when the norm exceeds clip.
-    const float grad_scale =
-        (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
-    opt.step(lr, grad_scale, step + 1);
+                      ", grad norm ", norm, "); lower train.lr or raise train.warmup_steps, or set "
+                      "train.nonfinite = skip to drop such steps"));
+    if (finite) {
+      // torch.nn.utils.clip_grad_norm_: scale by clip/(norm + 1e-6) when the norm exceeds clip.
+      const float grad_scale =
+          (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
+      // AdamW's bias correction counts the updates applied, not the steps taken.
+      opt.step(lr, grad_scale, static_cast<int>(st.optimizer_steps + 1));
+      ++st.optimizer_steps;
+      st.nonfinite_streak = 0;
+    } else {
+      // train.nonfinite = skip: no update and no AdamW step; the step still consumes its batches,
+      // its dropout seeds and its place in the lr schedule, so the run stays aligned with train.steps.
+      ++st.nonfinite_skipped;
+      ++st.nonfinite_streak;
+    }
     s.be.synchronize();
 
     st.step = step + 1;
@@ -265,7 +308,7 @@ int run_train(Session& s) {
     if (steps_done_here > 1) times.add(dt, t_data, t_comm);
     if (steps_done_here == 1 && cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
     const double tok_s = tokens_per_step / dt;
-    if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1) {
+    if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1 || !finite) {
       const double elapsed = seconds_since(t_start);
       const double eta = train_seconds / steps_done_here * (tc.steps - st.step);
       char buf[320];
@@ -274,11 +317,28 @@ int run_train(Session& s) {
                     "| elapsed %s | eta %s",
                     static_cast<long long>(st.step), tc.steps, loss, lr, norm, tok_s, dt,
                     format_duration(elapsed).c_str(), format_duration(eta).c_str());
-      s.log.info(buf);
+      std::string line = buf;
+      if (!finite)
+        line += cat(" | non-finite: update skipped (", st.nonfinite_streak, " in a row, ",
+                    st.nonfinite_skipped, " skipped in total)");
+      else if (st.nonfinite_skipped > 0)
+        line += cat(" | skipped ", st.nonfinite_skipped);
+      s.log.info(line);
     }
-    s.log.metrics(Json().integer("step", st.step).exact("loss", loss).num("lr", lr)
-                      .num("grad_norm", norm).num("tokens_per_s", tok_s).num("step_time_s", dt)
-                      .done());
+    Json rec;
+    rec.integer("step", st.step).exact("loss", loss).num("lr", lr).num("grad_norm", norm)
+        .num("tokens_per_s", tok_s).num("step_time_s", dt);
+    if (!finite) rec.boolean("skipped", true);
+    if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
+    s.log.metrics(rec.done());
+    if (cfg.debug.kill_at_step > 0 && st.step == cfg.debug.kill_at_step && rank == 0)
+      std::raise(SIGKILL);  // debug.kill_at_step: a crash after this step's metrics
+    if (st.nonfinite_streak >= tc.nonfinite_max)
+      throw Error(cat("step ", st.step, ": ", st.nonfinite_streak,
+                      " consecutive steps had a non-finite loss or gradient norm and were skipped "
+                      "(train.nonfinite_max = ", tc.nonfinite_max, "; last: loss ", loss, ", grad norm ",
+                      norm, ", ", st.nonfinite_skipped, " skipped in total); lower train.lr or raise "
+                      "train.warmup_steps"));
 
     const bool last = st.step == tc.steps;
     if (eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
@@ -316,7 +376,9 @@ int run_train(Session& s) {
     std::snprintf(buf, sizeof buf, "done: %d steps in %s, %.0f tokens/s on average",
                   steps_done_here, format_duration(train_seconds).c_str(),
                   double(tokens_per_step) * steps_done_here / train_seconds);
-    s.log.info(buf);
+    s.log.info(st.nonfinite_skipped > 0
+                   ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
+                   : std::string(buf));
   } else {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
   }
@@ -325,7 +387,8 @@ int run_train(Session& s) {
     s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile")
                            : rep);
   }
-  write_summary(s, times, tokens_per_step, T, st.step == tc.steps);
+  notes.nonfinite_skipped = st.nonfinite_skipped;
+  write_summary(s, times, tokens_per_step, T, st.step == tc.steps, notes);
   return st.step == tc.steps ? 0 : kExitRequeue;
 }
 

@@ -35,14 +35,15 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
-    "train.precision",
+    "train.precision", "train.nonfinite", "train.nonfinite_max",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
     "output.dir",
     "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
     "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
-    "generate.vocab_dir", "generate.prompts_file"};
+    "generate.vocab_dir", "generate.prompts_file",
+    "debug.inject_nonfinite_step", "debug.kill_at_step"};
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "nlptrain");
@@ -112,6 +113,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.resume, b.train.resume);
   EXPECT_EQ(a.train.sample_interval, b.train.sample_interval);
   EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_EQ(a.train.nonfinite, b.train.nonfinite);
+  EXPECT_EQ(a.train.nonfinite_max, b.train.nonfinite_max);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -131,6 +134,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.generate.tokenizer, b.generate.tokenizer);
   EXPECT_EQ(a.generate.vocab_dir, b.generate.vocab_dir);
   EXPECT_EQ(a.generate.prompts_file, b.generate.prompts_file);
+  EXPECT_EQ(a.debug.inject_nonfinite_step, b.debug.inject_nonfinite_step);
+  EXPECT_EQ(a.debug.kill_at_step, b.debug.kill_at_step);
 }
 
 class ConfigTest : public ::testing::Test {
@@ -679,13 +684,14 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
-                                 "sample_interval = 11\nprecision = tf32\n"
+                                 "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\n"
                                  "[eval]\ninterval = 13\nbatches = 2\n"
                                  "[checkpoint]\ninterval = 50\nkeep = 3\n"
                                  "[output]\ndir = runs/a b\n"
                                  "[generate]\nprompt = \"Once \\\"upon\\\" a\\ttime\\\\n ; # end\\n\"\n"
                                  "max_new_tokens = 17\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\n"
-                                 "seed = 99\nnum_samples = 4\ntokenizer = gpt2\nvocab_dir = /v\n");
+                                 "seed = 99\nnum_samples = 4\ntokenizer = gpt2\nvocab_dir = /v\n"
+                                 "[debug]\ninject_nonfinite_step = 3, 7\nkill_at_step = 9\n");
   const Config a = parse({path}).config;
   EXPECT_EQ(a.generate.prompt, "Once \"upon\" a\ttime\\n ; # end\n");
   EXPECT_EQ(a.data.train, " lead space.h5");
@@ -776,4 +782,41 @@ TEST(ConfigPadTokenId, RangeChecked) {
                 "--model.pad_token_id=30"});
   EXPECT_NE(m.find("model.pad_token_id = 30"), std::string::npos) << m;
   EXPECT_NE(m.find("model.vocab_size = 30"), std::string::npos) << m;
+}
+
+// ---- reliability keys -----------------------------------------------------------------------------
+
+TEST(ConfigStepList, Parses) {
+  EXPECT_TRUE(nlp::parse_step_list("").empty());
+  EXPECT_TRUE(nlp::parse_step_list("  ").empty());
+  EXPECT_EQ(nlp::parse_step_list("3"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(nlp::parse_step_list(" 3, 7,12 "), (std::vector<int64_t>{3, 7, 12}));
+  EXPECT_THROW(nlp::parse_step_list("3,,7"), nlp::Error);
+  EXPECT_THROW(nlp::parse_step_list("0"), nlp::Error);
+  EXPECT_THROW(nlp::parse_step_list("-2"), nlp::Error);
+  EXPECT_THROW(nlp::parse_step_list("x"), nlp::Error);
+  EXPECT_THROW(nlp::parse_step_list("3,"), nlp::Error);
+}
+
+TEST(ConfigReliability, DefaultsAndValidation) {
+  Config d;
+  EXPECT_EQ(d.train.nonfinite, "stop");
+  EXPECT_EQ(d.train.nonfinite_max, 5);
+  EXPECT_EQ(d.debug.inject_nonfinite_step, "");
+  EXPECT_EQ(d.debug.kill_at_step, 0);
+  const ParseResult ok = parse({"--data.train=x.h5", "--train.nonfinite=skip", "--train.nonfinite_max=2",
+                                "--debug.inject_nonfinite_step=2,4"});
+  EXPECT_EQ(ok.config.train.nonfinite, "skip");
+  EXPECT_EQ(ok.config.train.nonfinite_max, 2);
+  EXPECT_EQ(nlp::parse_step_list(ok.config.debug.inject_nonfinite_step), (std::vector<int64_t>{2, 4}));
+  for (const std::string bad : {"--train.nonfinite=ignore", "--train.nonfinite_max=0",
+                                "--debug.inject_nonfinite_step=2,x", "--debug.kill_at_step=-1"}) {
+    try {
+      parse({"--data.train=x.h5", bad});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const nlp::Error& e) {
+      const std::string key = bad.substr(2, bad.find('=') - 2);
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
 }
