@@ -40,7 +40,6 @@ class Log {
   std::vector<std::string> pending_, pending_metrics_;  // logged before start()
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
-  std::string dir_;
 };
 
 // The lines of metrics.jsonl text to keep when resuming at `step`: complete {...} records whose

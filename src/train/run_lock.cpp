@@ -65,7 +65,11 @@ int take(const std::string& dir, std::string* why) {
   const std::string path = dir + "/" + RunLock::kFileName;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    *why = cat("output.dir: cannot open the lock file '", path, "': ", std::strerror(errno));
+    const int err = errno;
+    *why = err == EACCES || err == EROFS || err == EPERM
+               ? cat("output.dir = '", dir, "' is not writable: cannot create the lock file '", path,
+                     "': ", std::strerror(err))
+               : cat("output.dir: cannot open the lock file '", path, "': ", std::strerror(err));
     return -1;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {

@@ -124,6 +124,8 @@ class SoloComm : public nlp::Comm {
   void allreduce_sum(float*, size_t) override {}
   void allreduce_sum_host(double*, size_t) override {}
   void broadcast_host(void*, size_t, int) override {}
+  void allreduce_sum_start(float*, size_t) override {}
+  void allreduce_wait() override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
