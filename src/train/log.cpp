@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "text/json_min.h"
 
 namespace nlp {
 
@@ -193,25 +194,7 @@ Json& Json::str(const std::string& k, const std::string& v) {
   return *this;
 }
 
-std::string json_string(const std::string& v) {
-  std::string out = "\"";
-  for (char c : v) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  out += "\"";
-  return out;
-}
+std::string json_string(const std::string& v) { return text::json_quote(v); }
 
 std::string format_duration(double s) {
   char buf[64];

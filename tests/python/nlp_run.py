@@ -63,6 +63,16 @@ def write_stream(path, tokens):
         f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.int32))
 
 
+def pattern_stream(path, windows, seed, mult=7, seq=16, vocab=64, noise=0.1):
+    """A learnable token stream for tiny models: the repeating pattern i * mult % vocab with a fraction
+    `noise` of the tokens replaced at random; `windows` windows of seq + 1 tokens. Returns path."""
+    rng = np.random.default_rng(seed)
+    base = np.tile(np.arange(vocab) * mult % vocab, windows * seq // vocab + 2)[: windows * seq + 1]
+    toks = np.where(rng.random(base.shape) < noise, rng.integers(0, vocab, size=base.shape), base)
+    write_stream(path, toks)
+    return path
+
+
 def metrics(out_dir):
     rows = [json.loads(l) for l in Path(out_dir, "metrics.jsonl").read_text().splitlines() if l]
     train = [r for r in rows if r.get("split") is None]

@@ -19,13 +19,7 @@ TINY = ["--model.n_layer=3", "--model.n_head=2", "--model.n_embd=32", "--model.v
 
 @pytest.fixture(scope="module")
 def stream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(11)
-    base = np.tile(np.arange(64) * 5 % 64, 40)[: 16 * 128 + 1]
-    toks = np.where(rng.random(base.shape) < 0.1, rng.integers(0, 64, size=base.shape), base)
-    path = d / "train.h5"
-    nr.write_stream(path, toks)
-    return path
+    return nr.pattern_stream(tmp_path_factory.mktemp("data") / "train.h5", windows=128, seed=11, mult=5)
 
 
 def losses(out):

@@ -27,11 +27,8 @@ DROPOUT = ["--model.embd_pdrop=0.1", "--model.attn_pdrop=0.1", "--model.resid_pd
 @pytest.fixture(scope="module")
 def stream(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(11)
-    base = np.tile(np.arange(64) * 7 % 64, 30)[: 16 * 96 + 1]
-    toks = np.where(rng.random(base.shape) < 0.1, rng.integers(0, 64, size=base.shape), base)
-    nr.write_stream(d / "train.h5", toks)
-    nr.write_stream(d / "eval.h5", toks[: 16 * 8 + 1])
+    nr.pattern_stream(d / "train.h5", windows=96, seed=11)
+    nr.pattern_stream(d / "eval.h5", windows=8, seed=12)  # the same pattern, other noise
     return d
 
 

@@ -19,15 +19,8 @@ NO_DROPOUT = ["--model.embd_pdrop=0", "--model.attn_pdrop=0", "--model.resid_pdr
 
 @pytest.fixture(scope="module")
 def stream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(7)
     # A learnable stream: a noisy repeating pattern over 64 symbols, 96 windows of 16 + 1.
-    base = np.tile(np.arange(64) * 7 % 64, 30)[: 16 * 96 + 1]
-    noise = rng.integers(0, 64, size=base.shape)
-    toks = np.where(rng.random(base.shape) < 0.1, noise, base)
-    path = d / "train.h5"
-    nr.write_stream(path, toks)
-    return path
+    return nr.pattern_stream(tmp_path_factory.mktemp("data") / "train.h5", windows=96, seed=7)
 
 
 def rel(a, b):
