@@ -721,52 +721,7 @@ double File::attr_double(const std::string& key, const std::string& obj) const {
 
 namespace {
 
-void fsync_path(const std::string& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw Error(cat("cannot open '", p, "' to sync it: ", std::strerror(errno)));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some file systems do not support fsync on directories; that is not an error for us.
-  if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP)))
-    throw Error(cat("cannot sync '", p, "': ", std::strerror(err)));
-}
-
-std::string parent_dir(const std::string& path) {
-  fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
-
 }  // namespace
-
-void atomic_begin(const std::string& path, std::string* tmp_path) {
-  init_library();
-  if (path.empty()) throw Error("atomic write: empty output path");
-  fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec || !fs::is_directory(parent))
-      throw Error(cat("cannot create directory '", parent.string(), "' for '", path, "': ",
-                      ec ? ec.message() : std::string("not a directory")));
-  }
-  std::string tmp = cat(path, ".tmp.", static_cast<long long>(::getpid()));
-  std::error_code ec;
-  fs::remove(tmp, ec);  // a leftover from an earlier process with the same pid
-  if (tmp_path) *tmp_path = tmp;
-}
-
-void atomic_commit(const std::string& tmp_path, const std::string& path) {
-  fsync_path(tmp_path, false);
-  if (std::rename(tmp_path.c_str(), path.c_str()) != 0)
-    throw Error(cat("cannot rename '", tmp_path, "' to '", path, "': ", std::strerror(errno)));
-  fsync_path(parent_dir(path), true);
-}
-
-void atomic_abort(const std::string& tmp_path) {
-  std::error_code ec;
-  fs::remove(tmp_path, ec);
-}
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "io/atomic_file.h"
+
 namespace nlp::h5 {
 
 enum class DType { F32, F64, I32, I64, U8, Other };
@@ -69,13 +71,10 @@ class File {
   std::string path_;
 };
 
-// Write to `<path>.tmp.<pid>`, fsync, then rename onto `path`: readers never see a partial file,
-// and on failure (exception from fn) the temporary file is removed.
+// Write to `<path>.tmp.<pid>`, fsync, then rename onto `path` (io/atomic_file.h): readers never see
+// a partial file, and on failure (exception from fn) the temporary file is removed.
 template <typename Fn>
 void write_atomically(const std::string& path, Fn&& fn);
-void atomic_begin(const std::string& path, std::string* tmp_path);
-void atomic_commit(const std::string& tmp_path, const std::string& path);
-void atomic_abort(const std::string& tmp_path);
 
 template <typename Fn>
 void write_atomically(const std::string& path, Fn&& fn) {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/atomic_file.h"
 #include "text/json_min.h"
 #include "text/tokenizer.h"
 #include "train/session.h"
@@ -138,12 +139,6 @@ std::string ids_json(const std::vector<int32_t>& ids) {
   return out + "]";
 }
 
-void write_atomically(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
-  if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
-    throw Error(cat("cannot write '", path, "'"));
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
 
 }  // namespace
 
@@ -203,8 +198,8 @@ void run_generate(Session& s) {
                  ",\"samples\":[", texts, "],\"sample_ids\":[", idss, "],\"settings\":", settings, "}\n");
   }
   s.log.info(txt);
-  write_atomically(s.cfg.output.dir + "/generated.jsonl", jsonl);
-  if (!from_file) write_atomically(s.cfg.output.dir + "/generated.txt", txt);
+  write_text_atomically(s.cfg.output.dir + "/generated.jsonl", jsonl);
+  if (!from_file) write_text_atomically(s.cfg.output.dir + "/generated.txt", txt);
 }
 
 }  // namespace nlp

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "text/json_min.h"
 
 namespace nlp {
@@ -45,23 +46,7 @@ void Log::start() {
   if (rank_ != 0 || started_) return;
   started_ = true;
   if (dir_.empty()) return;  // never opened (tests)
-  if (!config_ini_.empty()) {
-    const std::string tmp = cat(dir_, "/config.ini.tmp.", static_cast<long long>(::getpid()));
-    const std::string dst = dir_ + "/config.ini";
-    bool ok = false;
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << config_ini_;
-      f.flush();
-      ok = static_cast<bool>(f);
-    }
-    std::error_code ec;
-    if (ok) std::filesystem::rename(tmp, dst, ec);
-    if (!ok || ec) {
-      std::filesystem::remove(tmp, ec);
-      throw Error(cat("output.dir: cannot write '", dst, "'", ok ? ": " + ec.message() : std::string()));
-    }
-  }
+  if (!config_ini_.empty()) write_text_atomically(dir_ + "/config.ini", config_ini_);
   const char* mode = append_ ? "a" : "w";
   log_ = std::fopen((dir_ + "/log.txt").c_str(), mode);
   const int log_err = errno;
@@ -134,17 +119,7 @@ int64_t Log::drop_metrics_after(int64_t step) {
   int64_t dropped = 0;
   const std::string all = text.str();
   const std::string kept = filter_metrics_after(all, step, &dropped);
-  if (dropped > 0 || (!all.empty() && all.back() != '\n')) {
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out << kept;
-      out.flush();
-      if (!out) throw Error(cat("cannot write '", tmp, "'"));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(cat("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno)));
-  }
+  if (dropped > 0 || (!all.empty() && all.back() != '\n')) write_text_atomically(path, kept);
   metrics_ = std::fopen(path.c_str(), "a");
   if (!metrics_) throw Error(cat("output.dir: cannot write metrics.jsonl in '", dir_, "'"));
   return dropped;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "train/log.h"
 
 namespace nlp {
@@ -108,13 +109,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   std::string warnings = "[";
   for (const auto& w : notes.warnings) warnings += cat(warnings.size() > 1 ? "," : "", json_string(w));
   j.raw("warnings", warnings + "]");
-  const std::string path = s.cfg.output.dir + "/summary.json";
-  {
-    std::ofstream f(path + ".tmp");
-    f << j.done() << "\n";
-    if (!f) throw Error(cat("cannot write '", path, "'"));
-  }
-  std::rename((path + ".tmp").c_str(), path.c_str());
+  write_text_atomically(s.cfg.output.dir + "/summary.json", j.done() + "\n");
 }
 
 }  // namespace nlp

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "metrics/metrics.h"
 #include "text/json_min.h"
 #include "train/log.h"
@@ -34,11 +36,6 @@ std::string substr_chars(const std::string& s, const std::vector<size_t>& cp, in
 
 int argmax(const float* v, int n) {
   return static_cast<int>(std::max_element(v, v + n) - v);
-}
-
-std::string json_escape(const std::string& s) {
-  const std::string j = Json().str("x", s).done();  // {"x":"<escaped>"}
-  return j.substr(6, j.size() - 8);
 }
 
 }  // namespace
@@ -247,13 +244,12 @@ void TaskEval::write_predictions(const std::string& dir) const {
     throw Error("run.mode = predict supports doc_cls, pair_cls, ner and qa");
   const bool qa = task_ == Task::Qa;
   const std::string path = dir + (qa ? "/predictions.json" : "/predictions.jsonl");
-  const std::string tmp = path + ".tmp";
+  std::ostringstream out;
   {
-    std::ofstream out(tmp);
     if (qa) {  // SQuAD prediction format: {"question id": "answer text", ...}
       out << "{";
       for (size_t i = 0; i < qa_ids_.size(); ++i)
-        out << (i ? ",\n" : "\n") << "\"" << json_escape(qa_ids_[i]) << "\": \"" << json_escape(qa_answers_[i]) << "\"";
+        out << (i ? ",\n" : "\n") << text::json_quote(qa_ids_[i]) << ": " << text::json_quote(qa_answers_[i]);
       out << "\n}\n";
     } else if (is_seq_cls(task_)) {
       for (int64_t n = 0; n < N_; ++n) {
@@ -307,9 +303,8 @@ void TaskEval::write_predictions(const std::string& dir) const {
         out << s << ",\"entities\":[" << ents << "]}\n";
       }
     }
-    if (!out) throw Error(cat("cannot write '", tmp, "'"));
   }
-  std::rename(tmp.c_str(), path.c_str());
+  write_text_atomically(path, out.str());
 }
 
 }  // namespace nlp
