@@ -45,6 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (size) args.push_back(cur);
+  // A real argv element ends at its first NUL byte, and that is all parse_config sees (c_str()).
+  // The checks below must use the same strings: a '=' after a NUL once made the harness re-apply
+  // "--data.train\0...=u" as an override, which parse_config saw as "--data.train" with no value
+  // (corpus/cli/regress-nul-in-argument).
+  for (auto& a : args) a.resize(std::char_traits<char>::length(a.c_str()));
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.size() > 4096) return 0;
