@@ -838,3 +838,24 @@ TEST_F(IoTest, ModelConfigRejectsOutOfRangeFloatAttributes) {
   c.explicitly_set.insert("model.embd_pdrop");
   EXPECT_FLOAT_EQ(nlp::resolve_model_config(c).embd_pdrop, 0.25f);
 }
+
+// Listing is bounded (found by tests/fuzz/fuzz_h5file: a damaged file whose group links to itself
+// made H5Lvisit recurse without end). Nesting deeper than 32 groups is an error naming the file.
+TEST_F(IoTest, ListingRejectsGroupsNestedTooDeep) {
+  const float x = 1.f;
+  std::string deep, ok;
+  for (int i = 0; i < 40; ++i) deep += "g/";
+  for (int i = 0; i < 8; ++i) ok += "g/";
+  {
+    File f = File::create(p("deep.h5"));
+    f.write_f32(ok + "w", {1}, &x);
+    f.write_f32(deep + "w", {1}, &x);
+  }
+  File f = File::open_read(p("deep.h5"));
+  expect_error([&] { f.list(); }, {p("deep.h5"), "nested more than 32"});
+  {
+    File g = File::create(p("ok.h5"));
+    g.write_f32(ok + "w", {1}, &x);
+  }
+  EXPECT_EQ(File::open_read(p("ok.h5")).list(), std::vector<std::string>{ok + "w"});
+}
