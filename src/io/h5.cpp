@@ -405,10 +405,27 @@ struct VisitCtx {
   hid_t group;
   std::string prefix;
   std::vector<std::string>* out;
+  int64_t links = 0;
+  bool too_deep = false, too_many = false;
 };
+
+// Bounds on a listing. libhdf5 1.10 detects a hard-link cycle only for groups whose link count says
+// they are linked more than once, so a corrupt file whose group links to itself made H5Lvisit
+// recurse without end (found by tests/fuzz/fuzz_h5file). The project's files nest a few levels and
+// hold at most some thousands of datasets.
+constexpr int kMaxListDepth = 32;
+constexpr int64_t kMaxListLinks = int64_t{1} << 18;
 
 herr_t visit_cb(hid_t group, const char* name, const H5L_info_t* info, void* data) {
   auto* ctx = static_cast<VisitCtx*>(data);
+  if (std::count(name, name + std::strlen(name), '/') >= kMaxListDepth) {
+    ctx->too_deep = true;
+    return -1;  // stops H5Lvisit, which then returns < 0
+  }
+  if (++ctx->links > kMaxListLinks) {
+    ctx->too_many = true;
+    return -1;
+  }
   if (info && info->type != H5L_TYPE_HARD && info->type != H5L_TYPE_SOFT) return 0;
   Id o(H5Oopen(group, name, H5P_DEFAULT));
   if (o.ok() && H5Iget_type(o.get()) == H5I_DATASET) ctx->out->push_back(ctx->prefix + name);
@@ -432,8 +449,15 @@ std::vector<std::string> File::list(const std::string& group) const {
   Id gid(H5Gopen2(id_, g.empty() ? "/" : g.c_str(), H5P_DEFAULT));
   if (!gid.ok()) throw Error(cat("file '", path_, "': cannot open group '", group, "': ", h5_reason()));
   VisitCtx ctx{gid.get(), prefix, &out};
-  if (H5Lvisit(gid.get(), H5_INDEX_NAME, H5_ITER_INC, visit_cb, &ctx) < 0)
+  if (H5Lvisit(gid.get(), H5_INDEX_NAME, H5_ITER_INC, visit_cb, &ctx) < 0) {
+    if (ctx.too_deep)
+      throw Error(cat("file '", path_, "': cannot list group '", norm_obj(group), "': groups nested more than ",
+                      kMaxListDepth, " deep (a link cycle in a damaged file?)"));
+    if (ctx.too_many)
+      throw Error(cat("file '", path_, "': cannot list group '", norm_obj(group), "': more than ",
+                      kMaxListLinks, " links"));
     throw Error(cat("file '", path_, "': cannot list group '", norm_obj(group), "': ", h5_reason()));
+  }
   std::sort(out.begin(), out.end());
   return out;
 }

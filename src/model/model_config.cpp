@@ -3,6 +3,7 @@
 // the INI (or on the command line) that disagrees with the file is an error naming both values.
 // Dropout probabilities may be overridden (they are training choices, not architecture).
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "io/h5.h"
@@ -20,13 +21,28 @@ void take_int(const Config& cfg, const h5::File& f, const std::string& key, int&
     throw Error(cat("model.", key, " = ", field, " (", cfg.source.empty() ? "command line" : cfg.source,
                     ") disagrees with ", key, " = ", v, " in weights file '", f.path(), "'"));
   if (v < 1) throw Error(cat("weights file '", f.path(), "': attribute ", key, " = ", v, " must be >= 1"));
+  // Sizes are int in the model: a larger value must not wrap around (2^32 + 8 would become 8).
+  if (v > std::numeric_limits<int>::max())
+    throw Error(cat("weights file '", f.path(), "': attribute ", key, " = ", v, " is too large (max ",
+                    std::numeric_limits<int>::max(), ")"));
   field = static_cast<int>(v);
 }
 
+// The ranges the INI schema enforces for the same keys (config.cpp): probabilities in [0, 1),
+// everything else (epsilons, initializer_range) > 0; and the value must be a finite float.
+enum class FloatRange { Probability, Positive };
+
 void take_float(const Config& cfg, const h5::File& f, const std::string& key, float& field,
-                bool overridable) {
+                bool overridable, FloatRange range) {
   if (!f.has_attr(key)) return;  // optional: keep the INI value
-  const float v = static_cast<float>(f.attr_double(key));
+  const double d = f.attr_double(key);
+  if (overridable && cfg.is_set("model." + key)) return;  // the INI's value wins; the file's is unused
+  bool ok = std::isfinite(d) && std::fabs(d) <= std::numeric_limits<float>::max();
+  const float v = ok ? static_cast<float>(d) : 0.f;  // converted only when it fits
+  ok = ok && (range == FloatRange::Probability ? v >= 0.f && v < 1.f : v > 0.f);
+  if (!ok)
+    throw Error(cat("weights file '", f.path(), "': attribute ", key, " = ", d, " is out of range (",
+                    range == FloatRange::Probability ? "must be in [0, 1)" : "must be a float > 0", ")"));
   if (cfg.is_set("model." + key)) {
     if (overridable) return;
     if (std::fabs(v - field) > 1e-6f * std::fabs(v))
@@ -139,7 +155,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
     throw Error(cat("weights file '", mc.weights, "' has model_type = \"", type,
                     "\" but model.type = ", mc.type));
   take_int(cfg, f, "vocab_size", mc.vocab_size);
-  take_float(cfg, f, "initializer_range", mc.initializer_range, true);
+  take_float(cfg, f, "initializer_range", mc.initializer_range, true, FloatRange::Positive);
   if (type == "bert") {
     take_int(cfg, f, "hidden_size", mc.hidden_size);
     take_int(cfg, f, "num_hidden_layers", mc.num_hidden_layers);
@@ -150,9 +166,9 @@ ModelConfig resolve_model_config(const Config& cfg) {
     if (mc.hidden_size % mc.num_attention_heads != 0)
       throw Error(cat("weights file '", mc.weights, "': hidden_size = ", mc.hidden_size,
                       " is not divisible by num_attention_heads = ", mc.num_attention_heads));
-    take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false);
-    take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true);
-    take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true);
+    take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false, FloatRange::Positive);
+    take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true, FloatRange::Probability);
+    take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true, FloatRange::Probability);
     // pad_token_id: transformers' padding_idx of the word embeddings (-1 = null in config.json,
     // as tools/hf_import.py writes it); a file without it keeps the INI value (default 0, as BertConfig).
     if (f.has_attr("pad_token_id")) {
@@ -175,10 +191,10 @@ ModelConfig resolve_model_config(const Config& cfg) {
   if (mc.n_embd % mc.n_head != 0)
     throw Error(cat("weights file '", mc.weights, "': n_embd = ", mc.n_embd,
                     " is not divisible by n_head = ", mc.n_head));
-  take_float(cfg, f, "layer_norm_epsilon", mc.layer_norm_epsilon, false);
-  take_float(cfg, f, "embd_pdrop", mc.embd_pdrop, true);
-  take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true);
-  take_float(cfg, f, "resid_pdrop", mc.resid_pdrop, true);
+  take_float(cfg, f, "layer_norm_epsilon", mc.layer_norm_epsilon, false, FloatRange::Positive);
+  take_float(cfg, f, "embd_pdrop", mc.embd_pdrop, true, FloatRange::Probability);
+  take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true, FloatRange::Probability);
+  take_float(cfg, f, "resid_pdrop", mc.resid_pdrop, true, FloatRange::Probability);
   return mc;
 }
 

@@ -20,6 +20,7 @@
 #include "io/dataset.h"
 #include "io/h5.h"
 #include "io/weights.h"
+#include "model/model.h"
 
 namespace fs = std::filesystem;
 using nlp::Error;
@@ -754,4 +755,107 @@ TEST_F(IoTest, H5pyReadsOurFile) {
       "' " +
       path;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// ---- model configuration from a weights file's root attributes (found by tests/fuzz/fuzz_weights) ----
+
+namespace {
+
+void write_gpt2_attrs(File& f) {
+  f.set_attr("model_type", std::string("gpt2"));
+  f.set_attr("vocab_size", int64_t{256});
+  f.set_attr("n_layer", int64_t{2});
+  f.set_attr("n_head", int64_t{4});
+  f.set_attr("n_embd", int64_t{64});
+  f.set_attr("n_positions", int64_t{128});
+  f.set_attr("layer_norm_epsilon", 1e-5);
+  f.set_attr("embd_pdrop", 0.0);
+  f.set_attr("attn_pdrop", 0.1);
+  f.set_attr("resid_pdrop", 0.2);
+  f.set_attr("initializer_range", 0.02);
+}
+
+nlp::Config gpt2_config(const std::string& weights) {
+  nlp::Config c;
+  c.model.weights = weights;
+  return c;
+}
+
+}  // namespace
+
+TEST_F(IoTest, ModelConfigFromWeightsAttributes) {
+  {
+    File f = File::create(p("w.h5"));
+    write_gpt2_attrs(f);
+  }
+  const nlp::ModelConfig mc = nlp::resolve_model_config(gpt2_config(p("w.h5")));
+  EXPECT_EQ(mc.vocab_size, 256);
+  EXPECT_EQ(mc.n_layer, 2);
+  EXPECT_EQ(mc.n_head, 4);
+  EXPECT_EQ(mc.n_embd, 64);
+  EXPECT_EQ(mc.n_positions, 128);
+  EXPECT_FLOAT_EQ(mc.layer_norm_epsilon, 1e-5f);
+  EXPECT_FLOAT_EQ(mc.resid_pdrop, 0.2f);
+}
+
+// Sizes wider than int used to wrap around: n_layer = 2^32 - 1 became -1, n_embd = 2^32 + 64 became 64.
+TEST_F(IoTest, ModelConfigRejectsSizesThatDoNotFitInt) {
+  for (int64_t bad : {(int64_t{1} << 32) - 1, (int64_t{1} << 32) + 64, int64_t{1} << 31}) {
+    {
+      File f = File::create(p("w.h5"));
+      write_gpt2_attrs(f);
+      f.set_attr("n_embd", bad);
+    }
+    expect_error([&] { nlp::resolve_model_config(gpt2_config(p("w.h5"))); },
+                 {p("w.h5"), "n_embd", std::to_string(bad), "too large"});
+  }
+}
+
+// Float attributes get the INI schema's ranges: a NaN, negative or overflowing epsilon and a dropout
+// probability outside [0, 1) (also one that rounds to 1 as a float) used to be accepted.
+TEST_F(IoTest, ModelConfigRejectsOutOfRangeFloatAttributes) {
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"layer_norm_epsilon", std::nan("")}, {"layer_norm_epsilon", -1e-5},  {"layer_norm_epsilon", 1e300},
+      {"layer_norm_epsilon", 1e-300},       {"initializer_range", 0.0},     {"embd_pdrop", 1.5},
+      {"attn_pdrop", -0.1},                 {"resid_pdrop", 0.9999999999}, {"resid_pdrop", INFINITY}};
+  for (const auto& [key, value] : bad) {
+    {
+      File f = File::create(p("w.h5"));
+      write_gpt2_attrs(f);
+      f.set_attr(key, value);
+    }
+    expect_error([&] { nlp::resolve_model_config(gpt2_config(p("w.h5"))); },
+                 {p("w.h5"), key, "out of range"});
+  }
+  // A dropout set in the INI wins over the file's (training choice), so the file's value is not used.
+  {
+    File f = File::create(p("w.h5"));
+    write_gpt2_attrs(f);
+    f.set_attr("embd_pdrop", 1.5);
+  }
+  nlp::Config c = gpt2_config(p("w.h5"));
+  c.model.embd_pdrop = 0.25f;
+  c.explicitly_set.insert("model.embd_pdrop");
+  EXPECT_FLOAT_EQ(nlp::resolve_model_config(c).embd_pdrop, 0.25f);
+}
+
+// Listing is bounded (found by tests/fuzz/fuzz_h5file: a damaged file whose group links to itself
+// made H5Lvisit recurse without end). Nesting deeper than 32 groups is an error naming the file.
+TEST_F(IoTest, ListingRejectsGroupsNestedTooDeep) {
+  const float x = 1.f;
+  std::string deep, ok;
+  for (int i = 0; i < 40; ++i) deep += "g/";
+  for (int i = 0; i < 8; ++i) ok += "g/";
+  {
+    File f = File::create(p("deep.h5"));
+    f.write_f32(ok + "w", {1}, &x);
+    f.write_f32(deep + "w", {1}, &x);
+  }
+  File f = File::open_read(p("deep.h5"));
+  expect_error([&] { f.list(); }, {p("deep.h5"), "nested more than 32"});
+  {
+    File g = File::create(p("ok.h5"));
+    g.write_f32(ok + "w", {1}, &x);
+  }
+  EXPECT_EQ(File::open_read(p("ok.h5")).list(), std::vector<std::string>{ok + "w"});
 }
