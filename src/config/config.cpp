@@ -198,7 +198,7 @@ const std::vector<Entry>& schema() {
       // [output]
       {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
       // [generate]
-      {KEY(generate, prompt), none(), "prompt text (escapes \\n \\t \\\\ \\\" understood)", true},
+      {KEY(generate, prompt), none(), "prompt text (escapes \\n \\t \\r \\\\ \\\" \\xHH understood)", true},
       {KEY(generate, prompts_file), none(),
        "run.mode = generate: JSON lines file, one {\"prompt\": \"...\"} object per line (blank lines "
        "skipped); one sample set per prompt, written to generated.jsonl; conflicts with generate.prompt"},
@@ -335,7 +335,14 @@ std::string escape(const std::string& s) {
       case '\r': out += "\\r"; break;
       case '\\': out += "\\\\"; break;
       case '"': out += "\\\""; break;
-      default: out += c;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {  // other control bytes: \xHH
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buf;
+        } else {
+          out += c;
+        }
     }
   }
   return out;
@@ -351,6 +358,12 @@ std::string unescape(const std::string& s) {
       if (rep) {
         out += rep;
         ++i;
+        continue;
+      }
+      auto hex = [](char h) { return std::isxdigit(static_cast<unsigned char>(h)) != 0; };
+      if (n == 'x' && i + 3 < s.size() && hex(s[i + 2]) && hex(s[i + 3])) {  // \xHH: one byte
+        out += static_cast<char>(std::stoi(s.substr(i + 2, 2), nullptr, 16));
+        i += 3;
         continue;
       }
     }
@@ -426,14 +439,14 @@ std::string unquote(const std::string& s) {
   return s;
 }
 
-// The first ASCII control byte of s that a value may not hold, or npos. A tab is fine; so are a line
-// feed and a carriage return where escapes are understood (to_ini() writes them as \n and \r).
-// Any other would not survive to_ini() and reading back: a line break splits the line, and 0x1F is
-// the stand-in that protects '#' from Boost (it came back as '#', found by tests/fuzz/fuzz_cli).
-size_t find_control(const std::string& s, bool line_breaks_ok) {
+// The first ASCII control byte other than a tab in s, or npos. A value without escapes may not hold
+// one: it would not survive to_ini() and reading back (a line break splits the line, and 0x1F is the
+// stand-in that protects '#' from Boost: it came back as '#', found by tests/fuzz/fuzz_cli). Values
+// with escapes (generate.prompt) hold any byte: to_ini() writes control bytes as \n, \r, \xHH.
+size_t find_control(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto ch = static_cast<unsigned char>(s[i]);
-    if (ch < 0x20 && ch != '\t' && !(line_breaks_ok && (ch == '\n' || ch == '\r'))) return i;
+    if (ch < 0x20 && ch != '\t') return i;
   }
   return std::string::npos;
 }
@@ -446,9 +459,9 @@ std::string hex_byte(char ch) {
 
 // Parse `raw` according to e's type and store it in c; throws on a wrong type.
 void assign(const Entry& e, Config& c, const std::string& raw, const Origin& o) {
-  if (const size_t i = find_control(raw, e.escapes); i != std::string::npos)
-    bad_value(e, o, cat("control character ", hex_byte(raw[i]), " in the value (only a tab is allowed",
-                        e.escapes ? "; line breaks as \\n" : "", ")"));
+  // A value with escapes holds any byte (to_ini() writes control bytes as escapes); others may not.
+  if (const size_t i = e.escapes ? std::string::npos : find_control(raw); i != std::string::npos)
+    bad_value(e, o, cat("control character ", hex_byte(raw[i]), " in the value (only a tab is allowed)"));
   const std::string t = trim(raw);
   std::visit(
       [&](auto get) {
@@ -590,7 +603,7 @@ IniText clean_ini(const std::string& path, std::istream& in) {
       out.text += "[" + section + "]\n";
       continue;
     }
-    if (const size_t i = find_control(s, false); i != std::string::npos)
+    if (const size_t i = find_control(s); i != std::string::npos)
       throw Error(cat(at, ": control character ", hex_byte(s[i]), " (only a tab is allowed)"));
     auto eq = s.find('=');
     if (eq == std::string::npos)

@@ -842,4 +842,13 @@ TEST_F(ConfigTest, ControlCharactersInValuesAreRejected) {
   EXPECT_EQ(a.generate.prompt, "x\ny\r\tz");
   const Config b = parse({write("again.ini", a.to_ini())}).config;
   expect_equal(a, b);
+  // Any control byte in a prompt (a byte-level model's tokens 0..31): kept, written as \xHH, read back.
+  const std::string ctl = "\x07\x0e\x15\x1f#";
+  const Config p = parse({"--data.train=x.h5", "--generate.prompt=" + ctl}).config;
+  EXPECT_EQ(p.generate.prompt, ctl);
+  EXPECT_CONTAINS(p.to_ini(), "\\x07\\x0E\\x15\\x1F#");
+  expect_equal(p, parse({write("prompt.ini", p.to_ini())}).config);
+  EXPECT_EQ(parse({write("hex.ini", "[data]\ntrain = x.h5\n[generate]\nprompt = \"a\\x7Fb\\x0\\xZZ\"\n")})
+                .config.generate.prompt,
+            "a\x7f" "b\\x0\\xZZ");
 }
