@@ -4,6 +4,8 @@
 // Loss normalisation: every rank divides its summed token losses by the GLOBAL number of target
 // tokens of the step (all micro-batches, all ranks), and gradients are summed across ranks. N ranks
 // with batch B therefore make exactly the update of 1 rank with batch N*B (up to fp32 summation order).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,18 +37,40 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// dir_expected: a checkpoint was written to (or resumed from) <output.dir>/checkpoints earlier in
-// this run, so the folder must still be there. A folder that vanished (scratch purged, another job
-// cleaning up) means the earlier checkpoints are gone: stop rather than quietly recreate it.
-std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, bool& dir_expected) {
+// The identity (device, inode) of <output.dir>/checkpoints once a checkpoint was written to (or
+// resumed from) it in this run. A folder that vanished, or was removed and created again (scratch
+// purged, another job cleaning up, a removal racing with a write that recreated it), means the
+// earlier checkpoints are gone: stop rather than quietly go on in a new folder.
+struct CheckpointDir {
+  bool known = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+bool same_folder(const std::string& dir, const CheckpointDir& d) {
+  struct stat sb {};
+  return ::stat(dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_dev == d.dev && sb.st_ino == d.ino;
+}
+
+CheckpointDir identify(const std::string& dir) {
+  struct stat sb {};
+  CheckpointDir d;
+  if (::stat(dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) d = {true, sb.st_dev, sb.st_ino};
+  return d;
+}
+
+void check_checkpoint_dir(const std::string& dir, const CheckpointDir& d, int64_t step, const char* when) {
+  if (d.known && !same_folder(dir, d))
+    throw Error(cat("checkpoint directory '", dir, "' has disappeared since the last checkpoint of this run ",
+                    "(removed, replaced or unmounted?) ", when, " step ", step,
+                    "; stopping instead of going on in a new folder"));
+}
+
+std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, CheckpointDir& dir_id) {
   std::string path;
   if (s.comm.rank() == 0) {
-    const std::filesystem::path dir = std::filesystem::path(s.cfg.output.dir) / "checkpoints";
-    std::error_code ec;
-    if (dir_expected && !std::filesystem::is_directory(dir, ec))
-      throw Error(cat("checkpoint directory '", dir.string(), "' has disappeared since the last "
-                      "checkpoint of this run (removed or unmounted?); not writing step ", st.step,
-                      " into a new folder"));
+    const std::string dir = s.cfg.output.dir + "/checkpoints";
+    check_checkpoint_dir(dir, dir_id, st.step, "before writing");
     std::vector<float> hp, hm, hv;
     auto params = s.model.params().host_views(hp);
     s.model.params().download(hp);
@@ -54,8 +78,9 @@ std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, bool& d
     auto v = opt.host_views(opt.exp_avg_sq(), hv);
     path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
                            [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
+    check_checkpoint_dir(dir, dir_id, st.step, "while writing");
+    if (!dir_id.known) dir_id = identify(dir);
   }
-  dir_expected = true;
   s.comm.barrier();  // the checkpoint exists for every rank once this returns
   return path;
 }
@@ -168,7 +193,8 @@ int run_train(Session& s) {
   RunNotes notes;
   if (tc.resume) resume(s, opt, st, notes);
   const uint64_t seed = st.seed;
-  bool ckpt_dir_expected = st.step > 0;  // resumed from a checkpoint in that folder
+  // Resumed from a checkpoint in that folder: it must stay the same folder.
+  CheckpointDir ckpt_dir_id = st.step > 0 ? identify(cfg.output.dir + "/checkpoints") : CheckpointDir{};
   begin_output(s);
   if (tc.resume) drop_metrics_after_resume(s, st, notes);
   const std::vector<int64_t> inject_nonfinite = parse_step_list(cfg.debug.inject_nonfinite_step);
@@ -354,7 +380,7 @@ int run_train(Session& s) {
     }
     bool checkpointed = false;
     if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
-      const std::string path = checkpoint_now(s, opt, st, ckpt_dir_expected);
+      const std::string path = checkpoint_now(s, opt, st, ckpt_dir_id);
       s.log.info(cat("checkpoint: ", path));
       checkpointed = true;
     }
@@ -365,7 +391,7 @@ int run_train(Session& s) {
     double sig[1] = {static_cast<double>(stop_signal())};
     s.comm.allreduce_sum_host(sig, 1);
     if (sig[0] > 0 && !last) {
-      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st, ckpt_dir_expected);
+      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st, ckpt_dir_id);
       s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
                      "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
       break;
