@@ -80,3 +80,48 @@ def test_training_with_dropout_bitwise(data, model, tmp_path):
     assert len(losses["none"]) == 3 and losses["none"] == losses["block"], losses
     ck = "checkpoints/step_00000003.h5"
     assert_bitwise(h5_all(outs["none"] / ck), h5_all(outs["block"] / ck))
+
+
+def test_memory_limit_refused_on_every_rank_before_output(data, tmp_path):
+    out = tmp_path / "out"
+    p = nr.run(data["gpt2"] + TRAIN + ["--run.memory_limit_gb=0.0005", f"--output.dir={out}"], ranks=2,
+               check=False, timeout=60)
+    assert p.returncode != 0
+    err = p.stderr
+    for r in (0, 1):
+        assert f"[rank {r} of 2]: the memory plan does not fit" in err, err
+    for key in ("train.batch_size", "train.grad_accum", "train.recompute", "run.memory_limit_gb"):
+        assert key in err, err
+    assert "train.zero" not in err
+    left = [q.name for q in out.rglob("*") if q.is_file()] if out.exists() else []
+    assert set(left) <= {"nlptrain.lock"}, left
+
+
+def peak_and_plan(data_args, out, extra):
+    nr.run(data_args + ["--train.steps=2", "--data.shuffle=false", "--checkpoint.interval=0",
+                        f"--output.dir={out}"] + extra, timeout=300)
+    s = json.loads(Path(out, "summary.json").read_text())
+    return s["peak_rss_bytes"], s["memory_plan"]["total_bytes"]
+
+
+def test_plan_matches_peak_rss(tmp_path):
+    """The plan against getrusage's ru_maxrss (summary.json's peak_rss_bytes) on the CPU. The process
+    itself (MPI, OpenBLAS buffers, HDF5, the binary) takes tens of MiB that the plan does not count, so
+    a tiny run's peak and plan are subtracted from a ~200 MiB run's: (peak - peak_tiny) must be within
+    15% of (plan - plan_tiny), with and without recomputation."""
+    rng = np.random.default_rng(5)
+    stream = tmp_path / "s.h5"
+    nr.write_stream(stream, rng.integers(0, 64, size=8 * 128 * 2 + 1))
+    base = [f"--data.train={stream}", "--run.threads=1", "--model.n_positions=128", "--data.seq_len=128"]
+    tiny = base + ["--model.n_layer=1", "--model.n_head=1", "--model.n_embd=8", "--model.vocab_size=64",
+                   "--train.batch_size=1"]
+    big = base + ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=4096",
+                  "--train.batch_size=8"]
+    p0, e0 = peak_and_plan(tiny, tmp_path / "tiny", [])
+    for r in ("none", "block"):
+        p, e = peak_and_plan(big, tmp_path / r, [f"--train.recompute={r}"])
+        measured, planned = p - p0, e - e0
+        print(f"recompute {r}: peak {p / 2**20:.1f} MiB, plan {e / 2**20:.1f} MiB; tiny run peak "
+              f"{p0 / 2**20:.1f}, plan {e0 / 2**20:.1f}; difference measured {measured / 2**20:.1f} vs "
+              f"planned {planned / 2**20:.1f} MiB")
+        assert abs(measured - planned) <= 0.15 * planned, (r, measured / 2**20, planned / 2**20, p0 / 2**20)
