@@ -3,6 +3,7 @@
 // non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
 #include <mpi.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "model/model.h"
 #include "model/task.h"
 #include "train/log.h"
+#include "train/memory_plan.h"
 #include "train/run_lock.h"
 #include "train/session.h"
 #include "train/signals.h"
@@ -32,6 +34,63 @@
 namespace {
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// The memory plan of one rank (train/memory_plan.h), from the model's parameter table without its
+// arenas. When it exceeds the memory this rank may use (the device's free memory, run.memory_limit_gb)
+// on any rank, every rank reports it with the keys that would make it fit and returns false: nothing
+// large has been allocated and nothing written to output.dir.
+bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::ModelConfig& mc,
+                       nlp::Backend& be, int T, int device, nlp::MemoryPlan& plan) {
+  using namespace nlp;
+  const bool recompute = cfg.train.recompute == "block";
+  auto shell = make_model(mc, be, cfg.run.task, /*allocate=*/false);
+  shell->set_recompute(recompute);
+  plan = plan_memory(cfg, *shell, T);
+  std::string avail_what;
+  const size_t avail = available_memory(cfg, device, comm.local_size(), &avail_what);
+  const double limit = double(cfg.run.memory_limit_gb) * 1e9;
+  std::string why;
+  if (limit > 0 && double(plan.total()) > limit)
+    why = cat("run.memory_limit_gb = ", cfg.run.memory_limit_gb, " (", cat(std::lround(mib(size_t(limit)))), " MiB)");
+  else if (avail > 0 && plan.total() > avail)
+    why = cat("the ", cat(std::lround(mib(avail))), " MiB available (", avail_what, ")");
+  double over = why.empty() ? 0.0 : 1.0;
+  comm.allreduce_sum_host(&over, 1);
+  if (over == 0.0) return true;
+  if (why.empty()) why = "the memory available on another rank (see its message)";
+  // What would fit: the largest batch size, and the plan with recomputation.
+  const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
+  std::string hints;
+  int fit_b = 0;
+  for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0; --b) {
+    Config c2 = cfg;
+    c2.train.batch_size = b;
+    if (double(plan_memory(c2, *shell, T).total()) <= budget) fit_b = b;
+  }
+  if (fit_b > 0)
+    hints += cat("train.batch_size = ", fit_b, " fits (with train.grad_accum = ",
+                 (cfg.train.batch_size * cfg.train.grad_accum + fit_b - 1) / fit_b,
+                 " for about the same global batch)");
+  else
+    hints += "no train.batch_size fits (train.grad_accum does not reduce memory by itself: it only keeps "
+             "the global batch when train.batch_size is lowered)";
+  if (!recompute) {
+    shell->set_recompute(true);
+    const MemoryPlan with = plan_memory(cfg, *shell, T);
+    hints += cat("; train.recompute = block needs ", cat(std::lround(mib(with.total()))), " MiB (",
+                 double(with.total()) <= budget ? "fits" : "does not fit by itself", ")");
+  }
+  std::fprintf(stderr,
+               "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
+               "(weights %.1f, gradients %.1f, AdamW %.1f, activations %.1f for train.batch_size = %d, "
+               "T = %d, train.recompute = %s, workspace %.1f MiB) exceeds %s; stopped before allocating. "
+               "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute: %s\n",
+               comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
+               mib(plan.optimizer), mib(plan.activations), plan.B, plan.T, cfg.train.recompute.c_str(),
+               mib(plan.workspace), why.c_str(), hints.c_str());
+  std::fflush(stderr);
+  return false;
+}
 
 int run(const nlp::Config& cfg, nlp::Comm& comm) {
   using namespace nlp;
@@ -97,7 +156,19 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     mc.id2label = resolve_label_names(cfg, mc, &names_source);
     if (!mc.id2label.empty()) num_labels_source += cat("; label names from ", names_source);
   }
+  // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
+  const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
+  int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
+  if (cfg.data.seq_len == 0 && !cfg.data.train.empty()) {
+    h5::File f = h5::File::open_read(cfg.data.train);
+    if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);
+  }
+  // The memory plan, before the model's arenas exist: stop here when it does not fit.
+  const bool recompute = cfg.train.recompute == "block";
+  MemoryPlan plan;
+  if (!check_memory_plan(cfg, comm, mc, *be, T, device, plan)) return 1;
   auto model = make_model(mc, *be, cfg.run.task);
+  model->set_recompute(recompute);
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be->name(),
@@ -137,23 +208,18 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;
-  const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
   char buf[320];
-  // T for the memory estimate: data.seq_len, else a 2-D dataset's row length, else the stream default.
-  int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
-  if (cfg.data.seq_len == 0 && !cfg.data.train.empty()) {
-    h5::File f = h5::File::open_read(cfg.data.train);
-    if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);
-  }
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
-                "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d) %.1f MiB",
+                "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d, recompute %s) %.1f MiB",
                 mc.type.c_str(), layers, heads, width, mc.vocab_size, nparams, nparams / 1e6,
-                mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T,
+                mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T, cfg.train.recompute.c_str(),
                 mib(model->activation_bytes(cfg.train.batch_size, T)));
   log.info(buf);
+  log.info(plan.table());
 
   Session s{cfg, task, dcomm, *be, log, *model, fresh};
+  s.memory_plan_json = plan.json();
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);
   else if (cfg.run.mode == "predict") run_predict(s);

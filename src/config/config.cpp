@@ -44,6 +44,7 @@ const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
+const std::vector<std::string> kRecompute = {"none", "block"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -114,6 +115,9 @@ const std::vector<Entry>& schema() {
        "cuda: synchronise and check for errors after every op, so a fault names its op (slow; debugging)"},
       {KEY(run, profile), none(),
        "cuda: time every op with CUDA events from step 2 on and log a per-op table at the end of training"},
+      {KEY(run, memory_limit_gb), ge(0),
+       "refuse to start (before allocating) when the memory plan per rank exceeds this many GB (1e9 "
+       "bytes); 0 = no limit (the device's free memory is always checked)"},
       // [model]
       {KEY(model, type), one_of(kModelTypes), "model architecture"},
       {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},
@@ -174,6 +178,10 @@ const std::vector<Entry>& schema() {
        "that step's update (it still counts toward train.steps, the lr schedule and the data order)"},
       {KEY(train, nonfinite_max), ge(1),
        "with train.nonfinite = skip: stop the run when this many consecutive steps were skipped"},
+      {KEY(train, recompute), one_of(kRecompute),
+       "activation recomputation: none = keep every block's activations for the backward; block = keep "
+       "only each transformer block's input and rerun its forward just before its backward (bitwise the "
+       "same gradients, about one extra forward of the blocks, far less activation memory)"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},

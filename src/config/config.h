@@ -20,6 +20,7 @@ struct RunConfig {
   float peak_tflops = 0.f;     // peak TFLOP/s per rank (for MFU); 0 = unknown
   bool sync_check = false;     // cuda: synchronise and check for errors after every op (debugging)
   bool profile = false;        // cuda: per-op GPU time (CUDA events) logged at the end of training
+  float memory_limit_gb = 0.f; // refuse to start when the memory plan exceeds this (GB = 1e9 bytes); 0 = no limit
 };
 
 struct ModelConfig {
@@ -85,6 +86,7 @@ struct TrainConfig {
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
   std::string nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
   int nonfinite_max = 5;       // skip: stop once this many consecutive steps were skipped
+  std::string recompute = "none";  // none | block: keep only each block's input, recompute in backward
 };
 
 struct EvalConfig {

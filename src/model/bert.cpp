@@ -22,7 +22,7 @@ namespace {
 
 class Bert final : public Model {
  public:
-  Bert(const ModelConfig& mc, Backend& be, Task task) : mc_(mc), be_(be), task_(task) {
+  Bert(const ModelConfig& mc, Backend& be, Task task, bool allocate) : mc_(mc), be_(be), task_(task) {
     C_ = mc.hidden_size;
     V_ = mc.vocab_size;
     L_ = mc.num_hidden_layers;
@@ -90,7 +90,7 @@ class Bert final : public Model {
       tln_b_ = ps_.add("cls.predictions.transform.LayerNorm.bias", {C}, false);
       mlm_b_ = ps_.add("cls.predictions.bias", {V_}, false);
     }
-    ps_.allocate(be_);
+    if (allocate) ps_.allocate(be_);
   }
 
   ~Bert() override {
@@ -153,6 +153,12 @@ class Bert final : public Model {
     if (pad_ >= 0)  // padding_idx
       std::fill(views[wte_].data + size_t(pad_) * C_, views[wte_].data + size_t(pad_ + 1) * C_, 0.f);
     ps_.upload(host);
+  }
+
+  void set_recompute(bool on) override {
+    if (stack_.recompute == on) return;
+    stack_.recompute = on;
+    curB_ = curT_ = 0;  // re-carve the activations at the next forward
   }
 
   size_t activation_bytes(int B, int T) const override {
@@ -449,8 +455,9 @@ class Bert final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::string& task) {
-  return std::make_unique<Bert>(mc, be, parse_task(task));
+std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::string& task,
+                                 bool allocate) {
+  return std::make_unique<Bert>(mc, be, parse_task(task), allocate);
 }
 
 }  // namespace nlp

@@ -219,12 +219,29 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
 
 size_t BlockStack::numel(Backend& be, int B, int T) const {
   const AttnSizes att = attn_sizes(be, config, B, T);
-  return layers.size() * block_acts_numel(config, att, B, T) + block_scratch_numel(config, att, B, T);
+  const size_t scratch = block_scratch_numel(config, att, B, T);
+  if (recompute && !layers.empty())  // one output per block + one shared working set
+    return layers.size() * size_t(B) * T * config.C + block_acts_numel(config, att, B, T) + scratch;
+  return layers.size() * block_acts_numel(config, att, B, T) + scratch;
 }
 
 void BlockStack::carve(Backend& be, float* base, int B, int T) {
   const AttnSizes att = attn_sizes(be, config, B, T);
   acts_.clear();
+  if (recompute && !layers.empty()) {
+    const size_t out_n = size_t(B) * T * config.C;
+    float* outs = base;
+    base += layers.size() * out_n;
+    work_ = carve_block_acts(base, config, att, B, T);
+    base += block_acts_numel(config, att, B, T);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      BlockActs a = work_;
+      a.out = outs + l * out_n;  // kept: the input of block l+1 (the stack's output for the last)
+      acts_.push_back(a);
+    }
+    scratch_ = carve_block_scratch(base, config, att, B, T);
+    return;
+  }
   for (size_t l = 0; l < layers.size(); ++l) {
     acts_.push_back(carve_block_acts(base, config, att, B, T));
     base += block_acts_numel(config, att, B, T);
@@ -269,6 +286,13 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
+    if (recompute) {
+      // Rerun block l's forward into the shared working set (its output into the working set's own
+      // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.
+      BlockActs a = work_;
+      block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
+                    block_seeds(seed, l), B, T);
+    }
     be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
                    acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l), B, T);

@@ -102,6 +102,11 @@ class BlockStack {
  public:
   BlockConfig config;
   std::vector<BlockParamIdx> layers;
+  // train.recompute = block: keep only each block's output (the next block's input) and one working
+  // set of intermediates shared by all blocks; backward() reruns block l's forward (same inputs,
+  // same dropout seeds: bitwise the same activations) just before block l's backward.
+  // Set before carve() (the models re-carve when it changes).
+  bool recompute = false;
 
   // floats of activations + scratch for a B x T batch (the attention parts sized by `be`)
   size_t numel(Backend& be, int B, int T) const;
@@ -120,7 +125,8 @@ class BlockStack {
   size_t layer_end(const ParamStore& ps, int l) const;
 
  private:
-  std::vector<BlockActs> acts_;
+  std::vector<BlockActs> acts_;  // recompute: the shared working set, with out = that layer's output
+  BlockActs work_{};             // recompute: the shared working set (its own out: recomputed output)
   BlockScratch scratch_{};
 };
 

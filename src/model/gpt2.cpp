@@ -13,7 +13,7 @@ namespace {
 
 class Gpt2 final : public Model {
  public:
-  Gpt2(const ModelConfig& mc, Backend& be) : mc_(mc), be_(be) {
+  Gpt2(const ModelConfig& mc, Backend& be, bool allocate) : mc_(mc), be_(be) {
     C_ = mc.n_embd;
     V_ = mc.vocab_size;
     L_ = mc.n_layer;
@@ -50,7 +50,7 @@ class Gpt2 final : public Model {
     }
     lnf_w_ = ps_.add("transformer.ln_f.weight", {C}, false);
     lnf_b_ = ps_.add("transformer.ln_f.bias", {C}, false);
-    ps_.allocate(be_);
+    if (allocate) ps_.allocate(be_);
   }
 
   ~Gpt2() override { be_.release(arena_); }
@@ -110,6 +110,12 @@ class Gpt2 final : public Model {
   }
   int num_layers() const override { return L_; }
   int width() const override { return C_; }
+
+  void set_recompute(bool on) override {
+    if (stack_.recompute == on) return;
+    stack_.recompute = on;
+    curB_ = curT_ = 0;  // re-carve the activations at the next forward
+  }
 
   size_t activation_bytes(int B, int T) const override {
     return acts_numel(B, T) * sizeof(float) + 3 * size_t(B) * T * sizeof(int32_t);
@@ -290,8 +296,8 @@ class Gpt2Decoder final : public Decoder {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be) {
-  return std::make_unique<Gpt2>(mc, be);
+std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be, bool allocate) {
+  return std::make_unique<Gpt2>(mc, be, allocate);
 }
 
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B) {

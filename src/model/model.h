@@ -61,7 +61,10 @@ class Model {
   // transformers' base_model_prefix with its dot ("bert.", "transformer."): the parameters of the
   // base model start with it; a base-model checkpoint (BertModel, GPT2Model) stores them without it.
   virtual std::string base_prefix() const = 0;
-  // Bytes of activations needed for a batch of B x T (for the memory report).
+  // train.recompute = block (true): keep only each transformer block's input and recompute the
+  // block's forward just before its backward; gradients are bitwise the same, activations smaller.
+  virtual void set_recompute(bool on) = 0;
+  // Bytes of activations needed for a batch of B x T (for the memory report), as set_recompute says.
   virtual size_t activation_bytes(int B, int T) const = 0;
   // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not
   // the embedding tables, except a tied output head) + 12 x layers x T x width for attention.
@@ -111,7 +114,10 @@ NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
 // names; empty when neither has them. `source` says which (for the log).
 std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source);
 
-std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm");
+// allocate = false: the parameter table only, no arenas (for the memory plan: params().total() and
+// activation_bytes() work; nothing else may be called).
+std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm",
+                                  bool allocate = true);
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
 
 }  // namespace nlp

@@ -9,12 +9,14 @@
 
 namespace nlp {
 
-std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be);
-std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::string& task);
+std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be, bool allocate);
+std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::string& task,
+                                 bool allocate);
 
-std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task) {
-  if (mc.type == "gpt2") return make_gpt2(mc, be);
-  if (mc.type == "bert") return make_bert(mc, be, task);
+std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task,
+                                  bool allocate) {
+  if (mc.type == "gpt2") return make_gpt2(mc, be, allocate);
+  if (mc.type == "bert") return make_bert(mc, be, task, allocate);
   throw Error(cat("model.type: unsupported model type '", mc.type, "'"));
 }
 

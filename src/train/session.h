@@ -23,6 +23,8 @@ struct Session {
   // Parameters that did not come from model.weights (initialised: a new task head or pooler);
   // gradients mode writes their values so that a reference can be given the same weights.
   std::vector<std::string> initialised;
+  // The memory plan (train/memory_plan.h) as a JSON object, for summary.json; empty = none.
+  std::string memory_plan_json;
 };
 
 struct EvalResult {

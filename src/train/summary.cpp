@@ -1,5 +1,7 @@
 #include "train/summary.h"
 
+#include "train/memory_plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -97,6 +99,8 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("achieved_tflops", achieved / 1e12);
   j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set
   j.boolean("completed", completed);
+  j.raw("memory_plan", s.memory_plan_json.empty() ? "null" : s.memory_plan_json);
+  j.integer("peak_rss_bytes", static_cast<long long>(peak_rss_bytes()));  // this rank's (rank 0), getrusage
   j.raw("resumed_from", notes.resumed_from.empty() ? "null" : json_string(notes.resumed_from));
   j.integer("resumed_step", notes.resumed_step);
   std::string damaged = "[";

@@ -23,7 +23,7 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
-    "run.sync_check", "run.profile",
+    "run.sync_check", "run.profile", "run.memory_limit_gb",
     "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -35,7 +35,7 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
-    "train.precision", "train.nonfinite", "train.nonfinite_max",
+    "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
@@ -77,6 +77,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.threads, b.run.threads);
   EXPECT_EQ(a.run.log_interval, b.run.log_interval);
   EXPECT_EQ(a.run.peak_tflops, b.run.peak_tflops);
+  EXPECT_EQ(a.run.memory_limit_gb, b.run.memory_limit_gb);
   EXPECT_EQ(a.run.sync_check, b.run.sync_check);
   EXPECT_EQ(a.run.profile, b.run.profile);
   EXPECT_EQ(a.model.type, b.model.type);
@@ -115,6 +116,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.precision, b.train.precision);
   EXPECT_EQ(a.train.nonfinite, b.train.nonfinite);
   EXPECT_EQ(a.train.nonfinite_max, b.train.nonfinite_max);
+  EXPECT_EQ(a.train.recompute, b.train.recompute);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -673,7 +675,7 @@ TEST_F(ConfigTest, MissingFile) {
 TEST_F(ConfigTest, ToIniRoundTrip) {
   const std::string path = write("full.ini",
                                  "[run]\nmode = gradients\ntask = clm\nbackend = cuda\nthreads = 2\n"
-                                 "log_interval = 5\npeak_tflops = 312.5\nsync_check = true\n"
+                                 "log_interval = 5\npeak_tflops = 312.5\nsync_check = true\nmemory_limit_gb = 2.5\n"
                                  "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
                                  "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
@@ -684,7 +686,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
-                                 "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\n"
+                                 "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\nrecompute = block\n"
                                  "[eval]\ninterval = 13\nbatches = 2\n"
                                  "[checkpoint]\ninterval = 50\nkeep = 3\n"
                                  "[output]\ndir = runs/a b\n"

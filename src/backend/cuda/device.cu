@@ -31,4 +31,14 @@ std::string cuda_device_description(int index) {
   return buf;
 }
 
+bool cuda_mem_info(int index, size_t* free_bytes, size_t* total_bytes) {
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return false;
+  if (cudaSetDevice(index) != cudaSuccess) return false;
+  const bool ok = cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+  cudaSetDevice(prev);
+  if (!ok) cudaGetLastError();
+  return ok;
+}
+
 }  // namespace nlp

@@ -12,4 +12,6 @@ int cuda_device_count(std::string* why_none) {
 
 std::string cuda_device_description(int) { return "none"; }
 
+bool cuda_mem_info(int, size_t*, size_t*) { return false; }
+
 }  // namespace nlp

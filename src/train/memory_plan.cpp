@@ -1,0 +1,88 @@
+#include "train/memory_plan.h"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "backend/cuda/device.h"
+#include "core/error.h"
+
+namespace nlp {
+namespace {
+double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
+}  // namespace
+
+MemoryPlan plan_memory(const Config& cfg, const Model& m, int T) {
+  MemoryPlan p;
+  Model& mm = const_cast<Model&>(m);  // params() is not const; nothing is changed
+  const size_t P = mm.params().total() * sizeof(float);
+  const bool train = cfg.run.mode == "train";
+  p.B = cfg.train.batch_size;
+  p.T = T;
+  p.recompute = cfg.train.recompute == "block";
+  p.weights = P;
+  p.grads = P;
+  p.optimizer = train ? 2 * P : 0;
+  p.activations = m.activation_bytes(p.B, T);
+  // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
+  p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
+  if (cfg.run.backend == "cpu") {
+    // host copies live in the same memory as the arenas: one of the parameters (initialisation,
+    // weights files), or parameters + m + v while rank 0 writes a checkpoint
+    p.workspace += (train && cfg.checkpoint.interval > 0 ? 3 : 1) * P;
+  }
+  return p;
+}
+
+std::string MemoryPlan::table() const {
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v %.1f | "
+                "activations (B=%d, T=%d, recompute %s) %.1f | workspace %.1f | total %.1f",
+                mib(weights), mib(grads), mib(optimizer), B, T, recompute ? "block" : "none",
+                mib(activations), mib(workspace), mib(total()));
+  return buf;
+}
+
+std::string MemoryPlan::json() const {
+  std::ostringstream o;
+  o << "{\"weights_bytes\":" << weights << ",\"gradients_bytes\":" << grads
+    << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
+    << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
+    << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none") << "\"}";
+  return o.str();
+}
+
+size_t available_memory(const Config& cfg, int device, int local_ranks, std::string* what) {
+  if (cfg.run.backend == "cuda") {
+    size_t free_b = 0, total_b = 0;
+    if (!cuda_mem_info(device, &free_b, &total_b)) return 0;
+    if (what) *what = cat("free memory of GPU ", device, " (cudaMemGetInfo)");
+    return free_b;
+  }
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") {
+      const int n = local_ranks > 0 ? local_ranks : 1;
+      if (what)
+        *what = n > 1 ? cat("MemAvailable of /proc/meminfo shared by the ", n, " ranks on this node")
+                      : std::string("MemAvailable of /proc/meminfo");
+      return kb * 1024 / size_t(n);
+    }
+  }
+  return 0;
+}
+
+size_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return size_t(u.ru_maxrss) * 1024;  // kilobytes on Linux
+}
+
+}  // namespace nlp

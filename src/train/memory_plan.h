@@ -1,0 +1,38 @@
+// The memory plan: what one rank will allocate, estimated before anything large is allocated
+// (app/main.cpp builds the model's parameter table without its arenas, sizes everything from it, and
+// stops with a message naming the keys that would make it fit when the plan exceeds the device's free
+// memory or run.memory_limit_gb). Logged as a table at the start and written to summary.json.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "config/config.h"
+#include "model/model.h"
+
+namespace nlp {
+
+struct MemoryPlan {
+  size_t weights = 0;      // parameters (fp32)
+  size_t grads = 0;        // their gradients (every mode allocates them)
+  size_t optimizer = 0;    // AdamW m and v (train mode)
+  size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
+  size_t workspace = 0;    // batch buffers; cpu: host copies of the parameters (initialisation, weights
+                           // files; train with checkpoints: parameters, m and v for the checkpoint)
+  int B = 0, T = 0;
+  bool recompute = false;
+  size_t total() const { return weights + grads + optimizer + activations + workspace; }
+  std::string table() const;  // a few log lines
+  std::string json() const;   // a JSON object (bytes), for summary.json
+};
+
+// `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)).
+MemoryPlan plan_memory(const Config& cfg, const Model& m, int T);
+
+// Memory this rank may use: cpu: MemAvailable of /proc/meminfo divided by the ranks on this node;
+// cuda: cudaMemGetInfo's free bytes of `device`. 0 when unknown; `what` says where it came from.
+size_t available_memory(const Config& cfg, int device, int local_ranks, std::string* what);
+
+// The peak resident set of this process so far (getrusage ru_maxrss), bytes.
+size_t peak_rss_bytes();
+
+}  // namespace nlp
