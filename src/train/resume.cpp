@@ -85,15 +85,15 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
       cands.push_back({b, a});
     }
   }
+  if (cands.empty() && (gB || gA)) cands.push_back({Bc, Ac});  // a value given: used as given, warned below
   if (cands.empty()) {
     const int64_t sb = std::max<int64_t>(1, std::min(B0, G0 / world));
     const int64_t sa = std::max<int64_t>(1, (G0 + world * sb / 2) / (world * sb));
     throw Error(cat("train.resume: the checkpoint was written by ", W0, " ranks x train.batch_size ", B0,
                     " x train.grad_accum ", A0, " = global batch ", G0, ", which cannot be kept on ", world,
-                    " ranks", G0 % world != 0 ? cat(" (", G0, " is not divisible by ", world, ")")
-                                              : cat(" with the value given for this run (",
-                                                    gB ? cat("train.batch_size = ", Bc) : cat("train.grad_accum = ", Ac), ")"),
-                    "; set both train.batch_size and train.grad_accum for this run (e.g. --train.batch_size=", sb,
+                    " ranks (", G0 % world != 0 ? cat(G0, " is not divisible by ", world)
+                                                : cat("fewer examples than one micro-batch"), ")",
+                    "; set train.batch_size and/or train.grad_accum for this run (e.g. --train.batch_size=", sb,
                     " --train.grad_accum=", sa, ": global batch ", world * sb * sa,
                     "), which continues with that global batch, or resume on a number of ranks that divides ", G0));
   }
@@ -128,7 +128,7 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
                                           : cat(" (adjusted: ", adjusted.size() == 2 ? adjusted[0] + ", " + adjusted[1] : adjusted[0], ")")));
   } else {
     p.warnings.push_back(cat("warning: global batch changes from ", G0, " to ", G, ": ", now, ", was ", was,
-                             " (train.batch_size and train.grad_accum as given for this run; the learning rate "
+                             " (train.batch_size and train.grad_accum as given for this run, or no adjustment keeps it; the learning rate "
                              "schedule is unchanged)"));
   }
   p.info.push_back(cat("data position kept in examples: epoch ", epoch, " (the same example order, from train.seed); ",

@@ -31,8 +31,9 @@ struct ResumeOutcome {
 // The global batch G = ranks x train.batch_size x train.grad_accum is kept when it can be: the keys
 // the user gave for this run (on the command line, or in the INI with a value other than the
 // checkpoint's) are used as given; the others are adjusted, train.grad_accum first (per-rank batch
-// and memory unchanged), then train.batch_size. When no adjustment keeps G, the run stops naming the
-// keys to set; when both keys are given and their G differs, the run continues with a warning.
+// and memory unchanged), then train.batch_size. When no adjustment keeps G and neither key was given,
+// the run stops naming the keys to set; when a key was given, the run continues with the values as
+// given (another G) and a warning.
 // The data position is carried over in examples: the same epoch (same order, from train.seed), and
 // the examples of it already seen are not seen again; the rest of the epoch follows in its order.
 struct BatchPlan {
