@@ -863,6 +863,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
     assign(e, c, value, o);
     origins[e.name] = o;
     c.explicitly_set.insert(e.name);
+    c.set_on_command_line.insert(e.name);
   }
 
   auto origin = [&](const std::string& name) {

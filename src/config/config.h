@@ -145,6 +145,7 @@ struct Config {
   std::string source;                 // the INI path it was read from ("" when none)
   std::set<std::string> explicitly_set;  // "section.key" given in the INI or on the command line
   bool is_set(const std::string& key) const { return explicitly_set.count(key) > 0; }
+  std::set<std::string> set_on_command_line;  // "section.key" given as --section.key=value
 
   // Effective configuration as INI text (every key, sections in schema order).
   std::string to_ini() const;

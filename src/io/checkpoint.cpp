@@ -32,7 +32,9 @@ uint32_t state_crc(const TrainState& s) {
   const std::string text =
       cat("step=", s.step, ";next_batch=", s.next_batch, ";seed=", s.seed, ";world_size=", s.world_size,
           ";best_metric=", metric_bits, ";optimizer_steps=", s.optimizer_steps,
-          ";nonfinite_skipped=", s.nonfinite_skipped, ";nonfinite_streak=", s.nonfinite_streak);
+          ";nonfinite_skipped=", s.nonfinite_skipped, ";nonfinite_streak=", s.nonfinite_streak,
+          // recorded since resume at another world size; older files' CRCs cover the rest only
+          s.batch_size > 0 ? cat(";batch_size=", s.batch_size, ";grad_accum=", s.grad_accum) : std::string());
   return crc32(text.data(), text.size());
 }
 
@@ -103,6 +105,10 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     f.set_attr("nlptrain_optimizer_steps", static_cast<int64_t>(state.optimizer_steps));
     f.set_attr("nlptrain_nonfinite_skipped", static_cast<int64_t>(state.nonfinite_skipped));
     f.set_attr("nlptrain_nonfinite_streak", static_cast<int64_t>(state.nonfinite_streak));
+    if (state.batch_size > 0) {
+      f.set_attr("nlptrain_batch_size", static_cast<int64_t>(state.batch_size));
+      f.set_attr("nlptrain_grad_accum", static_cast<int64_t>(state.grad_accum));
+    }
     f.set_attr(kStateCrc, static_cast<int64_t>(state_crc(state)));
     record_checksum_count(f, static_cast<int64_t>(params.size() + exp_avg.size() + exp_avg_sq.size()));
     if (write_model_attrs) write_model_attrs(f);
@@ -171,6 +177,13 @@ TrainState load_checkpoint(const std::string& path, const std::vector<NamedTenso
   s.optimizer_steps = f.has_attr("nlptrain_optimizer_steps") ? f.attr_int("nlptrain_optimizer_steps") : s.step;
   s.nonfinite_skipped = f.has_attr("nlptrain_nonfinite_skipped") ? f.attr_int("nlptrain_nonfinite_skipped") : 0;
   s.nonfinite_streak = f.has_attr("nlptrain_nonfinite_streak") ? f.attr_int("nlptrain_nonfinite_streak") : 0;
+  if (f.has_attr("nlptrain_batch_size") || f.has_attr("nlptrain_grad_accum")) {
+    if (!f.has_attr("nlptrain_batch_size") || !f.has_attr("nlptrain_grad_accum"))
+      throw Error(cat("file '", path, "': root attributes 'nlptrain_batch_size' and 'nlptrain_grad_accum' "
+                      "come together, but only one is present: the file is damaged"));
+    s.batch_size = f.attr_int("nlptrain_batch_size");
+    s.grad_accum = f.attr_int("nlptrain_grad_accum");
+  }
   if (f.has_attr(kStateCrc)) {
     const int64_t stored = f.attr_int(kStateCrc);
     if (stored != static_cast<int64_t>(state_crc(s)))
@@ -181,7 +194,8 @@ TrainState load_checkpoint(const std::string& path, const std::vector<NamedTenso
                     "' is missing although the file records checksums: the file is damaged"));
   }
   if (s.step < 0 || s.next_batch < 0 || s.world_size < 1 || s.optimizer_steps < 0 ||
-      s.optimizer_steps > s.step || s.nonfinite_skipped < 0 || s.nonfinite_streak < 0)
+      s.optimizer_steps > s.step || s.nonfinite_skipped < 0 || s.nonfinite_streak < 0 ||
+      s.batch_size < 0 || s.grad_accum < 0 || (s.batch_size > 0) != (s.grad_accum > 0))
     throw Error(cat("file '", path, "': invalid training state (nlptrain_step=", s.step,
                     ", nlptrain_next_batch=", s.next_batch, ", nlptrain_world_size=", s.world_size,
                     ", nlptrain_optimizer_steps=", s.optimizer_steps, ")"));

@@ -29,6 +29,11 @@ struct TrainState {
   int64_t optimizer_steps = 0;
   int64_t nonfinite_skipped = 0;  // steps skipped so far
   int64_t nonfinite_streak = 0;   // consecutive skipped steps ending at `step`
+  // train.batch_size and train.grad_accum of the run that wrote it (with world_size: its global
+  // batch, and the unit of next_batch, world_size x batch_size examples). 0 = not recorded (older
+  // checkpoints).
+  int64_t batch_size = 0;
+  int64_t grad_accum = 0;
 };
 
 // Returns the path written.

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "train/log.h"
 
 namespace nlp {
 namespace {
@@ -28,6 +29,135 @@ void bcast_floats(Comm& c, std::vector<float>& v) {
 }
 
 }  // namespace
+
+BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const Config& cfg) {
+  BatchPlan p;
+  const int64_t Bc = cfg.train.batch_size, Ac = cfg.train.grad_accum;
+  p.batch_size = static_cast<int>(Bc);
+  p.grad_accum = static_cast<int>(Ac);
+  p.next_batch = st.next_batch;
+  const int64_t W0 = st.world_size;
+  int64_t B0 = st.batch_size, A0 = st.grad_accum;
+  if (B0 <= 0) {  // an older checkpoint: its batch shape is not recorded
+    if (W0 == world) return p;  // as before: same world, this run's keys
+    B0 = Bc;
+    A0 = Ac;
+    p.warnings.push_back(cat("warning: the checkpoint does not record its train.batch_size and train.grad_accum "
+                             "(an older nlptrain wrote it); assuming they were this run's, batch ", Bc,
+                             " x accum ", Ac));
+  }
+  if (W0 == world && B0 == Bc && A0 == Ac) return p;  // same shape: bitwise the uninterrupted run
+  p.changed = true;
+  const int64_t G0 = W0 * B0 * A0, m0 = W0 * B0;
+  const int64_t bpe0 = n / m0;
+  if (bpe0 < 1)
+    throw Error(cat("train.resume: the checkpoint was written by ", W0, " ranks x train.batch_size ", B0,
+                    ", more than the ", n, " examples of data.train: is it the same dataset?"));
+  const int64_t epoch = st.next_batch / bpe0;
+  const int64_t seen = (st.next_batch % bpe0) * m0;  // examples of the current epoch already used
+
+  // A key is "given" for this run when set on the command line or to another value than the checkpoint's.
+  auto given = [&](const char* key, int64_t v, int64_t old) {
+    return cfg.set_on_command_line.count(key) > 0 || v != old;
+  };
+  const bool gB = given("train.batch_size", Bc, B0), gA = given("train.grad_accum", Ac, A0);
+  struct Cand {
+    int64_t b, a;
+  };
+  std::vector<Cand> cands;
+  if (gB && gA) {
+    cands.push_back({Bc, Ac});
+  } else if (G0 % world == 0) {
+    const int64_t per = G0 / world;  // batch x accum on each rank
+    std::vector<int64_t> bs;
+    if (gB) {
+      bs.push_back(Bc);
+    } else {  // keep the per-rank batch, else smaller ones (more accumulation), else larger ones
+      bs.push_back(B0);
+      for (int64_t b = std::min(per, B0) - 1; b >= 1; --b) bs.push_back(b);
+      for (int64_t b = B0 + 1; b <= per; ++b) bs.push_back(b);
+    }
+    for (int64_t b : bs) {
+      if (b < 1 || per % b != 0) continue;
+      const int64_t a = per / b;
+      if (gA && a != Ac) continue;
+      if (n / (world * b) < 1) continue;
+      cands.push_back({b, a});
+    }
+  }
+  if (cands.empty() && (gB || gA)) cands.push_back({Bc, Ac});  // a value given: used as given, warned below
+  if (cands.empty()) {
+    const int64_t sb = std::max<int64_t>(1, std::min(B0, G0 / world));
+    const int64_t sa = std::max<int64_t>(1, (G0 + world * sb / 2) / (world * sb));
+    throw Error(cat("train.resume: the checkpoint was written by ", W0, " ranks x train.batch_size ", B0,
+                    " x train.grad_accum ", A0, " = global batch ", G0, ", which cannot be kept on ", world,
+                    " ranks (", G0 % world != 0 ? cat(G0, " is not divisible by ", world)
+                                                : cat("fewer examples than one micro-batch"), ")",
+                    "; set train.batch_size and/or train.grad_accum for this run (e.g. --train.batch_size=", sb,
+                    " --train.grad_accum=", sa, ": global batch ", world * sb * sa,
+                    "), which continues with that global batch, or resume on a number of ranks that divides ", G0));
+  }
+  Cand c = cands.front();
+  for (const Cand& x : cands)  // prefer a shape whose micro-batch ends where the checkpoint's data position is
+    if (seen % (world * x.b) == 0) {
+      c = x;
+      break;
+    }
+  p.batch_size = static_cast<int>(c.b);
+  p.grad_accum = static_cast<int>(c.a);
+  const int64_t G = world * c.b * c.a, m = world * c.b, bpe = n / m;
+  int64_t within = (seen + m - 1) / m;  // round up: an example is never seen twice in an epoch
+  const int64_t skipped = std::min(within * m, n) - seen;
+  int64_t new_epoch = epoch;
+  if (within >= bpe) {
+    ++new_epoch;
+    within = 0;
+  }
+  p.next_batch = new_epoch * bpe + within;
+
+  std::vector<std::string> adjusted;
+  if (c.b != Bc) adjusted.push_back(cat("train.batch_size ", Bc, " -> ", c.b));
+  if (c.a != Ac) adjusted.push_back(cat("train.grad_accum ", Ac, " -> ", c.a));
+  const std::string now = cat(world, " ranks x batch ", c.b, " x grad_accum ", c.a);
+  const std::string was = cat(W0, " ranks x batch ", B0, " x accum ", A0);
+  p.info.push_back(cat("train.resume: the checkpoint was written by ", W0, " ranks, this run has ", world,
+                       W0 == world ? " (the same) but another batch shape" : ""));
+  if (G == G0) {
+    p.info.push_back(cat("global batch ", G, " kept: ", now, ", was ", was,
+                         adjusted.empty() ? std::string(" (as configured)")
+                                          : cat(" (adjusted: ", adjusted.size() == 2 ? adjusted[0] + ", " + adjusted[1] : adjusted[0], ")")));
+  } else {
+    p.warnings.push_back(cat("warning: global batch changes from ", G0, " to ", G, ": ", now, ", was ", was,
+                             " (train.batch_size and train.grad_accum as given for this run, or no adjustment keeps it; the learning rate "
+                             "schedule is unchanged)"));
+  }
+  p.info.push_back(cat("data position kept in examples: epoch ", epoch, " (the same example order, from train.seed); ",
+                       seen, " of its examples were already seen and are not repeated, the rest of the epoch "
+                       "follows in the same order"));
+  if (skipped > 0)
+    p.warnings.push_back(cat("warning: ", skipped, " example(s) of epoch ", epoch, " are skipped: the data position (",
+                             seen, " examples into the epoch) is not a multiple of ", m, " (", world,
+                             " ranks x batch ", c.b, ")"));
+  if (bpe * m != bpe0 * m0)
+    p.info.push_back(cat("an epoch now uses ", bpe * m, " of the ", n, " examples (was ", bpe0 * m0,
+                         "): the remainder after the last full ", m, "-example micro-batch is left out of each epoch"));
+  p.info.push_back(cat("note: results differ from the uninterrupted ", W0, "-rank run in the last bits: the same "
+                       "examples make each step, but losses and gradients are summed in another order over ranks "
+                       "and micro-batches; dropout (and MLM masking) draws its masks per step, micro-batch and rank, "
+                       "so with dropout > 0 the masks from here on are other ones (same distribution)"));
+  Json j;
+  j.integer("from_world_size", W0).integer("world_size", world)
+      .integer("from_batch_size", B0).integer("from_grad_accum", A0)
+      .integer("batch_size", c.b).integer("grad_accum", c.a)
+      .integer("from_global_batch", G0).integer("global_batch", G).boolean("global_batch_kept", G == G0);
+  std::string adj = "[";
+  if (c.b != Bc) adj += "\"train.batch_size\"";
+  if (c.a != Ac) adj += cat(adj.size() > 1 ? "," : "", "\"train.grad_accum\"");
+  j.raw("adjusted", adj + "]");
+  j.integer("epoch", epoch).integer("examples_seen_in_epoch", seen).integer("examples_skipped", skipped);
+  p.json = j.done();
+  return p;
+}
 
 ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
   static_assert(std::is_trivially_copyable_v<TrainState>, "TrainState is broadcast as bytes");

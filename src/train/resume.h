@@ -25,6 +25,28 @@ struct ResumeOutcome {
   std::vector<std::string> moved_to;  // per damaged file: where it was moved ("" = not moved)
 };
 
+// Resume at another world size (or batch shape): how training continues from a checkpoint written
+// by `st.world_size` ranks with `st.batch_size` x `st.grad_accum` on `world` ranks now.
+//
+// The global batch G = ranks x train.batch_size x train.grad_accum is kept when it can be: the keys
+// the user gave for this run (on the command line, or in the INI with a value other than the
+// checkpoint's) are used as given; the others are adjusted, train.grad_accum first (per-rank batch
+// and memory unchanged), then train.batch_size. When no adjustment keeps G and neither key was given,
+// the run stops naming the keys to set; when a key was given, the run continues with the values as
+// given (another G) and a warning.
+// The data position is carried over in examples: the same epoch (same order, from train.seed), and
+// the examples of it already seen are not seen again; the rest of the epoch follows in its order.
+struct BatchPlan {
+  int batch_size = 0, grad_accum = 0;   // what this run uses
+  int64_t next_batch = 0;               // data position in units of world x batch_size examples
+  bool changed = false;                 // world size or batch shape differ from the checkpoint's
+  std::vector<std::string> info;        // log lines
+  std::vector<std::string> warnings;    // warning lines (also in summary.json)
+  std::string json;                     // summary.json "resume_world" object, "" when !changed
+};
+// Throws an Error (same on every rank) when the global batch cannot be kept and is not given.
+BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t num_examples, const Config& cfg);
+
 // Loads parameters and AdamW moments into the model and `opt`, and the state into `st`, on every
 // rank. Collective: every rank must call it.
 ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st);

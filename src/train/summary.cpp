@@ -81,8 +81,11 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .integer("n_layer", s.model.num_layers())
       .integer("n_embd", s.model.width())
       .integer("parameters", static_cast<long long>(params))
-      .integer("batch_size_per_rank", s.cfg.train.batch_size)
-      .integer("grad_accum", s.cfg.train.grad_accum)
+      .integer("batch_size_per_rank", notes.batch_size > 0 ? notes.batch_size : s.cfg.train.batch_size)
+      .integer("grad_accum", notes.grad_accum > 0 ? notes.grad_accum : s.cfg.train.grad_accum)
+      .integer("global_batch", static_cast<long long>(s.comm.size()) *
+                                   (notes.batch_size > 0 ? notes.batch_size : s.cfg.train.batch_size) *
+                                   (notes.grad_accum > 0 ? notes.grad_accum : s.cfg.train.grad_accum))
       .integer("seq_len", T)
       .integer("tokens_per_step", tokens_per_step)
       .integer("timed_steps", n)
@@ -103,6 +106,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   j.integer("peak_rss_bytes", static_cast<long long>(peak_rss_bytes()));  // this rank's (rank 0), getrusage
   j.raw("resumed_from", notes.resumed_from.empty() ? "null" : json_string(notes.resumed_from));
   j.integer("resumed_step", notes.resumed_step);
+  j.raw("resume_world", notes.resume_world_json.empty() ? "null" : notes.resume_world_json);
   std::string damaged = "[";
   for (const auto& [file, reason] : notes.damaged_checkpoints)
     damaged += cat(damaged.size() > 1 ? "," : "", "{\"file\":", json_string(file), ",\"reason\":",

@@ -37,6 +37,11 @@ struct StepTimes {
 struct RunNotes {
   std::string resumed_from;  // checkpoint path; "" = not resumed
   int64_t resumed_step = 0;
+  // Resume at another world size or batch shape (train/resume.h BatchPlan): the batch shape this run
+  // used (0 = train.batch_size / train.grad_accum as configured) and summary.json's "resume_world"
+  // object ("" = null: not resumed, or resumed with the checkpoint's shape).
+  int batch_size = 0, grad_accum = 0;
+  std::string resume_world_json;
   std::vector<std::pair<std::string, std::string>> damaged_checkpoints;  // (file, reason), newest first
   int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume
   int64_t nonfinite_skipped = 0;  // steps whose update was skipped (train.nonfinite = skip)

@@ -174,12 +174,11 @@ int run_train(Session& s) {
   std::unique_ptr<MlmSpec> mlm;
   if (s.task == Task::Mlm && !train.has_token_labels())
     mlm = std::make_unique<MlmSpec>(read_mlm_spec(train, s.model.config().vocab_size));
-  const int B = tc.batch_size, T = train.seq_len();
-  if (train.size() < static_cast<int64_t>(world) * B)
+  const int T = train.seq_len();
+  if (train.size() < static_cast<int64_t>(world) * tc.batch_size)
     throw Error(cat("data.train = '", cfg.data.train, "' has ", train.size(), " examples, fewer than one "
-                    "global batch of ", static_cast<int64_t>(world) * B, " (", world, " ranks x "
-                    "train.batch_size = ", B, "): use fewer ranks or a smaller train.batch_size"));
-  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
+                    "global batch of ", static_cast<int64_t>(world) * tc.batch_size, " (", world, " ranks x "
+                    "train.batch_size = ", tc.batch_size, "): use fewer ranks or a smaller train.batch_size"));
   std::unique_ptr<TokenDataset> eval;
   if (!cfg.data.eval.empty()) eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
 
@@ -192,6 +191,29 @@ int run_train(Session& s) {
 
   RunNotes notes;
   if (tc.resume) resume(s, opt, st, notes);
+  // Batch shape: the configured one, or on resume at another world size (or batch shape) the one
+  // that keeps the checkpoint's global batch, with the data position re-derived (resume.h).
+  int B = tc.batch_size, A = tc.grad_accum;
+  if (!notes.resumed_from.empty()) {
+    const BatchPlan plan = plan_resume_batches(st, world, train.size(), cfg);
+    if (plan.changed) {
+      B = plan.batch_size;
+      A = plan.grad_accum;
+      st.next_batch = plan.next_batch;
+      for (const auto& line : plan.info) s.log.info(line);
+      for (const auto& w : plan.warnings) {
+        s.log.info(w);
+        notes.warnings.push_back(w);
+      }
+      notes.resume_world_json = plan.json;
+    }
+  }
+  notes.batch_size = B;
+  notes.grad_accum = A;
+  st.world_size = world;
+  st.batch_size = B;
+  st.grad_accum = A;
+  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
   CheckpointDir ckpt_dir_id = st.step > 0 ? identify(cfg.output.dir + "/checkpoints") : CheckpointDir{};
@@ -200,10 +222,10 @@ int run_train(Session& s) {
   const std::vector<int64_t> inject_nonfinite = parse_step_list(cfg.debug.inject_nonfinite_step);
   const bool skip_nonfinite = tc.nonfinite == "skip";
 
-  const int64_t tokens_per_step = int64_t(B) * T * tc.grad_accum * world;
+  const int64_t tokens_per_step = int64_t(B) * T * A * world;
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
                  sampler.batches_per_epoch(), " global batches per epoch); ", tokens_per_step,
-                 " tokens per step (batch ", B, " x accum ", tc.grad_accum, " x ranks ", world, ")"));
+                 " tokens per step (batch ", B, " x accum ", A, " x ranks ", world, ")"));
 
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
@@ -211,12 +233,12 @@ int run_train(Session& s) {
   // runs this step's backward (the ops are queued asynchronously), so the data read is hidden
   // behind the compute; the batches depend only on (seed, step, data position), so reading ahead
   // changes no result, and a run that stops discards them.
-  std::vector<HostBatch> micro(tc.grad_accum), next_micro(tc.grad_accum);
+  std::vector<HostBatch> micro(A), next_micro(A);
   double next_count = 0;
   bool have_next = false;
   auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
     double count = 0;
-    for (int a = 0; a < tc.grad_accum; ++a) {
+    for (int a = 0; a < A; ++a) {
       auto idx = sampler.indices(first_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
@@ -269,11 +291,11 @@ int run_train(Session& s) {
 
     double loss_sum[1] = {0};
     t_hook = 0;
-    for (int a = 0; a < tc.grad_accum; ++a) {
+    for (int a = 0; a < A; ++a) {
       DeviceBatch db = dbuf.upload(micro[a]);
       const uint64_t dseed = derive_seed(seed, step, a, rank);
       loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
-      const bool last_micro = a + 1 == tc.grad_accum;  // only the summed gradients are reduced
+      const bool last_micro = a + 1 == A;  // only the summed gradients are reduced
       if (last_micro) {
         reducer.begin();
         s.model.set_grad_ready_hook(hook);
@@ -283,7 +305,7 @@ int run_train(Session& s) {
     }
     t_comm += t_hook;
     if (step + 1 < tc.steps) {  // read ahead while the GPU works
-      next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + tc.grad_accum, next_micro);
+      next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + A, next_micro);
       have_next = true;
     }
     s.be.synchronize();
@@ -327,7 +349,7 @@ int run_train(Session& s) {
     s.be.synchronize();
 
     st.step = step + 1;
-    st.next_batch += tc.grad_accum;
+    st.next_batch += A;
     const double dt = seconds_since(t0);
     train_seconds += dt;
     ++steps_done_here;
