@@ -78,8 +78,15 @@ std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, Checkpo
     auto v = opt.host_views(opt.exp_avg_sq(), hv);
     path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
                            [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
+    // The first checkpoint fixes the folder; it must still be there right after the write (a removal
+    // between the write and this point would otherwise let the next write start a new folder).
+    if (!dir_id.known) {
+      dir_id = identify(dir);
+      if (!dir_id.known)
+        throw Error(cat("checkpoint directory '", dir, "' has disappeared while writing step ", st.step,
+                        " (removed or unmounted?); stopping instead of going on in a new folder"));
+    }
     check_checkpoint_dir(dir, dir_id, st.step, "while writing");
-    if (!dir_id.known) dir_id = identify(dir);
   }
   s.comm.barrier();  // the checkpoint exists for every rank once this returns
   return path;
