@@ -334,9 +334,23 @@ std::string unknown_key_message(const std::string& name, bool cli) {
   return cat(msg, "; sections are ", join(secs, ", "));
 }
 
+size_t utf8_length(const std::string& s, size_t i);  // below, with the INI text check
+
+// s for an INI value with escapes: line breaks, tabs, quotes and backslashes escaped; other control
+// bytes and bytes that are not UTF-8 text as \xHH, so that the written config.ini is text that reads
+// back to the same bytes.
 std::string escape(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      const size_t n = utf8_length(s, i);
+      if (n > 0) {
+        out.append(s, i, n);
+        i += n - 1;
+        continue;
+      }
+    }
     switch (c) {
       case '\n': out += "\\n"; break;
       case '\t': out += "\\t"; break;
@@ -344,7 +358,7 @@ std::string escape(const std::string& s) {
       case '\\': out += "\\\\"; break;
       case '"': out += "\\\""; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {  // other control bytes: \xHH
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) {  // \xHH
           char buf[8];
           std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(c)));
           out += buf;
@@ -470,6 +484,12 @@ void assign(const Entry& e, Config& c, const std::string& raw, const Origin& o) 
   // A value with escapes holds any byte (to_ini() writes control bytes as escapes); others may not.
   if (const size_t i = e.escapes ? std::string::npos : find_control(raw); i != std::string::npos)
     bad_value(e, o, cat("control character ", hex_byte(raw[i]), " in the value (only a tab is allowed)"));
+  if (!e.escapes)  // config.ini must stay UTF-8 text (the INI reader requires it)
+    for (size_t i = 0; i < raw.size();) {
+      const size_t n = utf8_length(raw, i);
+      if (n == 0) bad_value(e, o, cat("byte ", hex_byte(raw[i]), " at offset ", i, " is not UTF-8 text"));
+      i += n;
+    }
   const std::string t = trim(raw);
   std::visit(
       [&](auto get) {

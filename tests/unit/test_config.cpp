@@ -850,6 +850,12 @@ TEST_F(ConfigTest, ControlCharactersInValuesAreRejected) {
   EXPECT_EQ(p.generate.prompt, ctl);
   EXPECT_CONTAINS(p.to_ini(), "\\x07\\x0E\\x15\\x1F#");
   expect_equal(p, parse({write("prompt.ini", p.to_ini())}).config);
+  // Bytes that are not UTF-8 (found by fuzz_cli: config.ini must stay text): an error in a path, \xHH
+  // in a prompt; valid multi-byte characters stay as they are.
+  EXPECT_CONTAINS(error_of({"--data.train=a\xbd.h5"}), "byte 0xBD at offset 1 is not UTF-8 text");
+  const Config u = parse({"--data.train=\xc3\xa9.h5", "--generate.prompt=\xbd\xc3\xa9"}).config;
+  EXPECT_CONTAINS(u.to_ini(), "prompt = \"\\xBD\xc3\xa9\"");
+  expect_equal(u, parse({write("utf8.ini", u.to_ini())}).config);
   EXPECT_EQ(parse({write("hex.ini", "[data]\ntrain = x.h5\n[generate]\nprompt = \"a\\x7Fb\\x0\\xZZ\"\n")})
                 .config.generate.prompt,
             "a\x7f" "b\\x0\\xZZ");
