@@ -74,7 +74,7 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
       bs.push_back(Bc);
     } else {  // keep the per-rank batch, else smaller ones (more accumulation), else larger ones
       bs.push_back(B0);
-      for (int64_t b = std::min(per, B0) - 1; b >= 1; --b) bs.push_back(b);
+      for (int64_t b = std::min(per, B0 - 1); b >= 1; --b) bs.push_back(b);
       for (int64_t b = B0 + 1; b <= per; ++b) bs.push_back(b);
     }
     for (int64_t b : bs) {
