@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "io/h5_checked_driver.h"
 
 namespace fs = std::filesystem;
 
@@ -210,9 +211,15 @@ std::string dtype_name(DType t) {
 
 namespace {
 
-Id make_fapl() {
+// `checked`: read through the checked driver (io/h5_checked_driver.h), for files opened read-only.
+Id make_fapl(bool checked = false) {
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
   if (!fapl.ok()) throw Error(cat("HDF5: cannot create a file access property list: ", h5_reason()));
+  if (checked) {
+    const hid_t drv = checked_driver_id();
+    if (drv < 0 || H5Pset_driver(fapl.get(), drv, nullptr) < 0)
+      throw Error(cat("HDF5: cannot set up the checked file driver: ", h5_reason()));
+  }
   // Close every object of the file with it, so that close() really releases the file.
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
 #if H5_VERSION_GE(1, 10, 7)
@@ -362,7 +369,7 @@ File File::open_read(const std::string& path) {
   htri_t is = H5Fis_hdf5(path.c_str());
   if (is == 0) throw Error(cat("cannot open HDF5 file '", path, "': is not an HDF5 file"));
   if (is < 0) throw Error(cat("cannot open HDF5 file '", path, "': ", h5_reason()));
-  Id fapl = make_fapl();
+  Id fapl = make_fapl(/*checked=*/true);
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
   if (id < 0) throw Error(cat("cannot open HDF5 file '", path, "': ", h5_reason()));
   return File(id, path);
