@@ -968,6 +968,31 @@ TEST_F(IoTest, DamagedGlobalHeapIsAnErrorNotAHang) {
   });
 }
 
+// A collection size that libhdf5 1.10 turns into an allocation of ~2^64 bytes: below the header's own
+// size (its object count underflows; fuzz_h5file, regress-global-heap-size-below-header) or past the
+// end of the file (addr + size wraps around its end-of-file check).
+TEST_F(IoTest, GlobalHeapSizeOutOfRangeIsAnError) {
+  for (const uint64_t size : {uint64_t{15}, ~uint64_t{0} - 0x7fff}) {
+    const std::string path = p("size.h5");
+    {
+      File f = File::create(path);
+      f.set_attr("model_type", std::string("gpt2"));
+    }
+    {
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+      const size_t at = bytes.find("GCOL\x01", 0, 5);
+      ASSERT_NE(at, std::string::npos);
+      io.seekp(static_cast<std::streamoff>(at + 8));
+      io.write(reinterpret_cast<const char*>(&size), 8);
+    }
+    File f = File::open_read(path);
+    expect_error([&] { f.attr_string("model_type"); },
+                 {path, "attribute 'model_type'", "damaged global heap collection",
+                  size == 15 ? "smaller than its own header" : "past the end of the file"});
+  }
+}
+
 // The checked driver reads collections larger than libhdf5's first 4096-byte read whole, and leaves
 // valid files alone.
 TEST_F(IoTest, CheckedDriverReadsLargeStringAttributes) {
@@ -1005,6 +1030,8 @@ TEST(GlobalHeapCheck, WalksObjectsAsLibhdf5Does) {
   put(48, 4096 - 40, 8);
   put(24, ~uint64_t{0} - 3, 8);  // an object size that would wrap the walk around
   EXPECT_NE(check_global_heap(c.data(), c.size(), 8), "");
+  put(8, 15, 8);  // smaller than the collection's own header
+  EXPECT_NE(check_global_heap(c.data(), c.size(), 8).find("smaller than its own header"), std::string::npos);
   c[0] = 'X';  // not a collection: not checked
   EXPECT_EQ(check_global_heap(c.data(), c.size(), 8), "");
 }
