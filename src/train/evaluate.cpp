@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "text/json_min.h"
 #include "train/batches.h"
 #include "train/session.h"
 #include "train/task_eval.h"
@@ -34,6 +35,11 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
   if (s.task == Task::Qa && !ds.has_positions())
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
   ds.validate(s.comm.rank(), s.comm.size());
+  // The label names evaluation reads (TaskEval, at the first evaluation): read them here as well, so
+  // that a malformed or damaged id2label attribute stops the run before anything is written to
+  // output.dir.
+  if (ds.file().has_attr("id2label"))
+    (void)text::parse_string_array(ds.file().attr_string("id2label"), path + ":id2label");
   return ds;
 }
 

@@ -85,3 +85,27 @@ def read_weights(path):
         out = {}
         f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
         return out
+
+
+def damage_global_heap(path) -> int:
+    """Sets the size of the free-space object of every global heap collection in the HDF5 file at
+    `path` to 0 (the damage tests/fuzz/fuzz_h5file found: libhdf5 1.10 loops forever decoding such a
+    collection, so reading any variable-length string in it, e.g. an attribute h5py wrote from a str,
+    hung). Assumes 8-byte lengths (h5py's and nlptrain's files). Returns how many were damaged."""
+    data = bytearray(Path(path).read_bytes())
+    damaged, at = 0, data.find(b"GCOL\x01")
+    while at >= 0:
+        total = int.from_bytes(data[at + 8:at + 16], "little")
+        off = at + 16
+        while off + 16 <= at + total:
+            idx = int.from_bytes(data[off:off + 2], "little")
+            size = int.from_bytes(data[off + 8:off + 16], "little")
+            if idx == 0:
+                data[off + 8:off + 16] = bytes(8)
+                damaged += 1
+                break
+            off += 16 + (size + 7) // 8 * 8
+        at = data.find(b"GCOL\x01", at + 16)
+    assert damaged > 0, f"{path}: no global heap collection with free space"
+    Path(path).write_bytes(bytes(data))
+    return damaged

@@ -392,6 +392,46 @@ def test_weights_not_hdf5(tmp_path, previous):
     run_case(case, tmp_path / "out", previous)
 
 
+# A damaged global heap collection (the blocks holding variable-length strings): libhdf5 1.10 loops
+# forever decoding one whose free-space object has size 0, so reading a string attribute such as
+# model_type or id2label hung the run on every rank. Found by tests/fuzz/fuzz_h5file; the first case
+# uses that input itself. nlptrain reads files through a driver that checks collections first.
+HANG_INPUT = nr.SOURCE_DIR / "tests" / "fuzz" / "corpus" / "h5file" / "regress-hang-vlen-string-attr-corrupt-global-heap"
+
+
+def test_weights_damaged_global_heap(tmp_path, previous):
+    w = tmp_path / "w.h5"
+    shutil.copy(HANG_INPUT, w)
+    case = weights_case(tmp_path, w, ["attribute 'model_type'", "damaged global heap collection"])
+    run_case(case, tmp_path / "out", previous)
+
+
+def bert_cls_data(path, id2label=None):
+    h5write(path, input_ids=ids(), labels=np.arange(N, dtype=np.int32) % 3)
+    if id2label is not None:
+        with h5py.File(path, "a") as f:
+            f.attrs["id2label"] = id2label  # a str: variable-length, in the global heap
+    return path
+
+
+def test_data_damaged_global_heap(tmp_path, previous):
+    data = bert_cls_data(tmp_path / "d.h5", '["neg", "neu", "pos"]')
+    nr.damage_global_heap(data)
+    case = data_case(tmp_path, data, ["attribute 'id2label'", "damaged global heap collection"], model=BERT,
+                     extra=["--run.task=doc_cls"])
+    run_case(case, tmp_path / "out", previous)
+
+
+def test_eval_data_damaged_global_heap(tmp_path, previous):
+    train = bert_cls_data(tmp_path / "train.h5")
+    ev = bert_cls_data(tmp_path / "eval.h5", '["neg", "neu", "pos"]')
+    nr.damage_global_heap(ev)
+    case = data_case(tmp_path, train, [str(ev), "attribute 'id2label'", "damaged global heap collection"],
+                     model=BERT, extra=["--run.task=doc_cls", f"--data.eval={ev}"])
+    case.expect.remove(str(train))
+    run_case(case, tmp_path / "out", previous)
+
+
 # ---- file system ------------------------------------------------------------------------------------
 
 def world_readable_dir(tmp_path):

@@ -39,6 +39,9 @@ def args(stream, out, steps, extra=()):
                              "--checkpoint.keep=5"] + list(extra)
 
 
+HANG_INPUT = nr.SOURCE_DIR / "tests" / "fuzz" / "corpus" / "h5file" / "regress-hang-vlen-string-attr-corrupt-global-heap"
+
+
 def ckpt(out, step):
     return Path(out) / "checkpoints" / f"step_{step:08d}.h5"
 
@@ -81,6 +84,19 @@ def damage(path, how):
         with h5py.File(path, "a") as f:
             del f["optimizer/exp_avg/transformer.wte.weight"]
         return "optimizer/exp_avg/transformer.wte.weight"
+    if how == "global_heap":
+        # The seed as a decimal string (load_checkpoint accepts one), in a global heap collection that
+        # libhdf5 1.10 loops on forever (nr.damage_global_heap): reported, not a hang.
+        with h5py.File(path, "a") as f:
+            seed = int(f.attrs["nlptrain_seed"]) & (2**64 - 1)
+            del f.attrs["nlptrain_seed"]
+            f.attrs["nlptrain_seed"] = str(seed)
+        nr.damage_global_heap(path)
+        return "damaged global heap collection"
+    if how == "fuzz_hang_input":
+        # Replaced by the fuzzing input that hung libhdf5 (a weights file with a damaged global heap).
+        shutil.copy(HANG_INPUT, path)
+        return "is not an nlptrain checkpoint"
     raise ValueError(how)
 
 
@@ -117,7 +133,7 @@ def test_kill9_resume_bitwise_with_each_step_once(stream, full, tmp_path):
     assert s["damaged_checkpoints"] == [] and s["warnings"] == []
 
 
-@pytest.mark.parametrize("how", ["truncate", "flip", "delete"])
+@pytest.mark.parametrize("how", ["truncate", "flip", "delete", "global_heap", "fuzz_hang_input"])
 def test_damaged_newest_checkpoint_falls_back_to_previous(stream, full, tmp_path, how):
     out = tmp_path / "out"
     crashed_run(stream, out)

@@ -1,24 +1,32 @@
 // Tests of the HDF5 I/O layer: h5 wrappers, weights, checkpoints, token datasets, sampler, h5py interop.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/dataset.h"
 #include "io/h5.h"
+#include "io/h5_checked_driver.h"
 #include "io/weights.h"
 #include "model/model.h"
 
@@ -858,4 +866,172 @@ TEST_F(IoTest, ListingRejectsGroupsNestedTooDeep) {
     g.write_f32(ok + "w", {1}, &x);
   }
   EXPECT_EQ(File::open_read(p("ok.h5")).list(), std::vector<std::string>{ok + "w"});
+}
+
+namespace {
+
+// Zeroes the size of the free-space object (index 0) of the first global heap collection in the
+// file at `path`: the damage found by tests/fuzz/fuzz_h5file on which libhdf5 1.10 loops forever.
+void zero_global_heap_free_space(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find("GCOL\x01", 0, 5);
+  ASSERT_NE(at, std::string::npos) << path << " has no global heap collection";
+  uint64_t total = 0;
+  std::memcpy(&total, bytes.data() + at + 8, 8);  // little-endian, 8-byte lengths
+  size_t off = at + 16;
+  while (off + 16 <= at + total) {
+    const unsigned idx = uint8_t(bytes[off]) | (unsigned(uint8_t(bytes[off + 1])) << 8);
+    uint64_t size = 0;
+    std::memcpy(&size, bytes.data() + off + 8, 8);
+    if (idx == 0) {
+      const uint64_t zero = 0;
+      f.seekp(static_cast<std::streamoff>(off + 8));
+      f.write(reinterpret_cast<const char*>(&zero), 8);
+      return;
+    }
+    off += 16 + (size + 7) / 8 * 8;
+  }
+  FAIL() << path << ": no free-space object in the collection at byte " << at;
+}
+
+// Runs fn on another thread and fails the whole test binary if it has not returned after 30 s (a
+// hang inside libhdf5 cannot be interrupted).
+void within_30s(const std::function<void()>& fn) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([fn, done] {
+    fn();
+    done->store(true);
+  });
+  for (int i = 0; i < 300 && !done->load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!done->load()) {
+    std::fprintf(stderr, "FATAL: a read of a damaged global heap did not return within 30 s (hang in libhdf5)\n");
+    std::_Exit(1);
+  }
+  t.join();
+}
+
+}  // namespace
+
+// A variable-length string (attribute or dataset) lives in a global heap collection; libhdf5 1.10
+// loops forever decoding a collection whose free-space object has size 0 (fuzz_h5file,
+// corpus/h5file/regress-hang-vlen-string-attr-corrupt-global-heap). Files are read through the
+// checked driver, which refuses such a collection: an error naming the file and the attribute or
+// dataset, at once.
+TEST_F(IoTest, DamagedGlobalHeapIsAnErrorNotAHang) {
+  {
+    File f = File::create(p("attr.h5"));
+    f.set_attr("model_type", std::string("gpt2"));
+    f.set_attr("n_layer", int64_t{2});
+  }
+  {
+    File f = File::open_read(p("attr.h5"));
+    EXPECT_EQ(f.attr_string("model_type"), "gpt2");
+  }
+  zero_global_heap_free_space(p("attr.h5"));
+  within_30s([&] {
+    File f = File::open_read(p("attr.h5"));
+    EXPECT_EQ(f.attr_int("n_layer"), 2);  // the rest of the file still reads
+    expect_error([&] { f.attr_string("model_type"); },
+                 {p("attr.h5"), "attribute 'model_type'", "damaged global heap collection"});
+    nlp::Config cfg;
+    cfg.model.weights = p("attr.h5");
+    expect_error([&] { nlp::resolve_model_config(cfg); }, {p("attr.h5"), "model_type", "global heap"});
+  });
+
+  // A string dataset (as h5py writes a list of str) read with read_strings.
+  {
+    File f = File::create(p("strings.h5"));
+    const float x = 1.f;
+    f.write_f32("x", {1}, &x);
+  }
+  {
+    hid_t fid = H5Fopen(p("strings.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(fid, 0);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, H5T_VARIABLE);
+    hsize_t n = 2;
+    hid_t sp = H5Screate_simple(1, &n, nullptr);
+    hid_t d = H5Dcreate2(fid, "names", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const char* v[2] = {"alpha", "beta"};
+    ASSERT_GE(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, v), 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Fclose(fid);
+  }
+  EXPECT_EQ(File::open_read(p("strings.h5")).read_strings("names"), (std::vector<std::string>{"alpha", "beta"}));
+  zero_global_heap_free_space(p("strings.h5"));
+  within_30s([&] {
+    File f = File::open_read(p("strings.h5"));
+    expect_error([&] { f.read_strings("names"); }, {p("strings.h5"), "'names'", "damaged global heap collection"});
+  });
+}
+
+// A collection size that libhdf5 1.10 turns into an allocation of ~2^64 bytes: below the header's own
+// size (its object count underflows; fuzz_h5file, regress-global-heap-size-below-header) or past the
+// end of the file (addr + size wraps around its end-of-file check).
+TEST_F(IoTest, GlobalHeapSizeOutOfRangeIsAnError) {
+  for (const uint64_t size : {uint64_t{15}, ~uint64_t{0} - 0x7fff}) {
+    const std::string path = p("size.h5");
+    {
+      File f = File::create(path);
+      f.set_attr("model_type", std::string("gpt2"));
+    }
+    {
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+      const size_t at = bytes.find("GCOL\x01", 0, 5);
+      ASSERT_NE(at, std::string::npos);
+      io.seekp(static_cast<std::streamoff>(at + 8));
+      io.write(reinterpret_cast<const char*>(&size), 8);
+    }
+    File f = File::open_read(path);
+    expect_error([&] { f.attr_string("model_type"); },
+                 {path, "attribute 'model_type'", "damaged global heap collection",
+                  size == 15 ? "smaller than its own header" : "past the end of the file"});
+  }
+}
+
+// The checked driver reads collections larger than libhdf5's first 4096-byte read whole, and leaves
+// valid files alone.
+TEST_F(IoTest, CheckedDriverReadsLargeStringAttributes) {
+  std::string big(20000, 'x');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char('a' + i % 26);
+  {
+    File f = File::create(p("big.h5"));
+    f.set_attr("id2label", big);
+    f.set_attr("model_type", std::string("bert"));
+  }
+  File f = File::open_read(p("big.h5"));
+  EXPECT_EQ(f.attr_string("id2label"), big);
+  EXPECT_EQ(f.attr_string("model_type"), "bert");
+}
+
+TEST(GlobalHeapCheck, WalksObjectsAsLibhdf5Does) {
+  using nlp::h5::check_global_heap;
+  // A 4096-byte collection: object 1 (5 bytes, padded to 8), then free space to the end.
+  std::vector<uint8_t> c(4096, 0);
+  auto put = [&](size_t at, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) c[at + i] = uint8_t(v >> (8 * i));
+  };
+  std::memcpy(c.data(), "GCOL\x01", 5);
+  put(8, 4096, 8);
+  put(16, 1, 2);
+  put(24, 5, 8);
+  put(40, 0, 2);  // object 1: 16-byte header + 8 bytes
+  put(48, 4096 - 40, 8);
+  EXPECT_EQ(check_global_heap(c.data(), c.size(), 8), "");
+  EXPECT_EQ(check_global_heap(c.data(), 100, 8), "");  // only the start read: nothing wrong in it
+  put(48, 0, 8);                                        // free space of size 0: libhdf5 loops
+  EXPECT_NE(check_global_heap(c.data(), c.size(), 8).find("size 0"), std::string::npos);
+  put(48, 4096, 8);  // free space past the end
+  EXPECT_NE(check_global_heap(c.data(), c.size(), 8).find("past the end"), std::string::npos);
+  put(48, 4096 - 40, 8);
+  put(24, ~uint64_t{0} - 3, 8);  // an object size that would wrap the walk around
+  EXPECT_NE(check_global_heap(c.data(), c.size(), 8), "");
+  put(8, 15, 8);  // smaller than the collection's own header
+  EXPECT_NE(check_global_heap(c.data(), c.size(), 8).find("smaller than its own header"), std::string::npos);
+  c[0] = 'X';  // not a collection: not checked
+  EXPECT_EQ(check_global_heap(c.data(), c.size(), 8), "");
 }
