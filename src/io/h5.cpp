@@ -215,7 +215,7 @@ namespace {
 Id make_fapl(bool checked = false) {
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
   if (!fapl.ok()) throw Error(cat("HDF5: cannot create a file access property list: ", h5_reason()));
-  if (checked) {
+  if (checked && H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10) {  // see h5_checked_driver.cpp
     const hid_t drv = checked_driver_id();
     if (drv < 0 || H5Pset_driver(fapl.get(), drv, nullptr) < 0)
       throw Error(cat("HDF5: cannot set up the checked file driver: ", h5_reason()));

@@ -8,6 +8,11 @@
 
 #include "core/error.h"
 
+// The driver is written against libhdf5 1.10's H5FD_class_t (the version the loop was found in, and
+// Debian 12's). Later versions changed that struct (1.14 adds a version, a class value and vector
+// callbacks); with them checked_driver_id() is -1 and files are read through the default driver.
+#define NLP_CHECKED_DRIVER (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10)
+
 namespace nlp::h5 {
 
 namespace {
@@ -24,6 +29,11 @@ uint64_t decode_length(const uint8_t* p, unsigned n) {  // little-endian; bytes 
   for (unsigned i = 0; i < n && i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
   return v;
 }
+
+}  // namespace
+
+#if NLP_CHECKED_DRIVER
+namespace {
 
 struct CheckedFile {
   H5FD_t pub;              // first: libhdf5 fills it and hands us back a pointer to it
@@ -168,6 +178,7 @@ H5FD_class_t make_class() {
 }
 
 }  // namespace
+#endif  // NLP_CHECKED_DRIVER
 
 std::string check_global_heap(const uint8_t* buf, size_t n, unsigned sizeof_size) {
   const uint64_t hdr = 8 + sizeof_size, objhdr = 8 + sizeof_size;
@@ -203,11 +214,15 @@ std::string check_global_heap(const uint8_t* buf, size_t n, unsigned sizeof_size
 }
 
 hid_t checked_driver_id() {
+#if NLP_CHECKED_DRIVER
   static const hid_t id = [] {
     static const H5FD_class_t cls = make_class();
     return H5FDregister(&cls);
   }();
   return id;
+#else
+  return -1;
+#endif
 }
 
 }  // namespace nlp::h5

@@ -25,7 +25,8 @@
 namespace nlp::h5 {
 
 // The driver's id (registered on first use; call after H5open). Use with H5Pset_driver(fapl, id,
-// nullptr) on a file access property list for read-only opens.
+// nullptr) on a file access property list for read-only opens. -1 with a libhdf5 other than 1.10
+// (the driver is written against 1.10's driver struct): then read through the default driver.
 hid_t checked_driver_id();
 
 // Checks the global heap collection image at the start of `buf` (`n` bytes: `n` may be less than the
