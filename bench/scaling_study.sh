@@ -30,10 +30,12 @@
 #   RESULTS [unset: nothing copied]  CLUSTER_DIR [${TMPDIR:-/tmp}/nlptrain-scaling-study-$UID]
 #   SIZES ["1x1 2x1 2x2"] (nodes x ranks per node)  MODES ["strong weak"]  OVERLAP ["false true"]
 #   ZERO ["0 1"] (train.zero values; only "0" when the binary has no train.zero key is an error for 1)
-#   LAYERS [4] WIDTH [256] HEADS [4] SEQ [128] STEPS [16] (the first step is not timed)
+#   LAYERS [4] WIDTH [256] HEADS [4] SEQ [128] STEPS [20] (the first step is not timed)
 #   GLOBAL_BATCH [8] (strong, sequences per step over all ranks)  RANK_BATCH [4] (weak, per rank)
 #   BENCH_SIZES [the placements of SIZES with 2+ ranks]  BENCH_MAX_BYTES [256M]  BENCH_MIN_TIME [0.5]
-#   BENCH_MIN_REPS [10]  EXTRA_ARGS [""] (more nlptrain overrides for every run, word-split)
+#   BENCH_MIN_REPS [7] BENCH_WARMUP [1] (untimed calls per size)  EXTRA_BENCH_SIZES [""] (more placements to benchmark, fitted on their own into
+#   WORK/bench/fit_extra.json for comparison, not used by the model; e.g. "1x2")
+#   EXTRA_ARGS [""] (more nlptrain overrides for every run, word-split)
 # Open MPI settings exported to every job and to the benchmark: OMPI_MCA_btl=self,tcp (the two
 # "nodes" share one host: no shared-memory transport between them, so every rank talks TCP over lo),
 # OMPI_MCA_btl_tcp_if_include=lo, OMPI_MCA_oob_tcp_if_include=lo, OMPI_MCA_pml=ob1, OMP_NUM_THREADS=1.
@@ -54,9 +56,9 @@ SIZES=${SIZES:-"1x1 2x1 2x2"}
 MODES=${MODES:-"strong weak"}
 OVERLAP=${OVERLAP:-"false true"}
 ZERO=${ZERO:-"0 1"}
-LAYERS=${LAYERS:-4} WIDTH=${WIDTH:-256} HEADS=${HEADS:-4} SEQ=${SEQ:-128} STEPS=${STEPS:-16}
+LAYERS=${LAYERS:-4} WIDTH=${WIDTH:-256} HEADS=${HEADS:-4} SEQ=${SEQ:-128} STEPS=${STEPS:-20}
 GLOBAL_BATCH=${GLOBAL_BATCH:-8} RANK_BATCH=${RANK_BATCH:-4}
-BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-256M} BENCH_MIN_TIME=${BENCH_MIN_TIME:-0.5} BENCH_MIN_REPS=${BENCH_MIN_REPS:-10}
+BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-256M} BENCH_MIN_TIME=${BENCH_MIN_TIME:-0.5} BENCH_MIN_REPS=${BENCH_MIN_REPS:-7} BENCH_WARMUP=${BENCH_WARMUP:-1}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 if [ -z "${BENCH_SIZES:-}" ]; then
   BENCH_SIZES=""
@@ -142,13 +144,14 @@ with h5py.File(sys.argv[1], "w") as f:
 PY
 
 # ---- 4. allreduce microbenchmark and fit
-bench_files=()
-for sz in $BENCH_SIZES; do
+EXTRA_BENCH_SIZES=${EXTRA_BENCH_SIZES:-}
+bench_files=() extra_files=()
+for sz in $BENCH_SIZES $EXTRA_BENCH_SIZES; do
   n=${sz%x*} r=${sz#*x}
   out=$WORK/bench/allreduce_$sz.json
   cmd=(srun --mpi=pmix --exclusive --kill-on-bad-exit=1 --nodes="$n" --ntasks-per-node="$r" --cpus-per-task=1
        --job-name="allreduce-bench-$sz" "$BENCH" --max-bytes "$BENCH_MAX_BYTES"
-       --min-time "$BENCH_MIN_TIME" --min-reps "$BENCH_MIN_REPS" --label "$sz" --out "$out")
+       --min-time "$BENCH_MIN_TIME" --min-reps "$BENCH_MIN_REPS" --warmup "$BENCH_WARMUP" --label "$sz" --out "$out")
   say "allreduce benchmark at $n node(s) x $r rank(s) [load $(cut -d' ' -f1 /proc/loadavg)]"
   cmdlog "${cmd[*]}"
   # One retry: a rank of the benchmark once died in start-up here (SIGSEGV before its first size;
@@ -159,11 +162,15 @@ for sz in $BENCH_SIZES; do
     timeout 900 "${cmd[@]}" >"$WORK/bench/allreduce_$sz.txt" 2>&1 ||
       { tail -20 "$WORK/bench/allreduce_$sz.txt"; die "the allreduce benchmark at $sz failed twice"; }
   fi
-  bench_files+=("$out")
+  if [[ " $BENCH_SIZES " == *" $sz "* ]]; then bench_files+=("$out"); else extra_files+=("$out"); fi
 done
 ((${#bench_files[@]})) || die "no multi-rank placement to benchmark (SIZES=\"$SIZES\", BENCH_SIZES empty)"
 cmdlog "python3 tools/comm_fit.py --out $WORK/bench/fit.json ${bench_files[*]}"
 python3 tools/comm_fit.py --out "$WORK/bench/fit.json" "${bench_files[@]}" 2>&1 | tee "$WORK/bench/fit.txt"
+if ((${#extra_files[@]})); then
+  cmdlog "python3 tools/comm_fit.py --out $WORK/bench/fit_extra.json ${extra_files[*]}"
+  python3 tools/comm_fit.py --out "$WORK/bench/fit_extra.json" "${extra_files[@]}" 2>&1 | tee "$WORK/bench/fit_extra.txt"
+fi
 
 # ---- 5. sweeps
 model_args=(--data.train="$WORK/data/tokens.h5" --model.vocab_size=256 --model.n_layer="$LAYERS"
