@@ -45,7 +45,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const bool recompute = cfg.train.recompute == "block";
   auto shell = make_model(mc, be, cfg.run.task, /*allocate=*/false);
   shell->set_recompute(recompute);
-  plan = plan_memory(cfg, *shell, T);
+  plan = plan_memory(cfg, *shell, T, comm.size());
   std::string avail_what;
   const size_t avail = available_memory(cfg, device, comm.local_size(), &avail_what);
   const double limit = double(cfg.run.memory_limit_gb) * 1e9;
@@ -65,7 +65,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0; --b) {
     Config c2 = cfg;
     c2.train.batch_size = b;
-    if (double(plan_memory(c2, *shell, T).total()) <= budget) fit_b = b;
+    if (double(plan_memory(c2, *shell, T, comm.size()).total()) <= budget) fit_b = b;
   }
   if (fit_b > 0)
     hints += cat("train.batch_size = ", fit_b, " fits (with train.grad_accum = ",
@@ -76,17 +76,27 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
              "the global batch when train.batch_size is lowered)";
   if (!recompute) {
     shell->set_recompute(true);
-    const MemoryPlan with = plan_memory(cfg, *shell, T);
+    const MemoryPlan with = plan_memory(cfg, *shell, T, comm.size());
     hints += cat("; train.recompute = block needs ", cat(std::lround(mib(with.total()))), " MiB (",
                  double(with.total()) <= budget ? "fits" : "does not fit by itself", ")");
+    shell->set_recompute(false);
+  }
+  if (cfg.run.mode == "train" && cfg.train.zero == 0) {
+    Config c2 = cfg;
+    c2.train.zero = 1;
+    const MemoryPlan with = plan_memory(c2, *shell, T, comm.size());
+    hints += comm.size() > 1
+                 ? cat("; train.zero = 1 needs ", cat(std::lround(mib(with.total()))), " MiB (AdamW state / ",
+                       comm.size(), "; ", double(with.total()) <= budget ? "fits" : "does not fit by itself", ")")
+                 : std::string("; train.zero = 1 shards the AdamW state over more ranks (one rank now)");
   }
   std::fprintf(stderr,
                "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
-               "(weights %.1f, gradients %.1f, AdamW %.1f, activations %.1f for train.batch_size = %d, "
+               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), activations %.1f for train.batch_size = %d, "
                "T = %d, train.recompute = %s, workspace %.1f MiB) exceeds %s; stopped before allocating. "
-               "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute: %s\n",
+               "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: %s\n",
                comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
-               mib(plan.optimizer), mib(plan.activations), plan.B, plan.T, cfg.train.recompute.c_str(),
+               mib(plan.optimizer), cfg.train.zero, mib(plan.activations), plan.B, plan.T, cfg.train.recompute.c_str(),
                mib(plan.workspace), why.c_str(), hints.c_str());
   std::fflush(stderr);
   return false;

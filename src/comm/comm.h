@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "comm/shard.h"
+
 namespace nlp {
 
 class Comm {
@@ -31,6 +33,15 @@ class Comm {
   // Block until every started sum is complete (for GPU communicators: the backend's stream is
   // ordered after them). Throws nlp::Error when a sum failed or exceeded the timeout.
   virtual void allreduce_wait() = 0;
+  // ZeRO-1 (comm/shard.h): in place over a flat arena of sh.total floats in backend memory.
+  // reduce_scatter_sum: on return this rank's range [sh.lo(rank), sh.hi(rank)) holds the sum over
+  // ranks of that range; the rest of buf is left unspecified (it is overwritten by the next all-gather).
+  virtual void reduce_scatter_sum(float* buf, const ShardLayout& sh) = 0;
+  // all_gather: every rank's range of buf is copied into that range on every other rank.
+  virtual void all_gather(float* buf, const ShardLayout& sh) = 0;
+  // Host floats to one rank (checkpoints of the sharded AdamW state): rank r sends sh.count[r] floats
+  // from `mine`; `root` receives them at sh.offset[r] of `all` (sh.total floats; unused elsewhere).
+  virtual void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) = 0;
   virtual void barrier() = 0;
   // Every rank exits with `code`: used on any error so that no rank hangs.
   [[noreturn]] virtual void abort(int code) = 0;

@@ -1,5 +1,6 @@
 // MPI communicator on host buffers (CPU backend): gradients summed with MPI_Allreduce, or, for the
-// overlapped gradient reduction, with MPI_Iallreduce run by a background thread.
+// overlapped gradient reduction, with MPI_Iallreduce run by a background thread; ZeRO-1's
+// reduce-scatter and all-gather run on that thread too (for comm.timeout_s).
 //
 // Why a thread: Open MPI progresses a non-blocking collective only inside MPI calls. MPI_Test between
 // blocks' backward would move a few fragments per call and leave most of the work to the final wait.
@@ -18,7 +19,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -114,13 +119,68 @@ class MpiComm final : public Comm {
       if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
       return;
     }
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-      queue_.push_back({buf, n});
-      ++pending_;
+    for (size_t off = 0; off < n; off += kMaxCount) {
+      float* p = buf + off;
+      const int cnt = static_cast<int>(std::min(kMaxCount, n - off));
+      submit({[p, cnt](MPI_Request* r) {
+                return MPI_Iallreduce(MPI_IN_PLACE, p, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
+              },
+              nullptr, "gradient allreduce", size_t(cnt)});
     }
-    cv_.notify_all();
+  }
+
+  // ZeRO-1. In place: MPI_Reduce_scatter leaves this rank's block at the start of buf, moved to its
+  // range afterwards; MPI_Allgatherv in place takes each rank's contribution from its own range.
+  // Both run like the buckets (the worker thread, with comm.timeout_s) where threads are supported.
+  void reduce_scatter_sum(float* buf, const ShardLayout& sh) override {
+    if (size_ == 1) return;
+    NLP_ASSERT(sh.ranks() == size_);
+    std::vector<int> counts = ints(sh.count, "reduce-scatter count");
+    const size_t lo = sh.lo(rank_), mine = sh.count[rank_];
+    auto move_home = [buf, lo, mine] { std::memmove(buf + lo, buf, mine * sizeof(float)); };
+    if (!threaded_) {
+      check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Reduce_scatter");
+      move_home();
+      return;
+    }
+    auto c = std::make_shared<std::vector<int>>(std::move(counts));
+    submit({[buf, c](MPI_Request* r) {
+              return MPI_Ireduce_scatter(MPI_IN_PLACE, buf, c->data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
+            },
+            move_home, "gradient reduce-scatter (train.zero = 1)", sh.total});
+    idle();
+  }
+
+  void all_gather(float* buf, const ShardLayout& sh) override {
+    if (size_ == 1) return;
+    NLP_ASSERT(sh.ranks() == size_);
+    auto c = std::make_shared<std::vector<int>>(ints(sh.count, "all-gather count"));
+    auto d = std::make_shared<std::vector<int>>(ints(sh.offset, "all-gather offset"));
+    if (!threaded_) {
+      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c->data(), d->data(), MPI_FLOAT,
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+      return;
+    }
+    submit({[buf, c, d](MPI_Request* r) {
+              return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c->data(), d->data(),
+                                     MPI_FLOAT, MPI_COMM_WORLD, r);
+            },
+            nullptr, "parameter all-gather (train.zero = 1)", sh.total});
+    idle();
+  }
+
+  void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
+    NLP_ASSERT(sh.ranks() == size_);
+    if (size_ == 1) {
+      if (all != mine) std::memcpy(all, mine, sh.count[0] * sizeof(float));
+      return;
+    }
+    idle();
+    const std::vector<int> c = ints(sh.count, "gather count"), d = ints(sh.offset, "gather offset");
+    check(MPI_Gatherv(mine, c[rank_], MPI_FLOAT, all, c.data(), d.data(), MPI_FLOAT, root, MPI_COMM_WORLD),
+          "MPI_Gatherv");
   }
 
   void progress() override {
@@ -154,10 +214,35 @@ class MpiComm final : public Comm {
   }
 
  private:
+  // One non-blocking collective for the worker: `start` begins it, `done` runs after it completed.
   struct Job {
-    float* buf;
-    size_t n;
+    std::function<int(MPI_Request*)> start;
+    std::function<void()> done;
+    const char* what;
+    size_t n;  // floats (for messages and the trace)
   };
+
+  void submit(Job job) {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      queue_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+
+  // MPI counts and displacements are int: a shard of 2^31 floats or more cannot be expressed.
+  std::vector<int> ints(const std::vector<size_t>& v, const char* what) const {
+    std::vector<int> out;
+    for (size_t x : v) {
+      if (x > size_t(std::numeric_limits<int>::max()))
+        throw Error(cat("train.zero = 1: the MPI ", what, " ", x, " exceeds the int range of MPI "
+                        "counts; use more ranks or train.zero = 0"));
+      out.push_back(static_cast<int>(x));
+    }
+    return out;
+  }
 
   // Wait until the worker has no job; rethrow its error.
   void idle() {
@@ -174,7 +259,7 @@ class MpiComm final : public Comm {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [this] { return stop_ || !queue_.empty(); });
         if (stop_ && queue_.empty()) return;
-        job = queue_.front();
+        job = std::move(queue_.front());
         queue_.pop_front();
       }
       std::string err = run(job);
@@ -202,29 +287,24 @@ class MpiComm final : public Comm {
     return err;
   }
 
-  std::string run_polls(const Job& job, int& total_polls) {
+  std::string run_polls(const Job& job, int& polls) {
     const auto t0 = Clock::now();
-    for (size_t off = 0; off < job.n; off += kMaxCount) {
-      MPI_Request req;
-      int rc = MPI_Iallreduce(MPI_IN_PLACE, job.buf + off,
-                              static_cast<int>(std::min(kMaxCount, job.n - off)), MPI_FLOAT, MPI_SUM,
-                              MPI_COMM_WORLD, &req);
-      if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Iallreduce (code ", rc, ")");
-      for (int polls = 0;; ++polls) {
-        int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Test (code ", rc, ")");
-        ++total_polls;
-        if (done) break;
-        if (timeout_s_ > 0 &&
-            std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_)
-          return cat("gradient allreduce of ", job.n, " floats not complete after comm.timeout_s = ",
-                     timeout_s_, " s (a rank is stuck or dead)");
-        // A burst of polls moves the data while it flows; then sleep so as not to spin a core
-        // the compute needs while the other ranks have not yet joined.
-        if (polls % 64 == 63) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
+    MPI_Request req;
+    int rc = job.start(&req);
+    if (rc != MPI_SUCCESS) return cat("MPI error in ", job.what, " (code ", rc, ")");
+    for (;; ++polls) {
+      int done = 0;
+      rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return cat("MPI error in MPI_Test of ", job.what, " (code ", rc, ")");
+      if (done) break;
+      if (timeout_s_ > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_)
+        return cat(job.what, " of ", job.n, " floats not complete after comm.timeout_s = ", timeout_s_,
+                   " s (a rank is stuck or dead)");
+      // A burst of polls moves the data while it flows; then sleep so as not to spin a core
+      // the compute needs while the other ranks have not yet joined.
+      if (polls % 64 == 63) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
+    if (job.done) job.done();
     return {};
   }
 

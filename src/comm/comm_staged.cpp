@@ -53,6 +53,29 @@ class StagedComm final : public Comm {
     started_.push_back({buf, host, n});
   }
   void progress() override { in_.progress(); }
+
+  // ZeRO-1 through host memory: the whole arena goes to the host for the reduce-scatter (MPI needs
+  // every rank's full contribution) and only this rank's range comes back; for the all-gather only
+  // this rank's range goes to the host and the whole arena comes back. Buffer 0 (the blocking path's).
+  void reduce_scatter_sum(float* buf, const ShardLayout& sh) override {
+    if (size() == 1) return;
+    float* host = buffer(0, sh.total);
+    be_.to_host(host, buf, sh.total * sizeof(float));
+    in_.reduce_scatter_sum(host, sh);
+    const size_t lo = sh.lo(rank());
+    be_.to_device(buf + lo, host + lo, sh.count[rank()] * sizeof(float));
+  }
+  void all_gather(float* buf, const ShardLayout& sh) override {
+    if (size() == 1) return;
+    float* host = buffer(0, sh.total);
+    const size_t lo = sh.lo(rank());
+    be_.to_host(host + lo, buf + lo, sh.count[rank()] * sizeof(float));
+    in_.all_gather(host, sh);
+    be_.to_device(buf, host, sh.total * sizeof(float));
+  }
+  void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
+    in_.gather_host(mine, all, sh, root);
+  }
   void allreduce_wait() override {
     in_.allreduce_wait();
     for (const auto& s : started_) be_.to_device(s.dev, s.host, s.n * sizeof(float));

@@ -4,9 +4,12 @@
 
 namespace nlp {
 
-GradReducer::GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap)
+GradReducer::GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap,
+                         const ShardLayout* shards)
     : comm_(comm), grad_(grad), total_(total), bucket_(bucket_floats > 0 ? bucket_floats : 1),
-      overlap_(overlap), started_lo_(total) {}
+      overlap_(overlap && shards == nullptr), shards_(shards), started_lo_(total) {
+  NLP_ASSERT(shards == nullptr || shards->total == total);
+}
 
 void GradReducer::begin() {
   started_lo_ = total_;
@@ -29,6 +32,12 @@ void GradReducer::ready(size_t lo) {
 }
 
 void GradReducer::finish() {
+  if (shards_) {
+    begin();
+    buckets_.emplace_back(0, total_);
+    comm_.reduce_scatter_sum(grad_, *shards_);
+    return;
+  }
   if (!overlap_) {
     begin();
     buckets_.emplace_back(0, total_);

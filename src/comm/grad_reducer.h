@@ -5,6 +5,8 @@
 // holds at least bucket_floats, so buckets go out in reverse layer order while the backward of the
 // earlier blocks runs. finish() starts the rest and waits: call it before reading the gradients.
 // overlap = false: finish() sums the whole arena with one blocking call (the reference behaviour).
+// shards (train.zero = 1): finish() reduce-scatters the whole arena after the backward instead, so that
+// each rank holds the sum of its own range only (no buckets: the ranges are not in layer order).
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -15,12 +17,14 @@ namespace nlp {
 
 class GradReducer {
  public:
-  GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap);
+  GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap,
+              const ShardLayout* shards = nullptr);
   // Start of a step's last micro-batch backward: nothing started yet.
   void begin();
   // grad[lo, total) is final on this rank (lo only decreases within a step).
   void ready(size_t lo);
-  // Start what is left and wait for every sum: grad holds the sum over ranks on return.
+  // Start what is left and wait for every sum: grad holds the sum over ranks on return (with shards:
+  // in this rank's range only).
   void finish();
   // The ranges [lo, hi) started in the last step, in order (for tests and logs).
   const std::vector<std::pair<size_t, size_t>>& buckets() const { return buckets_; }
@@ -31,6 +35,7 @@ class GradReducer {
   float* grad_;
   size_t total_, bucket_;
   bool overlap_;
+  const ShardLayout* shards_;
   size_t started_lo_;  // [started_lo_, total_) has been started
   std::vector<std::pair<size_t, size_t>> buckets_;
 };

@@ -182,6 +182,11 @@ const std::vector<Entry>& schema() {
        "activation recomputation: none = keep every block's activations for the backward; block = keep "
        "only each transformer block's input and rerun its forward just before its backward (bitwise the "
        "same gradients, about one extra forward of the blocks, far less activation memory)"},
+      {KEY(train, zero), closed(0, 1),
+       "ZeRO stage: 0 = every rank holds the AdamW state and updates every parameter; 1 = the gradient "
+       "is reduce-scattered, each rank keeps AdamW m and v for and updates only its 1/N of the "
+       "parameters, which are then all-gathered (optimizer memory per rank / N; comm.overlap does not "
+       "apply); checkpoints hold the full state either way"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},

@@ -6,7 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <algorithm>
+
 #include "backend/cuda/device.h"
+#include "comm/shard.h"
 #include "core/error.h"
 
 namespace nlp {
@@ -14,7 +17,7 @@ namespace {
 double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
 }  // namespace
 
-MemoryPlan plan_memory(const Config& cfg, const Model& m, int T) {
+MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   MemoryPlan p;
   Model& mm = const_cast<Model&>(m);  // params() is not const; nothing is changed
   const size_t P = mm.params().total() * sizeof(float);
@@ -24,7 +27,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T) {
   p.recompute = cfg.train.recompute == "block";
   p.weights = P;
   p.grads = P;
-  p.optimizer = train ? 2 * P : 0;
+  p.zero = cfg.train.zero;
+  p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
+  // the largest shard (comm/shard.h), what the rank that holds it allocates
+  p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
   p.activations = m.activation_bytes(p.B, T);
   // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
   p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
@@ -39,9 +45,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T) {
 std::string MemoryPlan::table() const {
   char buf[640];
   std::snprintf(buf, sizeof buf,
-                "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v %.1f | "
+                "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v%s %.1f | "
                 "activations (B=%d, T=%d, recompute %s) %.1f | workspace %.1f | total %.1f",
-                mib(weights), mib(grads), mib(optimizer), B, T, recompute ? "block" : "none",
+                mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
+                mib(optimizer), B, T, recompute ? "block" : "none",
                 mib(activations), mib(workspace), mib(total()));
   return buf;
 }
@@ -51,7 +58,8 @@ std::string MemoryPlan::json() const {
   o << "{\"weights_bytes\":" << weights << ",\"gradients_bytes\":" << grads
     << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
-    << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none") << "\"}";
+    << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none")
+    << "\",\"zero\":" << zero << ",\"optimizer_shards\":" << ranks << "}";
   return o.str();
 }
 

@@ -14,19 +14,21 @@ namespace nlp {
 struct MemoryPlan {
   size_t weights = 0;      // parameters (fp32)
   size_t grads = 0;        // their gradients (every mode allocates them)
-  size_t optimizer = 0;    // AdamW m and v (train mode)
+  size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
   size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
   size_t workspace = 0;    // batch buffers; cpu: host copies of the parameters (initialisation, weights
                            // files; train with checkpoints: parameters, m and v for the checkpoint)
   int B = 0, T = 0;
   bool recompute = false;
+  int zero = 0, ranks = 1;  // train.zero and the ranks the optimizer state is sharded over
   size_t total() const { return weights + grads + optimizer + activations + workspace; }
   std::string table() const;  // a few log lines
   std::string json() const;   // a JSON object (bytes), for summary.json
 };
 
-// `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)).
-MemoryPlan plan_memory(const Config& cfg, const Model& m, int T);
+// `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)); `world` is
+// the number of ranks (train.zero = 1 divides the optimizer state by it).
+MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 
 // Memory this rank may use: cpu: MemAvailable of /proc/meminfo divided by the ranks on this node;
 // cuda: cudaMemGetInfo's free bytes of `device`. 0 when unknown; `what` says where it came from.

@@ -1,38 +1,48 @@
 // AdamW with decoupled weight decay (torch.optim.AdamW), parameter groups by the HF Trainer rule:
-// no decay on biases and LayerNorm weights (ParamSpec::decay). Moments live in backend memory,
-// laid out like the parameter arena.
+// no decay on biases and LayerNorm weights (ParamSpec::decay). Moments live in backend memory.
+//
+// An AdamW owns the range [lo, hi) of the parameter arena: the whole arena without ZeRO, this rank's
+// shard with train.zero = 1 (comm/shard.h). Its moments hold hi - lo floats, laid out like that range
+// of the arena, and step() updates only that range of the parameters (from the same range of the
+// gradients); the caller all-gathers the parameters afterwards.
 #pragma once
 #include <vector>
 
 #include "config/config.h"
 #include "core/backend.h"
-#include "io/weights.h"
 #include "model/params.h"
 
 namespace nlp {
 
 class AdamW {
  public:
-  AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc);
+  AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size_t hi);
   ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
   // One update with learning rate lr; gradients are multiplied by grad_scale (clipping) first.
   // t is the 1-based step count used for bias correction.
   void step(float lr, float grad_scale, int t);
 
+  size_t lo() const { return lo_; }
+  size_t hi() const { return hi_; }
+  size_t state_bytes() const { return 2 * (hi_ - lo_) * sizeof(float); }  // m and v, this rank
   float* exp_avg() { return m_; }
   float* exp_avg_sq() { return v_; }
-  // Host copies of the moments as named tensors (for checkpoints), and back.
-  std::vector<NamedTensor> host_views(float* dev, std::vector<float>& host) const;
+  // A moment's range to the host (hi - lo floats), and back from a whole-arena host copy (a
+  // checkpoint's: ps.total() floats, of which [lo, hi) is taken).
   void download(const float* dev, std::vector<float>& host) const;
-  void upload(float* dev, const std::vector<float>& host);
+  void upload(float* dev, const std::vector<float>& whole);
 
  private:
   ParamStore& ps_;
   Backend& be_;
   TrainConfig tc_;
+  size_t lo_, hi_;
   float* m_ = nullptr;
   float* v_ = nullptr;
-  std::vector<Backend::AdamWSpan> spans_;  // one per parameter tensor, with its weight decay
+  // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
+  std::vector<Backend::AdamWSpan> spans_;
 };
 
 }  // namespace nlp

@@ -13,6 +13,9 @@
 namespace nlp {
 namespace {
 
+// "1 rank", "4 ranks"
+std::string ranks(int64_t n) { return cat(n, n == 1 ? " rank" : " ranks"); }
+
 enum Status : int32_t { kNone = 0, kLoaded = 1, kAllDamaged = 2 };
 
 void bcast_string(Comm& c, std::string& str) {
@@ -74,7 +77,7 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
       bs.push_back(Bc);
     } else {  // keep the per-rank batch, else smaller ones (more accumulation), else larger ones
       bs.push_back(B0);
-      for (int64_t b = std::min(per, B0) - 1; b >= 1; --b) bs.push_back(b);
+      for (int64_t b = std::min(per, B0 - 1); b >= 1; --b) bs.push_back(b);
       for (int64_t b = B0 + 1; b <= per; ++b) bs.push_back(b);
     }
     for (int64_t b : bs) {
@@ -118,9 +121,9 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
   std::vector<std::string> adjusted;
   if (c.b != Bc) adjusted.push_back(cat("train.batch_size ", Bc, " -> ", c.b));
   if (c.a != Ac) adjusted.push_back(cat("train.grad_accum ", Ac, " -> ", c.a));
-  const std::string now = cat(world, " ranks x batch ", c.b, " x grad_accum ", c.a);
-  const std::string was = cat(W0, " ranks x batch ", B0, " x accum ", A0);
-  p.info.push_back(cat("train.resume: the checkpoint was written by ", W0, " ranks, this run has ", world,
+  const std::string now = cat(ranks(world), " x batch ", c.b, " x grad_accum ", c.a);
+  const std::string was = cat(ranks(W0), " x batch ", B0, " x accum ", A0);
+  p.info.push_back(cat("train.resume: the checkpoint was written by ", ranks(W0), ", this run has ", world,
                        W0 == world ? " (the same) but another batch shape" : ""));
   if (G == G0) {
     p.info.push_back(cat("global batch ", G, " kept: ", now, ", was ", was,
@@ -136,8 +139,8 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
                        "follows in the same order"));
   if (skipped > 0)
     p.warnings.push_back(cat("warning: ", skipped, " example(s) of epoch ", epoch, " are skipped: the data position (",
-                             seen, " examples into the epoch) is not a multiple of ", m, " (", world,
-                             " ranks x batch ", c.b, ")"));
+                             seen, " examples into the epoch) is not a multiple of ", m, " (", ranks(world),
+                             " x batch ", c.b, ")"));
   if (bpe * m != bpe0 * m0)
     p.info.push_back(cat("an epoch now uses ", bpe * m, " of the ", n, " examples (was ", bpe0 * m0,
                          "): the remainder after the last full ", m, "-example micro-batch is left out of each epoch"));

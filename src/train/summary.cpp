@@ -95,7 +95,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("comm_s_max_rank", comm_max)
       .num("comm_s_mean_rank", comm_mean)
       .num("comm_s_min_step", comm_min_step)
-      .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1)
+      .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1 && notes.zero == 0)
       .num("data_s", data_s)
       .num("tokens_per_s", tok_s)
       .num("flops_per_token", fpt)
@@ -104,6 +104,9 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   j.boolean("completed", completed);
   j.raw("memory_plan", s.memory_plan_json.empty() ? "null" : s.memory_plan_json);
   j.integer("peak_rss_bytes", static_cast<long long>(peak_rss_bytes()));  // this rank's (rank 0), getrusage
+  j.integer("zero", notes.zero);
+  j.integer("optimizer_state_bytes_per_rank", notes.optimizer_bytes);
+  j.integer("optimizer_state_bytes_total", notes.optimizer_bytes_total);
   j.raw("resumed_from", notes.resumed_from.empty() ? "null" : json_string(notes.resumed_from));
   j.integer("resumed_step", notes.resumed_step);
   j.raw("resume_world", notes.resume_world_json.empty() ? "null" : notes.resume_world_json);

@@ -46,6 +46,10 @@ struct RunNotes {
   int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume
   int64_t nonfinite_skipped = 0;  // steps whose update was skipped (train.nonfinite = skip)
   std::vector<std::string> warnings;  // every warning line of the log
+  // summary.json's "zero" and "optimizer_state_bytes_per_rank": the AdamW m and v this rank holds
+  // (1/N of the whole with train.zero = 1 on N ranks), and "optimizer_state_bytes_total" (all ranks).
+  int zero = 0;
+  int64_t optimizer_bytes = 0, optimizer_bytes_total = 0;
 };
 
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,

@@ -66,16 +66,39 @@ void check_checkpoint_dir(const std::string& dir, const CheckpointDir& d, int64_
                     "; stopping instead of going on in a new folder"));
 }
 
-std::string checkpoint_now(Session& s, AdamW& opt, const TrainState& st, CheckpointDir& dir_id) {
+// The AdamW moments of the whole arena on rank 0, in `hm` and `hv`. train.zero = 1: gathered from
+// every rank's shard (a collective: every rank calls it); checkpoints hold the full state either way.
+void gather_moments(Session& s, AdamW& opt, const ShardLayout& sh, std::vector<float>& hm,
+                    std::vector<float>& hv) {
+  const bool root = s.comm.rank() == 0;
+  if (sh.ranks() == 1) {  // not sharded: rank 0 holds it all
+    if (root) {
+      opt.download(opt.exp_avg(), hm);
+      opt.download(opt.exp_avg_sq(), hv);
+    }
+    return;
+  }
+  std::vector<float> mine;
+  for (auto [dev, out] : {std::pair{opt.exp_avg(), &hm}, std::pair{opt.exp_avg_sq(), &hv}}) {
+    opt.download(dev, mine);
+    if (root) out->resize(sh.total);
+    s.comm.gather_host(mine.data(), root ? out->data() : nullptr, sh, 0);
+  }
+}
+
+std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, const TrainState& st,
+                           CheckpointDir& dir_id) {
   std::string path;
+  std::vector<float> hm, hv;
+  gather_moments(s, opt, shards, hm, hv);
   if (s.comm.rank() == 0) {
     const std::string dir = s.cfg.output.dir + "/checkpoints";
     check_checkpoint_dir(dir, dir_id, st.step, "before writing");
-    std::vector<float> hp, hm, hv;
+    std::vector<float> hp;
     auto params = s.model.params().host_views(hp);
     s.model.params().download(hp);
-    auto m = opt.host_views(opt.exp_avg(), hm);
-    auto v = opt.host_views(opt.exp_avg_sq(), hv);
+    auto m = s.model.params().host_views(hm);
+    auto v = s.model.params().host_views(hv);
     path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
                            [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
     // The first checkpoint fixes the folder; it must still be there right after the write (a removal
@@ -190,7 +213,10 @@ int run_train(Session& s) {
   if (!cfg.data.eval.empty()) eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
 
   ParamStore& ps = s.model.params();
-  AdamW opt(ps, s.be, tc);
+  // train.zero = 1: this rank keeps AdamW state for, and updates, only its shard of the arena.
+  const bool zero = tc.zero == 1 && world > 1;
+  const ShardLayout shards = ShardLayout::even(ps.total(), zero ? world : 1);
+  AdamW opt(ps, s.be, tc, shards.lo(zero ? rank : 0), shards.hi(zero ? rank : 0));
   TrainState st;
   st.seed = tc.seed;
   st.world_size = world;
@@ -217,6 +243,27 @@ int run_train(Session& s) {
   }
   notes.batch_size = B;
   notes.grad_accum = A;
+  notes.zero = zero ? 1 : 0;
+  notes.optimizer_bytes = static_cast<int64_t>(opt.state_bytes());
+  notes.optimizer_bytes_total = static_cast<int64_t>(2 * ps.total() * sizeof(float));
+  {
+    const double mib = 1024.0 * 1024.0;
+    char buf[320];
+    if (zero)
+      std::snprintf(buf, sizeof buf,
+                    "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = 1: shard [%zu, %zu) of %zu "
+                    "parameters, 1/%d of the %.1f MiB every rank holds with train.zero = 0)",
+                    double(opt.state_bytes()) / mib, opt.lo(), opt.hi(), ps.total(), world,
+                    double(notes.optimizer_bytes_total) / mib);
+    else
+      std::snprintf(buf, sizeof buf, "optimizer: AdamW m+v %.1f MiB per rank (train.zero = %d%s)",
+                    double(opt.state_bytes()) / mib, tc.zero,
+                    tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
+    s.log.info(buf);
+    if (zero && cfg.comm.overlap)
+      s.log.info("comm: train.zero = 1 reduce-scatters the gradient after the backward; comm.overlap "
+                 "(bucketed allreduce during the backward) does not apply");
+  }
   st.world_size = world;
   st.batch_size = B;
   st.grad_accum = A;
@@ -258,7 +305,8 @@ int run_train(Session& s) {
   // communication (starting buckets, the final wait, the small host sums): the exposed part.
   const size_t bucket_floats =
       std::max<size_t>(1, static_cast<size_t>(double(cfg.comm.bucket_mb) * 1024 * 1024 / sizeof(float)));
-  GradReducer reducer(s.comm, ps.grad(), ps.total(), bucket_floats, cfg.comm.overlap && world > 1);
+  GradReducer reducer(s.comm, ps.grad(), ps.total(), bucket_floats, cfg.comm.overlap && world > 1,
+                      zero ? &shards : nullptr);
   double t_hook = 0;  // time inside the model's grad-ready hook (bucket starts) during a step
   auto hook = [&](size_t lo) {
     const auto th = Clock::now();
@@ -324,16 +372,21 @@ int run_train(Session& s) {
       std::fprintf(stderr, "[trace rank %d] step %d: hooks %.1f ms, finish %.1f ms, at %.3f\n", rank, step + 1,
                    t_hook * 1e3, seconds_since(tp) * 1e3,
                    std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
-    s.comm.allreduce_sum_host(loss_sum, 1);
-    s.be.synchronize();
-    t_comm += seconds_since(tp);
     if (listed(inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
       const float nan = std::numeric_limits<float>::quiet_NaN();
       s.be.to_device(ps.grad(), &nan, sizeof nan);
     }
-    const double loss = loss_sum[0] / counts[0];
-    const double norm = std::sqrt(s.be.sumsq(ps.grad(), ps.total()));
-    // Every rank holds the same summed gradient and loss, so every rank decides the same.
+    t_comm += seconds_since(tp);
+    // The loss, and with train.zero = 1 the squared norm of this rank's shard (the gradient is summed
+    // only there), summed over ranks in one host call: the global norm for clipping.
+    double host_sums[2] = {loss_sum[0], zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
+    tp = Clock::now();
+    s.comm.allreduce_sum_host(host_sums, 2);
+    s.be.synchronize();
+    t_comm += seconds_since(tp);
+    const double loss = host_sums[0] / counts[0];
+    const double norm = std::sqrt(zero ? host_sums[1] : s.be.sumsq(ps.grad(), ps.total()));
+    // Every rank holds the same loss and norm (summed), so every rank decides the same.
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
     if (!finite && !skip_nonfinite)
       throw Error(cat("step ", step + 1, ": loss or gradient norm is not finite (loss ", loss,
@@ -345,6 +398,12 @@ int run_train(Session& s) {
           (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
       // AdamW's bias correction counts the updates applied, not the steps taken.
       opt.step(lr, grad_scale, static_cast<int>(st.optimizer_steps + 1));
+      if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
+        tp = Clock::now();
+        s.comm.all_gather(ps.data(), shards);
+        s.be.synchronize();
+        t_comm += seconds_since(tp);
+      }
       ++st.optimizer_steps;
       st.nonfinite_streak = 0;
     } else {
@@ -409,7 +468,7 @@ int run_train(Session& s) {
     }
     bool checkpointed = false;
     if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
-      const std::string path = checkpoint_now(s, opt, st, ckpt_dir_id);
+      const std::string path = checkpoint_now(s, opt, shards, st, ckpt_dir_id);
       s.log.info(cat("checkpoint: ", path));
       checkpointed = true;
     }
@@ -420,7 +479,7 @@ int run_train(Session& s) {
     double sig[1] = {static_cast<double>(stop_signal())};
     s.comm.allreduce_sum_host(sig, 1);
     if (sig[0] > 0 && !last) {
-      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, st, ckpt_dir_id);
+      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, shards, st, ckpt_dir_id);
       s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
                      "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
       break;

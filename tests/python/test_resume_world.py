@@ -63,7 +63,7 @@ def test_resume_on_other_world_keeps_global_batch_and_data(full, ranks, accum):
     cut_at_step4(full_out, out)
     p = nr.run(args + [f"--output.dir={out}", "--train.resume=true"], ranks=ranks)
     log = p.stdout
-    assert (f"global batch 16 kept: {ranks} ranks x batch 4 x grad_accum {accum}, "
+    assert (f"global batch 16 kept: {ranks} rank{'s' if ranks > 1 else ''} x batch 4 x grad_accum {accum}, "
             f"was 2 ranks x batch 4 x accum 2 (adjusted: train.grad_accum 2 -> {accum})") in log, log
     assert "results differ from the uninterrupted 2-rank run in the last bits" in log
     assert "epoch 0 (the same example order, from train.seed); 64 of its examples were already seen" in log

@@ -4,6 +4,7 @@
 // and the staged communicator's copies on the CPU backend, against a fake inner communicator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -42,7 +43,17 @@ class FakeComm final : public Comm {
       for (size_t i = 0; i < started[k].second; ++i) started[k].first[i] *= 2;
     applied = started.size();
   }
+  // As rank 0 of two ranks holding the same data: its own range doubles.
+  void reduce_scatter_sum(float* buf, const ShardLayout& sh) override {
+    scattered.push_back(sh.total);
+    for (size_t i = sh.lo(0); i < sh.hi(0); ++i) buf[i] *= 2;
+  }
+  void all_gather(float*, const ShardLayout& sh) override { gathered.push_back(sh.total); }
+  void gather_host(const float* mine, float* all, const ShardLayout& sh, int) override {
+    std::copy(mine, mine + sh.count[0], all + sh.lo(0));
+  }
   std::vector<std::pair<float*, size_t>> blocking, started;
+  std::vector<size_t> scattered, gathered;
   size_t applied = 0;
   int progressed = 0, waits = 0;
 };
@@ -193,3 +204,47 @@ INSTANTIATE_TEST_SUITE_P(Models, GradHookTest,
                                            HookCase{"bert", "doc_cls"}, HookCase{"bert", "ner"},
                                            HookCase{"bert", "qa"}),
                          [](const auto& info) { return info.param.type + "_" + info.param.task; });
+
+// ---- ZeRO-1 shard layout (comm/shard.h) -----------------------------------------------------------
+
+TEST(ShardLayout, RangesTileTheArenaAlignedAndBalanced) {
+  for (size_t total : {0, 1, 15, 16, 17, 1000, 124439808 + 7})
+    for (int ranks : {1, 2, 3, 4, 7, 8}) {
+      const ShardLayout sh = ShardLayout::even(total, ranks, 16);
+      ASSERT_EQ(sh.ranks(), ranks);
+      size_t next = 0, each = 0;
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_EQ(sh.lo(r), next) << total << " " << ranks << " " << r;  // contiguous, in rank order
+        if (r == 0) each = sh.count[0];
+        if (sh.count[r] > 0) ASSERT_EQ(sh.lo(r) % 16, 0u);  // an empty range sits at the end
+        // every range is the first one's size, except a shorter last non-empty one and empty ones
+        if (sh.hi(r) < total) ASSERT_EQ(sh.count[r], each) << total << " " << ranks << " " << r;
+        next = sh.hi(r);
+      }
+      ASSERT_EQ(next, total);
+      EXPECT_EQ(sh.total, total);
+      EXPECT_EQ(sh.largest(), each);
+      // no rank holds more than its share rounded up to the alignment
+      EXPECT_LE(each, (total + ranks - 1) / ranks + 15);
+    }
+  const ShardLayout one = ShardLayout::even(1000, 1);
+  EXPECT_EQ(one.lo(0), 0u);
+  EXPECT_EQ(one.hi(0), 1000u);
+  EXPECT_TRUE(ShardLayout::even(64, 4).equal_counts());
+  EXPECT_FALSE(ShardLayout::even(65, 4).equal_counts());
+}
+
+TEST(GradReducer, ZeroReduceScattersOnceAfterTheBackwardAndStartsNoBucket) {
+  FakeComm c;
+  std::vector<float> g(1000, 1.f);
+  const ShardLayout sh = ShardLayout::even(g.size(), 2);
+  GradReducer r(c, g.data(), g.size(), /*bucket_floats=*/100, /*overlap=*/true, &sh);
+  r.begin();
+  for (size_t lo : {900, 700, 400, 0}) r.ready(lo);  // overlap does not apply with shards
+  EXPECT_TRUE(c.started.empty());
+  r.finish();
+  EXPECT_EQ(c.scattered, (std::vector<size_t>{1000}));
+  EXPECT_TRUE(c.blocking.empty());
+  EXPECT_EQ(c.waits, 0);
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], i < sh.hi(0) ? 2.f : 1.f) << i;
+}

@@ -35,7 +35,7 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
-    "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute",
+    "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute", "train.zero",
     "eval.interval", "eval.batches",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
@@ -117,6 +117,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.nonfinite, b.train.nonfinite);
   EXPECT_EQ(a.train.nonfinite_max, b.train.nonfinite_max);
   EXPECT_EQ(a.train.recompute, b.train.recompute);
+  EXPECT_EQ(a.train.zero, b.train.zero);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -686,7 +687,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
-                                 "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\nrecompute = block\n"
+                                 "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\nrecompute = block\nzero = 1\n"
                                  "[eval]\ninterval = 13\nbatches = 2\n"
                                  "[checkpoint]\ninterval = 50\nkeep = 3\n"
                                  "[output]\ndir = runs/a b\n"

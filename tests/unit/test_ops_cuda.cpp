@@ -44,6 +44,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "comm/shard.h"
 #include "train/optimizer.h"
 
 namespace {
@@ -694,6 +695,40 @@ TEST_F(CudaOps, AdamWSpansEqualPerTensorUpdates) {
     EXPECT_EQ(pbh[i], p0[i]) << "element " << i << " outside every span changed";
 }
 
+// train.zero = 1 on the GPU: AdamW on each rank's shard (spans clipped to it and rebased, pointers
+// offset into the arenas) makes bitwise the update of one AdamW over the whole arena.
+TEST_F(CudaOps, AdamWShardsEqualTheWholeArena) {
+  auto make = [&](nlp::ParamStore& ps) {
+    ps.add("a.weight", {70, 50}, true);
+    ps.add("a.bias", {50}, false);
+    ps.add("b.weight", {333, 3}, true);
+    ps.add("ln.weight", {17}, false);
+    ps.allocate(gpu());
+    std::vector<float> h = randn(ps.total(), 1500);
+    ps.upload(h);
+  };
+  nlp::TrainConfig tc;
+  tc.weight_decay = 0.1f;
+  nlp::ParamStore whole, sharded;
+  make(whole);
+  make(sharded);
+  const nlp::ShardLayout sh = nlp::ShardLayout::even(whole.total(), 3);
+  nlp::AdamW full(whole, gpu(), tc, 0, whole.total());
+  std::vector<std::unique_ptr<nlp::AdamW>> parts;
+  for (int r = 0; r < 3; ++r) parts.push_back(std::make_unique<nlp::AdamW>(sharded, gpu(), tc, sh.lo(r), sh.hi(r)));
+  for (int t = 1; t <= 3; ++t) {
+    const VF g = randn(whole.total(), 1510 + t, 0.1f);
+    gpu().to_device(whole.grad(), g.data(), g.size() * sizeof(float));
+    gpu().to_device(sharded.grad(), g.data(), g.size() * sizeof(float));
+    full.step(1e-3f, 0.7f, t);
+    for (auto& p : parts) p->step(1e-3f, 0.7f, t);
+  }
+  std::vector<float> a, b;
+  whole.download(a);
+  sharded.download(b);
+  EXPECT_CLOSE(b, a, kExact);
+}
+
 TEST_F(CudaOps, AdamWMatchesCpuOverThreeSteps) {
   const size_t n = 100001;
   VF p = randn(n, 1300), m(n, 0.f), v(n, 0.f);
@@ -991,8 +1026,8 @@ void compare_training(Backend& g, const nlp::ModelConfig& mc, const std::string&
   nlp::TrainConfig tc;
   tc.lr = 3e-3f;
   tc.clip = 1.0f;
-  nlp::AdamW oc(mcpu->params(), cpu(), tc), og(mgpu->params(), g, tc);
   const size_t P = mcpu->params().total();
+  nlp::AdamW oc(mcpu->params(), cpu(), tc, 0, P), og(mgpu->params(), g, tc, 0, P);
   for (int step = 1; step <= 10; ++step) {
     const HostBatch hb = make_host_batch(task, B, T, mc.vocab_size, mc.num_labels, 5000 + step);
     Batch bc(cpu(), hb), bg(g, hb);

@@ -126,6 +126,11 @@ class SoloComm : public nlp::Comm {
   void broadcast_host(void*, size_t, int) override {}
   void allreduce_sum_start(float*, size_t) override {}
   void allreduce_wait() override {}
+  void reduce_scatter_sum(float*, const nlp::ShardLayout&) override {}
+  void all_gather(float*, const nlp::ShardLayout&) override {}
+  void gather_host(const float* mine, float* all, const nlp::ShardLayout& sh, int) override {
+    std::copy(mine, mine + sh.total, all);
+  }
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };

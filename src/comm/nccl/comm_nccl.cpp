@@ -96,6 +96,49 @@ class NcclComm final : public Comm {
     started_ = true;
   }
 
+  // ZeRO-1 on the backend's stream. Equal ranges: NCCL's in-place reduce-scatter (recvbuff = sendbuff
+  // + rank * count) and all-gather. Otherwise (the last range shorter) one ncclReduce / ncclBroadcast
+  // per range, rooted at its owner, in one group: the variable-size forms NCCL has no call for.
+  void reduce_scatter_sum(float* buf, const ShardLayout& sh) override {
+    if (size() == 1) return;
+    if (sh.equal_counts()) {
+      const size_t c = sh.count[0];
+      check_enqueue(ncclReduceScatter(buf, buf + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream_),
+                    "ncclReduceScatter");
+    } else {
+      nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size(); ++r)
+        if (sh.count[r] > 0)
+          check_grouped(ncclReduce(buf + sh.lo(r), buf + sh.lo(r), sh.count[r], ncclFloat, ncclSum, r, comm_,
+                                   stream_),
+                        "ncclReduce");
+      check_enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    cuda(cudaEventRecord(reduced_, stream_), "cudaEventRecord");
+    wait_event(reduced_, "gradient reduce-scatter (train.zero = 1)");
+  }
+
+  void all_gather(float* buf, const ShardLayout& sh) override {
+    if (size() == 1) return;
+    if (sh.equal_counts()) {
+      const size_t c = sh.count[0];
+      check_enqueue(ncclAllGather(buf + size_t(rank()) * c, buf, c, ncclFloat, comm_, stream_), "ncclAllGather");
+    } else {
+      nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size(); ++r)
+        if (sh.count[r] > 0)
+          check_grouped(ncclBroadcast(buf + sh.lo(r), buf + sh.lo(r), sh.count[r], ncclFloat, r, comm_, stream_),
+                        "ncclBroadcast");
+      check_enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    cuda(cudaEventRecord(reduced_, stream_), "cudaEventRecord");
+    wait_event(reduced_, "parameter all-gather (train.zero = 1)");
+  }
+
+  void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
+    mpi_.gather_host(mine, all, sh, root);
+  }
+
   void allreduce_wait() override {
     if (!started_) return;
     started_ = false;
@@ -106,9 +149,17 @@ class NcclComm final : public Comm {
 
  private:
   void enqueue(float* buf, size_t n, cudaStream_t s) {
-    ncclResult_t rc = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, s);
-    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclAllReduce");
-    settle("ncclAllReduce");
+    check_enqueue(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, s), "ncclAllReduce");
+  }
+
+  // Inside ncclGroupStart/End a call is only recorded: its state is settled by ncclGroupEnd's.
+  void check_grouped(ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, what);
+  }
+  // A non-blocking communicator may answer ncclInProgress: poll until the call is enqueued.
+  void check_enqueue(ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, what);
+    settle(what);
   }
 
   // Poll the communicator's asynchronous state until it is no longer in progress.
