@@ -5,6 +5,13 @@
 // to --max-bytes (x --factor each time). Plain MPI, nothing of nlptrain: run it with the same
 // launcher, placement and Open MPI settings as the training runs so that it measures the same
 // transport (tools/comm_fit.py fits the ring model to its output).
+// The other gradient paths of nlptrain's MPI communicator, for comparison:
+//   --nonblocking: MPI_Iallreduce + MPI_Wait (comm.overlap = true: its buckets are MPI_Iallreduce;
+//                  Open MPI runs non-blocking collectives with other algorithms than blocking ones)
+//   --collective reduce_scatter_allgather: train.zero = 1's in-place MPI_Reduce_scatter, the move of
+//                  this rank's block to its range, and the in-place MPI_Allgatherv (with
+//                  --nonblocking: MPI_Ireduce_scatter / MPI_Iallgatherv, as nlptrain's comm thread)
+//                  over near-equal contiguous ranges; the same bytes per rank as one ring allreduce.
 //
 // Per size: --warmup untimed calls, then timed calls until at least --min-reps were made and
 // --min-time seconds were spent (at most --max-reps). Each call is preceded by MPI_Barrier; its
@@ -43,6 +50,8 @@ struct Options {
   double min_time = 0.25;
   std::string out;
   std::string label;
+  bool rs_ag = false;       // reduce-scatter + all-gather instead of allreduce
+  bool nonblocking = false; // I-collectives + MPI_Wait
 };
 
 [[noreturn]] void usage_error(int rank, const std::string& msg) {
@@ -98,7 +107,14 @@ Options parse(int argc, char** argv, int rank) {
     else if (a == "--min-time") num(o.min_time);
     else if (a == "--out") o.out = val();
     else if (a == "--label") o.label = val();
-    else if (a == "-h" || a == "--help") usage_error(rank, "options: --min-bytes --max-bytes --factor --warmup --min-reps --max-reps --min-time --out --label");
+    else if (a == "--nonblocking") o.nonblocking = true;
+    else if (a == "--collective") {
+      std::string v = val();
+      if (v == "allreduce") o.rs_ag = false;
+      else if (v == "reduce_scatter_allgather") o.rs_ag = true;
+      else usage_error(rank, "--collective must be allreduce or reduce_scatter_allgather, not " + v);
+    }
+    else if (a == "-h" || a == "--help") usage_error(rank, "options: --min-bytes --max-bytes --factor --warmup --min-reps --max-reps --min-time --collective --nonblocking --out --label");
     else usage_error(rank, "unknown argument " + a);
   }
   if (o.min_bytes < 4 || o.max_bytes < o.min_bytes) usage_error(rank, "need 4 <= --min-bytes <= --max-bytes");
@@ -130,6 +146,51 @@ std::string json_escape(const std::string& s) {
   return r;
 }
 
+// One gradient reduction of `count` floats in buf, as nlptrain's communicator does it.
+struct Reducer {
+  const Options& o;
+  int rank, size;
+  std::vector<int> counts, displs;
+  void operator()(float* buf, int count) {
+    if (!o.rs_ag) {
+      if (o.nonblocking) {
+        MPI_Request r;
+        check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+        check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+      } else {
+        check(MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+      }
+      return;
+    }
+    // near-equal contiguous ranges, the first count % size ranks one float more
+    counts.assign(size, count / size);
+    displs.assign(size, 0);
+    for (int i = 0; i < count % size; ++i) ++counts[i];
+    for (int i = 1; i < size; ++i) displs[i] = displs[i - 1] + counts[i - 1];
+    if (o.nonblocking) {
+      MPI_Request r;
+      check(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r),
+            "MPI_Ireduce_scatter");
+      check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    } else {
+      check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Reduce_scatter");
+    }
+    std::memmove(buf + displs[rank], buf, size_t(counts[rank]) * sizeof(float));
+    if (o.nonblocking) {
+      MPI_Request r;
+      check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), displs.data(), MPI_FLOAT,
+                            MPI_COMM_WORLD, &r),
+            "MPI_Iallgatherv");
+      check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    } else {
+      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), displs.data(), MPI_FLOAT,
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+    }
+  }
+};
+
 struct Row {
   int64_t bytes = 0, count = 0;
   int reps = 0;
@@ -139,7 +200,9 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // The thread level nlptrain asks for (src/app/main.cpp), in case Open MPI's paths depend on it.
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -164,6 +227,7 @@ int main(int argc, char** argv) {
   if (sizes.back() != (o.max_bytes / 4) * 4) sizes.push_back((o.max_bytes / 4) * 4);
 
   std::vector<float> buf(static_cast<size_t>(sizes.back() / 4), 0.0f);  // zero-filled: pages touched
+  Reducer reduce{o, rank, size, {}, {}};
   std::vector<Row> rows;
   std::vector<double> times;
   bool ok = true;
@@ -171,7 +235,7 @@ int main(int argc, char** argv) {
     const int count = static_cast<int>(bytes / 4);
     // Correctness, once: ones summed over the ranks.
     std::fill(buf.begin(), buf.begin() + count, 1.0f);
-    check(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    reduce(buf.data(), count);
     for (int i = 0; i < count; ++i)
       if (buf[i] != float(size)) {
         std::fprintf(stderr, "allreduce_bench: rank %d: element %d of %d is %g, expected %d\n", rank, i, count,
@@ -180,8 +244,7 @@ int main(int argc, char** argv) {
         break;
       }
     std::fill(buf.begin(), buf.begin() + count, 0.0f);
-    for (int w = 0; w < o.warmup; ++w)
-      check(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    for (int w = 0; w < o.warmup; ++w) reduce(buf.data(), count);
     times.clear();
     double spent = 0;
     // Every rank sees the same (max-reduced) times, so every rank makes the same stop decision.
@@ -189,7 +252,7 @@ int main(int argc, char** argv) {
            (static_cast<int>(times.size()) < o.min_reps || spent < o.min_time)) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
-      check(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+      reduce(buf.data(), count);
       double dt = MPI_Wtime() - t0, dt_max = 0;
       MPI_Allreduce(&dt, &dt_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       times.push_back(dt_max);
@@ -224,7 +287,13 @@ int main(int argc, char** argv) {
     MPI_Get_library_version(version, &len);
     std::string v(version, static_cast<size_t>(len));
     while (!v.empty() && (v.back() == '\n' || v.back() == ' ' || v.back() == '\0')) v.pop_back();
-    std::string j = "{\"tool\":\"allreduce_bench\",\"call\":\"MPI_Allreduce(MPI_IN_PLACE, MPI_FLOAT, MPI_SUM)\"";
+    const char* call = o.rs_ag ? (o.nonblocking ? "MPI_Ireduce_scatter + memmove + MPI_Iallgatherv (in place, float, sum)"
+                                                : "MPI_Reduce_scatter + memmove + MPI_Allgatherv (in place, float, sum)")
+                               : (o.nonblocking ? "MPI_Iallreduce(MPI_IN_PLACE, MPI_FLOAT, MPI_SUM) + MPI_Wait"
+                                                : "MPI_Allreduce(MPI_IN_PLACE, MPI_FLOAT, MPI_SUM)");
+    std::string j = "{\"tool\":\"allreduce_bench\",\"call\":\"" + std::string(call) + "\"";
+    j += ",\"collective\":\"" + std::string(o.rs_ag ? "reduce_scatter_allgather" : "allreduce") + "\"";
+    j += ",\"nonblocking\":" + std::string(o.nonblocking ? "true" : "false");
     j += ",\"label\":\"" + json_escape(o.label) + "\"";
     j += ",\"world_size\":" + std::to_string(size) + ",\"nodes\":" + std::to_string(nodes) +
          ",\"ranks_per_node\":" + std::to_string(max_local);

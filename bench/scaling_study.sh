@@ -14,13 +14,17 @@
 #      starts tests/slurm/start_cluster.sh CLUSTER_DIR (two slurmd, n1 and n2, on this host) and stops
 #      it again at the end (only a cluster it started itself);
 #   3. writes a random-token dataset (vocab 256) to WORK/data/tokens.h5;
-#   4. runs the allreduce microbenchmark with srun --mpi=pmix --exclusive at each BENCH_SIZES
-#      placement (the multi-rank placements of SIZES by default) and fits the ring model to it;
+#   4. runs the microbenchmark with srun --mpi=pmix --exclusive at each BENCH_SIZES placement (the
+#      multi-rank placements of SIZES by default) for each of BENCH_KINDS: allreduce (blocking
+#      MPI_Allreduce: comm.overlap = false), iallreduce (MPI_Iallreduce: the buckets of comm.overlap =
+#      true), rs_ag (MPI_Ireduce_scatter + MPI_Iallgatherv: train.zero = 1, where overlap does not
+#      apply), and fits the ring model to each kind (WORK/bench/fit_<kind>.json);
 #   5. for each MODES x OVERLAP x ZERO variant, one jobscripts/scaling_sweep.sh --sizes "$SIZES"
 #      --serial --wait (sbatch --exclusive: no two runs share the nodes) into WORK/sweeps/<variant>/;
 #      strong: --global-batch GLOBAL_BATCH (train.batch_size = GLOBAL_BATCH / ranks), weak:
 #      train.batch_size = RANK_BATCH at every size;
-#   6. tools/scaling_report --comm-fit --cores <nproc> per variant into WORK/report/<variant>/, and
+#   6. tools/scaling_report --comm-fit <the variant's kind> --cores <nproc> per variant into
+#      WORK/report/<variant>/, and
 #      bench/scaling_study_tables.py over all of them: WORK/report/study.md (all variants, one table);
 #   7. copies the small files (machine.txt, commands.txt, study.md, the benchmark JSONs and the fit,
 #      per variant the CSVs, scaling.md and every run's summary.json) to RESULTS when it is set.
@@ -29,12 +33,16 @@
 #   NLPTRAIN_BIN [build/nlptrain]  ALLREDUCE_BENCH [build/allreduce_bench]  WORK [runs/scaling-study]
 #   RESULTS [unset: nothing copied]  CLUSTER_DIR [${TMPDIR:-/tmp}/nlptrain-scaling-study-$UID]
 #   SIZES ["1x1 2x1 2x2"] (nodes x ranks per node)  MODES ["strong weak"]  OVERLAP ["false true"]
-#   ZERO ["0 1"] (train.zero values; only "0" when the binary has no train.zero key is an error for 1)
+#   ZERO ["0 1"] (train.zero values; 1 is an error when the binary has no train.zero key)
 #   LAYERS [4] WIDTH [256] HEADS [4] SEQ [128] STEPS [20] (the first step is not timed)
 #   GLOBAL_BATCH [8] (strong, sequences per step over all ranks)  RANK_BATCH [4] (weak, per rank)
 #   BENCH_SIZES [the placements of SIZES with 2+ ranks]  BENCH_MAX_BYTES [256M]  BENCH_MIN_TIME [0.5]
-#   BENCH_MIN_REPS [7] BENCH_WARMUP [1] (untimed calls per size)  EXTRA_BENCH_SIZES [""] (more placements to benchmark, fitted on their own into
-#   WORK/bench/fit_extra.json for comparison, not used by the model; e.g. "1x2")
+#   BENCH_MIN_REPS [7] BENCH_WARMUP [1] (untimed calls per size)  BENCH_MAX_BYTES_OTHER [64M] (the
+#   kinds other than allreduce)  BENCH_KINDS [allreduce, + iallreduce if OVERLAP has true, + rs_ag if
+#   ZERO has 1]  BUCKET_MB [2] (comm.bucket_mb: the default 25 MiB is more than this model's 12.4 MiB
+#   gradient, which would then go out as one bucket after the backward, overlapping nothing)
+#   EXTRA_BENCH_SIZES [""] (more placements for the blocking allreduce, fitted on their own into
+#   WORK/bench/fit_allreduce_extra.json for comparison, not used by the model; e.g. "1x2")
 #   EXTRA_ARGS [""] (more nlptrain overrides for every run, word-split)
 # Open MPI settings exported to every job and to the benchmark: OMPI_MCA_btl=self,tcp (the two
 # "nodes" share one host: no shared-memory transport between them, so every rank talks TCP over lo),
@@ -58,7 +66,8 @@ OVERLAP=${OVERLAP:-"false true"}
 ZERO=${ZERO:-"0 1"}
 LAYERS=${LAYERS:-4} WIDTH=${WIDTH:-256} HEADS=${HEADS:-4} SEQ=${SEQ:-128} STEPS=${STEPS:-20}
 GLOBAL_BATCH=${GLOBAL_BATCH:-8} RANK_BATCH=${RANK_BATCH:-4}
-BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-256M} BENCH_MIN_TIME=${BENCH_MIN_TIME:-0.5} BENCH_MIN_REPS=${BENCH_MIN_REPS:-7} BENCH_WARMUP=${BENCH_WARMUP:-1}
+EXTRA_BENCH_SIZES=${EXTRA_BENCH_SIZES:-} BUCKET_MB=${BUCKET_MB:-2}
+BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-256M} BENCH_MAX_BYTES_OTHER=${BENCH_MAX_BYTES_OTHER:-64M} BENCH_MIN_TIME=${BENCH_MIN_TIME:-0.5} BENCH_MIN_REPS=${BENCH_MIN_REPS:-7} BENCH_WARMUP=${BENCH_WARMUP:-1}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 if [ -z "${BENCH_SIZES:-}" ]; then
   BENCH_SIZES=""
@@ -143,39 +152,66 @@ with h5py.File(sys.argv[1], "w") as f:
     f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, 256, 400_000).astype(np.int32))
 PY
 
-# ---- 4. allreduce microbenchmark and fit
-EXTRA_BENCH_SIZES=${EXTRA_BENCH_SIZES:-}
-bench_files=() extra_files=()
-for sz in $BENCH_SIZES $EXTRA_BENCH_SIZES; do
-  n=${sz%x*} r=${sz#*x}
-  out=$WORK/bench/allreduce_$sz.json
-  cmd=(srun --mpi=pmix --exclusive --kill-on-bad-exit=1 --nodes="$n" --ntasks-per-node="$r" --cpus-per-task=1
-       --job-name="allreduce-bench-$sz" "$BENCH" --max-bytes "$BENCH_MAX_BYTES"
-       --min-time "$BENCH_MIN_TIME" --min-reps "$BENCH_MIN_REPS" --warmup "$BENCH_WARMUP" --label "$sz" --out "$out")
-  say "allreduce benchmark at $n node(s) x $r rank(s) [load $(cut -d' ' -f1 /proc/loadavg)]"
+# ---- 4. microbenchmark of the gradient collectives, and their fits
+# Kinds: allreduce = blocking MPI_Allreduce (comm.overlap = false), iallreduce = MPI_Iallreduce
+# (comm.overlap = true: its buckets), rs_ag = MPI_Ireduce_scatter + MPI_Iallgatherv (train.zero = 1).
+kind_args() {
+  case $1 in
+    allreduce) echo "--max-bytes $BENCH_MAX_BYTES" ;;
+    iallreduce) echo "--nonblocking --max-bytes $BENCH_MAX_BYTES_OTHER" ;;
+    rs_ag) echo "--collective reduce_scatter_allgather --nonblocking --max-bytes $BENCH_MAX_BYTES_OTHER" ;;
+    *) die "BENCH_KINDS: unknown kind '$1' (allreduce, iallreduce, rs_ag)" ;;
+  esac
+}
+if [ -z "${BENCH_KINDS:-}" ]; then
+  BENCH_KINDS=allreduce
+  [[ " $OVERLAP " == *" true "* ]] && BENCH_KINDS+=" iallreduce"
+  [[ " $ZERO " == *" 1 "* ]] && BENCH_KINDS+=" rs_ag"
+fi
+run_bench() {  # run_bench KIND NxR
+  local kind=$1 sz=$2 n=${2%x*} r=${2#*x}
+  local out=$WORK/bench/${kind}_$sz.json log=$WORK/bench/${kind}_$sz.txt
+  # shellcheck disable=SC2207
+  local cmd=(srun --mpi=pmix --exclusive --kill-on-bad-exit=1 --nodes="$n" --ntasks-per-node="$r" --cpus-per-task=1
+             --job-name="bench-$kind-$sz" "$BENCH" $(kind_args "$kind") --min-time "$BENCH_MIN_TIME"
+             --min-reps "$BENCH_MIN_REPS" --warmup "$BENCH_WARMUP" --label "$sz" --out "$out")
+  say "benchmark $kind at $n node(s) x $r rank(s) [load $(cut -d' ' -f1 /proc/loadavg)]"
   cmdlog "${cmd[*]}"
   # One retry: a rank of the benchmark once died in start-up here (SIGSEGV before its first size;
   # not reproduced in 6 further launches); the failed attempt's output is kept next to the result.
-  if ! timeout 900 "${cmd[@]}" >"$WORK/bench/allreduce_$sz.txt" 2>&1; then
-    mv "$WORK/bench/allreduce_$sz.txt" "$WORK/bench/allreduce_$sz.failed.txt"
-    say "the benchmark at $sz failed ($(grep -m1 -iE 'error|signal' "$WORK/bench/allreduce_$sz.failed.txt" || echo 'no message')): once more"
-    timeout 900 "${cmd[@]}" >"$WORK/bench/allreduce_$sz.txt" 2>&1 ||
-      { tail -20 "$WORK/bench/allreduce_$sz.txt"; die "the allreduce benchmark at $sz failed twice"; }
+  if ! timeout 900 "${cmd[@]}" >"$log" 2>&1; then
+    mv "$log" "${log%.txt}.failed.txt"
+    say "the benchmark $kind at $sz failed ($(grep -m1 -iE 'error|signal' "${log%.txt}.failed.txt" || echo 'no message')): once more"
+    timeout 900 "${cmd[@]}" >"$log" 2>&1 || { tail -20 "$log"; die "the benchmark $kind at $sz failed twice"; }
   fi
-  if [[ " $BENCH_SIZES " == *" $sz "* ]]; then bench_files+=("$out"); else extra_files+=("$out"); fi
+}
+fit() {  # fit NAME FILES...
+  local name=$1; shift
+  cmdlog "python3 tools/comm_fit.py --out $WORK/bench/$name.json $*"
+  python3 tools/comm_fit.py --out "$WORK/bench/$name.json" "$@" 2>&1 | tee "$WORK/bench/$name.txt"
+}
+[ -n "$BENCH_SIZES" ] || die "no multi-rank placement to benchmark (SIZES=\"$SIZES\", BENCH_SIZES empty)"
+for kind in $BENCH_KINDS; do
+  files=()
+  for sz in $BENCH_SIZES; do run_bench "$kind" "$sz"; files+=("$WORK/bench/${kind}_$sz.json"); done
+  fit "fit_$kind" "${files[@]}"
 done
-((${#bench_files[@]})) || die "no multi-rank placement to benchmark (SIZES=\"$SIZES\", BENCH_SIZES empty)"
-cmdlog "python3 tools/comm_fit.py --out $WORK/bench/fit.json ${bench_files[*]}"
-python3 tools/comm_fit.py --out "$WORK/bench/fit.json" "${bench_files[@]}" 2>&1 | tee "$WORK/bench/fit.txt"
-if ((${#extra_files[@]})); then
-  cmdlog "python3 tools/comm_fit.py --out $WORK/bench/fit_extra.json ${extra_files[*]}"
-  python3 tools/comm_fit.py --out "$WORK/bench/fit_extra.json" "${extra_files[@]}" 2>&1 | tee "$WORK/bench/fit_extra.txt"
+if [ -n "$EXTRA_BENCH_SIZES" ]; then
+  files=()
+  for sz in $EXTRA_BENCH_SIZES; do run_bench allreduce "$sz"; files+=("$WORK/bench/allreduce_$sz.json"); done
+  fit fit_allreduce_extra "${files[@]}"
 fi
+fit_of() {  # the fit a variant's runs are modelled with: fit_of OVERLAP ZERO
+  if [ "$2" != 0 ] && [[ " $BENCH_KINDS " == *" rs_ag "* ]]; then echo rs_ag
+  elif [ "$1" = true ] && [[ " $BENCH_KINDS " == *" iallreduce "* ]]; then echo iallreduce
+  else echo allreduce; fi
+}
 
 # ---- 5. sweeps
 model_args=(--data.train="$WORK/data/tokens.h5" --model.vocab_size=256 --model.n_layer="$LAYERS"
             --model.n_head="$HEADS" --model.n_embd="$WIDTH" --model.n_positions="$SEQ" --data.seq_len="$SEQ"
-            --train.steps="$STEPS" --train.warmup_steps=0 --run.log_interval=1 --checkpoint.interval=0)
+            --train.steps="$STEPS" --train.warmup_steps=0 --run.log_interval=1 --checkpoint.interval=0
+            --comm.bucket_mb="$BUCKET_MB")
 # shellcheck disable=SC2206
 extra=($EXTRA_ARGS)
 variants=()
@@ -199,21 +235,25 @@ for mode in $MODES; do
       "${sweep[@]}" -- "${args[@]}" >"$WORK/sweeps/$v.txt" 2>&1 ||
         { cat "$WORK/sweeps/$v.txt"; tail -30 "$WORK/sweeps/$v"/logs/*.out 2>/dev/null; die "sweep $v failed"; }
       echo "$v end   $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/timeline.txt"
-      variants+=("$v:$mode")
+      variants+=("$v:$mode:$(fit_of "$ov" "$z")")
     done
   done
 done
 
 # ---- 6. reports
 for vm in "${variants[@]}"; do
-  v=${vm%:*} mode=${vm##*:}
-  rep=(python3 tools/scaling_report --mode "$mode" --comm-fit "$WORK/bench/fit.json" --cores "$NCORES"
+  IFS=: read -r v mode kind <<<"$vm"
+  rep=(python3 tools/scaling_report --mode "$mode" --comm-fit "$WORK/bench/fit_$kind.json" --cores "$NCORES"
        --out "$WORK/report/$v" "$WORK/sweeps/$v")
   cmdlog "${rep[*]}"
   "${rep[@]}" >"$WORK/report/$v.txt" 2>&1 || { cat "$WORK/report/$v.txt"; die "scaling_report failed for $v"; }
 done
-tab=(python3 bench/scaling_study_tables.py --fit "$WORK/bench/fit.json" --out "$WORK/report/study.md")
-for vm in "${variants[@]}"; do tab+=("$WORK/report/${vm%:*}"); done
+tab=(python3 bench/scaling_study_tables.py --out "$WORK/report/study.md")
+for kind in $BENCH_KINDS; do tab+=(--fit "$WORK/bench/fit_$kind.json"); done
+for vm in "${variants[@]}"; do
+  IFS=: read -r v _ kind <<<"$vm"
+  tab+=("$WORK/report/$v=$kind")
+done
 cmdlog "${tab[*]}"
 "${tab[@]}"
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.txt"
@@ -223,10 +263,10 @@ say "report: $WORK/report/study.md (per variant: $WORK/report/<variant>/scaling.
 if [ -n "$RESULTS" ]; then
   mkdir -p "$RESULTS"
   cp "$WORK/machine.txt" "$WORK/commands.txt" "$WORK/timeline.txt" "$WORK/report/study.md" "$RESULTS/"
-  mkdir -p "$RESULTS/allreduce"
-  cp "$WORK"/bench/*.json "$WORK"/bench/*.txt "$RESULTS/allreduce/"
+  mkdir -p "$RESULTS/bench"
+  cp "$WORK"/bench/*.json "$WORK"/bench/*.txt "$RESULTS/bench/"
   for vm in "${variants[@]}"; do
-    v=${vm%:*}
+    v=${vm%%:*}
     mkdir -p "$RESULTS/$v"
     cp "$WORK/report/$v"/{scaling.csv,fit_model.csv,model.csv,scaling.md} "$RESULTS/$v/"
     for d in "$WORK/sweeps/$v"/nodes_*/; do

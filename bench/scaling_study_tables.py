@@ -2,11 +2,12 @@
 """One Markdown page over the variants of bench/scaling_study.sh: the allreduce fit, and per variant and
 rank count the measured parallel efficiency beside the alpha-beta model's.
 
-  python3 bench/scaling_study_tables.py --fit FIT_JSON --out study.md REPORT_DIR [REPORT_DIR ...]
+  python3 bench/scaling_study_tables.py --fit FIT_JSON [--fit ...] --out study.md REPORT_DIR[=FIT_NAME] ...
 
 Each REPORT_DIR is a tools/scaling_report --comm-fit output folder (its fit_model.csv is read, and
 each run's summary.json through the path in it); its name is the variant, e.g.
-strong-overlap_true-zero_0. Numbers are copied, not recomputed (scaling_report computes them).
+strong-overlap_true-zero_0; FIT_NAME (optional) names the fit its report used. Numbers are copied, not
+recomputed (scaling_report computes them).
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def fit_section(doc):
                      f"{1 / ib / 1e9:.3g}" if ib > 0 else f"(1/beta = {ib:.3g} s/B)",
                      f"{f['rms_rel_err']:.2f} / {f['max_rel_err']:.2f}",
                      "yes" if f["valid"] else "**NO**: " + "; ".join(f["problems"])])
-    lines = [f"Model {doc['model']}, least squares on the microbenchmark's {doc['statistic']} "
-             f"({doc['weighting']} residuals).", "",
+    lines = [f"`{doc.get('call', 'MPI_Allreduce')}`: model {doc['model']}, least squares on the "
+             f"microbenchmark's {doc['statistic']} ({doc['weighting']} residuals).", "",
              md_table(["fit", "ranks (placement)", "alpha (us)", "beta (GB/s)",
                        "relative error rms / max", "valid"], rows)]
     # measured vs fitted at a few sizes
@@ -70,7 +71,7 @@ def fit_section(doc):
 
 def optimizer_mb(summary):
     """Optimizer state per rank in MB, from the summary if it says (None otherwise)."""
-    for k in ("optimizer_bytes_per_rank", "optimizer_state_bytes", "optimizer_bytes"):
+    for k in ("optimizer_state_bytes_per_rank", "optimizer_bytes_per_rank"):
         v = summary.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return v / 1e6
@@ -82,27 +83,34 @@ def optimizer_mb(summary):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fit", required=True)
+    ap.add_argument("--fit", required=True, action="append",
+                    help="comm_fit JSON (repeat for several collectives)")
     ap.add_argument("--out", required=True)
     ap.add_argument("reports", nargs="+")
     a = ap.parse_args(argv)
-    doc = cf.load_fit(a.fit)
-    parts = ["# Scaling study: measured vs modelled parallel efficiency", "",
-             "## Allreduce fit", "", *fit_section(doc), "",
+    parts = ["# Scaling study: measured vs modelled parallel efficiency", ""]
+    for path in a.fit:
+        doc = cf.load_fit(path)
+        parts += [f"## Fit: {doc.get('collective', 'allreduce')}"
+                  + (" (non-blocking)" if doc.get("nonblocking") else " (blocking)"), "",
+                  *fit_section(doc), ""]
+    parts += [
              "## Measured vs modelled, every variant", "",
              "Efficiency is relative to the variant's 1-rank run (strong: T_1/(p T_p); weak: per-rank "
              "throughput ratio). Model (tools/scaling_report --comm-fit): t_c(p) from the 1-rank run, "
-             "allreduce c from the fit of the run's placement; 'no overlap' = t_c/(t_c + c); "
+             "communication c from the fit of the run's placement, of the variant's collective (see "
+             "'fit' below); 'no overlap' = t_c/(t_c + c); "
              "'overlap f' with the run's own hidden fraction f = 1 - exposed/c (overlapped runs); "
              "'f, shared cores' also lets p ranks share the host's cores (p/cores times slower compute "
              "when p > cores). Exposed comm: summary comm_s_min_step (the last rank's wait per step); "
              "compute ratio: the run's compute + data per step over t_c(p).", ""]
-    header = ["variant", "ranks", "nodes x ranks", "step (ms)", "exposed comm (ms)",
-              "allreduce model (ms)", "f", "compute ratio", "optimizer MB/rank",
+    header = ["variant", "fit", "ranks", "nodes x ranks", "step (ms)", "exposed comm (ms)",
+              "comm model (ms)", "f", "compute ratio", "optimizer MB/rank",
               "**efficiency measured**", "model: no overlap", "model: overlap f",
               "model: f, shared cores"]
     rows = []
-    for rd in a.reports:
+    for spec in a.reports:
+        rd, _, fit_name = spec.partition("=")
         rd = Path(rd)
         csv_path = rd / "fit_model.csv"
         if not csv_path.is_file():
@@ -117,7 +125,7 @@ def main(argv=None):
                     summary = {}
                 opt = optimizer_mb(summary)
                 fit_note = "" if r["fit_valid"] == "true" else " (invalid fit)"
-                rows.append([rd.name, r["world_size"], f"{r['nodes']}x{r['ranks_per_node']}",
+                rows.append([rd.name, fit_name or "-", r["world_size"], f"{r['nodes']}x{r['ranks_per_node']}",
                              ms(r["step_time_s"]),
                              "-" if r["world_size"] == "1" else ms(r["comm_s_min_step"] or r["comm_s"]),
                              ms(r["allreduce_model_s"]) + fit_note, f3(r["overlap_fraction"], 2),

@@ -2,7 +2,9 @@
 """Fit the alpha-beta ring-allreduce model to allreduce microbenchmark output.
 
 Reads the JSON files written by bench/allreduce_bench (one per launch: world size, nodes, ranks per
-node, and the time of MPI_Allreduce per message size) and fits
+node, and the time of MPI_Allreduce per message size; or of another gradient path of the benchmark,
+--nonblocking / --collective reduce_scatter_allgather, all files of one fit measuring the same one)
+and fits
 
     T(p, S) = 2(p-1)·alpha + 2(p-1)/p·S/beta
 
@@ -25,6 +27,8 @@ Nothing is clamped or dropped silently.
 
 Output (--out, default stdout): JSON
   {"tool": "comm_fit", "model": ..., "statistic": "median_s", "weighting": "relative",
+   "call": the benchmarked call, "collective": "allreduce" | "reduce_scatter_allgather",
+   "nonblocking": bool,
    "fits": [{"label", "source", "world_size", "nodes", "ranks_per_node", "alpha_s", "beta_Bps",
              "valid", "problems", "n_points", "rms_rel_err", "max_rel_err",
              "points": [{"bytes", "measured_s", "model_s", "rel_err"}]}, ...],
@@ -156,6 +160,12 @@ def make_fit(points, weighting, **info):
 
 
 def fit_files(benches, statistic="median_s", weighting="relative", min_bytes=0, max_bytes=math.inf):
+    kinds = {(b.get("collective", "allreduce"), bool(b.get("nonblocking", False))) for b in benches}
+    if len(kinds) > 1:
+        raise FitError("the files measure different collectives ("
+                       + ", ".join(f"{c}{' non-blocking' if nb else ''}" for c, nb in sorted(kinds))
+                       + "): fit each one separately")
+    (collective, nonblocking), = kinds
     fits, joint_pts = [], []
     for b in benches:
         p = b["world_size"]
@@ -179,6 +189,8 @@ def fit_files(benches, statistic="median_s", weighting="relative", min_bytes=0, 
         # the per-point list of the joint fit repeats the per-file ones: keep it short
         joint.pop("points")
     return {"tool": PROG, "model": MODEL, "statistic": statistic, "weighting": weighting,
+            "call": benches[0].get("call", "MPI_Allreduce"), "collective": collective,
+            "nonblocking": nonblocking,
             "min_bytes": min_bytes, "max_bytes": None if math.isinf(max_bytes) else max_bytes,
             "fits": fits, "joint": joint}
 
@@ -227,7 +239,8 @@ def fmt_fit(f):
 
 
 def text_summary(doc):
-    lines = [f"model {doc['model']}, fitted to {doc['statistic']} ({doc['weighting']} residuals)"]
+    lines = [f"model {doc['model']}, fitted to {doc['statistic']} ({doc['weighting']} residuals) "
+             f"of {doc.get('call', 'MPI_Allreduce')}"]
     for f in doc["fits"] + ([doc["joint"]] if doc["joint"] else []):
         where = (f"p={f['world_size']} ({f['nodes']}x{f['ranks_per_node']})" if "world_size" in f
                  else f"p in {f['world_sizes']}")

@@ -322,6 +322,24 @@ def test_allreduce_bench_and_fit(tmp_path):
     assert math.isfinite(fit["fits"][0]["alpha_s"])  # valid or not depends on the machine's noise
     r = run(["mpirun", "-np", "2", b, "--max-bytes", "2"], env=env, check=False)
     assert r.returncode != 0 and "--min-bytes <= --max-bytes" in r.stderr
+    # the other gradient paths: MPI_Iallreduce, and ZeRO's reduce-scatter + all-gather on 3 ranks
+    # (uneven ranges); each checks its sums
+    outs = []
+    for np_, extra in ((2, ["--nonblocking"]), (3, ["--collective", "reduce_scatter_allgather"]),
+                       (3, ["--collective", "reduce_scatter_allgather", "--nonblocking"])):
+        o = tmp_path / f"k{len(outs)}.json"
+        run(["mpirun", "-np", str(np_), b, "--max-bytes", "4K", "--factor", "16", "--min-time", "0",
+             "--min-reps", "2", *extra, "--out", o], env=env)
+        d = json.loads(o.read_text())
+        assert d["correct"] is True and d["world_size"] == np_
+        outs.append(d)
+    assert outs[0]["collective"] == "allreduce" and outs[0]["nonblocking"] is True
+    assert "MPI_Iallreduce" in outs[0]["call"]
+    assert outs[2]["collective"] == "reduce_scatter_allgather" and "MPI_Iallgatherv" in outs[2]["call"]
+    # one fit per collective: mixing them is refused
+    with pytest.raises(cf.FitError, match="different collectives"):
+        cf.fit_files([cf.load_bench(out), cf.load_bench(tmp_path / "k0.json")])
+    assert cf.fit_files([cf.load_bench(tmp_path / "k2.json")])["nonblocking"] is True
 
 
 # --------------------------------------------------------------- the whole study, on real SLURM
@@ -353,13 +371,15 @@ def test_study_on_slurm(tmp_path):
         r = run(["bash", STUDY], env=env, check=False)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         res = tmp_path / "results"
-        assert (res / "study.md").is_file() and (res / "allreduce" / "fit.json").is_file()
+        assert (res / "study.md").is_file() and (res / "bench" / "fit_allreduce.json").is_file()
+        # comm.overlap = true runs are modelled with the MPI_Iallreduce fit
+        assert json.loads((res / "bench" / "fit_iallreduce.json").read_text())["nonblocking"] is True
         v = res / "weak-overlap_true-zero_0"
         rows = list(csv.DictReader(open(v / "fit_model.csv")))
         assert [(int(x["world_size"]), int(x["nodes"])) for x in rows] == [(1, 1), (2, 2)]
         s2 = json.loads((v / "nodes_2x1.summary.json").read_text())
         assert s2["world_size"] == 2 and s2["nodes"] == 2 and s2["comm_overlap"] is True
-        assert "| weak-overlap_true-zero_0 | 2 | 2x1 |" in (res / "study.md").read_text()
+        assert "| weak-overlap_true-zero_0 | iallreduce | 2 | 2x1 |" in (res / "study.md").read_text()
         assert "nproc: " in (res / "machine.txt").read_text()
         assert "scaling_sweep.sh" in (res / "commands.txt").read_text()
     finally:
