@@ -87,7 +87,8 @@ mkdir -p "$WORK"/{sweeps,report,bench,data}
 cmdlog() { printf '%s\n' "$*" >>"$WORK/commands.txt"; }
 
 HAS_ZERO=0
-"$BIN" --help 2>/dev/null | grep -qE '^ *train\.zero ' && HAS_ZERO=1
+HELP=$("$BIN" --help 2>/dev/null || true)  # (grep -q on a pipe would end it early: SIGPIPE with pipefail)
+grep -qE '^ *train\.zero ' <<<"$HELP" && HAS_ZERO=1
 for z in $ZERO; do
   [ "$z" = 0 ] || ((HAS_ZERO)) || die "ZERO=\"$ZERO\": $BIN has no train.zero key (run with ZERO=0, or build a tree that has ZeRO)"
 done
