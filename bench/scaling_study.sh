@@ -27,7 +27,8 @@
 #      WORK/report/<variant>/, and
 #      bench/scaling_study_tables.py over all of them: WORK/report/study.md (all variants, one table);
 #   7. copies the small files (machine.txt, commands.txt, study.md, the benchmark JSONs and the fit,
-#      per variant the CSVs, scaling.md and every run's summary.json) to RESULTS when it is set.
+#      per variant the CSVs, scaling.md and every run's nodes_NxR/summary.json: tools/scaling_report
+#      runs on such a folder as on the sweep) to RESULTS when it is set.
 #
 # Environment (defaults in brackets):
 #   NLPTRAIN_BIN [build/nlptrain]  ALLREDUCE_BENCH [build/allreduce_bench]  WORK [runs/scaling-study]
@@ -269,9 +270,14 @@ if [ -n "$RESULTS" ]; then
   for vm in "${variants[@]}"; do
     v=${vm%%:*}
     mkdir -p "$RESULTS/$v"
-    cp "$WORK/report/$v"/{scaling.csv,fit_model.csv,model.csv,scaling.md} "$RESULTS/$v/"
+    cp "$WORK/report/$v"/{scaling.csv,fit_model.csv,model.csv} "$RESULTS/$v/"
+    # the plots stay in WORK (about 170 KB per variant): tools/scaling_report remakes them from the summaries
+    sed 's|^!\[throughput\](throughput.png).*$|(Plots not kept here: `tools/scaling_report --comm-fit ... --out DIR` on this folder makes them.)|' \
+      "$WORK/report/$v/scaling.md" >"$RESULTS/$v/scaling.md"
     for d in "$WORK/sweeps/$v"/nodes_*/; do
-      [ -f "$d/summary.json" ] && cp "$d/summary.json" "$RESULTS/$v/$(basename "$d").summary.json"
+      [ -f "$d/summary.json" ] || continue
+      mkdir -p "$RESULTS/$v/$(basename "$d")"
+      cp "$d/summary.json" "$RESULTS/$v/$(basename "$d")/summary.json"
     done
   done
   say "copied the small files to $RESULTS"

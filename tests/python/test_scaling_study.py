@@ -377,7 +377,7 @@ def test_study_on_slurm(tmp_path):
         v = res / "weak-overlap_true-zero_0"
         rows = list(csv.DictReader(open(v / "fit_model.csv")))
         assert [(int(x["world_size"]), int(x["nodes"])) for x in rows] == [(1, 1), (2, 2)]
-        s2 = json.loads((v / "nodes_2x1.summary.json").read_text())
+        s2 = json.loads((v / "nodes_2x1" / "summary.json").read_text())
         assert s2["world_size"] == 2 and s2["nodes"] == 2 and s2["comm_overlap"] is True
         assert "| weak-overlap_true-zero_0 | iallreduce | 2 | 2x1 |" in (res / "study.md").read_text()
         assert "nproc: " in (res / "machine.txt").read_text()
