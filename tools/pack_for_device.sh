@@ -18,9 +18,11 @@
 #                                     most 64 MiB; libopenblas alone is ~36 MiB); the wrapper unpacks
 #                                     it next to itself when device-libs/ is missing.
 #
-# On the device, run the binaries WITHOUT mpirun (an Open MPI "singleton": MPI_Init in a process not
-# started by mpirun gives a one-rank MPI_COMM_WORLD; the wrapper selects Open MPI's isolated singleton
-# mode so that no orted daemon is needed). mpirun itself is not packed: one GPU means one rank.
+# On the device, run the binaries WITHOUT mpirun for one rank (an Open MPI "singleton": MPI_Init in a
+# process not started by mpirun gives a one-rank MPI_COMM_WORLD; the wrapper selects Open MPI's isolated
+# singleton mode so that no orted daemon is needed), or through the packed mpirun for several ranks
+# sharing the one GPU (comm.gpu = staged):
+#   build/run-on-device.sh mpirun -np 2 --oversubscribe build/nlptrain ... --comm.gpu=staged
 #   build/run-on-device.sh build/nlptrain --version
 #   build/run-on-device.sh build/tests/test_ops_cuda
 #   build/run-on-device.sh --check build/nlptrain      (ldd with the packed paths: lists "not found")
@@ -97,6 +99,16 @@ if [[ -n "${copied[libmpi.so.40]:-}" ]]; then
     copy_deps "$so"
     nplug=$((nplug + 1))
   done
+  # mpirun (Open MPI 4: orterun) and orted, for several ranks on the one GPU (comm.gpu = staged):
+  # started through the wrapper, they find the packed plugins through the OPAL_* variables.
+  mkdir -p "$out/openmpi/bin"
+  for exe in orterun orted; do
+    p=$(command -v "$exe" 2>/dev/null || true)
+    [[ -n "$p" ]] || continue
+    cp -L "$p" "$out/openmpi/bin/$exe"
+    copy_deps "$p"
+  done
+  [[ -x "$out/openmpi/bin/orterun" ]] && ln -sf orterun "$out/openmpi/bin/mpirun"
   [[ -d "$pkgdatadir" ]] && cp -rL "$pkgdatadir/." "$out/openmpi/share/"
   [[ -d "$sysconfdir" ]] && cp -L "$sysconfdir"/*.conf "$out/openmpi/etc/" 2>/dev/null || true
   echo "pack_for_device: Open MPI: $nplug plugins packed, $nskip left out (network stacks)"
@@ -138,6 +150,8 @@ if [[ -d "$libs/openmpi" ]]; then
   export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
   export OMPI_MCA_mca_base_component_show_load_errors="${OMPI_MCA_mca_base_component_show_load_errors:-0}"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # the packed mpirun first: run-on-device.sh mpirun -np 2 ... (ranks inherit this environment)
+  export PATH="$libs/openmpi/bin:$PATH"
   # hwloc's optional plugins (GL, OpenCL, PCI, XML) are not packed: load none.
   export HWLOC_PLUGINS_PATH="${HWLOC_PLUGINS_PATH:-$libs/hwloc-plugins}"
 fi

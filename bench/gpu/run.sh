@@ -13,6 +13,9 @@
 #           steps and 1e-3 over 100 (bench/gpu/compare.py)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal
+#   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged): GPT-2 small 20
+#           steps with train.zero = 0 and 1 against 2 CPU ranks (losses within 1e-4 relative; zero 1
+#           against zero 0 within 1e-6). NCCL needs a GPU per rank: not runnable on one GPU.
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
 #   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
@@ -26,7 +29,7 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpurun.XXXXXX)
-SECTIONS=${SECTIONS:-"info tests e2e resume bench profile torch"}
+SECTIONS=${SECTIONS:-"info tests e2e resume comm bench profile torch"}
 DEADLINE=${DEADLINE:-560}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
@@ -153,6 +156,25 @@ if want resume && in_time 60 "resume"; then
   done
   python3 compare.py resume "$R/bf16_straight" "$R/bf16_resumed16" --step 20 2>&1 | sed 's/^/bf16 /' \
       | tee "$W/resume_bf16_compare.log" | tee -a "$W/run.log"
+fi
+
+snapshot
+if want comm && in_time 70 "comm"; then
+  C=$W/comm
+  MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
+  for run in "cuda 0" "cuda 1" "cpu 0"; do
+    read -r be z <<< "$run"
+    timeout 150 $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
+        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --train.zero=$z --train.steps=20 \
+        --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
+    log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"
+    [[ -f "$C/${be}_zero$z/log.txt" ]] || tail -5 "$W/comm_${be}_zero$z.log" | tee -a "$W/run.log"
+  done
+  grep -h "optimizer:" "$C/cuda_zero1/log.txt" 2>/dev/null | tee -a "$W/run.log"
+  python3 compare.py losses "$C/cpu_zero0/metrics.jsonl" "$C/cuda_zero0/metrics.jsonl" --within 20:1e-4 2>&1 \
+      | sed 's/^/comm cpu vs cuda: /' | tee "$W/comm_compare.log" | tee -a "$W/run.log"
+  python3 compare.py losses "$C/cuda_zero0/metrics.jsonl" "$C/cuda_zero1/metrics.jsonl" --within 20:1e-6 2>&1 \
+      | sed 's/^/comm zero 0 vs 1: /' | tee -a "$W/comm_compare.log" | tee -a "$W/run.log"
 fi
 
 snapshot

@@ -103,14 +103,22 @@ TEST(StagedComm, CpuBackendChunksAndBucketsEqualTheSum) {
   be->release(d);
 }
 
-TEST(GradReducer, OverlapEqualsOneAllreduceOverMpi) {
-  Comm& c = *g_mpi;
-  const size_t n = 50000;
-  std::vector<float> a(n), b(n);
-  for (size_t i = 0; i < n; ++i) a[i] = b[i] = 0.001f * float(c.rank() + 1) * float(i % 1013) - 0.3f;
+// Rank-dependent "gradients": `a` summed by the reference path (one blocking allreduce), `b` the same
+// values not yet summed, for the path under test.
+void reference_and_copy(Comm& c, size_t n, std::vector<float>& a, std::vector<float>& b) {
+  a.resize(n);
+  for (size_t i = 0; i < n; ++i) a[i] = 0.001f * float(c.rank() + 1) * float(i % 1013) - 0.3f;
+  b = a;
   GradReducer one(c, a.data(), n, 1000, /*overlap=*/false);
   one.begin();
   one.finish();
+}
+
+TEST(GradReducer, OverlapEqualsOneAllreduceOverMpi) {
+  Comm& c = *g_mpi;
+  const size_t n = 50000;
+  std::vector<float> a, b;
+  reference_and_copy(c, n, a, b);
   GradReducer ovl(c, b.data(), n, 1000, /*overlap=*/true);
   ovl.begin();
   for (size_t lo = n; lo >= 5000; lo -= 5000) ovl.ready(lo - 5000);
@@ -164,11 +172,8 @@ TEST(StagedComm, ZeroReduceScatterAllGatherGather) {
 TEST(GradReducer, ZeroShardsEqualTheAllreduce) {
   Comm& c = *g_mpi;
   const size_t n = 50000;
-  std::vector<float> a(n), b(n);
-  for (size_t i = 0; i < n; ++i) a[i] = b[i] = 0.001f * float(c.rank() + 1) * float(i % 1013) - 0.3f;
-  GradReducer one(c, a.data(), n, 1000, /*overlap=*/false);
-  one.begin();
-  one.finish();
+  std::vector<float> a, b;
+  reference_and_copy(c, n, a, b);
   const ShardLayout sh = ShardLayout::even(n, c.size());
   GradReducer zero(c, b.data(), n, 1000, /*overlap=*/true, &sh);
   zero.begin();

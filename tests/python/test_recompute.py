@@ -97,9 +97,9 @@ def test_memory_limit_refused_on_every_rank_before_output(data, tmp_path):
     assert set(left) <= {"nlptrain.lock"}, left
 
 
-def peak_and_plan(data_args, out, extra):
+def peak_and_plan(data_args, out, extra, ranks=1):
     nr.run(data_args + ["--train.steps=2", "--data.shuffle=false", "--checkpoint.interval=0",
-                        f"--output.dir={out}"] + extra, timeout=300)
+                        f"--output.dir={out}"] + extra, ranks=ranks, timeout=300)
     s = json.loads(Path(out, "summary.json").read_text())
     return s["peak_rss_bytes"], s["memory_plan"]["total_bytes"]
 
@@ -108,7 +108,8 @@ def test_plan_matches_peak_rss(tmp_path):
     """The plan against getrusage's ru_maxrss (summary.json's peak_rss_bytes) on the CPU. The process
     itself (MPI, OpenBLAS buffers, HDF5, the binary) takes tens of MiB that the plan does not count, so
     a tiny run's peak and plan are subtracted from a ~200 MiB run's: (peak - peak_tiny) must be within
-    15% of (plan - plan_tiny), with and without recomputation."""
+    15% of (plan - plan_tiny), with and without recomputation, and on 2 ranks with and without ZeRO-1
+    (rank 0's peak; the optimizer state of train.zero = 1 is half)."""
     rng = np.random.default_rng(5)
     stream = tmp_path / "s.h5"
     nr.write_stream(stream, rng.integers(0, 64, size=8 * 128 * 2 + 1))
@@ -125,3 +126,11 @@ def test_plan_matches_peak_rss(tmp_path):
               f"{p0 / 2**20:.1f}, plan {e0 / 2**20:.1f}; difference measured {measured / 2**20:.1f} vs "
               f"planned {planned / 2**20:.1f} MiB")
         assert abs(measured - planned) <= 0.15 * planned, (r, measured / 2**20, planned / 2**20, p0 / 2**20)
+    p0, e0 = peak_and_plan(tiny, tmp_path / "tiny2", [], ranks=2)
+    for z in (0, 1):
+        p, e = peak_and_plan(big, tmp_path / f"zero{z}", [f"--train.zero={z}"], ranks=2)
+        measured, planned = p - p0, e - e0
+        print(f"2 ranks, zero {z}: peak {p / 2**20:.1f} MiB, plan {e / 2**20:.1f} MiB; tiny run peak "
+              f"{p0 / 2**20:.1f}, plan {e0 / 2**20:.1f}; difference measured {measured / 2**20:.1f} vs "
+              f"planned {planned / 2**20:.1f} MiB")
+        assert abs(measured - planned) <= 0.15 * planned, (z, measured / 2**20, planned / 2**20, p0 / 2**20)

@@ -127,3 +127,17 @@ def test_checkpoints_are_full_and_resume_across_zero_and_world_size(data, tmp_pa
         assert abs(got[s][0] - ref[s][0]) <= 1e-5 * abs(ref[s][0]), (s, got[s], ref[s])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["zero"] == 1 and summary["resume_world"] is not None
+
+
+def test_nonfinite_skip_is_decided_alike_on_every_shard(data, tmp_path):
+    """A NaN injected into the gradient lands in rank 0's shard only; the global norm over the shards is
+    NaN on every rank, so every rank skips the update: the run equals train.zero = 0 step for step."""
+    logs = {}
+    for z in (0, 1):
+        out = tmp_path / f"zero{z}"
+        nr.run(data + TINY + ["--train.steps=6", f"--train.zero={z}", "--train.nonfinite=skip",
+                              "--debug.inject_nonfinite_step=3", f"--output.dir={out}"], ranks=2, timeout=120)
+        rows = nr.metrics(out)[0]
+        assert [r.get("skipped", False) for r in rows] == [False, False, True, False, False, False], rows
+        logs[z] = [r["loss"] for r in rows]
+    assert logs[0] == logs[1], logs
