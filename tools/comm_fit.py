@@ -55,15 +55,20 @@ class FitError(Exception):
     pass
 
 
-def load_bench(path):
-    """One allreduce_bench JSON file, checked."""
+def read_json(path):
+    """A JSON file, or FitError naming the file and what is wrong."""
     try:
         with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+            return json.load(f)
     except (OSError, UnicodeDecodeError) as e:
         raise FitError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise FitError(f"{path}: invalid JSON: {e}") from None
+
+
+def load_bench(path):
+    """One allreduce_bench JSON file, checked."""
+    d = read_json(path)
     if not isinstance(d, dict) or not isinstance(d.get("results"), list):
         raise FitError(f"{path}: not allreduce_bench output (no 'results' list)")
     for k in ("world_size", "nodes", "ranks_per_node"):
@@ -197,13 +202,7 @@ def fit_files(benches, statistic="median_s", weighting="relative", min_bytes=0, 
 
 def load_fit(path):
     """A comm_fit JSON file (for tools/scaling_report), checked."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, UnicodeDecodeError) as e:
-        raise FitError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise FitError(f"{path}: invalid JSON: {e}") from None
+    d = read_json(path)
     if not isinstance(d, dict) or d.get("tool") != PROG or not isinstance(d.get("fits"), list):
         raise FitError(f"{path}: not a {PROG} file (expected 'tool': '{PROG}' and a 'fits' list)")
     entries = list(d["fits"]) + ([d["joint"]] if d.get("joint") else [])
