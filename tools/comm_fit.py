@@ -42,9 +42,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests, bench/)
+from hf_layout import ToolError, atomic_file  # noqa: E402
 
 PROG = "comm_fit"
 MODEL = "T(p, S) = 2(p-1)*alpha + 2(p-1)/p*S/beta"
@@ -250,19 +252,9 @@ def text_summary(doc):
 
 
 def write_atomic(path, text):
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """`text` into `path`, never half-written (hf_layout.atomic_file: temp file, fsync, rename)."""
+    with atomic_file(Path(path), "the fit") as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def parse_args(argv):
@@ -290,7 +282,11 @@ def main(argv=None):
         return 1
     text = json.dumps(doc, indent=1) + "\n"
     if a.out:
-        write_atomic(a.out, text)
+        try:
+            write_atomic(a.out, text)
+        except ToolError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 1
         print(f"{PROG}: wrote {a.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
