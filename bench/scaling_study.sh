@@ -17,8 +17,9 @@
 #   4. runs the microbenchmark with srun --mpi=pmix --exclusive at each BENCH_SIZES placement (the
 #      multi-rank placements of SIZES by default) for each of BENCH_KINDS: allreduce (blocking
 #      MPI_Allreduce: comm.overlap = false), iallreduce (MPI_Iallreduce: the buckets of comm.overlap =
-#      true), rs_ag (MPI_Ireduce_scatter + MPI_Iallgatherv: train.zero = 1, where overlap does not
-#      apply), and fits the ring model to each kind (WORK/bench/fit_<kind>.json);
+#      true), rs_ag (MPI_Ireduce_scatter + MPI_Iallgatherv: train.zero = 1; with overlap its
+#      reduce-scatter goes out in buckets, one MPI_Ireduce per owner, the same bytes), and fits the
+#      ring model to each kind (WORK/bench/fit_<kind>.json);
 #   5. for each MODES x OVERLAP x ZERO variant, one jobscripts/scaling_sweep.sh --sizes "$SIZES"
 #      --serial --wait (sbatch --exclusive: no two runs share the nodes) into WORK/sweeps/<variant>/;
 #      strong: --global-batch GLOBAL_BATCH (train.batch_size = GLOBAL_BATCH / ranks), weak:

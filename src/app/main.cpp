@@ -183,7 +183,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be->name(),
                comm.size() > 1 ? cat(" (gradients: ", gpu_comm,
-                                     cfg.train.zero == 1 ? ", ZeRO-1" : cfg.comm.overlap ? ", overlapped" : "", ")")
+                                     cfg.train.zero == 1 ? ", ZeRO-1" : "", cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
                " | precision ",
                precision_name(precision), " | attention ",

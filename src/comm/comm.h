@@ -30,13 +30,20 @@ class Comm {
   virtual void allreduce_sum_start(float* buf, size_t n) = 0;
   // Drive outstanding sums forward (where the implementation needs the caller's thread for that).
   virtual void progress() {}
-  // Block until every started sum is complete (for GPU communicators: the backend's stream is
-  // ordered after them). Throws nlp::Error when a sum failed or exceeded the timeout.
+  // Block until every started sum (allreduce or reduce-scatter) is complete (for GPU communicators:
+  // the backend's stream is ordered after them). Throws nlp::Error when a sum failed or exceeded the
+  // timeout.
   virtual void allreduce_wait() = 0;
   // ZeRO-1 (comm/shard.h): in place over a flat arena of sh.total floats in backend memory.
   // reduce_scatter_sum: on return this rank's range [sh.lo(rank), sh.hi(rank)) holds the sum over
   // ranks of that range; the rest of buf is left unspecified (it is overwritten by the next all-gather).
   virtual void reduce_scatter_sum(float* buf, const ShardLayout& sh) = 0;
+  // The overlapped form of reduce_scatter_sum, for one gradient bucket: `bucket` holds arena[lo, lo + n)
+  // of an arena laid out by sh. Non-blocking, with the ordering rules of allreduce_sum_start, and
+  // complete after allreduce_wait(): then this rank's part of the bucket (sh.part(rank, lo, lo + n))
+  // holds the sum over ranks; the rest of the bucket is unspecified. Each part is reduced to its owner
+  // only, so a bucket moves about half the bytes of its allreduce.
+  virtual void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) = 0;
   // all_gather: every rank's range of buf is copied into that range on every other rank.
   virtual void all_gather(float* buf, const ShardLayout& sh) = 0;
   // Host floats to one rank (checkpoints of the sharded AdamW state): rank r sends sh.count[r] floats

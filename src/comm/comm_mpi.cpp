@@ -1,6 +1,7 @@
 // MPI communicator on host buffers (CPU backend): gradients summed with MPI_Allreduce, or, for the
-// overlapped gradient reduction, with MPI_Iallreduce run by a background thread; ZeRO-1's
-// reduce-scatter and all-gather run on that thread too (for comm.timeout_s).
+// overlapped gradient reduction, with MPI_Iallreduce (MPI_Ireduce per owner with train.zero = 1) run
+// by a background thread; ZeRO-1's reduce-scatter and all-gather run on that thread too (for
+// comm.timeout_s).
 //
 // Why a thread: Open MPI progresses a non-blocking collective only inside MPI calls. MPI_Test between
 // blocks' backward would move a few fragments per call and leave most of the work to the final wait.
@@ -150,6 +151,32 @@ class MpiComm final : public Comm {
             },
             move_home, "gradient reduce-scatter (train.zero = 1)", sh.total});
     idle();
+  }
+
+  // One bucket of ZeRO-1's overlapped reduce-scatter: each rank's part of the bucket is an
+  // MPI_Ireduce rooted at that rank (in place there; the other ranks only send), in rank order.
+  void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
+    if (size_ == 1 || n == 0) return;
+    NLP_ASSERT(sh.ranks() == size_ && lo + n <= sh.total);
+    for (int root = 0; root < size_; ++root) {
+      const auto [a, b] = sh.part(root, lo, lo + n);
+      for (size_t off = a; off < b; off += kMaxCount) {
+        float* p = bucket + (off - lo);
+        const int cnt = static_cast<int>(std::min(kMaxCount, b - off));
+        const bool mine = root == rank_;
+        auto start = [p, cnt, root, mine](MPI_Request* r) {
+          return MPI_Ireduce(mine ? MPI_IN_PLACE : p, mine ? p : nullptr, cnt, MPI_FLOAT, MPI_SUM, root,
+                             MPI_COMM_WORLD, r);
+        };
+        if (threaded_) {
+          submit({start, nullptr, "gradient reduce-scatter bucket (train.zero = 1)", size_t(cnt)});
+        } else {
+          inline_.emplace_back();
+          check(start(&inline_.back()), "MPI_Ireduce");
+          if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
+        }
+      }
+    }
   }
 
   void all_gather(float* buf, const ShardLayout& sh) override {

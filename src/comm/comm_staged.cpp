@@ -4,7 +4,7 @@
 // GPU (which NCCL refuses). Overlapped buckets: allreduce_sum_start copies the bucket to its own host
 // buffer (on the CUDA backend to_host waits for the kernels queued so far, which is what orders the
 // copy after the kernels that produced the gradients) and starts the inner non-blocking sum;
-// allreduce_wait waits for them and copies every bucket back.
+// allreduce_wait waits for them and copies every bucket back (with ZeRO-1, this rank's part of it).
 #include "comm/comm.h"
 #include "core/backend.h"
 
@@ -51,6 +51,16 @@ class StagedComm final : public Comm {
     be_.to_host(host, buf, n * sizeof(float));
     in_.allreduce_sum_start(host, n);
     started_.push_back({buf, host, n});
+  }
+  // A ZeRO-1 bucket: all of it to its own host buffer (every rank contributes to every part), only
+  // this rank's part back at the wait.
+  void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
+    if (size() == 1 || n == 0) return;
+    float* host = buffer(started_.size() + 1, n);
+    be_.to_host(host, bucket, n * sizeof(float));
+    in_.reduce_scatter_sum_start(host, lo, n, sh);
+    const auto [a, b] = sh.part(rank(), lo, lo + n);
+    started_.push_back({bucket + (a - lo), host + (a - lo), b - a});
   }
   void progress() override { in_.progress(); }
 

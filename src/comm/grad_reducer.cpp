@@ -7,7 +7,7 @@ namespace nlp {
 GradReducer::GradReducer(Comm& comm, float* grad, size_t total, size_t bucket_floats, bool overlap,
                          const ShardLayout* shards)
     : comm_(comm), grad_(grad), total_(total), bucket_(bucket_floats > 0 ? bucket_floats : 1),
-      overlap_(overlap && shards == nullptr), shards_(shards), started_lo_(total) {
+      overlap_(overlap), shards_(shards), started_lo_(total) {
   NLP_ASSERT(shards == nullptr || shards->total == total);
 }
 
@@ -18,7 +18,10 @@ void GradReducer::begin() {
 
 void GradReducer::start(size_t lo, size_t hi) {
   buckets_.emplace_back(lo, hi);
-  comm_.allreduce_sum_start(grad_ + lo, hi - lo);
+  if (shards_)
+    comm_.reduce_scatter_sum_start(grad_ + lo, lo, hi - lo, *shards_);
+  else
+    comm_.allreduce_sum_start(grad_ + lo, hi - lo);
 }
 
 void GradReducer::ready(size_t lo) {
@@ -32,16 +35,13 @@ void GradReducer::ready(size_t lo) {
 }
 
 void GradReducer::finish() {
-  if (shards_) {
-    begin();
-    buckets_.emplace_back(0, total_);
-    comm_.reduce_scatter_sum(grad_, *shards_);
-    return;
-  }
   if (!overlap_) {
     begin();
     buckets_.emplace_back(0, total_);
-    comm_.allreduce_sum(grad_, total_);
+    if (shards_)
+      comm_.reduce_scatter_sum(grad_, *shards_);
+    else
+      comm_.allreduce_sum(grad_, total_);
     return;
   }
   if (started_lo_ > 0) {

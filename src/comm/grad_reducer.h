@@ -5,8 +5,9 @@
 // holds at least bucket_floats, so buckets go out in reverse layer order while the backward of the
 // earlier blocks runs. finish() starts the rest and waits: call it before reading the gradients.
 // overlap = false: finish() sums the whole arena with one blocking call (the reference behaviour).
-// shards (train.zero = 1): finish() reduce-scatters the whole arena after the backward instead, so that
-// each rank holds the sum of its own range only (no buckets: the ranges are not in layer order).
+// shards (train.zero = 1): each rank needs the sum of its own range only, so buckets are
+// reduce-scattered instead (Comm::reduce_scatter_sum_start: each bucket's part in a rank's range is
+// reduced to that rank), and without overlap finish() reduce-scatters the whole arena at once.
 #pragma once
 #include <cstddef>
 #include <vector>

@@ -34,4 +34,9 @@ bool ShardLayout::equal_counts() const {
   return true;
 }
 
+std::pair<size_t, size_t> ShardLayout::part(int r, size_t a, size_t b) const {
+  const size_t first = std::max(a, lo(r)), last = std::min(b, hi(r));
+  return first < last ? std::pair{first, last} : std::pair{first, first};
+}
+
 }  // namespace nlp

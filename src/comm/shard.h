@@ -5,6 +5,7 @@
 // With one rank (or train.zero = 0) the one range is the whole arena.
 #pragma once
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace nlp {
@@ -18,6 +19,9 @@ struct ShardLayout {
   size_t hi(int r) const { return offset[r] + count[r]; }
   size_t largest() const;  // the largest count (what one rank allocates at most)
   bool equal_counts() const;  // every count the same (NCCL's native reduce-scatter/all-gather)
+  // The part of [a, b) that rank r owns, as [first, second) (empty: first == second). A bucket
+  // [a, b) is the concatenation, in rank order, of its parts.
+  std::pair<size_t, size_t> part(int r, size_t a, size_t b) const;
 
   // `total` floats over `ranks` ranks: ceil(total / ranks) rounded up to `align` each, the last
   // non-empty range shorter, ranges past the end empty.

@@ -185,8 +185,8 @@ const std::vector<Entry>& schema() {
       {KEY(train, zero), closed(0, 1),
        "ZeRO stage: 0 = every rank holds the AdamW state and updates every parameter; 1 = the gradient "
        "is reduce-scattered, each rank keeps AdamW m and v for and updates only its 1/N of the "
-       "parameters, which are then all-gathered (optimizer memory per rank / N; comm.overlap does not "
-       "apply); checkpoints hold the full state either way"},
+       "parameters, which are then all-gathered (optimizer memory per rank / N; with comm.overlap the "
+       "reduce-scatter goes out in buckets during the backward); checkpoints hold the full state either way"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},
@@ -202,8 +202,8 @@ const std::vector<Entry>& schema() {
        "gradient bucket size in MiB: buckets are reduced as soon as the blocks that produce them "
        "finish their backward (comm.overlap)"},
       {KEY(comm, overlap), none(),
-       "overlap the gradient allreduce with the backward (buckets, reverse layer order); false = one "
-       "allreduce after the backward"},
+       "overlap the gradient allreduce (with train.zero = 1: reduce-scatter) with the backward (buckets, "
+       "reverse layer order); false = one allreduce (reduce-scatter) after the backward"},
       {KEY(comm, timeout_s), ge(0),
        "an overlapped gradient bucket or NCCL collective not finished after this many seconds ends "
        "every rank with an error (the blocking MPI allreduce of comm.overlap = false is not covered); "

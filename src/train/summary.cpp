@@ -95,7 +95,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("comm_s_max_rank", comm_max)
       .num("comm_s_mean_rank", comm_mean)
       .num("comm_s_min_step", comm_min_step)
-      .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1 && notes.zero == 0)
+      .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1)
       .num("data_s", data_s)
       .num("tokens_per_s", tok_s)
       .num("flops_per_token", fpt)

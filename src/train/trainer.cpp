@@ -260,9 +260,6 @@ int run_train(Session& s) {
                     double(opt.state_bytes()) / mib, tc.zero,
                     tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
     s.log.info(buf);
-    if (zero && cfg.comm.overlap)
-      s.log.info("comm: train.zero = 1 reduce-scatters the gradient after the backward; comm.overlap "
-                 "(bucketed allreduce during the backward) does not apply");
   }
   st.world_size = world;
   st.batch_size = B;

@@ -1,5 +1,6 @@
-"""ZeRO-1 (train.zero = 1, README "Scaling out"): the gradient is reduce-scattered, each rank runs AdamW
-on its 1/N shard of the parameters and moments, and the parameters are all-gathered. Losses and
+"""ZeRO-1 (train.zero = 1, README "Scaling out"): the gradient is reduce-scattered (after the backward,
+or in buckets during it with comm.overlap), each rank runs AdamW on its 1/N shard of the parameters and
+moments, and the parameters are all-gathered. Losses and
 gradient norms (clipping by the global norm over the shards is active here) equal train.zero = 0 within
 1e-6 over 50 steps on 2 and 4 ranks; summary.json and the log show the optimizer state per rank falling
 by N. Checkpoints hold the full Hugging Face layout: a ZeRO checkpoint equals the one written without
@@ -19,7 +20,8 @@ TINY = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.v
         "--train.lr=3e-3", "--train.warmup_steps=5", "--train.schedule=cosine", "--train.clip=0.5"]
 # Dropout off where world sizes are compared: its masks are drawn per rank.
 NO_DROPOUT = ["--model.embd_pdrop=0", "--model.attn_pdrop=0", "--model.resid_pdrop=0"]
-# fp32 summation order only (reduce-scatter against bucketed allreduce, norm over shards).
+# fp32 summation order only (reduce-scatter or per-owner reduce against bucketed allreduce, norm over
+# shards).
 TOL = 1e-6
 
 
@@ -44,32 +46,43 @@ def assert_close(a, b, steps):
             assert abs(x - y) <= TOL * abs(y), f"step {s} {what}: {x!r} vs {y!r} ({abs(x - y) / abs(y):.2e})"
 
 
+# ZeRO-1 with comm.overlap: 0.01 MB buckets (2621 floats) go out during the backward, several per
+# block, and some straddle the boundary between two ranks' ranges (each part reduced to its owner).
+ZERO_RUNS = {"zero0": ["--train.zero=0"],
+             "zero1": ["--train.zero=1", "--comm.overlap=false"],
+             "zero1_overlap": ["--train.zero=1", "--comm.overlap=true", "--comm.bucket_mb=0.01"]}
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_losses_equal_zero0_and_optimizer_memory_falls_by_n(data, ranks, tmp_path):
     outs = {}
-    for z in (0, 1):
-        outs[z] = tmp_path / f"zero{z}"
-        nr.run(data + TINY + ["--train.steps=50", f"--train.zero={z}",
-                       f"--output.dir={outs[z]}"], ranks=ranks, timeout=300)
-    l0, l1 = train_log(outs[0]), train_log(outs[1])
-    assert_close(l1, l0, 50)
+    for name, keys in ZERO_RUNS.items():
+        outs[name] = tmp_path / name
+        nr.run(data + TINY + ["--train.steps=50", f"--output.dir={outs[name]}"] + keys, ranks=ranks,
+               timeout=300)
+    l0 = train_log(outs["zero0"])
+    for name in ("zero1", "zero1_overlap"):
+        assert_close(train_log(outs[name]), l0, 50)
     # clipping was active: the global norm over the shards is what the clip acted on
     assert max(v[1] for v in l0.values()) > 0.5
 
-    s0 = json.loads((outs[0] / "summary.json").read_text())
-    s1 = json.loads((outs[1] / "summary.json").read_text())
-    assert s0["zero"] == 0 and s1["zero"] == 1
+    s0 = json.loads((outs["zero0"] / "summary.json").read_text())
     full = s0["optimizer_state_bytes_per_rank"]
-    assert full == s0["optimizer_state_bytes_total"] == s1["optimizer_state_bytes_total"]
-    # 1/N of the arena, each range rounded up to 16 floats (64 bytes) for two moments
-    assert full / ranks <= s1["optimizer_state_bytes_per_rank"] <= full / ranks + 2 * 16 * 4, (full, s1)
-    assert s1["memory_plan"]["zero"] == 1 and s1["memory_plan"]["optimizer_shards"] == ranks
-    assert s1["memory_plan"]["optimizer_bytes"] == s1["optimizer_state_bytes_per_rank"]
+    assert s0["zero"] == 0 and s0["comm_overlap"] is True
     assert s0["memory_plan"]["optimizer_bytes"] == full
-    assert s1["comm_overlap"] is False and s0["comm_overlap"] is True
-    log = (outs[1] / "log.txt").read_text()
-    assert f"train.zero = 1: shard [0, " in log and f"1/{ranks} of the" in log, log[:3000]
-    assert "comm.overlap (bucketed allreduce during the backward) does not apply" in log
+    for name in ("zero1", "zero1_overlap"):
+        s1 = json.loads((outs[name] / "summary.json").read_text())
+        assert s1["zero"] == 1
+        assert full == s0["optimizer_state_bytes_total"] == s1["optimizer_state_bytes_total"]
+        # 1/N of the arena, each range rounded up to 16 floats (64 bytes) for two moments
+        assert full / ranks <= s1["optimizer_state_bytes_per_rank"] <= full / ranks + 2 * 16 * 4, (full, s1)
+        assert s1["memory_plan"]["zero"] == 1 and s1["memory_plan"]["optimizer_shards"] == ranks
+        assert s1["memory_plan"]["optimizer_bytes"] == s1["optimizer_state_bytes_per_rank"]
+        assert s1["comm_overlap"] is (name == "zero1_overlap"), (name, s1["comm_overlap"])
+        log = (outs[name] / "log.txt").read_text()
+        assert f"train.zero = 1: shard [0, " in log and f"1/{ranks} of the" in log, log[:3000]
+        mode = "ZeRO-1, overlapped" if name == "zero1_overlap" else "ZeRO-1)"
+        assert f"(gradients: mpi, {mode}" in log, log[:3000]
 
 
 def checkpoint(out, step):

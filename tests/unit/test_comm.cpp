@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "comm/comm.h"
@@ -48,11 +49,20 @@ class FakeComm final : public Comm {
     scattered.push_back(sh.total);
     for (size_t i = sh.lo(0); i < sh.hi(0); ++i) buf[i] *= 2;
   }
+  // A bucket: its part in rank 0's range doubles at once, the rest is overwritten with NaN (it is
+  // unspecified), so a caller that read outside its range would see it. Started buckets (lo, n).
+  void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
+    started_rs.emplace_back(lo, n);
+    const auto [a, b] = sh.part(0, lo, lo + n);
+    for (size_t i = lo; i < lo + n; ++i)
+      bucket[i - lo] = i >= a && i < b ? 2 * bucket[i - lo] : std::numeric_limits<float>::quiet_NaN();
+  }
   void all_gather(float*, const ShardLayout& sh) override { gathered.push_back(sh.total); }
   void gather_host(const float* mine, float* all, const ShardLayout& sh, int) override {
     std::copy(mine, mine + sh.count[0], all + sh.lo(0));
   }
   std::vector<std::pair<float*, size_t>> blocking, started;
+  std::vector<std::pair<size_t, size_t>> started_rs;
   std::vector<size_t> scattered, gathered;
   size_t applied = 0;
   int progressed = 0, waits = 0;
@@ -234,17 +244,63 @@ TEST(ShardLayout, RangesTileTheArenaAlignedAndBalanced) {
   EXPECT_FALSE(ShardLayout::even(65, 4).equal_counts());
 }
 
-TEST(GradReducer, ZeroReduceScattersOnceAfterTheBackwardAndStartsNoBucket) {
+TEST(GradReducer, ZeroWithOverlapReduceScattersEachBucket) {
+  FakeComm c;
+  std::vector<float> g(1000);
+  std::iota(g.begin(), g.end(), 1.f);
+  const ShardLayout sh = ShardLayout::even(g.size(), 2);  // rank 0 owns [0, 512)
+  GradReducer r(c, g.data(), g.size(), 300, /*overlap=*/true, &sh);
+  r.begin();
+  for (size_t lo : {700, 400, 0}) r.ready(lo);
+  r.finish();
+  using R = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(r.buckets(), (R{{700, 1000}, {400, 700}, {0, 400}}));
+  EXPECT_EQ(c.started_rs, (R{{700, 300}, {400, 300}, {0, 400}}));  // [400, 700) straddles 512
+  EXPECT_TRUE(c.started.empty() && c.blocking.empty() && c.scattered.empty());
+  EXPECT_EQ(c.waits, 1);
+  for (size_t i = 0; i < 512; ++i) ASSERT_EQ(g[i], 2.f * (i + 1)) << i;
+}
+
+TEST(GradReducer, ZeroWithoutOverlapReduceScattersOnceAfterTheBackward) {
   FakeComm c;
   std::vector<float> g(1000, 1.f);
   const ShardLayout sh = ShardLayout::even(g.size(), 2);
-  GradReducer r(c, g.data(), g.size(), /*bucket_floats=*/100, /*overlap=*/true, &sh);
+  GradReducer r(c, g.data(), g.size(), 300, /*overlap=*/false, &sh);
   r.begin();
-  for (size_t lo : {900, 700, 400, 0}) r.ready(lo);  // overlap does not apply with shards
-  EXPECT_TRUE(c.started.empty());
+  for (size_t lo : {700, 400, 0}) r.ready(lo);
+  EXPECT_TRUE(c.started_rs.empty() && c.started.empty());
   r.finish();
-  EXPECT_EQ(c.scattered, (std::vector<size_t>{1000}));
+  EXPECT_EQ(c.scattered, std::vector<size_t>{1000});
   EXPECT_TRUE(c.blocking.empty());
   EXPECT_EQ(c.waits, 0);
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], i < sh.hi(0) ? 2.f : 1.f) << i;
+}
+
+TEST(ShardLayout, PartsOfABucketTileIt) {
+  const ShardLayout sh = ShardLayout::even(70, 4, 16);  // [0,32) [32,64) [64,70) [70,70)
+  using P = std::pair<size_t, size_t>;
+  EXPECT_EQ(sh.part(0, 10, 50), (P{10, 32}));
+  EXPECT_EQ(sh.part(1, 10, 50), (P{32, 50}));
+  EXPECT_EQ(sh.part(2, 10, 50).second - sh.part(2, 10, 50).first, 0u);
+  EXPECT_EQ(sh.part(3, 0, 70).second - sh.part(3, 0, 70).first, 0u);
+  EXPECT_EQ(sh.part(2, 60, 70), (P{64, 70}));
+}
+
+// A ZeRO bucket through the staged communicator: all of it goes to the host, only this rank's part
+// comes back (the fake writes NaN over the rest of the host copy).
+TEST(StagedComm, ZeroBucketsBringBackOnlyThisRanksPart) {
+  auto be = make_backend("cpu", 1, 0);
+  FakeComm inner;
+  auto staged = make_staged_comm(inner, *be, 7);
+  const ShardLayout sh = ShardLayout::even(100, 2);  // rank 0 owns [0, 64)
+  float* d = static_cast<float*>(be->alloc(100 * sizeof(float)));
+  for (int i = 0; i < 100; ++i) d[i] = float(i);
+  staged->reduce_scatter_sum_start(d + 50, 50, 50, sh);  // straddles 64
+  staged->reduce_scatter_sum_start(d, 0, 50, sh);
+  EXPECT_EQ(d[10], 10.f);  // untouched until the wait
+  staged->allreduce_wait();
+  using R = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(inner.started_rs, (R{{50, 50}, {0, 50}}));
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(d[i], i < 64 ? 2.f * i : float(i)) << i;
+  be->release(d);
 }

@@ -127,6 +127,7 @@ class SoloComm : public nlp::Comm {
   void allreduce_sum_start(float*, size_t) override {}
   void allreduce_wait() override {}
   void reduce_scatter_sum(float*, const nlp::ShardLayout&) override {}
+  void reduce_scatter_sum_start(float*, size_t, size_t, const nlp::ShardLayout&) override {}
   void all_gather(float*, const nlp::ShardLayout&) override {}
   void gather_host(const float* mine, float* all, const nlp::ShardLayout& sh, int) override {
     std::copy(mine, mine + sh.total, all);

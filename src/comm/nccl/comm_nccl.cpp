@@ -5,7 +5,8 @@
 // the communicator is ready, for at most comm.timeout_s. Blocking sums run on the backend's stream
 // (stream order: no extra synchronisation). Overlapped buckets run on a communication stream that
 // waits on an event recorded on the backend's stream after the kernels that produced the bucket;
-// allreduce_wait makes the backend's stream wait on the last bucket and polls its completion.
+// allreduce_wait makes the backend's stream wait on the last bucket and polls its completion
+// (with train.zero = 1 the buckets are ncclReduce calls to each part's owner instead).
 // Every wait polls ncclCommGetAsyncError and a deadline: on an NCCL error or a collective that is
 // stuck past comm.timeout_s, ncclCommAbort frees the GPU side and an nlp::Error goes to main, which
 // MPI_Aborts every rank with the message (no rank hangs in a collective).
@@ -96,6 +97,24 @@ class NcclComm final : public Comm {
     started_ = true;
   }
 
+  // One ZeRO-1 bucket on the communication stream, like allreduce_sum_start: each rank's part of it
+  // reduced to that rank (in place there), one ncclReduce per part in one group.
+  void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
+    if (size() == 1 || n == 0) return;
+    cuda(cudaEventRecord(produced_, stream_), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(comm_stream_, produced_, 0), "cudaStreamWaitEvent");
+    nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      const auto [a, b] = sh.part(r, lo, lo + n);
+      if (b > a)
+        check_grouped(ncclReduce(bucket + (a - lo), bucket + (a - lo), b - a, ncclFloat, ncclSum, r, comm_,
+                                 comm_stream_),
+                      "ncclReduce (bucket)");
+    }
+    check_enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    started_ = true;
+  }
+
   // ZeRO-1 on the backend's stream. Equal ranges: NCCL's in-place reduce-scatter (recvbuff = sendbuff
   // + rank * count) and all-gather. Otherwise (the last range shorter) one ncclReduce / ncclBroadcast
   // per range, rooted at its owner, in one group: the variable-size forms NCCL has no call for.
@@ -144,7 +163,7 @@ class NcclComm final : public Comm {
     started_ = false;
     cuda(cudaEventRecord(reduced_, comm_stream_), "cudaEventRecord");
     cuda(cudaStreamWaitEvent(stream_, reduced_, 0), "cudaStreamWaitEvent");
-    wait_event(reduced_, "ncclAllReduce (bucket)");
+    wait_event(reduced_, "gradient bucket sum");
   }
 
  private:
