@@ -105,11 +105,7 @@ class MpiComm final : public Comm {
 
   void allreduce_sum_start(float* buf, size_t n) override {
     if (size_ == 1 || n == 0) return;
-    // Fault injection for the test that a stuck rank ends the run (tests/python/test_comm.py):
-    // NLPTRAIN_TEST_STALL_RANK=r makes rank r stop here (as a hung rank would) instead of summing.
-    static const char* stall = std::getenv("NLPTRAIN_TEST_STALL_RANK");
-    if (stall && std::atoi(stall) == rank_)
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    stall_if_asked();
     if (!threaded_) {
       for (size_t off = 0; off < n; off += kMaxCount) {
         inline_.emplace_back();
@@ -158,6 +154,7 @@ class MpiComm final : public Comm {
   void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
     if (size_ == 1 || n == 0) return;
     NLP_ASSERT(sh.ranks() == size_ && lo + n <= sh.total);
+    stall_if_asked();
     for (int root = 0; root < size_; ++root) {
       const auto [a, b] = sh.part(root, lo, lo + n);
       for (size_t off = a; off < b; off += kMaxCount) {
@@ -248,6 +245,14 @@ class MpiComm final : public Comm {
     const char* what;
     size_t n;  // floats (for messages and the trace)
   };
+
+  // Fault injection for the test that a stuck rank ends the run (tests/python/test_comm.py):
+  // NLPTRAIN_TEST_STALL_RANK=r makes rank r stop at its first gradient bucket (as a hung rank would).
+  void stall_if_asked() const {
+    static const char* stall = std::getenv("NLPTRAIN_TEST_STALL_RANK");
+    if (stall && std::atoi(stall) == rank_)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 
   void submit(Job job) {
     {

@@ -98,14 +98,16 @@ def test_cuda_staged_ranks_sharing_one_gpu(stream, tmp_path, ranks):
     assert np.max(np.abs(gpu - cpu)) < 1e-4, (cpu, gpu)
 
 
-def test_stuck_rank_ends_every_rank_after_the_timeout(stream, tmp_path):
+@pytest.mark.parametrize("zero", [0, 1])
+def test_stuck_rank_ends_every_rank_after_the_timeout(stream, tmp_path, zero):
     """A rank that never joins the gradient sum (NLPTRAIN_TEST_STALL_RANK makes rank 1 stop as a hung
-    rank would): the others give up after comm.timeout_s with a message, and every rank ends."""
+    rank would): the others give up after comm.timeout_s with a message, and every rank ends. Also for
+    ZeRO-1's overlapped reduce-scatter buckets."""
     env = nr.mpi_env()
     env["NLPTRAIN_TEST_STALL_RANK"] = "1"
     cmd = ["mpirun", "-np", "2", nr.binary()] + TINY + [
         f"--data.train={stream}", f"--output.dir={tmp_path}", "--train.steps=3", "--comm.timeout_s=3",
-        "--comm.bucket_mb=0.01"]
+        "--comm.bucket_mb=0.01", f"--train.zero={zero}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode != 0
     assert "not complete after comm.timeout_s = 3 s" in p.stderr, p.stderr[-3000:]
