@@ -18,7 +18,7 @@
 #      multi-rank placements of SIZES by default) for each of BENCH_KINDS: allreduce (blocking
 #      MPI_Allreduce: comm.overlap = false), iallreduce (MPI_Iallreduce: the buckets of comm.overlap =
 #      true), rs_ag (MPI_Ireduce_scatter + MPI_Iallgatherv: train.zero = 1; with overlap its
-#      reduce-scatter goes out in buckets, one MPI_Ireduce per owner, the same bytes), and fits the
+#      reduce-scatter goes out in buckets, an MPI_Ireduce_scatter each, the same bytes), and fits the
 #      ring model to each kind (WORK/bench/fit_<kind>.json);
 #   5. for each MODES x OVERLAP x ZERO variant, one jobscripts/scaling_sweep.sh --sizes "$SIZES"
 #      --serial --wait (sbatch --exclusive: no two runs share the nodes) into WORK/sweeps/<variant>/;

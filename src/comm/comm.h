@@ -41,8 +41,8 @@ class Comm {
   // The overlapped form of reduce_scatter_sum, for one gradient bucket: `bucket` holds arena[lo, lo + n)
   // of an arena laid out by sh. Non-blocking, with the ordering rules of allreduce_sum_start, and
   // complete after allreduce_wait(): then this rank's part of the bucket (sh.part(rank, lo, lo + n))
-  // holds the sum over ranks; the rest of the bucket is unspecified. Each part is reduced to its owner
-  // only, so a bucket moves about half the bytes of its allreduce.
+  // holds the sum over ranks; the rest of the bucket is unspecified. Each part goes to its owner only,
+  // so a bucket moves about half the bytes of its allreduce.
   virtual void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) = 0;
   // all_gather: every rank's range of buf is copied into that range on every other rank.
   virtual void all_gather(float* buf, const ShardLayout& sh) = 0;
@@ -59,7 +59,8 @@ class Backend;
 // MPI must already be initialised (see app/main.cpp), with MPI_THREAD_SERIALIZED or more for the
 // background thread that runs the started sums (else they run, more slowly, on progress() calls).
 // timeout_s: a started sum that is not complete after this many seconds is an error (0 = never).
-std::unique_ptr<Comm> make_mpi_comm(double timeout_s = 0);
+// thread = false: no background thread even where MPI supports one (for the tests of that path).
+std::unique_ptr<Comm> make_mpi_comm(double timeout_s = 0, bool thread = true);
 
 // The staged communicator: gradient sums go backend memory -> host buffer -> `inner` (MPI) -> back,
 // in chunks; everything else forwards to `inner` (not owned: it and `be` must outlive the result). For GPU ranks without NCCL or sharing a GPU;

@@ -1,5 +1,5 @@
 // MPI communicator on host buffers (CPU backend): gradients summed with MPI_Allreduce, or, for the
-// overlapped gradient reduction, with MPI_Iallreduce (MPI_Ireduce per owner with train.zero = 1) run
+// overlapped gradient reduction, with MPI_Iallreduce (MPI_Ireduce_scatter with train.zero = 1) run
 // by a background thread; ZeRO-1's reduce-scatter and all-gather run on that thread too (for
 // comm.timeout_s).
 //
@@ -46,7 +46,7 @@ constexpr size_t kMaxCount = size_t(1) << 30;  // MPI counts are int
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(double timeout_s) : timeout_s_(timeout_s) {
+  MpiComm(double timeout_s, bool thread) : timeout_s_(timeout_s) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
@@ -54,7 +54,7 @@ class MpiComm final : public Comm {
     MPI_Comm_size(node_, &local_size_);
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
-    threaded_ = provided >= MPI_THREAD_SERIALIZED;
+    threaded_ = thread && provided >= MPI_THREAD_SERIALIZED;
   }
   ~MpiComm() override {
     if (worker_.joinable()) {
@@ -149,29 +149,36 @@ class MpiComm final : public Comm {
     idle();
   }
 
-  // One bucket of ZeRO-1's overlapped reduce-scatter: each rank's part of the bucket is an
-  // MPI_Ireduce rooted at that rank (in place there; the other ranks only send), in rank order.
+  // One bucket of ZeRO-1's overlapped reduce-scatter: MPI_Ireduce_scatter in place over the bucket,
+  // with each rank's count its part of the bucket (zero for most ranks); MPI leaves this rank's sum at
+  // the start of the bucket, moved to its place when complete. (Not one MPI_Ireduce per owner: Open
+  // MPI's libnbc runs a large MPI_Ireduce as a chain of small segments, 520 ms for 25 MB between two
+  // ranks on one host against 33 ms for this, tests/mpi and bench/results/overlap-zero-20261123.md.)
   void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
     if (size_ == 1 || n == 0) return;
     NLP_ASSERT(sh.ranks() == size_ && lo + n <= sh.total);
     stall_if_asked();
-    for (int root = 0; root < size_; ++root) {
-      const auto [a, b] = sh.part(root, lo, lo + n);
-      for (size_t off = a; off < b; off += kMaxCount) {
-        float* p = bucket + (off - lo);
-        const int cnt = static_cast<int>(std::min(kMaxCount, b - off));
-        const bool mine = root == rank_;
-        auto start = [p, cnt, root, mine](MPI_Request* r) {
-          return MPI_Ireduce(mine ? MPI_IN_PLACE : p, mine ? p : nullptr, cnt, MPI_FLOAT, MPI_SUM, root,
-                             MPI_COMM_WORLD, r);
-        };
-        if (threaded_) {
-          submit({start, nullptr, "gradient reduce-scatter bucket (train.zero = 1)", size_t(cnt)});
-        } else {
-          inline_.emplace_back();
-          check(start(&inline_.back()), "MPI_Ireduce");
-          if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
-        }
+    for (size_t off = 0; off < n; off += kMaxCount) {
+      const size_t a = lo + off, b = lo + std::min(n, off + kMaxCount);  // this call's part of the arena
+      std::vector<size_t> parts;
+      for (int r = 0; r < size_; ++r) parts.push_back(sh.part(r, a, b).second - sh.part(r, a, b).first);
+      auto counts = std::make_shared<std::vector<int>>(ints(parts, "reduce-scatter bucket count"));
+      float* p = bucket + off;
+      const auto [mine_lo, mine_hi] = sh.part(rank_, a, b);
+      const size_t shift = mine_lo - a, mine = mine_hi - mine_lo;
+      auto move_home = [p, shift, mine] {
+        if (mine > 0 && shift > 0) std::memmove(p + shift, p, mine * sizeof(float));
+      };
+      auto start = [p, counts](MPI_Request* r) {
+        return MPI_Ireduce_scatter(MPI_IN_PLACE, p, counts->data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
+      };
+      if (threaded_) {
+        submit({start, move_home, "gradient reduce-scatter bucket (train.zero = 1)", b - a});
+      } else {
+        inline_.emplace_back();
+        check(start(&inline_.back()), "MPI_Ireduce_scatter");
+        inline_done_.push_back(move_home);
+        if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
       }
     }
   }
@@ -224,6 +231,8 @@ class MpiComm final : public Comm {
               "MPI_Testall");
         if (done) {
           inline_.clear();
+          for (auto& f : inline_done_) f();
+          inline_done_.clear();
           inline_t0_ = Clock::time_point();
           break;
         }
@@ -354,11 +363,14 @@ class MpiComm final : public Comm {
   std::string error_;
   // not threaded: requests started on the caller's thread
   std::vector<MPI_Request> inline_;
+  std::vector<std::function<void()>> inline_done_;  // run in order once they are complete
   Clock::time_point inline_t0_{};
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(double timeout_s) { return std::make_unique<MpiComm>(timeout_s); }
+std::unique_ptr<Comm> make_mpi_comm(double timeout_s, bool thread) {
+  return std::make_unique<MpiComm>(timeout_s, thread);
+}
 
 }  // namespace nlp

@@ -216,6 +216,21 @@ void check_zero_buckets(Comm& c, Backend* be, const char* what) {
 
 TEST(GradReducer, ZeroBucketsEqualTheAllreduceOverMpi) { check_zero_buckets(*g_mpi, nullptr, "mpi"); }
 
+// Without the background thread (MPI without MPI_THREAD_SERIALIZED): the non-blocking collectives are
+// started on the caller's thread and completed, with their moves, at the wait.
+TEST(MpiComm, WithoutTheThreadBucketsAndZeroBucketsEqualTheAllreduce) {
+  auto inline_comm = make_mpi_comm(/*timeout_s=*/60, /*thread=*/false);
+  Comm& c = *inline_comm;
+  std::vector<float> a(10007);
+  fill(a.data(), a.size(), 0, c.rank());
+  c.allreduce_sum_start(a.data() + 6000, 4007);
+  c.allreduce_sum_start(a.data(), 6000);
+  c.progress();
+  c.allreduce_wait();
+  expect_summed(a.data(), a.size(), c.size(), "buckets without the thread");
+  check_zero_buckets(c, nullptr, "mpi without the thread");
+}
+
 TEST(StagedComm, ZeroBucketsEqualTheAllreduce) {
   auto be = make_backend("cpu", 1, 0);
   auto staged = make_staged_comm(*g_mpi, *be, 1000);
