@@ -35,9 +35,20 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
   p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
   if (cfg.run.backend == "cpu") {
-    // host copies live in the same memory as the arenas: one of the parameters (initialisation,
-    // weights files), or parameters + m + v while rank 0 writes a checkpoint
-    p.workspace += (train && cfg.checkpoint.interval > 0 ? 3 : 1) * P;
+    // Host buffers that live in the same memory as the arenas, at the peak; they never coincide, so
+    // the largest counts. Outside training: the host copy of the parameters that initialisation and
+    // weights files go through. In training that copy is freed before the first step touches the
+    // optimizer state and the activations (measured: bench/results/overlap-zero-20261123.md), and
+    // what can sit beside a full step is rank 0's parameters + m + v while it writes a checkpoint
+    // (or reads one to resume), and MPI's temporary buffers for the gradient sum: about one bucket
+    // with comm.overlap, up to the whole arena for one blocking collective.
+    size_t host = train ? 0 : P;
+    if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 3 * P;
+    if (train && world > 1) {
+      const size_t bucket = static_cast<size_t>(double(cfg.comm.bucket_mb) * 1024 * 1024);
+      host = std::max(host, cfg.comm.overlap ? std::min(P, bucket) : P);
+    }
+    p.workspace += host;
   }
   return p;
 }

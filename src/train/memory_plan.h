@@ -16,8 +16,9 @@ struct MemoryPlan {
   size_t grads = 0;        // their gradients (every mode allocates them)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
   size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
-  size_t workspace = 0;    // batch buffers; cpu: host copies of the parameters (initialisation, weights
-                           // files; train with checkpoints: parameters, m and v for the checkpoint)
+  size_t workspace = 0;    // batch buffers; cpu: the largest host buffer beside the arenas (outside
+                           // training the parameters' host copy; in training the checkpoint's
+                           // parameters, m and v, or MPI's buffers for the gradient sum)
   int B = 0, T = 0;
   bool recompute = false;
   int zero = 0, ranks = 1;  // train.zero and the ranks the optimizer state is sharded over
