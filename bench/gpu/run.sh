@@ -13,9 +13,10 @@
 #           steps and 1e-3 over 100 (bench/gpu/compare.py)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal
-#   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged): GPT-2 small 20
-#           steps with train.zero = 0 and 1 against 2 CPU ranks (losses within 1e-4 relative; zero 1
-#           against zero 0 within 1e-6). NCCL needs a GPU per rank: not runnable on one GPU.
+#   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
+#           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
+#           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
+#           per rank: not runnable on one GPU.
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
 #   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
@@ -165,7 +166,7 @@ if want comm && in_time 70 "comm"; then
   for run in "cuda 0" "cuda 1" "cpu 0"; do
     read -r be z <<< "$run"
     timeout 150 $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
-        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --train.zero=$z --train.steps=20 \
+        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.zero=$z --train.steps=20 \
         --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
     log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"
     [[ -f "$C/${be}_zero$z/log.txt" ]] || tail -5 "$W/comm_${be}_zero$z.log" | tee -a "$W/run.log"
