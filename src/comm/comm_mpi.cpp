@@ -153,7 +153,7 @@ class MpiComm final : public Comm {
   // with each rank's count its part of the bucket (zero for most ranks); MPI leaves this rank's sum at
   // the start of the bucket, moved to its place when complete. (Not one MPI_Ireduce per owner: Open
   // MPI's libnbc runs a large MPI_Ireduce as a chain of small segments, 520 ms for 25 MB between two
-  // ranks on one host against 33 ms for this, tests/mpi and bench/results/overlap-zero-20261123.md.)
+  // ranks on one host against 33 ms for this: bench/results/overlap-zero-20261123.md.)
   void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
     if (size_ == 1 || n == 0) return;
     NLP_ASSERT(sh.ranks() == size_ && lo + n <= sh.total);
