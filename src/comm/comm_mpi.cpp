@@ -126,32 +126,17 @@ class MpiComm final : public Comm {
     }
   }
 
-  // ZeRO-1. In place: MPI_Reduce_scatter leaves this rank's block at the start of buf, moved to its
-  // range afterwards; MPI_Allgatherv in place takes each rank's contribution from its own range.
-  // Both run like the buckets (the worker thread, with comm.timeout_s) where threads are supported.
+  // ZeRO-1's reduce-scatter of the whole arena: the arena as one bucket (below), waited for.
   void reduce_scatter_sum(float* buf, const ShardLayout& sh) override {
     if (size_ == 1) return;
-    NLP_ASSERT(sh.ranks() == size_);
-    std::vector<int> counts = ints(sh.count, "reduce-scatter count");
-    const size_t lo = sh.lo(rank_), mine = sh.count[rank_];
-    auto move_home = [buf, lo, mine] { std::memmove(buf + lo, buf, mine * sizeof(float)); };
-    if (!threaded_) {
-      check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
-            "MPI_Reduce_scatter");
-      move_home();
-      return;
-    }
-    auto c = std::make_shared<std::vector<int>>(std::move(counts));
-    submit({[buf, c](MPI_Request* r) {
-              return MPI_Ireduce_scatter(MPI_IN_PLACE, buf, c->data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
-            },
-            move_home, "gradient reduce-scatter (train.zero = 1)", sh.total});
-    idle();
+    reduce_scatter_sum_start(buf, 0, sh.total, sh);
+    allreduce_wait();
   }
 
-  // One bucket of ZeRO-1's overlapped reduce-scatter: MPI_Ireduce_scatter in place over the bucket,
-  // with each rank's count its part of the bucket (zero for most ranks); MPI leaves this rank's sum at
-  // the start of the bucket, moved to its place when complete. (Not one MPI_Ireduce per owner: Open
+  // One bucket of ZeRO-1's reduce-scatter: MPI_Ireduce_scatter in place over the bucket, with each
+  // rank's count its part of the bucket (zero for most ranks); MPI leaves this rank's sum at the start
+  // of the bucket, moved to its place when complete. Runs like the allreduce buckets (the worker
+  // thread, with comm.timeout_s, where threads are supported). (Not one MPI_Ireduce per owner: Open
   // MPI's libnbc runs a large MPI_Ireduce as a chain of small segments, 520 ms for 25 MB between two
   // ranks on one host against 33 ms for this: bench/results/overlap-zero-20261123.md.)
   void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
@@ -161,7 +146,10 @@ class MpiComm final : public Comm {
     for (size_t off = 0; off < n; off += kMaxCount) {
       const size_t a = lo + off, b = lo + std::min(n, off + kMaxCount);  // this call's part of the arena
       std::vector<size_t> parts;
-      for (int r = 0; r < size_; ++r) parts.push_back(sh.part(r, a, b).second - sh.part(r, a, b).first);
+      for (int r = 0; r < size_; ++r) {
+        const auto [first, last] = sh.part(r, a, b);
+        parts.push_back(last - first);
+      }
       auto counts = std::make_shared<std::vector<int>>(ints(parts, "reduce-scatter bucket count"));
       float* p = bucket + off;
       const auto [mine_lo, mine_hi] = sh.part(rank_, a, b);
@@ -173,7 +161,7 @@ class MpiComm final : public Comm {
         return MPI_Ireduce_scatter(MPI_IN_PLACE, p, counts->data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
       };
       if (threaded_) {
-        submit({start, move_home, "gradient reduce-scatter bucket (train.zero = 1)", b - a});
+        submit({start, move_home, "gradient reduce-scatter (train.zero = 1)", b - a});
       } else {
         inline_.emplace_back();
         check(start(&inline_.back()), "MPI_Ireduce_scatter");
@@ -183,6 +171,7 @@ class MpiComm final : public Comm {
     }
   }
 
+  // ZeRO-1's all-gather: MPI_Allgatherv in place takes each rank's contribution from its own range.
   void all_gather(float* buf, const ShardLayout& sh) override {
     if (size_ == 1) return;
     NLP_ASSERT(sh.ranks() == size_);

@@ -2,6 +2,7 @@
 // `--section.key=value` command-line overrides. Every key is declared once in the schema table in
 // config.cpp (name, type, default, validation, help); nothing else in nlptrain reads INI text.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <ostream>
@@ -105,6 +106,11 @@ struct CommConfig {
   float bucket_mb = 25.f;      // gradient bucket size for the overlapped allreduce (MiB of fp32)
   bool overlap = true;         // reduce gradient buckets during the backward (false: one allreduce after it)
   float timeout_s = 600.f;     // a collective that does not finish in this time ends every rank; 0 = never
+  // bucket_mb as a count of floats (at least 1): the trainer's buckets, the memory plan's MPI buffers
+  size_t bucket_floats() const {
+    const auto n = static_cast<size_t>(double(bucket_mb) * 1024 * 1024 / sizeof(float));
+    return n > 0 ? n : 1;
+  }
 };
 
 struct OutputConfig {

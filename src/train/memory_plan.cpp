@@ -45,8 +45,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     size_t host = train ? 0 : P;
     if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 3 * P;
     if (train && world > 1) {
-      const size_t bucket = static_cast<size_t>(double(cfg.comm.bucket_mb) * 1024 * 1024);
-      host = std::max(host, cfg.comm.overlap ? std::min(P, bucket) : P);
+      host = std::max(host, cfg.comm.overlap ? std::min(P, cfg.comm.bucket_floats() * sizeof(float)) : P);
     }
     p.workspace += host;
   }

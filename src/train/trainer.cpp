@@ -300,9 +300,7 @@ int run_train(Session& s) {
   // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
   // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
   // communication (starting buckets, the final wait, the small host sums): the exposed part.
-  const size_t bucket_floats =
-      std::max<size_t>(1, static_cast<size_t>(double(cfg.comm.bucket_mb) * 1024 * 1024 / sizeof(float)));
-  GradReducer reducer(s.comm, ps.grad(), ps.total(), bucket_floats, cfg.comm.overlap && world > 1,
+  GradReducer reducer(s.comm, ps.grad(), ps.total(), cfg.comm.bucket_floats(), cfg.comm.overlap && world > 1,
                       zero ? &shards : nullptr);
   double t_hook = 0;  // time inside the model's grad-ready hook (bucket starts) during a step
   auto hook = [&](size_t lo) {
