@@ -47,7 +47,7 @@ enum KRange { kAll = 0, kSkipUpper = 1, kUpToRow = 2, kFromRow = 3 };
 struct DropInfo {
   float p, scale;  // dropout probability and 1/(1-p)
   uint64_t seed;
-  int T;           // att is [BH, T, T]
+  int T;           // the mask's key length T_key (core/backend.h): element (bh, i, j) draws at ((bh*T + i)*T + j)
 };
 
 // C[M,N] (=|+=) opA(A)[M,K] @ B[K,N] per head bh = blockIdx.z (+ k*gridDim.z).
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 __global__ void __launch_bounds__(32 * kRowWarps)
     softmax_bwd_k(float* __restrict__ ds, const float* __restrict__ att,
                   const int32_t* __restrict__ attn_mask, bool causal, float p, float dscale,
-                  uint64_t seed, float sc, int NH, int T, long long rows) {
+                  uint64_t seed, float sc, int NH, int T, int Tk, long long rows) {
   const long long r = (long long)blockIdx.x * kRowWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const float* a = att + (size_t)r * T;
   float* d = ds + (size_t)r * T;
   const int jend = causal ? i + 1 : T;
-  const uint64_t base = (uint64_t)r * T;
+  const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;  // mask index of (bh, i, 0), keyed by T_key
   const bool drop = p > 0.f;
   float dot = 0.f;
   for (int j = lane; j < jend; j += 32) {
@@ -296,7 +296,8 @@ inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f
 
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, cudaStream_t s) {
+                              int HS, int T_key, cudaStream_t s) {
+  const int Tk = T_key > 0 ? T_key : T;
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;
@@ -320,20 +321,21 @@ cudaError_t attention_forward(float* out, float* att, const float* qkv, const in
   const KRange kr = causal ? kUpToRow : kAll;
   if (dropout_p > 0.f)
     return head_gemm<kDropAtt>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f,
-                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, T}, s);
+                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, Tk}, s);
   return head_gemm<kPlain>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f, nodrop, s);
 }
 
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
                                float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               cudaStream_t s) {
+                               int T_key, cudaStream_t s) {
+  const int Tk = T_key > 0 ? T_key : T;
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;
   const float sc = 1.0f / sqrtf(static_cast<float>(HS));
   const DropInfo nodrop{0.f, 1.f, 0, T};
-  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, T};
+  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, Tk};
   cudaError_t e;
   HMat dO{dout, T * C, HS, C, 1};
   HMat Vt{qkv + 2 * C, T * C3, HS, 1, C3};  // (d, j) -> v[j, d]
@@ -344,7 +346,7 @@ cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, c
   if (e != cudaSuccess) return e;
   const long long rows = (long long)BH * T;
   softmax_bwd_k<<<static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps), 32 * kRowWarps, 0, s>>>(
-      scratch, att, attn_mask, causal, dropout_p, drop.scale, seed, sc, NH, T, rows);
+      scratch, att, attn_mask, causal, dropout_p, drop.scale, seed, sc, NH, T, Tk, rows);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   // dq[T,HS] += dS @ k
   HMat dS{scratch, NH * TT, TT, T, 1};

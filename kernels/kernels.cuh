@@ -28,10 +28,11 @@ cudaError_t rows_gather(float* out, const float* inp, int n, int C, size_t strid
 cudaError_t rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
                              const int32_t* idx, cudaStream_t s);
 // p > 0 only (the caller copies for p <= 0)
+// element i draws its mask at keyed_index(i, row, row_key) (core/rng.h; row = 0: i)
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
-                            cudaStream_t s);
+                            size_t row, size_t row_key, cudaStream_t s);
 cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
-                             cudaStream_t s);
+                             size_t row, size_t row_key, cudaStream_t s);
 // out[M,N] = bias[N] broadcast over rows
 cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s);
 // x[n] = v
@@ -99,11 +100,11 @@ cudaError_t embedding_backward(float* dwte, float* dwpe, float* dwtt, const floa
 // ---- attention.cu --------------------------------------------------------------------------------
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, cudaStream_t s);
+                              int HS, int T_key, cudaStream_t s);
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
                                float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               cudaStream_t s);
+                               int T_key, cudaStream_t s);
 size_t attention_decode_ws_bytes(int B, int pos, int NH);
 cudaError_t attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
                              int B, int pos, int Tmax, int NH, int HS, void* ws, cudaStream_t s);

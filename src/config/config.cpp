@@ -45,6 +45,7 @@ const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
+const std::vector<std::string> kPadding = {"longest", "max_length"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -154,6 +155,18 @@ const std::vector<Entry>& schema() {
       {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},
       {KEY(data, seq_len), ge(0), "window length for 1-D token datasets; 0 = min(n_positions, 1024)"},
       {KEY(data, shuffle), none(), "reshuffle the examples every epoch (seeded by train.seed)"},
+      {KEY(data, padding), one_of(kPadding),
+       "longest = each micro-batch runs at its longest row (from attention_mask) rounded up to "
+       "data.pad_multiple, in train, eval, predict and gradients (the same losses, gradients and "
+       "predictions as max_length, except qa's loss, whose softmax spans the batch's positions as "
+       "HF's per-batch padding does); max_length = every row at the file's length"},
+      {KEY(data, pad_multiple), closed(1, 4096),
+       "with data.padding = longest: round the batch length up to a multiple of this (bounds the "
+       "distinct shapes; 64 suits tensor cores)"},
+      {KEY(data, group_by_length), none(),
+       "batch examples of similar length (HF group_by_length): each mega-batch of 50 global batches "
+       "of the shuffled order is sorted longest first and cut into global batches, whose order is "
+       "shuffled; with data.padding = longest most padding is then never computed"},
       // [train]
       {KEY(train, steps), ge(1), "optimizer steps"},
       {KEY(train, batch_size), ge(1), "sequences per rank per micro-step"},

@@ -66,6 +66,9 @@ struct DataConfig {
   std::string eval;            // HDF5 dataset for evaluation; empty = no evaluation
   int seq_len = 0;             // window length T for 1-D `tokens` datasets; 0 = min(n_positions, 1024)
   bool shuffle = true;         // reshuffle examples every epoch (seeded by train.seed)
+  std::string padding = "longest";  // longest (trim each micro-batch to its longest row) | max_length
+  int pad_multiple = 8;        // padding = longest: round the batch length up to a multiple of this
+  bool group_by_length = false;  // length-grouped batches (Sampler)
 };
 
 struct TrainConfig {

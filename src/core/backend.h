@@ -7,8 +7,10 @@
 //    NH heads, HS head size (C = NH*HS), V vocabulary, M rows, K inner dim, N output dim.
 //  - Backward ops ACCUMULATE (+=) into every gradient they write. The caller zeroes gradients.
 //    A null gradient pointer means "not needed" and is skipped.
-//  - Dropout masks come from core/rng.h: keep(i) = uniform01(seed, i) >= p, scaled by 1/(1-p).
-//    Backward regenerates the mask from the same seed, so nothing is stored.
+//  - Dropout masks come from core/rng.h: keep(i) = uniform01(seed, key(i)) >= p, scaled by 1/(1-p).
+//    Backward regenerates the mask from the same seed, so nothing is stored. key(i) is the element's
+//    index in the example's untrimmed layout (DropRows; attention's T_key), so a batch trimmed to its
+//    longest row (data.padding = longest) draws exactly the masks of the padded batch.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +27,18 @@ enum class Gelu { Tanh, Erf };  // Tanh: HF "gelu_new" (GPT-2); Erf: exact GELU 
 enum class WLayout { InOut, OutIn };
 
 constexpr int32_t kIgnoreIndex = -100;
+
+// Where a dropout op over a [B, T, C] tensor draws element i's mask: rows of `row` = T*C elements
+// (one example) are keyed as if they had `row_key` = T_key*C elements, i.e. at index
+// (i / row) * row_key + i % row, the index of the same (example, position, channel) in the batch
+// padded to T_key. row == 0 (the default) or row == row_key: the flat index i.
+struct DropRows {
+  size_t row = 0, row_key = 0;
+};
+// The DropRows of a [B, T, C] tensor whose examples are keyed at T_key positions (0 = T).
+inline DropRows drop_rows(int T, int T_key, int C) {
+  return DropRows{size_t(T) * C, size_t(T_key > 0 ? T_key : T) * C};
+}
 
 // Arithmetic of the dense-layer GEMMs (matmul_forward/backward), train.precision. Parameters,
 // gradients, the optimizer state and every other op stay fp32; accumulation is fp32 in every mode.
@@ -113,11 +127,13 @@ class Backend {
   // Its adjoint: dinp[r(i)*stride, 0..C) += dout[i,C]; the rows r(i) must be distinct.
   virtual void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
                                 const int32_t* idx = nullptr) = 0;
-  // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp.
-  virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) = 0;
+  // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp. keep of element i is drawn at
+  // the index DropRows says (the flat index by default).
+  virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+                               DropRows rows = {}) = 0;
   // dinp[N] += dout * keep / (1-p)
-  virtual void dropout_backward(float* dinp, const float* dout, size_t N, float p,
-                                uint64_t seed) = 0;
+  virtual void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+                                DropRows rows = {}) = 0;
 
   // ---- attention -----------------------------------------------------------------------------------
   // qkv[B,T,3C] holds q | k | v per row (head h uses columns h*HS..h*HS+HS of each part).
@@ -126,19 +142,21 @@ class Backend {
   // probabilities (before dropout) as att[B,NH,T,T]; a fused path (cuDNN) saves far less.
   // Masking: causal (key j > query i masked) and/or key padding attn_mask[B,T] (0 = masked key; nullable).
   // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
-  // Attention dropout on the probabilities uses mask element index ((b*NH + h)*T + i)*T + j on the
-  // native paths (a fused path draws its own mask: same seed, same mask, but not this one).
+  // Attention dropout on the probabilities uses mask element index ((b*NH + h)*Tk + i)*Tk + j on the
+  // native paths, Tk = T_key (0 = T): the example's untrimmed length, so that a batch trimmed to its
+  // longest row draws the padded batch's mask (a fused path draws its own mask: same seed, same
+  // mask, but not this one).
   // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const int32_t* attn_mask, bool causal, float dropout_p,
-                                 uint64_t seed, int B, int T, int NH, int HS) = 0;
+                                 uint64_t seed, int B, int T, int NH, int HS, int T_key = 0) = 0;
   // dqkv[B,T,3C] += ... ; att as saved by attention_forward with the same arguments;
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
-                                  int HS) = 0;
+                                  int HS, int T_key = 0) = 0;
   // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
   // this shape (the model's activation arena asks before carving). Default: B*NH*T*T each, the
   // probabilities and their gradient.

@@ -26,6 +26,13 @@ NLP_HD float uniform01(uint64_t seed, uint64_t index) {
   return static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
 }
 
+// The mask index of element i of a tensor of rows of `row` elements keyed as rows of `row_key`
+// elements (Backend's DropRows: one example trimmed from T_key to T positions): the index of the
+// same (example, offset) in the untrimmed layout. row == 0 or row == row_key: i itself.
+NLP_HD uint64_t keyed_index(uint64_t i, uint64_t row, uint64_t row_key) {
+  return (row == 0 || row == row_key) ? i : (i / row) * row_key + i % row;
+}
+
 // Derive a sub-stream seed, e.g. derive_seed(run_seed, step, layer, site).
 NLP_HD uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
   return mix64(mix64(mix64(seed ^ mix64(a + 1)) ^ (b + 0x1234567ull)) ^ (c + 0x89ABCDEFull));

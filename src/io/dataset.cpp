@@ -235,8 +235,13 @@ void TokenDataset::validate(int rank, int world) const {
 // ---- Sampler --------------------------------------------------------------------------------------
 
 Sampler::Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-                 bool shuffle)
+                 bool shuffle, const std::vector<int32_t>* lengths)
     : n_(num_examples), B_(batch_per_rank), rank_(rank), world_(world), seed_(seed), shuffle_(shuffle) {
+  if (lengths) {
+    if (static_cast<int64_t>(lengths->size()) != num_examples)
+      throw Error(cat("Sampler: ", lengths->size(), " lengths for ", num_examples, " examples"));
+    lengths_ = *lengths;
+  }
   if (world < 1) throw Error(cat("Sampler: invalid world size ", world));
   if (rank < 0 || rank >= world) throw Error(cat("Sampler: rank ", rank, " is out of range for world size ", world));
   if (batch_per_rank < 1) throw Error(cat("Sampler: invalid batch size per rank ", batch_per_rank));
@@ -256,22 +261,75 @@ std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
   const int64_t within = global_batch % bpe;
   const int64_t start = within * static_cast<int64_t>(world_) * B_ + static_cast<int64_t>(rank_) * B_;
   std::vector<int64_t> out(static_cast<size_t>(B_));
-  if (!shuffle_) {
+  if (!shuffle_ && lengths_.empty()) {
     std::iota(out.begin(), out.end(), start);
     return out;
   }
   if (cached_epoch_ != epoch) {
     perm_.resize(static_cast<size_t>(n_));
     std::iota(perm_.begin(), perm_.end(), int64_t{0});
-    Rng rng(derive_seed(seed_, static_cast<uint64_t>(epoch), kShuffleTag));
-    for (int64_t i = n_ - 1; i > 0; --i) {
-      const uint64_t j = rng.next_u64() % static_cast<uint64_t>(i + 1);
-      std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+    if (shuffle_) {
+      Rng rng(derive_seed(seed_, static_cast<uint64_t>(epoch), kShuffleTag));
+      for (int64_t i = n_ - 1; i > 0; --i) {
+        const uint64_t j = rng.next_u64() % static_cast<uint64_t>(i + 1);
+        std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+      }
     }
+    if (!lengths_.empty()) group_by_length(epoch);
     cached_epoch_ = epoch;
+  }
+  if (!lengths_.empty()) {  // rank r: positions r, r + world, ... of the global batch
+    const int64_t g0 = within * static_cast<int64_t>(world_) * B_;
+    for (int i = 0; i < B_; ++i)
+      out[static_cast<size_t>(i)] = perm_[static_cast<size_t>(g0 + rank_ + static_cast<int64_t>(i) * world_)];
+    return out;
   }
   std::copy(perm_.begin() + start, perm_.begin() + start + B_, out.begin());
   return out;
+}
+
+void Sampler::group_by_length(int64_t epoch) const {
+  const int64_t G = static_cast<int64_t>(world_) * B_;  // a global batch
+  const int64_t mega = G * kMegaBatches;
+  auto longer = [this](int64_t a, int64_t b) {
+    return lengths_[static_cast<size_t>(a)] > lengths_[static_cast<size_t>(b)];
+  };
+  for (int64_t m0 = 0; m0 < n_; m0 += mega)
+    std::stable_sort(perm_.begin() + m0, perm_.begin() + std::min(n_, m0 + mega), longer);
+  // Shuffle the order of the epoch's full global batches (the remainder, dropped, stays at the end).
+  const int64_t nb = n_ / G;
+  std::vector<int64_t> order(static_cast<size_t>(nb));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  Rng rng(derive_seed(seed_, static_cast<uint64_t>(epoch), kShuffleTag, 0x9B1));
+  for (int64_t i = nb - 1; i > 0; --i) {
+    const uint64_t j = rng.next_u64() % static_cast<uint64_t>(i + 1);
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  std::vector<int64_t> grouped(perm_.size());
+  for (int64_t g = 0; g < nb; ++g)
+    std::copy(perm_.begin() + order[static_cast<size_t>(g)] * G, perm_.begin() + (order[static_cast<size_t>(g)] + 1) * G,
+              grouped.begin() + g * G);
+  std::copy(perm_.begin() + nb * G, perm_.end(), grouped.begin() + nb * G);
+  perm_.swap(grouped);
+}
+
+std::vector<int32_t> TokenDataset::lengths() const {
+  std::vector<int32_t> len(static_cast<size_t>(n_), T_);
+  if (stream_ || !has_mask_) return len;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max(1, T_));
+  std::vector<int32_t> mask;
+  for (int64_t r0 = 0; r0 < n_; r0 += chunk) {
+    const int64_t n = std::min(chunk, n_ - r0);
+    mask.resize(static_cast<size_t>(n * T_));
+    file_.read_i32_rows("attention_mask", r0, n, mask.data());
+    for (int64_t r = 0; r < n; ++r) {
+      int32_t L = 0;
+      for (int t = 0; t < T_; ++t)
+        if (mask[static_cast<size_t>(r * T_ + t)] != 0) L = t + 1;
+      len[static_cast<size_t>(r0 + r)] = L;
+    }
+  }
+  return len;
 }
 
 }  // namespace nlp

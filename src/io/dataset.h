@@ -57,6 +57,10 @@ class TokenDataset {
   // Read examples idx[0..count) (any order, each in [0, size())) into batch (resized).
   void read(const int64_t* idx, int count, TokenBatch& batch) const;
 
+  // Each example's length: one past its last attention_mask position of 1 (T for files without a
+  // mask and for token streams). Reads only the mask, in chunks; for data.group_by_length.
+  std::vector<int32_t> lengths() const;
+
   // Read and check every value of this rank's share of the examples (contiguous ranges, together the
   // whole file) with the checks of read(); throws naming the file, column, row and value. Called once
   // at start-up, so a bad value anywhere stops the run before the first step, not when it is reached.
@@ -78,10 +82,20 @@ class TokenDataset {
 // Global batch g (of size world*B) of epoch e takes positions [g*world*B, (g+1)*world*B) of a
 // permutation of [0, N) seeded by (seed, e); rank r takes the r-th slice of B. Shuffling off: identity.
 // One rank with batch world*B therefore sees exactly the examples that `world` ranks see together.
+//
+// Length-grouped order (data.group_by_length; `lengths` non-null, one per example): the epoch's
+// permutation is cut into mega-batches of kMegaBatches global batches, each mega-batch is sorted
+// longest first (stable: equal lengths keep their shuffled order) and cut into global batches, so a
+// global batch holds examples of similar length and trims to little padding. The global batches of
+// the epoch are then shuffled (seeded), so that lengths do not cycle long-to-short through the run.
+// Within a global batch rank r takes positions r, r + world, r + 2*world, ...: every rank gets the
+// same spread of lengths (none is always the longest-first shard), and a global batch is the same set
+// of examples at any world size with the same global batch size (resume at another world size).
 class Sampler {
  public:
+  static constexpr int kMegaBatches = 50;  // as HF's LengthGroupedSampler (mega-batch = 50 batches)
   Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-          bool shuffle);
+          bool shuffle, const std::vector<int32_t>* lengths = nullptr);
   int64_t batches_per_epoch() const;  // full global batches per epoch (the remainder is dropped)
   // Example indices of this rank for global batch number `global_batch` counted from the start
   // of training (epochs roll over automatically).
@@ -92,6 +106,8 @@ class Sampler {
   int B_, rank_, world_;
   uint64_t seed_;
   bool shuffle_;
+  std::vector<int32_t> lengths_;  // empty: no length grouping
+  void group_by_length(int64_t epoch) const;  // perm_ of `epoch` -> length-grouped (see above)
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;
 };

@@ -8,6 +8,7 @@
 //       + cls.predictions.bias, applied to the masked positions only (DeviceBatch::rows): the other
 //       positions carry no loss, so HF's logits there are never used; this saves ~85% of the head,
 //       which is most of the work of a small BERT (V x C against 12 C^2 per layer).
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -158,7 +159,7 @@ class Bert final : public Model {
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
-    curB_ = curT_ = 0;  // re-carve the activations at the next forward
+    curB_ = curT_ = capB_ = capT_ = 0;  // re-carve the activations at the next forward
   }
 
   size_t activation_bytes(int B, int T) const override {
@@ -194,8 +195,8 @@ class Bert final : public Model {
     be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, C, 0);
     be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
                           mc_.layer_norm_eps);
-    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B));
-    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T);
+    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B), drop_rows(T, b.T_key, C));
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key);
     return head_forward(b, training, seed);
   }
 
@@ -208,10 +209,12 @@ class Bert final : public Model {
     // Final from here: the head's own tensors (after the last block; the tied MLM decoder weight is
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
-    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, &grad_ready_);
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
+                    &grad_ready_);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
-    be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B));
+    be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
+                         drop_rows(T, b.T_key, C));
     be_.zero(dres_a_, n * f);
     be_.layernorm_backward(dres_a_, ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
                            emb_mean_, emb_rstd_, BT, C);
@@ -260,7 +263,7 @@ class Bert final : public Model {
         return be_.sum(losses_, B);
       }
       case Task::Ner: {
-        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed);
+        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed, drop_rows(T, b.T_key, C));
         be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), BT, C, NL_, WLayout::OutIn);
         if (!b.targets) return 0;
         be_.crossentropy_forward(losses_, logits_, b.targets, BT, NL_);
@@ -327,7 +330,7 @@ class Bert final : public Model {
         be_.zero(dh1_, size_t(BT) * C * f);
         be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), BT, C,
                             NL_, WLayout::OutIn);
-        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed);
+        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed, drop_rows(T, b.T_key, C));
         return;
       }
       case Task::Qa: {
@@ -399,12 +402,24 @@ class Bert final : public Model {
     mlm_dlogits_ = mlm_logits_ + size_t(mlm_cap_) * V_;
   }
 
+  void reserve(int B, int T) override {
+    if (B <= capB_ && T <= capT_) return;
+    carve(std::max(B, capB_), std::max(T, capT_));
+  }
+
+  // The batch of the next forward is B x T: carved for at least that (each tensor is used as the
+  // prefix of its slot, laid out for capB_ x capT_).
   void ensure_acts(int B, int T) {
-    if (B == curB_ && T == curT_) return;
-    be_.release(arena_);
-    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    reserve(B, T);
     curB_ = B;
     curT_ = T;
+  }
+
+  void carve(int B, int T) {
+    be_.release(arena_);
+    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    capB_ = B;
+    capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
     float* p = arena_;
     auto take = [&p](size_t k) { float* r = p; p += k; return r; };
@@ -441,7 +456,8 @@ class Bert final : public Model {
   int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
 
-  int curB_ = 0, curT_ = 0;
+  int curB_ = 0, curT_ = 0;  // the last forward's batch shape
+  int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
   float* arena_ = nullptr;
   const float* xL_ = nullptr;
   float *emb_ = nullptr, *x0_ = nullptr, *emb_mean_ = nullptr, *emb_rstd_ = nullptr;

@@ -7,9 +7,9 @@
 
 namespace nlp {
 
-BlockSeeds block_seeds(uint64_t seed, int layer) {
+BlockSeeds block_seeds(uint64_t seed, int layer, int T_key) {
   return BlockSeeds{derive_seed(seed, 100 + layer, 1), derive_seed(seed, 100 + layer, 2),
-                    derive_seed(seed, 100 + layer, 3)};
+                    derive_seed(seed, 100 + layer, 3), T_key};
 }
 
 BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad) {
@@ -89,17 +89,18 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
                      BlockSeeds seeds, int B, int T) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const size_t n = size_t(BT) * C;
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS);
+                       HS, seeds.T_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
-  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1);
+  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
   be.add(a.res1, a.res1, x, n);
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.res1, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
   be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, BT, C, FF, c.layout);
   be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
   be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
-  be.dropout_forward(a.res2, a.res2, n, p_resid, seeds.resid2);
+  be.dropout_forward(a.res2, a.res2, n, p_resid, seeds.resid2, rows);
   be.add(a.res2, a.res2, a.ln1, n);
   be.layernorm_forward(a.out, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C, c.ln_eps);
 }
@@ -110,6 +111,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                       float p_resid, BlockSeeds seeds, int B, int T) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF, f = sizeof(float);
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
   float* d_r2 = s.d_c2;   // grad of LN2's input
   float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
   be.zero(d_r2, n * f);
@@ -118,7 +120,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // r2 = x1 + drop(fcp(gelu(fc(x1))))
   be.copy(d_x1, d_r2, n * f);
   be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, d_r2, n, p_resid, seeds.resid2);
+  be.dropout_backward(s.d_c1, d_r2, n, p_resid, seeds.resid2, rows);
   be.zero(s.d_ff2, nff * f);
   be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
                      c.layout);
@@ -132,13 +134,13 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                         BT, C);
   be.accumulate(dx, d_r1, n);
   be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, d_r1, n, p_resid, seeds.resid1);
+  be.dropout_backward(s.d_c1, d_r1, n, p_resid, seeds.resid1, rows);
   float* d_atty = s.d_res1;
   be.zero(d_atty, n * f);
   be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
   be.zero(s.d_qkv, 3 * n * f);
   be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
 
@@ -151,6 +153,7 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C;
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
   if (!c.pre_ln) {
     post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
@@ -160,9 +163,9 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
   be.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS);
+                       HS, seeds.T_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
-  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1);
+  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
   be.add(a.res1, a.res1, x, n);
 
   // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1)))))
@@ -170,7 +173,7 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   be.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, FF, c.layout);
   be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
   be.matmul_forward(a.out, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
-  be.dropout_forward(a.out, a.out, n, p_resid, seeds.resid2);
+  be.dropout_forward(a.out, a.out, n, p_resid, seeds.resid2, rows);
   be.add(a.out, a.out, a.res1, n);
 }
 
@@ -183,6 +186,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
   const size_t f = sizeof(float);
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
   if (!c.pre_ln) {
     post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
@@ -191,7 +195,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
   be.copy(s.d_res1, dout, n * f);
   be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, dout, n, p_resid, seeds.resid2);
+  be.dropout_backward(s.d_c1, dout, n, p_resid, seeds.resid2, rows);
   be.zero(s.d_ff2, nff * f);
   be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
                      c.layout);
@@ -205,12 +209,12 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // res1 = x + drop(proj(attn(LN1(x))))
   be.accumulate(dx, s.d_res1, n);
   be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, s.d_res1, n, p_resid, seeds.resid1);
+  be.dropout_backward(s.d_c1, s.d_res1, n, p_resid, seeds.resid1, rows);
   be.zero(s.d_c2, n * f);
   be.matmul_backward(s.d_c2, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
   be.zero(s.d_qkv, 3 * n * f);
   be.attention_backward(s.d_qkv, s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key);
   be.zero(s.d_c1, n * f);
   be.matmul_backward(s.d_c1, gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C, c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,
@@ -250,11 +254,11 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
 }
 
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
-                                 bool training, uint64_t seed, int B, int T) {
+                                 bool training, uint64_t seed, int B, int T, int T_key) {
   const float* x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
-                  block_seeds(seed, int(l)), B, T);
+                  block_seeds(seed, int(l), T_key), B, T);
     x = acts_[l].out;
   }
   return x;
@@ -282,7 +286,7 @@ size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
 
 void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                           const int32_t* mask, bool training, uint64_t seed, int B, int T,
-                          const std::function<void(size_t)>* ready) {
+                          int T_key, const std::function<void(size_t)>* ready) {
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
@@ -291,11 +295,11 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
       // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.
       BlockActs a = work_;
       block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
-                    block_seeds(seed, l), B, T);
+                    block_seeds(seed, l, T_key), B, T);
     }
     be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
-                   acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l), B, T);
+                   acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l, T_key), B, T);
     std::swap(da, db);
     if (ready && *ready) (*ready)(layer_begin(ps, l));
   }

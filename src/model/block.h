@@ -73,12 +73,15 @@ BlockActs carve_block_acts(float* base, const BlockConfig& c, const AttnSizes& a
 BlockScratch carve_block_scratch(float* base, const BlockConfig& c, const AttnSizes& att, int B,
                                  int T);
 
-// Per-block dropout seeds: attention probabilities, residual after attention, residual after MLP.
+// Per-block dropout seeds: attention probabilities, residual after attention, residual after MLP;
+// and T_key, the untrimmed row length the masks are keyed by (core/backend.h: a batch trimmed to
+// T < T_key positions draws the masks of the padded batch; T_key = T: the flat index).
 struct BlockSeeds {
   uint64_t attn, resid1, resid2;
+  int T_key = 0;
 };
 // The seeds of block `layer` in a forward pass seeded by `seed` (same derivation for every model).
-BlockSeeds block_seeds(uint64_t seed, int layer);
+BlockSeeds block_seeds(uint64_t seed, int layer, int T_key);
 
 // Indices of one block's tensors in the model's ParamStore, and their pointers (params or grads).
 struct BlockParamIdx {
@@ -111,13 +114,14 @@ class BlockStack {
   // floats of activations + scratch for a B x T batch (the attention parts sized by `be`)
   size_t numel(Backend& be, int B, int T) const;
   void carve(Backend& be, float* base, int B, int T);  // lay them out in base (numel(be, B, T) floats)
-  // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers)
+  // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers).
+  // T_key: the row length dropout masks are keyed by (DeviceBatch::T_key).
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
-                       bool training, uint64_t seed, int B, int T);
+                       bool training, uint64_t seed, int B, int T, int T_key);
   // *da holds d xL on entry (consumed) and d x0 on return; *db is workspace; both [BT,C].
   // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
   void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
-                const int32_t* mask, bool training, uint64_t seed, int B, int T,
+                const int32_t* mask, bool training, uint64_t seed, int B, int T, int T_key,
                 const std::function<void(size_t)>* ready = nullptr);
   // The range [begin, end) of block l's tensors in the parameter/gradient arenas (the tensors of a
   // block are registered one after the other, so the range holds only that block's tensors).

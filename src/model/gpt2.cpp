@@ -1,6 +1,7 @@
 // GPT-2 (HF GPT2LMHeadModel): token + position embeddings, n_layer pre-LN blocks with causal attention
 // and gelu_new, final LayerNorm, LM head tied to the token embedding, cross-entropy with ignore index.
 // Parameters carry the HF state_dict names and shapes (Conv1D layout [in, out]).
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -114,7 +115,7 @@ class Gpt2 final : public Model {
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
-    curB_ = curT_ = 0;  // re-carve the activations at the next forward
+    curB_ = curT_ = capB_ = capT_ = 0;  // re-carve the activations at the next forward
   }
 
   size_t activation_bytes(int B, int T) const override {
@@ -128,8 +129,9 @@ class Gpt2 final : public Model {
     const size_t n = size_t(BT) * C;
     // x0[BT,C] = drop(wte[ids] + wpe[t])
     be_.embedding_forward(x0_, b.ids, nullptr, ps_.p(wte_), ps_.p(wpe_), nullptr, B, T, C, 0);
-    be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
-    const float* x = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T);
+    be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
+                        drop_rows(T, b.T_key, C));
+    const float* x = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key);
     xL_ = x;
     // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
@@ -154,10 +156,12 @@ class Gpt2 final : public Model {
                            lnf_mean_, lnf_rstd_, BT, C);
     // Final from here: ln_f (the tied wte, at offset 0, also gets the embedding backward below).
     grads_ready(ps_.specs()[lnf_w_].offset);
-    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, &grad_ready_);
+    stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
+                    &grad_ready_);
     // dres_a = d x0 (after embedding dropout)
     be_.zero(dlnf_, n * f);
-    be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed));
+    be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
+                         drop_rows(T, b.T_key, C));
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), nullptr, dlnf_, b.ids, nullptr, B, T, C, 0);
     grads_ready(0);
   }
@@ -188,12 +192,24 @@ class Gpt2 final : public Model {
            + 3 * BT * C;                           // dlnf, dres_a, dres_b
   }
 
+  void reserve(int B, int T) override {
+    if (B <= capB_ && T <= capT_) return;
+    carve(std::max(B, capB_), std::max(T, capT_));
+  }
+
+  // The batch of the next forward is B x T: carved for at least that (each tensor is used as the
+  // prefix of its slot, laid out for capB_ x capT_).
   void ensure_acts(int B, int T) {
-    if (B == curB_ && T == curT_) return;
-    be_.release(arena_);
-    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    reserve(B, T);
     curB_ = B;
     curT_ = T;
+  }
+
+  void carve(int B, int T) {
+    be_.release(arena_);
+    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
+    capB_ = B;
+    capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
     float* p = arena_;
     auto take = [&p](size_t k) { float* r = p; p += k; return r; };
@@ -218,7 +234,8 @@ class Gpt2 final : public Model {
   int C_, V_, L_;
   int wte_, wpe_, lnf_w_, lnf_b_;
 
-  int curB_ = 0, curT_ = 0;
+  int curB_ = 0, curT_ = 0;  // the last forward's batch shape
+  int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
   float* arena_ = nullptr;  // all activations, carved per (B, T)
   const float* xL_ = nullptr;  // the last block's output
   float *x0_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;

@@ -17,6 +17,10 @@ namespace nlp {
 // A batch in backend memory. targets are already aligned with positions (for CLM: shifted).
 struct DeviceBatch {
   int B = 0, T = 0;
+  // The row length the examples were stored with (the dataset's): a batch trimmed to its longest
+  // row (data.padding = longest) has T < T_key, and dropout masks are keyed at (example, position)
+  // of the T_key layout, so trimming changes no mask. 0 = T.
+  int T_key = 0;
   const int32_t* ids = nullptr;       // [B,T]
   const int32_t* mask = nullptr;      // [B,T] key padding mask (1 keep, 0 pad); nullable
   const int32_t* targets = nullptr;   // [B,T] token targets (clm, mlm, ner; -100 = ignore)
@@ -64,6 +68,10 @@ class Model {
   // train.recompute = block (true): keep only each transformer block's input and recompute the
   // block's forward just before its backward; gradients are bitwise the same, activations smaller.
   virtual void set_recompute(bool on) = 0;
+  // Carve the activation arena for batches of up to B rows x T positions now, once: a later batch
+  // of that size or smaller (trimmed to its longest row, or an evaluation's partial last batch)
+  // reuses it without reallocating. A larger batch grows it.
+  virtual void reserve(int B, int T) = 0;
   // Bytes of activations needed for a batch of B x T (for the memory report), as set_recompute says.
   virtual size_t activation_bytes(int B, int T) const = 0;
   // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not

@@ -1,5 +1,7 @@
 #include "train/batches.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -37,6 +39,7 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
   HostBatch hb;
   hb.B = tb.n;
   hb.T = tb.T;
+  hb.T_key = tb.T;
   hb.ids = tb.input_ids;
   hb.mask = tb.attention_mask;
   hb.type_ids = tb.token_type_ids;
@@ -77,12 +80,38 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
         hb.rows.push_back(static_cast<int32_t>(i));
         hb.row_targets.push_back(hb.targets[i]);
       }
-  for (int32_t m : hb.mask)
-    if (m == 0) {
-      hb.has_padding = true;
-      break;
-    }
+  for (int32_t m : hb.mask) {
+    hb.real_tokens += m != 0;
+    hb.has_padding |= m == 0;
+  }
   return hb;
+}
+
+void trim_to_longest(HostBatch& hb, int multiple) {
+  const int T = hb.T, B = hb.B;
+  int longest = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = longest; t < T; ++t) {
+      const size_t i = size_t(b) * T + t;
+      if (hb.mask[i] != 0 || hb.targets[i] != kIgnoreIndex) longest = t + 1;
+    }
+  for (const auto* v : {&hb.start, &hb.end})
+    for (int32_t p : *v) longest = std::max(longest, p + 1);
+  multiple = std::max(1, multiple);
+  const int Tn = std::min(T, std::max(multiple, (longest + multiple - 1) / multiple * multiple));
+  if (Tn == T) return;
+  auto cut = [&](std::vector<int32_t>& v) {
+    for (int b = 0; b < B; ++b)
+      std::copy_n(v.begin() + size_t(b) * T, Tn, v.begin() + size_t(b) * Tn);
+    v.resize(size_t(B) * Tn);
+  };
+  cut(hb.ids);
+  cut(hb.mask);
+  cut(hb.targets);
+  cut(hb.type_ids);
+  for (int32_t& r : hb.rows) r = r / T * Tn + r % T;  // every row target sits before Tn
+  hb.T = Tn;
+  hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
 DeviceBatchBuffer::~DeviceBatchBuffer() { be_.release(buf_); }
@@ -107,6 +136,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   DeviceBatch db;
   db.B = hb.B;
   db.T = hb.T;
+  db.T_key = hb.T_key;
   db.ids = put(hb.ids, n);
   const int32_t* mask = put(hb.mask, n);
   db.mask = hb.has_padding ? mask : nullptr;

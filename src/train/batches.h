@@ -17,6 +17,8 @@ namespace nlp {
 
 struct HostBatch {
   int B = 0, T = 0;
+  int T_key = 0;             // the file's row length (T until trim_to_longest cuts T below it)
+  int64_t real_tokens = 0;   // positions with attention_mask 1 (the rest is padding)
   std::vector<int32_t> ids, mask, targets, type_ids;  // [B,T]
   std::vector<int32_t> labels, start, end;            // [B]
   std::vector<int32_t> rows, row_targets;  // mlm: positions with a target, and the targets
@@ -37,6 +39,13 @@ MlmSpec read_mlm_spec(const TokenDataset& ds, int vocab_size);
 
 // mlm may be null unless task is mlm and the dataset has no labels; seed drives the masking.
 HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64_t seed);
+
+// data.padding = longest: cut every [B,T] column to the batch's longest row (one past its last
+// attention_mask 1, and past every position that carries a target or an answer position), rounded
+// up to a multiple of `multiple` and at most T. MLM rows are renumbered b*T'+t. The cut positions are
+// padding of every row: masked out of attention and of every loss except qa's (backend.h), so the
+// model computes the same outputs at the kept positions. T_key keeps the file's T (dropout keys).
+void trim_to_longest(HostBatch& hb, int multiple);
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

@@ -63,6 +63,8 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
 
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
+  const bool trim = cfg.data.padding == "longest";
+  s.model.reserve(B, ds.seq_len());  // no re-carving for trimmed or partial batches
   double sums[2] = {0, 0};  // loss sum, loss units
   for (int64_t g = 0; g < nb; ++g) {
     const int64_t* idx = mine.data() + g * B;
@@ -70,6 +72,7 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
     ds.read(idx, count, tb);
     // Evaluation masking (mlm) is fixed: the same positions are masked at every evaluation.
     HostBatch hb = make_batch(s.task, tb, mlm.get(), derive_seed(cfg.train.seed, 0xE7A1, idx[0]));
+    if (trim) trim_to_longest(hb, cfg.data.pad_multiple);
     sums[1] += static_cast<double>(hb.loss_units(s.task));
     sums[0] += s.model.forward(dbuf.upload(hb), /*training=*/false, 0);
     te.add(hb, idx, s.model.outputs(), s.be);

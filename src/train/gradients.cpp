@@ -1,7 +1,8 @@
 // Verification mode (run.mode = gradients): forward and backward on the first train.batch_size
 // sequences of data.train, dropout off, no update. Rank 0 writes <output.dir>/gradients.h5: a scalar
-// `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa; for mlm `logits` has a row
-// per masked position only, listed as flat indices b*T+t in `masked_positions`), and one dataset per
+// `loss`, the model's outputs (`logits`, or `start_logits`/`end_logits` for qa, at the batch's length:
+// trimmed to its longest row with data.padding = longest; for mlm `logits` has a row per masked
+// position only, listed as flat indices b*T+t in `masked_positions`), and one dataset per
 // parameter gradient, named and shaped as the parameter, and under `initialized/` the values of the
 // parameters that model.weights lacked (a new head, seeded). Used to check nlptrain against Hugging Face transformers on the same weights and batch.
 #include <numeric>
@@ -28,6 +29,8 @@ void run_gradients(Session& s) {
   // mlm: the dataset's labels are used as given (no dynamic masking), so that a reference
   // implementation can be fed the same masked batch.
   HostBatch hb = make_batch(s.task, tb, nullptr, 0);
+  // data.padding = longest: the batch at its longest row (outputs [B, T'] with T' <= the file's T)
+  if (cfg.data.padding == "longest") trim_to_longest(hb, cfg.data.pad_multiple);
   const int64_t count = hb.loss_units(s.task);
   if (count == 0) throw Error("gradients: the batch has nothing to learn from (all labels are -100)");
 

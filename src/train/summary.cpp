@@ -64,8 +64,12 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   const double data_s = n ? times.data / n : 0;
   const double comm_s = n ? times.comm / n : 0;
   const double tok_s = step_s > 0 ? tokens_per_step / step_s : 0;
-  const double fpt = s.model.flops_per_token(T);
-  const double achieved = tok_s * fpt;  // FLOP/s over all ranks
+  // Positions actually computed per second (below tok_s when batches are trimmed) and real tokens.
+  const double computed_s = times.total > 0 ? times.computed_tokens / times.total : 0;
+  const double real_s = times.total > 0 ? times.real_tokens / times.total : 0;
+  const double mean_len = notes.micro_batches > 0 ? notes.batch_len_sum / notes.micro_batches : T;
+  const double fpt = s.model.flops_per_token(static_cast<int>(std::lround(mean_len)));
+  const double achieved = computed_s * fpt;  // FLOP/s over all ranks
   const double peak = double(s.cfg.run.peak_tflops) * 1e12 * s.comm.size();
   const std::string device =
       s.be.name() == "cpu" ? cat("cpu: ", cpu_model_name()) : s.be.name();
@@ -98,6 +102,14 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1)
       .num("data_s", data_s)
       .num("tokens_per_s", tok_s)
+      .num("computed_tokens_per_s", computed_s)
+      .num("real_tokens_per_s", real_s)
+      .str("padding", s.cfg.data.padding)
+      .integer("pad_multiple", s.cfg.data.pad_multiple)
+      .boolean("group_by_length", s.cfg.data.group_by_length)
+      .num("mean_batch_len", mean_len)
+      .num("padding_fraction", notes.computed_tokens > 0 ? 1.0 - notes.real_tokens / notes.computed_tokens : 0)
+      .num("padding_fraction_untrimmed", notes.file_tokens > 0 ? 1.0 - notes.real_tokens / notes.file_tokens : 0)
       .num("flops_per_token", fpt)
       .num("achieved_tflops", achieved / 1e12);
   j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set

@@ -20,12 +20,17 @@ struct StepTimes {
   static constexpr size_t kKeep = 1000;  // per-step comm times kept (the last ones)
   int steps = 0;
   double total = 0, data = 0, comm = 0;
+  // Token positions of the timed steps over all ranks: computed (each micro-batch's B x its length,
+  // trimmed with data.padding = longest) and real (attention_mask 1).
+  double computed_tokens = 0, real_tokens = 0;
   std::vector<double> comm_steps;  // this rank's exposed comm of the last kKeep timed steps
-  void add(double step_s, double data_s, double comm_s) {
+  void add(double step_s, double data_s, double comm_s, double computed, double real) {
     ++steps;
     total += step_s;
     data += data_s;
     comm += comm_s;
+    computed_tokens += computed;
+    real_tokens += real;
     if (comm_steps.size() == kKeep) comm_steps.erase(comm_steps.begin());
     comm_steps.push_back(comm_s);
   }
@@ -50,6 +55,10 @@ struct RunNotes {
   // (1/N of the whole with train.zero = 1 on N ranks), and "optimizer_state_bytes_total" (all ranks).
   int zero = 0;
   int64_t optimizer_bytes = 0, optimizer_bytes_total = 0;
+  // data.padding over every micro-batch of the run, all ranks: micro-batches, the sum of their
+  // lengths (after trimming), and token positions at the file's length, computed and real.
+  double micro_batches = 0, batch_len_sum = 0;
+  double file_tokens = 0, computed_tokens = 0, real_tokens = 0;
 };
 
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,

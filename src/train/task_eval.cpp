@@ -104,7 +104,7 @@ void TaskEval::add(const HostBatch& hb, const int64_t* idx, const std::vector<Ou
       std::vector<float> lg = fetch(0);
       for (int b = 0; b < B; ++b)
         for (int t = 0; t < T; ++t) {
-          const size_t i = size_t(b) * T + t, g = size_t(idx[b]) * T + t;
+          const size_t i = size_t(b) * T + t, g = size_t(idx[b]) * T_ + t;  // T <= T_ (trimmed)
           pred_[g] = argmax(lg.data() + i * NL_, NL_) + 1;
           gold_[g] = hb.targets[i] == kIgnoreIndex ? 0 : hb.targets[i] + 1;
         }
@@ -116,7 +116,7 @@ void TaskEval::add(const HostBatch& hb, const int64_t* idx, const std::vector<Ou
         // best span of this feature: start i <= end j < i + 30, both inside the context
         // (offsets [T,2] are -1 outside it); score = start logit + end logit, as HF's run_qa.py
         const int64_t f = idx[b];
-        const int32_t* o = offsets_.data() + size_t(f) * T * 2;
+        const int32_t* o = offsets_.data() + size_t(f) * T_ * 2;  // the file's rows; T <= T_
         const float* s = st.data() + size_t(b) * T;
         const float* e = en.data() + size_t(b) * T;
         double best = -INFINITY;

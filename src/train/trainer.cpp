@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -264,7 +265,11 @@ int run_train(Session& s) {
   st.world_size = world;
   st.batch_size = B;
   st.grad_accum = A;
-  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle);
+  // data.group_by_length: every rank reads all lengths (the order is global), from the mask only.
+  const std::vector<int32_t> lengths = cfg.data.group_by_length ? train.lengths() : std::vector<int32_t>{};
+  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle,
+                  cfg.data.group_by_length ? &lengths : nullptr);
+  const bool trim = cfg.data.padding == "longest";
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
   CheckpointDir ckpt_dir_id = st.step > 0 ? identify(cfg.output.dir + "/checkpoints") : CheckpointDir{};
@@ -277,6 +282,16 @@ int run_train(Session& s) {
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
                  sampler.batches_per_epoch(), " global batches per epoch); ", tokens_per_step,
                  " tokens per step (batch ", B, " x accum ", A, " x ranks ", world, ")"));
+  if (!lengths.empty()) {
+    double sum = 0;
+    for (int32_t L : lengths) sum += L;
+    s.log.info(cat("data: group_by_length: mega-batches of ", Sampler::kMegaBatches, " global batches sorted by "
+                   "length; mean example length ", sum / double(lengths.size()), " of ", T));
+  }
+  s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
+                        "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
+                  : cat("data: padding = max_length: every row runs at ", T, " positions"));
+  s.model.reserve(B, T);  // the activation arena, once, at the largest batch
 
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
@@ -285,17 +300,24 @@ int run_train(Session& s) {
   // behind the compute; the batches depend only on (seed, step, data position), so reading ahead
   // changes no result, and a run that stops discards them.
   std::vector<HostBatch> micro(A), next_micro(A);
-  double next_count = 0;
+  // counts of a step on this rank: loss units, computed positions, real tokens, the sum of the
+  // micro-batches' lengths (summed over ranks with the loss units: one host sum per step)
+  using StepCounts = std::array<double, 4>;
+  StepCounts next_count{};
   bool have_next = false;
   auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
-    double count = 0;
+    StepCounts c{};
     for (int a = 0; a < A; ++a) {
       auto idx = sampler.indices(first_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
-      count += static_cast<double>(out[a].loss_units(s.task));
+      if (trim) trim_to_longest(out[a], cfg.data.pad_multiple);
+      c[0] += static_cast<double>(out[a].loss_units(s.task));
+      c[1] += static_cast<double>(out[a].B) * out[a].T;
+      c[2] += static_cast<double>(out[a].real_tokens);
+      c[3] += out[a].T;
     }
-    return count;
+    return c;
   };
   // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
   // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
@@ -321,18 +343,23 @@ int run_train(Session& s) {
 
     // Every micro-batch before the first forward: the global target count normalises the loss.
     // t_data counts only a read that was not done ahead (the exposed data wait).
-    double counts[1] = {0};
+    StepCounts counts{};
     auto tp = Clock::now();
     if (have_next) {
       std::swap(micro, next_micro);
-      counts[0] = next_count;
+      counts = next_count;
       have_next = false;
     } else {
-      counts[0] = read_step(step, static_cast<int64_t>(st.next_batch), micro);
+      counts = read_step(step, static_cast<int64_t>(st.next_batch), micro);
       t_data += seconds_since(tp);
     }
     tp = Clock::now();
-    s.comm.allreduce_sum_host(counts, 1);
+    s.comm.allreduce_sum_host(counts.data(), counts.size());
+    notes.micro_batches += double(A) * world;
+    notes.batch_len_sum += counts[3];
+    notes.file_tokens += double(tokens_per_step);
+    notes.computed_tokens += counts[1];
+    notes.real_tokens += counts[2];
     t_comm += seconds_since(tp);
     if (counts[0] <= 0)
       throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
@@ -414,17 +441,18 @@ int run_train(Session& s) {
     const double dt = seconds_since(t0);
     train_seconds += dt;
     ++steps_done_here;
-    if (steps_done_here > 1) times.add(dt, t_data, t_comm);
+    if (steps_done_here > 1) times.add(dt, t_data, t_comm, counts[1], counts[2]);
     if (steps_done_here == 1 && cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
-    const double tok_s = tokens_per_step / dt;
+    const double tok_s = counts[1] / dt, real_s = counts[2] / dt;  // positions computed; real tokens
     if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1 || !finite) {
       const double elapsed = seconds_since(t_start);
       const double eta = train_seconds / steps_done_here * (tc.steps - st.step);
       char buf[320];
       std::snprintf(buf, sizeof buf,
-                    "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.3f s/step "
-                    "| elapsed %s | eta %s",
-                    static_cast<long long>(st.step), tc.steps, loss, lr, norm, tok_s, dt,
+                    "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s (%.0f real, "
+                    "len %.0f) | %.3f s/step | elapsed %s | eta %s",
+                    static_cast<long long>(st.step), tc.steps, loss, lr, norm, tok_s, real_s,
+                    counts[3] / (double(A) * world), dt,
                     format_duration(elapsed).c_str(), format_duration(eta).c_str());
       std::string line = buf;
       if (!finite)
@@ -436,7 +464,7 @@ int run_train(Session& s) {
     }
     Json rec;
     rec.integer("step", st.step).exact("loss", loss).num("lr", lr).num("grad_norm", norm)
-        .num("tokens_per_s", tok_s).num("step_time_s", dt);
+        .num("tokens_per_s", tok_s).num("real_tokens_per_s", real_s).num("step_time_s", dt);
     if (!finite) rec.boolean("skipped", true);
     if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
     s.log.metrics(rec.done());
@@ -482,9 +510,13 @@ int run_train(Session& s) {
   }
   if (steps_done_here > 0) {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "done: %d steps in %s, %.0f tokens/s on average",
+    std::snprintf(buf, sizeof buf,
+                  "done: %d steps in %s, %.0f tokens/s on average (%.0f real tokens/s; padding computed "
+                  "%.1f%% of the positions, %.1f%% at the file's length)",
                   steps_done_here, format_duration(train_seconds).c_str(),
-                  double(tokens_per_step) * steps_done_here / train_seconds);
+                  notes.computed_tokens / train_seconds, notes.real_tokens / train_seconds,
+                  notes.computed_tokens > 0 ? 100.0 * (1.0 - notes.real_tokens / notes.computed_tokens) : 0.0,
+                  notes.file_tokens > 0 ? 100.0 * (1.0 - notes.real_tokens / notes.file_tokens) : 0.0);
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));

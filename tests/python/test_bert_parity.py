@@ -140,7 +140,7 @@ def test_bert_head_matches_transformers(task, tmp_path):
         for k, v in cols.items():
             f.create_dataset(k, data=v)
     out = tmp_path / "out"
-    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients",
+    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", "--data.padding=max_length",
             f"--model.weights={weights}", f"--model.num_labels={NL}", f"--data.train={data}",
             f"--train.batch_size={B}", f"--output.dir={out}", "--run.threads=1",
             "--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0"])
@@ -224,7 +224,7 @@ def test_attended_pad_tokens(task, pad, tmp_path):
         for k, v in cols.items():
             f.create_dataset(k, data=v)
     out = tmp_path / "out"
-    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", f"--model.weights={weights}",
+    nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", "--data.padding=max_length", f"--model.weights={weights}",
             f"--model.num_labels={NL}", f"--data.train={data}", f"--train.batch_size={B}",
             f"--output.dir={out}", "--run.threads=1"])
     worst = compare_with_transformers(model, task, cols, out / "gradients.h5")

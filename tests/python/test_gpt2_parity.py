@@ -42,7 +42,7 @@ def gradients_run(tmp_path: Path, model, ids, mask=None, labels=None, tag="run")
         "run": {"mode": "gradients", "backend": "cpu", "threads": 0},
         "model": {"type": "gpt2", "weights": weights},
         # data.seq_len left at 0: a 2-D dataset carries its own T (here T < n_positions)
-        "data": {"train": data, "shuffle": False},
+        "data": {"train": data, "shuffle": False, "padding": "max_length"},  # HF is fed the padded batch
         "train": {"batch_size": ids.shape[0]},
         "output": {"dir": d / "out"},
     })

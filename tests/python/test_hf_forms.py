@@ -136,7 +136,7 @@ def run_bert(tmp_path, h5, task, cols, extra=()):
         for k, v in cols.items():
             f.create_dataset(k, data=v)
     out = tmp_path / "out"
-    p = nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", f"--model.weights={h5}",
+    p = nr.run(["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", "--data.padding=max_length", f"--model.weights={h5}",
                 f"--data.train={data}", f"--train.batch_size={P.B}", f"--output.dir={out}",
                 "--run.threads=1", *extra])
     return p, out / "gradients.h5"
@@ -209,7 +209,7 @@ def test_gpt2_form(tmp_path, tmp_path_factory, report, form, storage):
     ids, mask, labels = G.small_batches(model.config.vocab_size)["right_padding"]
     data = H.write_dataset(tmp_path / "d.h5", ids, mask, labels)
     out = tmp_path / "out"
-    p = nr.run(["--run.mode=gradients", f"--model.weights={h5}", f"--data.train={data}",
+    p = nr.run(["--run.mode=gradients", "--data.padding=max_length", f"--model.weights={h5}", f"--data.train={data}",
                 "--data.shuffle=false", f"--train.batch_size={ids.shape[0]}", f"--output.dir={out}",
                 "--run.threads=1"])
     assert ("read as a base-model checkpoint" in p.stdout) == (form == "GPT2Model")
@@ -233,7 +233,7 @@ def test_missing_base_tensor_names_both_names(tmp_path, tmp_path_factory):
     with h5py.File(data, "w") as f:
         for k, v in cols.items():
             f.create_dataset(k, data=v)
-    p = nr.run(["--model.type=bert", "--run.task=doc_cls", "--run.mode=gradients", f"--model.weights={broken}",
+    p = nr.run(["--model.type=bert", "--run.task=doc_cls", "--run.mode=gradients", "--data.padding=max_length", f"--model.weights={broken}",
                 f"--data.train={data}", f"--model.num_labels={NL}", f"--output.dir={tmp_path / 'o'}"], check=False)
     assert p.returncode != 0
     for s in (str(broken), "bert.encoder.layer.1.output.dense.weight", "'encoder.layer.1.output.dense.weight'"):
@@ -254,7 +254,7 @@ def classifier_case(tmp_path, tmp_path_factory, task="doc_cls"):
 
 
 def nlptrain_args(task, h5, data, out):
-    return ["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", f"--model.weights={h5}",
+    return ["--model.type=bert", f"--run.task={task}", "--run.mode=gradients", "--data.padding=max_length", f"--model.weights={h5}",
             f"--data.train={data}", f"--train.batch_size={P.B}", f"--output.dir={out}", "--run.threads=1"]
 
 

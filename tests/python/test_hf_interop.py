@@ -207,7 +207,7 @@ def nlptrain_logits(tmp: Path, weights: Path, ids: np.ndarray) -> np.ndarray:
     with h5py.File(data, "w") as f:
         f.create_dataset("input_ids", data=ids.astype(np.int32))
     out = tmp / "grad_out"
-    run_nlptrain("--run.mode=gradients", f"--model.weights={weights}", f"--data.train={data}",
+    run_nlptrain("--run.mode=gradients", "--data.padding=max_length", f"--model.weights={weights}", f"--data.train={data}",
                  f"--train.batch_size={ids.shape[0]}", f"--output.dir={out}", "--data.shuffle=false",
                  "--model.embd_pdrop=0", "--model.attn_pdrop=0", "--model.resid_pdrop=0", "--run.threads=1")
     with h5py.File(out / "gradients.h5", "r") as f:
@@ -526,7 +526,7 @@ def nlptrain_bert_logits(tmp: Path, weights: Path, task: str, data: Path, extra=
     """Logits from nlptrain's gradients mode, and for mlm the flat positions they belong to (its MLM
     head scores the masked positions only); None otherwise."""
     out = tmp / f"grad_{task}"
-    run_nlptrain("--run.mode=gradients", "--model.type=bert", f"--run.task={task}", f"--model.weights={weights}",
+    run_nlptrain("--run.mode=gradients", "--data.padding=max_length", "--model.type=bert", f"--run.task={task}", f"--model.weights={weights}",
                  f"--data.train={data}", "--train.batch_size=2", f"--output.dir={out}", "--data.shuffle=false",
                  "--run.threads=1", *extra)
     with h5py.File(out / "gradients.h5", "r") as f:

@@ -63,7 +63,7 @@ def test_gradients_bitwise_and_activation_memory(data, model, tmp_path):
     outs = {}
     for r in ("none", "block"):
         outs[r] = tmp_path / r
-        nr.run(data[model] + ["--run.mode=gradients", "--train.batch_size=4", f"--train.recompute={r}",
+        nr.run(data[model] + ["--run.mode=gradients", "--data.padding=max_length", "--train.batch_size=4", f"--train.recompute={r}",
                               f"--output.dir={outs[r]}"], timeout=120)
     assert_bitwise(h5_all(outs["none"] / "gradients.h5"), h5_all(outs["block"] / "gradients.h5"))
     a_none, a_block = activation_mib(outs["none"]), activation_mib(outs["block"])

@@ -111,7 +111,7 @@ def test_generation_kv_cache_matches_full_forward(stream, tmp_path):
     # The full forward (gradients mode) on the same sequence must predict each generated token.
     row = tmp_path / "row.h5"
     nr.write_rows(row, [ids + [0]])
-    nr.run(TINY + [f"--model.weights={ckpt}", "--run.mode=gradients", f"--data.train={row}",
+    nr.run(TINY + [f"--model.weights={ckpt}", "--run.mode=gradients", "--data.padding=max_length", f"--data.train={row}",
                    f"--output.dir={tmp_path / 'g'}", "--train.batch_size=1"], ranks=1)
     with h5py.File(tmp_path / "g" / "gradients.h5") as f:
         logits = f["logits"][0]

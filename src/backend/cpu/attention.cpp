@@ -89,7 +89,9 @@ inline bool key_ok(const int32_t* mask, bool causal, int i, int j) {
 
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
-                       bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS) {
+                       bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
+                       int T_key) {
+  const uint64_t Tk = T_key > 0 ? T_key : T;  // the mask's key length (backend.h)
   const int C = NH * HS;
   const int Tp = round16(T), Hp = round16(HS);
   const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -134,7 +136,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           for (int j = jend; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
           if (drop) {
-            const uint64_t base = ((uint64_t)bh * T + i) * T;
+            const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
             for (int j = 0; j < jend; ++j)
               srow[j] = arow[j] != 0.0f && uniform01(seed, base + j) >= dropout_p ? arow[j] * dscale
                                                                                 : 0.0f;
@@ -163,8 +165,9 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
 // scratch is not needed by this implementation (per-thread buffers instead).
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
-                        uint64_t seed, int B, int T, int NH, int HS) {
+                        uint64_t seed, int B, int T, int NH, int HS, int T_key) {
   (void)scratch;
+  const uint64_t Tk = T_key > 0 ? T_key : T;  // the mask's key length (backend.h)
   const int C = NH * HS;
   const size_t C3 = 3 * (size_t)C;
   const int Tp = round16(T), Hp = round16(HS);
@@ -202,7 +205,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         const float* __restrict arow = att + ((size_t)bh * T + i) * T;
         float* __restrict drow = ds.data() + (size_t)i * Tp;
         const int jend = causal ? i + 1 : T;
-        const uint64_t base = ((uint64_t)bh * T + i) * T;
+        const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
         float dot = 0.0f;
         for (int j = 0; j < jend; ++j) {
           const float a = arow[j];

@@ -27,19 +27,23 @@ void scale(float* x, float s, size_t N) {
   for (size_t i = 0; i < N; ++i) x[i] *= s;
 }
 
-// out[N] = inp * keep(i) / (1-p), keep(i) = uniform01(seed, i) >= p; p == 0 copies (out may alias inp)
-void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) {
+// out[N] = inp * keep(i) / (1-p), keep(i) = uniform01(seed, key(i)) >= p, key(i) = keyed_index(i,
+// row, row_key) (Backend's DropRows); p == 0 copies (out may alias inp)
+void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, size_t row,
+                     size_t row_key) {
   if (p <= 0.0f) {
     if (out != inp) std::memmove(out, inp, N * sizeof(float));
     return;
   }
   const float s = dropout_scale(p);
 #pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
-  for (size_t i = 0; i < N; ++i) out[i] = uniform01(seed, i) >= p ? inp[i] * s : 0.0f;
+  for (size_t i = 0; i < N; ++i)
+    out[i] = uniform01(seed, keyed_index(i, row, row_key)) >= p ? inp[i] * s : 0.0f;
 }
 
 // dinp[N] += dout * keep(i) / (1-p)
-void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed) {
+void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed, size_t row,
+                      size_t row_key) {
   if (p <= 0.0f) {
     accumulate(dinp, dout, N);
     return;
@@ -47,7 +51,7 @@ void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_
   const float s = dropout_scale(p);
 #pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
   for (size_t i = 0; i < N; ++i)
-    if (uniform01(seed, i) >= p) dinp[i] += dout[i] * s;
+    if (uniform01(seed, keyed_index(i, row, row_key)) >= p) dinp[i] += dout[i] * s;
 }
 
 }  // namespace nlp::cpu

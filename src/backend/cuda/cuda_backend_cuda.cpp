@@ -218,20 +218,22 @@ class CudaBackend final : public Backend {
                         const int32_t* idx) override {
     op(kern::rows_scatter_add(dinp, dout, n, C, stride, idx, stream_), "rows_scatter_add");
   }
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed) override {
+  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+                       DropRows rows) override {
     if (p <= 0.0f) {
       copy(out, inp, N * sizeof(float));
       return;
     }
-    op(kern::dropout_forward(out, inp, N, p, seed, stream_), "dropout_forward");
+    op(kern::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, stream_), "dropout_forward");
   }
-  void dropout_backward(float* dinp, const float* dout, size_t N, float p,
-                        uint64_t seed) override {
+  void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+                        DropRows rows) override {
     if (p <= 0.0f) {
       accumulate(dinp, dout, N);
       return;
     }
-    op(kern::dropout_backward(dinp, dout, N, p, seed, stream_), "dropout_backward");
+    op(kern::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, stream_),
+       "dropout_backward");
   }
 
   // ---- attention ----
@@ -249,27 +251,27 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS) override {
-    if (fused(B, T, NH, HS)) {
+                         int HS, int T_key) override {
+    if (fused(B, T, NH, HS)) {  // cuDNN draws its own mask (backend.h): T_key does not apply
       fused_->forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_forward (cuDNN)");
       return;
     }
     op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
-                               stream_),
+                               T_key, stream_),
        "attention_forward");
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS) override {
+                          int HS, int T_key) override {
     if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
       fused_->backward(dqkv, scratch, dout, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_backward (cuDNN)");
       return;
     }
     op(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
-                                B, T, NH, HS, stream_),
+                                B, T, NH, HS, T_key, stream_),
        "attention_backward");
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
