@@ -583,6 +583,46 @@ TEST_F(CudaOps, AttentionForwardBackward) {
         }
 }
 
+// data.padding = longest: a batch trimmed to T' < T_key positions keys its masks by the untrimmed
+// layout (DropRows, T_key). The CPU's keyed ops equal the padded batch's (test_padding.cpp); these
+// equal the CPU's keyed ops, the same masks on both backends.
+TEST_F(CudaOps, KeyedDropoutAndAttentionSameMasksAsCpu) {
+  const int B = 3, Tn = 21, Tk = 48, NH = 2, HS = 16, C = NH * HS;
+  const float p = 0.2f;
+  const uint64_t seed = nlp::derive_seed(91, 4, 2);
+  const size_t n = size_t(B) * Tn * C;
+  const nlp::DropRows rows = nlp::drop_rows(Tn, Tk, C);
+  VF x = randn(n, 610), d = randn(n, 611), g0 = randn(n, 612);
+  VF out_c(n), g_c = g0;
+  cpu().dropout_forward(out_c.data(), x.data(), n, p, seed, rows);
+  cpu().dropout_backward(g_c.data(), d.data(), n, p, seed, rows);
+  float* go = nan_buf(n);
+  gpu().dropout_forward(go, put(x), n, p, seed, rows);
+  EXPECT_CLOSE(get(go, n), out_c, kExact);
+  float* gg = put(g0);
+  gpu().dropout_backward(gg, put(d), n, p, seed, rows);
+  EXPECT_CLOSE(get(gg, n), g_c, kExact);
+
+  const size_t nqkv = size_t(B) * Tn * 3 * C, natt = size_t(B) * NH * Tn * Tn;
+  VF qkv = randn(nqkv, 613, 1.5f), dout = randn(n, 614), dq0 = randn(nqkv, 615);
+  VI mask = attn_mask_for(B, Tn);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "causal=" << causal);
+    VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
+    cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), mask.data(), causal, p, seed, B, Tn, NH,
+                            HS, Tk);
+    cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), mask.data(),
+                             causal, p, seed, B, Tn, NH, HS, Tk);
+    float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
+    int32_t* gm = put(mask);
+    gpu().attention_forward(gao, ga, gq, gm, causal, p, seed, B, Tn, NH, HS, Tk);
+    EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
+    float* gdq = put(dq0);
+    gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, Tn, NH, HS, Tk);
+    EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
+  }
+}
+
 TEST_F(CudaOps, AttentionDecodeWithKvCache) {
   const int B = 3, NH = 4, HS = 32, Tmax = 70, C = NH * HS;
   const size_t ncache = size_t(B) * NH * Tmax * HS;

@@ -1,0 +1,286 @@
+// data.padding = longest and data.group_by_length, below the model:
+//  - trim_to_longest: the kept length (longest row, answer positions, rounding), the columns cut
+//    row by row, MLM rows renumbered, nothing cut when the batch is full;
+//  - dropout and attention keyed by T_key: a batch trimmed to T' positions draws exactly the masks of
+//    the batch padded to T_key (outputs at the kept positions equal the padded op's, bitwise for
+//    dropout, and attention forward and backward to fp32 summation order);
+//  - the length-grouped Sampler: a permutation of the epoch per global batch, the same global batch
+//    (as a set) at any world size, ranks interleaved, lengths grouped, deterministic.
+// Every expected value comes from the padded computation or from the definitions, never from the
+// code under test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "io/dataset.h"
+#include "train/batches.h"
+
+namespace {
+
+using nlp::Backend;
+using VF = std::vector<float>;
+
+Backend& be() {
+  static std::unique_ptr<Backend> b = nlp::make_cpu_backend(2);
+  return *b;
+}
+
+VF randn(size_t n, uint64_t seed) {
+  nlp::Rng r(seed);
+  VF v(n);
+  for (auto& x : v) x = r.normal();
+  return v;
+}
+
+// A batch of B rows of T positions whose row b is real for its first len[b] positions.
+nlp::HostBatch padded_batch(const std::vector<int>& len, int T) {
+  nlp::HostBatch hb;
+  hb.B = static_cast<int>(len.size());
+  hb.T = hb.T_key = T;
+  const size_t n = size_t(hb.B) * T;
+  hb.ids.assign(n, 0);
+  hb.mask.assign(n, 0);
+  hb.targets.assign(n, nlp::kIgnoreIndex);
+  hb.type_ids.assign(n, 0);
+  for (int b = 0; b < hb.B; ++b)
+    for (int t = 0; t < len[b]; ++t) {
+      const size_t i = size_t(b) * T + t;
+      hb.ids[i] = 100 + b * 1000 + t;  // (row, position) readable from the id
+      hb.mask[i] = 1;
+      hb.type_ids[i] = t >= len[b] / 2;
+      if (t % 3 == 1) hb.targets[i] = 7 * b + t;
+    }
+  hb.labels.assign(hb.B, 1);
+  hb.start.assign(hb.B, nlp::kIgnoreIndex);
+  hb.end.assign(hb.B, nlp::kIgnoreIndex);
+  for (size_t i = 0; i < n; ++i)
+    if (hb.targets[i] != nlp::kIgnoreIndex) {
+      hb.rows.push_back(static_cast<int32_t>(i));
+      hb.row_targets.push_back(hb.targets[i]);
+    }
+  hb.has_padding = true;
+  return hb;
+}
+
+TEST(TrimToLongest, CutsEveryColumnToTheLongestRowRoundedUp) {
+  const int T = 32;
+  const std::vector<int> len = {5, 11, 3};
+  const nlp::HostBatch full = padded_batch(len, T);
+  nlp::HostBatch hb = full;
+  nlp::trim_to_longest(hb, 8);
+  ASSERT_EQ(hb.T, 16);  // longest 11, rounded up to 16
+  EXPECT_EQ(hb.T_key, T);
+  EXPECT_TRUE(hb.has_padding);
+  ASSERT_EQ(hb.ids.size(), size_t(3 * 16));
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 16; ++t) {
+      const size_t i = size_t(b) * 16 + t, j = size_t(b) * T + t;
+      EXPECT_EQ(hb.ids[i], full.ids[j]);
+      EXPECT_EQ(hb.mask[i], full.mask[j]);
+      EXPECT_EQ(hb.targets[i], full.targets[j]);
+      EXPECT_EQ(hb.type_ids[i], full.type_ids[j]);
+    }
+  // MLM rows: the same (row, position) renumbered b*T'+t, in the same order, with the same targets
+  ASSERT_EQ(hb.rows.size(), full.rows.size());
+  for (size_t k = 0; k < hb.rows.size(); ++k) {
+    EXPECT_EQ(hb.rows[k] / 16, full.rows[k] / T);
+    EXPECT_EQ(hb.rows[k] % 16, full.rows[k] % T);
+    EXPECT_EQ(hb.ids[size_t(hb.rows[k])], full.ids[size_t(full.rows[k])]);
+  }
+  EXPECT_EQ(hb.row_targets, full.row_targets);
+}
+
+TEST(TrimToLongest, KeepsAnswerPositionsAndTargetsPastTheMask) {
+  const int T = 64;
+  nlp::HostBatch hb = padded_batch({4, 6}, T);
+  hb.start[1] = 20;  // an answer in the padding (a malformed file): never cut
+  hb.end[1] = 30;
+  nlp::trim_to_longest(hb, 8);
+  EXPECT_EQ(hb.T, 32);
+  nlp::HostBatch tg = padded_batch({4, 6}, T);
+  tg.targets[size_t(1) * T + 40] = 3;  // a target on a padding position: never cut
+  nlp::trim_to_longest(tg, 1);
+  EXPECT_EQ(tg.T, 41);
+}
+
+TEST(TrimToLongest, MultipleOneAndFullBatches) {
+  nlp::HostBatch a = padded_batch({5, 9}, 32);
+  nlp::trim_to_longest(a, 1);
+  EXPECT_EQ(a.T, 9);
+  nlp::HostBatch b = padded_batch({30, 9}, 32);  // rounds to 32: nothing to cut
+  const nlp::HostBatch b0 = b;
+  nlp::trim_to_longest(b, 8);
+  EXPECT_EQ(b.T, 32);
+  EXPECT_EQ(b.ids, b0.ids);
+  nlp::HostBatch c = padded_batch({8, 8}, 32);  // every row full at 8: no padding left
+  nlp::trim_to_longest(c, 8);
+  EXPECT_EQ(c.T, 8);
+  EXPECT_FALSE(c.has_padding);
+  nlp::HostBatch d = padded_batch({0, 0}, 32);  // nothing real at all: one multiple kept
+  nlp::trim_to_longest(d, 8);
+  EXPECT_EQ(d.T, 8);
+}
+
+TEST(KeyedDropout, TrimmedRowsDrawThePaddedMask) {
+  const int B = 3, T = 24, Tn = 10, C = 7;
+  const float p = 0.3f;
+  const uint64_t seed = 0xABCD;
+  const VF x = randn(size_t(B) * T * C, 1);
+  VF full(x.size());
+  be().dropout_forward(full.data(), x.data(), x.size(), p, seed);
+  VF xt(size_t(B) * Tn * C);
+  for (int b = 0; b < B; ++b)
+    std::copy_n(x.begin() + size_t(b) * T * C, size_t(Tn) * C, xt.begin() + size_t(b) * Tn * C);
+  VF trimmed(xt.size()), plain(xt.size());
+  be().dropout_forward(trimmed.data(), xt.data(), xt.size(), p, seed, nlp::drop_rows(Tn, T, C));
+  be().dropout_forward(plain.data(), xt.data(), xt.size(), p, seed);  // flat index: another mask
+  size_t differ = 0;
+  for (int b = 0; b < B; ++b)
+    for (size_t k = 0; k < size_t(Tn) * C; ++k) {
+      ASSERT_EQ(trimmed[size_t(b) * Tn * C + k], full[size_t(b) * T * C + k]) << b << " " << k;
+      differ += plain[size_t(b) * Tn * C + k] != full[size_t(b) * T * C + k];
+    }
+  EXPECT_GT(differ, 10u);  // the keying matters: without it rows after the first draw other masks
+  // backward: the same keep factors
+  const VF d = randn(xt.size(), 2);
+  VF gt(xt.size(), 0.f), gf(x.size(), 0.f), df(x.size(), 0.f);
+  for (int b = 0; b < B; ++b)
+    std::copy_n(d.begin() + size_t(b) * Tn * C, size_t(Tn) * C, df.begin() + size_t(b) * T * C);
+  be().dropout_backward(gt.data(), d.data(), d.size(), p, seed, nlp::drop_rows(Tn, T, C));
+  be().dropout_backward(gf.data(), df.data(), df.size(), p, seed);
+  for (int b = 0; b < B; ++b)
+    for (size_t k = 0; k < size_t(Tn) * C; ++k)
+      ASSERT_EQ(gt[size_t(b) * Tn * C + k], gf[size_t(b) * T * C + k]);
+}
+
+// Attention with key padding and dropout: the batch padded to T with rows real up to len[b] <= Tn,
+// against the same batch cut to Tn positions with T_key = T. Outputs and the q/k/v gradients at the
+// kept positions agree to fp32 summation order (the masked keys add exact zeros).
+TEST(KeyedAttention, TrimmedBatchEqualsPaddedBatchWithDropout) {
+  const int B = 2, T = 40, Tn = 17, NH = 2, HS = 8, C = NH * HS;
+  const std::vector<int> len = {17, 9};
+  const float p = 0.2f;
+  const uint64_t seed = 4242;
+  const VF qkv = randn(size_t(B) * T * 3 * C, 3);
+  const VF dout = randn(size_t(B) * T * C, 4);
+  std::vector<int32_t> mask(size_t(B) * T, 0), maskn(size_t(B) * Tn, 0);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < len[b]; ++t) mask[size_t(b) * T + t] = maskn[size_t(b) * Tn + t] = 1;
+  auto cut = [&](const VF& v, int width) {
+    VF o(size_t(B) * Tn * width);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(v.begin() + size_t(b) * T * width, size_t(Tn) * width, o.begin() + size_t(b) * Tn * width);
+    return o;
+  };
+  auto run = [&](const VF& q, const VF& dO, const std::vector<int32_t>& m, int Tr, int Tk, VF& out, VF& dq) {
+    VF att(be().attention_saved_floats(B, Tr, NH, HS)), scr(be().attention_scratch_floats(B, Tr, NH, HS));
+    out.assign(size_t(B) * Tr * C, 0.f);
+    dq.assign(size_t(B) * Tr * 3 * C, 0.f);
+    be().attention_forward(out.data(), att.data(), q.data(), m.data(), false, p, seed, B, Tr, NH, HS, Tk);
+    be().attention_backward(dq.data(), scr.data(), dO.data(), q.data(), att.data(), m.data(), false, p,
+                            seed, B, Tr, NH, HS, Tk);
+  };
+  VF out_f, dq_f, out_t, dq_t, out_u, dq_u;
+  // the padded run's dout is zero at padding positions (no loss there), as in a model
+  VF dpad = dout;
+  for (int b = 0; b < B; ++b)
+    for (int t = len[b]; t < T; ++t) std::fill_n(dpad.begin() + (size_t(b) * T + t) * C, C, 0.f);
+  run(qkv, dpad, mask, T, 0, out_f, dq_f);
+  run(cut(qkv, 3 * C), cut(dpad, C), maskn, Tn, T, out_t, dq_t);
+  run(cut(qkv, 3 * C), cut(dpad, C), maskn, Tn, 0, out_u, dq_u);  // unkeyed: another mask
+  auto max_rel = [&](const VF& a, const VF& full, int width, bool real_only) {
+    double num = 0, den = 0;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < (real_only ? len[b] : Tn); ++t)
+        for (int c = 0; c < width; ++c) {
+          const double u = a[(size_t(b) * Tn + t) * width + c], v = full[(size_t(b) * T + t) * width + c];
+          num = std::max(num, std::abs(u - v));
+          den = std::max(den, std::abs(v));
+        }
+    return num / den;
+  };
+  EXPECT_LE(max_rel(out_t, out_f, C, true), 1e-6);
+  EXPECT_LE(max_rel(dq_t, dq_f, 3 * C, false), 1e-6);
+  EXPECT_GT(max_rel(out_u, out_f, C, true), 1e-2);  // the keying is what makes them equal
+}
+
+std::vector<int32_t> spread_lengths(int64_t n, uint64_t seed) {
+  nlp::Rng r(seed);
+  std::vector<int32_t> len(static_cast<size_t>(n));
+  for (auto& l : len) l = 2 + static_cast<int32_t>(r.uniform() * 120);
+  return len;
+}
+
+TEST(LengthGroupedSampler, GlobalBatchesPartitionTheEpochAtAnyWorldSize) {
+  const int64_t n = 1000;
+  const std::vector<int32_t> len = spread_lengths(n, 5);
+  const nlp::Sampler one(n, 8, 0, 1, 77, true, &len);
+  const nlp::Sampler r0(n, 4, 0, 2, 77, true, &len), r1(n, 4, 1, 2, 77, true, &len);
+  const int64_t bpe = one.batches_per_epoch();
+  ASSERT_EQ(bpe, n / 8);
+  ASSERT_EQ(r0.batches_per_epoch(), bpe);
+  std::set<int64_t> seen;
+  for (int64_t g = 0; g < bpe; ++g) {
+    auto a = one.indices(g), b = r0.indices(g), c = r1.indices(g);
+    std::multiset<int64_t> whole(a.begin(), a.end()), parts(b.begin(), b.end());
+    parts.insert(c.begin(), c.end());
+    EXPECT_EQ(whole, parts) << "global batch " << g;
+    // interleaved: rank 0 holds positions 0, 2, 4, ... of the single rank's batch
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(b[size_t(i)], a[size_t(2 * i)]);
+      EXPECT_EQ(c[size_t(i)], a[size_t(2 * i + 1)]);
+    }
+    for (int64_t i : a) EXPECT_TRUE(seen.insert(i).second) << "example " << i << " twice in an epoch";
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), bpe * 8);
+}
+
+TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
+  const int64_t n = 4000;
+  const std::vector<int32_t> len = spread_lengths(n, 6);
+  const nlp::Sampler grouped(n, 16, 0, 1, 11, true, &len), again(n, 16, 0, 1, 11, true, &len);
+  const nlp::Sampler plain(n, 16, 0, 1, 11, true), other_seed(n, 16, 0, 1, 12, true, &len);
+  const int64_t bpe = grouped.batches_per_epoch();
+  // padded positions if each batch runs at its longest row
+  auto padded = [&](const nlp::Sampler& s, int64_t g0) {
+    double pos = 0;
+    for (int64_t g = g0; g < g0 + bpe; ++g) {
+      int32_t mx = 0;
+      for (int64_t i : s.indices(g)) mx = std::max(mx, len[size_t(i)]);
+      pos += 16.0 * mx;
+    }
+    return pos;
+  };
+  double real = 0;
+  for (int64_t g = 0; g < bpe; ++g)
+    for (int64_t i : grouped.indices(g)) real += len[size_t(i)];
+  // lengths 2..121, uniform: random batches of 16 run near the maximum (~114), so about half of the
+  // positions are padding; grouped batches run near the length of their own examples.
+  const double pad_grouped = 1.0 - real / padded(grouped, 0), pad_plain = 1.0 - real / padded(plain, 0);
+  std::printf("padding fraction: grouped %.3f, random order %.3f\n", pad_grouped, pad_plain);
+  EXPECT_LT(pad_grouped, 0.1);
+  EXPECT_GT(pad_plain, 0.3);
+  bool same_order = true, batch_lengths_descend = true;
+  int32_t prev = INT32_MAX;
+  for (int64_t g = 0; g < bpe; ++g) {
+    same_order &= grouped.indices(g) == again.indices(g);
+    const int32_t first = len[size_t(grouped.indices(g)[0])];
+    batch_lengths_descend &= first <= prev;
+    prev = first;
+  }
+  EXPECT_TRUE(same_order);                 // deterministic
+  EXPECT_FALSE(batch_lengths_descend);     // the batches' order is shuffled, not longest first
+  EXPECT_NE(grouped.indices(0), other_seed.indices(0));
+  EXPECT_NE(grouped.indices(0), grouped.indices(bpe));  // the next epoch is another order
+}
+
+}  // namespace
