@@ -51,6 +51,7 @@ void run_gradients(Session& s) {
   const std::string path = cfg.output.dir + "/gradients.h5";
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_f64("loss", {}, &loss);
+    f.set_attr("batch_len", int64_t(hb.T));  // the positions computed (< the file's T when trimmed)
     for (const OutputView& o : s.model.outputs()) {  // logits, or start_logits/end_logits
       size_t n = 1;
       for (auto d : o.shape) n *= size_t(d);
