@@ -16,6 +16,20 @@ after warmup; HF's stock warmup is step/warmup, i.e. one step later). --hf-warmu
 MLM masking: 15% of the non-special, non-padding tokens, 80% [MASK] / 10% random token / 10% kept
 (DataCollatorForLanguageModeling's rule, done here on the HDF5 ids with the file's cls/sep/pad/mask ids);
 evaluation masks with a fixed seed, so every evaluation sees the same masked positions.
+
+Padding (--padding): max_length (default) stacks every row at the file's length T, as before.
+longest: __getitem__ returns each row cut to its real length (the position after its last
+attention_mask 1), and the collator pads each batch to its longest row (rounded up to
+--pad-multiple, at most T), as transformers.DataCollatorWithPadding does: input_ids with the file's
+pad_id, attention_mask and token_type_ids with 0, token labels (ner) with -100; sequence labels and
+qa start/end positions are stacked unchanged. MLM masks after padding (padding is never a target).
+--group-by-length: Trainer's LengthGroupedSampler (group_by_length=True; in transformers >= 5
+train_sampling_strategy="group_by_length"), which takes the lengths from len(item["input_ids"]):
+the true lengths with --padding longest, all T with max_length. Evaluation always runs at the
+file's length (the same predictions up to rounding; evaluation time is not training time).
+result.json adds padding, group_by_length, pad_multiple, real_tokens (sum of attention_mask over the
+trained batches), computed_tokens (positions run), real_tokens_per_s = real_tokens / train_s,
+computed_tokens_per_s, mean_batch_len and padding_fraction (1 - real / computed).
 """
 from __future__ import annotations
 
@@ -58,6 +72,14 @@ def parse_args(argv=None):
     p.add_argument("--max-pos", type=int, default=256)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--log-steps", type=int, default=20)
+    p.add_argument("--padding", choices=["max_length", "longest"], default="max_length",
+                   help="max_length: every row at the file's length (default); longest: rows cut to their real "
+                        "length, each batch padded to its longest row (DataCollatorWithPadding)")
+    p.add_argument("--pad-multiple", type=int, default=1,
+                   help="with --padding longest: round the batch length up to a multiple of this, at most the "
+                        "file's length (DataCollatorWithPadding's pad_to_multiple_of; default 1 = off)")
+    p.add_argument("--group-by-length", action="store_true",
+                   help="Trainer's group_by_length (LengthGroupedSampler on len(item['input_ids']))")
     return p.parse_args(argv)
 
 
@@ -66,7 +88,8 @@ def parse_args(argv=None):
 class H5Rows(torch.utils.data.Dataset):
     """The model columns of one HDF5 file, in memory, as a list of dicts of tensors."""
 
-    def __init__(self, path, task):
+    def __init__(self, path, task, padding="max_length"):
+        self.padding = padding
         with h5py.File(path, "r") as f:
             self.attrs = {k: f.attrs[k] for k in f.attrs}
             cols = {"input_ids": "input_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
@@ -84,19 +107,62 @@ class H5Rows(torch.utils.data.Dataset):
                 if k in f:
                     self.extra[k] = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in f[k][()]]
         self.n = self.cols["input_ids"].shape[0]
+        self.T = self.cols["input_ids"].shape[1]
+        self.pad_id = int(self.attrs["pad_id"])
+        # real length of each row: the position after its last attention_mask 1 (>= 1)
+        am = self.cols["attention_mask"]
+        pos = torch.arange(1, self.T + 1).expand_as(am)
+        self.lengths = (pos * (am != 0)).max(dim=1).values.clamp(min=1)
+        self.row_cols = [k for k, v in self.cols.items() if v.dim() == 2]
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        if self.padding == "longest":
+            L = int(self.lengths[i])
+            return {k: (v[i, :L] if k in self.row_cols else v[i]) for k, v in self.cols.items()}
         return {k: v[i] for k, v in self.cols.items()}
+
+
+# per-row column -> padding value (input_ids: the file's pad_id)
+PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "labels": -100}
+
+
+class PadCollator:
+    """Pads a batch of rows of different lengths to the longest (rounded up to `multiple`, at most
+    `max_len`), as transformers.DataCollatorWithPadding (padding='longest') does; 0-d columns
+    (sequence labels, qa start/end positions) are stacked unchanged."""
+
+    def __init__(self, pad_id, multiple=1, max_len=None):
+        self.pad_id = pad_id
+        self.multiple = max(1, multiple)
+        self.max_len = max_len
+
+    def __call__(self, rows):
+        L = max(int(r["input_ids"].shape[0]) for r in rows)
+        L = -(-L // self.multiple) * self.multiple
+        if self.max_len:
+            L = min(L, self.max_len)  # rows are at most the file's length
+        out = {}
+        for k in rows[0]:
+            if rows[0][k].dim() == 0:
+                out[k] = torch.stack([r[k] for r in rows])
+                continue
+            fill = self.pad_id if k == "input_ids" else PAD_VALUES.get(k, 0)
+            t = torch.full((len(rows), L), fill, dtype=rows[0][k].dtype)
+            for j, r in enumerate(rows):
+                t[j, :r[k].shape[0]] = r[k]
+            out[k] = t
+        return out
 
 
 class MlmCollator:
     """15% of the real tokens (not [CLS]/[SEP]/[PAD], attention_mask 1) become targets; of those
     80% -> [MASK], 10% -> random id, 10% unchanged (transformers.DataCollatorForLanguageModeling)."""
 
-    def __init__(self, attrs, vocab_size, prob=0.15, generator=None):
+    def __init__(self, attrs, vocab_size, prob=0.15, generator=None, pad=None):
+        self.pad = pad  # a PadCollator for rows of different lengths (--padding longest); None: stack
         self.special = [int(attrs["cls_id"]), int(attrs["sep_id"]), int(attrs["pad_id"])]
         self.mask_id = int(attrs["mask_id"])
         self.V = vocab_size
@@ -104,9 +170,13 @@ class MlmCollator:
         self.g = generator
 
     def __call__(self, rows):
-        ids = torch.stack([r["input_ids"] for r in rows])
-        am = torch.stack([r["attention_mask"] for r in rows])
-        tt = torch.stack([r["token_type_ids"] for r in rows])
+        if self.pad is not None:
+            b = self.pad(rows)
+            ids, am, tt = b["input_ids"], b["attention_mask"], b["token_type_ids"]
+        else:
+            ids = torch.stack([r["input_ids"] for r in rows])
+            am = torch.stack([r["attention_mask"] for r in rows])
+            tt = torch.stack([r["token_type_ids"] for r in rows])
         labels = ids.clone()
         special = am == 0
         for s in self.special:
@@ -287,7 +357,7 @@ def main(argv=None):
     transformers.logging.set_verbosity_error()
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    train = H5Rows(a.train, a.task)
+    train = H5Rows(a.train, a.task, padding=a.padding)
     evds = H5Rows(a.eval, a.task)
     transformers.set_seed(a.seed)
     cls = {"mlm": BertForMaskedLM, "doc_cls": BertForSequenceClassification, "pair_cls": BertForSequenceClassification,
@@ -303,7 +373,11 @@ def main(argv=None):
                          type_vocab_size=2, hidden_act="gelu", hidden_dropout_prob=a.dropout,
                          attention_probs_dropout_prob=a.dropout, pad_token_id=int(train.attrs["pad_id"]), **kw)
         model = cls(cfg)
-    collator = MlmCollator(train.attrs, model.config.vocab_size) if a.task == "mlm" else plain_collate
+    if a.padding == "longest":
+        pad = PadCollator(train.pad_id, a.pad_multiple, train.T)
+        collator = MlmCollator(train.attrs, model.config.vocab_size, pad=pad) if a.task == "mlm" else pad
+    else:
+        collator = MlmCollator(train.attrs, model.config.vocab_size) if a.task == "mlm" else plain_collate
 
     W, N = a.warmup, a.steps
 
@@ -312,19 +386,35 @@ def main(argv=None):
             return (step + 1) / W if not a.hf_warmup else step / W
         return max(0.0, (N - step) / max(1, N - W))
 
+    counts = {"real": 0, "computed": 0, "batches": 0, "rows": 0}
+
     class T(Trainer):
+        def training_step(self, model, inputs, *args, **kwargs):
+            am = inputs["attention_mask"]
+            counts["real"] += int(am.sum())
+            counts["computed"] += am.numel()
+            counts["batches"] += 1
+            counts["rows"] += am.shape[0]
+            return super().training_step(model, inputs, *args, **kwargs)
+
         def create_scheduler(self, num_training_steps, optimizer=None):
             if self.lr_scheduler is None:
                 self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lam)
             return self.lr_scheduler
 
+    sampling = {}
+    if a.group_by_length:
+        import dataclasses
+        names = {f.name for f in dataclasses.fields(TrainingArguments)}
+        sampling = ({"group_by_length": True} if "group_by_length" in names
+                    else {"train_sampling_strategy": "group_by_length"})
     args = TrainingArguments(
         output_dir=os.path.join(a.out, "trainer"), max_steps=a.steps, per_device_train_batch_size=a.batch // a.grad_accum,
         gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, weight_decay=a.weight_decay,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=0, seed=a.seed, data_seed=a.seed, logging_steps=a.log_steps, save_strategy="no",
         eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
-        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True)
+        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True, **sampling)
     trainer = T(model=model, args=args, train_dataset=train, data_collator=collator)
     t_train0 = time.time()
     tr = trainer.train()
@@ -345,6 +435,13 @@ def main(argv=None):
            "train_s": t_train, "eval_s": t_eval, "wall_s": time.time() - t0, "threads": a.threads,
            "train_loss": tr.training_loss, "transformers": transformers.__version__, "torch": torch.__version__,
            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    out.update(padding=a.padding, group_by_length=a.group_by_length, pad_multiple=a.pad_multiple,
+               file_seq_len=train.T, trained_batches=counts["batches"], trained_rows=counts["rows"],
+               real_tokens=counts["real"], computed_tokens=counts["computed"],
+               real_tokens_per_s=counts["real"] / t_train,
+               computed_tokens_per_s=counts["computed"] / t_train,
+               mean_batch_len=counts["computed"] / max(1, counts["rows"]),
+               padding_fraction=1 - counts["real"] / max(1, counts["computed"]))
     with open(os.path.join(a.out, "result.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps(out))

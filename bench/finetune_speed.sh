@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Fine-tuning speed: nlptrain vs Hugging Face Trainer, with and without per-batch padding.
+#
+# For each BERT task on real data (doc_cls: NSMC, pair_cls: KorNLI, ner: KLUE NER, qa: KorQuAD) both
+# sides train the same from-scratch model (4 layers, hidden 256, 4 heads, intermediate 1024, kcbert
+# vocabulary, dropout 0.1) with the same lr, warmup, batch (32) and number of steps (= the same
+# number of examples seen), then evaluate once on a held-out file of a few hundred examples, in six
+# settings, one run at a time (never in parallel), on this machine:
+#   nlptrain-max_length     nlptrain --data.padding=max_length        (every row at the file's length)
+#   hf-max_length           hf_trainer.py --padding max_length        (today's HF side)
+#   nlptrain-longest        nlptrain --data.padding=longest           (batch at its longest row, rounded up to 8)
+#   hf-longest              hf_trainer.py --padding longest           (DataCollatorWithPadding-style)
+#   nlptrain-longest-group  ... --data.group_by_length=true
+#   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
+# (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
+# nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
+#
+#   bash bench/finetune_speed.sh                                   # everything (defaults below)
+#   TASKS=ner STEPS=5 LIMIT=300 bash bench/finetune_speed.sh       # a smoke run
+#
+# Environment (defaults): TASKS ("doc_cls pair_cls ner qa"), STEPS (200), SEEDS ("1234"), SETTINGS (the
+#   six above; a subset restricts), RES (bench/results/finetune-speed-YYYYMMDD), WORK
+#   (bench/finetune_speed_work: data and run folders, not for committing), LR (3e-4), WARMUP (STEPS/10),
+#   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
+#   DOC_STRIDE (64), EVAL_N (500: NSMC test / XNLI dev examples evaluated), EVAL_FRAC (0.1: the
+#   articles / sentences of KorQuAD dev / KLUE NER dev held out), LIMIT (empty: none; caps every
+#   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, nlptrain 8, HF 1;
+#   a number is given to both), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3), SHARED (../shared/data
+#   relative to the repository root, else /work/shared/data).
+# Output in RES: command.txt (the exact command), environment.txt, raw/<task>_<setting>_s<seed>.{log,time}
+# and raw/<run>/ (nlptrain: summary.json metrics.jsonl config.ini; HF: result.json log_history.jsonl),
+# then results.md (tables) and results.json (everything), made by bench/finetune_speed_report.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group"
+TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
+STEPS=${STEPS:-200}
+SEEDS=${SEEDS:-1234}
+SETTINGS=${SETTINGS:-$ALL_SETTINGS}
+RES=${RES:-bench/results/finetune-speed-$(date +%Y%m%d)}
+WORK=${WORK:-bench/finetune_speed_work}
+LR=${LR:-3e-4}
+WARMUP=${WARMUP:-$((STEPS / 10))}
+BATCH=${BATCH:-32}
+THREADS=${THREADS:-2}
+MAXLEN=${MAXLEN:-128}
+QA_MAXLEN=${QA_MAXLEN:-256}
+DOC_STRIDE=${DOC_STRIDE:-64}
+EVAL_N=${EVAL_N:-500}
+EVAL_FRAC=${EVAL_FRAC:-0.1}
+LIMIT=${LIMIT:-}
+PAD_MULTIPLE=${PAD_MULTIPLE:-}
+BIN=${NLPTRAIN_BIN:-build/nlptrain}
+PY=${PYTHON:-python3}
+if [ -z "${SHARED:-}" ]; then
+  if [ -d ../shared/data ]; then SHARED=$(cd ../shared/data && pwd); else SHARED=/work/shared/data; fi
+fi
+HIDDEN=256; LAYERS=4; HEADS=4; INTER=1024; MAXPOS=256; DROPOUT=0.1; WD=0.01
+VOCAB=$SHARED/vocab/kcbert-base/vocab.txt
+
+for s in $SETTINGS; do
+  case " $ALL_SETTINGS " in *" $s "*) ;; *) echo "finetune_speed: unknown setting '$s' (known: $ALL_SETTINGS)" >&2; exit 2;; esac
+done
+for t in $TASKS; do
+  case $t in doc_cls|pair_cls|ner|qa) ;; *) echo "finetune_speed: unknown task '$t'" >&2; exit 2;; esac
+done
+[ "$QA_MAXLEN" -le "$MAXPOS" ] && [ "$MAXLEN" -le "$MAXPOS" ] || { echo "finetune_speed: MAXLEN/QA_MAXLEN > $MAXPOS" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "finetune_speed: $BIN not found (cmake --build build -j2 --target nlptrain)" >&2; exit 2; }
+
+mkdir -p "$RES/raw" "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=$THREADS
+
+# The exact command (every setting spelled out, so that it reproduces this run whatever the defaults become).
+CMD="TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\" RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
+CMD+=" BATCH=$BATCH THREADS=$THREADS MAXLEN=$MAXLEN QA_MAXLEN=$QA_MAXLEN DOC_STRIDE=$DOC_STRIDE EVAL_N=$EVAL_N"
+CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
+CMD+=" bash bench/finetune_speed.sh"
+echo "$CMD" > "$RES/command.txt"
+echo "finetune_speed: $CMD"
+
+{ echo "date: $(date -Is)"; echo "host: $(uname -a)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "nproc: $(nproc)"; echo "loadavg at start: $(cat /proc/loadavg)"
+  echo "threads: nlptrain mpirun -np 1 --bind-to none --run.threads=$THREADS; HF torch.set_num_threads($THREADS); OMP_NUM_THREADS=$THREADS"
+  echo "git: $(git rev-parse HEAD 2>/dev/null || echo '?')"; git status --short 2>/dev/null | head -30 | sed 's/^/  /'
+  echo "nlptrain: $("$BIN" --version 2>&1 | head -1)"
+  echo "mpirun: $(mpirun --version 2>&1 | head -1)"
+  "$PY" -c "import sys, torch, transformers, accelerate; print('python', sys.version.split()[0]); print('torch', torch.__version__); print('transformers', transformers.__version__); print('accelerate', accelerate.__version__); print('torch parallel:', ' | '.join(l.strip() for l in torch.__config__.parallel_info().splitlines() if l.strip()))"
+} > "$RES/environment.txt" 2>&1
+cat "$RES/environment.txt"
+
+# ---- data (tools/prep_*.py as in bench/bert_accuracy/prep.sh; row lengths MAXLEN / QA_MAXLEN) ----------------
+lim() { [ -n "$LIMIT" ] && echo "--limit $LIMIT" || true; }            # cap for smoke runs
+limmin() { local n=$1; [ -n "$LIMIT" ] && [ "$LIMIT" -lt "$n" ] && n=$LIMIT; echo "--limit $n"; }
+# $(lim) / $(limmin N) are unquoted on purpose: nothing, or the two words --limit N.
+# shellcheck disable=SC2046
+prep() {  # prep TASK -> $WORK/data/TASK/{train,eval}.h5 (redone when its parameters change)
+  local t=$1 d=$WORK/data/$1 key
+  case $t in
+    doc_cls)  key="nsmc train $(limmin 8000) test $(limmin "$EVAL_N") T$MAXLEN";;
+    pair_cls) key="xnli test $(lim) dev $(limmin "$EVAL_N") T$MAXLEN";;
+    ner)      key="klue-ner dev $(lim) split $EVAL_FRAC T$MAXLEN";;
+    qa)       key="korquad dev $(lim) split $EVAL_FRAC T$QA_MAXLEN stride $DOC_STRIDE";;
+  esac
+  if [ -f "$d/eval.h5" ] && [ "$(cat "$d/key" 2>/dev/null)" = "$key" ]; then return 0; fi
+  rm -rf "$d"; mkdir -p "$d"
+  case $t in
+    doc_cls)
+      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" --input "$SHARED/nsmc/nsmc_from_raw_train.tsv" $(limmin 8000) \
+        --max-seq-len "$MAXLEN" --out "$d/train.h5"
+      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" --input "$SHARED/nsmc/nsmc_from_raw_test.tsv" $(limmin "$EVAL_N") \
+        --max-seq-len "$MAXLEN" --out "$d/eval.h5";;
+    pair_cls)
+      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" --input "$SHARED/kornli/xnli.test.ko.tsv" $(lim) \
+        --max-seq-len "$MAXLEN" --out "$d/train.h5"
+      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" --input "$SHARED/kornli/xnli.dev.ko.tsv" $(limmin "$EVAL_N") \
+        --max-seq-len "$MAXLEN" --out "$d/eval.h5";;
+    ner)
+      "$PY" tools/prep_ner.py --vocab "$VOCAB" --input "$SHARED/klue-ner/klue-ner-v1.1_dev.tsv" $(lim) \
+        --max-seq-len "$MAXLEN" --out "$d/train.h5" --split-eval "$EVAL_FRAC" --eval-out "$d/eval.h5";;
+    qa)
+      "$PY" tools/prep_qa.py --vocab "$VOCAB" --input "$SHARED/korquad/KorQuAD_v1.0_dev.json" $(lim) \
+        --max-seq-len "$QA_MAXLEN" --doc-stride "$DOC_STRIDE" --out "$d/train.h5" --split-eval "$EVAL_FRAC" \
+        --eval-out "$d/eval.h5";;
+  esac
+  echo "$key" > "$d/key"
+}
+
+h5attr() { "$PY" -c "import h5py,sys; print(int(h5py.File(sys.argv[1],'r').attrs[sys.argv[2]]))" "$1" "$2"; }
+
+timed() {  # timed NAME CMD... : log to raw/NAME.log; wall time, load before/after, rc to raw/NAME.time
+  local name=$1; shift
+  local l0 t0 t1 rc=0
+  l0=$(cat /proc/loadavg); t0=$(date +%s.%N)
+  "$@" > "$RES/raw/$name.log" 2>&1 || rc=$?
+  t1=$(date +%s.%N)
+  "$PY" -c 'import json, sys; n, t0, t1, l0, l1, rc, d = sys.argv[1:]; print(json.dumps({"name": n, "wall_s": round(float(t1) - float(t0), 3), "loadavg_before": l0, "loadavg_after": l1, "rc": int(rc), "start": d}))' \
+    "$name" "$t0" "$t1" "$l0" "$(cat /proc/loadavg)" "$rc" "$(date -Is -d "@${t0%.*}")" | tee "$RES/raw/$name.time"
+  [ $rc -eq 0 ] || { echo "finetune_speed: $name failed (rc $rc), see $RES/raw/$name.log" >&2; tail -20 "$RES/raw/$name.log" >&2; }
+  return 0
+}
+
+run_nlptrain() {  # run_nlptrain TASK SETTING SEED
+  local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
+  local pad=longest group=false extra=()
+  case $s in *max_length) pad=max_length;; esac
+  case $s in *-group) group=true;; esac
+  [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
+  rm -rf "$out"
+  timed "$name" mpirun --allow-run-as-root -np 1 --bind-to none "$BIN" --run.mode=train --run.task=$t \
+    --model.type=bert --model.weights= --model.vocab_size="$(h5attr "$d/train.h5" vocab_size)" \
+    --model.pad_token_id="$(h5attr "$d/train.h5" pad_id)" --model.hidden_size=$HIDDEN --model.num_hidden_layers=$LAYERS \
+    --model.num_attention_heads=$HEADS --model.intermediate_size=$INTER --model.max_position_embeddings=$MAXPOS \
+    --model.type_vocab_size=2 --model.num_labels=0 --model.hidden_dropout_prob=$DROPOUT \
+    --model.attention_probs_dropout_prob=$DROPOUT \
+    --data.train="$d/train.h5" --data.eval="$d/eval.h5" --data.padding=$pad --data.group_by_length=$group "${extra[@]}" \
+    --train.steps=$STEPS --train.batch_size=$BATCH --train.grad_accum=1 --train.lr=$LR --train.warmup_steps=$WARMUP \
+    --train.schedule=linear --train.weight_decay=$WD --train.clip=1.0 --train.seed=$seed \
+    --eval.interval=0 --eval.batches=0 --checkpoint.interval=0 --run.threads=$THREADS --run.log_interval=1 \
+    --output.dir="$out"
+  mkdir -p "$RES/raw/$name"
+  cp "$out"/summary.json "$out"/metrics.jsonl "$out"/config.ini "$RES/raw/$name/" 2>/dev/null || true
+  rm -f "$out"/*.h5  # best.h5: not needed here
+}
+
+run_hf() {  # run_hf TASK SETTING SEED
+  local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
+  local extra=(--padding longest)
+  case $s in *max_length) extra=(--padding max_length);; esac
+  case $s in *-group) extra+=(--group-by-length);; esac
+  [ -n "$PAD_MULTIPLE" ] && extra+=(--pad-multiple "$PAD_MULTIPLE")
+  rm -rf "$out"
+  timed "$name" "$PY" bench/bert_accuracy/hf_trainer.py --task $t --train "$d/train.h5" --eval "$d/eval.h5" \
+    --out "$out" --steps $STEPS --batch $BATCH --lr $LR --warmup $WARMUP --weight-decay $WD --seed $seed \
+    --threads $THREADS --hidden $HIDDEN --layers $LAYERS --heads $HEADS --intermediate $INTER --max-pos $MAXPOS \
+    --dropout $DROPOUT --log-steps 10 "${extra[@]}"
+  mkdir -p "$RES/raw/$name"
+  cp "$out"/result.json "$out"/log_history.jsonl "$RES/raw/$name/" 2>/dev/null || true
+  rm -rf "$out/trainer"
+}
+
+T_ALL=$(date +%s)
+for t in $TASKS; do
+  echo "finetune_speed: data for $t"
+  prep "$t" > "$RES/raw/prep_$t.log" 2>&1 || { cat "$RES/raw/prep_$t.log" >&2; exit 1; }
+  grep -h "wrote" "$RES/raw/prep_$t.log" || true
+  cp "$WORK/data/$t/key" "$RES/raw/prep_$t.key"
+done
+for seed in $SEEDS; do
+  for t in $TASKS; do
+    for s in $ALL_SETTINGS; do
+      case " $SETTINGS " in *" $s "*) ;; *) continue;; esac
+      echo "finetune_speed: $t $s seed $seed ($(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
+      case $s in nlptrain-*) run_nlptrain "$t" "$s" "$seed";; hf-*) run_hf "$t" "$s" "$seed";; esac
+    done
+  done
+done
+echo "finetune_speed: all runs took $(( $(date +%s) - T_ALL )) s"
+"$PY" bench/finetune_speed_report.py "$RES"
