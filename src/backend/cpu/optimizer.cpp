@@ -20,12 +20,21 @@ double blocked_sum(const float* x, size_t N) {
   for (size_t blk = 0; blk < nblocks; ++blk) {
     const size_t i0 = blk * kBlock;
     const size_t i1 = i0 + kBlock < N ? i0 + kBlock : N;
-    double s = 0.0;
-    for (size_t i = i0; i < i1; ++i) {
+    // four interleaved partial sums: independent dependency chains (a single double accumulator
+    // is bound by the add latency), combined in a fixed order, so the result does not depend on the
+    // thread count
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    size_t i = i0;
+    for (; i + 4 <= i1; i += 4)
+      for (int k = 0; k < 4; ++k) {
+        const double v = x[i + k];
+        s[k] += kSquare ? v * v : v;
+      }
+    for (; i < i1; ++i) {
       const double v = x[i];
-      s += kSquare ? v * v : v;
+      s[0] += kSquare ? v * v : v;
     }
-    part[blk] = s;
+    part[blk] = (s[0] + s[1]) + (s[2] + s[3]);
   }
   double total = 0.0;
   for (size_t blk = 0; blk < nblocks; ++blk) total += part[blk];
