@@ -235,13 +235,18 @@ void TokenDataset::validate(int rank, int world) const {
 // ---- Sampler --------------------------------------------------------------------------------------
 
 Sampler::Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-                 bool shuffle, const std::vector<int32_t>* lengths)
+                 bool shuffle, const std::vector<int32_t>* lengths, int64_t group)
     : n_(num_examples), B_(batch_per_rank), rank_(rank), world_(world), seed_(seed), shuffle_(shuffle) {
   if (lengths) {
     if (static_cast<int64_t>(lengths->size()) != num_examples)
       throw Error(cat("Sampler: ", lengths->size(), " lengths for ", num_examples, " examples"));
     lengths_ = *lengths;
   }
+  const int64_t micro = static_cast<int64_t>(world) * batch_per_rank;
+  group_ = group > 0 ? group : micro;
+  if (group_ % micro != 0)
+    throw Error(cat("Sampler: length group of ", group_, " examples is not a multiple of the ", micro,
+                    " of a micro-batch over all ranks"));
   if (world < 1) throw Error(cat("Sampler: invalid world size ", world));
   if (rank < 0 || rank >= world) throw Error(cat("Sampler: rank ", rank, " is out of range for world size ", world));
   if (batch_per_rank < 1) throw Error(cat("Sampler: invalid batch size per rank ", batch_per_rank));
@@ -289,14 +294,14 @@ std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
 }
 
 void Sampler::group_by_length(int64_t epoch) const {
-  const int64_t G = static_cast<int64_t>(world_) * B_;  // a global batch
+  const int64_t G = group_;  // an optimizer step's examples
   const int64_t mega = G * kMegaBatches;
   auto longer = [this](int64_t a, int64_t b) {
     return lengths_[static_cast<size_t>(a)] > lengths_[static_cast<size_t>(b)];
   };
   for (int64_t m0 = 0; m0 < n_; m0 += mega)
     std::stable_sort(perm_.begin() + m0, perm_.begin() + std::min(n_, m0 + mega), longer);
-  // Shuffle the order of the epoch's full global batches (the remainder, dropped, stays at the end).
+  // Shuffle the order of the epoch's full groups (the remainder stays at the end).
   const int64_t nb = n_ / G;
   std::vector<int64_t> order(static_cast<size_t>(nb));
   std::iota(order.begin(), order.end(), int64_t{0});

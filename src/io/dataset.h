@@ -84,18 +84,20 @@ class TokenDataset {
 // One rank with batch world*B therefore sees exactly the examples that `world` ranks see together.
 //
 // Length-grouped order (data.group_by_length; `lengths` non-null, one per example): the epoch's
-// permutation is cut into mega-batches of kMegaBatches global batches, each mega-batch is sorted
-// longest first (stable: equal lengths keep their shuffled order) and cut into global batches, so a
-// global batch holds examples of similar length and trims to little padding. The global batches of
-// the epoch are then shuffled (seeded), so that lengths do not cycle long-to-short through the run.
-// Within a global batch rank r takes positions r, r + world, r + 2*world, ...: every rank gets the
-// same spread of lengths (none is always the longest-first shard), and a global batch is the same set
-// of examples at any world size with the same global batch size (resume at another world size).
+// permutation is cut into mega-batches of kMegaBatches groups of `group` examples (the optimizer
+// step's global batch, world x B x grad_accum; default world x B), each mega-batch is sorted longest
+// first (stable: equal lengths keep their shuffled order) and cut into groups, so an optimizer step
+// holds examples of similar length and trims to little padding. The groups of the epoch are then
+// shuffled (seeded), so that lengths do not cycle long-to-short through the run. A group's micro-
+// batches are consecutive slices of it; within a micro-batch rank r takes positions r, r + world, ...:
+// every rank gets the same spread of lengths (none is always the longest shard), and an optimizer step
+// is the same set of examples at any world size with the same global batch (resume at another world
+// size keeps the order).
 class Sampler {
  public:
   static constexpr int kMegaBatches = 50;  // as HF's LengthGroupedSampler (mega-batch = 50 batches)
   Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-          bool shuffle, const std::vector<int32_t>* lengths = nullptr);
+          bool shuffle, const std::vector<int32_t>* lengths = nullptr, int64_t group = 0);
   int64_t batches_per_epoch() const;  // full global batches per epoch (the remainder is dropped)
   // Example indices of this rank for global batch number `global_batch` counted from the start
   // of training (epochs roll over automatically).
@@ -107,6 +109,7 @@ class Sampler {
   uint64_t seed_;
   bool shuffle_;
   std::vector<int32_t> lengths_;  // empty: no length grouping
+  int64_t group_ = 0;             // examples per length group (a multiple of world x B)
   void group_by_length(int64_t epoch) const;  // perm_ of `epoch` -> length-grouped (see above)
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;

@@ -231,6 +231,7 @@ size_t BlockStack::numel(Backend& be, int B, int T) const {
 
 void BlockStack::carve(Backend& be, float* base, int B, int T) {
   const AttnSizes att = attn_sizes(be, config, B, T);
+  carved_att_ = att;
   acts_.clear();
   if (recompute && !layers.empty()) {
     const size_t out_n = size_t(B) * T * config.C;
@@ -255,6 +256,7 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
 
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                                  bool training, uint64_t seed, int B, int T, int T_key) {
+  check_fits(be, B, T);
   const float* x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
@@ -262,6 +264,17 @@ const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, c
     x = acts_[l].out;
   }
   return x;
+}
+
+void BlockStack::check_fits(Backend& be, int B, int T) const {
+  if (layers.empty()) return;
+  const AttnSizes need = attn_sizes(be, config, B, T);
+  if (need.saved > carved_att_.saved || need.scratch > carved_att_.scratch)
+    throw Error(cat("attention state for a batch of ", B, " x ", T, " (", need.saved, " + ", need.scratch,
+                    " floats) does not fit the activation arena carved for the largest batch (",
+                    carved_att_.saved, " + ", carved_att_.scratch, "): the ", be.name(),
+                    " backend sizes this shape by another path (e.g. cuDNN declined the largest shape); "
+                    "run with data.padding = max_length"));
 }
 
 namespace {

@@ -129,6 +129,11 @@ class BlockStack {
   size_t layer_end(const ParamStore& ps, int l) const;
 
  private:
+  // The attention state of a B x T batch must fit the slots carved for the arena's shape (a trimmed
+  // batch is smaller; but a backend may size a shorter batch by another path, e.g. cuDNN declining a
+  // shape): throws a clear error rather than overrun.
+  void check_fits(Backend& be, int B, int T) const;
+  AttnSizes carved_att_{};  // the attention slot sizes of the carve
   std::vector<BlockActs> acts_;  // recompute: the shared working set, with out = that layer's output
   BlockActs work_{};             // recompute: the shared working set (its own out: recomputed output)
   BlockScratch scratch_{};

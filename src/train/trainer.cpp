@@ -267,8 +267,10 @@ int run_train(Session& s) {
   st.grad_accum = A;
   // data.group_by_length: every rank reads all lengths (the order is global), from the mask only.
   const std::vector<int32_t> lengths = cfg.data.group_by_length ? train.lengths() : std::vector<int32_t>{};
+  // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
+  // at any world size that keeps the global batch (a resume at another world size does).
   Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle,
-                  cfg.data.group_by_length ? &lengths : nullptr);
+                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A);
   const bool trim = cfg.data.padding == "longest";
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
@@ -285,8 +287,9 @@ int run_train(Session& s) {
   if (!lengths.empty()) {
     double sum = 0;
     for (int32_t L : lengths) sum += L;
-    s.log.info(cat("data: group_by_length: mega-batches of ", Sampler::kMegaBatches, " global batches sorted by "
-                   "length; mean example length ", sum / double(lengths.size()), " of ", T));
+    s.log.info(cat("data: group_by_length: mega-batches of ", Sampler::kMegaBatches, " optimizer steps (",
+                   int64_t(world) * B * A, " examples each) sorted by length; mean example length ",
+                   sum / double(lengths.size()), " of ", T));
   }
   s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
                         "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")

@@ -152,6 +152,9 @@ def test_gradients_longest_equals_max_length(task, tmp_path, report):
     short = gradients(task, data, tmp_path / "longest", "longest")
     full = gradients(task, data, tmp_path / "max_length", "max_length")
     worst, top = compare_gradients(short, full, report, f"{task} longest (T'={Tt}) vs max_length (T={T})")
+    for sub, want_len in (("longest", Tt), ("max_length", T)):  # the length each run computed
+        with h5py.File(tmp_path / sub / "gradients.h5", "r") as f:
+            assert int(f.attrs["batch_len"]) == want_len, sub
     # The cut positions are padding (attention_mask 0, no target): masked out of every key and every
     # loss, so the kept positions compute the same function; only the GEMM/reduction lengths differ
     # (on the CPU backend the results are typically bitwise equal). 1e-6 of a tensor's largest value
@@ -300,6 +303,29 @@ def test_group_by_length_resume_is_bitwise(spread, tmp_path):
     steps = lambda out: [(r["step"], r["loss"]) for r in nr.metrics(out)[0]]
     assert steps(resumed) == steps(straight)  # exact: metrics.jsonl has 17 significant digits
     assert [s for s, _ in steps(straight)] == list(range(1, 7))
+
+
+def test_group_by_length_resume_on_another_world_size(spread, tmp_path, report):
+    # 2 ranks x batch 4 x accum 2, checkpoint at step 3, then resumed on 1 rank: the resume plan keeps
+    # the global batch (1 x 4 x accum 4) and the length groups are whole optimizer steps, so steps 4-6
+    # train on the same examples as the uninterrupted 2-rank run. Dropout off (its masks are per rank).
+    ini = tmp_path / "run.ini"  # the batch shape in the INI, as a job would: the resume plan may adjust it
+    ini.write_text("[train]\nbatch_size = 4\ngrad_accum = 2\n")
+    args = [ini] + MODEL + NO_DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}",
+                                                   "--train.schedule=constant", "--train.warmup_steps=0",
+                                                   "--checkpoint.interval=3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    nr.run(args + ["--train.steps=6", f"--output.dir={straight}"], ranks=2)
+    nr.run(args + ["--train.steps=3", f"--output.dir={resumed}"], ranks=2)
+    p = nr.run(args + ["--train.steps=6", "--train.resume=true", f"--output.dir={resumed}"], ranks=1)
+    assert "global batch 16 kept: 1 rank x batch 4 x grad_accum 4" in p.stdout, p.stdout
+    a, b = losses(straight), losses(resumed)
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a[3:], b[3:]))
+    report(f"group_by_length resume 2 ranks -> 1 rank: max relative loss difference, steps 4-6 {worst:.2e}")
+    # The same examples per step; only the summation order of the micro-batches and ranks differs.
+    # Measured: 4.6e-9; with groups of world x B examples instead (the order then depends on the world
+    # size) steps 4-6 train on other examples and differ by 4.2e-3.
+    assert len(a) == len(b) == 6 and worst <= 1e-5, (a, b)
 
 
 def test_group_by_length_shortens_batches(spread, tmp_path, report):

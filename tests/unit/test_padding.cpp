@@ -20,6 +20,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/backend.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "io/dataset.h"
 #include "train/batches.h"
@@ -242,6 +243,31 @@ TEST(LengthGroupedSampler, GlobalBatchesPartitionTheEpochAtAnyWorldSize) {
     for (int64_t i : a) EXPECT_TRUE(seen.insert(i).second) << "example " << i << " twice in an epoch";
   }
   EXPECT_EQ(static_cast<int64_t>(seen.size()), bpe * 8);
+}
+
+// Groups are optimizer steps (world x B x grad_accum examples): at any world size and accumulation
+// that keep the global batch (what a resume at another world size does), an optimizer step trains
+// on the same set of examples.
+TEST(LengthGroupedSampler, OptimizerStepsAreTheSameSetsAtAnyWorldAndAccumulation) {
+  const int64_t n = 1000;
+  const std::vector<int32_t> len = spread_lengths(n, 9);
+  struct Shape { int world, B, A; };
+  const Shape shapes[] = {{1, 8, 2}, {2, 4, 2}, {2, 8, 1}, {4, 2, 2}, {1, 16, 1}};
+  std::vector<std::vector<std::multiset<int64_t>>> steps;  // [shape][step] -> examples
+  for (const Shape& sh : shapes) {
+    std::vector<std::multiset<int64_t>> per_step(40);
+    for (int r = 0; r < sh.world; ++r) {
+      const nlp::Sampler s(n, sh.B, r, sh.world, 3, true, &len, int64_t(sh.world) * sh.B * sh.A);
+      for (int step = 0; step < 40; ++step)
+        for (int a = 0; a < sh.A; ++a)
+          for (int64_t i : s.indices(int64_t(step) * sh.A + a)) per_step[size_t(step)].insert(i);
+    }
+    steps.push_back(per_step);
+  }
+  for (size_t k = 1; k < steps.size(); ++k)
+    for (size_t st = 0; st < steps[0].size(); ++st)
+      EXPECT_EQ(steps[k][st], steps[0][st]) << "shape " << k << " step " << st;
+  EXPECT_THROW(nlp::Sampler(n, 4, 0, 2, 3, true, &len, 12), nlp::Error);  // not whole micro-batches
 }
 
 TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
