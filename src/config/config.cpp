@@ -164,8 +164,8 @@ const std::vector<Entry>& schema() {
        "with data.padding = longest: round the batch length up to a multiple of this (bounds the "
        "distinct shapes; 64 suits tensor cores)"},
       {KEY(data, group_by_length), none(),
-       "batch examples of similar length (HF group_by_length): each mega-batch of 50 global batches "
-       "of the shuffled order is sorted longest first and cut into global batches, whose order is "
+       "batch examples of similar length (HF group_by_length): each mega-batch of 50 optimizer steps "
+       "of the shuffled order is sorted longest first and cut into optimizer steps, whose order is "
        "shuffled; with data.padding = longest most padding is then never computed"},
       // [train]
       {KEY(train, steps), ge(1), "optimizer steps"},
