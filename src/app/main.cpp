@@ -17,6 +17,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/backend.h"
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 #include "io/h5.h"
 #include "model/model.h"
@@ -112,11 +113,10 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
   log.open(cfg.output.dir, append, cfg.to_ini());
 
-  int threads = cfg.run.threads;
-  if (threads <= 0) {
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads = std::max(1, hw / std::max(1, comm.local_size()));
-  }
+  // CPU threads from the CPUs the launcher gave this rank (core/cpu_affinity.h)
+  const CpuSet cpus = current_cpu_set();
+  const ThreadPlan tplan = plan_threads(cfg.run.threads, comm.local_size(), cpus);
+  const int threads = tplan.threads;
   const Precision precision = parse_precision(cfg.train.precision, cfg.run.backend);
   BackendOptions bopts;
   bopts.precision = precision;
@@ -187,7 +187,10 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                                : std::string(),
                " | precision ",
                precision_name(precision), " | attention ",
-               bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank"));
+               bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank on ",
+               cpus.allowed, " CPU(s) (", cpus.list, ")"));
+  if (cfg.run.backend == "cpu")
+    for (const std::string& w : tplan.warnings) log.info(w);
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")
     log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
                  " backend: it has only the native attention"));

@@ -108,7 +108,10 @@ const std::vector<Entry>& schema() {
       {KEY(run, task), one_of(kTasks),
        "objective: clm (gpt2); mlm, doc_cls, pair_cls, ner, qa (bert)"},
       {KEY(run, backend), one_of(kBackends), "compute backend"},
-      {KEY(run, threads), ge(0), "CPU threads per rank; 0 = cores / ranks on this node"},
+      {KEY(run, threads), ge(0),
+       "CPU threads per rank; 0 = the CPUs of the rank's affinity mask when the launcher bound it, "
+       "else the node's CPUs / ranks on this node (a rank bound to 1 CPU of a larger node, or more "
+       "threads than its mask, gets a warning with the launch fix)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, peak_tflops), ge(0),
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},
