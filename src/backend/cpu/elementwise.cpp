@@ -1,4 +1,5 @@
 // Elementwise ops: add, accumulate, scale, and dropout (mask from core/rng.h, regenerated in backward).
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -27,25 +28,52 @@ void scale(float* x, float s, size_t N) {
   for (size_t i = 0; i < N; ++i) x[i] *= s;
 }
 
-// The keyed dropout loop: f(i, key) for every element, the key of element i being keyed_index(i,
-// row, row_key) (core/rng.h). Rows of `row` elements are walked one by one so that the key is a base
-// plus the offset (no division per element) and the inner loop is plain enough to vectorise.
-template <class F>
-void for_each_keyed(size_t N, size_t row, size_t row_key, F f) {
-  if (row == 0 || row == row_key) row = row_key = N;  // one row: the key is the flat index
-  const size_t rows = row ? (N + row - 1) / row : 0;
-  if (rows == 1) {  // split the single row between the threads
-#pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
-    for (size_t i = 0; i < N; ++i) f(i, uint64_t(i));
-    return;
-  }
-#pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
-  for (size_t r = 0; r < rows; ++r) {
-    const size_t i0 = r * row, n = i0 + row < N ? row : N - i0;
-    const uint64_t k0 = uint64_t(r) * row_key;
-    for (size_t k = 0; k < n; ++k) f(i0 + k, k0 + k);
+// Dropout over rows of `row` elements keyed as rows of `row_key` (Backend's DropRows): element i of
+// row r draws its mask at r * row_key + (i - r * row). The row loops are plain (no division, no
+// capture) so that the hash and the select vectorise.
+namespace {
+
+// out[k] = keep(key0 + k) ? inp[k] * s : 0 for k < n
+void drop_fwd_row(float* __restrict out, const float* __restrict inp, size_t n, float p, float s,
+                  uint64_t seed, uint64_t key0) {
+  for (size_t k = 0; k < n; ++k) {
+    const float v = inp[k] * s;
+    out[k] = uniform01(seed, key0 + k) >= p ? v : 0.0f;
   }
 }
+
+// dinp[k] += keep(key0 + k) ? dout[k] * s : 0 for k < n
+void drop_bwd_row(float* __restrict dinp, const float* __restrict dout, size_t n, float p, float s,
+                  uint64_t seed, uint64_t key0) {
+  for (size_t k = 0; k < n; ++k) {
+    const float v = dinp[k] + dout[k] * s;
+    dinp[k] = uniform01(seed, key0 + k) >= p ? v : dinp[k];
+  }
+}
+
+// Calls row_fn(first element, count, first key) over [0, N) in rows keyed as above, in parallel; a
+// single row (flat keys) is cut into chunks so that both threads work.
+template <class RowFn>
+void for_keyed_rows(size_t N, size_t row, size_t row_key, RowFn row_fn) {
+  if (row == 0 || row == row_key || row >= N) {  // flat keys
+    constexpr size_t kChunk = 4096;
+    const size_t chunks = (N + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t i0 = c * kChunk;
+      row_fn(i0, std::min(kChunk, N - i0), uint64_t(i0));
+    }
+    return;
+  }
+  const size_t rows = (N + row - 1) / row;
+#pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t i0 = r * row;
+    row_fn(i0, std::min(row, N - i0), uint64_t(r) * row_key);
+  }
+}
+
+}  // namespace
 
 // out[N] = inp * keep(i) / (1-p), keep(i) = uniform01(seed, key(i)) >= p, key(i) = keyed_index(i,
 // row, row_key) (Backend's DropRows); p == 0 copies (out may alias inp)
@@ -56,8 +84,19 @@ void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t s
     return;
   }
   const float s = dropout_scale(p);
-  for_each_keyed(N, row, row_key, [=](size_t i, uint64_t key) {
-    out[i] = uniform01(seed, key) >= p ? inp[i] * s : 0.0f;
+  if (out == inp) {  // in place: the row function's restrict pointers need distinct buffers
+    for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+      float tmp[4096];
+      for (size_t j = 0; j < n; j += 4096) {
+        const size_t m = std::min<size_t>(4096, n - j);
+        std::memcpy(tmp, inp + i0 + j, m * sizeof(float));
+        drop_fwd_row(out + i0 + j, tmp, m, p, s, seed, k0 + j);
+      }
+    });
+    return;
+  }
+  for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+    drop_fwd_row(out + i0, inp + i0, n, p, s, seed, k0);
   });
 }
 
@@ -69,8 +108,8 @@ void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_
     return;
   }
   const float s = dropout_scale(p);
-  for_each_keyed(N, row, row_key, [=](size_t i, uint64_t key) {
-    if (uniform01(seed, key) >= p) dinp[i] += dout[i] * s;
+  for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+    drop_bwd_row(dinp + i0, dout + i0, n, p, s, seed, k0);
   });
 }
 
