@@ -242,14 +242,14 @@ Sampler::Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, 
       throw Error(cat("Sampler: ", lengths->size(), " lengths for ", num_examples, " examples"));
     lengths_ = *lengths;
   }
+  if (world < 1) throw Error(cat("Sampler: invalid world size ", world));
+  if (rank < 0 || rank >= world) throw Error(cat("Sampler: rank ", rank, " is out of range for world size ", world));
+  if (batch_per_rank < 1) throw Error(cat("Sampler: invalid batch size per rank ", batch_per_rank));
   const int64_t micro = static_cast<int64_t>(world) * batch_per_rank;
   group_ = group > 0 ? group : micro;
   if (group_ % micro != 0)
     throw Error(cat("Sampler: length group of ", group_, " examples is not a multiple of the ", micro,
                     " of a micro-batch over all ranks"));
-  if (world < 1) throw Error(cat("Sampler: invalid world size ", world));
-  if (rank < 0 || rank >= world) throw Error(cat("Sampler: rank ", rank, " is out of range for world size ", world));
-  if (batch_per_rank < 1) throw Error(cat("Sampler: invalid batch size per rank ", batch_per_rank));
   if (num_examples < 0) throw Error(cat("Sampler: invalid number of examples ", num_examples));
   const int64_t global = static_cast<int64_t>(world) * batch_per_rank;
   if (num_examples / global == 0)

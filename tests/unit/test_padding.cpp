@@ -268,6 +268,8 @@ TEST(LengthGroupedSampler, OptimizerStepsAreTheSameSetsAtAnyWorldAndAccumulation
     for (size_t st = 0; st < steps[0].size(); ++st)
       EXPECT_EQ(steps[k][st], steps[0][st]) << "shape " << k << " step " << st;
   EXPECT_THROW(nlp::Sampler(n, 4, 0, 2, 3, true, &len, 12), nlp::Error);  // not whole micro-batches
+  EXPECT_THROW(nlp::Sampler(n, 4, 0, 0, 3, true, &len, 16), nlp::Error);  // no ranks: an error, not a
+  EXPECT_THROW(nlp::Sampler(n, 0, 0, 1, 3, true, &len, 16), nlp::Error);  // division by zero
 }
 
 TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
