@@ -297,7 +297,7 @@ inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                               int HS, int T_key, cudaStream_t s) {
-  const int Tk = T_key > 0 ? T_key : T;
+  const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;
@@ -329,7 +329,7 @@ cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, c
                                const float* att, const int32_t* attn_mask, bool causal,
                                float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                int T_key, cudaStream_t s) {
-  const int Tk = T_key > 0 ? T_key : T;
+  const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;

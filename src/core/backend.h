@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
+
 namespace nlp {
 
 enum class Gelu { Tanh, Erf };  // Tanh: HF "gelu_new" (GPT-2); Erf: exact GELU (BERT)
@@ -37,7 +39,7 @@ struct DropRows {
 };
 // The DropRows of a [B, T, C] tensor whose examples are keyed at T_key positions (0 = T).
 inline DropRows drop_rows(int T, int T_key, int C) {
-  return DropRows{size_t(T) * C, size_t(T_key > 0 ? T_key : T) * C};
+  return DropRows{size_t(T) * C, size_t(key_length(T, T_key)) * C};
 }
 
 // Arithmetic of the dense-layer GEMMs (matmul_forward/backward), train.precision. Parameters,

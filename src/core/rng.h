@@ -28,6 +28,9 @@ NLP_HD float uniform01(uint64_t seed, uint64_t index) {
   return static_cast<float>(static_cast<int32_t>(r >> 40)) * (1.0f / 16777216.0f);
 }
 
+// The row length dropout masks are keyed by: T_key, or T itself when T_key is 0 (not trimmed).
+NLP_HD int key_length(int T, int T_key) { return T_key > 0 ? T_key : T; }
+
 // The mask index of element i of a tensor of rows of `row` elements keyed as rows of `row_key`
 // elements (Backend's DropRows: one example trimmed from T_key to T positions): the index of the
 // same (example, offset) in the untrimmed layout. row == 0 or row == row_key: i itself.

@@ -153,11 +153,11 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C;
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
   if (!c.pre_ln) {
     post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
   }
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
 
   // attention sub-block: res1[BT,C] = x + drop(proj(attn(LN1(x))))
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
@@ -186,11 +186,11 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
   const size_t f = sizeof(float);
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
   if (!c.pre_ln) {
     post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
   }
+  const DropRows rows = drop_rows(T, seeds.T_key, C);
 
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
   be.copy(s.d_res1, dout, n * f);

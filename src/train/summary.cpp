@@ -108,8 +108,8 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .integer("pad_multiple", s.cfg.data.pad_multiple)
       .boolean("group_by_length", s.cfg.data.group_by_length)
       .num("mean_batch_len", mean_len)
-      .num("padding_fraction", notes.computed_tokens > 0 ? 1.0 - notes.real_tokens / notes.computed_tokens : 0)
-      .num("padding_fraction_untrimmed", notes.file_tokens > 0 ? 1.0 - notes.real_tokens / notes.file_tokens : 0)
+      .num("padding_fraction", notes.padding_fraction())
+      .num("padding_fraction_untrimmed", notes.padding_fraction_untrimmed())
       .num("flops_per_token", fpt)
       .num("achieved_tflops", achieved / 1e12);
   j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set

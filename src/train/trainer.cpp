@@ -518,8 +518,7 @@ int run_train(Session& s) {
                   "%.1f%% of the positions, %.1f%% at the file's length)",
                   steps_done_here, format_duration(train_seconds).c_str(),
                   notes.computed_tokens / train_seconds, notes.real_tokens / train_seconds,
-                  notes.computed_tokens > 0 ? 100.0 * (1.0 - notes.real_tokens / notes.computed_tokens) : 0.0,
-                  notes.file_tokens > 0 ? 100.0 * (1.0 - notes.real_tokens / notes.file_tokens) : 0.0);
+                  100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));

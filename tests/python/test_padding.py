@@ -289,17 +289,24 @@ def test_group_by_length_one_rank_equals_two_ranks(spread, tmp_path, report):
     assert summary(tmp_path / "two")["group_by_length"] is True
 
 
+def straight_and_resumed(args, tmp_path, resume_ranks):
+    """6 steps on 2 ranks straight; 3 steps on 2 ranks then train.resume to 6 on `resume_ranks`.
+    Returns the two output folders and the resumed run's log."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    nr.run(args + ["--train.steps=6", f"--output.dir={straight}"], ranks=2)
+    nr.run(args + ["--train.steps=3", f"--output.dir={resumed}"], ranks=2)
+    p = nr.run(args + ["--train.steps=6", "--train.resume=true", f"--output.dir={resumed}"], ranks=resume_ranks)
+    return straight, resumed, p.stdout
+
+
 def test_group_by_length_resume_is_bitwise(spread, tmp_path):
     # Dropout on: the resumed run must regenerate the grouped order, the trimming and the masks.
     # Constant lr: a 3-step run and the first 3 steps of a 6-step run get the same learning rates.
     args = MODEL + DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.batch_size=4",
                                         "--train.schedule=constant", "--train.warmup_steps=0",
                                         "--checkpoint.interval=3"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    nr.run(args + ["--train.steps=6", f"--output.dir={straight}"], ranks=2)
-    nr.run(args + ["--train.steps=3", f"--output.dir={resumed}"], ranks=2)
-    p = nr.run(args + ["--train.steps=6", "--train.resume=true", f"--output.dir={resumed}"], ranks=2)
-    assert "resumed from" in p.stdout
+    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=2)
+    assert "resumed from" in log
     steps = lambda out: [(r["step"], r["loss"]) for r in nr.metrics(out)[0]]
     assert steps(resumed) == steps(straight)  # exact: metrics.jsonl has 17 significant digits
     assert [s for s, _ in steps(straight)] == list(range(1, 7))
@@ -314,11 +321,8 @@ def test_group_by_length_resume_on_another_world_size(spread, tmp_path, report):
     args = [ini] + MODEL + NO_DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}",
                                                    "--train.schedule=constant", "--train.warmup_steps=0",
                                                    "--checkpoint.interval=3"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    nr.run(args + ["--train.steps=6", f"--output.dir={straight}"], ranks=2)
-    nr.run(args + ["--train.steps=3", f"--output.dir={resumed}"], ranks=2)
-    p = nr.run(args + ["--train.steps=6", "--train.resume=true", f"--output.dir={resumed}"], ranks=1)
-    assert "global batch 16 kept: 1 rank x batch 4 x grad_accum 4" in p.stdout, p.stdout
+    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=1)
+    assert "global batch 16 kept: 1 rank x batch 4 x grad_accum 4" in log, log
     a, b = losses(straight), losses(resumed)
     worst = max(abs(x - y) / abs(y) for x, y in zip(a[3:], b[3:]))
     report(f"group_by_length resume 2 ranks -> 1 rank: max relative loss difference, steps 4-6 {worst:.2e}")

@@ -91,7 +91,7 @@ inline bool key_ok(const int32_t* mask, bool causal, int i, int j) {
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                        int T_key) {
-  const uint64_t Tk = T_key > 0 ? T_key : T;  // the mask's key length (backend.h)
+  const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
   const int Tp = round16(T), Hp = round16(HS);
   const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -167,7 +167,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
                         uint64_t seed, int B, int T, int NH, int HS, int T_key) {
   (void)scratch;
-  const uint64_t Tk = T_key > 0 ? T_key : T;  // the mask's key length (backend.h)
+  const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
   const size_t C3 = 3 * (size_t)C;
   const int Tp = round16(T), Hp = round16(HS);
