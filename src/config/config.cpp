@@ -39,7 +39,9 @@ const std::vector<std::string> kTasks = {"clm", "mlm", "doc_cls", "pair_cls", "n
 const std::vector<std::string> kBackends = {"cpu", "cuda"};
 const std::vector<std::string> kModelTypes = {"gpt2", "bert"};
 const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
-const std::vector<std::string> kTokenizers = {"byte", "gpt2"};
+const std::vector<std::string> kTokenizers = {"byte", "gpt2", "ids"};
+const std::vector<std::string> kPresets = {"", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+                                           "bert-base", "bert-large"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
@@ -124,7 +126,16 @@ const std::vector<Entry>& schema() {
        "bytes); 0 = no limit (the device's free memory is always checked)"},
       // [model]
       {KEY(model, type), one_of(kModelTypes), "model architecture"},
-      {KEY(model, weights), none(), "HDF5 weights to start from; empty = initialise from scratch"},
+      {KEY(model, weights), none(),
+       "HDF5 weights to start from (a Hugging Face folder or .safetensors file is converted once with "
+       "tools/hf_import.py); empty = initialise from scratch"},
+      {KEY(model, preset), one_of(kPresets),
+       "shape of a standard architecture (sets model.type and its size keys, as HF --config_name); keys "
+       "set explicitly override it (as --config_overrides); empty = the keys below"},
+      {KEY(model, reinit_mismatched), none(),
+       "bert: a classifier head in model.weights whose number of labels differs from the task's "
+       "(model.num_labels, else the dataset's) is initialised anew instead of an error, and the log names "
+       "it (HF ignore_mismatched_sizes)"},
       {KEY(model, n_layer), ge(1), "number of transformer blocks"},
       {KEY(model, n_head), ge(1), "attention heads per block (must divide model.n_embd)"},
       {KEY(model, n_embd), ge(1), "hidden size"},
@@ -172,6 +183,9 @@ const std::vector<Entry>& schema() {
        "shuffled; with data.padding = longest most padding is then never computed"},
       // [train]
       {KEY(train, steps), ge(1), "optimizer steps"},
+      {KEY(train, epochs), ge(0),
+       "> 0: passes over data.train instead of train.steps (steps = ceil(epochs x examples / (ranks x "
+       "batch_size x grad_accum)), logged; HF num_train_epochs); 0 = use train.steps"},
       {KEY(train, batch_size), ge(1), "sequences per rank per micro-step"},
       {KEY(train, grad_accum), ge(1), "micro-steps per optimizer step"},
       {KEY(train, lr), gt(0), "peak learning rate"},
@@ -237,7 +251,10 @@ const std::vector<Entry>& schema() {
       {KEY(generate, top_p), open_closed(0, 1), "nucleus sampling probability mass; 1 = off"},
       {KEY(generate, seed), none(), "sampling seed"},
       {KEY(generate, num_samples), ge(1), "number of samples"},
-      {KEY(generate, tokenizer), one_of(kTokenizers), "byte (one token per byte) or gpt2 (BPE)"},
+      {KEY(generate, tokenizer), one_of(kTokenizers),
+       "byte (one token per byte), gpt2 (BPE), or ids: generate.prompts_file lines carry \"prompt_ids\" "
+       "made by tools/encode_prompts.py for any Hugging Face tokenizer, and generated.jsonl holds ids "
+       "that tools/decode_generated.py turns into text"},
       {KEY(generate, vocab_dir), none(),
        "for tokenizer gpt2: folder with encoder.json and vocab.bpe (or HF's vocab.json and merges.txt); "
        "empty = the folder of model.weights"},
@@ -753,6 +770,65 @@ void read_ini(const std::string& path, Config& c, std::map<std::string, Origin>&
   }
 }
 
+// model.preset: the shape keys of a standard architecture, for keys not set explicitly (HF's
+// --config_name NAME --config_overrides k=v,...). The values are those of the Hub's config.json.
+void apply_preset(Config& c, std::map<std::string, Origin>& origins) {
+  if (c.model.preset.empty()) return;
+  using KV = std::vector<std::pair<const char*, const char*>>;
+  auto gpt2 = [](const char* layers, const char* heads, const char* width) {
+    return KV{{"model.type", "gpt2"}, {"model.n_layer", layers}, {"model.n_head", heads},
+              {"model.n_embd", width}, {"model.n_positions", "1024"}, {"model.vocab_size", "50257"}};
+  };
+  auto bert = [](const char* layers, const char* heads, const char* width, const char* mlp) {
+    return KV{{"model.type", "bert"}, {"model.num_hidden_layers", layers},
+              {"model.num_attention_heads", heads}, {"model.hidden_size", width},
+              {"model.intermediate_size", mlp}, {"model.max_position_embeddings", "512"},
+              {"model.type_vocab_size", "2"}, {"model.vocab_size", "30522"}};
+  };
+  const std::map<std::string, KV> presets = {
+      {"gpt2", gpt2("12", "12", "768")},          {"gpt2-medium", gpt2("24", "16", "1024")},
+      {"gpt2-large", gpt2("36", "20", "1280")},   {"gpt2-xl", gpt2("48", "25", "1600")},
+      {"bert-base", bert("12", "12", "768", "3072")}, {"bert-large", bert("24", "16", "1024", "4096")}};
+  const auto it = presets.find(c.model.preset);
+  if (it == presets.end()) return;  // validate() names the allowed values
+  for (const auto& [key, value] : it->second) {
+    const Entry& e = *find_entry(key);
+    if (c.is_set(key)) {
+      if (std::string(key) == "model.type" && c.model.type != value)
+        throw Error(cat("model.preset = ", c.model.preset, " (", c.where("model.preset"), ") is a ", value,
+                        " architecture but model.type = ", c.model.type, " (", c.where("model.type"), ")"));
+      continue;  // an explicit key overrides the preset
+    }
+    Origin o{"model.preset = " + c.model.preset, value};
+    assign(e, c, value, o);
+    origins[key] = o;
+    c.preset_keys[key] = c.model.preset;
+  }
+}
+
+// A key set explicitly that the model type does not use is an error (a GPT-2 key given to BERT
+// would otherwise be silently ignored), naming BERT's or GPT-2's name for it.
+void check_model_type_keys(const Config& c) {
+  static const std::map<std::string, std::string> twin = {
+      {"model.n_layer", "model.num_hidden_layers"},       {"model.n_head", "model.num_attention_heads"},
+      {"model.n_embd", "model.hidden_size"},               {"model.n_positions", "model.max_position_embeddings"},
+      {"model.layer_norm_epsilon", "model.layer_norm_eps"}, {"model.resid_pdrop", "model.hidden_dropout_prob"},
+      {"model.embd_pdrop", "model.hidden_dropout_prob"},   {"model.attn_pdrop", "model.attention_probs_dropout_prob"}};
+  for (const auto& e : schema()) {
+    if (!c.is_set(e.name)) continue;
+    const std::string owner = key_model_type(e.name);
+    if (owner.empty() || owner == c.model.type) continue;
+    std::string other;
+    for (const auto& [g, b] : twin) {
+      if (g == e.name) other = b;
+      if (b == e.name) other = g;
+    }
+    throw Error(cat(e.name, " = ", value_text(e, c), " (", c.where(e.name), ") applies only to model.type = ",
+                    owner, ", but model.type = ", c.model.type, " (", c.where("model.type"), ")",
+                    other.empty() ? std::string() : cat("; its ", c.model.type, " key is ", other)));
+  }
+}
+
 }  // namespace
 
 // ---- public API ---------------------------------------------------------------------------------------
@@ -766,9 +842,37 @@ std::string Config::to_ini() const {
       section = e.section();
       os << "\n[" << section << "]\n";
     }
-    os << e.key() << " = " << value_text(e, *this) << "\n";
+    const std::string owner = key_model_type(e.name);
+    if (e.name == "train.steps" && train.epochs > 0)
+      os << "# " << e.key() << " = " << value_text(e, *this) << "   (from train.epochs)\n";
+    else if (!owner.empty() && owner != model.type)
+      os << "# " << e.key() << " = " << value_text(e, *this) << "   (" << owner
+         << " only: unused with model.type = " << model.type << ")\n";
+    else
+      os << e.key() << " = " << value_text(e, *this) << "\n";
   }
   return os.str();
+}
+
+std::string Config::where(const std::string& key) const {
+  if (set_on_command_line.count(key)) return "command line";
+  if (explicitly_set.count(key)) return source.empty() ? "command line" : "config file '" + source + "'";
+  if (auto it = preset_keys.find(key); it != preset_keys.end()) return "model.preset = " + it->second;
+  return "default";
+}
+
+std::string key_model_type(const std::string& key) {
+  static const std::set<std::string> gpt2 = {
+      "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.embd_pdrop",
+      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval"};
+  static const std::set<std::string> bert = {
+      "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+      "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
+      "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
+      "model.num_labels", "model.pad_token_id", "model.reinit_mismatched"};
+  if (gpt2.count(key) || key.rfind("generate.", 0) == 0) return "gpt2";
+  if (bert.count(key)) return "bert";
+  return "";
 }
 
 std::vector<int64_t> parse_step_list(const std::string& text) {
@@ -907,11 +1011,13 @@ ParseResult parse_config(int argc, const char* const* argv) {
     c.set_on_command_line.insert(e.name);
   }
 
+  apply_preset(c, origins);
   auto origin = [&](const std::string& name) {
     auto it = origins.find(name);
     return it != origins.end() ? it->second : Origin{"default", ""};
   };
   for (const auto& e : schema()) validate(e, c, origin(e.name));
+  check_model_type_keys(c);
 
   // Cross-key checks.
   auto from = [&](const std::string& name) { return origin(name).where; };
@@ -957,7 +1063,8 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (!c.generate.prompts_file.empty()) {
     // A prompt set to its default does not conflict: Config::to_ini() writes every key, so the
     // config.ini of a prompts_file run has both and must parse again.
-    if (c.is_set("generate.prompt") && c.generate.prompt != GenerateConfig{}.prompt)
+    // An empty prompt (--generate.prompt=) clears an INI's prompt.
+    if (c.is_set("generate.prompt") && !c.generate.prompt.empty() && c.generate.prompt != GenerateConfig{}.prompt)
       throw Error(cat("generate.prompt (", from("generate.prompt"), ") and generate.prompts_file = '",
                       c.generate.prompts_file, "' (", from("generate.prompts_file"),
                       ") are both set; give one of them"));
@@ -966,6 +1073,17 @@ ParseResult parse_config(int argc, const char* const* argv) {
       throw Error(cat("generate.prompts_file = '", c.generate.prompts_file, "' (",
                       from("generate.prompts_file"), "): file not found"));
   }
+  if (c.train.epochs > 0 && c.is_set("train.steps"))
+    throw Error(cat("train.epochs = ", c.train.epochs, " (", from("train.epochs"), ") and train.steps = ",
+                    c.train.steps, " (", from("train.steps"), ") are both set; give one of them"));
+  if (c.generate.tokenizer == "ids" && c.train.sample_interval > 0)
+    throw Error(cat("train.sample_interval = ", c.train.sample_interval, " (", from("train.sample_interval"),
+                    ") samples from generate.prompt, which generate.tokenizer = ids (",
+                    from("generate.tokenizer"), ") cannot encode; use byte or gpt2, or run.mode = generate"));
+  if (c.generate.tokenizer == "ids" && c.run.mode == "generate" && c.generate.prompts_file.empty())
+    throw Error(cat("generate.tokenizer = ids (", from("generate.tokenizer"),
+                    ") takes its prompts from generate.prompts_file (lines with \"prompt_ids\", written by "
+                    "tools/encode_prompts.py); set generate.prompts_file"));
   if ((c.run.mode == "train" || c.run.mode == "gradients") && c.data.train.empty())
     throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
                     ") requires data.train (an HDF5 dataset); set it in the INI file or with "

@@ -27,6 +27,11 @@ struct RunConfig {
 struct ModelConfig {
   std::string type = "gpt2";   // gpt2 | bert
   std::string weights;         // HDF5 weights; empty = initialise from scratch
+  std::string preset;          // "" | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | bert-base | bert-large:
+                               // the shape keys of that architecture (HF --config_name); keys set
+                               // explicitly override it (HF --config_overrides)
+  bool reinit_mismatched = false;  // a classifier head of model.weights whose shape does not fit the
+                                   // task is initialised anew (HF ignore_mismatched_sizes)
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
@@ -55,6 +60,10 @@ struct ModelConfig {
   // Not an INI key: the label names of a classifier task (resolve_label_names: the dataset's
   // id2label, else model.weights'), written to checkpoints as the id2label attribute.
   std::vector<std::string> id2label;
+  // Not INI keys: the tokenizer the model was trained with (HDF5 root attributes vocab_sha256,
+  // tokenizer_sha256, tokenizer_files of the training dataset, or of model.weights), written to the
+  // weights files nlptrain saves, so that data, model and prompts can be checked against each other.
+  std::string vocab_sha256, tokenizer_sha256, tokenizer_files;
   // Attention implementation: auto | cudnn | native. auto = cudnn (cuDNN's fused flash attention) on
   // the cuda backend when train.precision resolves to bf16, native otherwise; the cpu backend is
   // always native.
@@ -73,6 +82,7 @@ struct DataConfig {
 
 struct TrainConfig {
   int steps = 1000;
+  float epochs = 0.f;          // > 0: train.steps = ceil(epochs * examples / global batch) (resolve_steps)
   int batch_size = 8;          // sequences per rank per micro-step
   int grad_accum = 1;          // micro-steps per optimizer step
   float lr = 6e-4f;
@@ -129,7 +139,8 @@ struct GenerateConfig {
   float top_p = 1.0f;          // 1 = off
   uint64_t seed = 42;
   int num_samples = 1;
-  std::string tokenizer = "byte";  // byte | gpt2
+  std::string tokenizer = "byte";  // byte | gpt2 | ids (prompts_file holds prompt_ids; any tokenizer,
+                                   // encoded and decoded by tools/encode_prompts.py, decode_generated.py)
   std::string vocab_dir;       // for gpt2: folder with encoder.json and vocab.bpe (or vocab.json and
                                // merges.txt); empty = the folder of model.weights
 };
@@ -156,6 +167,10 @@ struct Config {
   std::set<std::string> explicitly_set;  // "section.key" given in the INI or on the command line
   bool is_set(const std::string& key) const { return explicitly_set.count(key) > 0; }
   std::set<std::string> set_on_command_line;  // "section.key" given as --section.key=value
+  // Where a key's value came from, for messages: "command line", "config file 'X'" or "default"
+  // (preset keys: "model.preset = P").
+  std::string where(const std::string& key) const;
+  std::map<std::string, std::string> preset_keys;  // key -> preset that set it
 
   // Effective configuration as INI text (every key, sections in schema order).
   std::string to_ini() const;
@@ -185,6 +200,11 @@ bool is_path_key(const std::string& key);
 // The folder the gpt2 tokenizer reads: generate.vocab_dir, or when empty the folder of model.weights
 // (a Hugging Face model folder imported with tools/hf_import.py keeps vocab.json and merges.txt there).
 std::string gpt2_vocab_dir(const Config& c);
+
+// The model type a key belongs to ("gpt2" for model.n_layer, "bert" for model.hidden_size, ...), or ""
+// for keys shared by both. A key set for the other type is an error (parse_config); Config::to_ini()
+// writes such keys as comments.
+std::string key_model_type(const std::string& key);
 
 // A list of step numbers "3, 7,12" (comma-separated integers >= 1; "" = none), in the given order.
 // Throws nlp::Error saying which element is wrong (the caller adds the key and where it came from).

@@ -2,7 +2,9 @@
 // With a weights file the architecture comes from the file; an architecture key set explicitly in
 // the INI (or on the command line) that disagrees with the file is an error naming both values.
 // Dropout probabilities may be overridden (they are training choices, not architecture).
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "core/error.h"
@@ -18,8 +20,7 @@ void take_int(const Config& cfg, const h5::File& f, const std::string& key, int&
     throw Error(cat("weights file '", f.path(), "': missing root attribute '", key, "'"));
   const int64_t v = f.attr_int(key);
   if (cfg.is_set("model." + key) && v != field)
-    throw Error(cat("model.", key, " = ", field, " (", cfg.source.empty() ? "command line" : cfg.source,
-                    ") disagrees with ", key, " = ", v, " in weights file '", f.path(), "'"));
+    throw Error(cat("model.", key, " = ", field, " (", cfg.where("model." + key), ") disagrees with ", key, " = ", v, " in weights file '", f.path(), "'"));
   if (v < 1) throw Error(cat("weights file '", f.path(), "': attribute ", key, " = ", v, " must be >= 1"));
   // Sizes are int in the model: a larger value must not wrap around (2^32 + 8 would become 8).
   if (v > std::numeric_limits<int>::max())
@@ -59,7 +60,7 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
 // model.num_labels, when set, must then agree (0 = the dataset's num_labels, which must agree too).
 // Without a classifier in the file: model.num_labels, or the dataset's when it is 0.
 NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
-  const std::string where = cfg.source.empty() ? "command line" : cfg.source;
+  const std::string where = cfg.where("model.num_labels");
   const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
   auto dataset_num_labels = [&](bool required) -> int64_t {
     if (data.empty()) {
@@ -97,15 +98,26 @@ NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
       if (n < 2)
         throw Error(cat("weights file '", f.path(), "': '", name, "' of shape ", h5::shape_str(shape),
                         " has ", n, " label(s); doc_cls, pair_cls and ner need at least 2"));
-      if (cfg.is_set("model.num_labels") && mc.num_labels != 0 && mc.num_labels != n)
-        throw Error(cat("model.num_labels = ", mc.num_labels, " (", where, ") disagrees with num_labels = ", n,
-                        " of weights file '", f.path(), "' ('", name, "' has shape ", h5::shape_str(shape), ")"));
-      if (mc.num_labels == 0) {
-        const int64_t d = dataset_num_labels(false);
-        if (d != 0 && d != n)
-          throw Error(cat("dataset '", data, "' has num_labels = ", d, " but weights file '", f.path(),
-                          "' has num_labels = ", n, " ('", name, "' has shape ", h5::shape_str(shape), ")"));
+      const char* hint = "; model.reinit_mismatched = true initialises a new head of the task's size";
+      // The size the task asks for: model.num_labels when set (not 0), else the dataset's.
+      const bool explicit_n = cfg.is_set("model.num_labels") && mc.num_labels != 0;
+      const int64_t want = explicit_n ? mc.num_labels : dataset_num_labels(false);
+      if (want != 0 && want != n && mc.reinit_mismatched) {
+        r.n = static_cast<int>(want);
+        r.reinit = true;
+        r.source = cat(explicit_n ? cat("model.num_labels (", where, ")")
+                                  : cat("the num_labels attribute of dataset '", data, "'"),
+                       "; model.reinit_mismatched: the ", n, "-label classifier of weights file '", f.path(),
+                       "' is replaced by a new one");
+        return r;
       }
+      if (explicit_n && mc.num_labels != n)
+        throw Error(cat("model.num_labels = ", mc.num_labels, " (", where, ") disagrees with num_labels = ", n,
+                        " of weights file '", f.path(), "' ('", name, "' has shape ", h5::shape_str(shape), ")",
+                        hint));
+      if (!explicit_n && want != 0 && want != n)
+        throw Error(cat("dataset '", data, "' has num_labels = ", want, " but weights file '", f.path(),
+                        "' has num_labels = ", n, " ('", name, "' has shape ", h5::shape_str(shape), ")", hint));
       r.n = static_cast<int>(n);
       r.source = cat("from '", name, "' of shape ", h5::shape_str(shape), " in weights file '", f.path(), "'");
       return r;
@@ -143,9 +155,39 @@ std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfi
   return {};
 }
 
+namespace {
+
+// A Hugging Face model folder, or one of its weight files, given as model.weights: name the one
+// command that converts it (the folder holds config.json beside the weights).
+void check_not_hub_layout(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const std::string& w = cfg.model.weights;
+  std::error_code ec;
+  const fs::path p(w);
+  if (!fs::exists(p, ec))
+    throw Error(cat("model.weights = '", w, "' (", cfg.where("model.weights"), "): file not found (an HDF5 "
+                    "weights file: a checkpoint or best.h5 of an earlier run, or a Hugging Face model folder "
+                    "converted with tools/hf_import.py; empty = initialise from scratch)"));
+  const bool folder = fs::is_directory(p, ec);
+  const std::string ext = p.extension().string();
+  if (!folder && ext != ".safetensors" && ext != ".bin" && p.filename() != "config.json") return;
+  const fs::path dir = folder ? p : p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const bool hub = fs::exists(dir / "config.json", ec);
+  fs::path out = dir.filename().empty() ? dir.parent_path() : dir;
+  const std::string h5 = (out.empty() || out == "." ? std::string("model") : out.string()) + ".h5";
+  throw Error(cat("model.weights = '", w, "' (", cfg.where("model.weights"), ") is ",
+                  folder ? "a folder" : "a " + (ext.empty() ? p.filename().string() : ext) + " file",
+                  ", not nlptrain's HDF5 weights", hub ? " (a Hugging Face model folder)" : "",
+                  ": convert it once with\n  python3 tools/hf_import.py ", dir.string(), " ", h5,
+                  "\nand set model.weights = ", h5, hub ? "" : " (the folder needs the model's config.json)"));
+}
+
+}  // namespace
+
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
   if (mc.weights.empty()) return mc;
+  check_not_hub_layout(cfg);
   h5::File f = h5::File::open_read(mc.weights);
   if (!f.has_attr("model_type"))
     throw Error(cat("weights file '", mc.weights,
@@ -175,7 +217,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
       const int64_t v = f.attr_int("pad_token_id");
       if (cfg.is_set("model.pad_token_id") && v != mc.pad_token_id)
         throw Error(cat("model.pad_token_id = ", mc.pad_token_id, " (",
-                        cfg.source.empty() ? "command line" : cfg.source, ") disagrees with pad_token_id = ",
+                        cfg.where("model.pad_token_id"), ") disagrees with pad_token_id = ",
                         v, " in weights file '", f.path(), "'"));
       if (v < -1 || v >= mc.vocab_size)
         throw Error(cat("weights file '", f.path(), "': attribute pad_token_id = ", v,
@@ -196,6 +238,89 @@ ModelConfig resolve_model_config(const Config& cfg) {
   take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true, FloatRange::Probability);
   take_float(cfg, f, "resid_pdrop", mc.resid_pdrop, true, FloatRange::Probability);
   return mc;
+}
+
+namespace {
+
+struct VocabAttrs {
+  std::string path, what;  // file, and what names it in messages ("data.train 'x.h5'")
+  bool present = false;
+  std::string vocab_sha256, tokenizer_sha256, tokenizer_files;
+  int64_t vocab_size = 0;  // 0 = not recorded
+};
+
+VocabAttrs read_vocab_attrs(const std::string& path, const std::string& key) {
+  VocabAttrs v;
+  v.path = path;
+  v.what = cat(key, " '", path, "'");
+  if (path.empty()) return v;
+  h5::File f = h5::File::open_read(path);
+  v.present = true;
+  auto str = [&](const char* k) { return f.has_attr(k) ? f.attr_string(k) : std::string(); };
+  v.vocab_sha256 = str("vocab_sha256");
+  v.tokenizer_sha256 = str("tokenizer_sha256");
+  v.tokenizer_files = str("tokenizer_files");
+  // a weights file's vocab_size is the model's; its tokenizer's is tokenizer_vocab_size
+  const char* size_key = key == "model.weights" ? "tokenizer_vocab_size" : "vocab_size";
+  if (f.has_attr(size_key)) v.vocab_size = f.attr_int(size_key);
+  return v;
+}
+
+std::string describe(const VocabAttrs& v) {
+  std::string files = v.tokenizer_files;
+  std::replace(files.begin(), files.end(), '\n', ' ');
+  return cat(v.what, " (vocab_sha256 ", v.vocab_sha256.substr(0, 12), "...",
+             files.empty() ? std::string() : cat(", tokenizer ", files), ")");
+}
+
+}  // namespace
+
+std::vector<std::string> resolve_tokenizer(const Config& cfg, ModelConfig& mc) {
+  std::vector<std::string> warnings;
+  const VocabAttrs train = read_vocab_attrs(cfg.data.train, "data.train");
+  const VocabAttrs eval = read_vocab_attrs(cfg.data.eval, "data.eval");
+  const VocabAttrs weights = read_vocab_attrs(mc.weights, "model.weights");
+  const VocabAttrs* sides[] = {&train, &eval, &weights};
+  const VocabAttrs* first = nullptr;
+  for (const VocabAttrs* v : sides) {
+    if (v->vocab_sha256.empty()) continue;
+    if (!first) {
+      first = v;
+      continue;
+    }
+    if (v->vocab_sha256 != first->vocab_sha256)
+      throw Error(cat(describe(*first), " and ", describe(*v),
+                      " were tokenised with different vocabularies: prepare the data with the model's "
+                      "tokenizer (tools/make_dataset.py --tokenizer PATH, or the prep tools' --tokenizer)"));
+  }
+  for (const VocabAttrs* v : {&train, &eval}) {
+    if (v->vocab_size <= 0) continue;
+    if (v->vocab_size > mc.vocab_size)
+      throw Error(cat(v->what, " has vocab_size = ", v->vocab_size, " (its root attribute) but the model has "
+                      "vocab_size = ", mc.vocab_size, " (", mc.weights.empty() ? cfg.where("model.vocab_size")
+                                                                               : "model.weights",
+                      "): ids would fall outside the embedding; set model.vocab_size = ", v->vocab_size,
+                      " or use the model's tokenizer"));
+    if (v->vocab_size < mc.vocab_size)
+      warnings.push_back(cat("warning: ", v->what, " has vocab_size = ", v->vocab_size,
+                             " (its root attribute), smaller than the model's vocab_size = ", mc.vocab_size,
+                             " (", mc.weights.empty() ? cfg.where("model.vocab_size") : "model.weights",
+                             "): ", mc.vocab_size - v->vocab_size, " embedding rows are never used",
+                             mc.weights.empty() ? cat("; set model.vocab_size = ", v->vocab_size) : std::string()));
+  }
+  if (first) {
+    mc.vocab_sha256 = first->vocab_sha256;
+    mc.tokenizer_sha256 = first->tokenizer_sha256;
+    mc.tokenizer_files = first->tokenizer_files;
+  }
+  return warnings;
+}
+
+void write_tokenizer_attrs(h5::File& f, const ModelConfig& mc) {
+  if (mc.vocab_sha256.empty()) return;
+  f.set_attr("vocab_sha256", mc.vocab_sha256);
+  if (!mc.tokenizer_sha256.empty()) f.set_attr("tokenizer_sha256", mc.tokenizer_sha256);
+  if (!mc.tokenizer_files.empty()) f.set_attr("tokenizer_files", mc.tokenizer_files);
 }
 
 }  // namespace nlp

@@ -24,7 +24,7 @@ namespace {
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
     "run.sync_check", "run.profile", "run.memory_limit_gb",
-    "model.type", "model.weights", "model.n_layer", "model.n_head", "model.n_embd",
+    "model.type", "model.weights", "model.preset", "model.reinit_mismatched", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
@@ -33,7 +33,7 @@ const std::vector<std::string> kAllKeys = {
     "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle", "data.padding", "data.pad_multiple",
     "data.group_by_length",
-    "train.steps", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
+    "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
     "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute", "train.zero",
@@ -83,6 +83,9 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.profile, b.run.profile);
   EXPECT_EQ(a.model.type, b.model.type);
   EXPECT_EQ(a.model.weights, b.model.weights);
+  EXPECT_EQ(a.model.preset, b.model.preset);
+  EXPECT_EQ(a.model.reinit_mismatched, b.model.reinit_mismatched);
+  EXPECT_EQ(a.train.epochs, b.train.epochs);
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.n_embd, b.model.n_embd);
@@ -312,8 +315,12 @@ TEST_F(ConfigTest, CommandLineOverridesIni) {
 
 TEST_F(ConfigTest, EveryKeyCanBeOverridden) {
   for (const auto& key : kAllKeys) {
-    // A valid value per type: take it from the defaults written as INI text.
-    const std::string ini = Config{}.to_ini();
+    // A valid value per type: take it from the defaults written as INI text (of the model type that
+    // uses the key: the other type's keys are errors, and comments in to_ini()).
+    const bool bert = nlp::key_model_type(key) == "bert";
+    Config d;
+    if (bert) d.model.type = "bert";
+    const std::string ini = d.to_ini();
     std::string value;
     std::string section;
     std::istringstream in(ini);
@@ -321,7 +328,9 @@ TEST_F(ConfigTest, EveryKeyCanBeOverridden) {
       if (!line.empty() && line[0] == '[') section = line.substr(1, line.size() - 2);
       if (section + "." + line.substr(0, line.find(" = ")) == key) value = line.substr(line.find(" = ") + 3);
     }
-    ParseResult r = parse({"--" + key + "=" + value, "--data.train=x.h5"});
+    std::vector<std::string> args = {"--" + key + "=" + value, "--data.train=x.h5"};
+    if (bert && key != "model.type") args.insert(args.end(), {"--model.type=bert", "--run.task=doc_cls"});
+    ParseResult r = parse(args);
     EXPECT_TRUE(r.config.is_set(key)) << key;
   }
 }
@@ -645,6 +654,10 @@ TEST_F(ConfigTest, PromptsFile) {
   EXPECT_CONTAINS(m, "generate.prompt ");
   EXPECT_CONTAINS(m, "generate.prompts_file");
   EXPECT_CONTAINS(m, "both");
+  // An empty --generate.prompt= clears an INI's prompt, so that a prompts file can be given
+  const std::string with_prompt = write("prompt.ini", "[run]\nmode = generate\n[generate]\nprompt = \"Once\"\n");
+  EXPECT_CONTAINS(error_of({with_prompt, "--generate.prompts_file=" + p}), "both");
+  EXPECT_EQ(parse({with_prompt, "--generate.prompt=", "--generate.prompts_file=" + p}).config.generate.prompt, "");
   // The config.ini a prompts_file run writes (every key, prompt at its default) parses again.
   Config c = parse({"--run.mode=generate", "--generate.prompts_file=" + p}).config;
   const std::string ini = write("written.ini", c.to_ini());
@@ -684,10 +697,10 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
                                  "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
-                                 "initializer_range = 0.035\npad_token_id = -1\n"
+                                 "initializer_range = 0.035\npreset = gpt2\n"
                                  "[data]\ntrain = \" lead space.h5\"\neval = e#1;x.h5\nseq_len = 64\n"
                                  "shuffle = false\npadding = max_length\npad_multiple = 64\ngroup_by_length = true\n"
-                                 "[train]\nsteps = 77\nbatch_size = 3\ngrad_accum = 4\nlr = 1.7e-3\n"
+                                 "[train]\nsteps = 77\nepochs = 0\nbatch_size = 3\ngrad_accum = 4\nlr = 1.7e-3\n"
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
@@ -712,7 +725,30 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
   const Config b = parse({path2}).config;
   expect_equal(a, b);
   EXPECT_EQ(b.to_ini().substr(b.to_ini().find('\n')), ini.substr(ini.find('\n')));
-  EXPECT_EQ(b.explicitly_set.size(), kAllKeys.size());  // to_ini writes every key
+  // to_ini writes every key; BERT's as comments for a GPT-2 model
+  size_t gpt2_keys = 0;
+  for (const auto& k : kAllKeys) gpt2_keys += nlp::key_model_type(k) != "bert";
+  EXPECT_EQ(b.explicitly_set.size(), gpt2_keys);
+  EXPECT_CONTAINS(ini, "# num_hidden_layers = 4   (bert only: unused with model.type = gpt2)");
+}
+
+TEST_F(ConfigTest, ToIniRoundTripBert) {
+  const std::string path = write("bert.ini",
+                                 "[run]\ntask = ner\n[model]\ntype = bert\nhidden_size = 96\nnum_hidden_layers = 3\n"
+                                 "num_attention_heads = 6\nintermediate_size = 200\npad_token_id = -1\n"
+                                 "num_labels = 13\nreinit_mismatched = true\nweights = w.h5\n"
+                                 "[data]\ntrain = t.h5\n[train]\nepochs = 2.5\n");
+  const Config a = parse({path}).config;
+  EXPECT_TRUE(a.model.reinit_mismatched);
+  EXPECT_EQ(a.train.epochs, 2.5f);
+  const std::string ini = a.to_ini();
+  EXPECT_CONTAINS(ini, "# n_layer = 4   (gpt2 only: unused with model.type = bert)");
+  EXPECT_CONTAINS(ini, "# prompt = ");
+  const Config b = parse({write("written.ini", ini)}).config;
+  expect_equal(a, b);
+  size_t bert_keys = 0;
+  for (const auto& k : kAllKeys) bert_keys += nlp::key_model_type(k) != "gpt2";
+  EXPECT_EQ(b.explicitly_set.size(), bert_keys - 1);  // train.steps is not written set: epochs is
 }
 
 TEST_F(ConfigTest, ToIniRoundTripOfDefaults) {
@@ -726,7 +762,8 @@ TEST(ConfigToIni, EveryKeyInItsSection) {
   const std::string ini = Config{}.to_ini();
   for (const auto& key : kAllKeys) {
     const std::string section = "[" + key.substr(0, key.find('.')) + "]";
-    const std::string line = "\n" + key.substr(key.find('.') + 1) + " = ";
+    const bool other = nlp::key_model_type(key) == "bert";  // a comment for the default gpt2 model
+    const std::string line = std::string(other ? "\n# " : "\n") + key.substr(key.find('.') + 1) + " = ";
     const auto s = ini.find(section);
     ASSERT_NE(s, std::string::npos) << section;
     const auto k = ini.find(line, s);
@@ -789,6 +826,60 @@ TEST(ConfigPadTokenId, RangeChecked) {
                 "--model.pad_token_id=30"});
   EXPECT_NE(m.find("model.pad_token_id = 30"), std::string::npos) << m;
   EXPECT_NE(m.find("model.vocab_size = 30"), std::string::npos) << m;
+}
+
+// ---- model.preset, keys of the other model type, where a value came from -------------------------
+
+TEST_F(ConfigTest, PresetSetsShapeAndExplicitKeysOverride) {
+  Config c = parse({"--data.train=x.h5", "--model.preset=gpt2-medium", "--model.n_layer=6"}).config;
+  EXPECT_EQ(c.model.type, "gpt2");
+  EXPECT_EQ(c.model.n_layer, 6);  // the override (HF --config_overrides)
+  EXPECT_EQ(c.model.n_head, 16);
+  EXPECT_EQ(c.model.n_embd, 1024);
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.where("model.n_embd"), "model.preset = gpt2-medium");
+  EXPECT_EQ(c.where("model.n_layer"), "command line");
+  EXPECT_FALSE(c.is_set("model.n_embd"));
+  c = parse({"--data.train=x.h5", "--model.preset=bert-base", "--run.task=doc_cls"}).config;
+  EXPECT_EQ(c.model.type, "bert");
+  EXPECT_EQ(c.model.hidden_size, 768);
+  EXPECT_EQ(c.model.intermediate_size, 3072);
+  EXPECT_EQ(c.model.num_hidden_layers, 12);
+  // a preset of the other architecture than an explicit model.type
+  const std::string m = error_of({"--data.train=x.h5", "--model.preset=gpt2", "--model.type=bert", "--run.task=mlm"});
+  EXPECT_CONTAINS(m, "model.preset = gpt2");
+  EXPECT_CONTAINS(m, "model.type = bert");
+  EXPECT_CONTAINS(error_of({"--data.train=x.h5", "--model.preset=gpt3"}), "model.preset");
+}
+
+TEST_F(ConfigTest, KeyOfTheOtherModelTypeIsAnError) {
+  std::string m = error_of({"--data.train=x.h5", "--model.type=bert", "--run.task=doc_cls", "--model.n_layer=3"});
+  EXPECT_CONTAINS(m, "model.n_layer = 3 (command line) applies only to model.type = gpt2");
+  EXPECT_CONTAINS(m, "model.num_hidden_layers");
+  const std::string ini = write("g.ini", "[model]\ntype = gpt2\nnum_labels = 3\n[data]\ntrain = x.h5\n");
+  m = error_of({ini});
+  EXPECT_CONTAINS(m, "model.num_labels = 3 (config file '" + ini + "') applies only to model.type = bert");
+  // shared keys stay
+  EXPECT_EQ(parse({"--data.train=x.h5", "--model.type=bert", "--run.task=mlm", "--model.vocab_size=99"})
+                .config.model.vocab_size, 99);
+}
+
+TEST_F(ConfigTest, WhereNamesTheSourceOfEachKey) {
+  const std::string ini = write("w.ini", "[model]\ntype = bert\nnum_labels = 3\n[run]\ntask = doc_cls\n");
+  const Config c = parse({ini, "--model.num_labels=5", "--data.train=x.h5"}).config;
+  EXPECT_EQ(c.where("model.num_labels"), "command line");  // overridden there, not the INI's
+  EXPECT_EQ(c.where("model.type"), "config file '" + ini + "'");
+  EXPECT_EQ(c.where("train.lr"), "default");
+}
+
+TEST_F(ConfigTest, EpochsAndStepsConflictAndIdsNeedAPromptsFile) {
+  std::string m = error_of({"--data.train=x.h5", "--train.epochs=2", "--train.steps=10"});
+  EXPECT_CONTAINS(m, "train.epochs = 2");
+  EXPECT_CONTAINS(m, "train.steps = 10");
+  EXPECT_EQ(parse({"--data.train=x.h5", "--train.epochs=1.5"}).config.train.epochs, 1.5f);
+  m = error_of({"--run.mode=generate", "--generate.tokenizer=ids"});
+  EXPECT_CONTAINS(m, "generate.prompts_file");
+  EXPECT_CONTAINS(m, "tools/encode_prompts.py");
 }
 
 // ---- reliability keys -----------------------------------------------------------------------------
