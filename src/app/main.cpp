@@ -3,7 +3,9 @@
 // non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -166,6 +168,30 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     mc.id2label = resolve_label_names(cfg, mc, &names_source);
     if (!mc.id2label.empty()) num_labels_source += cat("; label names from ", names_source);
   }
+  const std::vector<std::string> vocab_warnings = resolve_tokenizer(cfg, mc);
+  // The effective configuration: the model as loaded (shape from model.weights, num_labels resolved)
+  // and train.steps from train.epochs. Everything after this point reads it.
+  Config eff = cfg;
+  eff.model = mc;
+  std::string epochs_line;
+  if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
+    const int64_t n = count_examples(cfg, mc, cfg.data.train);
+    const int64_t global = int64_t(comm.size()) * cfg.train.batch_size * cfg.train.grad_accum;
+    const double steps = std::ceil(double(cfg.train.epochs) * double(n) / double(global));
+    if (steps > double(std::numeric_limits<int>::max()))
+      throw Error(cat("train.epochs = ", cfg.train.epochs, " (", cfg.where("train.epochs"), ") gives ", steps,
+                      " steps, more than the ", std::numeric_limits<int>::max(), " that train.steps holds"));
+    eff.train.steps = std::max(1, static_cast<int>(steps));
+    epochs_line = cat("train.epochs = ", cfg.train.epochs, ": ", n, " examples in data.train / global batch ",
+                      global, " (", comm.size(), " ranks x batch_size ", cfg.train.batch_size, " x grad_accum ",
+                      cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
+  }
+  const char* config_name = cfg.run.mode == "train" ? "config.ini"
+                            : cfg.run.mode == "eval" ? "config.eval.ini"
+                            : cfg.run.mode == "predict" ? "config.predict.ini"
+                            : cfg.run.mode == "generate" ? "config.generate.ini"
+                                                         : "config.gradients.ini";
+  log.set_config(config_name, eff.to_ini());
   // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
   const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
   int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
@@ -195,8 +221,10 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
                  " backend: it has only the native attention"));
   if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
-  log.info("effective configuration (also in " + cfg.output.dir + "/config.ini):");
-  log.info(cfg.to_ini());
+  for (const std::string& w : vocab_warnings) log.info(w);
+  if (!epochs_line.empty()) log.info(epochs_line);
+  log.info("effective configuration:");
+  log.info(eff.to_ini());
 
   const size_t nparams = model->params().total();
   std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
@@ -212,9 +240,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   } else {
     std::vector<std::string> unused;
     std::string note;
-    load_model_weights(*model, mc.weights, &unused, &fresh, &note);
+    std::vector<std::string> reinit;
+    load_model_weights(*model, mc.weights, &unused, &fresh, &note, mc.reinit_mismatched ? &reinit : nullptr);
     log.info(cat("model: loaded '", mc.weights, "'"));
     if (!note.empty()) log.info(cat("model: ", note));
+    for (auto& n : reinit) log.info(cat("model: initialised anew (model.reinit_mismatched): ", n));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
     for (auto& n : unused) log.info(cat("model: unused tensor in the weights file: ", n));
   }
@@ -232,7 +262,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   log.info(buf);
   log.info(plan.table());
 
-  Session s{cfg, task, dcomm, *be, log, *model, fresh};
+  Session s{eff, task, dcomm, *be, log, *model, fresh};
   s.memory_plan_json = plan.json();
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);

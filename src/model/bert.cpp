@@ -109,6 +109,7 @@ class Bert final : public Model {
   }
 
   void write_attrs(h5::File& f) const override {
+    write_tokenizer_attrs(f, mc_);
     static const char* arch[] = {"", "BertForMaskedLM", "BertForSequenceClassification",
                                  "BertForSequenceClassification", "BertForTokenClassification",
                                  "BertForQuestionAnswering"};

@@ -61,6 +61,7 @@ class Gpt2 final : public Model {
   const ModelConfig& config() const override { return mc_; }
 
   void write_attrs(h5::File& f) const override {
+    write_tokenizer_attrs(f, mc_);
     f.set_attr("model_type", std::string("gpt2"));
     f.set_attr("architectures", std::string("GPT2LMHeadModel"));
     f.set_attr("activation_function", std::string("gelu_new"));

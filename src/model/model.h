@@ -111,9 +111,12 @@ ModelConfig resolve_model_config(const Config& cfg);
 // The label count of a classifier task (doc_cls, pair_cls, ner) and where it came from (for the
 // log): from the classifier in model.weights when it has one (model.num_labels and the dataset must
 // agree, else an error naming both values), else model.num_labels, or the dataset's when that is 0.
+// With model.reinit_mismatched a classifier of another size is not an error: `reinit` is then set and
+// the head is initialised anew (load_model_weights skips the tensors of the wrong shape).
 struct NumLabels {
   int n = 0;
   std::string source;
+  bool reinit = false;
 };
 NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
 
@@ -136,6 +139,18 @@ namespace nlp {
 // `fresh`: parameters absent from the file that keep their initialisation (Model::may_be_new).
 // A file with no name under Model::base_prefix() is read as a base-model checkpoint (BertModel,
 // GPT2Model: names without the prefix); `note` (nullable) then says so, for the log.
+// The tokenizer of the model (ModelConfig::vocab_sha256, tokenizer_sha256, tokenizer_files): from the
+// training dataset's root attributes of those names, else model.weights'. Checks that the data,
+// the evaluation data and the weights were tokenised with the same vocabulary (vocab_sha256; an error
+// naming both files otherwise) and that the datasets' vocab_size attribute is not larger than the
+// model's (an error: ids would overflow); a smaller one returns a warning.
+std::vector<std::string> resolve_tokenizer(const Config& cfg, ModelConfig& mc);
+// Root attributes of the tokenizer, for the weights files nlptrain writes (none when unknown).
+void write_tokenizer_attrs(h5::File& f, const ModelConfig& mc);
+
+// `reinit` (nullable): with it, a tensor the model may initialise itself (Model::may_be_new: heads) whose
+// shape in the file differs is skipped and listed there (model.reinit_mismatched) instead of an error.
 void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
-                        std::vector<std::string>* fresh, std::string* note = nullptr);
+                        std::vector<std::string>* fresh, std::string* note = nullptr,
+                        std::vector<std::string>* reinit = nullptr);
 }  // namespace nlp

@@ -39,7 +39,8 @@ bool expected_extra(const std::string& n) {
 // As from_pretrained does, a file in which no tensor name starts with the prefix is read as such a
 // checkpoint: parameter "<prefix>X" comes from dataset "X"; head parameters (no prefix) keep their names.
 void load_model_weights(Model& m, const std::string& path, std::vector<std::string>* unused,
-                        std::vector<std::string>* fresh, std::string* note) {
+                        std::vector<std::string>* fresh, std::string* note,
+                        std::vector<std::string>* reinit) {
   h5::File f = h5::File::open_read(path);
   const std::vector<std::string> names = f.list();
   const std::string prefix = m.base_prefix();
@@ -67,6 +68,12 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
                                    : cat(" (looked for '", name, "': the file has no '", prefix,
                                          "' names)")));
       if (fresh) fresh->push_back(t.name);
+      continue;
+    }
+    if (reinit && m.may_be_new(t.name) && f.shape(name) != t.shape) {
+      reinit->push_back(cat(t.name, " (", h5::shape_str(f.shape(name)), " in the file, ",
+                            h5::shape_str(t.shape), " for this task)"));
+      used.insert(name);
       continue;
     }
     f.read_f32(name, t.shape, t.data);

@@ -42,11 +42,16 @@ void Log::open(const std::string& dir, bool append, const std::string& config_in
   ::unlink(probe.c_str());
 }
 
+void Log::set_config(const std::string& file_name, const std::string& config_ini) {
+  config_name_ = file_name;
+  config_ini_ = config_ini;
+}
+
 void Log::start() {
   if (rank_ != 0 || started_) return;
   started_ = true;
   if (dir_.empty()) return;  // never opened (tests)
-  if (!config_ini_.empty()) write_text_atomically(dir_ + "/config.ini", config_ini_);
+  if (!config_ini_.empty()) write_text_atomically(dir_ + "/" + config_name_, config_ini_);
   const char* mode = append_ ? "a" : "w";
   log_ = std::fopen((dir_ + "/log.txt").c_str(), mode);
   const int log_err = errno;
@@ -60,6 +65,7 @@ void Log::start() {
   pending_metrics_.clear();
   std::fflush(log_);
   std::fflush(metrics_);
+  if (!config_ini_.empty()) info(cat("effective configuration written to ", dir_, "/", config_name_));
 }
 
 void Log::info(const std::string& line) {

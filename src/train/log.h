@@ -20,6 +20,9 @@ class Log {
   // Remember dir (created if missing) and check that it is writable; append=true when resuming.
   // config_ini: written to <dir>/config.ini (atomically) by start().
   void open(const std::string& dir, bool append, const std::string& config_ini = "");
+  // Replace what start() writes, and under which name in dir (config.ini for training; eval,
+  // predict and generate runs write config.<mode>.ini so that they keep the training run's file).
+  void set_config(const std::string& file_name, const std::string& config_ini);
   // Write config.ini, open log.txt and metrics.jsonl (truncated unless appending) and write the
   // lines logged so far. Idempotent.
   void start();
@@ -35,7 +38,7 @@ class Log {
 
  private:
   int rank_;
-  std::string dir_, config_ini_;
+  std::string dir_, config_ini_, config_name_ = "config.ini";
   bool append_ = false, started_ = false;
   std::vector<std::string> pending_, pending_metrics_;  // logged before start()
   std::FILE* log_ = nullptr;

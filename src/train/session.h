@@ -54,6 +54,9 @@ std::string generate_sample(Session& s, uint64_t seed);
 // validates every value in it: each rank checks its share of the examples (TokenDataset::validate),
 // so bad input anywhere in the file stops the run before the first step.
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key);
+// Examples (rows, or windows of a 1-D token stream) of the dataset at path as open_dataset cuts it:
+// for train.epochs, before the Session exists.
+int64_t count_examples(const Config& cfg, const ModelConfig& mc, const std::string& path);
 
 // Each mode calls this once its inputs are open and validated, before it writes anything: it waits
 // for every rank (a rank that found bad input has stopped the run by then) and starts the log, so a
