@@ -1,5 +1,6 @@
 // Evaluation and prediction: loss and task metrics over a dataset, sharded across ranks (rank r takes
 // examples r, r+world, ...; every example is seen once, none dropped), and the predictions files.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -11,15 +12,30 @@
 
 namespace nlp {
 
+namespace {
+
+// 2-D files carry their own T (data.seq_len, when set, must match it); a 1-D token stream is cut
+// into windows of data.seq_len, by default min(n_positions, 1024).
+int dataset_seq_len(const Config& cfg, const ModelConfig& mc, const std::string& path) {
+  const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
+  int seq_len = cfg.data.seq_len;
+  if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
+  return seq_len;
+}
+
+}  // namespace
+
+int64_t count_examples(const Config& cfg, const ModelConfig& mc, const std::string& path) {
+  if (path.empty()) throw Error("train.epochs needs data.train");
+  return TokenDataset(path, dataset_seq_len(cfg, mc, path), mc.vocab_size, DatasetLimits{}).size();
+}
+
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
   const bool bert = mc.type == "bert";
   const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
-  // 2-D files carry their own T (data.seq_len, when set, must match it); a 1-D token stream is cut
-  // into windows of data.seq_len, by default min(n_positions, 1024).
-  int seq_len = s.cfg.data.seq_len;
-  if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
+  const int seq_len = dataset_seq_len(s.cfg, mc, path);
   DatasetLimits limits;
   if (has_classifier(s.task)) limits.label_range = mc.num_labels;
   if (bert) limits.type_vocab = mc.type_vocab_size;
@@ -27,12 +43,13 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
   if (ds.seq_len() > positions)
     throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
                     bert ? "max_position_embeddings" : "n_positions", " = ", positions));
-  // The columns the task needs.
-  if (is_seq_cls(s.task) && !ds.has_seq_labels())
+  // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
+  const bool predict = s.cfg.run.mode == "predict" && key == "data.eval";
+  if (is_seq_cls(s.task) && !ds.has_seq_labels() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = ", s.cfg.run.task, " needs 1-D 'labels' [examples]"));
-  if (s.task == Task::Ner && !ds.has_token_labels())
+  if (s.task == Task::Ner && !ds.has_token_labels() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
-  if (s.task == Task::Qa && !ds.has_positions())
+  if (s.task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
   ds.validate(s.comm.rank(), s.comm.size());
   // The label names evaluation reads (TaskEval, at the first evaluation): read them here as well, so
@@ -72,6 +89,8 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
     ds.read(idx, count, tb);
     // Evaluation masking (mlm) is fixed: the same positions are masked at every evaluation.
     HostBatch hb = make_batch(s.task, tb, mlm.get(), derive_seed(cfg.train.seed, 0xE7A1, idx[0]));
+    if (s.task == Task::Ner && !ds.has_token_labels())  // the reader fills absent labels with the ids
+      std::fill(hb.targets.begin(), hb.targets.end(), kIgnoreIndex);
     if (trim) trim_to_longest(hb, cfg.data.pad_multiple);
     sums[1] += static_cast<double>(hb.loss_units(s.task));
     sums[0] += s.model.forward(dbuf.upload(hb), /*training=*/false, 0);
@@ -121,7 +140,7 @@ void run_predict(Session& s) {
   EvalResult r = evaluate(s, ds, s.cfg.eval.batches, /*write_predictions=*/true);
   log_eval_result(s, r, "predict");
   s.log.info(cat("predict: wrote ", s.cfg.output.dir,
-                 s.task == Task::Qa ? "/predictions.json" : "/predictions.jsonl"));
+                 s.task == Task::Qa ? "/predictions.json and predictions.jsonl" : "/predictions.jsonl"));
 }
 
 }  // namespace nlp

@@ -4,6 +4,9 @@
 //   clm: loss, perplexity            mlm: masked-token accuracy, perplexity
 //   doc_cls, pair_cls: accuracy      ner: entity precision/recall/F1 (seqeval) over first sub-tokens
 //   qa: exact match and F1 (SQuAD v1.1 and KorQuAD 1.0) on answer text mapped back through offsets
+// Predictions (run.mode = predict) carry per example its id, the label and the class probabilities
+// (doc_cls, pair_cls), entities with scores (ner), or the answer span with its score (qa); a dataset
+// without labels (the prep tools' --no-labels) is predicted without metrics.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,13 +42,18 @@ class TaskEval {
   int NL_;
   int64_t N_;
   int T_;
+  bool labelled_;                    // the dataset has the task's labels (else: predictions, no metrics)
   std::vector<std::string> id2label_;
   double correct_ = 0, total_ = 0;   // accuracy counts (cls, mlm)
   std::vector<double> pred_;         // cls: label+1 per example; ner: label+1 per token [N,T]
   std::vector<double> gold_;         // ner: label+1 per labelled token [N,T] (0 = not labelled)
+  std::vector<double> prob_;         // cls: softmax [N, NL]; ner: probability of the predicted tag [N,T]
   std::vector<double> span_;         // qa: per feature (valid, score, start char, end char)
+  std::vector<int32_t> word_ids_;    // ner without labels: word_ids [N,T] (predict each word's first token)
   std::vector<int32_t> offsets_;     // qa: offset_mapping [N,T,2]
   std::vector<std::string> qa_ids_, qa_answers_;  // qa: per example id and answer (rank 0)
+  std::vector<double> qa_scores_;                 // qa: start + end logit of the answer
+  std::vector<int64_t> qa_chars_;                 // qa: [start, end) characters in the context
 };
 
 }  // namespace nlp
