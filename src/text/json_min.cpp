@@ -69,6 +69,8 @@ class Parser {
         if constexpr (std::is_same_v<V, std::string>) {
           if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
           v = parse_string();
+        } else if constexpr (std::is_same_v<V, FlatValue>) {
+          v = parse_flat_value(key);
         } else {
           v = parse_int();
         }
@@ -93,6 +95,37 @@ class Parser {
   }
 
  private:
+  FlatValue parse_flat_value(const std::string& key) {
+    FlatValue v;
+    if (peek() == '"') {
+      v.str = parse_string();
+      return v;
+    }
+    if (peek() != '[') {
+      if (peek() != '-' && (peek() < '0' || peek() > '9'))
+        fail(i_, cat("the value of \"", key, "\" must be a string, an integer or an array of integers"));
+      v.kind = FlatValue::Integer;
+      v.integer = parse_int();
+      return v;
+    }
+    v.kind = FlatValue::IntArray;
+    ++i_;
+    skip_ws();
+    if (peek() == ']') {
+      ++i_;
+      return v;
+    }
+    for (;;) {
+      skip_ws();
+      v.ints.push_back(parse_int());
+      skip_ws();
+      const char c = peek();
+      ++i_;
+      if (c == ']') return v;
+      if (c != ',') fail(i_ - 1, cat("expected ',' or ']' in the array \"", key, "\""));
+    }
+  }
+
   [[noreturn]] void fail(size_t at, const std::string& what) const {
     throw Error(cat("JSON file '", src_, "': ", what, " at byte offset ", at));
   }
@@ -228,6 +261,11 @@ std::vector<std::pair<std::string, int64_t>> parse_string_int_object(const std::
 std::vector<std::pair<std::string, std::string>> parse_string_string_object(
     const std::string& json, const std::string& source) {
   return Parser(json, source).parse_object<std::string>();
+}
+
+std::vector<std::pair<std::string, FlatValue>> parse_flat_object(const std::string& json,
+                                                                 const std::string& source) {
+  return Parser(json, source).parse_object<FlatValue>();
 }
 
 std::string json_quote(const std::string& s) {

@@ -29,6 +29,19 @@ std::string write_string_array(const std::vector<std::string>& items);
 std::vector<std::pair<std::string, std::string>> parse_string_string_object(
     const std::string& json, const std::string& source);
 
+// A value of parse_flat_object: a string, an integer, or an array of integers.
+struct FlatValue {
+  enum Kind { String, Integer, IntArray } kind = String;
+  std::string str;
+  int64_t integer = 0;
+  std::vector<int64_t> ints;
+};
+// Parse one flat JSON object whose values are strings, integers or arrays of integers, e.g. a
+// prompts-file line {"prompt": "Hello", "prompt_ids": [15496], "vocab_sha256": "..."}; entries in
+// order; duplicate keys and other value types are an error naming `source`.
+std::vector<std::pair<std::string, FlatValue>> parse_flat_object(const std::string& json,
+                                                                 const std::string& source);
+
 // `s` as a JSON string literal (with the quotes). Bytes that are not well-formed UTF-8 become
 // U+FFFD, so the result is always valid JSON; control characters are escaped.
 std::string json_quote(const std::string& s);

@@ -92,7 +92,27 @@ std::vector<std::vector<int32_t>> sample_continuations(Session& s, const Tokeniz
   return out;
 }
 
+// generate.tokenizer = ids: prompts arrive as ids and samples leave as ids (tools/encode_prompts.py
+// and tools/decode_generated.py hold the tokenizer); only the end-of-text id is needed here.
+class IdsTokenizer : public Tokenizer {
+ public:
+  IdsTokenizer(int vocab, int eos) : vocab_(vocab), eos_(eos) {}
+  std::vector<int32_t> encode(const std::string&) const override {
+    throw Error("generate.tokenizer = ids has no text encoder: give prompt_ids (tools/encode_prompts.py)");
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    return cat("<", ids.size(), " ids>");
+  }
+  int vocab_size() const override { return vocab_; }
+  int eos_id() const override { return eos_; }
+
+ private:
+  int vocab_, eos_;
+};
+
 std::unique_ptr<Tokenizer> open_tokenizer(const Config& c, Log* log) {
+  if (c.generate.tokenizer == "ids")
+    throw Error("generate.tokenizer = ids: prompts come from generate.prompts_file (internal error)");
   if (c.generate.tokenizer != "gpt2") return make_tokenizer(c.generate.tokenizer, "");
   const std::string dir = gpt2_vocab_dir(c);
   auto tok = make_tokenizer("gpt2", dir);
@@ -105,28 +125,65 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Config& c, Log* log) {
   return tok;
 }
 
-// Prompts of generate.prompts_file: one JSON object per line with a string "prompt" (other string
-// fields are allowed and ignored); blank lines are skipped.
-std::vector<std::string> read_prompts_file(const std::string& path) {
+// One prompt of generate.prompts_file: its text, or with generate.tokenizer = ids its token ids.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool has_ids = false;
+  std::string vocab_sha256;  // the tokenizer that made ids (tools/encode_prompts.py), when given
+  int64_t eos_id = -1;       // its end-of-text id, when given
+};
+
+// Prompts of generate.prompts_file: one JSON object per line with a string "prompt" (with
+// generate.tokenizer = ids: an array "prompt_ids", and optionally "prompt", "vocab_sha256" and
+// "eos_id"); other string and integer fields are allowed and ignored; blank lines are skipped.
+std::vector<Prompt> read_prompts_file(const std::string& path, bool want_ids, int vocab_size) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(cat("generate.prompts_file: cannot open '", path, "'"));
-  std::vector<std::string> prompts;
+  std::vector<Prompt> prompts;
   std::string line;
   for (int lineno = 1; std::getline(f, line); ++lineno) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    std::vector<std::pair<std::string, std::string>> fields;
+    const std::string at = cat("generate.prompts_file '", path, "' line ", lineno);
+    std::vector<std::pair<std::string, text::FlatValue>> fields;
     try {
-      fields = text::parse_string_string_object(line, path);
+      fields = text::parse_flat_object(line, path);
     } catch (const Error& e) {
-      throw Error(cat("generate.prompts_file '", path, "' line ", lineno, ": ", e.what(),
-                      " (expected one JSON object per line, e.g. {\"prompt\": \"Hello\"})"));
+      throw Error(cat(at, ": ", e.what(), " (expected one JSON object per line, e.g. {\"prompt\": \"Hello\"}",
+                      want_ids ? " or {\"prompt_ids\": [15496, 11]}" : "", ")"));
     }
-    auto it = std::find_if(fields.begin(), fields.end(), [](const auto& kv) { return kv.first == "prompt"; });
-    if (it == fields.end())
-      throw Error(cat("generate.prompts_file '", path, "' line ", lineno,
-                      ": the object has no \"prompt\" field"));
-    prompts.push_back(it->second);
+    Prompt p;
+    bool has_text = false;
+    for (const auto& [key, v] : fields) {
+      auto need = [&, &key = key, &v = v](text::FlatValue::Kind kind, const char* what) {
+        if (v.kind != kind) throw Error(cat(at, ": \"", key, "\" must be ", what));
+      };
+      if (key == "prompt") {
+        need(text::FlatValue::String, "a string");
+        p.text = v.str;
+        has_text = true;
+      } else if (key == "prompt_ids") {
+        need(text::FlatValue::IntArray, "an array of token ids");
+        for (int64_t id : v.ints) {
+          if (id < 0 || id >= vocab_size)
+            throw Error(cat(at, ": prompt_ids holds ", id, ", outside the model's vocabulary [0, ", vocab_size,
+                            "): the prompts were encoded with another tokenizer"));
+          p.ids.push_back(static_cast<int32_t>(id));
+        }
+        p.has_ids = true;
+      } else if (key == "vocab_sha256") {
+        need(text::FlatValue::String, "a string");
+        p.vocab_sha256 = v.str;
+      } else if (key == "eos_id") {
+        need(text::FlatValue::Integer, "an integer");
+        p.eos_id = v.integer;
+      }
+    }
+    if (want_ids && !p.has_ids)
+      throw Error(cat(at, ": generate.tokenizer = ids needs \"prompt_ids\" (tools/encode_prompts.py writes them)"));
+    if (!want_ids && !has_text) throw Error(cat(at, ": the object has no \"prompt\" field"));
+    prompts.push_back(std::move(p));
   }
   if (f.bad()) throw Error(cat("generate.prompts_file: error reading '", path, "'"));
   if (prompts.empty()) throw Error(cat("generate.prompts_file '", path, "' holds no prompts"));
@@ -161,11 +218,37 @@ void run_generate(Session& s) {
   begin_output(s);
   if (s.comm.rank() != 0) return;
   const GenerateConfig& g = s.cfg.generate;
-  auto tok = open_tokenizer(s.cfg, &s.log);
+  const ModelConfig& mc = s.model.config();
+  const bool by_ids = g.tokenizer == "ids";
   const bool from_file = !g.prompts_file.empty();
-  const std::vector<std::string> prompts =
-      from_file ? read_prompts_file(g.prompts_file) : std::vector<std::string>{g.prompt};
-  if (from_file) s.log.info(cat("generate: ", prompts.size(), " prompts from '", g.prompts_file, "'"));
+  std::vector<Prompt> prompts;
+  if (from_file) {
+    prompts = read_prompts_file(g.prompts_file, by_ids, mc.vocab_size);
+    s.log.info(cat("generate: ", prompts.size(), " prompts from '", g.prompts_file, "'"));
+  } else {
+    prompts.emplace_back();
+    prompts.back().text = g.prompt;
+  }
+  std::unique_ptr<Tokenizer> tok;
+  if (by_ids) {
+    // The prompts' tokenizer must be the model's (vocab_sha256 of the weights, from the data it was
+    // trained on), and every prompt must come from the same one.
+    int64_t eos = -1;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Prompt& p = prompts[i];
+      if (!p.vocab_sha256.empty() && !mc.vocab_sha256.empty() && p.vocab_sha256 != mc.vocab_sha256)
+        throw Error(cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1, " was encoded with vocab_sha256 ",
+                        p.vocab_sha256.substr(0, 12), "... but model.weights '", mc.weights,
+                        "' was trained on vocab_sha256 ", mc.vocab_sha256.substr(0, 12),
+                        "...: encode the prompts with the model's tokenizer"));
+      if (p.eos_id >= 0) eos = p.eos_id;
+    }
+    tok = std::make_unique<IdsTokenizer>(mc.vocab_size, static_cast<int>(eos));
+    s.log.info(cat("generate: prompts as token ids (generate.tokenizer = ids), end-of-text id ",
+                   eos >= 0 ? std::to_string(eos) : std::string("none")));
+  } else {
+    tok = open_tokenizer(s.cfg, &s.log);
+  }
 
   char num[64];
   auto fmt = [&](double v) {
@@ -180,13 +263,13 @@ void run_generate(Session& s) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string what = from_file ? cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1)
                                        : std::string("generate.prompt");
-    std::vector<int32_t> prompt = tok->encode(prompts[i]);
+    std::vector<int32_t> prompt = by_ids ? prompts[i].ids : tok->encode(prompts[i].text);
     // Every prompt starts from generate.seed: its samples do not depend on its place in the file.
     auto samples = sample_continuations(s, *tok, prompt, g.seed, what);
     if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
     std::string texts, idss;
     for (size_t k = 0; k < samples.size(); ++k) {
-      texts += (k ? "," : "") + text::json_quote(tok->decode(samples[k]));
+      if (!by_ids) texts += (k ? "," : "") + text::json_quote(tok->decode(samples[k]));
       idss += (k ? "," : "") + ids_json(samples[k]);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), samples[k].begin(), samples[k].end());
@@ -194,12 +277,16 @@ void run_generate(Session& s) {
       txt += tok->decode(all);
     }
     if (i + 1 < prompts.size()) txt += "\n=== prompt " + std::to_string(i + 2) + " ===\n";
-    jsonl += cat("{\"prompt\":", text::json_quote(prompts[i]), ",\"prompt_ids\":", ids_json(prompt),
-                 ",\"samples\":[", texts, "],\"sample_ids\":[", idss, "],\"settings\":", settings, "}\n");
+    jsonl += cat("{\"prompt\":", text::json_quote(prompts[i].text), ",\"prompt_ids\":", ids_json(prompt),
+                 by_ids ? std::string() : cat(",\"samples\":[", texts, "]"), ",\"sample_ids\":[", idss,
+                 "],\"settings\":", settings, "}\n");
   }
-  s.log.info(txt);
+  if (!by_ids) s.log.info(txt);
   write_text_atomically(s.cfg.output.dir + "/generated.jsonl", jsonl);
   if (!from_file) write_text_atomically(s.cfg.output.dir + "/generated.txt", txt);
+  if (by_ids)
+    s.log.info(cat("generate: wrote ", s.cfg.output.dir, "/generated.jsonl (token ids); text: "
+                   "python3 tools/decode_generated.py --tokenizer TOKENIZER ", s.cfg.output.dir, "/generated.jsonl"));
 }
 
 }  // namespace nlp

@@ -286,6 +286,30 @@ TEST(JsonMin, FlatStringStringObject) {
   }
 }
 
+TEST(JsonMin, FlatObjectOfStringsIntegersAndIdArrays) {
+  using nlp::text::FlatValue;
+  auto v = nlp::text::parse_flat_object(
+      R"({"prompt": "h\u00e9", "prompt_ids": [15496, 0, -1], "eos_id": 50256, "e": [], "s": ""})", "p.jsonl");
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v[0].second.kind, FlatValue::String);
+  EXPECT_EQ(v[0].second.str, "h\xc3\xa9");
+  EXPECT_EQ(v[1].second.kind, FlatValue::IntArray);
+  EXPECT_EQ(v[1].second.ints, (std::vector<int64_t>{15496, 0, -1}));
+  EXPECT_EQ(v[2].second.kind, FlatValue::Integer);
+  EXPECT_EQ(v[2].second.integer, 50256);
+  EXPECT_EQ(v[3].second.kind, FlatValue::IntArray);
+  EXPECT_TRUE(v[3].second.ints.empty());
+  for (const char* bad : {R"({"a": [1, 2.5]})", R"({"a": [1,]})", R"({"a": ["x"]})", R"({"a": [1)",
+                          R"({"a": 1, "a": 2})", R"({"a": null})", R"({"a": {"b": 1}})", R"({"a": 1e3})"}) {
+    try {
+      nlp::text::parse_flat_object(bad, "p.jsonl");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const nlp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("p.jsonl"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(JsonMin, QuoteEscapesAndReplacesInvalidUtf8) {
   using nlp::text::json_quote;
   EXPECT_EQ(json_quote("a\"b\\c\n\t\r\x01"), R"("a\"b\\c\n\t\r\u0001")");
