@@ -258,3 +258,269 @@ def test_clm_matches_run_clm(which, gpt2_dir, bpe_dir, tmp_path):
         # tokenizer(line) adds the template's <s> ... </s> to every line, as run_clm gets it
         n_lines = raw.count(b"\n") + 1 + 300 + 1
         assert d["tokens"].tolist().count(tk.bos_token_id) == n_lines
+
+
+# ---- BERT tasks: prep_* as run_glue / run_ner / run_qa ---------------------------------------------------
+
+def folder_of(which, wp_dir, bpe_dir):
+    return wp_dir if which == "wp" else bpe_dir
+
+
+def glue_ref(tk, a, b, T):
+    enc = tk(a, b, truncation=True, max_length=T, padding="max_length") if b is not None else \
+        tk(a, truncation=True, max_length=T, padding="max_length")
+    ids = np.array(enc["input_ids"], dtype=np.int32)
+    types = np.array(enc["token_type_ids"], dtype=np.int32) if "token_type_ids" in enc else None
+    return ids, np.array(enc["attention_mask"], dtype=np.int32), types
+
+
+def check_types(got, want, mask, pair):
+    """token_type_ids: transformers returns them only when its class lists them (BERT: yes; a plain
+    PreTrainedTokenizerFast in transformers 5: no); the tools always write the template's type ids."""
+    if want is not None:
+        assert (got == want).all()
+    else:
+        assert (got[mask == 0] == 0).all() and got.max() == (1 if pair else 0)
+
+
+@pytest.mark.parametrize("which", ["wp", "bpe"])
+def test_doc_and_pair_cls_match_run_glue(which, wp_dir, bpe_dir, tmp_path):
+    need(NSMC, KORNLI)
+    folder = folder_of(which, wp_dir, bpe_dir)
+    tk = auto(folder)
+    T = 48  # short enough that some reviews and pairs are truncated
+    out = tmp_path / "doc.h5"
+    run("prep_doc_cls", "--tokenizer", folder, "--input", NSMC, "--limit", 300, "--max-seq-len", T, "--out", out)
+    d, at = load(out)
+    _, rows = tsv(NSMC, 300)
+    ids, mask, types = glue_ref(tk, [r[1] for r in rows], None, T)
+    assert (d["input_ids"] == ids).all() and (d["attention_mask"] == mask).all()
+    check_types(d["token_type_ids"], types, mask, False)
+    assert d["labels"].tolist() == [int(r[2]) for r in rows]
+    assert d["example_id"].tolist() == [r[0] for r in rows] and d["text"].tolist() == [r[1] for r in rows]
+    assert at["truncated"] > 0 and at["num_labels"] == 2 and at["has_labels"] == 1
+    assert at["vocab_sha256"] == ht.load(str(folder)).vocab_sha256 and at["pad_id"] == tk.pad_token_id
+
+    out = tmp_path / "pair.h5"
+    run("prep_pair_cls", "--tokenizer", folder, "--input", KORNLI, "--limit", 300, "--max-seq-len", T, "--out", out)
+    d, at = load(out)
+    _, rows = tsv(KORNLI, 300)
+    ids, mask, types = glue_ref(tk, [r[0] for r in rows], [r[1] for r in rows], T)
+    assert (d["input_ids"] == ids).all() and (d["attention_mask"] == mask).all()
+    check_types(d["token_type_ids"], types, mask, True)
+    labels = ["entailment", "neutral", "contradiction"]
+    assert d["labels"].tolist() == [labels.index(r[2]) for r in rows]
+    assert d["text"].tolist() == [r[0] for r in rows] and d["text_pair"].tolist() == [r[1] for r in rows]
+    assert d["example_id"][0] == f"{KORNLI.name}:2" and at["truncated"] > 0
+
+
+def klue_sentences(path, n):
+    """[(chars, tags)] of the first n sentences."""
+    out, cur = [], None
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if line.startswith("##"):
+            continue
+        if line == "":
+            if cur:
+                out.append(cur)
+                if len(out) == n:
+                    break
+            cur = None
+            continue
+        ch, tag = line.split("\t")
+        cur = cur or ([], [])
+        cur[0].append(ch)
+        cur[1].append(tag)
+    return out
+
+
+@pytest.mark.parametrize("which", ["wp", "bpe"])
+def test_ner_matches_run_ner(which, wp_dir, bpe_dir, tmp_path):
+    need(NER)
+    import prep_ner
+
+    folder = folder_of(which, wp_dir, bpe_dir)
+    tk = auto(folder)
+    T = 48
+    out = tmp_path / "ner.h5"
+    run("prep_ner", "--tokenizer", folder, "--input", NER, "--limit", 300, "--max-seq-len", T, "--out", out)
+    d, at = load(out)
+    sents = klue_sentences(NER, 300)
+    for i, (chars, tags) in enumerate(sents):
+        text = "".join(chars)
+        words, starts, pos = text.split(), [], 0
+        for w in words:
+            pos = text.index(w, pos)
+            starts.append(pos)
+            pos += len(w)
+        word_labels = [prep_ner.LABEL2ID[tags[s]] for s in starts]
+        enc = tk(words, is_split_into_words=True, truncation=True, max_length=T, padding="max_length")
+        wids = enc.word_ids()
+        labels, prev = [], None  # run_ner's tokenize_and_align_labels, label_all_tokens=False
+        for w in wids:
+            labels.append(-100 if w is None or w == prev else word_labels[w])
+            prev = w
+        assert d["input_ids"][i].tolist() == enc["input_ids"], i
+        assert d["attention_mask"][i].tolist() == enc["attention_mask"], i
+        assert d["labels"][i].tolist() == labels, i
+        assert d["word_ids"][i].tolist() == [-1 if w is None else w for w in wids], i
+        assert d["text"][i] == text
+        # offsets are character offsets of the sentence
+        for (s, e), w in zip(d["offset_mapping"][i].tolist(), wids):
+            if w is not None and e > s:
+                assert starts[w] <= s < e <= starts[w] + len(words[w])
+    assert at["num_labels"] == 13 and at["truncated"] > 0
+
+
+def run_qa_features(tk, questions, contexts, answers, T, stride):
+    """run_qa.py's prepare_train_features (pad_on_right) with a fast tokenizer."""
+    enc = tk([q.lstrip() for q in questions], contexts, truncation="only_second", max_length=T, stride=stride,
+             return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
+    starts, ends = [], []
+    for i, offsets in enumerate(enc["offset_mapping"]):
+        ids = enc["input_ids"][i]
+        cls = ids.index(tk.cls_token_id) if tk.cls_token_id in ids else 0
+        seq = enc.sequence_ids(i)
+        ans = answers[enc["overflow_to_sample_mapping"][i]]
+        sc = ans["answer_start"]
+        ec = sc + len(ans["text"])
+        a = 0
+        while seq[a] != 1:
+            a += 1
+        b = len(ids) - 1
+        while seq[b] != 1:
+            b -= 1
+        if not (offsets[a][0] <= sc and offsets[b][1] >= ec):
+            starts.append(cls)
+            ends.append(cls)
+        else:
+            while a < len(offsets) and offsets[a][0] <= sc:
+                a += 1
+            starts.append(a - 1)
+            while offsets[b][1] >= ec:
+                b -= 1
+            ends.append(b + 1)
+    return enc, starts, ends
+
+
+@pytest.mark.parametrize("which", ["wp", "bpe"])
+def test_qa_matches_run_qa(which, wp_dir, bpe_dir, tmp_path):
+    need(KORQUAD)
+    folder = folder_of(which, wp_dir, bpe_dir)
+    tk = auto(folder)
+    T, stride, n = 160, 48, 200
+    out = tmp_path / "qa.h5"
+    run("prep_qa", "--tokenizer", folder, "--input", KORQUAD, "--limit", n, "--max-seq-len", T,
+        "--doc-stride", stride, "--max-query-len", 64, "--out", out)
+    d, at = load(out)
+    doc = json.loads(KORQUAD.read_text(encoding="utf-8"))
+    qs, ctxs, answers = [], [], []
+    for art in doc["data"]:
+        for par in art["paragraphs"]:
+            for qa in par["qas"]:
+                if len(qs) < n:
+                    qs.append(qa["question"])
+                    ctxs.append(par["context"])
+                    answers.append(qa["answers"][0])
+    enc, starts, ends = run_qa_features(tk, qs, ctxs, answers, T, stride)
+    assert d["input_ids"].tolist() == enc["input_ids"]
+    assert d["attention_mask"].tolist() == enc["attention_mask"]
+    if "token_type_ids" in enc:
+        assert d["token_type_ids"].tolist() == enc["token_type_ids"]
+    assert d["example_index"].tolist() == enc["overflow_to_sample_mapping"]
+    assert d["start_positions"].tolist() == starts and d["end_positions"].tolist() == ends
+    for i, offs in enumerate(enc["offset_mapping"]):
+        seq = enc.sequence_ids(i)
+        want = [list(o) if s == 1 else [-1, -1] for o, s in zip(offs, seq)]
+        assert d["offset_mapping"][i].tolist() == want, i
+    assert len(enc["input_ids"]) > n and at["num_features"] == len(enc["input_ids"])
+    # the gold answer text is recovered from the token span wherever the window holds it
+    hit = 0
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if e > s:
+            k = enc["overflow_to_sample_mapping"][i]
+            got = ctxs[k][d["offset_mapping"][i][s][0]:d["offset_mapping"][i][e][1]]
+            hit += got.strip() == answers[k]["text"].strip()
+    assert hit > 0.75 * n
+
+
+def test_mlm_hub_equals_vocab(wp_dir, tmp_path):
+    need(NSMC)
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    run("prep_mlm", "--tokenizer", wp_dir, "--tsv-column", "document", "--input", NSMC, "--limit", 300,
+        "--max-seq-len", 64, "--out", a)
+    run("prep_mlm", "--vocab", KCBERT, "--tsv-column", "document", "--input", NSMC, "--limit", 300,
+        "--max-seq-len", 64, "--out", b)
+    (da, aa), (db, ab) = load(a), load(b)
+    for k in ("input_ids", "attention_mask", "token_type_ids"):
+        assert (da[k] == db[k]).all(), k
+    for k in ("cls_id", "sep_id", "pad_id", "mask_id", "unk_id", "vocab_sha256"):
+        assert aa[k] == ab[k], k
+    assert aa["tokenizer"] == "hub" and ab["tokenizer"] == "wordpiece"
+
+
+# ---- unlabelled input ---------------------------------------------------------------------------------
+
+def test_no_labels_and_plain_lines(wp_dir, tmp_path):
+    need(NSMC, KORNLI, NER, KORQUAD)
+    out = tmp_path / "o.h5"
+    run("prep_doc_cls", "--tokenizer", wp_dir, "--input", NSMC, "--limit", 20, "--no-labels", "--out", out)
+    d, at = load(out)
+    assert "labels" not in d and "num_labels" not in at and "id2label" not in at and at["has_labels"] == 0
+    _, rows = tsv(NSMC, 20)
+    assert d["example_id"].tolist() == [r[0] for r in rows]
+    # the same rows as the labelled run
+    lab = tmp_path / "l.h5"
+    run("prep_doc_cls", "--tokenizer", wp_dir, "--input", NSMC, "--limit", 20, "--out", lab)
+    assert (load(lab)[0]["input_ids"] == d["input_ids"]).all()
+    run("prep_doc_cls", "--vocab", KCBERT, "--input", NSMC, "--limit", 20, "--no-labels",
+        "--label-names", "neg,pos", "--out", out)
+    d, at = load(out)
+    assert "labels" not in d and at["id2label"] == '["neg", "pos"]' and at["num_labels"] == 2
+
+    lines = tmp_path / "docs.txt"
+    lines.write_text("정말 재미있는 영화\n\n최악이에요\r\n", encoding="utf-8")
+    run("prep_doc_cls", "--tokenizer", wp_dir, "--input", lines, "--input-format", "lines", "--out", out)
+    d, at = load(out)
+    assert d["text"].tolist() == ["정말 재미있는 영화", "최악이에요"]
+    assert d["example_id"].tolist() == ["docs.txt:1", "docs.txt:3"] and "labels" not in d
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("하늘이 맑다\t날씨가 좋다\n", encoding="utf-8")
+    run("prep_pair_cls", "--tokenizer", wp_dir, "--input", pairs, "--input-format", "lines", "--out", out)
+    d, at = load(out)
+    assert d["text_pair"].tolist() == ["날씨가 좋다"] and d["token_type_ids"].max() == 1 and "labels" not in d
+    bad = tmp_path / "bad.txt"
+    bad.write_text("only one field\n", encoding="utf-8")
+    r = run("prep_pair_cls", "--tokenizer", wp_dir, "--input", bad, "--input-format", "lines", "--out", out,
+            check=False)
+    assert r.returncode == 1 and f"{bad}:1".encode() in r.stderr
+    # KorNLI without its label column
+    nolab = tmp_path / "nli.tsv"
+    header, rows = tsv(KORNLI, 5)
+    nolab.write_text("sentence1\tsentence2\n" + "".join(f"{r[0]}\t{r[1]}\n" for r in rows), encoding="utf-8")
+    run("prep_pair_cls", "--vocab", KCBERT, "--input", nolab, "--no-labels", "--out", out)
+    assert load(out)[0]["text"].tolist() == [r[0] for r in rows]
+
+    run("prep_ner", "--tokenizer", wp_dir, "--input", lines, "--input-format", "lines", "--out", out)
+    d, at = load(out)
+    assert "labels" not in d and "entities" not in d and d["word_ids"].shape == d["input_ids"].shape
+    assert d["word_ids"][0].max() == 2 and "num_labels" not in at
+    run("prep_ner", "--tokenizer", wp_dir, "--input", NER, "--limit", 10, "--no-labels", "--out", out)
+    d, at = load(out)
+    assert "labels" not in d and len(d["text"]) == 10
+
+    # KorQuAD questions without answers
+    doc = json.loads(KORQUAD.read_text(encoding="utf-8"))
+    for art in doc["data"]:
+        for par in art["paragraphs"]:
+            for qa in par["qas"]:
+                del qa["answers"]
+    qfile = tmp_path / "q.json"
+    qfile.write_text(json.dumps({"data": doc["data"][:1]}, ensure_ascii=False), encoding="utf-8")
+    run("prep_qa", "--tokenizer", wp_dir, "--input", qfile, "--limit", 8, "--no-labels", "--out", out)
+    d, at = load(out)
+    assert "start_positions" not in d and "end_positions" not in d
+    assert d["answers"].tolist() == ["[]"] * 8 and len(d["example_id"]) == 8
+    assert d["offset_mapping"].shape == d["input_ids"].shape + (2,)
+    r = run("prep_qa", "--tokenizer", wp_dir, "--input", qfile, "--limit", 8, "--out", out, check=False)
+    assert r.returncode == 1 and b"no answers" in r.stderr
