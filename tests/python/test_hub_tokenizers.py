@@ -524,3 +524,53 @@ def test_no_labels_and_plain_lines(wp_dir, tmp_path):
     assert d["offset_mapping"].shape == d["input_ids"].shape + (2,)
     r = run("prep_qa", "--tokenizer", wp_dir, "--input", qfile, "--limit", 8, "--out", out, check=False)
     assert r.returncode == 1 and b"no answers" in r.stderr
+
+
+# ---- generation with ids: encode_prompts.py / decode_generated.py ----------------------------------------
+
+@pytest.mark.parametrize("which", ["gpt2", "bpe"])
+def test_prompt_ids_round_trip(which, gpt2_dir, bpe_dir, tmp_path):
+    folder = gpt2_dir if which == "gpt2" else bpe_dir
+    tok = ht.load(str(folder))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("이 영화 정말\r\n\nThe meaning of life is\n", encoding="utf-8")
+    enc = tmp_path / "prompts.jsonl"
+    run("encode_prompts", "--tokenizer", folder, prompts, "--out", enc)
+    recs = [json.loads(l) for l in enc.read_text(encoding="utf-8").splitlines()]
+    assert [r["prompt"] for r in recs] == ["이 영화 정말", "The meaning of life is"]
+    tk = auto(folder)
+    for r in recs:
+        assert r["vocab_sha256"] == tok.vocab_sha256
+        want = tk(r["prompt"])["input_ids"]
+        if which == "bpe":  # the template's leading <s> stays, its trailing </s> goes
+            assert want[0] == tk.bos_token_id and want[-1] == tk.eos_token_id
+            want = want[:-1]
+        assert r["prompt_ids"] == want
+    # a hand-written generated.jsonl as nlptrain writes it with generate.tokenizer = ids
+    cont = [tk(" 재미있다 😀")["input_ids"], tk(" 42")["input_ids"]]
+    if which == "bpe":
+        cont = [c[1:-1] for c in cont]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [{"prompt_ids": recs[0]["prompt_ids"], "sample_ids": [cont[0], recs[0]["prompt_ids"] + cont[1]],
+              "settings": {"temperature": 1.0, "vocab_sha256": tok.vocab_sha256}},
+             {"prompt": recs[1]["prompt"], "prompt_ids": recs[1]["prompt_ids"], "sample_ids": [cont[1]],
+              "settings": {}}]
+    gen = run_dir / "generated.jsonl"
+    gen.write_text("".join(json.dumps(l) + "\n" for l in lines), encoding="utf-8")
+    run("decode_generated", "--tokenizer", folder, gen)
+    out = [json.loads(l) for l in (run_dir / "generated_text.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert out[0]["prompt"] == "이 영화 정말"
+    assert out[0]["samples"] == ["이 영화 정말 재미있다 😀", "이 영화 정말 42"]
+    assert out[1] == {"prompt": "The meaning of life is", "samples": ["The meaning of life is 42"]}
+    txt = (run_dir / "generated.txt").read_text(encoding="utf-8")
+    assert "=== prompt 2 ===\nThe meaning of life is\n--- sample 1 ---\nThe meaning of life is 42\n" in txt
+    # the wrong tokenizer, an id outside the vocabulary
+    lines[0]["settings"]["vocab_sha256"] = "0" * 64
+    gen.write_text(json.dumps(lines[0]) + "\n", encoding="utf-8")
+    r = run("decode_generated", "--tokenizer", folder, gen, "--out", tmp_path, check=False)
+    assert r.returncode == 1 and b"vocab_sha256" in r.stderr and f"{gen}:1".encode() in r.stderr
+    gen.write_text(json.dumps({"prompt_ids": [1], "sample_ids": [[10 ** 6]]}) + "\n", encoding="utf-8")
+    r = run("decode_generated", "--tokenizer", folder, gen, "--out", tmp_path, check=False)
+    assert r.returncode == 1 and b"1000000" in r.stderr
+    assert not (tmp_path / "generated_text.jsonl").exists()
