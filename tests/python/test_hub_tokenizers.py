@@ -574,3 +574,68 @@ def test_prompt_ids_round_trip(which, gpt2_dir, bpe_dir, tmp_path):
     r = run("decode_generated", "--tokenizer", folder, gen, "--out", tmp_path, check=False)
     assert r.returncode == 1 and b"1000000" in r.stderr
     assert not (tmp_path / "generated_text.jsonl").exists()
+
+
+# ---- hf_export copies the tokenizer ------------------------------------------------------------------------
+
+def test_export_carries_tokenizer_and_logits(wp_dir, gpt2_dir, tmp_path):
+    need(NSMC)
+    import torch
+
+    torch.manual_seed(0)
+    _, rows = tsv(NSMC, 8)
+    texts = [r[1] for r in rows]
+    # BERT sequence classification with the kcbert WordPiece
+    src = tmp_path / "bert_src"
+    cfg = transformers.BertConfig(vocab_size=30000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=128, num_labels=2,
+                                  id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    model.save_pretrained(str(src))
+    auto(wp_dir).save_pretrained(str(src))
+    shutil.copy(wp_dir / "vocab.txt", src / "vocab.txt")
+    h5 = tmp_path / "bert.h5"
+    run("hf_import", src, h5)
+    _, at = load(h5)
+    tok = ht.load(str(src))
+    assert at["vocab_sha256"] == tok.vocab_sha256 and at["tokenizer_vocab_size"] == 30000
+    assert at["tokenizer_files"].split("\n") == tok.files and at["tokenizer_sha256"] == tok.tokenizer_sha256
+    out = tmp_path / "bert_export"
+    run("hf_export", h5, out)
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    cfg_out = json.loads((out / "config.json").read_text())
+    assert cfg_out["pad_token_id"] == 0 and cfg_out["id2label"] == {"0": "negative", "1": "positive"}
+    assert "vocab_sha256" not in cfg_out and "tokenizer_files" not in cfg_out
+    tk0, tk1 = auto(src), auto(out)
+    m1 = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    e0 = tk0(texts, padding=True, return_tensors="pt")
+    e1 = tk1(texts, padding=True, return_tensors="pt")
+    assert torch.equal(e0["input_ids"], e1["input_ids"]) and len(tk1) == 30000
+    with torch.no_grad():
+        assert torch.allclose(model(**e0).logits, m1(**e1).logits, atol=1e-5, rtol=0)
+
+    # GPT-2 with the GPT-2 BPE, exported from a file without tokenizer attributes: --tokenizer, then none
+    src = tmp_path / "gpt_src"
+    gcfg = transformers.GPT2Config(vocab_size=50257, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    gmodel = transformers.GPT2LMHeadModel(gcfg).eval()
+    gmodel.save_pretrained(str(src))
+    h5 = tmp_path / "gpt.h5"
+    r = run("hf_import", src, h5)
+    assert b"no tokenizer files" in r.stderr
+    with h5py.File(h5, "a") as f:  # as an nlptrain checkpoint written without --config: no hf_config_json
+        del f.attrs["hf_config_json"]
+        for k in ("bos_token_id", "eos_token_id"):
+            if k in f.attrs:
+                del f.attrs[k]
+    out = tmp_path / "gpt_export"
+    run("hf_export", h5, out, "--tokenizer", gpt2_dir)
+    cfg_out = json.loads((out / "config.json").read_text())
+    assert cfg_out["bos_token_id"] == 50256 and cfg_out["eos_token_id"] == 50256
+    tk = auto(out)
+    assert len(tk) == 50257 and tk.eos_token_id == 50256
+    m1 = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.tensor([tk(texts[0])["input_ids"][:60]])
+    with torch.no_grad():
+        assert torch.allclose(gmodel(ids).logits, m1(ids).logits, atol=1e-5, rtol=0)
+    r = run("hf_export", h5, tmp_path / "no_tok")
+    assert b"warning" in r.stderr and b"NO tokenizer" in r.stderr and b"--tokenizer" in r.stderr
