@@ -19,7 +19,7 @@ attributes of a checkpoint are skipped.
 Tokenizer: the files named by the 'tokenizer_files' root attribute (written by hf_import.py and
 copied by nlptrain from its training data) are copied into OUT_DIR, or those of --tokenizer PATH (a
 Hugging Face tokenizer folder or file; it wins over the attribute). Without either, a loud warning:
-AutoTokenizer cannot load the folder. The tokenizer's bos/eos/pad ids go into config.json
+AutoTokenizer cannot load the folder (--no-tokenizer: export the model alone, knowingly, no warning). The tokenizer's bos/eos/pad ids go into config.json
 (bos_token_id, eos_token_id, pad_token_id) where the config has none; the tokenizer attributes are
 not config entries. A tokenizer larger than the model's vocab_size is an error.
 
@@ -350,7 +350,7 @@ def stale_weight_files(out: Path, keep: str) -> list[Path]:
     return stale
 
 
-def find_tokenizer(in_path: Path, tok_attrs: dict, tokenizer: str | None, log: Log):
+def find_tokenizer(in_path: Path, tok_attrs: dict, tokenizer: str | None, log: Log, none_ok: bool = False):
     """The tokenizer to copy (hub_tokenizer.HubTokenizer) or None, with a warning when there is none."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import hub_tokenizer as ht
@@ -388,6 +388,8 @@ def find_tokenizer(in_path: Path, tok_attrs: dict, tokenizer: str | None, log: L
             log.warn(f"the tokenizer files named by '{in_path}' changed since it was written (tokenizer_sha256 "
                      f"differs)")
         return tok
+    if none_ok:
+        return None
     log.warn(f"'{in_path}' names no tokenizer (no tokenizer_files attribute) and no --tokenizer was given: "
              f"the export has NO tokenizer files, and AutoTokenizer.from_pretrained on it will fail or "
              f"build a useless one; pass --tokenizer PATH (the folder the training data was made with)")
@@ -395,10 +397,12 @@ def find_tokenizer(in_path: Path, tok_attrs: dict, tokenizer: str | None, log: L
 
 
 def export(in_path: Path, out: Path, fmt: str, architecture: str | None, base_config: Path | None,
-           check: bool, overwrite: bool, log: Log, tokenizer: str | None = None) -> None:
+           check: bool, overwrite: bool, log: Log, tokenizer: str | None = None, no_tokenizer: bool = False) -> None:
     tensors, attrs, config_json = read_h5(in_path, log)
     tok_attrs = {k: attrs.pop(k) for k in TOKENIZER_ATTRS if k in attrs}
-    tok = find_tokenizer(in_path, tok_attrs, tokenizer, log)
+    if no_tokenizer and tokenizer:
+        raise ToolError("--no-tokenizer and --tokenizer exclude each other")
+    tok = None if no_tokenizer else find_tokenizer(in_path, tok_attrs, tokenizer, log)
     config = build_config(in_path, tensors, attrs, config_json, base_config, architecture, log)
     if tok is not None:
         vs = config.get("vocab_size")
@@ -481,6 +485,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokenizer", metavar="PATH",
                     help="Hugging Face tokenizer folder or file to copy into OUT_DIR (default: the files named "
                          "by the weights file's tokenizer_files attribute)")
+    ap.add_argument("--no-tokenizer", action="store_true",
+                    help="export the model without tokenizer files, without the warning")
     ap.add_argument("--no-check", action="store_true",
                     help="do not check the tensors against the architecture built by transformers")
     ap.add_argument("--overwrite", action="store_true",
@@ -488,7 +494,7 @@ def main(argv=None) -> None:
     ap.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
     args = ap.parse_args(argv)
     export(args.in_path, args.out, args.format, args.architecture, args.base_config, not args.no_check,
-           args.overwrite, Log(TOOL, args.quiet), args.tokenizer)
+           args.overwrite, Log(TOOL, args.quiet), args.tokenizer, args.no_tokenizer)
 
 
 if __name__ == "__main__":
