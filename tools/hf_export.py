@@ -16,6 +16,13 @@ config.json is rebuilt from the root attributes (model_type, the HF config names
 0/1; 'architectures' from the attribute, --architecture, or the tensor names). The 'nlptrain_*'
 attributes of a checkpoint are skipped.
 
+Tokenizer: the files named by the 'tokenizer_files' root attribute (written by hf_import.py and
+copied by nlptrain from its training data) are copied into OUT_DIR, or those of --tokenizer PATH (a
+Hugging Face tokenizer folder or file; it wins over the attribute). Without either, a loud warning:
+AutoTokenizer cannot load the folder (--no-tokenizer: export the model alone, knowingly, no warning). The tokenizer's bos/eos/pad ids go into config.json
+(bos_token_id, eos_token_id, pad_token_id) where the config has none; the tokenizer attributes are
+not config entries. A tokenizer larger than the model's vocab_size is an error.
+
 Before anything is written the tensors are checked against the architecture instantiated by
 transformers on the 'meta' device (names and shapes; skip with --no-check). The directory is built
 under a temporary name next to OUT_DIR and renamed when complete: on any error nothing is left.
@@ -40,6 +47,8 @@ from hf_layout import (CONFIG_JSON_ATTR, DEFAULT_ARCHITECTURE, NLPTRAIN_ATTR_PRE
                        _umask)
 
 TOOL = "hf_export"
+# Root attributes that describe the tokenizer (hf_import.py, nlptrain), not the model config.
+TOKENIZER_ATTRS = ("tokenizer_files", "tokenizer_sha256", "vocab_sha256", "tokenizer_vocab_size")
 WEIGHT_FILE = {"safetensors": "model.safetensors", "bin": "pytorch_model.bin"}
 
 
@@ -341,10 +350,75 @@ def stale_weight_files(out: Path, keep: str) -> list[Path]:
     return stale
 
 
+def find_tokenizer(in_path: Path, tok_attrs: dict, tokenizer: str | None, log: Log, none_ok: bool = False):
+    """The tokenizer to copy (hub_tokenizer.HubTokenizer) or None, with a warning when there is none."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import hub_tokenizer as ht
+
+    if tokenizer:
+        try:
+            tok = ht.load(tokenizer)
+        except ht.DataError as e:
+            raise ToolError(f"--tokenizer: {e}") from None
+        if tok.kind != "hub":
+            raise ToolError(f"--tokenizer {tokenizer}: give a tokenizer folder or file (the built-in "
+                            f"'{tok.kind}' has no files to export)")
+        want = tok_attrs.get("vocab_sha256")
+        if isinstance(want, str) and want != tok.vocab_sha256:
+            log.warn(f"--tokenizer {tokenizer} has vocab_sha256 {tok.vocab_sha256[:12]}..., but '{in_path}' was "
+                     f"made with {want[:12]}...: a different vocabulary")
+        return tok
+    files = tok_attrs.get("tokenizer_files")
+    if isinstance(files, str) and files.strip():
+        paths = [p for p in files.split("\n") if p]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            log.warn(f"the tokenizer file '{missing[0]}' named by '{in_path}' is gone: the export has NO "
+                     f"tokenizer (pass --tokenizer PATH)")
+            return None
+        try:
+            tok = ht.load(paths[0])
+        except ht.DataError as e:
+            log.warn(f"the tokenizer named by '{in_path}' does not load ({e}): the export has NO tokenizer "
+                     f"(pass --tokenizer PATH)")
+            return None
+        tok.files = paths
+        want = tok_attrs.get("tokenizer_sha256")
+        if isinstance(want, str) and ht.files_sha256(paths) != want:
+            log.warn(f"the tokenizer files named by '{in_path}' changed since it was written (tokenizer_sha256 "
+                     f"differs)")
+        return tok
+    if none_ok:
+        return None
+    log.warn(f"'{in_path}' names no tokenizer (no tokenizer_files attribute) and no --tokenizer was given: "
+             f"the export has NO tokenizer files, and AutoTokenizer.from_pretrained on it will fail or "
+             f"build a useless one; pass --tokenizer PATH (the folder the training data was made with)")
+    return None
+
+
 def export(in_path: Path, out: Path, fmt: str, architecture: str | None, base_config: Path | None,
-           check: bool, overwrite: bool, log: Log) -> None:
+           check: bool, overwrite: bool, log: Log, tokenizer: str | None = None, no_tokenizer: bool = False) -> None:
     tensors, attrs, config_json = read_h5(in_path, log)
+    tok_attrs = {k: attrs.pop(k) for k in TOKENIZER_ATTRS if k in attrs}
+    if no_tokenizer and tokenizer:
+        raise ToolError("--no-tokenizer and --tokenizer exclude each other")
+    tok = None if no_tokenizer else find_tokenizer(in_path, tok_attrs, tokenizer, log)
     config = build_config(in_path, tensors, attrs, config_json, base_config, architecture, log)
+    if tok is not None:
+        vs = config.get("vocab_size")
+        if isinstance(vs, int) and tok.vocab_size > vs:
+            raise ToolError(f"the tokenizer ({', '.join(tok.files)}) has {tok.vocab_size} tokens, more than the "
+                            f"model's vocab_size = {vs}")
+        for key in ("bos", "eos", "pad"):
+            i = tok.special.get(key)
+            if i is None:
+                continue
+            cur = config.get(f"{key}_token_id")
+            if cur is None:
+                config[f"{key}_token_id"] = i
+                log.note(f"{key}_token_id = {i} (from the tokenizer)")
+            elif cur != i:
+                log.warn(f"config.json {key}_token_id = {cur} but the tokenizer's {key} token is {i}")
     check_parent(out, "output directory")
     if out.exists() and not out.is_dir():
         raise ToolError(f"output directory '{out}' exists and is not a directory")
@@ -353,11 +427,17 @@ def export(in_path: Path, out: Path, fmt: str, architecture: str | None, base_co
         raise ToolError(f"output directory '{out}' already exists and is not empty (use --overwrite to "
                         f"replace its config.json and weights)")
 
+    tok_names = [os.path.basename(p) for p in tok.files] if tok is not None else []
+
     def build(tmp: Path):
         (tmp / "config.json").write_text(json_text(config), encoding="utf-8")
         if check:
             check_with_transformers(tmp, config, tensors, log)
         write_files(tmp, tensors, fmt)
+        for p in (tok.files if tok is not None else []):
+            if os.path.basename(p) == "config.json":
+                continue
+            shutil.copyfile(p, tmp / os.path.basename(p))
 
     if not replace_in_place:
         with atomic_dir(out) as tmp:
@@ -366,7 +446,7 @@ def export(in_path: Path, out: Path, fmt: str, architecture: str | None, base_co
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out))
         try:
             build(tmp)
-            for name in (WEIGHT_FILE[fmt], "config.json"):  # weights first, config last
+            for name in [n for n in tok_names if n != "config.json"] + [WEIGHT_FILE[fmt], "config.json"]:
                 _fsync_file(tmp / name)
                 os.chmod(tmp / name, 0o666 & ~_umask())
                 os.replace(tmp / name, out / name)
@@ -377,7 +457,7 @@ def export(in_path: Path, out: Path, fmt: str, architecture: str | None, base_co
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.note(f"wrote '{out}': config.json ({config['architectures'][0]}) and {WEIGHT_FILE[fmt]} "
-             f"({len(tensors)} tensors)")
+             f"({len(tensors)} tensors)" + (f", tokenizer {', '.join(tok_names)}" if tok_names else ", NO tokenizer"))
 
 
 def main(argv=None) -> None:
@@ -402,6 +482,11 @@ def main(argv=None) -> None:
                     help="config.json (or a model directory holding one) to start from instead of the "
                          "file's hf_config_json, e.g. the original model's when exporting a fine-tuned "
                          "checkpoint; root attributes override it")
+    ap.add_argument("--tokenizer", metavar="PATH",
+                    help="Hugging Face tokenizer folder or file to copy into OUT_DIR (default: the files named "
+                         "by the weights file's tokenizer_files attribute)")
+    ap.add_argument("--no-tokenizer", action="store_true",
+                    help="export the model without tokenizer files, without the warning")
     ap.add_argument("--no-check", action="store_true",
                     help="do not check the tensors against the architecture built by transformers")
     ap.add_argument("--overwrite", action="store_true",
@@ -409,7 +494,7 @@ def main(argv=None) -> None:
     ap.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
     args = ap.parse_args(argv)
     export(args.in_path, args.out, args.format, args.architecture, args.base_config, not args.no_check,
-           args.overwrite, Log(TOOL, args.quiet))
+           args.overwrite, Log(TOOL, args.quiet), args.tokenizer, args.no_tokenizer)
 
 
 if __name__ == "__main__":

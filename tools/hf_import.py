@@ -17,7 +17,11 @@ equal to the input embedding is dropped (nlptrain ties it); one that differs is 
 (nlptrain ties the head, so it would be ignored).
 
 The output is written to a temporary file next to OUT.h5 and renamed onto it when complete: on any
-error nothing is left behind. Works for any model_type (every tensor is copied); nlptrain runs GPT-2
+error nothing is left behind. When SRC_DIR also holds a tokenizer (tokenizer.json, vocab.json +
+merges.txt, encoder.json + vocab.bpe or vocab.txt), its fingerprints are recorded as the root
+attributes tokenizer_files, tokenizer_sha256, vocab_sha256 and tokenizer_vocab_size (defined in
+tools/hub_tokenizer.py), so that hf_export.py can copy the tokenizer along and nlptrain can check
+that a dataset was tokenized with the same vocabulary. Works for any model_type (every tensor is copied); nlptrain runs GPT-2
 (model_type "gpt2") and BERT ("bert").
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -214,6 +219,27 @@ def gpt2_support_warnings(config: dict, log: Log) -> None:
             log.warn(f"{key} = {config[key]}: nlptrain's GPT-2 implements only {key} = {ok}")
 
 
+def tokenizer_attrs(src: Path, log: Log) -> dict:
+    """tokenizer_files / tokenizer_sha256 / vocab_sha256 / tokenizer_vocab_size of the tokenizer in
+    src (tools/hub_tokenizer.py), or {} when src holds none (or one that does not load: a warning)."""
+    import numpy as np
+
+    import hub_tokenizer as ht
+
+    if not any((src / n).is_file() for names in ht.MODEL_FILES for n in names):
+        log.note(f"'{src}' holds no tokenizer files: no tokenizer fingerprints recorded")
+        return {}
+    try:
+        tok = ht.load(str(src))
+    except ht.DataError as e:
+        log.warn(f"the tokenizer in '{src}' does not load ({e}): no tokenizer fingerprints recorded")
+        return {}
+    log.note(f"recorded the tokenizer {', '.join(os.path.basename(p) for p in tok.files)} "
+             f"(vocab_sha256 {tok.vocab_sha256[:12]}..., {tok.vocab_size} tokens)")
+    return {"tokenizer_files": "\n".join(tok.files), "tokenizer_sha256": tok.tokenizer_sha256,
+            "vocab_sha256": tok.vocab_sha256, "tokenizer_vocab_size": np.int64(tok.vocab_size)}
+
+
 def import_dir(src: Path, out: Path, log: Log) -> None:
     import h5py
     import numpy as np
@@ -276,6 +302,8 @@ def import_dir(src: Path, out: Path, log: Log) -> None:
                 for key, val in config_to_attrs(config, log).items():
                     f.attrs[key] = val
                 f.attrs[CONFIG_JSON_ATTR] = json_text(config)
+                for key, val in tokenizer_attrs(src, log).items():
+                    f.attrs[key] = val
         for dt in ("float16", "bfloat16", "float64"):
             if converted.get(dt):
                 log.note(f"converted {converted[dt]} {dt} tensor(s) to float32")

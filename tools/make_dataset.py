@@ -1,6 +1,19 @@
 #!/usr/bin/env python3
 """Tokenize text files into an HDF5 token dataset in nlptrain's layout (src/io/dataset.h).
 
+Tokenizers (--tokenizer, see tools/hub_tokenizer.py)
+  byte    id = byte value (vocabulary 256).
+  gpt2    GPT-2 BPE from --vocab-dir (encoder.json + vocab.bpe); each file is tokenized as one text.
+  PATH    a Hugging Face tokenizer folder (or file): tokenizer.json, vocab.json + merges.txt,
+          encoder.json + vocab.bpe or vocab.txt. Tokenized as transformers' run_clm.py does with a
+          .txt file: one example per line (the datasets `text` loader, keep_linebreaks=True: each
+          line keeps its "\n", a blank line is "\n"), each encoded with tokenizer(line), i.e. with
+          the special tokens its post-processor adds (none for GPT-2; BOS for a Llama-style
+          template), then concatenated. EOS for --eos-between-files is the tokenizer's eos token.
+
+Line endings: CRLF and lone CR are read as LF by default, for every tokenizer (as Python's text mode
+and the datasets `text` loader read them); --keep-cr keeps the bytes as they are.
+
 Layouts
   stream  1-D int32 dataset `tokens` [L]: the token stream of all inputs in order (the trainer cuts
           it into windows of seq_len+1). With --eos-between-files (gpt2) an <|endoftext|> token
@@ -13,10 +26,12 @@ Layouts
 --val-fraction F with --val-out FILE moves the last round(F*L) tokens of the stream (a contiguous,
 deterministic tail) to a second file with the same layout.
 
-Root attributes: tokenizer ("byte"/"gpt2"), vocab_size (256/50257), source (input paths, one per
-line), num_tokens (stream tokens stored in this file; for rows the unpadded positions), layout,
-eos_id (-1 for byte), split ("train"/"val" when --val-fraction is used), seq_len and num_rows (rows),
-vocab_dir (gpt2).
+Root attributes: tokenizer ("byte"/"gpt2"/"hub"), vocab_size (256/50257/the Hub tokenizer's, added
+tokens included), source (input paths, one per line), num_tokens (stream tokens stored in this file;
+for rows the unpadded positions), layout, eos_id (-1 when there is none), bos_id and pad_id (when
+defined), split ("train"/"val" when --val-fraction is used), seq_len and num_rows (rows), vocab_dir
+(gpt2), keep_cr (0/1), and the tokenizer fingerprints tokenizer_files, tokenizer_sha256,
+vocab_sha256 (defined in tools/hub_tokenizer.py). Rows are padded with pad_id, else eos_id, else 0.
 
 Outputs are written to a temporary file in the target folder and renamed into place only when
 complete. The token stream is staged in a temporary int32 file, and everything is processed in
@@ -26,6 +41,7 @@ Examples
   make_dataset.py --tokenizer gpt2 --vocab-dir data/vocab/gpt2 --out train.h5 \\
       --val-fraction 0.1 --val-out val.h5 input.txt
   make_dataset.py --tokenizer byte --layout rows --seq-len 256 --pad --out rows.h5 a.txt b.txt
+  make_dataset.py --tokenizer models/ko-gpt2 --out train.h5 corpus.txt   # folder with tokenizer.json
 """
 from __future__ import annotations
 
@@ -35,6 +51,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hub_tokenizer as ht  # noqa: E402
 import nlptrain_data as nd  # noqa: E402
 
 PROG = "make_dataset.py"
@@ -45,8 +62,10 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="+", metavar="TEXT_FILE", help="input text file(s) (UTF-8 for gpt2)")
-    p.add_argument("--tokenizer", required=True, choices=["byte", "gpt2"], help="tokenizer kind")
+    p.add_argument("inputs", nargs="+", metavar="TEXT_FILE", help="input text file(s) (UTF-8 unless byte)")
+    p.add_argument("--tokenizer", required=True, metavar="byte|gpt2|PATH",
+                   help="byte, gpt2 (with --vocab-dir) or a Hugging Face tokenizer folder/file "
+                        "(tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, vocab.txt)")
     p.add_argument("--vocab-dir", help="folder with encoder.json and vocab.bpe (gpt2)")
     p.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file")
     p.add_argument("--layout", choices=["stream", "rows"], default="stream", help="dataset layout (default stream)")
@@ -54,7 +73,9 @@ def parse_args(argv):
     p.add_argument("--pad", action="store_true",
                    help="rows: keep the last partial row, padded (attention_mask 0, labels -100)")
     p.add_argument("--eos-between-files", action="store_true",
-                   help="insert the EOS token (<|endoftext|>) between input files (gpt2)")
+                   help="insert the tokenizer's EOS token (<|endoftext|> for gpt2) between input files")
+    p.add_argument("--keep-cr", action="store_true",
+                   help="keep CR bytes (default: CRLF and lone CR line endings are read as LF)")
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                    help="fraction of the stream (its tail) to write to --val-out (0 <= F < 1)")
     p.add_argument("--val-out", metavar="FILE.h5", help="validation output file (with --val-fraction)")
@@ -118,18 +139,29 @@ def tokenize_to_file(a, tok, raw):
         if k > 0 and a.eos_between_files:
             put([tok.eos_id])
         if tok.name == "byte":
-            for block in nd.read_byte_blocks(path):
+            for block in nd.read_byte_blocks(path, keep_cr=a.keep_cr):
                 put(np.frombuffer(block, dtype=np.uint8))
-        else:
+        elif tok.name == "hub":
             batch = []
-            for piece in nd.read_text_pieces(path, piece_chars=a.chunk_chars):
-                batch.append(piece)
-                if len(batch) >= 16:
-                    for ids in tok.encode_texts(batch):
+            for line in nd.read_text_lines(path, keep_cr=a.keep_cr):
+                batch.append(line)
+                if len(batch) >= 4096:
+                    for ids in tok.ids(batch, add_special_tokens=True):
                         put(ids)
                     batch = []
             if batch:
-                for ids in tok.encode_texts(batch):
+                for ids in tok.ids(batch, add_special_tokens=True):
+                    put(ids)
+        else:
+            batch = []
+            for piece in nd.read_text_pieces(path, piece_chars=a.chunk_chars, keep_cr=a.keep_cr):
+                batch.append(piece)
+                if len(batch) >= 16:
+                    for ids in tok.ids(batch):
+                        put(ids)
+                    batch = []
+            if batch:
+                for ids in tok.ids(batch):
                     put(ids)
     raw.flush()
     return total
@@ -147,15 +179,16 @@ def write_h5(path, stream, a, tok, split):
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["tokenizer"] = tok.name
-            f.attrs["vocab_size"] = np.int64(tok.vocab_size)
+            for k, v in tok.attrs().items():
+                f.attrs[k] = np.int64(v) if isinstance(v, int) else v
             f.attrs["source"] = "\n".join(os.path.abspath(p) for p in a.inputs)
             f.attrs["layout"] = a.layout
             f.attrs["eos_id"] = np.int64(tok.eos_id)
+            f.attrs["keep_cr"] = np.int64(int(a.keep_cr))
             if split:
                 f.attrs["split"] = split
-            if tok.vocab_dir:
-                f.attrs["vocab_dir"] = tok.vocab_dir
+            if tok.name == "gpt2":
+                f.attrs["vocab_dir"] = tok.folder
             if a.layout == "stream":
                 ds = f.create_dataset("tokens", shape=(0,), maxshape=(None,), dtype="int32",
                                       chunks=(min(1 << 16, max(n, 1)),))
@@ -173,7 +206,7 @@ def write_h5(path, stream, a, tok, split):
                     raise nd.DataError(
                         f"{split or 'output'} part has {n} tokens, fewer than --seq-len {T}: no rows "
                         f"(use --pad or a smaller --seq-len)")
-                pad_id = tok.eos_id if tok.eos_id >= 0 else 0
+                pad_id = next((i for i in (tok.pad_id, tok.eos_id) if i >= 0), 0)
                 chunk_rows = max(1, min(rows, (1 << 16) // T))
                 kw = dict(shape=(0, T), maxshape=(None, T), dtype="int32", chunks=(chunk_rows, T))
                 ids_ds = f.create_dataset("input_ids", **kw)
@@ -228,9 +261,11 @@ def main(argv=None):
     temps = []
     try:
         check_args(a)
-        tok = nd.load_tokenizer(a.tokenizer, a.vocab_dir)
+        if a.vocab_dir and a.tokenizer != "gpt2":
+            raise nd.DataError(f"--vocab-dir applies to --tokenizer gpt2 only (got --tokenizer {a.tokenizer})")
+        tok = ht.load(a.tokenizer, a.vocab_dir)
         if a.eos_between_files and tok.eos_id < 0:
-            raise nd.DataError(f"--eos-between-files: the {tok.name} tokenizer has no EOS token")
+            raise nd.DataError(f"--eos-between-files: the {tok.description} tokenizer has no EOS token")
         import numpy as np
 
         out_dir = os.path.dirname(os.path.abspath(a.out))

@@ -167,10 +167,23 @@ def last_safe_cut(s: str) -> int:
     return 0
 
 
-def read_text_pieces(path: str, piece_chars: int = 1 << 18, block_bytes: int = 1 << 22) -> Iterator[str]:
+def lf_text(s: str) -> str:
+    """CRLF and lone CR line endings as LF (Python's universal newlines, as a file opened in text
+    mode reads them)."""
+    return s.replace("\r\n", "\n").replace("\r", "\n") if "\r" in s else s
+
+
+def read_text_pieces(path: str, piece_chars: int = 1 << 18, block_bytes: int = 1 << 22,
+                     keep_cr: bool = True) -> Iterator[str]:
     """Yield the UTF-8 text of `path` in consecutive pieces of about piece_chars characters, cut only
     at safe positions (see last_safe_cut), without holding the whole file in memory.
-    Invalid UTF-8 is a DataError naming the file and byte offset."""
+    Invalid UTF-8 is a DataError naming the file and byte offset. Unless keep_cr, CRLF and CR line
+    endings come out as LF (a safe cut never falls between CR and LF: it follows a letter)."""
+    for piece in _read_text_pieces(path, piece_chars, block_bytes):
+        yield piece if keep_cr else lf_text(piece)
+
+
+def _read_text_pieces(path: str, piece_chars: int, block_bytes: int) -> Iterator[str]:
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     buf = ""
     fed = 0
@@ -210,7 +223,62 @@ def read_text_pieces(path: str, piece_chars: int = 1 << 18, block_bytes: int = 1
                 return
 
 
-def read_byte_blocks(path: str, block_bytes: int = 1 << 22) -> Iterator[bytes]:
+def read_byte_blocks(path: str, block_bytes: int = 1 << 22, keep_cr: bool = True) -> Iterator[bytes]:
+    """The bytes of `path` in blocks; unless keep_cr, CRLF and lone CR bytes become LF."""
+    if keep_cr:
+        yield from _read_byte_blocks(path, block_bytes)
+        return
+    carry = b""
+    for block in _read_byte_blocks(path, block_bytes):
+        block = carry + block
+        carry = b""
+        if block.endswith(b"\r"):  # may be the first half of a CRLF split across blocks
+            block, carry = block[:-1], b"\r"
+        yield block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if carry:
+        yield b"\n"
+
+
+def read_text_lines(path: str, keep_cr: bool = False, block_bytes: int = 1 << 22) -> Iterator[str]:
+    """The lines of a UTF-8 file as Hugging Face datasets' `text` loader yields them with
+    keep_linebreaks=True (what run_clm.py uses): the file read in text mode (CRLF and CR become LF,
+    unless keep_cr), split on LF only, each line keeping its LF; a blank line is "\n"; a last line
+    without LF is kept. Invalid UTF-8 is a DataError naming the file and byte offset."""
+    dec = codecs.getincrementaldecoder("utf-8")("strict")
+    fed = 0
+    rest = ""
+    blocks = _read_byte_blocks(path, block_bytes)
+    while True:
+        block = next(blocks, None)
+        final = block is None
+        pending = len(dec.getstate()[0])
+        try:
+            text = dec.decode(block or b"", final)
+        except UnicodeDecodeError as e:
+            raise DataError(f"input file '{path}' is not valid UTF-8 (byte offset {fed - pending + e.start})") from None
+        fed += len(block or b"")
+        text = rest + text
+        if not keep_cr:
+            hold = text.endswith("\r") and not final  # maybe the first half of a CRLF
+            text = lf_text(text[:-1] if hold else text) + ("\r" if hold else "")
+        cut = len(text) if final else text.rfind("\n") + 1
+        rest = text[cut:]
+        if cut:
+            yield from _split_lf(text[:cut])
+        if final:
+            return
+
+
+def _split_lf(text: str) -> List[str]:
+    """Split on LF only (str.splitlines would also split on VT, FF, U+2028, ...), keeping the LFs."""
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def _read_byte_blocks(path: str, block_bytes: int = 1 << 22) -> Iterator[bytes]:
     try:
         f = open(path, "rb")
     except OSError as e:

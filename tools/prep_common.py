@@ -12,15 +12,27 @@ Tokenizer
   own bert-base-uncased strips accents; pass --strip-accents with that vocabulary to match it.)
   Offsets are character offsets into the original (un-normalised) text.
 
+Hub tokenizers (--tokenizer PATH instead of --vocab; exactly one of them; tools/hub_tokenizer.py)
+  A Hugging Face tokenizer folder or file (tokenizer.json, vocab.txt, vocab.json + merges.txt). Rows
+  are made as transformers' fast tokenizers make them when HF's run_glue / run_ner / run_qa call
+  them: the tokenizer's own special-token template (post-processor: [CLS] a [SEP] b [SEP] for BERT,
+  <s> a </s></s> b </s> for RoBERTa, none for GPT-2), its own truncation (longest_first for pairs,
+  only_second with stride for QA) and padding to T with its pad token (attention_mask 0,
+  token_type_ids 0). The tokenizer needs a pad token. --lowercase / --strip-accents apply to a
+  vocab.txt only. Special ids are those the tokenizer defines (cls_id/sep_id/... may be absent).
+
 Output (HDF5, written to a temporary file beside the target and renamed into place when complete;
 with --split-eval both files appear or neither)
   input_ids, attention_mask, token_type_ids  int32 [N,T], T = --max-seq-len, padded with [PAD]
       (attention_mask 0, token_type_ids 0). Single: [CLS] a [SEP]; pair: [CLS] a [SEP] b [SEP] with
       token_type_ids 0 up to and including the first [SEP], 1 for b and the final [SEP].
-  Root attributes: task, num_labels, id2label (JSON list of strings; label id = index), vocab_size,
-      vocab (absolute path), lowercase (0/1), strip_accents (0/1), max_seq_len, cls_id, sep_id,
-      pad_id, mask_id, unk_id, source (absolute input paths, one per line), num_examples, seed,
-      split ("train"/"eval", only with --split-eval) and the tool's own (see each tool).
+  Root attributes: task, num_labels, id2label (JSON list of strings; label id = index; both absent
+      with --no-labels unless --label-names is given), vocab_size, vocab (absolute path; --vocab),
+      lowercase (0/1), strip_accents (0/1), max_seq_len, cls_id, sep_id, pad_id, mask_id, unk_id
+      (bos_id, eos_id where a Hub tokenizer defines them), source (absolute input paths, one per
+      line), num_examples, seed, split ("train"/"eval", only with --split-eval), has_labels (0/1),
+      the tokenizer fingerprints tokenizer ("wordpiece" for --vocab, "hub" for --tokenizer),
+      tokenizer_files, tokenizer_sha256, vocab_sha256 (tools/hub_tokenizer.py), and the tool's own.
   -100 in a label dataset means "no label here" (ignored by the loss), as in Hugging Face.
 
 Splits (--split-eval F --eval-out FILE): the units (examples; NER sentences; QA articles) of the
@@ -40,6 +52,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nlptrain_data import DataError  # noqa: E402,F401  (re-exported for the tools)
+import hub_tokenizer as ht  # noqa: E402
 
 IGNORE = -100           # label value the loss ignores
 NO_OFFSET = -1          # offset_mapping value of special and padding tokens
@@ -142,10 +155,63 @@ class WordPiece:
     def ids(self, texts: Sequence[str]) -> List[List[int]]:
         return [e.ids for e in self.encode(texts)]
 
+    is_hub = False
+
     def attrs(self) -> dict:
         return dict(vocab_size=self.vocab_size, vocab=self.vocab_path, lowercase=int(self.lowercase),
                     strip_accents=int(self.strip_accents), cls_id=self.cls_id, sep_id=self.sep_id,
-                    pad_id=self.pad_id, mask_id=self.mask_id, unk_id=self.unk_id)
+                    pad_id=self.pad_id, mask_id=self.mask_id, unk_id=self.unk_id,
+                    tokenizer="wordpiece", tokenizer_files=self.vocab_path,
+                    tokenizer_sha256=ht.files_sha256([self.vocab_path]),
+                    vocab_sha256=ht.vocab_sha256({i: t for t, i in self.vocab.items()}, self.vocab_size))
+
+
+class HubRows:
+    """A Hub tokenizer (hub_tokenizer.HubTokenizer) making rows as transformers' fast tokenizers do:
+    the backend's own post-processor, truncation and overflow; padding to T with the pad token."""
+
+    is_hub = True
+
+    def __init__(self, tok):
+        self.tok = tok
+        if tok.pad_id < 0:
+            raise DataError(f"tokenizer {tok.description} has no pad token (BERT-style rows are padded to "
+                            f"--max-seq-len): set pad_token in its tokenizer_config.json")
+        self.pad_id = tok.pad_id
+        self.cls_id, self.sep_id, self.mask_id, self.unk_id = tok.cls_id, tok.sep_id, tok.mask_id, tok.unk_id
+        self.vocab_size = tok.vocab_size
+        self.lowercase = tok.lowercase if tok.lowercase is not None else False
+        self.lowercase_reason = tok.lowercase_reason
+
+    def encode(self, items, T: Optional[int], strategy: str = "longest_first", stride: int = 0,
+               pretokenized: bool = False):
+        """Encodings of texts, (a, b) pairs or word lists, with special tokens, truncated to T."""
+        if not items:
+            return []
+        b = self.tok.backend
+        if T is None:
+            b.no_truncation()
+        else:
+            b.enable_truncation(T, stride=stride, strategy=strategy, direction="right")
+        b.no_padding()
+        try:
+            return b.encode_batch(list(items), is_pretokenized=pretokenized, add_special_tokens=True)
+        except Exception as e:  # the library raises plain Exception (e.g. a truncation error)
+            raise DataError(f"tokenizer {self.tok.description}: {e}") from None
+        finally:
+            b.no_truncation()
+
+    def ids(self, texts: Sequence[str]) -> List[List[int]]:
+        """Without special tokens and truncation (counting and cutting)."""
+        self.tok.backend.no_truncation()
+        return self.tok.ids(texts, add_special_tokens=False)
+
+    def attrs(self) -> dict:
+        at = self.tok.attrs()
+        at.pop("model_max_length", None)
+        if self.tok.lowercase is not None:
+            at["lowercase"] = int(self.tok.lowercase)
+        return at
 
 
 def is_bert_whitespace(c: str) -> bool:
@@ -241,8 +307,9 @@ def read_lines(path: str) -> List[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
-def read_tsv(path: str, columns: Sequence[str]) -> List[Tuple[int, List[str]]]:
-    """Rows of a TSV file with a header line, as (line number, [values of `columns`]).
+def read_tsv(path: str, columns: Sequence[str], optional: Sequence[str] = ()) -> List[Tuple[int, List[str]]]:
+    """Rows of a TSV file with a header line, as (line number, [values of `columns`, then of the
+    `optional` columns (None for one the header lacks)]).
     No quoting: a field is everything between tabs. Blank lines are skipped; a line with a different
     number of fields than the header is a DataError naming file and line."""
     lines = read_lines(path)
@@ -254,6 +321,7 @@ def read_tsv(path: str, columns: Sequence[str]) -> List[Tuple[int, List[str]]]:
         if c not in header:
             raise DataError(f"{path}:1: the header has no column '{c}' (columns: {', '.join(header)})")
         idx.append(header.index(c))
+    idx += [header.index(c) if c in header else None for c in optional]
     out = []
     for n, line in enumerate(lines[1:], start=2):
         if line.strip() == "":
@@ -262,7 +330,21 @@ def read_tsv(path: str, columns: Sequence[str]) -> List[Tuple[int, List[str]]]:
         if len(fields) != len(header):
             raise DataError(f"{path}:{n}: expected {len(header)} tab-separated fields "
                             f"({', '.join(header)}), got {len(fields)}")
-        out.append((n, [fields[i] for i in idx]))
+        out.append((n, [fields[i] if i is not None else None for i in idx]))
+    return out
+
+
+def read_plain_lines(path: str, fields: int) -> List[Tuple[int, List[str]]]:
+    """(line number, [the `fields` tab-separated fields]) of each non-blank line of a text file
+    (--input-format lines: one document, or one tab-separated pair, per line; no header)."""
+    out = []
+    for n, line in enumerate(read_lines(path), start=1):
+        if line.strip() == "":
+            continue
+        parts = line.split("\t") if fields > 1 else [line]
+        if len(parts) != fields:
+            raise DataError(f"{path}:{n}: expected {fields} tab-separated fields, got {len(parts)}")
+        out.append((n, parts))
     return out
 
 
@@ -286,7 +368,11 @@ def split_units(n: int, fraction: float, seed: int) -> Tuple[List[int], List[int
 
 def add_common_args(p: argparse.ArgumentParser, max_seq_len: int = 128, split_unit: str = "examples",
                     limit_unit: str = "examples") -> None:
-    p.add_argument("--vocab", required=True, metavar="VOCAB.txt", help="WordPiece vocabulary (one token per line)")
+    p.add_argument("--vocab", metavar="VOCAB.txt", help="WordPiece vocabulary (one token per line); or --tokenizer")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="a Hugging Face tokenizer folder or file (tokenizer.json preferred, vocab.txt, "
+                        "vocab.json + merges.txt) instead of --vocab: special tokens, truncation and "
+                        "padding as transformers' run_glue/run_ner/run_qa get them")
     p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
                    help="lower-case the text (default: do_lower_case from a config.json/tokenizer_config.json "
                         "beside the vocabulary, else only when the vocabulary has no upper-case tokens)")
@@ -309,7 +395,16 @@ def make_parser(prog: str, doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def add_label_args(p: argparse.ArgumentParser, what: str = "labels") -> None:
+    p.add_argument("--no-labels", action="store_true",
+                   help=f"unlabelled input (for prediction): {what} not required, no labels datasets "
+                        f"written, no num_labels/id2label attributes unless --label-names is given")
+
+
 def check_common(a, inputs: Sequence[str], min_seq_len: int = 3) -> None:
+    if bool(a.vocab) == bool(a.tokenizer):
+        raise DataError("give exactly one of --vocab VOCAB.txt and --tokenizer PATH"
+                        + (f" (got both: '{a.vocab}' and '{a.tokenizer}')" if a.vocab else ""))
     for path in inputs:
         check_input(path)
     if a.max_seq_len < min_seq_len:
@@ -338,7 +433,19 @@ def check_common(a, inputs: Sequence[str], min_seq_len: int = 3) -> None:
             raise DataError(f"output '{o}' is also an input")
 
 
-def load_tokenizer(a, prog: str = "") -> WordPiece:
+def load_tokenizer(a, prog: str = ""):
+    """WordPiece for --vocab, HubRows for --tokenizer."""
+    if a.tokenizer:
+        hub = ht.load(a.tokenizer, lowercase=a.lowercase, strip_accents=True if a.strip_accents else None)
+        if hub.kind != "hub":
+            raise DataError(f"--tokenizer {a.tokenizer}: the BERT tools need a tokenizer folder or file, "
+                            f"not the built-in '{hub.kind}'")
+        tok = HubRows(hub)
+        for what, limit in (("model_max_length", hub.model_max_length), ("max_position_embeddings", hub.max_positions)):
+            if limit is not None and a.max_seq_len > limit:
+                print(f"{prog or 'prep'}: warning: --max-seq-len {a.max_seq_len} exceeds {what} {limit} of "
+                      f"'{hub.folder}'", file=sys.stderr)
+        return tok
     tok = WordPiece(a.vocab, lowercase=a.lowercase, strip_accents=a.strip_accents)
     limit = max_positions(a.vocab)
     if limit is not None and a.max_seq_len > limit:
@@ -468,11 +575,39 @@ class Outputs:
         self.writers = []
 
 
-def base_attrs(a, tok: WordPiece, task: str, id2label: Sequence[str], sources: Iterable[str]) -> dict:
-    at = dict(task=task, num_labels=len(id2label), id2label=json.dumps(list(id2label), ensure_ascii=False),
-              max_seq_len=a.max_seq_len, source="\n".join(os.path.abspath(s) for s in sources), seed=a.seed)
+def base_attrs(a, tok, task: str, id2label: Optional[Sequence[str]], sources: Iterable[str]) -> dict:
+    """id2label None (unlabelled input without --label-names): no num_labels / id2label."""
+    at = dict(task=task, max_seq_len=a.max_seq_len, source="\n".join(os.path.abspath(s) for s in sources),
+              seed=a.seed)
+    if id2label is not None:
+        at.update(num_labels=len(id2label), id2label=json.dumps(list(id2label), ensure_ascii=False))
+    if hasattr(a, "no_labels"):
+        at["has_labels"] = int(not a.no_labels)
     at.update(tok.attrs())
     return at
+
+
+def pad_encodings(encs, T: int, pad_id: int) -> dict:
+    """input_ids / attention_mask / token_type_ids [n,T] of backend encodings (unpadded), padded
+    after the tokens as transformers' padding="max_length" does."""
+    rows = [e.ids for e in encs]
+    types = [e.type_ids for e in encs]
+    import numpy as np
+
+    ids = pad_2d(rows, T, pad_id)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        mask[i, :len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": pad_2d(types, T, 0)}
+
+
+def parse_label_names(value: Optional[str], opt: str = "--label-names", min_n: int = 2) -> Optional[List[str]]:
+    if value is None:
+        return None
+    names = [x.strip() for x in value.split(",")]
+    if len(names) < min_n or any(not x for x in names) or len(set(names)) != len(names):
+        raise DataError(f"{opt} '{value}': need at least {min_n} distinct, non-empty names")
+    return names
 
 
 def parts(a, n_units: int):

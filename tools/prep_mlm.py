@@ -12,6 +12,9 @@ the rest of the row starts a new row. A document longer than T-2 tokens is cut i
 T-2 tokens, each starting a new row as [CLS] piece [SEP] (the last piece may be followed by more
 documents). Documents that tokenize to nothing are skipped.
 
+With --tokenizer PATH the documents are tokenized without special tokens and packed the same way
+with the tokenizer's cls, sep, pad and mask tokens (all four needed).
+
 Output: input_ids, attention_mask, token_type_ids [N,T] int32 (token_type_ids all 0; padding
 [PAD] under attention_mask 0). No `labels` dataset. Attributes: see prep_common.py, task = mlm,
 num_labels 0, num_documents, num_tokens (non-padding tokens, [CLS]/[SEP] included).
@@ -95,6 +98,11 @@ def main(argv=None):
     def body(outs):
         pc.check_common(a, a.input, min_seq_len=3)
         tok = pc.load_tokenizer(a, PROG)
+        if tok.is_hub:
+            missing = [n for n in ("cls", "sep", "mask") if getattr(tok, n + "_id") < 0]
+            if missing:
+                raise pc.DataError(f"tokenizer {tok.tok.description} has no {', '.join(n + '_token' for n in missing)}: "
+                                   f"masked-LM rows need cls, sep and mask tokens")
         docs = read_documents(a)
         if not docs:
             raise pc.DataError("the inputs contain no documents: " + ", ".join(f"'{p}'" for p in a.input))

@@ -10,6 +10,16 @@ PS LC OG DT TI QT; anything else, or a character field that is not exactly one c
 error naming the file and line. The sentence text is the concatenation of its characters (checked
 against the markup line: mismatches are counted in the summary).
 
+--no-labels: the tag field may be absent (`char` alone on a line; a tag given is ignored); no
+labels or entities datasets are written (nor num_labels / id2label unless --label-names is given).
+--input-format lines: a plain text file, one sentence per line (blank lines skipped, ids
+FILE:LINE); implies --no-labels.
+
+With --tokenizer PATH the sentence is given to the tokenizer as its words, as HF run_ner.py does:
+tokenizer(words, is_split_into_words=True, truncation=True, max_length=T, padding="max_length");
+word_ids() and the labels (first sub-token of each word) come from that encoding; offsets are
+turned into character offsets of the sentence.
+
 Labelling (the Hugging Face token-classification convention)
   The text is tokenized with character offsets. A word is a maximal run of non-whitespace
   characters. The FIRST sub-token of each word carries the tag of the word's first character
@@ -34,7 +44,7 @@ Output
   offset_mapping [N,T,2] int32: character [start, end) of each token in `text`, -1 for
       [CLS]/[SEP]/padding; word_ids [N,T] int32: index of the token's word in the sentence, -1
       for special/padding tokens;
-  text [N], example_id [N] (UTF-8 strings): the sentence and its id;
+  text [N], example_id [N] (UTF-8 strings): the sentence and its id (always written);
   entities [N] (UTF-8 JSON strings): the gold entities as [[type, start, end], ...] char spans.
   id2label = O, B-PS, I-PS, B-LC, I-LC, B-OG, I-OG, B-DT, I-DT, B-TI, I-TI, B-QT, I-QT.
   Attributes: see prep_common.py, task = ner, label_all_subtokens (0/1).
@@ -74,7 +84,19 @@ class Sentence:
         return "".join(self.chars)
 
 
-def parse_klue_ner(path: str) -> List[Sentence]:
+def parse_lines(path: str) -> List[Sentence]:
+    """--input-format lines: one unlabelled sentence per non-blank line."""
+    base = os.path.basename(path)
+    out = []
+    for n, (line,) in pc.read_plain_lines(path, 1):
+        s = Sentence(f"{base}:{n}", n, None)
+        s.chars = list(line)
+        s.tags = ["O"] * len(line)
+        out.append(s)
+    return out
+
+
+def parse_klue_ner(path: str, no_labels: bool = False) -> List[Sentence]:
     lines = pc.read_lines(path)
     sents: List[Sentence] = []
     cur = None
@@ -91,6 +113,10 @@ def parse_klue_ner(path: str) -> List[Sentence]:
             cur = None
             continue
         fields = line.split("\t")
+        if no_labels and len(fields) == 1:
+            fields.append("O")
+        elif no_labels and len(fields) == 2:
+            fields[1] = "O"
         if len(fields) != 2:
             raise pc.DataError(f"{path}:{n}: expected 'char<TAB>tag', got {len(fields)} tab-separated field(s)")
         ch, tag = fields
@@ -174,6 +200,46 @@ def label_sentence(sent: Sentence, enc, T: int, tok, label_all: bool):
     return ids, labels, offsets, words, len(enc.ids) > keep
 
 
+def words_of(text: str) -> List[Tuple[int, int]]:
+    """[start, end) of each word (maximal run of non-whitespace characters)."""
+    out, start = [], None
+    for i, c in enumerate(text):
+        if pc.is_bert_whitespace(c):
+            if start is not None:
+                out.append((start, i))
+                start = None
+        elif start is None:
+            start = i
+    if start is not None:
+        out.append((start, len(text)))
+    return out
+
+
+def label_sentence_hub(sent: Sentence, enc, spans, label_all: bool):
+    """(labels row, offsets row, word_ids row) of a backend encoding of the sentence's words."""
+    labels, offsets, words = [], [], []
+    prev = None
+    for wid, (a, b) in zip(enc.word_ids, enc.offsets):
+        if wid is None:
+            labels.append(pc.IGNORE)
+            offsets.append((pc.NO_OFFSET, pc.NO_OFFSET))
+            words.append(-1)
+            prev = None
+            continue
+        w0 = spans[wid][0]
+        start, end = w0 + a, w0 + b
+        if wid != prev:
+            labels.append(LABEL2ID[sent.tags[w0]])
+        elif label_all:
+            labels.append(LABEL2ID[sent.tags[start if start < end else w0]])
+        else:
+            labels.append(pc.IGNORE)
+        prev = wid
+        offsets.append((start, end))
+        words.append(wid)
+    return labels, offsets, words
+
+
 def decode_entities(tag_ids: Sequence[int], labels: Sequence[int], offsets, text: str,
                     label_all: bool = False, id2label: Sequence[str] = ID2LABEL) -> List[Tuple[str, int, int]]:
     """Entities with character spans [(type, start, end)] from per-position tag ids (predictions or
@@ -191,7 +257,12 @@ def decode_entities(tag_ids: Sequence[int], labels: Sequence[int], offsets, text
 
 def parse_args(argv):
     p = pc.make_parser(PROG, __doc__)
-    p.add_argument("--input", required=True, metavar="FILE.tsv", help="KLUE NER character-level TSV file")
+    p.add_argument("--input", required=True, metavar="FILE", help="KLUE NER character-level TSV file (or text file)")
+    p.add_argument("--input-format", choices=["klue", "lines"], default="klue",
+                   help="klue (default) or lines: one sentence per line (implies --no-labels)")
+    p.add_argument("--label-names", help="comma-separated tag names in id order to record as id2label with "
+                                         "--no-labels (the labelled default is O, B-PS, I-PS, ...)")
+    pc.add_label_args(p, "tags are")
     p.add_argument("--label-all-subtokens", action="store_true",
                    help="label every sub-token with its first character's tag (default: first sub-token of each word)")
     pc.add_common_args(p, 128, "sentences", "sentences")
@@ -203,8 +274,15 @@ def main(argv=None):
 
     def body(outs):
         pc.check_common(a, [a.input])
+        if a.input_format == "lines":
+            a.no_labels = True
+        names = pc.parse_label_names(a.label_names, min_n=1)
+        if not a.no_labels:
+            if names is not None and names != ID2LABEL:
+                raise pc.DataError(f"--label-names applies to --no-labels only (labelled input uses {','.join(ID2LABEL)})")
+            names = ID2LABEL
         tok = pc.load_tokenizer(a, PROG)
-        sents = parse_klue_ner(a.input)
+        sents = parse_lines(a.input) if a.input_format == "lines" else parse_klue_ner(a.input, a.no_labels)
         if a.limit is not None:
             sents = sents[:a.limit]
         if not sents:
@@ -216,31 +294,46 @@ def main(argv=None):
             n_trunc = n_ent = n_lab = 0
             for chunk in pc.batched(idx):
                 group = [sents[i] for i in chunk]
-                encs = tok.encode([s.text for s in group])
                 rows, labs, offs, wids = [], [], [], []
-                for s, e in zip(group, encs):
-                    r, l, o, wd, cut = label_sentence(s, e, T, tok, a.label_all_subtokens)
-                    rows.append(r)
-                    labs.append(l)
-                    offs.append(o)
-                    wids.append(wd)
-                    n_trunc += cut
-                    n_lab += sum(1 for x in l if x != pc.IGNORE)
+                if tok.is_hub:
+                    spans = [words_of(s.text) for s in group]
+                    encs = tok.encode([[s.text[x:y] for x, y in sp] for s, sp in zip(group, spans)], T,
+                                      pretokenized=True)
+                    for s, e, sp in zip(group, encs, spans):
+                        l, o, wd = label_sentence_hub(s, e, sp, a.label_all_subtokens)
+                        labs.append(l)
+                        offs.append(o)
+                        wids.append(wd)
+                        n_trunc += bool(e.overflowing)
+                        n_lab += sum(1 for x in l if x != pc.IGNORE)
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                else:
+                    encs = tok.encode([s.text for s in group])
+                    for s, e in zip(group, encs):
+                        r, l, o, wd, cut = label_sentence(s, e, T, tok, a.label_all_subtokens)
+                        rows.append(r)
+                        labs.append(l)
+                        offs.append(o)
+                        wids.append(wd)
+                        n_trunc += cut
+                        n_lab += sum(1 for x in l if x != pc.IGNORE)
+                    arrays = pc.row_arrays(rows, T, tok)
                 import numpy as np
 
                 off = np.full((len(group), T, 2), pc.NO_OFFSET, dtype=np.int32)
                 for i, o in enumerate(offs):
                     off[i, :len(o)] = o
-                ents = [entities_from_tags(s.tags) for s in group]
-                n_ent += sum(len(x) for x in ents)
-                w.append(**pc.row_arrays(rows, T, tok),
-                         labels=pc.pad_2d(labs, T, pc.IGNORE),
+                if not a.no_labels:
+                    ents = [entities_from_tags(s.tags) for s in group]
+                    n_ent += sum(len(x) for x in ents)
+                    arrays["labels"] = pc.pad_2d(labs, T, pc.IGNORE)
+                    arrays["entities"] = [json.dumps([list(x) for x in e], ensure_ascii=False) for e in ents]
+                w.append(**arrays,
                          offset_mapping=off,
                          word_ids=pc.pad_2d(wids, T, -1),
                          text=[s.text for s in group],
-                         example_id=[s.sid for s in group],
-                         entities=[json.dumps([list(x) for x in e], ensure_ascii=False) for e in ents])
-            at = pc.base_attrs(a, tok, "ner", ID2LABEL, [a.input])
+                         example_id=[s.sid for s in group])
+            at = pc.base_attrs(a, tok, "ner", names, [a.input])
             at.update(num_examples=len(idx), truncated=n_trunc, label_all_subtokens=int(a.label_all_subtokens))
             if split:
                 at["split"] = split

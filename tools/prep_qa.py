@@ -24,6 +24,15 @@ Output, per feature [N]: input_ids, attention_mask, token_type_ids [N,T] int32;
 Per example [E] (UTF-8 strings): example_id (the question id), question, context, answers (JSON list
   of all gold answer texts, as in the file). Attributes: see prep_common.py, task = qa, num_labels
   0, doc_stride, max_query_len, num_examples (E), num_features (N), num_articles.
+--no-labels: answers are not needed (nor checked); start_positions / end_positions are not
+written and `answers` holds empty lists ("[]").
+With --tokenizer PATH the features are what HF run_qa.py's prepare_train_features makes:
+tokenizer(question.lstrip(), context, truncation="only_second", max_length=T, stride=doc_stride,
+return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length") with the
+tokenizer's own template; the answer span is the first answer's answer_start .. + len(text)
+(untrimmed, as run_qa), positions at the CLS token (index 0 when there is none) when a window does
+not hold it. run_qa does not cut questions; here a question longer than --max-query-len tokens is cut
+at the end of its max_query_len-th token (counted in the summary).
 --limit N keeps the first N questions; --split-eval splits by article (all questions of an article,
 hence every copy of its contexts, go to the same part).
 
@@ -45,11 +54,12 @@ PROG = "prep_qa.py"
 
 
 class Example:
-    __slots__ = ("qid", "question", "context_index", "answers", "span", "article")
+    __slots__ = ("qid", "question", "context_index", "answers", "span", "article", "raw_span")
 
-    def __init__(self, qid, question, context_index, answers, span, article):
+    def __init__(self, qid, question, context_index, answers, span, article, raw_span=None):
         self.qid, self.question, self.context_index = qid, question, context_index
         self.answers, self.span, self.article = answers, span, article
+        self.raw_span = raw_span  # the first answer's [answer_start, + len(text)), untrimmed
 
 
 def _need(cond, path, where, what):
@@ -57,7 +67,7 @@ def _need(cond, path, where, what):
         raise pc.DataError(f"{path}: {where}: {what}")
 
 
-def parse_squad(path: str, limit: Optional[int]) -> Tuple[List[Example], List[str], int]:
+def parse_squad(path: str, limit: Optional[int], no_labels: bool = False) -> Tuple[List[Example], List[str], int]:
     """(examples, contexts, number of articles) of a SQuAD-format file; stops after `limit` questions."""
     pc.check_input(path)
     try:
@@ -97,7 +107,7 @@ def parse_squad(path: str, limit: Optional[int]) -> Tuple[List[Example], List[st
                 w3 = f"{w3} (id {qid})"
                 _need(qid not in seen, path, w3, "the id repeats an earlier question's")
                 seen.add(qid)
-                answers = qa.get("answers", [])
+                answers = [] if no_labels else qa.get("answers", [])
                 _need(isinstance(answers, list), path, w3, "'answers' is not a list")
                 texts = []
                 for m, ans in enumerate(answers):
@@ -108,13 +118,16 @@ def parse_squad(path: str, limit: Optional[int]) -> Tuple[List[Example], List[st
                     _need(0 <= s and ctx[s:s + len(t)] == t, path, f"{w3} answers[{m}]",
                           f"answer text {t!r} is not at answer_start {s} of the context")
                     texts.append(t)
-                span = None
-                if answers:
+                span = raw = None
+                if no_labels:
+                    pass
+                elif answers:
                     s, t = answers[0]["answer_start"], answers[0]["text"]
                     lead = len(t) - len(t.lstrip())
                     trail = len(t) - len(t.rstrip())
                     _need(t.strip() != "", path, f"{w3} answers[0]", "the answer text is empty or only whitespace")
                     span = (s + lead, s + len(t) - trail)
+                    raw = (s, s + len(t))
                 else:
                     _need(bool(qa.get("is_impossible", False)), path, w3,
                           "no answers (and not marked is_impossible)")
@@ -124,7 +137,7 @@ def parse_squad(path: str, limit: Optional[int]) -> Tuple[List[Example], List[st
                 if not used:
                     used = True
                     n_articles += 1
-                examples.append(Example(qid, qa["question"], ci, texts, span, n_articles - 1))
+                examples.append(Example(qid, qa["question"], ci, texts, span, n_articles - 1, raw))
     return examples, contexts, n_articles
 
 
@@ -163,11 +176,49 @@ def features(ex: Example, q_ids, ctx_enc, T: int, stride: int, tok):
     return out
 
 
+def hub_features(group, contexts, T: int, stride: int, max_query_len: int, tok):
+    """Features of examples as run_qa's prepare_train_features makes them with a fast tokenizer:
+    ([(example k in group, encoding, offsets row, start, end)], questions cut)."""
+    questions = [ex.question.lstrip() for ex in group]
+    n_qcut = 0
+    for i, e in enumerate(tok.tok.encode_batch(questions, add_special_tokens=False)):
+        if len(e.ids) > max_query_len:
+            questions[i] = questions[i][:e.offsets[max_query_len - 1][1]]
+            n_qcut += 1
+    encs = tok.encode([(q, contexts[ex.context_index]) for q, ex in zip(questions, group)], T,
+                      strategy="only_second", stride=stride)
+    out = []
+    for k, (ex, enc) in enumerate(zip(group, encs)):
+        for f in [enc] + list(enc.overflowing):
+            ids, seq, offs = f.ids, f.sequence_ids, f.offsets
+            cls = ids.index(tok.cls_id) if tok.cls_id in ids else 0
+            row = [o if sq == 1 else (pc.NO_OFFSET, pc.NO_OFFSET) for o, sq in zip(offs, seq)]
+            start = end = cls
+            if ex.raw_span is not None:
+                sc, ec = ex.raw_span
+                a = 0
+                while seq[a] != 1:
+                    a += 1
+                b = len(ids) - 1
+                while seq[b] != 1:
+                    b -= 1
+                if offs[a][0] <= sc and offs[b][1] >= ec:
+                    while a < len(offs) and offs[a][0] <= sc:
+                        a += 1
+                    start = a - 1
+                    while offs[b][1] >= ec:
+                        b -= 1
+                    end = b + 1
+            out.append((k, f, row, start, end))
+    return out, n_qcut
+
+
 def parse_args(argv):
     p = pc.make_parser(PROG, __doc__)
     p.add_argument("--input", required=True, metavar="FILE.json", help="SQuAD/KorQuAD-format JSON file")
     p.add_argument("--doc-stride", type=int, default=128, help="overlap of consecutive windows in tokens (default 128)")
     p.add_argument("--max-query-len", type=int, default=64, help="question tokens kept (default 64)")
+    pc.add_label_args(p, "answers are")
     pc.add_common_args(p, 384, "articles", "questions")
     return p.parse_args(argv)
 
@@ -187,11 +238,11 @@ def main(argv=None):
             raise pc.DataError(f"--max-seq-len {a.max_seq_len} leaves {a.max_seq_len - 3 - a.max_query_len} context "
                                f"tokens after a {a.max_query_len}-token question, not more than --doc-stride {a.doc_stride}")
         tok = pc.load_tokenizer(a, PROG)
-        examples, contexts, n_articles = parse_squad(a.input, a.limit)
+        examples, contexts, n_articles = parse_squad(a.input, a.limit, a.no_labels)
         if not examples:
             raise pc.DataError(f"{a.input}: no questions")
         T = a.max_seq_len
-        ctx_enc = tok.encode(contexts)
+        ctx_enc = None if tok.is_hub else tok.encode(contexts)
         for split, art_idx, path in pc.parts(a, n_articles):
             arts = set(art_idx)
             idx = [i for i, ex in enumerate(examples) if ex.article in arts]
@@ -199,8 +250,27 @@ def main(argv=None):
             n_feat = n_multi = n_qcut = n_found = n_has = 0
             for e0, chunk in enumerate(pc.batched(idx, 1024)):
                 group = [examples[i] for i in chunk]
-                q_encs = tok.ids([ex.question.lstrip() for ex in group])
                 rows, types, offs, starts, ends, exi = [], [], [], [], [], []
+                if tok.is_hub:
+                    feats, cut = hub_features(group, contexts, T, a.doc_stride, a.max_query_len, tok)
+                    n_qcut += cut
+                    per = [0] * len(group)
+                    found = set()
+                    for k, f, row, s, e in feats:
+                        per[k] += 1
+                        if s != e or s != (f.ids.index(tok.cls_id) if tok.cls_id in f.ids else 0):
+                            found.add(k)
+                        offs.append(row)
+                        starts.append(s)
+                        ends.append(e)
+                        exi.append(e0 * 1024 + k)
+                    n_multi += sum(1 for c in per if c > 1)
+                    n_found += len(found)
+                    n_has += sum(1 for ex in group if ex.raw_span is not None)
+                    encs = [f for _, f, _, _, _ in feats]
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                    rows = encs
+                q_encs = [] if tok.is_hub else tok.ids([ex.question.lstrip() for ex in group])
                 for k, (ex, q) in enumerate(zip(group, q_encs)):
                     n_qcut += len(q) > a.max_query_len
                     feats = features(ex, q[:a.max_query_len], ctx_enc[ex.context_index], T, a.doc_stride, tok)
@@ -217,8 +287,11 @@ def main(argv=None):
                 off = np.full((len(rows), T, 2), pc.NO_OFFSET, dtype=np.int32)
                 for i, o in enumerate(offs):
                     off[i, :len(o)] = o
-                w.append(**pc.row_arrays(rows, T, tok, types), start_positions=starts, end_positions=ends,
-                         offset_mapping=off, example_index=exi)
+                if not tok.is_hub:
+                    arrays = pc.row_arrays(rows, T, tok, types)
+                if not a.no_labels:
+                    arrays.update(start_positions=starts, end_positions=ends)
+                w.append(**arrays, offset_mapping=off, example_index=exi)
                 w.append(example_id=[ex.qid for ex in group], question=[ex.question for ex in group],
                          context=[contexts[ex.context_index] for ex in group],
                          answers=[json.dumps(ex.answers, ensure_ascii=False) for ex in group])

@@ -215,7 +215,7 @@ def test_val_split_sizes_add_up(tmp_path):
     src = tmp_path / "a.txt"
     src.write_bytes(data)
     tr, va = tmp_path / "train.h5", tmp_path / "val.h5"
-    make("--tokenizer", "byte", "--out", tr, "--val-fraction", 0.1, "--val-out", va, src)
+    make("--tokenizer", "byte", "--keep-cr", "--out", tr, "--val-fraction", 0.1, "--val-out", va, src)
     t, v = read(tr, "tokens"), read(va, "tokens")
     assert len(t) + len(v) == len(data)
     assert len(v) == round(0.1 * len(data))
@@ -224,12 +224,12 @@ def test_val_split_sizes_add_up(tmp_path):
     assert attrs(tr)["num_tokens"] == len(t) and attrs(va)["num_tokens"] == len(v)
     # deterministic
     tr2, va2 = tmp_path / "train2.h5", tmp_path / "val2.h5"
-    make("--tokenizer", "byte", "--out", tr2, "--val-fraction", 0.1, "--val-out", va2, src)
+    make("--tokenizer", "byte", "--keep-cr", "--out", tr2, "--val-fraction", 0.1, "--val-out", va2, src)
     assert (read(tr2, "tokens") == t).all() and (read(va2, "tokens") == v).all()
 
     # rows: each part is cut into rows separately
     rtr, rva = tmp_path / "rtrain.h5", tmp_path / "rval.h5"
-    make("--tokenizer", "byte", "--layout", "rows", "--seq-len", 64, "--out", rtr,
+    make("--tokenizer", "byte", "--keep-cr", "--layout", "rows", "--seq-len", 64, "--out", rtr,
          "--val-fraction", 0.25, "--val-out", rva, src)
     n_val = round(0.25 * len(data))
     assert read(rtr, "input_ids").shape == ((len(data) - n_val) // 64, 64)
@@ -277,7 +277,26 @@ def test_gpt2_korean_and_crlf_pieces_match_hf(tmp_path):
     out = tmp_path / "mix.h5"
     make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--chunk-chars", 200, "--eos-between-files",
          "--out", out, a, b)
+    # CRLF is read as LF by default (as a file opened in text mode), kept with --keep-cr
+    lf = crlf.replace("\r\n", "\n").replace("\r", "\n")
+    assert "\r" in crlf and 198 not in hf_ids("\r")
+    assert read(out, "tokens").tolist() == hf_ids(korean) + [50256] + hf_ids(lf)
+    assert attrs(out)["keep_cr"] == 0
+    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--chunk-chars", 200, "--eos-between-files",
+         "--keep-cr", "--out", out, a, b)
     assert read(out, "tokens").tolist() == hf_ids(korean) + [50256] + hf_ids(crlf)
+    assert attrs(out)["keep_cr"] == 1
+
+
+def test_byte_cr_normalised_unless_keep_cr(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_bytes(b"a\r\nb\rc\n\r")
+    out = tmp_path / "o.h5"
+    make("--tokenizer", "byte", "--out", out, src, "--val-fraction", 0.5, "--val-out", tmp_path / "v.h5")
+    assert bytes(np.concatenate([read(out, "tokens"), read(tmp_path / "v.h5", "tokens")]).astype(np.uint8)) \
+        == b"a\nb\nc\n\n"
+    make("--tokenizer", "byte", "--keep-cr", "--out", out, src)
+    assert bytes(read(out, "tokens").astype(np.uint8)) == b"a\r\nb\rc\n\r"
 
 
 # ---- decode -----------------------------------------------------------------------------------
@@ -327,7 +346,7 @@ def test_decode_round_trip_gpt2(tmp_path):
     src = tmp_path / "a.txt"
     src.write_text(text, encoding="utf-8", newline="")
     out = tmp_path / "g.h5"
-    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--out", out, src, src, "--eos-between-files")
+    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--out", out, src, src, "--eos-between-files", "--keep-cr")
     tokens = read(out, "tokens")
     assert tokens.tolist() == hf_ids(text) + [50256] + hf_ids(text)
     # tokenizer and vocabulary folder come from the file's attributes
