@@ -12,6 +12,8 @@ Sources
               The tokenizer defaults to the file's `tokenizer` attribute and, for gpt2, the vocabulary
               folder to its `vocab_dir` attribute when that folder exists.
   --ids LIST  ids such as "15496,11,995" (needs --tokenizer).
+  Hub data (make_dataset.py --tokenizer PATH, the prep tools): decoded with that tokenizer, found
+  through the file's tokenizer_files attribute (or --tokenizer PATH).
 
 Examples
   decode.py train.h5 --start 0 --count 200
@@ -35,7 +37,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("h5", nargs="?", metavar="FILE.h5", help="HDF5 token file")
     p.add_argument("--ids", metavar="LIST", help="comma-separated token ids instead of a file")
-    p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="tokenizer kind (default: the file's attribute)")
+    p.add_argument("--tokenizer", metavar="byte|gpt2|PATH",
+                   help="byte, gpt2, or a Hugging Face tokenizer folder or file (default: the file's "
+                        "tokenizer attribute, and for Hub and WordPiece data the folder of its tokenizer_files)")
     p.add_argument("--vocab-dir", help="folder with encoder.json (gpt2)")
     p.add_argument("--dataset", help="dataset name (default tokens, else input_ids)")
     p.add_argument("--start", type=int, default=0, help="first position (1-D) or row (2-D) (default 0)")
@@ -70,6 +74,31 @@ def attr_str(v):
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
+class HubDecoder:
+    """A Hub tokenizer (tools/hub_tokenizer.py) with the byte tokenizers' decode: ids -> UTF-8 bytes."""
+
+    def __init__(self, spec):
+        import hub_tokenizer as ht
+        self.tok = ht.load(spec)
+        self.vocab_size = self.tok.vocab_size
+
+    def decode(self, ids):
+        return self.tok.decode([int(i) for i in ids]).encode("utf-8")
+
+
+def load_decoder(kind, vocab_dir, files=""):
+    """byte / gpt2 (nlptrain_data), else a Hub tokenizer: PATH, or for a file whose tokenizer attribute
+    is hub / wordpiece the folder of its first tokenizer_files entry."""
+    if kind in ("byte", "gpt2"):
+        return nd.load_tokenizer(kind, vocab_dir, need_encoder=False)
+    if kind in ("hub", "wordpiece"):
+        first = files.splitlines()[0] if files else ""
+        if not first or not os.path.exists(first):
+            raise nd.DataError(f"the data's tokenizer ({kind}) is not here ('{first}'): pass --tokenizer PATH")
+        kind = os.path.dirname(first)
+    return HubDecoder(kind)
+
+
 def decode_h5(a):
     import h5py
     import numpy as np
@@ -90,7 +119,8 @@ def decode_h5(a):
             cand = attr_str(f.attrs["vocab_dir"])
             if os.path.isdir(cand):
                 vocab_dir = cand
-        tok = nd.load_tokenizer(kind, vocab_dir, need_encoder=False)
+        files = attr_str(f.attrs["tokenizer_files"]) if "tokenizer_files" in f.attrs else ""
+        tok = load_decoder(kind, vocab_dir, files)
         if "vocab_size" in f.attrs and int(f.attrs["vocab_size"]) != tok.vocab_size:
             raise nd.DataError(f"'{path}' has vocab_size {int(f.attrs['vocab_size'])} but the {kind} "
                                f"tokenizer has {tok.vocab_size}")
@@ -135,7 +165,7 @@ def main(argv=None):
         if a.ids is not None:
             if not a.tokenizer:
                 raise nd.DataError("--ids needs --tokenizer")
-            tok = nd.load_tokenizer(a.tokenizer, a.vocab_dir, need_encoder=False)
+            tok = load_decoder(a.tokenizer, a.vocab_dir)
             pieces = [tok.decode(parse_id_list(a.ids))]
         else:
             pieces = decode_h5(a)

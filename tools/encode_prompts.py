@@ -10,12 +10,12 @@ string "prompt" (blank lines skipped).
 
 Output (--out FILE.jsonl, written to a temporary file and renamed into place): one JSON object per
 prompt, in input order:
-    {"prompt": "<text>", "prompt_ids": [id, ...], "vocab_sha256": "<hex>"}
+    {"prompt": "<text>", "prompt_ids": [id, ...], "vocab_sha256": "<hex>", "eos_id": <id>}
 prompt_ids are tokenizer(prompt) as transformers gives it, with the special tokens the tokenizer's
 template puts BEFORE the text (e.g. a BOS); the ones it appends after the text (EOS, SEP) are
 dropped, because generation continues the prompt. --no-special-tokens adds none. vocab_sha256 is
 the tokenizer's vocabulary fingerprint (tools/hub_tokenizer.py), which nlptrain compares with the
-weights' own.
+weights' own; eos_id (when the tokenizer has an end-of-text token) ends a sample when generated.
 
 Examples
   encode_prompts.py --tokenizer models/ko-gpt2 prompts.txt --out prompts.jsonl
@@ -105,6 +105,8 @@ def main(argv=None):
             for p in prompts:
                 rec = {"prompt": p, "prompt_ids": prompt_ids(tok, p, not a.no_special_tokens),
                        "vocab_sha256": tok.vocab_sha256}
+                if tok.eos_id >= 0:
+                    rec["eos_id"] = tok.eos_id
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         old = os.umask(0)
         os.umask(old)

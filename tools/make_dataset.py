@@ -11,6 +11,11 @@ Tokenizers (--tokenizer, see tools/hub_tokenizer.py)
           the special tokens its post-processor adds (none for GPT-2; BOS for a Llama-style
           template), then concatenated. EOS for --eos-between-files is the tokenizer's eos token.
 
+--eos-between-lines (gpt2 and PATH): one example per line (reviews, sentences, documents): each line is
+tokenized without its line ending and blank lines are skipped, and the tokenizer's EOS token goes between
+consecutive examples (and between files), so a causal LM learns where an example ends and the next
+begins, as fine-tuning on one text per line usually wants.
+
 Line endings: CRLF and lone CR are read as LF by default, for every tokenizer (as Python's text mode
 and the datasets `text` loader read them); --keep-cr keeps the bytes as they are.
 
@@ -74,6 +79,9 @@ def parse_args(argv):
                    help="rows: keep the last partial row, padded (attention_mask 0, labels -100)")
     p.add_argument("--eos-between-files", action="store_true",
                    help="insert the tokenizer's EOS token (<|endoftext|> for gpt2) between input files")
+    p.add_argument("--eos-between-lines", action="store_true",
+                   help="one example per line: lines without their line ending, blank lines skipped, the "
+                        "tokenizer's EOS token between consecutive lines (and files); gpt2 and PATH tokenizers")
     p.add_argument("--keep-cr", action="store_true",
                    help="keep CR bytes (default: CRLF and lone CR line endings are read as LF)")
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
@@ -135,6 +143,29 @@ def tokenize_to_file(a, tok, raw):
         arr.tofile(raw)
         total += arr.size
 
+    if a.eos_between_lines:  # one example per line, EOS between them (and between files)
+        first = True
+        for path in a.inputs:
+            batch = []
+
+            def flush():
+                nonlocal first
+                for ids in tok.ids(batch, add_special_tokens=True) if tok.name == "hub" else tok.ids(batch):
+                    if not first:
+                        put([tok.eos_id])
+                    put(ids)
+                    first = False
+                batch.clear()
+
+            for line in nd.read_text_lines(path, keep_cr=a.keep_cr):
+                line = line.rstrip("\n")
+                if line.strip():
+                    batch.append(line)
+                if len(batch) >= 4096:
+                    flush()
+            flush()
+        raw.flush()
+        return total
     for k, path in enumerate(a.inputs):
         if k > 0 and a.eos_between_files:
             put([tok.eos_id])
@@ -264,8 +295,9 @@ def main(argv=None):
         if a.vocab_dir and a.tokenizer != "gpt2":
             raise nd.DataError(f"--vocab-dir applies to --tokenizer gpt2 only (got --tokenizer {a.tokenizer})")
         tok = ht.load(a.tokenizer, a.vocab_dir)
-        if a.eos_between_files and tok.eos_id < 0:
-            raise nd.DataError(f"--eos-between-files: the {tok.description} tokenizer has no EOS token")
+        for flag, on in (("--eos-between-files", a.eos_between_files), ("--eos-between-lines", a.eos_between_lines)):
+            if on and tok.eos_id < 0:
+                raise nd.DataError(f"{flag}: the {tok.description} tokenizer has no EOS token")
         import numpy as np
 
         out_dir = os.path.dirname(os.path.abspath(a.out))

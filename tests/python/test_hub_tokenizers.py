@@ -216,6 +216,36 @@ def test_metaspace_bpe_keeps_hangul_and_refuses_vocab_json_export(bpe_dir, tmp_p
 
 # ---- causal LM: make_dataset as run_clm ------------------------------------------------------------------
 
+def test_decode_reads_hub_data_with_its_own_tokenizer(bpe_dir, tmp_path):
+    """decode.py on a Hub-tokenized dataset finds the tokenizer through tokenizer_files (Hangul kept)."""
+    src = tmp_path / "ko.txt"
+    src.write_text("이 영화 정말 재미있다\n배우들의 연기가 좋다\n", encoding="utf-8")
+    out = tmp_path / "ko.h5"
+    run("make_dataset", "--tokenizer", bpe_dir, "--eos-between-lines", "--out", out, src)
+    r = run("decode", out)
+    text = r.stdout.decode("utf-8")
+    assert "이 영화 정말 재미있다" in text and "배우들의 연기가 좋다" in text, text
+    r = run("decode", "--tokenizer", bpe_dir, "--ids", ",".join(map(str, load(out)[0]["tokens"].tolist())))
+    assert r.stdout.decode("utf-8") == text
+
+
+def test_eos_between_lines(gpt2_dir, tmp_path):
+    """--eos-between-lines: each line an example without its line ending, blank lines skipped, EOS
+    between examples and between files; the same for the built-in gpt2 tokenizer; byte has no EOS."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes("좋은 영화\r\n\r\nbad movie\n".encode())
+    b.write_text("last one", encoding="utf-8")
+    tk = auto(gpt2_dir)
+    enc = lambda t: tk(t)["input_ids"]
+    want = enc("좋은 영화") + [50256] + enc("bad movie") + [50256] + enc("last one")
+    for spec in (["--tokenizer", gpt2_dir], ["--tokenizer", "gpt2", "--vocab-dir", GPT2_VOCAB]):
+        out = tmp_path / "o.h5"
+        run("make_dataset", *spec, "--eos-between-lines", "--out", out, a, b)
+        assert load(out)[0]["tokens"].tolist() == want, spec
+    r = run("make_dataset", "--tokenizer", "byte", "--eos-between-lines", "--out", tmp_path / "x.h5", a, check=False)
+    assert r.returncode != 0 and b"--eos-between-lines" in r.stderr and b"no EOS" in r.stderr
+
+
 def run_clm_ids(tokenizer, path):
     """run_clm.py with a .txt file: datasets' text loader (text mode, keep_linebreaks=True), then
     tokenizer(examples["text"]) and concatenation."""
@@ -541,6 +571,7 @@ def test_prompt_ids_round_trip(which, gpt2_dir, bpe_dir, tmp_path):
     tk = auto(folder)
     for r in recs:
         assert r["vocab_sha256"] == tok.vocab_sha256
+        assert r["eos_id"] == tk.eos_token_id  # the end-of-text id that ends a generated sample
         want = tk(r["prompt"])["input_ids"]
         if which == "bpe":  # the template's leading <s> stays, its trailing </s> goes
             assert want[0] == tk.bos_token_id and want[-1] == tk.eos_token_id

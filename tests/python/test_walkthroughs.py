@@ -1,0 +1,263 @@
+"""The README's job walkthroughs, run as written at a tiny size, so that the documentation cannot drift
+from the program (issue 21).
+
+Every ```sh block after a `<!-- walkthrough: NAME -->` marker in README.md is read from the README
+itself and its commands are run in order, in one scratch folder holding `build/`, `tools/`, `inputs/`,
+`jobscripts/` (links to the checkout), `data/` (the shared corpora; WikiText-2's train and valid files
+are slices of its test split, the only raw split here) and the files a user brings (`my_reviews.txt`,
+`my_pairs.txt`, `prompts.txt`). What changes, and only this:
+
+- `huggingface-cli download NAME --local-dir DIR` (no network here) makes DIR as the Hub would have it,
+  from a tiny random model saved by transformers: BERT with the kcbert-base vocabulary (vocab.txt and
+  tokenizer.json), GPT-2 with the GPT-2 BPE, and a Korean GPT-2 folder with only config.json,
+  model.safetensors and tokenizer.json (a byte-fallback BPE trained here on NSMC text);
+- nlptrain runs get tiny overrides (steps, batch, threads; a small shape for GPT-2 small from scratch);
+- `bash tools/prep_task_data.sh` gets PREP_LIMIT (the first examples of each corpus);
+- `sbatch ... jobscripts/X.sh INI ARGS` (job 7) runs the same INI and arguments on 2 CPU ranks.
+
+Then the outputs each walkthrough promises are checked. Skipped, saying so, without ../shared/data.
+"""
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nlp_run as nr
+
+DATA = nr.shared_data()
+README = nr.SOURCE_DIR / "README.md"
+NEEDED = ["nsmc/nsmc_from_raw_train.tsv", "nsmc/nsmc_from_raw_test.tsv", "kornli/xnli.test.ko.tsv",
+          "kornli/xnli.dev.ko.tsv", "klue-ner/klue-ner-v1.1_dev.tsv", "korquad/KorQuAD_v1.0_dev.json",
+          "wikitext2/wiki.test.raw", "vocab/kcbert-base/vocab.txt", "vocab/gpt2/encoder.json"]
+
+
+def walkthroughs():
+    """{name: [command, ...]} from README.md: continuation lines joined, comments and blanks dropped."""
+    text = README.read_text(encoding="utf-8")
+    out = {}
+    for m in re.finditer(r"<!-- walkthrough: (\w+) -->\s*```sh\n(.*?)```", text, re.S):
+        body = m.group(2).replace("\\\n", " ")
+        out[m.group(1)] = [l.strip() for l in body.splitlines() if l.strip() and not l.strip().startswith("#")]
+    return out
+
+
+# ---- the Hub folders a user would download ---------------------------------------------------------
+
+def hub_bert(folder):
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+    import torch
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=300)
+    BertForMaskedLM(cfg).save_pretrained(folder)
+    vocab = DATA / "vocab" / "kcbert-base" / "vocab.txt"
+    tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=False, model_max_length=300)
+    assert len(tok) == 30000  # (transformers 5 ignores vocab_file=: a 5-token tokenizer)
+    tok.save_pretrained(folder)
+    shutil.copy(vocab, Path(folder) / "vocab.txt")  # the Hub folder has both
+
+
+def hub_gpt2(folder):
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+    import torch
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128)).save_pretrained(folder)
+    vocab = json.loads((DATA / "vocab" / "gpt2" / "encoder.json").read_text(encoding="utf-8"))
+    merges = [tuple(l.split(" ")) for l in
+              (DATA / "vocab" / "gpt2" / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:] if l]
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges)
+    assert len(tok) == 50257
+    tok.save_pretrained(folder)
+
+
+def hub_korean_gpt2(folder):
+    """config.json, model.safetensors and tokenizer.json only (as skt/kogpt2-base-v2's folder is used)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    import torch
+    lines = (DATA / "nsmc" / "nsmc_from_raw_train.tsv").read_text(encoding="utf-8").splitlines()[1:3000]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    specials = ["</s>", "<unk>", "<pad>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok.train_from_iterator((l.split("\t")[1] for l in lines), trainers.BpeTrainer(vocab_size=800, special_tokens=specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", bos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+    assert len(fast) == tok.get_vocab_size() > 300
+    fast.save_pretrained(folder)
+    for extra in ("vocab.json", "merges.txt", "special_tokens_map.json"):
+        (Path(folder) / extra).unlink(missing_ok=True)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(fast), n_layer=1, n_head=2, n_embd=32, n_positions=128,
+                               bos_token_id=fast.eos_token_id, eos_token_id=fast.eos_token_id)).save_pretrained(folder)
+
+
+HUB = {"beomi/kcbert-base": hub_bert, "gpt2": hub_gpt2, "skt/kogpt2-base-v2": hub_korean_gpt2}
+
+
+# ---- the scratch folder ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    missing = [p for p in NEEDED if not (DATA / p).exists()]
+    if missing:
+        pytest.skip(f"shared data absent: {DATA / missing[0]} (NLPTRAIN_SHARED_DATA)")
+    w = tmp_path_factory.mktemp("walk")
+    (w / "build").mkdir()
+    (w / "build" / "nlptrain").symlink_to(nr.binary())
+    for d in ("tools", "inputs", "jobscripts"):
+        (w / d).symlink_to(nr.SOURCE_DIR / d)
+    (w / "data" / "wikitext2").mkdir(parents=True)
+    for d in ("nsmc", "kornli", "klue-ner", "korquad"):
+        (w / "data" / d).symlink_to(DATA / d)
+    raw = (DATA / "wikitext2" / "wiki.test.raw").read_bytes().split(b"\r\n")
+    (w / "data" / "wikitext2" / "wiki.train.raw").write_bytes(b"\r\n".join(raw[:300]) + b"\r\n")
+    (w / "data" / "wikitext2" / "wiki.valid.raw").write_bytes(b"\r\n".join(raw[300:400]) + b"\r\n")
+    test = (DATA / "nsmc" / "nsmc_from_raw_test.tsv").read_text(encoding="utf-8").splitlines()[1:21]
+    (w / "my_reviews.txt").write_text("".join(l.split("\t")[1] + "\n" for l in test), encoding="utf-8")
+    nli = (DATA / "kornli" / "xnli.dev.ko.tsv").read_text(encoding="utf-8").splitlines()[1:21]
+    (w / "my_pairs.txt").write_text("".join("\t".join(l.split("\t")[:2]) + "\n" for l in nli), encoding="utf-8")
+    (w / "prompts.txt").write_text("이 영화 정말\n배우들의 연기가\n", encoding="utf-8")
+    (w / "models").mkdir()
+    return w
+
+
+# ---- running a command as the walkthrough has it, at a tiny size --------------------------------------
+
+def ini_of(args):
+    return next((a for a in args if a.endswith(".ini")), None)
+
+
+def tiny(args, work):
+    """Overrides that keep an nlptrain run tiny; the walkthrough's own arguments stay."""
+    text = (work / ini_of(args)).read_text() if ini_of(args) else ""
+    joined = " ".join(args)
+    extra = ["--run.threads=1", "--run.log_interval=1", "--eval.batches=2"]
+    mode = re.search(r"--run\.mode=(\w+)", joined)
+    if mode and mode.group(1) == "generate":
+        return extra + ["--generate.max_new_tokens=4", "--generate.num_samples=1"]
+    if mode:
+        return extra
+    extra += ["--eval.interval=0", "--train.batch_size=2"]
+    extra += ["--train.epochs=0.0001"] if re.search(r"^epochs\s*=", text, re.M) else ["--train.steps=2"]
+    if re.search(r"^task\s*=\s*clm", text, re.M):
+        extra += ["--data.seq_len=32"]
+        if "--model.weights" not in joined and not re.search(r"^weights\s*=", text, re.M):
+            extra += ["--model.n_layer=1", "--model.n_head=2", "--model.n_embd=32"]  # GPT-2 small is 124M
+    return extra
+
+
+def run_line(line, work, report):
+    args = shlex.split(line)
+    env = nr.mpi_env(threads=1)
+    if args[:2] == ["huggingface-cli", "download"]:
+        folder = work / args[args.index("--local-dir") + 1]
+        folder.mkdir(parents=True, exist_ok=True)
+        HUB[args[2]](folder)
+        return
+    if args[0] == "sbatch":  # job 7 on 2 CPU ranks: the jobscript's INI and arguments
+        script = next(i for i, a in enumerate(args) if a.startswith("jobscripts/"))
+        assert (work / args[script]).exists(), args[script]
+        rest = args[script + 1:]
+        args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu", "--train.precision=fp32"]
+    if "build/nlptrain" in args:
+        args = args + tiny(args, work)
+    if args[:2] == ["bash", "tools/prep_task_data.sh"]:
+        env["PREP_LIMIT"] = "200"
+    report(f"$ {' '.join(args)}")
+    cmd = " ".join(shlex.quote(a) for a in args) if "|" not in line and ">" not in line and "&&" not in line else line
+    p = subprocess.run(cmd, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"{line}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+
+
+ORDER = ["doc_cls", "pair_cls", "ner", "qa", "clm", "gen", "zero"]
+
+
+def test_readme_has_every_walkthrough():
+    assert list(walkthroughs()) == ORDER
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_walkthrough(name, work, report):
+    for line in walkthroughs()[name]:
+        run_line(line, work, report)
+    check = CHECKS.get(name)
+    if check:
+        check(work)
+
+
+# ---- what each walkthrough promises ---------------------------------------------------------------
+
+def jsonl(path):
+    return [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
+
+
+def check_exported(folder, auto, source):
+    """The export loads with AutoTokenizer and the AutoModel class, and its tokenizer is the source
+    model folder's (the same ids for real text)."""
+    from transformers import AutoTokenizer
+    import transformers
+    tok, ref = AutoTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(source)
+    model = getattr(transformers, auto).from_pretrained(folder)
+    assert len(tok) == len(ref) <= model.config.vocab_size
+    text = "이 영화 정말 재미있어요. The movie was great!"
+    assert tok(text)["input_ids"] == ref(text)["input_ids"]
+
+
+def check_doc_cls(w):
+    rows = jsonl(w / "runs/doc_cls_nsmc/predict/predictions.jsonl")
+    reviews = (w / "my_reviews.txt").read_text(encoding="utf-8").splitlines()
+    assert len(rows) == len(reviews)
+    for r in rows:
+        assert abs(sum(r["probabilities"]) - 1) < 1e-5 and r["label_name"] in ("negative", "positive")
+        assert r["text"] == reviews[r["index"]]
+    check_exported(w / "runs/doc_cls_nsmc/hf", "AutoModelForSequenceClassification", w / "models/kcbert-base")
+
+
+def check_pair_cls(w):
+    rows = jsonl(w / "runs/pair_cls_kornli/predict/predictions.jsonl")
+    assert len(rows) == 20 and all(len(r["probabilities"]) == 3 for r in rows)
+    check_exported(w / "runs/pair_cls_kornli/hf", "AutoModelForSequenceClassification", w / "models/kcbert-base")
+
+
+def check_ner(w):
+    rows = jsonl(w / "runs/ner_klue/predict/predictions.jsonl")
+    assert rows and all("entities" in r for r in rows)
+    check_exported(w / "runs/ner_klue/hf", "AutoModelForTokenClassification", w / "models/kcbert-base")
+
+
+def check_qa(w):
+    preds = json.loads((w / "runs/qa_korquad/predict/predictions.json").read_text(encoding="utf-8"))
+    spans = jsonl(w / "runs/qa_korquad/predict/predictions.jsonl")
+    assert preds and {s["id"] for s in spans} == set(preds)
+    check_exported(w / "runs/qa_korquad/hf", "AutoModelForQuestionAnswering", w / "models/kcbert-base")
+
+
+def check_clm(w):
+    ev = nr.metrics(w / "runs/clm_wikitext2")[1][-1]
+    assert ev["perplexity"] > 1
+    check_exported(w / "runs/clm_wikitext2_ft/hf", "AutoModelForCausalLM", w / "models/gpt2")
+
+
+def check_gen(w):
+    rows = jsonl(w / "runs/gen_nsmc/generated_text.jsonl")
+    prompts = (w / "prompts.txt").read_text(encoding="utf-8").splitlines()
+    assert [r["prompt"] for r in rows] == prompts
+    assert all(isinstance(s, str) for r in rows for s in r["samples"])
+
+
+def check_zero(w):
+    log = (w / "runs/clm_zero_multinode/log.txt").read_text()
+    assert "ZeRO-1" in log
+
+
+CHECKS = {"doc_cls": check_doc_cls, "pair_cls": check_pair_cls, "ner": check_ner, "qa": check_qa,
+          "clm": check_clm, "gen": check_gen, "zero": check_zero}
