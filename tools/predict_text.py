@@ -21,58 +21,14 @@ DIR defaults to predict/ beside WEIGHTS. The binary is $NLPTRAIN_BIN, else build
 from __future__ import annotations
 
 import argparse
-import configparser
-import os
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from job_common import ROOT, Fail, h5_attr, ini_value, nlptrain, read_ini, run, tokenizer_of  # noqa: E402
+
 PROG = "predict_text.py"
 TASKS = ("doc_cls", "pair_cls", "ner")
-
-
-class Fail(Exception):
-    pass
-
-
-def read_ini(path: Path) -> configparser.ConfigParser:
-    if not path.is_file():
-        raise Fail(f"INI file '{path}' not found")
-    ini = configparser.ConfigParser(inline_comment_prefixes=None, comment_prefixes=("#", ";"),
-                                    interpolation=None)
-    try:
-        ini.read_string(path.read_text(encoding="utf-8"), source=str(path))
-    except (configparser.Error, UnicodeDecodeError) as e:
-        raise Fail(f"INI file '{path}': {e}") from None
-    return ini
-
-
-def ini_value(ini, section, key, default=""):
-    v = ini.get(section, key, fallback=default).strip()
-    return v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
-
-
-def h5_attr(path, key):
-    import h5py
-    try:
-        with h5py.File(path, "r") as f:
-            v = f.attrs.get(key)
-    except OSError as e:
-        raise Fail(f"cannot read '{path}' as HDF5: {e}") from None
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def tokenizer_of(weights: Path) -> str:
-    files = h5_attr(weights, "tokenizer_files")
-    if not files:
-        raise Fail(f"weights '{weights}' do not say which tokenizer trained them (no tokenizer_files "
-                   f"attribute: data made before the tokenizer fingerprints); give --tokenizer PATH")
-    first = Path(str(files).splitlines()[0])
-    if not first.exists():
-        raise Fail(f"the tokenizer of weights '{weights}', '{first}', does not exist here; give --tokenizer PATH")
-    return str(first.parent)
 
 
 def main(argv=None) -> int:
@@ -113,16 +69,9 @@ def main(argv=None) -> int:
         data = out / "input.h5"
         prep = [sys.executable, str(ROOT / "tools" / f"prep_{task}.py"), "--tokenizer", tok, "--input-format", "lines",
                 "--no-labels", "--input", a.text, "--max-seq-len", str(T), "--out", str(data), "--quiet"]
-        print(f"{PROG}: $ {shlex.join(prep)}", flush=True)
-        if subprocess.run(prep).returncode != 0:
-            raise Fail("preparing the text failed (see above)")
-        binary = os.environ.get("NLPTRAIN_BIN") or str(ROOT / "build" / "nlptrain")
-        mpi = ["mpirun", "-np", str(a.np)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-        run = mpi + [binary, a.ini, "--run.mode=predict", f"--model.weights={weights}", f"--data.eval={data}",
-                     f"--output.dir={out}"] + overrides
-        print(f"{PROG}: $ {shlex.join(run)}", flush=True)
-        if subprocess.run(run).returncode != 0:
-            raise Fail("nlptrain failed (see above)")
+        run(PROG, prep)
+        run(PROG, nlptrain(a.np, [a.ini, "--run.mode=predict", f"--model.weights={weights}", f"--data.eval={data}",
+                                  f"--output.dir={out}"] + overrides))
         print(f"{PROG}: wrote {out / 'predictions.jsonl'}")
         return 0
     except Fail as e:

@@ -163,11 +163,15 @@ def run_line(line, work, report):
         folder.mkdir(parents=True, exist_ok=True)
         HUB[args[2]](folder)
         return
-    if args[0] == "sbatch":  # job 7 on 2 CPU ranks: the jobscript's INI and arguments
+    if args[0] == "sbatch":
         script = next(i for i, a in enumerate(args) if a.startswith("jobscripts/"))
         assert (work / args[script]).exists(), args[script]
         rest = args[script + 1:]
-        args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu", "--train.precision=fp32"]
+        if args[script] == "jobscripts/generate.sh":  # runs as is outside SLURM
+            args = ["bash", args[script]] + rest + ([] if "--" in rest else ["--"]) + [
+                "--run.backend=cpu", "--run.threads=1", "--generate.max_new_tokens=4", "--generate.num_samples=1"]
+        else:  # job 7 on 2 CPU ranks: the jobscript's INI and arguments
+            args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu", "--train.precision=fp32"]
     if "build/nlptrain" in args:
         args = args + tiny(args, work)
     if args[:2] == ["bash", "tools/prep_task_data.sh"]:
@@ -248,10 +252,13 @@ def check_clm(w):
 
 
 def check_gen(w):
-    rows = jsonl(w / "runs/gen_nsmc/generated_text.jsonl")
     prompts = (w / "prompts.txt").read_text(encoding="utf-8").splitlines()
-    assert [r["prompt"] for r in rows] == prompts
-    assert all(isinstance(s, str) for r in rows for s in r["samples"])
+    for out in ("runs/gen_nsmc/generate", "runs/gen_nsmc/generate_job"):
+        rows = jsonl(w / out / "generated_text.jsonl")
+        assert [r["prompt"] for r in rows] == prompts
+        for r in rows:
+            assert r["samples"] and all(s.startswith(r["prompt"]) for s in r["samples"])
+        assert (w / out / "generated.txt").read_text(encoding="utf-8").count(prompts[0]) >= 1
 
 
 def check_zero(w):
