@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "text/json_min.h"
 #include "text/unicode.h"
 
@@ -139,6 +140,7 @@ namespace {
 
 class ByteTokenizer final : public Tokenizer {
  public:
+  std::string vocab_sha256() const override { return sha256_hex("byte:256"); }
   std::vector<int32_t> encode(const std::string& s) const override {
     std::vector<int32_t> ids(s.size());
     for (size_t i = 0; i < s.size(); ++i) ids[i] = static_cast<unsigned char>(s[i]);
@@ -249,6 +251,7 @@ class Gpt2Tokenizer final : public Tokenizer {
 
   int vocab_size() const override { return static_cast<int>(bytes_.size()); }
   int eos_id() const override { return eos_; }
+  std::string vocab_sha256() const override { return vocab_sha256_; }
 
  private:
   static constexpr size_t kMaxCachedWordBytes = 128;
@@ -283,6 +286,22 @@ class Gpt2Tokenizer final : public Tokenizer {
     }
     auto it = ids_.find("<|endoftext|>");
     eos_ = it == ids_.end() ? -1 : it->second;
+    // the fingerprint of the vocabulary's token strings, in id order
+    std::vector<const std::string*> by_id(static_cast<size_t>(n), nullptr);
+    for (const auto& [tok, id] : ids_) by_id[static_cast<size_t>(id)] = &tok;
+    Sha256 h;
+    for (int64_t id = 0; id < n; ++id) {
+      std::string line = std::to_string(id) + "\t";
+      for (char c : *by_id[static_cast<size_t>(id)]) {
+        if (c == '\\') line += "\\\\";
+        else if (c == '\t') line += "\\t";
+        else if (c == '\n') line += "\\n";
+        else if (c == '\r') line += "\\r";
+        else line += c;
+      }
+      h.update(line + "\n");
+    }
+    vocab_sha256_ = h.hex();
   }
 
   void load_merges(const std::string& path) {
@@ -424,6 +443,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};
   MergeTable merges_;
   int32_t eos_ = -1;
+  std::string vocab_sha256_;
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };

@@ -36,6 +36,9 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;  // may be invalid UTF-8
   virtual int vocab_size() const = 0;
   virtual int eos_id() const = 0;  // -1 when the tokenizer has none ("byte")
+  // The vocabulary's fingerprint as the data tools define it (tools/hub_tokenizer.py): SHA-256 of
+  // "<id>\t<token>\n" for every id (\\ \t \n \r escaped in the token), or of "byte:256" for bytes.
+  virtual std::string vocab_sha256() const = 0;
 };
 
 // kind: "byte" (vocab_dir ignored) or "gpt2". Missing or malformed vocabulary files and unknown

@@ -105,6 +105,7 @@ class IdsTokenizer : public Tokenizer {
   }
   int vocab_size() const override { return vocab_; }
   int eos_id() const override { return eos_; }
+  std::string vocab_sha256() const override { return ""; }  // the prompts carry theirs
 
  private:
   int vocab_, eos_;
@@ -133,6 +134,20 @@ struct Prompt {
   std::string vocab_sha256;  // the tokenizer that made ids (tools/encode_prompts.py), when given
   int64_t eos_id = -1;       // its end-of-text id, when given
 };
+
+// The text tokenizer (byte, gpt2) must be the one the model was trained with, when the weights say
+// (vocab_sha256, from the training data): another one would turn the samples into garbage.
+void check_tokenizer(const Tokenizer& tok, const Config& cfg, const ModelConfig& mc) {
+  if (mc.vocab_sha256.empty()) return;
+  const std::string mine = tok.vocab_sha256();
+  if (mine == mc.vocab_sha256) return;
+  throw Error(cat("generate.tokenizer = ", cfg.generate.tokenizer,
+                  cfg.generate.tokenizer == "gpt2" ? cat(" ('", gpt2_vocab_dir(cfg), "')") : std::string(),
+                  " has vocab_sha256 ", mine.substr(0, 12), "... but model.weights '", mc.weights,
+                  "' was trained on vocab_sha256 ", mc.vocab_sha256.substr(0, 12),
+                  "...: use the model's tokenizer (generate.tokenizer = ids with tools/generate_text.py "
+                  "takes any Hugging Face tokenizer)"));
+}
 
 // Prompts of generate.prompts_file: one JSON object per line with a string "prompt" (with
 // generate.tokenizer = ids: an array "prompt_ids", and optionally "prompt", "vocab_sha256" and
@@ -199,8 +214,13 @@ std::string ids_json(const std::vector<int32_t>& ids) {
 
 }  // namespace
 
+void check_sample_tokenizer(Session& s) {
+  check_tokenizer(*open_tokenizer(s.cfg, nullptr), s.cfg, s.model.config());
+}
+
 std::string generate_sample(Session& s, uint64_t seed) {
   auto tok = open_tokenizer(s.cfg, nullptr);
+  check_tokenizer(*tok, s.cfg, s.model.config());
   std::vector<int32_t> prompt = tok->encode(s.cfg.generate.prompt);
   auto samples = sample_continuations(s, *tok, prompt, seed, "generate.prompt");
   if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
@@ -248,6 +268,7 @@ void run_generate(Session& s) {
                    eos >= 0 ? std::to_string(eos) : std::string("none")));
   } else {
     tok = open_tokenizer(s.cfg, &s.log);
+    check_tokenizer(*tok, s.cfg, mc);
   }
 
   char num[64];

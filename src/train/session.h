@@ -49,6 +49,9 @@ void run_predict(Session& s);  // run.mode = predict
 std::string format_eval(const EvalResult& r);  // "loss 2.31 | accuracy 0.8123 | ..." for the log
 // Sample text from the prompt with the generate.* settings (call on one rank only).
 std::string generate_sample(Session& s, uint64_t seed);
+// Before training with train.sample_interval: the samples' tokenizer is the model's (else an error now,
+// not at the first sample).
+void check_sample_tokenizer(Session& s);
 
 // Opens a dataset for the model (window length data.seq_len or n_positions), checking T fits, and
 // validates every value in it: each rank checks its share of the examples (TokenDataset::validate),

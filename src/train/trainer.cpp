@@ -202,6 +202,7 @@ int run_train(Session& s) {
   const TrainConfig& tc = cfg.train;
   const int rank = s.comm.rank(), world = s.comm.size();
   TokenDataset train = open_dataset(s, cfg.data.train, "data.train");
+  if (tc.sample_interval > 0) check_sample_tokenizer(s);
   std::unique_ptr<MlmSpec> mlm;
   if (s.task == Task::Mlm && !train.has_token_labels())
     mlm = std::make_unique<MlmSpec>(read_mlm_spec(train, s.model.config().vocab_size));

@@ -292,3 +292,36 @@ def test_preset_gpt2_shape_with_override(tmp_path):
     assert "model: gpt2, 1 layers, 2 heads, width 48, vocab 50257" in p.stdout
     cfg = (tmp_path / "o" / "config.ini").read_text()
     assert "preset = gpt2" in cfg and "n_positions = 1024" in cfg
+
+
+def test_builtin_generation_tokenizer_must_be_the_models(tmp_path):
+    """generate.tokenizer = gpt2 / byte against the weights' vocab_sha256: the gpt2 vocabulary's
+    fingerprint computed by the binary equals the data tools' (tools/hub_tokenizer.py); another
+    tokenizer is an error before anything is generated, and before training with samples."""
+    import sys
+    vocab = nr.shared_data() / "vocab" / "gpt2"
+    if not (vocab / "encoder.json").exists():
+        pytest.skip(f"shared data absent: {vocab} (NLPTRAIN_SHARED_DATA)")
+    sys.path.insert(0, str(nr.SOURCE_DIR / "tools"))
+    import hub_tokenizer as ht
+    sha = ht.load("gpt2", str(vocab)).vocab_sha256
+    stream = nr.pattern_stream(tmp_path / "s.h5", 24, seed=11)
+    with h5py.File(stream, "a") as f:
+        f.attrs["vocab_sha256"] = sha
+    model = ["--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16", "--model.n_positions=32",
+             "--data.seq_len=16", "--run.threads=1"]
+    out = tmp_path / "train"
+    nr.run(model + [f"--data.train={stream}", f"--output.dir={out}", "--train.steps=1", "--checkpoint.interval=1",
+                    "--train.batch_size=2"])
+    w = out / "checkpoints" / "step_00000001.h5"
+    gen = model + ["--run.mode=generate", f"--model.weights={w}", "--generate.max_new_tokens=3",
+                   "--generate.prompt=Hello"]
+    nr.run(gen + ["--generate.tokenizer=gpt2", f"--generate.vocab_dir={vocab}", f"--output.dir={tmp_path / 'g'}"])
+    assert (tmp_path / "g" / "generated.txt").read_text().startswith("Hello")
+    p = nr.run(gen + ["--generate.tokenizer=byte", f"--output.dir={tmp_path / 'b'}"], check=False)
+    err = p.stdout + p.stderr
+    assert p.returncode != 0 and "generate.tokenizer = byte has vocab_sha256" in err and sha[:12] in err
+    p = nr.run(model + [f"--data.train={stream}", f"--output.dir={tmp_path / 't'}", "--train.steps=2",
+                        "--train.sample_interval=1", "--generate.tokenizer=byte"], check=False)
+    assert p.returncode != 0 and "use the model's tokenizer" in p.stdout + p.stderr
+    assert not (tmp_path / "t" / "metrics.jsonl").exists()

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "text/json_min.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
@@ -284,6 +285,25 @@ TEST(JsonMin, FlatStringStringObject) {
       EXPECT_NE(std::string(e.what()).find("p.jsonl"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Sha256, NistVectorsAndIncrementalUpdates) {
+  EXPECT_EQ(nlp::sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(nlp::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(nlp::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  nlp::Sha256 h;  // one million 'a', fed in uneven pieces across block boundaries
+  const std::string piece(997, 'a');
+  size_t left = 1000000;
+  while (left > 0) {
+    const size_t n = std::min(left, piece.size());
+    h.update(std::string_view(piece).substr(0, n));
+    left -= n;
+  }
+  EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // the byte tokenizer's fingerprint, as Python's hashlib.sha256(b"byte:256") gives it
+  EXPECT_EQ(nlp::make_tokenizer("byte", "")->vocab_sha256(),
+            "18def6f6a5c917774d14d83998d4ede8bfba7821ead7008d760deb454bad0e86");
 }
 
 TEST(JsonMin, FlatObjectOfStringsIntegersAndIdArrays) {
