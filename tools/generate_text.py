@@ -19,24 +19,18 @@ On a cluster: sbatch jobscripts/generate.sh with the same arguments.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from job_common import ROOT, Fail, nlptrain, read_ini, ini_value, run, tokenizer_of  # noqa: E402
+from job_common import ROOT, Fail, parser, split_overrides, nlptrain, read_ini, ini_value, run, tokenizer_of  # noqa: E402
 
 PROG = "generate_text.py"
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    overrides = []
-    if "--" in argv:
-        overrides = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    p = parser(PROG, __doc__)
     p.add_argument("ini", help="the job's INI file (model.type = gpt2)")
     p.add_argument("weights", help="the model (best.h5, a checkpoint, or an imported Hub GPT-2)")
     p.add_argument("prompts", help="text file, one prompt per line (or JSONL with \"prompt\")")

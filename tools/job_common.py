@@ -16,6 +16,21 @@ class Fail(Exception):
     """An error to print as `PROG: error: ...` with exit status 1."""
 
 
+def split_overrides(argv):
+    """(the tool's arguments, the nlptrain overrides after a '--')."""
+    if "--" not in argv:
+        return list(argv), []
+    k = argv.index("--")
+    return list(argv[:k]), list(argv[k + 1:])
+
+
+def parser(prog, doc):
+    """An argparse parser whose description and epilog are the tool's docstring."""
+    import argparse
+    return argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=doc.split("\n", 2)[2],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def read_ini(path) -> configparser.ConfigParser:
     path = Path(path)
     if not path.is_file():

@@ -20,25 +20,19 @@ DIR defaults to predict/ beside WEIGHTS. The binary is $NLPTRAIN_BIN, else build
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from job_common import ROOT, Fail, h5_attr, ini_value, nlptrain, read_ini, run, tokenizer_of  # noqa: E402
+from job_common import ROOT, Fail, parser, split_overrides, h5_attr, ini_value, nlptrain, read_ini, run, tokenizer_of  # noqa: E402
 
 PROG = "predict_text.py"
 TASKS = ("doc_cls", "pair_cls", "ner")
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    overrides = []
-    if "--" in argv:
-        overrides = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    p = parser(PROG, __doc__)
     p.add_argument("ini", help="the job's INI file")
     p.add_argument("weights", help="the fine-tuned model (best.h5 or a checkpoint)")
     p.add_argument("text", help="text file: one document (pair_cls: one tab-separated pair) per line")

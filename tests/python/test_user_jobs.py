@@ -325,3 +325,28 @@ def test_builtin_generation_tokenizer_must_be_the_models(tmp_path):
                         "--train.sample_interval=1", "--generate.tokenizer=byte"], check=False)
     assert p.returncode != 0 and "use the model's tokenizer" in p.stdout + p.stderr
     assert not (tmp_path / "t" / "metrics.jsonl").exists()
+
+
+def test_one_command_tools_name_what_is_missing(two_label_model, tmp_path):
+    """predict_text.py / generate_text.py: weights that do not record their tokenizer, a task they do not
+    predict, a missing input: an error naming it, exit status 1, nothing run."""
+    import subprocess
+    import sys
+    ini = tmp_path / "job.ini"
+    ini.write_text("[run]\ntask = doc_cls\n[model]\ntype = bert\n")
+    text = tmp_path / "t.txt"
+    text.write_text("a review\n")
+
+    def tool(name, *args):
+        return subprocess.run([sys.executable, str(nr.SOURCE_DIR / "tools" / name), *map(str, args)],
+                              capture_output=True, text=True)
+    r = tool("predict_text.py", ini, two_label_model, text, "--out", tmp_path / "o")
+    assert r.returncode == 1 and "no tokenizer_files attribute" in r.stderr and "--tokenizer PATH" in r.stderr
+    assert not (tmp_path / "o" / "predictions.jsonl").exists()
+    r = tool("predict_text.py", ini, two_label_model, tmp_path / "none.txt")
+    assert r.returncode == 1 and "none.txt' not found" in r.stderr
+    ini.write_text("[run]\ntask = qa\n[model]\ntype = bert\n")
+    r = tool("predict_text.py", ini, two_label_model, text)
+    assert r.returncode == 1 and "run.task = qa" in r.stderr
+    r = tool("generate_text.py", ini, two_label_model, text)
+    assert r.returncode == 1 and "model.type = bert" in r.stderr
