@@ -216,6 +216,24 @@ def check_exported(folder, auto, source):
     assert tok(text)["input_ids"] == ref(text)["input_ids"]
 
 
+def same_as_exported(folder, rows, texts, pairs=None, T=128):
+    """nlptrain's probabilities for the user's texts equal what transformers computes with the exported
+    folder alone (its tokenizer, as run_glue calls it, and its model): tokenizer, weights and head
+    travel together."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    import torch
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    enc = tok(texts, pairs, truncation=True, max_length=T, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        probs = torch.softmax(model(**enc).logits.double(), dim=-1).numpy()
+    labels = model.config.id2label
+    for r in rows:
+        p = probs[r["index"]]
+        assert max(abs(a - b) for a, b in zip(r["probabilities"], p)) < 2e-5, (r, p)
+        assert labels[int(p.argmax())] == r["label_name"]
+
+
 def check_doc_cls(w):
     rows = jsonl(w / "runs/doc_cls_nsmc/predict/predictions.jsonl")
     reviews = (w / "my_reviews.txt").read_text(encoding="utf-8").splitlines()
@@ -224,12 +242,15 @@ def check_doc_cls(w):
         assert abs(sum(r["probabilities"]) - 1) < 1e-5 and r["label_name"] in ("negative", "positive")
         assert r["text"] == reviews[r["index"]]
     check_exported(w / "runs/doc_cls_nsmc/hf", "AutoModelForSequenceClassification", w / "models/kcbert-base")
+    same_as_exported(w / "runs/doc_cls_nsmc/hf", rows, reviews)
 
 
 def check_pair_cls(w):
     rows = jsonl(w / "runs/pair_cls_kornli/predict/predictions.jsonl")
     assert len(rows) == 20 and all(len(r["probabilities"]) == 3 for r in rows)
     check_exported(w / "runs/pair_cls_kornli/hf", "AutoModelForSequenceClassification", w / "models/kcbert-base")
+    pairs = [l.split("\t") for l in (w / "my_pairs.txt").read_text(encoding="utf-8").splitlines()]
+    same_as_exported(w / "runs/pair_cls_kornli/hf", rows, [a for a, _ in pairs], [b for _, b in pairs])
 
 
 def check_ner(w):
