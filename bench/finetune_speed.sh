@@ -12,6 +12,7 @@
 #   hf-longest              hf_trainer.py --padding longest           (DataCollatorWithPadding-style)
 #   nlptrain-longest-group  ... --data.group_by_length=true
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
+#   hf-longest-group-compile  ... --group-by-length --torch-compile --pad-multiple 8 (torch.compile, inductor)
 # (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
 # nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
 #
@@ -33,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group hf-longest-group-compile"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -168,7 +169,10 @@ run_hf() {  # run_hf TASK SETTING SEED
   local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
-  case $s in *-group) extra+=(--group-by-length);; esac
+  case $s in *-group|*-group-compile) extra+=(--group-by-length);; esac
+  # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (nlptrain's default), so that
+  # few shapes are compiled
+  case $s in *-compile) extra+=(--torch-compile --pad-multiple 8);; esac
   [ -n "$PAD_MULTIPLE" ] && extra+=(--pad-multiple "$PAD_MULTIPLE")
   rm -rf "$out"
   timed "$name" "$PY" bench/bert_accuracy/hf_trainer.py --task $t --train "$d/train.h5" --eval "$d/eval.h5" \

@@ -14,6 +14,9 @@ Per run (raw/<task>_<setting>_s<seed>.time, .log and folder):
   mean len  computed positions per row (batch length), pad % = 1 - real / computed positions
   metric    on the held-out file: accuracy (doc_cls, pair_cls), entity F1 (ner), KorQuAD EM / F1 (qa)
   vs HF fastest  train_s / the smallest train_s of the HF settings of the same task and seed
+  step ms (after 20)  the median step time after the first 20 steps (steady state: torch.compile's
+            compilations are mostly in the first steps; HF: between the ends of consecutive training_step
+            calls, nlptrain: step_time_s); vs HF fastest step: the same ratio on it
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import statistics
 import sys
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
-            "hf-longest-group"]
+            "hf-longest-group", "hf-longest-group-compile"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 
 
@@ -94,6 +97,8 @@ def nlptrain_run(d, r):
         r["real_tokens"] = sum(round(x.get("real_tokens_per_s", 0) * x["step_time_s"]) for x in train)
         r["computed_tokens"] = sum(round(x.get("tokens_per_s", 0) * x["step_time_s"]) for x in train)
         r["train_loss_last"] = train[-1].get("loss")
+        if len(train) > 21:
+            r["median_step_s_after_20"] = statistics.median(x["step_time_s"] for x in train[21:])
     if evals:
         ev = {k: v for k, v in evals[-1].items() if k not in ("step", "split")}
         r["eval"] = ev
@@ -114,6 +119,7 @@ def hf_run(d, r):
     r["computed_tokens"] = res.get("computed_tokens")
     r["eval"] = res.get("eval")
     r["train_loss_mean"] = res.get("train_loss")
+    r["median_step_s_after_20"] = res.get("median_step_s_after_20")
     r["completed"] = True
     r["batch_rows"] = res.get("global_batch")
 
@@ -134,7 +140,7 @@ def collect(res_dir):
         side = setting.split("-", 1)[0]
         r = {"name": name, "task": task, "setting": setting, "side": side, "seed": int(seed),
              "padding": "max_length" if setting.endswith("max_length") else "longest",
-             "group_by_length": setting.endswith("-group"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
+             "group_by_length": "-group" in setting, "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
              "loadavg_before": tm.get("loadavg_before"), "loadavg_after": tm.get("loadavg_after"),
              "start": tm.get("start"), "completed": False}
         d = os.path.join(res_dir, "raw", name)
@@ -164,6 +170,10 @@ def collect(res_dir):
         if hf and r.get("train_s"):
             r["hf_fastest_train_s"] = min(hf)
             r["vs_hf_fastest"] = r["train_s"] / min(hf)
+        hf_step = [x["median_step_s_after_20"] for x in runs if x["side"] == "hf" and x["task"] == r["task"]
+                   and x["seed"] == r["seed"] and x.get("median_step_s_after_20")]
+        if hf_step and r.get("median_step_s_after_20"):
+            r["step_vs_hf_fastest"] = r["median_step_s_after_20"] / min(hf_step)
     return runs
 
 
@@ -197,7 +207,8 @@ def main(argv):
             out.append(f"- {t}: {l}")
     out += ["", "train s: nlptrain = sum of its per-step times (steps 1..N, no start-up or evaluation); HF = "
             "trainer.train() wall time. real tok/s = sum of attention_mask over the trained batches / train s. "
-            "vs HF fastest = train s / the smallest HF train s of that task and seed (< 1: faster). wall s: the whole "
+            "vs HF fastest = train s / the smallest HF train s of that task and seed (< 1: faster); step ms: the "
+            "median step after the first 20 (steady state), and its ratio to HF's fastest. wall s: the whole "
             "process, evaluation included. len: computed positions per row; pad: share of computed positions "
             "that are padding. load: 1-minute loadavg before → after the run. One run at a time.", ""]
     seeds = sorted({r["seed"] for r in runs})
@@ -207,11 +218,14 @@ def main(argv):
             if not rs:
                 continue
             out += [f"## {t} (seed {seed})", "",
-                    "| setup | train s | vs HF fastest | real tok/s | len | pad % | metric | wall s | load | rc |",
-                    "|---|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+                    "| setup | train s | vs HF fastest | step ms (after 20) | vs HF fastest step | real tok/s | len "
+                    "| pad % | metric | wall s | load | rc |",
+                    "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
             for r in rs:
-                out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                step = r.get("median_step_s_after_20")
+                out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
                     r["setting"], f(r.get("train_s")), f(r.get("vs_hf_fastest"), "{:.2f}x"),
+                    f(None if step is None else 1000 * step, "{:.0f}"), f(r.get("step_vs_hf_fastest"), "{:.2f}x"),
                     f(r.get("real_tokens_per_s"), "{:.0f}"), f(r.get("mean_batch_len")),
                     f(None if r.get("padding_fraction") is None else 100 * r["padding_fraction"]),
                     metric_text(t, r.get("eval")), f(r.get("wall_s")), load_text(r),

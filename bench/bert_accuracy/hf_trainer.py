@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import math
 import os
 import re
@@ -80,6 +81,9 @@ def parse_args(argv=None):
                         "file's length (DataCollatorWithPadding's pad_to_multiple_of; default 1 = off)")
     p.add_argument("--group-by-length", action="store_true",
                    help="Trainer's group_by_length (LengthGroupedSampler on len(item['input_ids']))")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="TrainingArguments(torch_compile=True): the model through torch.compile (inductor; on the "
+                        "CPU it generates C++/OpenMP kernels), compile time included in train_s")
     return p.parse_args(argv)
 
 
@@ -387,6 +391,8 @@ def main(argv=None):
         return max(0.0, (N - step) / max(1, N - W))
 
     counts = {"real": 0, "computed": 0, "batches": 0, "rows": 0}
+    step_ends = []  # time.perf_counter() after each training step (forward + backward; the optimizer
+                    # step of step k falls between the ends of k and k+1)
 
     class T(Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
@@ -395,7 +401,9 @@ def main(argv=None):
             counts["computed"] += am.numel()
             counts["batches"] += 1
             counts["rows"] += am.shape[0]
-            return super().training_step(model, inputs, *args, **kwargs)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            step_ends.append(time.perf_counter())
+            return loss
 
         def create_scheduler(self, num_training_steps, optimizer=None):
             if self.lr_scheduler is None:
@@ -414,7 +422,8 @@ def main(argv=None):
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=0, seed=a.seed, data_seed=a.seed, logging_steps=a.log_steps, save_strategy="no",
         eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
-        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True, **sampling)
+        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True, torch_compile=a.torch_compile,
+        **sampling)
     trainer = T(model=model, args=args, train_dataset=train, data_collator=collator)
     t_train0 = time.time()
     tr = trainer.train()
@@ -435,6 +444,11 @@ def main(argv=None):
            "train_s": t_train, "eval_s": t_eval, "wall_s": time.time() - t0, "threads": a.threads,
            "train_loss": tr.training_loss, "transformers": transformers.__version__, "torch": torch.__version__,
            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    # steady state: the median step after the first 20 (torch.compile's compilations and recompilations
+    # for new batch lengths happen mostly in the first steps)
+    gaps = [b - a_ for a_, b in zip(step_ends, step_ends[1:])]
+    out.update(torch_compile=a.torch_compile,
+               median_step_s_after_20=statistics.median(gaps[20:]) if len(gaps) > 20 else None)
     out.update(padding=a.padding, group_by_length=a.group_by_length, pad_multiple=a.pad_multiple,
                file_seq_len=train.T, trained_batches=counts["batches"], trained_rows=counts["rows"],
                real_tokens=counts["real"], computed_tokens=counts["computed"],
