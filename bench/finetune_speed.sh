@@ -8,7 +8,7 @@
 # settings, one run at a time (never in parallel), on this machine:
 #   nlptrain-max_length     nlptrain --data.padding=max_length        (every row at the file's length)
 #   hf-max_length           hf_trainer.py --padding max_length        (today's HF side)
-#   nlptrain-longest        nlptrain --data.padding=longest           (batch at its longest row, rounded up to 8)
+#   nlptrain-longest        nlptrain --data.padding=longest           (batch at its longest row; data.pad_multiple auto = 1 on the cpu)
 #   hf-longest              hf_trainer.py --padding longest           (DataCollatorWithPadding-style)
 #   nlptrain-longest-group  ... --data.group_by_length=true
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
@@ -25,7 +25,7 @@
 #   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
 #   DOC_STRIDE (64), EVAL_N (500: NSMC test / XNLI dev examples evaluated), EVAL_FRAC (0.1: the
 #   articles / sentences of KorQuAD dev / KLUE NER dev held out), LIMIT (empty: none; caps every
-#   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, nlptrain 8, HF 1;
+#   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, 1 on both (nlptrain: auto on the cpu);
 #   a number is given to both), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3), SHARED (../shared/data
 #   relative to the repository root, else /work/shared/data).
 # Output in RES: command.txt (the exact command), environment.txt, raw/<task>_<setting>_s<seed>.{log,time}
@@ -170,7 +170,7 @@ run_hf() {  # run_hf TASK SETTING SEED
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
   case $s in *-group|*-group-compile) extra+=(--group-by-length);; esac
-  # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (nlptrain's default), so that
+  # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (what nlptrain uses on GPUs), so that
   # few shapes are compiled
   case $s in *-compile) extra+=(--torch-compile --pad-multiple 8);; esac
   [ -n "$PAD_MULTIPLE" ] && extra+=(--pad-multiple "$PAD_MULTIPLE")

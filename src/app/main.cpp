@@ -173,6 +173,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // and train.steps from train.epochs. Everything after this point reads it.
   Config eff = cfg;
   eff.model = mc;
+  if (eff.data.pad_multiple == 0) eff.data.pad_multiple = cuda ? 8 : 1;  // auto
   std::string epochs_line;
   if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
     const int64_t n = count_examples(cfg, mc, cfg.data.train);
@@ -195,8 +196,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
   const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
   int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
-  if (cfg.data.seq_len == 0 && !cfg.data.train.empty()) {
-    h5::File f = h5::File::open_read(cfg.data.train);
+  const std::string& rows_file = cfg.run.mode == "train" || cfg.run.mode == "gradients" ? cfg.data.train
+                                 : cfg.run.mode == "generate"                         ? std::string()
+                                                                                      : cfg.data.eval;
+  if (cfg.data.seq_len == 0 && !rows_file.empty()) {
+    h5::File f = h5::File::open_read(rows_file);
     if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);
   }
   // The memory plan, before the model's arenas exist: stop here when it does not fit.

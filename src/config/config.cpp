@@ -174,9 +174,10 @@ const std::vector<Entry>& schema() {
        "data.pad_multiple, in train, eval, predict and gradients (the same losses, gradients and "
        "predictions as max_length, except qa's loss, whose softmax spans the batch's positions as "
        "HF's per-batch padding does); max_length = every row at the file's length"},
-      {KEY(data, pad_multiple), closed(1, 4096),
-       "with data.padding = longest: round the batch length up to a multiple of this (bounds the "
-       "distinct shapes; 64 suits tensor cores)"},
+      {KEY(data, pad_multiple), closed(0, 4096),
+       "with data.padding = longest: round the batch length up to a multiple of this; 0 = auto: 1 on "
+       "the cpu backend (shapes cost nothing there; every extra position is wasted work), 8 on cuda "
+       "(bounds the distinct shapes; 64 also suits tensor cores)"},
       {KEY(data, group_by_length), none(),
        "batch examples of similar length (HF group_by_length): each mega-batch of 50 optimizer steps "
        "of the shuffled order is sorted longest first and cut into optimizer steps, whose order is "

@@ -76,7 +76,8 @@ struct DataConfig {
   int seq_len = 0;             // window length T for 1-D `tokens` datasets; 0 = min(n_positions, 1024)
   bool shuffle = true;         // reshuffle examples every epoch (seeded by train.seed)
   std::string padding = "longest";  // longest (trim each micro-batch to its longest row) | max_length
-  int pad_multiple = 8;        // padding = longest: round the batch length up to a multiple of this
+  int pad_multiple = 0;        // padding = longest: round the batch length up to a multiple of this;
+                               // 0 = auto (resolved in the effective configuration: cpu 1, cuda 8)
   bool group_by_length = false;  // length-grouped batches (Sampler)
 };
 

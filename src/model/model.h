@@ -121,7 +121,8 @@ struct NumLabels {
 NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc);
 
 // Label names of a classifier task with mc.num_labels labels: the id2label attribute (JSON list) of
-// the dataset (data.train, else data.eval), else that of model.weights when it has mc.num_labels
+// the dataset (data.train when the mode trains, data.eval for eval and predict; each falling back to
+// the other when empty), else that of model.weights when it has mc.num_labels
 // names; empty when neither has them. `source` says which (for the log).
 std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source);
 

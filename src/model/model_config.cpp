@@ -53,6 +53,15 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
   field = v;
 }
 
+// The dataset whose num_labels / id2label describe the task: data.train when the run trains (train,
+// gradients), else data.eval (eval, predict: data.train may name a file of another machine), each
+// falling back to the other when empty.
+const std::string& labelled_dataset(const Config& cfg) {
+  const bool trains = cfg.run.mode == "train" || cfg.run.mode == "gradients";
+  const std::string& first = trains ? cfg.data.train : cfg.data.eval;
+  return first.empty() ? (trains ? cfg.data.eval : cfg.data.train) : first;
+}
+
 }  // namespace
 
 // num_labels of a classifier task, as from_pretrained decides it: a weights file that carries a
@@ -61,7 +70,7 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
 // Without a classifier in the file: model.num_labels, or the dataset's when it is 0.
 NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
   const std::string where = cfg.where("model.num_labels");
-  const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+  const std::string& data = labelled_dataset(cfg);
   auto dataset_num_labels = [&](bool required) -> int64_t {
     if (data.empty()) {
       if (required) throw Error("model.num_labels = 0 needs data.train or data.eval (their num_labels attribute)");
@@ -134,7 +143,7 @@ NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
 }
 
 std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfig& mc, std::string* source) {
-  const std::string& data = cfg.data.train.empty() ? cfg.data.eval : cfg.data.train;
+  const std::string& data = labelled_dataset(cfg);
   if (!data.empty()) {
     h5::File d = h5::File::open_read(data);
     if (d.has_attr("id2label")) {
@@ -277,8 +286,11 @@ std::string describe(const VocabAttrs& v) {
 
 std::vector<std::string> resolve_tokenizer(const Config& cfg, ModelConfig& mc) {
   std::vector<std::string> warnings;
-  const VocabAttrs train = read_vocab_attrs(cfg.data.train, "data.train");
-  const VocabAttrs eval = read_vocab_attrs(cfg.data.eval, "data.eval");
+  // the datasets this mode reads (predict and eval never open data.train)
+  const bool trains = cfg.run.mode == "train" || cfg.run.mode == "gradients";
+  const VocabAttrs train = read_vocab_attrs(trains ? cfg.data.train : std::string(), "data.train");
+  const bool evaluates = cfg.run.mode == "train" || cfg.run.mode == "eval" || cfg.run.mode == "predict";
+  const VocabAttrs eval = read_vocab_attrs(evaluates ? cfg.data.eval : std::string(), "data.eval");
   const VocabAttrs weights = read_vocab_attrs(mc.weights, "model.weights");
   const VocabAttrs* sides[] = {&train, &eval, &weights};
   const VocabAttrs* first = nullptr;

@@ -145,6 +145,10 @@ def test_predictions_with_ids_probabilities_and_unlabelled_input(two_label_model
     assert "accuracy" not in ev
     eval_l = nr.metrics(tmp_path / "l")[1][-1]
     assert 0 <= eval_l["accuracy"] <= 1
+    # predict never opens data.train (an INI's training file may live on another machine)
+    nr.run(base + [f"--data.eval={unlabelled}", f"--output.dir={tmp_path / 'v'}",
+                   f"--data.train={tmp_path / 'elsewhere' / 'train.h5'}"], ranks=2)
+    assert lines(tmp_path / "v" / "predictions.jsonl") == got_u
     # predict keeps its own config file
     assert (tmp_path / "u" / "config.predict.ini").exists() and not (tmp_path / "u" / "config.ini").exists()
     assert "predictions.jsonl" in p.stdout
