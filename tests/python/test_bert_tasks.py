@@ -128,3 +128,35 @@ def test_mlm_pretrain_then_finetune_reports_new_and_unused_tensors(tmp_path):
     assert "new tensor, not in the weights file (initialised): classifier.weight" in p.stdout
     assert "new tensor, not in the weights file (initialised): bert.pooler.dense.weight" in p.stdout
     assert "unused tensor in the weights file: cls.predictions.transform.dense.weight" in p.stdout
+
+
+def test_qa_predict_unlabelled_questions(tmp_path):
+    """prep_qa.py --no-labels (questions without answers) -> run.mode = predict: every question gets an
+    answer span of its context with a score, and no metrics are reported."""
+    need(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
+    src = DATA / "korquad" / "KorQuAD_v1.0_dev.json"
+    prep("prep_qa.py", "--input", src, "--limit", 40, "--max-seq-len", 128, "--doc-stride", 32,
+         "--out", tmp_path / "l.h5")
+    prep("prep_qa.py", "--input", src, "--limit", 40, "--max-seq-len", 128, "--doc-stride", 32, "--no-labels",
+         "--out", tmp_path / "u.h5")
+    with h5py.File(tmp_path / "u.h5") as f:
+        assert "start_positions" not in f and "end_positions" not in f
+    out = tmp_path / "out"
+    common = TINY + ["--run.task=qa", "--train.batch_size=4"]
+    nr.run(common + [f"--data.train={tmp_path / 'l.h5'}", f"--output.dir={out}", "--train.steps=2",
+                     "--checkpoint.interval=2"])
+    w = out / "checkpoints" / "step_00000002.h5"
+    for name in ("l", "u"):
+        nr.run(common + ["--run.mode=predict", f"--model.weights={w}", f"--data.eval={tmp_path / (name + '.h5')}",
+                         f"--output.dir={tmp_path / ('p' + name)}"])
+    preds = {n: json.loads((tmp_path / f"p{n}" / "predictions.json").read_text()) for n in ("l", "u")}
+    spans = [json.loads(l) for l in (tmp_path / "pu" / "predictions.jsonl").read_text().splitlines()]
+    assert preds["u"] == preds["l"] and len(preds["u"]) >= 30  # the answers do not depend on the labels
+    with h5py.File(tmp_path / "u.h5") as f:
+        contexts = dict(zip(f["example_id"].asstr()[()], f["context"].asstr()[()]))
+    for s in spans:
+        assert contexts[s["id"]][s["start"]:s["end"]] == s["answer"] == preds["u"][s["id"]]
+        assert isinstance(s["score"], (int, float))
+    ev = last_eval(tmp_path / "pu")
+    assert "f1" not in ev and "exact_match" not in ev
+    assert {"f1", "exact_match"} <= last_eval(tmp_path / "pl").keys()
