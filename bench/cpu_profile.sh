@@ -68,9 +68,20 @@ for s in "${SHAPES[@]}"; do
   esac
   rm -rf "$WORK/$s"
   echo "cpu_profile: $s: perf record -F 499 -- $BIN ${args[*]} ${COMMON[*]}"
+  t0=$(date +%s.%N)
   OMP_NUM_THREADS=$THREADS perf record -q -F 499 -o "$WORK/$s.data" -- "$BIN" "${args[@]}" "${COMMON[@]}" \
     --output.dir="$WORK/$s" > "$WORK/$s.log" 2>&1
-  perf report -q -i "$WORK/$s.data" --no-children --sort dso,symbol --stdio 2>/dev/null | sed 's/ *$//' > "$OUT/$s.perf.txt"
+  t1=$(date +%s.%N)
+  # Only the training steps: start-up (first touch of the arenas, weight initialisation, data) is left
+  # out by perf's time window, from the wall time and the sum of the logged step times.
+  from=$("$PY" -c 'import json, sys
+t0, t1, path = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+steps = sum(json.loads(l).get("step_time_s", 0) for l in open(path) if l.strip())
+print(f"{max(0.0, min(99.0, 100 * (1 - (steps + 0.2) / (t1 - t0)))):.1f}")' "$t0" "$t1" "$WORK/$s/metrics.jsonl")
+  echo "cpu_profile: $s: samples from $from% of the run's time on (the training steps)"
+  echo "$from" > "$OUT/$s.window.txt"
+  perf report -q -i "$WORK/$s.data" --no-children --sort dso,symbol --stdio --time "$from%-100%" 2>/dev/null \
+    | sed 's/ *$//' > "$OUT/$s.perf.txt"
   cp "$WORK/$s/metrics.jsonl" "$OUT/$s.metrics.jsonl"
   grep -m1 "parameters" "$WORK/$s.log" > "$OUT/$s.model.txt" || true
 done

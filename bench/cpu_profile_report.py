@@ -6,9 +6,9 @@
 For each shape, OUT/<shape>.perf.txt (perf report --no-children --sort symbol) gives every symbol's share of
 the samples; symbols are grouped into ops by library and name (nlp::cpu::<op> of src/backend/cpu, OpenBLAS's
 sgemm kernels and copies, libgomp, libm, libc's memset/memcpy, the kernel). ms per step = share x the median
-step time (metrics.jsonl step_time_s, steps 3..N): the share is over the whole process, so start-up
-(weight initialisation, data) is spread over the ops it touches; the runs are long enough for it to be a
-few percent.
+step time (metrics.jsonl step_time_s, steps 3..N). Start-up (first touch of the arenas, weight
+initialisation, data) is left out: bench/cpu_profile.sh passes perf report a time window that starts
+after it (from the wall time and the logged step times).
 
 Floors, measured here on this machine at the time of the report:
   GEMM   the step's dense FLOPs (6 x tokens x the matmul weights, the attention products
@@ -55,7 +55,7 @@ GROUPS = [  # matched against "<dso> <symbol>"
     ("initialisation (libm cos / log: normal draws)", r"libm\S* \S*(cos|sin|log)"),
     ("OpenMP waits and barriers", r"libgomp|gomp_|GOMP_"),
     ("memset / memcpy", r"memset|memcpy|memmove"),
-    ("kernel (page faults, scheduling)", r"\[kernel"),
+    ("kernel (scheduling: waiting threads yield)", r"\[kernel"),
     ("HDF5 / data", r"libhdf5|H5"),
 ]
 
