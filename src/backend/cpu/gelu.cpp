@@ -21,15 +21,29 @@ inline float one_plus_erf(float x, float E) {
   return x >= 0.0f ? 2.0f - q : q;
 }
 inline float gauss(float x) { return exp_nonpositive(-0.5f * x * x); }  // exp(-x^2/2)
+
+// Tanh form, vectorisable (libm's tanhf kept the loop scalar: 11% of GPT-2 124M's CPU step). With
+// u = sqrt(2/pi) (x + 0.044715 x^3) and e = exp(-2|u|) in (0, 1]:
+//   1 + tanh(u) = 2 / (1 + e) for u >= 0, 2 e / (1 + e) for u < 0;   1 - tanh(u)^2 = 4 e / (1 + e)^2,
+// so neither has the cancellation of 1 + tanhf(u) for very negative u.
+struct TanhParts {
+  float one_plus_t, one_minus_t2;
+};
+inline TanhParts tanh_parts(float x) {
+  const float u = kSqrt2OverPi * (x + kCoef * x * x * x);
+  const float e = exp_nonpositive(-2.0f * std::fabs(u));
+  const float r = 1.0f / (1.0f + e);
+  return {2.0f * r * (u >= 0.0f ? 1.0f : e), 4.0f * e * r * r};
+}
 }  // namespace
 
 // out[N] = gelu(inp[N])
 void gelu_forward(float* out, const float* inp, size_t N, Gelu form) {
   if (form == Gelu::Tanh) {
-#pragma omp parallel for schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
     for (size_t i = 0; i < N; ++i) {
       const float x = inp[i];
-      out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x)));
+      out[i] = 0.5f * x * tanh_parts(x).one_plus_t;
     }
   } else {
 #pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
@@ -45,12 +59,12 @@ void gelu_forward(float* out, const float* inp, size_t N, Gelu form) {
 //   Erf:  0.5 (1 + erf(x/sqrt2)) + x exp(-x^2/2) / sqrt(2 pi)
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form) {
   if (form == Gelu::Tanh) {
-#pragma omp parallel for schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
     for (size_t i = 0; i < N; ++i) {
       const float x = inp[i];
-      const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
-      const float d = 0.5f * (1.0f + t) +
-                      0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCoef * x * x);
+      const TanhParts t = tanh_parts(x);
+      const float d = 0.5f * t.one_plus_t +
+                      0.5f * x * t.one_minus_t2 * kSqrt2OverPi * (1.0f + 3.0f * kCoef * x * x);
       dinp[i] += d * dout[i];
     }
   } else {
