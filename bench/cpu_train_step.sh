@@ -10,6 +10,9 @@
 #   WARM_STEPS [2]   steps of every run left out of the per-step median
 #   STEPS_A [10] STEPS_B [4]   timed steps per run after WARM_STEPS, shape a / b
 #   PAIRS [3]        counted (nlptrain, torch) run pairs per shape, after one uncounted warm-up pair
+#   TORCH_MODES ["eager compile bf16"]  the PyTorch peers run in each pair (bench/torch_gpt2_step.py
+#                    --mode): eager fp32, torch.compile (inductor), eager under bf16 autocast; the
+#                    fastest is the peer the ratio is taken against (each mode's median is listed too)
 #   WORK [runs/bench]  scratch folder (datasets, outputs)
 #
 # Two measurements per shape, from the same runs:
@@ -29,6 +32,7 @@ WARM=${WARM_STEPS:-2}
 STEPS_A=${STEPS_A:-10}
 STEPS_B=${STEPS_B:-4}
 PAIRS=${PAIRS:-3}
+read -r -a MODES <<<"${TORCH_MODES:-eager compile bf16}"
 WORK=${WORK:-$ROOT/runs/bench}
 BIN=${NLPTRAIN_BIN:-$ROOT/build/nlptrain}
 SHAPES=("$@")
@@ -67,7 +71,8 @@ log() { echo "$*" >>"$OUTFILE"; }
   echo "compiler: $(grep -m1 CMAKE_CXX_COMPILER: "$(dirname "$BIN")/CMakeCache.txt" 2>/dev/null | cut -d= -f2) $(c++ --version | head -1)"
   echo "openblas: $(dpkg-query -W -f='${Package} ${Version}\n' 'libopenblas0*' 2>/dev/null | tr '\n' ' ')"
   echo
-  echo "settings: THREADS=$THREADS WARM_STEPS=$WARM STEPS_A=$STEPS_A STEPS_B=$STEPS_B PAIRS=$PAIRS"
+  echo "cpu flags (vector): $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|fma|amx|f16c)' | tr '\n' ' ')"
+  echo "settings: THREADS=$THREADS WARM_STEPS=$WARM STEPS_A=$STEPS_A STEPS_B=$STEPS_B PAIRS=$PAIRS TORCH_MODES=${MODES[*]}"
 } >"$OUTFILE"
 
 # shape -> "n_layer n_head n_embd vocab n_positions batch seq timed_steps"
@@ -148,40 +153,51 @@ EOF
     /usr/bin/time -f "%e %U %S %M" -o "$D/time_nlp_$r" "${NLP_CMD[@]}" >"$D/nlp_$r.log" 2>&1 ||
       { echo "nlptrain failed, see $D/nlp_$r.log" >&2; tail -5 "$D/nlp_$r.log" >&2; exit 1; }
     cp "$D/out/metrics.jsonl" "$D/metrics_$r.jsonl"
-    /usr/bin/time -f "%e %U %S %M" -o "$D/time_torch_$r" "${TORCH_CMD[@]}" >"$D/torch_$r.log" 2>&1 ||
-      { echo "torch script failed, see $D/torch_$r.log" >&2; tail -5 "$D/torch_$r.log" >&2; exit 1; }
+    for m in "${MODES[@]}"; do
+      /usr/bin/time -f "%e %U %S %M" -o "$D/time_torch_${m}_$r" "${TORCH_CMD[@]}" --mode "$m" >"$D/torch_${m}_$r.log" 2>&1 ||
+        { echo "torch script ($m) failed, see $D/torch_${m}_$r.log" >&2; tail -5 "$D/torch_${m}_$r.log" >&2; exit 1; }
+    done
     {
       echo
       echo "### $tag"
       echo "nlptrain (wall user sys maxrss_kB): $(cat "$D/time_nlp_$r")"
       grep -E '^(\[.*\] )?(step |done:|model: [0-9])' "$D/nlp_$r.log" || true
-      echo "torch    (wall user sys maxrss_kB): $(cat "$D/time_torch_$r")"
-      grep -vE '^\[transformers\]|^\{' "$D/torch_$r.log" || true
-      tail -1 "$D/torch_$r.log"
+      for m in "${MODES[@]}"; do
+        echo "torch $m (wall user sys maxrss_kB): $(cat "$D/time_torch_${m}_$r")"
+        grep -vE '^\[transformers\]|^\{' "$D/torch_${m}_$r.log" || true
+        tail -1 "$D/torch_${m}_$r.log"
+      done
     } >>"$OUTFILE"
   done
 
-  "$PY" - "$D" "$PAIRS" "$WARM" "$shape" "$L" "$C" "$V" "$B" "$T" >>"$SUMMARY" <<'EOF'
+  "$PY" - "$D" "$PAIRS" "$WARM" "$shape" "$L" "$C" "$V" "$B" "$T" "${MODES[@]}" >>"$SUMMARY" <<'EOF'
 import json, statistics, sys
-d, pairs, warm, shape, L, C, V, B, T = sys.argv[1:]
+d, pairs, warm, shape, L, C, V, B, T, *modes = sys.argv[1:]
 pairs, warm = int(pairs), int(warm)
-nlp_steps, torch_steps, walls_n, walls_t, ratios, cpu_ratios = [], [], [], [], [], []
+med = statistics.median
+# The peer: the PyTorch mode with the smallest median step (compile's warm-up steps are its compilation)
+per_mode = {}
+for m in modes:
+    steps = []
+    for r in range(1, pairs + 1):
+        steps += json.loads(open(f"{d}/torch_{m}_{r}.log").read().strip().splitlines()[-1])["times_ms"]
+    per_mode[m] = steps
+best = min(modes, key=lambda m: med(per_mode[m]))
+nlp_steps, torch_steps, walls_n, walls_t, ratios, cpu_ratios = [], per_mode[best], [], [], [], []
 for r in range(1, pairs + 1):
     rows = [json.loads(l) for l in open(f"{d}/metrics_{r}.jsonl") if l.strip()]
     nlp_steps += [x["step_time_s"] * 1e3 for x in rows if "step_time_s" in x and x["step"] > warm]
-    res = json.loads(open(f"{d}/torch_{r}.log").read().strip().splitlines()[-1])
-    torch_steps += res["times_ms"]
     tn = [float(x) for x in open(f"{d}/time_nlp_{r}").read().split()[:3]]    # wall user sys
-    tt = [float(x) for x in open(f"{d}/time_torch_{r}").read().split()[:3]]
+    tt = [float(x) for x in open(f"{d}/time_torch_{best}_{r}").read().split()[:3]]
     walls_n.append(tn[0]); walls_t.append(tt[0]); ratios.append(tn[0] / tt[0])
     cpu_ratios.append((tn[1] + tn[2]) / (tt[1] + tt[2]))
-med = statistics.median
 mn, mt = med(nlp_steps), med(torch_steps)
+modes_txt = " ".join(f"{m}={med(per_mode[m]):.1f}" for m in modes)
 print("\t".join(map(str, [shape, f"{L}x{C} V={V} B={B} T={T}", f"{mn:.1f}", f"{min(nlp_steps):.1f}",
       f"{max(nlp_steps):.1f}", f"{mt:.1f}", f"{min(torch_steps):.1f}", f"{max(torch_steps):.1f}",
       f"{mn / mt:.2f}", f"{med(walls_n):.2f}", f"{med(walls_t):.2f}", f"{med(ratios):.2f}",
       f"{min(ratios):.2f}", f"{max(ratios):.2f}", f"{med(cpu_ratios):.2f}", len(nlp_steps),
-      len(torch_steps)])))
+      len(torch_steps), best, modes_txt])))
 EOF
 done
 
@@ -197,11 +213,12 @@ out = [f"CPU training step, 1 rank / 1 process, {th} threads; per step: median [
        f"{'shape':<6}{'model':<26}{'nlptrain ms/step':<26}{'torch ms/step':<26}{'ratio':>6}  |"
        f" {'nlptrain s':>10} {'torch s':>8} {'ratio (pairs)':>20} {'cpu ratio':>9}"]
 for r in rows:
-    (shape, model, mn, mn0, mn1, mt, mt0, mt1, ratio, wn, wt, wr, wr0, wr1, cr, nn, nt) = r
-    out.append(f"{shape:<6}{model:<26}{f'{mn} [{mn0}-{mn1}]':<26}{f'{mt} [{mt0}-{mt1}]':<26}{ratio:>6}  |"
+    (shape, model, mn, mn0, mn1, mt, mt0, mt1, ratio, wn, wt, wr, wr0, wr1, cr, nn, nt, best, modes_txt) = r
+    out.append(f"{shape:<6}{model:<26}{f'{mn} [{mn0}-{mn1}]':<26}{f'{mt} [{mt0}-{mt1}] {best}':<26}{ratio:>6}  |"
                f" {wn:>10} {wt:>8} {f'{wr} [{wr0}-{wr1}]':>20} {cr:>9}")
+    out.append(f"{'':<6}torch median ms/step per mode: {modes_txt}")
 out.append("")
-out.append("ratio = nlptrain / torch (below 1: nlptrain is faster)")
+out.append("ratio = nlptrain / torch's fastest mode (named after its ms/step; below 1: nlptrain is faster)")
 print("\n".join(out))
 EOF
 )

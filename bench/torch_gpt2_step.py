@@ -48,6 +48,10 @@ def main() -> int:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--attn", default="sdpa", help="attn_implementation: sdpa (the default) or eager")
+    ap.add_argument("--mode", choices=["eager", "compile", "bf16"], default="eager",
+                    help="eager fp32 (default); compile: torch.compile(model) (inductor, its C++/OpenMP CPU "
+                         "kernels; compilation happens in the warm-up steps, at least 3); bf16: eager under "
+                         "torch.autocast('cpu', bfloat16)")
     ap.add_argument("--data", help="HDF5 with input_ids [N,T] (read in order, wrapping)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-data", metavar="PATH", help="write a random-token dataset and exit")
@@ -72,6 +76,12 @@ def main() -> int:
                      attn_implementation=a.attn)
     model = GPT2LMHeadModel(cfg).to(torch.float32)
     a.attn = model.config._attn_implementation
+    fwd = model
+    if a.mode == "compile":
+        fwd = torch.compile(model)
+        a.warmup = max(a.warmup, 3)  # the first steps compile (forward, backward, recompiles)
+    import contextlib
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.mode == "bf16" else contextlib.nullcontext
     model.train()  # dropout probabilities are 0: train mode changes nothing but is what a trainer runs
     # HF Trainer parameter groups: no decay on biases and LayerNorm weights
     decay = {n for n, _ in model.named_parameters() if not (n.endswith(".bias") or ".ln_" in n)}
@@ -98,7 +108,7 @@ def main() -> int:
     nparams = sum(p.numel() for p in model.parameters())
     if not a.quiet:
         print(f"torch {torch.__version__} | transformers {transformers.__version__} | threads "
-              f"{torch.get_num_threads()} | attn {a.attn} | GPT-2 {a.n_layer} layers, {a.n_head} heads, "
+              f"{torch.get_num_threads()} | attn {a.attn} | mode {a.mode} | GPT-2 {a.n_layer} layers, {a.n_head} heads, "
               f"{a.n_embd} embd, vocab {a.vocab} | {nparams / 1e6:.2f}M params | B={a.batch} T={a.seq}",
               flush=True)
 
@@ -108,7 +118,8 @@ def main() -> int:
         ids = torch.from_numpy(data[k * a.batch:(k + 1) * a.batch])
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
+        with autocast():
+            loss = fwd(input_ids=ids, labels=ids).loss
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
@@ -119,7 +130,7 @@ def main() -> int:
             print(f"step {step + 1} | loss {loss.item():.4f} | grad norm {norm.item():.4f} | "
                   f"{dt * 1e3:.1f} ms{' (warmup)' if step < a.warmup else ''}", flush=True)
     res = {"impl": "torch", "torch": torch.__version__, "transformers": transformers.__version__,
-           "threads": torch.get_num_threads(), "attn": a.attn, "n_layer": a.n_layer, "n_head": a.n_head,
+           "threads": torch.get_num_threads(), "attn": a.attn, "mode": a.mode, "warmup": a.warmup, "n_layer": a.n_layer, "n_head": a.n_head,
            "n_embd": a.n_embd, "vocab": a.vocab, "batch": a.batch, "seq": a.seq, "params": nparams,
            "timed_steps": len(times),
            "median_ms": statistics.median(times) * 1e3 if times else None,
