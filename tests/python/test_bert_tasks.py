@@ -160,3 +160,31 @@ def test_qa_predict_unlabelled_questions(tmp_path):
     ev = last_eval(tmp_path / "pu")
     assert "f1" not in ev and "exact_match" not in ev
     assert {"f1", "exact_match"} <= last_eval(tmp_path / "pl").keys()
+
+
+def test_predict_text_ner_on_plain_sentences(tmp_path):
+    """tools/predict_text.py on a plain text file for ner: the sentences are prepared with the weights'
+    own tokenizer (tokenizer_files) and --no-labels, and every line gets its entities with spans of
+    that line's text."""
+    need(DATA / "klue-ner" / "klue-ner-v1.1_dev.tsv")
+    prep("prep_ner.py", "--input", DATA / "klue-ner" / "klue-ner-v1.1_dev.tsv", "--limit", 120,
+         "--max-seq-len", 96, "--out", tmp_path / "d.h5")
+    out = tmp_path / "out"
+    args = TINY + ["--run.task=ner", "--train.batch_size=4"]
+    nr.run(args + [f"--data.train={tmp_path / 'd.h5'}", f"--output.dir={out}", "--train.steps=3",
+                   "--checkpoint.interval=3"])
+    ini = tmp_path / "ner.ini"
+    ini.write_text(f"[run]\ntask = ner\n[model]\ntype = bert\n[data]\ntrain = {tmp_path / 'd.h5'}\n")
+    text = tmp_path / "sentences.txt"
+    lines = ["김재철 MBC 사장은 26일 서울에서 해임됐다.", "이순신 장군은 1598년 노량에서 전사했다."]
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, str(nr.SOURCE_DIR / "tools" / "predict_text.py"), str(ini),
+                        str(out / "checkpoints" / "step_00000003.h5"), str(text), "--out", str(tmp_path / "p"),
+                        "--", *TINY[:-1], "--run.threads=1"],
+                       capture_output=True, text=True, env=nr.mpi_env(), timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [json.loads(l) for l in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == [0, 1] and [row["text"] for row in rows] == lines
+    for row in rows:
+        for e in row["entities"]:
+            assert lines[row["index"]][e["start"]:e["end"]] == e["text"] and 0 < e["score"] <= 1
