@@ -196,9 +196,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
   const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
   int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
-  const std::string& rows_file = cfg.run.mode == "train" || cfg.run.mode == "gradients" ? cfg.data.train
-                                 : cfg.run.mode == "generate"                         ? std::string()
-                                                                                      : cfg.data.eval;
+  const std::string rows_file = cfg.reads_train() ? cfg.data.train : cfg.reads_eval() ? cfg.data.eval : "";
   if (cfg.data.seq_len == 0 && !rows_file.empty()) {
     h5::File f = h5::File::open_read(rows_file);
     if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);

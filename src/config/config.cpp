@@ -1085,7 +1085,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("generate.tokenizer = ids (", from("generate.tokenizer"),
                     ") takes its prompts from generate.prompts_file (lines with \"prompt_ids\", written by "
                     "tools/encode_prompts.py); set generate.prompts_file"));
-  if ((c.run.mode == "train" || c.run.mode == "gradients") && c.data.train.empty())
+  if (c.reads_train() && c.data.train.empty())
     throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
                     ") requires data.train (an HDF5 dataset); set it in the INI file or with "
                     "--data.train=PATH (see --help)"));

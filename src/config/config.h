@@ -173,6 +173,10 @@ struct Config {
   std::string where(const std::string& key) const;
   std::map<std::string, std::string> preset_keys;  // key -> preset that set it
 
+  // The datasets run.mode reads: data.train (train, gradients) and data.eval (train, eval, predict).
+  bool reads_train() const { return run.mode == "train" || run.mode == "gradients"; }
+  bool reads_eval() const { return run.mode == "train" || run.mode == "eval" || run.mode == "predict"; }
+
   // Effective configuration as INI text (every key, sections in schema order).
   std::string to_ini() const;
 };

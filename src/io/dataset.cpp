@@ -117,6 +117,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
   batch.input_ids.resize(total);
   batch.attention_mask.resize(total);
   batch.labels.resize(total);
+  batch.token_labels = has_labels_;
   batch.label_next.resize(static_cast<size_t>(count));
   batch.token_type_ids.assign(total, 0);
   batch.seq_labels.assign(static_cast<size_t>(count), -100);

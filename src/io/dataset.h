@@ -25,6 +25,7 @@ struct TokenBatch {
   std::vector<int32_t> attention_mask;  // [n,T], all 1 when the file has none
   std::vector<int32_t> labels;          // [n,T], unshifted: = input_ids where the file has no
                                         // token-level labels
+  bool token_labels = false;            // the file has token-level labels (else labels = input_ids)
   std::vector<int32_t> label_next;      // [n]: label of the position after the window
                                         // (stream: tokens[i*T+T]; 2-D: -100)
   std::vector<int32_t> token_type_ids;  // [n,T], 0 when the file has none

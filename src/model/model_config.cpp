@@ -57,9 +57,8 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
 // gradients), else data.eval (eval, predict: data.train may name a file of another machine), each
 // falling back to the other when empty.
 const std::string& labelled_dataset(const Config& cfg) {
-  const bool trains = cfg.run.mode == "train" || cfg.run.mode == "gradients";
-  const std::string& first = trains ? cfg.data.train : cfg.data.eval;
-  return first.empty() ? (trains ? cfg.data.eval : cfg.data.train) : first;
+  const std::string& first = cfg.reads_train() ? cfg.data.train : cfg.data.eval;
+  return first.empty() ? (cfg.reads_train() ? cfg.data.eval : cfg.data.train) : first;
 }
 
 }  // namespace
@@ -252,26 +251,22 @@ ModelConfig resolve_model_config(const Config& cfg) {
 namespace {
 
 struct VocabAttrs {
-  std::string path, what;  // file, and what names it in messages ("data.train 'x.h5'")
-  bool present = false;
+  std::string what;  // what names the file in messages ("data.train 'x.h5'")
   std::string vocab_sha256, tokenizer_sha256, tokenizer_files;
-  int64_t vocab_size = 0;  // 0 = not recorded
+  int64_t vocab_size = 0;  // a dataset's vocab_size attribute; 0 = not recorded (or a weights file)
 };
 
 VocabAttrs read_vocab_attrs(const std::string& path, const std::string& key) {
   VocabAttrs v;
-  v.path = path;
   v.what = cat(key, " '", path, "'");
   if (path.empty()) return v;
   h5::File f = h5::File::open_read(path);
-  v.present = true;
   auto str = [&](const char* k) { return f.has_attr(k) ? f.attr_string(k) : std::string(); };
   v.vocab_sha256 = str("vocab_sha256");
   v.tokenizer_sha256 = str("tokenizer_sha256");
   v.tokenizer_files = str("tokenizer_files");
-  // a weights file's vocab_size is the model's; its tokenizer's is tokenizer_vocab_size
-  const char* size_key = key == "model.weights" ? "tokenizer_vocab_size" : "vocab_size";
-  if (f.has_attr(size_key)) v.vocab_size = f.attr_int(size_key);
+  // a weights file's vocab_size is the model's own, not its tokenizer's
+  if (key != "model.weights" && f.has_attr("vocab_size")) v.vocab_size = f.attr_int("vocab_size");
   return v;
 }
 
@@ -287,10 +282,8 @@ std::string describe(const VocabAttrs& v) {
 std::vector<std::string> resolve_tokenizer(const Config& cfg, ModelConfig& mc) {
   std::vector<std::string> warnings;
   // the datasets this mode reads (predict and eval never open data.train)
-  const bool trains = cfg.run.mode == "train" || cfg.run.mode == "gradients";
-  const VocabAttrs train = read_vocab_attrs(trains ? cfg.data.train : std::string(), "data.train");
-  const bool evaluates = cfg.run.mode == "train" || cfg.run.mode == "eval" || cfg.run.mode == "predict";
-  const VocabAttrs eval = read_vocab_attrs(evaluates ? cfg.data.eval : std::string(), "data.eval");
+  const VocabAttrs train = read_vocab_attrs(cfg.reads_train() ? cfg.data.train : std::string(), "data.train");
+  const VocabAttrs eval = read_vocab_attrs(cfg.reads_eval() ? cfg.data.eval : std::string(), "data.eval");
   const VocabAttrs weights = read_vocab_attrs(mc.weights, "model.weights");
   const VocabAttrs* sides[] = {&train, &eval, &weights};
   const VocabAttrs* first = nullptr;

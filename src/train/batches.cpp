@@ -70,8 +70,8 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
                     mlm->vocab_size;
       }
     }
-  } else if (is_token_task(task)) {
-    hb.targets = tb.labels;  // mlm with given labels, ner
+  } else if (is_token_task(task) && tb.token_labels) {
+    hb.targets = tb.labels;  // mlm with given labels, ner (unlabelled ner: ignored targets, below)
   }
   if (hb.targets.empty()) hb.targets.assign(n, kIgnoreIndex);
   if (task == Task::Mlm)

@@ -89,8 +89,6 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
     ds.read(idx, count, tb);
     // Evaluation masking (mlm) is fixed: the same positions are masked at every evaluation.
     HostBatch hb = make_batch(s.task, tb, mlm.get(), derive_seed(cfg.train.seed, 0xE7A1, idx[0]));
-    if (s.task == Task::Ner && !ds.has_token_labels())  // the reader fills absent labels with the ids
-      std::fill(hb.targets.begin(), hb.targets.end(), kIgnoreIndex);
     if (trim) trim_to_longest(hb, cfg.data.pad_multiple);
     sums[1] += static_cast<double>(hb.loss_units(s.task));
     sums[0] += s.model.forward(dbuf.upload(hb), /*training=*/false, 0);
