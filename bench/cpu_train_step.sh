@@ -13,6 +13,9 @@
 #   TORCH_MODES ["eager compile bf16"]  the PyTorch peers run in each pair (bench/torch_gpt2_step.py
 #                    --mode): eager fp32, torch.compile (inductor), eager under bf16 autocast; the
 #                    fastest is the peer the ratio is taken against (each mode's median is listed too)
+#   NLP_PRECISION [fp32]  nlptrain's train.precision (bf16: run.cpu_bf16 = auto, native where the CPU
+#                    has it; the log line "backend cpu: GEMMs ..." in the results says which)
+#   NLP_ARGS [""]    further nlptrain overrides, e.g. "--run.cpu_gemm=openblas"
 #   WORK [runs/bench]  scratch folder (datasets, outputs)
 #
 # Two measurements per shape, from the same runs:
@@ -33,6 +36,8 @@ STEPS_A=${STEPS_A:-10}
 STEPS_B=${STEPS_B:-4}
 PAIRS=${PAIRS:-3}
 read -r -a MODES <<<"${TORCH_MODES:-eager compile bf16}"
+NLP_PRECISION=${NLP_PRECISION:-fp32}
+read -r -a NLP_ARGS <<<"${NLP_ARGS:-}"
 WORK=${WORK:-$ROOT/runs/bench}
 BIN=${NLPTRAIN_BIN:-$ROOT/build/nlptrain}
 SHAPES=("$@")
@@ -72,7 +77,7 @@ log() { echo "$*" >>"$OUTFILE"; }
   echo "openblas: $(dpkg-query -W -f='${Package} ${Version}\n' 'libopenblas0*' 2>/dev/null | tr '\n' ' ')"
   echo
   echo "cpu flags (vector): $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|fma|amx|f16c)' | tr '\n' ' ')"
-  echo "settings: THREADS=$THREADS WARM_STEPS=$WARM STEPS_A=$STEPS_A STEPS_B=$STEPS_B PAIRS=$PAIRS TORCH_MODES=${MODES[*]}"
+  echo "settings: NLP_PRECISION=$NLP_PRECISION NLP_ARGS=${NLP_ARGS[*]} THREADS=$THREADS WARM_STEPS=$WARM STEPS_A=$STEPS_A STEPS_B=$STEPS_B PAIRS=$PAIRS TORCH_MODES=${MODES[*]}"
 } >"$OUTFILE"
 
 # shape -> "n_layer n_head n_embd vocab n_positions batch seq timed_steps"
@@ -125,12 +130,13 @@ warmup_steps = 0
 schedule = constant
 weight_decay = 0.1
 clip = 1.0
+precision = $NLP_PRECISION
 [checkpoint]
 interval = 0
 [output]
 dir = $D/out
 EOF
-  NLP_CMD=("$BIN" "$D/bench.ini")
+  NLP_CMD=("$BIN" "$D/bench.ini" "${NLP_ARGS[@]}")
   TORCH_CMD=("$PY" bench/torch_gpt2_step.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V"
              --n-positions "$P" --batch "$B" --seq "$T" --warmup "$WARM" --steps "$N" --threads "$THREADS"
              --lr 1e-4 --weight-decay 0.1 --clip 1.0 --data "$DATA")
@@ -161,7 +167,7 @@ EOF
       echo
       echo "### $tag"
       echo "nlptrain (wall user sys maxrss_kB): $(cat "$D/time_nlp_$r")"
-      grep -E '^(\[.*\] )?(step |done:|model: [0-9])' "$D/nlp_$r.log" || true
+      grep -E '^(\[.*\] )?(step |done:|model: [0-9]|backend cpu:)' "$D/nlp_$r.log" || true
       for m in "${MODES[@]}"; do
         echo "torch $m (wall user sys maxrss_kB): $(cat "$D/time_torch_${m}_$r")"
         grep -vE '^\[transformers\]|^\{' "$D/torch_${m}_$r.log" || true
@@ -201,11 +207,11 @@ print("\t".join(map(str, [shape, f"{L}x{C} V={V} B={B} T={T}", f"{mn:.1f}", f"{m
 EOF
 done
 
-TABLE=$("$PY" - "$SUMMARY" "$THREADS" <<'EOF'
+TABLE=$("$PY" - "$SUMMARY" "$THREADS" "$NLP_PRECISION ${NLP_ARGS[*]}" <<'EOF'
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-th = sys.argv[2]
-out = [f"CPU training step, 1 rank / 1 process, {th} threads; per step: median [min-max] over the timed steps",
+th, nlp_setting = sys.argv[2], sys.argv[3].strip()
+out = [f"CPU training step, nlptrain train.precision = {nlp_setting}, 1 rank / 1 process, {th} threads; per step: median [min-max] over the timed steps",
        "(nlptrain: metrics.jsonl step_time_s; torch: forward+backward+clip+AdamW step);",
        "whole command: median wall seconds of the paired runs and the median of the pairwise ratios [min-max];",
        "cpu ratio: median pairwise ratio of user+sys CPU seconds (less sensitive to a busy machine than wall).",

@@ -141,7 +141,7 @@ if want e2e && in_time 90 "e2e"; then
   for m in gpt2_small bert_small; do
     in_time 40 "e2e bf16 $m" || continue
     for be in cuda cpu; do
-      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) --train.precision=bf16 \
+      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) --train.precision=bf16 --run.cpu_bf16=emulate \
           --model.attention=auto --model.attn_pdrop=0 --model.attention_probs_dropout_prob=0 \
           --output.dir="$W/e2e/${m}_bf16_$be" > "$W/e2e_${m}_bf16_$be.log" 2>&1
       log "e2e $m bf16 $be: exit $? | $(grep -E '^step +100/' "$W/e2e/${m}_bf16_$be/log.txt" 2>/dev/null | head -1)"

@@ -123,6 +123,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   BackendOptions bopts;
   bopts.precision = precision;
   bopts.sync_check = cfg.run.sync_check;
+  bopts.cpu_gemm = cfg.run.cpu_gemm;
+  bopts.cpu_bf16 = cfg.run.cpu_bf16;
   bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
   // error of make_backend instead
@@ -217,6 +219,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                precision_name(precision), " | attention ",
                bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank on ",
                cpus.allowed, " CPU(s) (", cpus.list, ")"));
+  if (!be->details().empty()) log.info(cat("backend ", be->name(), ": ", be->details()));
   if (cfg.run.backend == "cpu")
     for (const std::string& w : tplan.warnings) log.info(w);
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")

@@ -43,6 +43,8 @@ const std::vector<std::string> kTokenizers = {"byte", "gpt2", "ids"};
 const std::vector<std::string> kPresets = {"", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
                                            "bert-base", "bert-large"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
+const std::vector<std::string> kCpuGemm = {"auto", "openblas", "onednn"};
+const std::vector<std::string> kCpuBf16 = {"auto", "emulate", "native"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
@@ -114,6 +116,14 @@ const std::vector<Entry>& schema() {
        "CPU threads per rank; 0 = the CPUs of the rank's affinity mask when the launcher bound it, "
        "else the node's CPUs / ranks on this node (a rank bound to 1 CPU of a larger node, or more "
        "threads than its mask, gets a warning with the launch fix)"},
+      {KEY(run, cpu_gemm), one_of(kCpuGemm),
+       "cpu: the GEMM library: onednn (measured faster here, bench/NOTES.md \"GEMM library\") or "
+       "openblas; auto = onednn when nlptrain was built with it (libdnnl-dev), else openblas"},
+      {KEY(run, cpu_bf16), one_of(kCpuBf16),
+       "cpu with train.precision = bf16: native = bf16 operands multiplied in hardware (oneDNN on "
+       "AMX-BF16 / AVX512-BF16; fp32 accumulation, fp32 master weights), emulate = operands rounded "
+       "to bf16 and multiplied in fp32 (the reference the GPU is compared with); auto = native where "
+       "the CPU has it, else emulate (the log says which)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, peak_tflops), ge(0),
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},

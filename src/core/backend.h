@@ -61,6 +61,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // What the log should know of how this backend computes (the cpu backend: its GEMM library and bf16
+  // path); empty when there is nothing to say.
+  virtual std::string details() const { return {}; }
 
   // ---- memory ----------------------------------------------------------------------------------
   virtual void* alloc(size_t bytes) = 0;  // zero-initialised
@@ -217,10 +220,12 @@ struct BackendOptions {
   Precision precision = Precision::Fp32;  // train.precision: dense-layer GEMM arithmetic
   bool sync_check = false;  // cuda: synchronise and check for errors after every op (names the op)
   bool fused_attention = false;  // cuda: attention through cuDNN's fused SDPA (model.attention)
+  std::string cpu_gemm = "auto";     // cpu: run.cpu_gemm (auto | openblas | onednn)
+  std::string cpu_bf16 = "emulate";  // cpu, train.precision = bf16: run.cpu_bf16 (auto | emulate | native)
 };
 
 // Factory: "cpu" or "cuda". Throws nlp::Error naming the backend when it is unavailable.
-// The CPU backend uses options.precision only.
+// The CPU backend uses options.precision and the cpu_* options.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
                                       const BackendOptions& options = {});
 

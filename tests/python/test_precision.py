@@ -175,3 +175,32 @@ def test_bert_doc_cls_bf16_tracks_fp32(tmp_path, report):
     # at seeds 1 and 2. The agreement is a property of stable training, not a bound: at lr 3e-3, seed 1,
     # the bf16 and fp32 trajectories drifted apart to 4e-2.
     compare(runs, report, "bert doc_cls")
+
+
+def test_gpt2_native_bf16_tracks_the_emulation(markov_stream, tmp_path, report):
+    """run.cpu_bf16 = native (oneDNN on AMX-BF16 / AVX512-BF16) against emulate, the reference that the
+    GPU's bf16 is compared with: the same operands rounded the same way, fp32 accumulation on both, so
+    the first step's loss agrees to summation order and 100 steps stay within the issue's 1e-2. Skips,
+    with nlptrain's own reason, where the CPU or the build has no native bf16."""
+    common = ["--model.n_layer=2", "--model.n_head=4", "--model.n_embd=128", "--model.vocab_size=64",
+              "--model.n_positions=64", "--data.seq_len=64", f"--data.train={markov_stream}",
+              "--train.steps=100", "--train.batch_size=8", "--train.lr=3e-3", "--train.warmup_steps=10",
+              "--run.threads=1", "--run.log_interval=50", "--train.precision=bf16"]
+    p = nr.run(common + [f"--output.dir={tmp_path / 'native'}", "--run.cpu_bf16=native"], check=False)
+    if p.returncode != 0:
+        assert "run.cpu_bf16 = native" in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+        pytest.skip("no native bf16 here: " + (p.stdout + p.stderr).strip().splitlines()[-1])
+    assert "bf16: native" in p.stdout, p.stdout[:3000]
+    e = nr.run(common + [f"--output.dir={tmp_path / 'emulate'}", "--run.cpu_bf16=emulate"])
+    assert "bf16: emulated" in e.stdout, e.stdout[:3000]
+    a = nr.run(common + [f"--output.dir={tmp_path / 'auto'}"])  # the default, auto: native here
+    assert "bf16: native" in a.stdout, a.stdout[:3000]
+    ln, le, la = losses(tmp_path / "native"), losses(tmp_path / "emulate"), losses(tmp_path / "auto")
+    assert np.array_equal(ln, la)  # deterministic run to run
+    first = rel(ln[0], le[0])
+    last10 = rel(ln[-10:].mean(), le[-10:].mean())
+    report(f"gpt2 bf16 native vs emulated: step 1 loss rel {first:.2e}, mean of last 10 rel {last10:.2e} "
+           f"({ln[-10:].mean():.6f} vs {le[-10:].mean():.6f})")
+    assert first < 1e-5, (ln[0], le[0])
+    assert last10 < TOL, last10
+    assert le[-10:].mean() < le[0] - 1.0  # it learned

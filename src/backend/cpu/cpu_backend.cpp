@@ -1,7 +1,6 @@
 // The CPU backend class: host memory (64-byte aligned, zeroed) and dispatch of every op to cpu_ops.h.
 #include "backend/cpu/cpu_backend.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -23,14 +22,37 @@ constexpr size_t kAlign = 64;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, Precision precision) : precision_(precision) {
+  CpuBackend(int threads, Precision precision, const std::string& gemm, const std::string& bf16)
+      : precision_(precision) {
     if (threads > 0) {
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
     }
+    std::string why;
+    if (gemm == "onednn" || (gemm == "auto" && cpu::onednn_available())) {
+      if (!cpu::onednn_available(&why)) throw Error(cat("run.cpu_gemm = onednn: ", why));
+      lib_ = cpu::GemmLib::OneDnn;
+    } else if (gemm != "openblas" && gemm != "auto") {
+      throw Error(cat("run.cpu_gemm: unknown value '", gemm, "' (expected auto, openblas or onednn)"));
+    }
+    if (bf16 != "auto" && bf16 != "emulate" && bf16 != "native")
+      throw Error(cat("run.cpu_bf16: unknown value '", bf16, "' (expected auto, emulate or native)"));
+    if (precision == Precision::Bf16 && bf16 != "emulate") {
+      const bool have = cpu::native_bf16_available(&bf16_isa_);
+      if (bf16 == "native" && !have)
+        throw Error(cat("run.cpu_bf16 = native: ", bf16_isa_, "; use run.cpu_bf16 = emulate or auto"));
+      native_bf16_ = have;
+    }
   }
 
   std::string name() const override { return "cpu"; }
+  std::string details() const override {
+    std::string d = cat("GEMMs: ", cpu::gemm_lib_description(lib_));
+    if (precision_ == Precision::Bf16)
+      d += native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
+                        : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)");
+    return d;
+  }
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
@@ -77,27 +99,35 @@ class CpuBackend final : public Backend {
   // ---- dense ----
   // Tf32/Bf16: the operands are rounded as the GPU's tensor cores read them (cpu/round.h); the bias,
   // the accumulation and the outputs stay fp32, and dbias sums the unrounded dout as the GPU does.
+  // Native bf16 rounds the same way into bf16 copies that the GEMM library multiplies in hardware.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
                       int K, int N, WLayout layout) override {
-    if (precision_ == Precision::Fp32) {
-      cpu::matmul_forward(out, inp, w, bias, M, K, N, layout);
-      return;
+    if (native_bf16_) {
+      cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K), to_bf16(1, w, size_t(K) * N),
+                          bias, M, K, N, layout);
+    } else if (precision_ == Precision::Fp32) {
+      cpu::matmul_forward(lib_, out, inp, w, bias, M, K, N, layout);
+    } else {
+      cpu::matmul_forward(lib_, out, rounded(0, inp, size_t(M) * K), rounded(1, w, size_t(K) * N),
+                          bias, M, K, N, layout);
     }
-    const float* ri = rounded(0, inp, size_t(M) * K);
-    const float* rw = rounded(1, w, size_t(K) * N);
-    cpu::matmul_forward(out, ri, rw, bias, M, K, N, layout);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int M, int K, int N, WLayout layout) override {
-    if (precision_ == Precision::Fp32) {
-      cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout);
-      return;
+    if (native_bf16_) {
+      const cpu::bf16* bd = to_bf16(0, dout, size_t(M) * N);
+      const cpu::bf16* bi = dw ? to_bf16(1, inp, size_t(M) * K) : nullptr;
+      const cpu::bf16* bw = dinp ? to_bf16(2, w, size_t(K) * N) : nullptr;
+      cpu::matmul_backward(lib_, dinp, dw, bd, bi, bw, M, K, N, layout);
+    } else if (precision_ == Precision::Fp32) {
+      cpu::matmul_backward(lib_, dinp, dw, dout, inp, w, M, K, N, layout);
+    } else {
+      const float* rd = rounded(0, dout, size_t(M) * N);
+      const float* ri = dw ? rounded(1, inp, size_t(M) * K) : nullptr;
+      const float* rw = dinp ? rounded(2, w, size_t(K) * N) : nullptr;
+      cpu::matmul_backward(lib_, dinp, dw, rd, ri, rw, M, K, N, layout);
     }
-    const float* rd = rounded(0, dout, size_t(M) * N);
-    const float* ri = dw ? rounded(1, inp, size_t(M) * K) : nullptr;
-    const float* rw = dinp ? rounded(2, w, size_t(K) * N) : nullptr;
-    cpu::matmul_backward(dinp, dw, nullptr, rd, ri, rw, M, K, N, layout);
-    if (dbias) cpu::matmul_backward(nullptr, nullptr, dbias, dout, inp, w, M, K, N, layout);
+    if (dbias) cpu::matmul_dbias(dbias, dout, M, N);
   }
 
   // ---- layer norm ----
@@ -192,14 +222,29 @@ class CpuBackend final : public Backend {
     return r;
   }
 
+  // A bf16 copy of x[n] (rounded to nearest even, as rounded()), in scratch slot `slot` (0..2).
+  const cpu::bf16* to_bf16(int slot, const float* x, size_t n) {
+    std::vector<cpu::bf16>& buf = bf16_buf_[slot];
+    if (buf.size() < n) buf.resize(n);
+    cpu::bf16* r = buf.data();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) r[i].bits = cpu::to_bf16_bits(x[i]);
+    return r;
+  }
+
   Precision precision_;
+  cpu::GemmLib lib_ = cpu::GemmLib::OpenBlas;
+  bool native_bf16_ = false;
+  std::string bf16_isa_;
   std::vector<float> round_buf_[3];
+  std::vector<cpu::bf16> bf16_buf_[3];
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision) {
-  return std::make_unique<CpuBackend>(threads, precision);
+std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision,
+                                          const std::string& gemm, const std::string& bf16) {
+  return std::make_unique<CpuBackend>(threads, precision, gemm, bf16);
 }
 
 }  // namespace nlp

@@ -1,13 +1,20 @@
 // The CPU backend: the reference implementation of every op (OpenBLAS GEMMs, OpenMP threads).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "core/backend.h"
 
 namespace nlp {
 
-// threads: OpenMP threads for this rank's ops (and OpenBLAS); <= 0 leaves the runtime default.
+// threads: OpenMP threads for this rank's ops (and its GEMM library); <= 0 leaves the runtime default.
 // precision: Tf32/Bf16 round the dense-layer GEMM operands as the GPU's tensor cores read them.
-std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision = Precision::Fp32);
+// gemm: "auto" (oneDNN when built with it, else OpenBLAS), "openblas" or "onednn" (run.cpu_gemm).
+// bf16: with Precision::Bf16, "emulate" (round to bf16, multiply in fp32: the reference), "native"
+//   (bf16 operands multiplied by oneDNN with AMX / AVX512-BF16, fp32 accumulation) or "auto" (native
+//   where the CPU has it) (run.cpu_bf16). An unavailable explicit choice throws nlp::Error naming the key.
+std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision = Precision::Fp32,
+                                          const std::string& gemm = "auto",
+                                          const std::string& bf16 = "emulate");
 
 }  // namespace nlp

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/gemm.h"
 #include "core/backend.h"
 
 namespace nlp::cpu {
@@ -21,11 +22,14 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
                         const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                         int pos_offset);
 
-// matmul.cpp
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
-                    int N, WLayout layout);
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int M, int K, int N, WLayout layout);
+// matmul.cpp (T = float, or bf16 for native bf16 operands; outputs and gradients fp32)
+template <class T>
+void matmul_forward(GemmLib lib, float* out, const T* inp, const T* w, const float* bias, int M,
+                    int K, int N, WLayout layout);
+template <class T>
+void matmul_backward(GemmLib lib, float* dinp, float* dw, const T* dout, const T* inp, const T* w,
+                     int M, int K, int N, WLayout layout);
+void matmul_dbias(float* dbias, const float* dout, int M, int N);
 
 // layernorm.cpp
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,

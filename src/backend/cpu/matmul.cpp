@@ -1,7 +1,6 @@
-// Dense layer out = inp @ W + bias with OpenBLAS sgemm, for both weight layouts:
+// Dense layer out = inp @ W + bias through the backend's GEMM library (gemm.h), for both weight layouts:
 //   WLayout::InOut  W [K,N] (HF Conv1D)     WLayout::OutIn  W [N,K] (torch nn.Linear)
-#include <cblas.h>
-
+// The operands are fp32, or bf16 (the native bf16 path; fp32 accumulation and outputs either way).
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -9,8 +8,9 @@
 namespace nlp::cpu {
 
 // out[M,N] = inp[M,K] @ W + bias[N]
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
-                    int N, WLayout layout) {
+template <class T>
+void matmul_forward(GemmLib lib, float* out, const T* inp, const T* w, const float* bias, int M,
+                    int K, int N, WLayout layout) {
   if (M <= 0 || N <= 0) return;
   float beta = 0.0f;
   if (bias) {
@@ -23,53 +23,57 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
     if (!bias) std::memset(out, 0, sizeof(float) * (size_t)M * N);
     return;
   }
-  if (layout == WLayout::InOut) {  // inp[M,K] @ W[K,N]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, inp, K, w, N, beta, out,
-                N);
-  } else {  // inp[M,K] @ W[N,K]^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, inp, K, w, K, beta, out,
-                N);
+  if (layout == WLayout::InOut)  // inp[M,K] @ W[K,N]
+    gemm(lib, false, false, M, N, K, inp, K, w, N, beta, out, N);
+  else  // inp[M,K] @ W[N,K]^T
+    gemm(lib, false, true, M, N, K, inp, K, w, K, beta, out, N);
+}
+
+// dinp[M,K] += dout[M,N] @ W^T;  dw (W's layout) += inp^T @ dout
+template <class T>
+void matmul_backward(GemmLib lib, float* dinp, float* dw, const T* dout, const T* inp, const T* w,
+                     int M, int K, int N, WLayout layout) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  if (dinp) {
+    if (layout == WLayout::InOut)  // dout[M,N] @ W[K,N]^T
+      gemm(lib, false, true, M, K, N, dout, N, w, N, 1.0f, dinp, K);
+    else  // dout[M,N] @ W[N,K]
+      gemm(lib, false, false, M, K, N, dout, N, w, K, 1.0f, dinp, K);
+  }
+  if (dw) {
+    if (layout == WLayout::InOut)  // dW[K,N] += inp[M,K]^T @ dout[M,N]
+      gemm(lib, true, false, K, N, M, inp, K, dout, N, 1.0f, dw, N);
+    else  // dW[N,K] += dout[M,N]^T @ inp[M,K]
+      gemm(lib, true, false, N, K, M, dout, N, inp, K, 1.0f, dw, K);
   }
 }
 
-// dinp[M,K] += dout[M,N] @ W^T;  dw (W's layout) += inp^T @ dout;  dbias[N] += colsum(dout)
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int M, int K, int N, WLayout layout) {
+template void matmul_forward<float>(GemmLib, float*, const float*, const float*, const float*, int,
+                                    int, int, WLayout);
+template void matmul_forward<bf16>(GemmLib, float*, const bf16*, const bf16*, const float*, int,
+                                   int, int, WLayout);
+template void matmul_backward<float>(GemmLib, float*, float*, const float*, const float*,
+                                     const float*, int, int, int, WLayout);
+template void matmul_backward<bf16>(GemmLib, float*, float*, const bf16*, const bf16*, const bf16*,
+                                    int, int, int, WLayout);
+
+// dbias[N] += colsum(dout[M,N])
+void matmul_dbias(float* dbias, const float* dout, int M, int N) {
   if (M <= 0 || N <= 0) return;
-  if (K > 0 && dinp) {
-    if (layout == WLayout::InOut) {  // dout[M,N] @ W[K,N]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, N, 1.0f, dout, N, w, N, 1.0f,
-                  dinp, K);
-    } else {  // dout[M,N] @ W[N,K]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dout, N, w, K, 1.0f,
-                  dinp, K);
-    }
-  }
-  if (K > 0 && dw) {
-    if (layout == WLayout::InOut) {  // dW[K,N] += inp[M,K]^T @ dout[M,N]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, inp, K, dout, N, 1.0f,
-                  dw, N);
-    } else {  // dW[N,K] += dout[M,N]^T @ inp[M,K]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dout, N, inp, K, 1.0f,
-                  dw, K);
-    }
-  }
-  if (dbias) {
-    // Column blocks per thread; each column sums its rows in order m = 0..M-1.
-    constexpr int kBlock = 64;
-    const int nblocks = (N + kBlock - 1) / kBlock;
+  // Column blocks per thread; each column sums its rows in order m = 0..M-1.
+  constexpr int kBlock = 64;
+  const int nblocks = (N + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < nblocks; ++blk) {
-      const int n0 = blk * kBlock;
-      const int n1 = n0 + kBlock < N ? n0 + kBlock : N;
-      float acc[kBlock];
-      for (int n = n0; n < n1; ++n) acc[n - n0] = 0.0f;
-      for (int m = 0; m < M; ++m) {
-        const float* __restrict row = dout + (size_t)m * N;
-        for (int n = n0; n < n1; ++n) acc[n - n0] += row[n];
-      }
-      for (int n = n0; n < n1; ++n) dbias[n] += acc[n - n0];
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int n0 = blk * kBlock;
+    const int n1 = n0 + kBlock < N ? n0 + kBlock : N;
+    float acc[kBlock];
+    for (int n = n0; n < n1; ++n) acc[n - n0] = 0.0f;
+    for (int m = 0; m < M; ++m) {
+      const float* __restrict row = dout + (size_t)m * N;
+      for (int n = n0; n < n1; ++n) acc[n - n0] += row[n];
     }
+    for (int n = n0; n < n1; ++n) dbias[n] += acc[n - n0];
   }
 }
 

@@ -25,3 +25,18 @@ inline float round_bf16(float x) { return round_mantissa(x, 16); }
 inline float round_tf32(float x) { return round_mantissa(x, 13); }
 
 }  // namespace nlp::cpu
+
+namespace nlp::cpu {
+
+// x rounded to bf16 (as round_bf16) and kept as its 16-bit pattern: the native bf16 GEMM's operand.
+// Branch-free, so that conversion loops vectorise: infinities round to themselves (their low half is
+// zero), a NaN keeps its sign and top payload bits with the quiet bit set (never rounds to infinity).
+inline uint16_t to_bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+}  // namespace nlp::cpu

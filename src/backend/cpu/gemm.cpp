@@ -1,0 +1,159 @@
+// GEMM dispatch of the CPU backend: OpenBLAS's cblas_sgemm or oneDNN (dnnl_sgemm for fp32 operands,
+// a cached matmul primitive for bf16 operands with fp32 accumulation). See gemm.h for the convention.
+#include "backend/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+
+#ifdef NLPTRAIN_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+extern "C" char* openblas_get_config(void);
+extern "C" char* openblas_get_corename(void);
+
+namespace nlp::cpu {
+
+#ifdef NLPTRAIN_HAVE_ONEDNN
+namespace {
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx (AMX-BF16)";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    default: return "older than avx2";
+  }
+}
+
+// One matmul primitive per (shape, strides, beta): creating one costs far more than a small GEMM.
+// The number of distinct shapes is bounded by the batch lengths (data.pad_multiple) times the layers'
+// few (K, N) pairs. Called from the backend's (single) host thread; the mutex keeps it safe anyway.
+struct Bf16Matmul {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+  std::map<Key, dnnl::matmul> cache;
+  std::mutex mu;
+
+  dnnl::matmul& get(const Key& key) {
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
+    using dims = dnnl::memory::dims;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+    const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+    const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);  // C += A B
+      attr.set_post_ops(po);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  }
+
+  void run(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+           float beta, float* C, int ldc) {
+    std::lock_guard<std::mutex> lock(mu);
+    dnnl::matmul& mm = get({ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f});
+    using dims = dnnl::memory::dims;
+    using dt = dnnl::memory::data_type;
+    dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1}}, eng,
+                    const_cast<bf16*>(A));
+    dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1}}, eng,
+                    const_cast<bf16*>(B));
+    dnnl::memory cm({{M, N}, dt::f32, dims{ldc, 1}}, eng, C);
+    mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    strm.wait();
+  }
+};
+
+Bf16Matmul& bf16_matmul() {
+  static Bf16Matmul m;
+  return m;
+}
+
+}  // namespace
+#endif
+
+bool onednn_available(std::string* why) {
+#ifdef NLPTRAIN_HAVE_ONEDNN
+  (void)why;
+  return true;
+#else
+  if (why) *why = "nlptrain was built without oneDNN (apt-get install libdnnl-dev, then re-run cmake)";
+  return false;
+#endif
+}
+
+bool native_bf16_available(std::string* what) {
+#ifdef NLPTRAIN_HAVE_ONEDNN
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  const bool ok = isa == dnnl::cpu_isa::avx512_core_amx || isa == dnnl::cpu_isa::avx512_core_bf16;
+  if (what)
+    *what = ok ? std::string(isa_name(isa))
+               : cat("this CPU has no bf16 arithmetic that oneDNN can use (its instruction set: ",
+                     isa_name(isa), "; needs avx512_bf16 or amx_bf16)");
+  return ok;
+#else
+  return onednn_available(what);
+#endif
+}
+
+std::string gemm_lib_description(GemmLib lib) {
+  if (lib == GemmLib::OneDnn) {
+#ifdef NLPTRAIN_HAVE_ONEDNN
+    const dnnl_version_t* v = dnnl_version();
+    return cat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (isa ",
+               isa_name(dnnl::get_effective_cpu_isa()), ")");
+#else
+    return "oneDNN (not built)";
+#endif
+  }
+  return cat("OpenBLAS (core ", openblas_get_corename(), ")");
+}
+
+void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+#ifdef NLPTRAIN_HAVE_ONEDNN
+  if (lib == GemmLib::OneDnn) {
+    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B,
+                                        ldb, beta, C, ldc);
+    if (st != dnnl_success) throw Error(cat("oneDNN sgemm failed (status ", int(st), ") at ", M, "x", N, "x", K));
+    return;
+  }
+#endif
+  if (lib == GemmLib::OneDnn) throw Error("cpu gemm: oneDNN requested in a build without it");
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const bf16* A, int lda,
+          const bf16* B, int ldb, float beta, float* C, int ldc) {
+  (void)lib;
+  if (M <= 0 || N <= 0 || K <= 0) return;
+#ifdef NLPTRAIN_HAVE_ONEDNN
+  try {
+    bf16_matmul().run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  } catch (const dnnl::error& e) {
+    throw Error(cat("oneDNN bf16 matmul failed at ", M, "x", N, "x", K, ": ", e.what()));
+  }
+#else
+  (void)ta, (void)tb, (void)A, (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+  throw Error("cpu gemm: bf16 operands need oneDNN, and this build has none");
+#endif
+}
+
+}  // namespace nlp::cpu
