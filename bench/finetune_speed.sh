@@ -13,6 +13,8 @@
 #   nlptrain-longest-group  ... --data.group_by_length=true
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
 #   hf-longest-group-compile  ... --group-by-length --torch-compile --pad-multiple 8 (torch.compile, inductor)
+#   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has them)
+#   hf-longest-group-bf16     ... --group-by-length --bf16 (Trainer's bf16=True: autocast to bf16 on the CPU)
 # (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
 # nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
 #
@@ -34,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group hf-longest-group-compile"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 hf-longest-group-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -146,7 +148,8 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local pad=longest group=false extra=()
   case $s in *max_length) pad=max_length;; esac
-  case $s in *-group) group=true;; esac
+  case $s in *-group|*-group-bf16) group=true;; esac
+  case $s in *-bf16) extra+=("--train.precision=bf16");; esac
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
   rm -rf "$out"
   timed "$name" mpirun --allow-run-as-root -np 1 --bind-to none "$BIN" --run.mode=train --run.task=$t \
@@ -169,7 +172,8 @@ run_hf() {  # run_hf TASK SETTING SEED
   local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
-  case $s in *-group|*-group-compile) extra+=(--group-by-length);; esac
+  case $s in *-group|*-group-compile|*-group-bf16) extra+=(--group-by-length);; esac
+  case $s in *-bf16) extra+=(--bf16);; esac
   # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (what nlptrain uses on GPUs), so that
   # few shapes are compiled
   case $s in *-compile) extra+=(--torch-compile --pad-multiple 8);; esac

@@ -27,7 +27,7 @@ import statistics
 import sys
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
-            "hf-longest-group", "hf-longest-group-compile"]
+            "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16", "hf-longest-group-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 
 
@@ -140,7 +140,7 @@ def collect(res_dir):
         side = setting.split("-", 1)[0]
         r = {"name": name, "task": task, "setting": setting, "side": side, "seed": int(seed),
              "padding": "max_length" if setting.endswith("max_length") else "longest",
-             "group_by_length": "-group" in setting, "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
+             "group_by_length": "-group" in setting, "bf16": setting.endswith("-bf16"), "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
              "loadavg_before": tm.get("loadavg_before"), "loadavg_after": tm.get("loadavg_after"),
              "start": tm.get("start"), "completed": False}
         d = os.path.join(res_dir, "raw", name)

@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--torch-compile", action="store_true",
                    help="TrainingArguments(torch_compile=True): the model through torch.compile (inductor; on the "
                         "CPU it generates C++/OpenMP kernels), compile time included in train_s")
+    p.add_argument("--bf16", action="store_true",
+                   help="TrainingArguments(bf16=True): the forward and backward under torch.autocast(cpu, bfloat16) "
+                        "(oneDNN's bf16 kernels: AMX / AVX512-BF16 where the CPU has them), fp32 master weights")
     return p.parse_args(argv)
 
 
@@ -422,7 +425,7 @@ def main(argv=None):
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=0, seed=a.seed, data_seed=a.seed, logging_steps=a.log_steps, save_strategy="no",
         eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
-        remove_unused_columns=False, fp16=False, bf16=False, disable_tqdm=True, torch_compile=a.torch_compile,
+        remove_unused_columns=False, fp16=False, bf16=a.bf16, disable_tqdm=True, torch_compile=a.torch_compile,
         **sampling)
     trainer = T(model=model, args=args, train_dataset=train, data_collator=collator)
     t_train0 = time.time()
@@ -447,7 +450,7 @@ def main(argv=None):
     # steady state: the median step after the first 20 (torch.compile's compilations and recompilations
     # for new batch lengths happen mostly in the first steps)
     gaps = [b - a_ for a_, b in zip(step_ends, step_ends[1:])]
-    out.update(torch_compile=a.torch_compile,
+    out.update(torch_compile=a.torch_compile, bf16=a.bf16,
                median_step_s_after_20=statistics.median(gaps[20:]) if len(gaps) > 20 else None)
     out.update(padding=a.padding, group_by_length=a.group_by_length, pad_multiple=a.pad_multiple,
                file_seq_len=train.T, trained_batches=counts["batches"], trained_rows=counts["rows"],

@@ -23,7 +23,7 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
-    "run.sync_check", "run.profile", "run.memory_limit_gb",
+    "run.sync_check", "run.profile", "run.memory_limit_gb", "run.cpu_gemm", "run.cpu_bf16",
     "model.type", "model.weights", "model.preset", "model.reinit_mismatched", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -81,6 +81,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.memory_limit_gb, b.run.memory_limit_gb);
   EXPECT_EQ(a.run.sync_check, b.run.sync_check);
   EXPECT_EQ(a.run.profile, b.run.profile);
+  EXPECT_EQ(a.run.cpu_gemm, b.run.cpu_gemm);
+  EXPECT_EQ(a.run.cpu_bf16, b.run.cpu_bf16);
   EXPECT_EQ(a.model.type, b.model.type);
   EXPECT_EQ(a.model.weights, b.model.weights);
   EXPECT_EQ(a.model.preset, b.model.preset);
@@ -466,7 +468,8 @@ TEST(ConfigRanges, OutOfRangeValuesAreRejected) {
       {"generate.max_new_tokens", "-1"}, {"generate.num_samples", "0"}, {"data.seq_len", "-1"},
       {"run.threads", "-1"},          {"run.log_interval", "0"},     {"train.sample_interval", "-1"},
       {"model.initializer_range", "0"}, {"output.dir", ""},          {"comm.gpu", "mpi"},
-      {"comm.bucket_mb", "0"},        {"comm.bucket_mb", "5000"},    {"comm.timeout_s", "-1"}};
+      {"comm.bucket_mb", "0"},        {"comm.bucket_mb", "5000"},    {"comm.timeout_s", "-1"},
+      {"run.cpu_gemm", "mkl"},        {"run.cpu_bf16", "fast"}};
   for (const auto& [key, value] : bad) {
     const std::string m = error_of({"--data.train=x", "--" + key + "=" + value});
     EXPECT_CONTAINS(m, key);
@@ -693,7 +696,7 @@ TEST_F(ConfigTest, MissingFile) {
 TEST_F(ConfigTest, ToIniRoundTrip) {
   const std::string path = write("full.ini",
                                  "[run]\nmode = gradients\ntask = clm\nbackend = cuda\nthreads = 2\n"
-                                 "log_interval = 5\npeak_tflops = 312.5\nsync_check = true\nmemory_limit_gb = 2.5\n"
+                                 "log_interval = 5\npeak_tflops = 312.5\nsync_check = true\nmemory_limit_gb = 2.5\ncpu_gemm = openblas\ncpu_bf16 = emulate\n"
                                  "[model]\ntype = gpt2\nweights = w.h5\nn_layer = 3\nn_head = 6\n"
                                  "n_embd = 96\nvocab_size = 256\nn_positions = 128\nembd_pdrop = 0.3\n"
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
@@ -719,6 +722,8 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
   EXPECT_EQ(a.model.attn_pdrop, 0.123456789f);
   EXPECT_TRUE(a.run.sync_check);
   EXPECT_EQ(a.train.precision, "tf32");
+  EXPECT_EQ(a.run.cpu_gemm, "openblas");
+  EXPECT_EQ(a.run.cpu_bf16, "emulate");
 
   const std::string ini = a.to_ini();
   const std::string path2 = write("written.ini", ini);
