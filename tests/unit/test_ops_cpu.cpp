@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/backend.h"
 #include "core/rng.h"
 
@@ -981,6 +982,45 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   VF db(big.size());
   be().crossentropy_backward(db.data(), big.data(), tg.data(), 1.0f, M, V);
   for (float x : db) EXPECT_TRUE(std::isfinite(x));
+}
+
+// The backend keeps the forward's row max / sum of exp and its backward reuses them (one read of the
+// logits instead of three): bitwise the gradient computed from scratch, and forgotten when the backend
+// writes the logits buffer (matmul_forward, copy, zero, to_device), so stale statistics are never used.
+TEST(CrossEntropy, BackwardReusesForwardStatisticsAndForgetsThemOnWrite) {
+  const int M = 7, V = 301;
+  VF logits = randn((size_t)M * V, 114, 2.0f);
+  std::vector<int32_t> tg = {4, nlp::kIgnoreIndex, 300, 0, 11, 150, 2};
+  auto fresh = nlp::make_cpu_backend(2);  // no forward: statistics computed in the backward
+  VF loss(M), want(logits.size()), got(logits.size());
+  fresh->crossentropy_backward(want.data(), logits.data(), tg.data(), 0.5f, M, V);
+  auto b = nlp::make_cpu_backend(2);
+  b->crossentropy_forward(loss.data(), logits.data(), tg.data(), M, V);
+  b->crossentropy_backward(got.data(), logits.data(), tg.data(), 0.5f, M, V);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  // New logits written through the backend (a larger max per row): the old statistics must not be
+  // used, and using them would be wrong (the check below can fail).
+  const VF shifted = [&] { VF s = randn(logits.size(), 115, 2.0f); for (auto& x : s) x += 5.0f; return s; }();
+  VF want2(logits.size()), stale(logits.size());
+  fresh->crossentropy_backward(want2.data(), shifted.data(), tg.data(), 0.5f, M, V);
+  std::vector<float> mx(M);
+  std::vector<double> se(M);
+  nlp::cpu::crossentropy_forward(loss.data(), logits.data(), tg.data(), M, V, mx.data(), se.data());
+  nlp::cpu::crossentropy_backward(stale.data(), shifted.data(), tg.data(), 0.5f, M, V, mx.data(), se.data());
+  EXPECT_GT(rel_err(stale, to_d(want2)), 1e-2);
+  for (int how = 0; how < 3; ++how) {
+    VF buf = logits, g2(logits.size());
+    b->crossentropy_forward(loss.data(), buf.data(), tg.data(), M, V);
+    if (how == 0) b->copy(buf.data(), shifted.data(), buf.size() * sizeof(float));
+    if (how == 1) b->to_device(buf.data(), shifted.data(), buf.size() * sizeof(float));
+    if (how == 2) {  // logits = x @ I: the LM head's matmul_forward writes them
+      VF eye((size_t)V * V, 0.0f);
+      for (int v = 0; v < V; ++v) eye[(size_t)v * V + v] = 1.0f;
+      b->matmul_forward(buf.data(), shifted.data(), eye.data(), nullptr, M, V, V, WLayout::InOut);
+    }
+    b->crossentropy_backward(g2.data(), buf.data(), tg.data(), 0.5f, M, V);
+    EXPECT_LT(rel_err(g2, to_d(want2)), 1e-6) << how;
+  }
 }
 
 // ================================================================================================

@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   }
   void release(void* p) override { std::free(p); }
   void zero(void* p, size_t bytes) override {
+    forget_ce_stats(p);
     // large buffers (the gradient arena, every step) in parallel chunks: one core cannot fill
     // the memory bandwidth of the node
     constexpr size_t kChunk = size_t(1) << 20;
@@ -75,12 +76,14 @@ class CpuBackend final : public Backend {
       std::memset(c + k * kChunk, 0, std::min(kChunk, bytes - k * kChunk));
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
+    forget_ce_stats(dst);
     if (bytes && dst != host_src) std::memmove(dst, host_src, bytes);
   }
   void to_host(void* host_dst, const void* src, size_t bytes) override {
     if (bytes && host_dst != src) std::memmove(host_dst, src, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    forget_ce_stats(dst);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
 
@@ -102,6 +105,7 @@ class CpuBackend final : public Backend {
   // Native bf16 rounds the same way into bf16 copies that the GEMM library multiplies in hardware.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
                       int K, int N, WLayout layout) override {
+    forget_ce_stats(out);
     if (native_bf16_) {
       cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K), to_bf16(1, w, size_t(K) * N),
                           bias, M, K, N, layout);
@@ -192,13 +196,20 @@ class CpuBackend final : public Backend {
   }
 
   // ---- losses ----
+  // The forward keeps each row's max and sum of exp; a backward on the same logits (pointer, M, V,
+  // unchanged since: the contract of core/backend.h; forgotten when this backend writes that buffer)
+  // reuses them: one read of the [M,V] logits instead of three, bitwise the same gradient.
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
                             int V) override {
-    cpu::crossentropy_forward(losses, logits, targets, M, V);
+    if (ce_mx_.size() < size_t(std::max(M, 0))) ce_mx_.resize(M), ce_se_.resize(M);
+    cpu::crossentropy_forward(losses, logits, targets, M, V, ce_mx_.data(), ce_se_.data());
+    ce_logits_ = logits, ce_M_ = M, ce_V_ = V;
   }
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                              float dloss, int M, int V) override {
-    cpu::crossentropy_backward(dlogits, logits, targets, dloss, M, V);
+    const bool reuse = ce_logits_ == logits && ce_M_ == M && ce_V_ == V;
+    cpu::crossentropy_backward(dlogits, logits, targets, dloss, M, V, reuse ? ce_mx_.data() : nullptr,
+                               reuse ? ce_se_.data() : nullptr);
   }
 
   // ---- reductions, optimizer ----
@@ -232,7 +243,15 @@ class CpuBackend final : public Backend {
     return r;
   }
 
+  void forget_ce_stats(const void* p) {
+    if (p == ce_logits_) ce_logits_ = nullptr;
+  }
+
   Precision precision_;
+  const void* ce_logits_ = nullptr;  // the logits of the last crossentropy_forward
+  int ce_M_ = 0, ce_V_ = 0;
+  std::vector<float> ce_mx_;
+  std::vector<double> ce_se_;
   cpu::GemmLib lib_ = cpu::GemmLib::OpenBlas;
   bool native_bf16_ = false;
   std::string bf16_isa_;

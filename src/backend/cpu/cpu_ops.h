@@ -67,10 +67,12 @@ void attention_decode(float* out, const float* qkv_new, float* kcache, float* vc
                       int pos, int Tmax, int NH, int HS);
 
 // crossentropy.cpp
+// row_mx/row_se: optional per-row statistics written by the forward and reused by the backward
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
-                          int V);
+                          int V, float* row_mx = nullptr, double* row_se = nullptr);
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           float dloss, int M, int V);
+                           float dloss, int M, int V, const float* row_mx = nullptr,
+                           const double* row_se = nullptr);
 
 // optimizer.cpp
 double sum(const float* x, size_t N);

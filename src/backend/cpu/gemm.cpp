@@ -59,7 +59,11 @@ struct Bf16Matmul {
       po.append_sum(1.0f);  // C += A B
       attr.set_post_ops(po);
     }
+#if DNNL_VERSION_MAJOR >= 3
+    const dnnl::matmul::primitive_desc pd(eng, a, b, c, attr);
+#else
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+#endif
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
   }
 
