@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vmath.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -104,10 +105,12 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     // zero padding stays zero: only rows t < T / columns d < HS are ever written
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
     std::vector<float> s((size_t)4 * Tp), o((size_t)4 * Hp);
+    std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
       const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
+      for (int j = 0; j < T; ++j) kok[j] = !mask || mask[j] != 0;
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
@@ -121,17 +124,25 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           const int i = i0 + r;
           float* __restrict srow = s.data() + (size_t)r * Tp;
           float* __restrict arow = att + ((size_t)bh * T + i) * T;
-          // masked softmax; a fully masked row gives zeros
+          // masked softmax; a fully masked row gives zeros. Branch-free over j (the key mask as 0/1
+          // ints, exp by vmath's exp_nonpositive), so the compiler vectorises the three passes.
+          const int* __restrict ok = kok.data();
           float mx = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j < jend; ++j)
-            if (key_ok(mask, causal, i, j) && srow[j] > mx) mx = srow[j];
-          float den = 0.0f;
+#pragma omp simd reduction(max : mx)
           for (int j = 0; j < jend; ++j) {
-            const float e = key_ok(mask, causal, i, j) ? std::exp(srow[j] - mx) : 0.0f;
-            arow[j] = e;
-            den += e;
+            const float v = ok[j] && (!causal || j <= i) ? srow[j] : -std::numeric_limits<float>::infinity();
+            mx = v > mx ? v : mx;
+          }
+          float den = 0.0f;
+#pragma omp simd reduction(+ : den)
+          for (int j = 0; j < jend; ++j) {
+            const bool keep = ok[j] && (!causal || j <= i);
+            const float e = exp_nonpositive(keep ? srow[j] - mx : -100.0f);  // masked: never inf - inf
+            arow[j] = keep ? e : 0.0f;
+            den += arow[j];
           }
           const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma omp simd
           for (int j = 0; j < jend; ++j) arow[j] *= inv;
           for (int j = jend; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
@@ -294,7 +305,7 @@ void attention_decode(float* out, const float* qkv_new, float* kcache, float* vc
       }
       float den = 0.0f;
       for (int j = 0; j < L; ++j) {
-        s[j] = std::exp(s[j] - mx);
+        s[j] = exp_nonpositive(s[j] - mx);  // as the forward
         den += s[j];
       }
       const float inv = 1.0f / den;

@@ -34,25 +34,29 @@ const char* isa_name(dnnl::cpu_isa isa) {
   }
 }
 
-// One matmul primitive per (shape, strides, beta): creating one costs far more than a small GEMM.
-// The number of distinct shapes is bounded by the batch lengths (data.pad_multiple) times the layers'
-// few (K, N) pairs. Called from the backend's (single) host thread; the mutex keeps it safe anyway.
-struct Bf16Matmul {
+// One bf16 matmul primitive per (shape, strides, beta): creating one costs far more than a
+// small GEMM. The number of distinct shapes is bounded by the batch lengths (data.pad_multiple) times the
+// layers' few (K, N) pairs. Called from the backend's (single) host thread; the mutex keeps it safe anyway.
+struct Matmuls {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
   std::map<Key, dnnl::matmul> cache;
   std::mutex mu;
 
+  // a [rows, cols] operand stored row-major (or transposed) with leading dimension ld
+  static dnnl::memory::desc operand(bool is_bf16, int rows, int cols, bool trans, int ld) {
+    using dims = dnnl::memory::dims;
+    const auto type = is_bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+    return {{rows, cols}, type, trans ? dims{1, ld} : dims{ld, 1}};
+  }
+
   dnnl::matmul& get(const Key& key) {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
-    using dims = dnnl::memory::dims;
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
-    const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
-    const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+    const dnnl::memory::desc a = operand(true, M, K, ta, lda), b = operand(true, K, N, tb, ldb);
+    const dnnl::memory::desc c = operand(false, M, N, false, ldc);
     dnnl::primitive_attr attr;
     if (accumulate) {
       dnnl::post_ops po;
@@ -71,21 +75,26 @@ struct Bf16Matmul {
            float beta, float* C, int ldc) {
     std::lock_guard<std::mutex> lock(mu);
     dnnl::matmul& mm = get({ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f});
-    using dims = dnnl::memory::dims;
-    using dt = dnnl::memory::data_type;
-    dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1}}, eng,
-                    const_cast<bf16*>(A));
-    dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1}}, eng,
-                    const_cast<bf16*>(B));
-    dnnl::memory cm({{M, N}, dt::f32, dims{ldc, 1}}, eng, C);
+    dnnl::memory am(operand(true, M, K, ta, lda), eng, const_cast<bf16*>(A));
+    dnnl::memory bm(operand(true, K, N, tb, ldb), eng, const_cast<bf16*>(B));
+    dnnl::memory cm(operand(false, M, N, false, ldc), eng, C);
     mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     strm.wait();
   }
 };
 
-Bf16Matmul& bf16_matmul() {
-  static Bf16Matmul m;
+Matmuls& matmuls() {
+  static Matmuls m;
   return m;
+}
+
+void onednn_bf16_matmul(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda,
+                        const bf16* B, int ldb, float beta, float* C, int ldc) {
+  try {
+    matmuls().run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  } catch (const dnnl::error& e) {
+    throw Error(cat("oneDNN bf16 matmul failed at ", M, "x", N, "x", K, ": ", e.what()));
+  }
 }
 
 }  // namespace
@@ -133,9 +142,12 @@ void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, in
   if (M <= 0 || N <= 0 || K <= 0) return;
 #ifdef NLPTRAIN_HAVE_ONEDNN
   if (lib == GemmLib::OneDnn) {
+    // dnnl_sgemm, not the matmul primitive: the same rate at these shapes (measured), and no
+    // primitive to create for every new batch length
     const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B,
                                         ldb, beta, C, ldc);
-    if (st != dnnl_success) throw Error(cat("oneDNN sgemm failed (status ", int(st), ") at ", M, "x", N, "x", K));
+    if (st != dnnl_success)
+      throw Error(cat("oneDNN sgemm failed (status ", int(st), ") at ", M, "x", N, "x", K));
     return;
   }
 #endif
@@ -149,11 +161,7 @@ void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const bf16* A, int
   (void)lib;
   if (M <= 0 || N <= 0 || K <= 0) return;
 #ifdef NLPTRAIN_HAVE_ONEDNN
-  try {
-    bf16_matmul().run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-  } catch (const dnnl::error& e) {
-    throw Error(cat("oneDNN bf16 matmul failed at ", M, "x", N, "x", K, ": ", e.what()));
-  }
+  onednn_bf16_matmul(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 #else
   (void)ta, (void)tb, (void)A, (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
   throw Error("cpu gemm: bf16 operands need oneDNN, and this build has none");
