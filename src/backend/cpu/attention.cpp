@@ -5,7 +5,7 @@
 // One OpenMP task per (b, h), static schedule: every output element is produced by one thread in a
 // fixed order, so results are bitwise reproducible and independent of the thread count. Per head the
 // products are small (T x T x HS) and would be many tiny GEMM calls from inside a parallel region, so
-// they use a register-tiled 4x16 kernel on per-thread, zero-padded copies of the head's q, k, v
+// they use a register-tiled kRows x 16 kernel on per-thread, zero-padded copies of the head's q, k, v
 // (T padded to Tp, HS to Hp, multiples of 16). Causal attention skips the tiles above the diagonal.
 #include <cmath>
 #include <cstring>
@@ -20,40 +20,35 @@
 namespace nlp::cpu {
 namespace {
 
-typedef float v8 __attribute__((vector_size(32)));
+// The products run on register tiles of kRows x 16 floats: 8 rows of one 512-bit vector each where the
+// compiler targets AVX-512, else 4 rows of two 256-bit halves (GCC splits the 64-byte vector type), so
+// that the accumulators fit the register file either way. Every element sums its products in the same
+// order whatever the tile height, so the results do not depend on it.
+typedef float v16 __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int kRows = 8;
+#else
+constexpr int kRows = 4;
+#endif
 
-inline v8 load8(const float* p) {
-  v8 v;
+inline v16 load16(const float* p) {
+  v16 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// C[4,16] = A[4,L] @ B[L,16]; A rows lda apart, B rows ldb apart, C rows ldc apart (overwritten).
-inline void tile_4x16(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb,
-                      int L, float* __restrict C, size_t ldc) {
-  v8 c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+// C[kRows,16] = A[kRows,L] @ B[L,16]; A rows lda apart, B rows ldb apart, C rows ldc apart (overwritten).
+inline void tile(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb, int L,
+                 float* __restrict C, size_t ldc) {
+  v16 c[kRows] = {};
   for (int l = 0; l < L; ++l) {
-    const float* b = B + (size_t)l * ldb;
-    const v8 b0 = load8(b), b1 = load8(b + 8);
-    const float a0 = A[l], a1 = A[lda + l], a2 = A[2 * lda + l], a3 = A[3 * lda + l];
-    c00 += a0 * b0;
-    c01 += a0 * b1;
-    c10 += a1 * b0;
-    c11 += a1 * b1;
-    c20 += a2 * b0;
-    c21 += a2 * b1;
-    c30 += a3 * b0;
-    c31 += a3 * b1;
+    const v16 b = load16(B + (size_t)l * ldb);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) c[r] += A[(size_t)r * lda + l] * b;
   }
-  store8(C, c00);
-  store8(C + 8, c01);
-  store8(C + ldc, c10);
-  store8(C + ldc + 8, c11);
-  store8(C + 2 * ldc, c20);
-  store8(C + 2 * ldc + 8, c21);
-  store8(C + 3 * ldc, c30);
-  store8(C + 3 * ldc + 8, c31);
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
 }
 
 inline int round16(int x) { return (x + 15) / 16 * 16; }
@@ -104,7 +99,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
   {
     // zero padding stays zero: only rows t < T / columns d < HS are ever written
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
-    std::vector<float> s((size_t)4 * Tp), o((size_t)4 * Hp);
+    std::vector<float> s((size_t)kRows * Tp), o((size_t)kRows * Hp);
     std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
@@ -114,12 +109,13 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
-      for (int i0 = 0; i0 < T; i0 += 4) {
-        const int ni = T - i0 < 4 ? T - i0 : 4;
-        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;  // keys this row block can see
-        // scores s[4, j < jend] = q_i . k_j / sqrt(HS)
+      // row blocks of kRows (T is padded to Tp, a multiple of 16, so a block never leaves the buffers)
+      for (int i0 = 0; i0 < T; i0 += kRows) {
+        const int ni = T - i0 < kRows ? T - i0 : kRows;
+        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;  // keys this row block can see
+        // scores s[kRows, j < jend] = q_i . k_j / sqrt(HS)
         for (int j0 = 0; j0 < jend; j0 += 16)
-          tile_4x16(qs.data() + (size_t)i0 * Hp, Hp, kt.data() + j0, Tp, HS, s.data() + j0, Tp);
+          tile(qs.data() + (size_t)i0 * Hp, Hp, kt.data() + j0, Tp, HS, s.data() + j0, Tp);
         for (int r = 0; r < ni; ++r) {
           const int i = i0 + r;
           float* __restrict srow = s.data() + (size_t)r * Tp;
@@ -155,11 +151,11 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
             for (int j = 0; j < jend; ++j) srow[j] = arow[j];
           }
         }
-        for (int r = ni; r < 4; ++r)
+        for (int r = ni; r < kRows; ++r)
           for (int j = 0; j < jend; ++j) s[(size_t)r * Tp + j] = 0.0f;
-        // o[4, Hp] = dropout(att)[4, j < jend] @ v[j < jend, Hp]
+        // o[kRows, Hp] = dropout(att)[kRows, j < jend] @ v[j < jend, Hp]
         for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile_4x16(s.data(), Tp, vb.data() + d0, Hp, jend, o.data() + d0, Hp);
+          tile(s.data(), Tp, vb.data() + d0, Hp, jend, o.data() + d0, Hp);
         for (int r = 0; r < ni; ++r) {
           float* oi = out + ((size_t)b * T + i0 + r) * C + (size_t)h * HS;
           std::memcpy(oi, o.data() + (size_t)r * Hp, sizeof(float) * HS);
@@ -205,11 +201,11 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
                     sizeof(float) * HS);
       // dA'[i, j] = dout_i . v_j  (tiles that hold some j <= i when causal)
-      for (int i0 = 0; i0 < T; i0 += 4) {
-        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;
+      for (int i0 = 0; i0 < T; i0 += kRows) {
+        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;
         for (int j0 = 0; j0 < jend; j0 += 16)
-          tile_4x16(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
-                    ds.data() + (size_t)i0 * Tp + j0, Tp);
+          tile(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
+               ds.data() + (size_t)i0 * Tp + j0, Tp);
       }
       // softmax backward row by row; fill dS, dS^T and A'^T (zeros where masked)
       for (int i = 0; i < T; ++i) {
@@ -242,19 +238,19 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           pt[(size_t)j * Tp + i] = 0.0f;
         }
       }
-      for (int i0 = 0; i0 < T; i0 += 4) {
+      for (int i0 = 0; i0 < T; i0 += kRows) {
         // dq[i] = sum_{j} dS_ij k_j
-        const int jend = causal ? (i0 + 4 < T ? i0 + 4 : T) : T;
+        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;
         for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile_4x16(ds.data() + (size_t)i0 * Tp, Tp, kb.data() + d0, Hp, jend,
-                    dq.data() + (size_t)i0 * Hp + d0, Hp);
-        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+3, i >= j0 when causal)
+          tile(ds.data() + (size_t)i0 * Tp, Tp, kb.data() + d0, Hp, jend,
+               dq.data() + (size_t)i0 * Hp + d0, Hp);
+        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+kRows-1, i >= j0 when causal)
         const int j0 = i0, l0 = causal ? j0 : 0;
         for (int d0 = 0; d0 < Hp; d0 += 16) {
-          tile_4x16(dst.data() + (size_t)j0 * Tp + l0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp,
-                    T - l0, dk.data() + (size_t)j0 * Hp + d0, Hp);
-          tile_4x16(pt.data() + (size_t)j0 * Tp + l0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp,
-                    T - l0, dv.data() + (size_t)j0 * Hp + d0, Hp);
+          tile(dst.data() + (size_t)j0 * Tp + l0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+               dk.data() + (size_t)j0 * Hp + d0, Hp);
+          tile(pt.data() + (size_t)j0 * Tp + l0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+               dv.data() + (size_t)j0 * Hp + d0, Hp);
         }
       }
       for (int t = 0; t < T; ++t) {
