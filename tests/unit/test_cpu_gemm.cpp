@@ -11,6 +11,7 @@
 // No expected value is taken from the code under test.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,20 +41,8 @@ VF randn(size_t n, uint64_t seed, float sd = 1.0f) {
   return v;
 }
 
-float bf16_value(bf16 b) {
-  const uint32_t u = uint32_t(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-float truncate_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, sizeof u);
-  return x;
-}
+float bf16_value(bf16 b) { return std::bit_cast<float>(uint32_t(b.bits) << 16); }
+float truncate_bf16(float x) { return std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0xffff0000u); }
 
 // A stored operand: `rows` x `cols` logical, kept transposed or not, with a padded leading dimension.
 struct Stored {
@@ -147,17 +136,14 @@ TEST(CpuGemm, Bf16CopyEqualsRoundBf16OnEveryPattern) {
   for (uint32_t hi = 0; hi < (1u << 16); ++hi)
     for (uint32_t lo : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, uint32_t(r.next_u64() & 0xffffu)}) {
       const uint32_t u = hi << 16 | lo;
-      float x;
-      std::memcpy(&x, &u, sizeof x);
+      const float x = std::bit_cast<float>(u);
       const float want = nlp::cpu::round_bf16(x);
       const bf16 got{nlp::cpu::to_bf16_bits(x)};
       if (std::isnan(x)) {
         ASSERT_TRUE(std::isnan(bf16_value(got))) << std::hex << u;
         ASSERT_EQ(got.bits & 0x8000u, (u >> 16) & 0x8000u) << std::hex << u;  // sign kept
       } else {
-        uint32_t w;
-        std::memcpy(&w, &want, sizeof w);
-        ASSERT_EQ(uint32_t(got.bits) << 16, w) << std::hex << u;
+        ASSERT_EQ(uint32_t(got.bits) << 16, std::bit_cast<uint32_t>(want)) << std::hex << u;
       }
     }
 }
