@@ -2,13 +2,15 @@
 # CPU training-step benchmark: nlptrain vs Hugging Face transformers (PyTorch) on the same GPT-2 shape,
 # the same random tokens, one rank / one process, the same number of threads. See bench/README.md.
 #
-#   bash bench/cpu_train_step.sh            # both shapes: a (4 x 128, 7.4M) and b (12 x 768, 124M)
+#   bash bench/cpu_train_step.sh            # both GPT-2 shapes: a (4 x 128, 7.4M) and b (12 x 768, 124M)
 #   bash bench/cpu_train_step.sh a          # one shape
+#   bash bench/cpu_train_step.sh c          # BERT-base doc_cls (12 x 768, vocab 30522), B=8, T=128:
+#                                           # BertForSequenceClassification on the torch side
 #
 # Environment (defaults in brackets):
 #   NLPTRAIN_BIN [build/nlptrain, built when missing]   PYTHON [python3]   THREADS [2]
 #   WARM_STEPS [2]   steps of every run left out of the per-step median
-#   STEPS_A [10] STEPS_B [4]   timed steps per run after WARM_STEPS, shape a / b
+#   STEPS_A [10] STEPS_B [4] STEPS_C [4]   timed steps per run after WARM_STEPS, shape a / b / c
 #   PAIRS [3]        counted (nlptrain, torch) run pairs per shape, after one uncounted warm-up pair
 #   TORCH_MODES ["eager compile bf16"]  the PyTorch peers run in each pair (bench/torch_gpt2_step.py
 #                    --mode): eager fp32, torch.compile (inductor), eager under bf16 autocast; the
@@ -34,6 +36,7 @@ THREADS=${THREADS:-2}
 WARM=${WARM_STEPS:-2}
 STEPS_A=${STEPS_A:-10}
 STEPS_B=${STEPS_B:-4}
+STEPS_C=${STEPS_C:-4}
 PAIRS=${PAIRS:-3}
 read -r -a MODES <<<"${TORCH_MODES:-eager compile bf16}"
 NLP_PRECISION=${NLP_PRECISION:-fp32}
@@ -80,12 +83,13 @@ log() { echo "$*" >>"$OUTFILE"; }
   echo "settings: NLP_PRECISION=$NLP_PRECISION NLP_ARGS=${NLP_ARGS[*]} THREADS=$THREADS WARM_STEPS=$WARM STEPS_A=$STEPS_A STEPS_B=$STEPS_B PAIRS=$PAIRS TORCH_MODES=${MODES[*]}"
 } >"$OUTFILE"
 
-# shape -> "n_layer n_head n_embd vocab n_positions batch seq timed_steps"
+# shape -> "model n_layer n_head n_embd vocab n_positions batch seq timed_steps"
 shape_args() {
   case "$1" in
-    a) echo "4 4 128 50257 1024 4 64 $STEPS_A" ;;
-    b) echo "12 12 768 50257 1024 4 64 $STEPS_B" ;;
-    *) echo "unknown shape '$1' (a or b)" >&2; exit 2 ;;
+    a) echo "gpt2 4 4 128 50257 1024 4 64 $STEPS_A" ;;
+    b) echo "gpt2 12 12 768 50257 1024 4 64 $STEPS_B" ;;
+    c) echo "bert 12 12 768 30522 512 8 128 $STEPS_C" ;;
+    *) echo "unknown shape '$1' (a, b or c)" >&2; exit 2 ;;
   esac
 }
 
@@ -93,14 +97,53 @@ SUMMARY=$WORK/summary.tsv
 : >"$SUMMARY"
 
 for shape in "${SHAPES[@]}"; do
-  read -r L H C V P B T N <<<"$(shape_args "$shape")"
+  read -r MODEL L H C V P B T N <<<"$(shape_args "$shape")"
   TOTAL=$((WARM + N))
   D=$WORK/$shape
   rm -rf "$D"
   mkdir -p "$D"
   DATA=$D/tokens.h5
   ROWS=$((B * TOTAL))
-  "$PY" bench/torch_gpt2_step.py --write-data "$DATA" --rows "$ROWS" --seq "$T" --vocab "$V" --seed 1 >/dev/null
+  "$PY" bench/torch_gpt2_step.py --model "$MODEL" --write-data "$DATA" --rows "$ROWS" --seq "$T" --vocab "$V" --seed 1 >/dev/null
+  if [ "$MODEL" = bert ]; then
+    cat >"$D/bench.ini" <<EOF
+# shape $shape: BERT doc_cls $L layers, $H heads, hidden $C, vocab $V, B=$B, T=$T
+[run]
+mode = train
+task = doc_cls
+backend = cpu
+threads = $THREADS
+log_interval = 1
+[model]
+type = bert
+hidden_size = $C
+num_hidden_layers = $L
+num_attention_heads = $H
+intermediate_size = $((4 * C))
+vocab_size = $V
+max_position_embeddings = $P
+type_vocab_size = 2
+num_labels = 2
+hidden_dropout_prob = 0.0
+attention_probs_dropout_prob = 0.0
+[data]
+train = $DATA
+shuffle = false
+[train]
+steps = $TOTAL
+batch_size = $B
+lr = 1e-4
+warmup_steps = 0
+schedule = constant
+weight_decay = 0.1
+clip = 1.0
+precision = $NLP_PRECISION
+[checkpoint]
+interval = 0
+[output]
+dir = $D/out
+EOF
+  else
   cat >"$D/bench.ini" <<EOF
 # shape $shape: GPT-2 $L layers, $H heads, $C embd, vocab $V, B=$B, T=$T
 [run]
@@ -136,14 +179,15 @@ interval = 0
 [output]
 dir = $D/out
 EOF
+  fi
   NLP_CMD=("$BIN" "$D/bench.ini" "${NLP_ARGS[@]}")
-  TORCH_CMD=("$PY" bench/torch_gpt2_step.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V"
+  TORCH_CMD=("$PY" bench/torch_gpt2_step.py --model "$MODEL" --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V"
              --n-positions "$P" --batch "$B" --seq "$T" --warmup "$WARM" --steps "$N" --threads "$THREADS"
              --lr 1e-4 --weight-decay 0.1 --clip 1.0 --data "$DATA")
   {
     echo
     echo "================================================================================"
-    echo "## shape $shape: GPT-2 n_layer=$L n_head=$H n_embd=$C vocab=$V n_positions=$P, B=$B T=$T;"
+    echo "## shape $shape: $MODEL n_layer=$L n_head=$H n_embd=$C vocab=$V n_positions=$P, B=$B T=$T;"
     echo "## $TOTAL steps per run ($WARM left out of the per-step median), 1 warm-up pair + $PAIRS counted pairs"
     echo "nlptrain command: OMP_NUM_THREADS=$THREADS ${NLP_CMD[*]}"
     echo "--- $D/bench.ini"
@@ -151,7 +195,7 @@ EOF
     echo "---"
     echo "torch command:    OMP_NUM_THREADS=$THREADS ${TORCH_CMD[*]}"
   } >>"$OUTFILE"
-  echo "shape $shape: GPT-2 $L x $C, vocab $V, B=$B T=$T: $((PAIRS + 1)) run pairs of $TOTAL steps ..." >&2
+  echo "shape $shape: $MODEL $L x $C, vocab $V, B=$B T=$T: $((PAIRS + 1)) run pairs of $TOTAL steps ..." >&2
 
   for ((r = 0; r <= PAIRS; r++)); do
     tag=$([ "$r" -eq 0 ] && echo "warm-up pair (not counted)" || echo "pair $r")
@@ -176,7 +220,7 @@ EOF
     } >>"$OUTFILE"
   done
 
-  "$PY" - "$D" "$PAIRS" "$WARM" "$shape" "$L" "$C" "$V" "$B" "$T" "${MODES[@]}" >>"$SUMMARY" <<'EOF'
+  "$PY" - "$D" "$PAIRS" "$WARM" "$shape" "$MODEL-$L" "$C" "$V" "$B" "$T" "${MODES[@]}" >>"$SUMMARY" <<'EOF'
 import json, statistics, sys
 d, pairs, warm, shape, L, C, V, B, T, *modes = sys.argv[1:]
 pairs, warm = int(pairs), int(warm)
@@ -216,11 +260,11 @@ out = [f"CPU training step, nlptrain train.precision = {nlp_setting}, 1 rank / 1
        "whole command: median wall seconds of the paired runs and the median of the pairwise ratios [min-max];",
        "cpu ratio: median pairwise ratio of user+sys CPU seconds (less sensitive to a busy machine than wall).",
        "",
-       f"{'shape':<6}{'model':<26}{'nlptrain ms/step':<26}{'torch ms/step':<26}{'ratio':>6}  |"
+       f"{'shape':<6}{'model':<30}{'nlptrain ms/step':<26}{'torch ms/step':<26}{'ratio':>6}  |"
        f" {'nlptrain s':>10} {'torch s':>8} {'ratio (pairs)':>20} {'cpu ratio':>9}"]
 for r in rows:
     (shape, model, mn, mn0, mn1, mt, mt0, mt1, ratio, wn, wt, wr, wr0, wr1, cr, nn, nt, best, modes_txt) = r
-    out.append(f"{shape:<6}{model:<26}{f'{mn} [{mn0}-{mn1}]':<26}{f'{mt} [{mt0}-{mt1}] {best}':<26}{ratio:>6}  |"
+    out.append(f"{shape:<6}{model:<30}{f'{mn} [{mn0}-{mn1}]':<26}{f'{mt} [{mt0}-{mt1}] {best}':<26}{ratio:>6}  |"
                f" {wn:>10} {wt:>8} {f'{wr} [{wr0}-{wr1}]':>20} {cr:>9}")
     out.append(f"{'':<6}torch median ms/step per mode: {modes_txt}")
 out.append("")
