@@ -105,15 +105,12 @@ for shape in "${SHAPES[@]}"; do
   DATA=$D/tokens.h5
   ROWS=$((B * TOTAL))
   "$PY" bench/torch_gpt2_step.py --model "$MODEL" --write-data "$DATA" --rows "$ROWS" --seq "$T" --vocab "$V" --seed 1 >/dev/null
+  # the model's sections, then the training sections both models share
   if [ "$MODEL" = bert ]; then
     cat >"$D/bench.ini" <<EOF
 # shape $shape: BERT doc_cls $L layers, $H heads, hidden $C, vocab $V, B=$B, T=$T
 [run]
-mode = train
 task = doc_cls
-backend = cpu
-threads = $THREADS
-log_interval = 1
 [model]
 type = bert
 hidden_size = $C
@@ -128,29 +125,10 @@ hidden_dropout_prob = 0.0
 attention_probs_dropout_prob = 0.0
 [data]
 train = $DATA
-shuffle = false
-[train]
-steps = $TOTAL
-batch_size = $B
-lr = 1e-4
-warmup_steps = 0
-schedule = constant
-weight_decay = 0.1
-clip = 1.0
-precision = $NLP_PRECISION
-[checkpoint]
-interval = 0
-[output]
-dir = $D/out
 EOF
   else
-  cat >"$D/bench.ini" <<EOF
+    cat >"$D/bench.ini" <<EOF
 # shape $shape: GPT-2 $L layers, $H heads, $C embd, vocab $V, B=$B, T=$T
-[run]
-mode = train
-backend = cpu
-threads = $THREADS
-log_interval = 1
 [model]
 type = gpt2
 n_layer = $L
@@ -164,6 +142,15 @@ resid_pdrop = 0.0
 [data]
 train = $DATA
 seq_len = $T
+EOF
+  fi
+  cat >>"$D/bench.ini" <<EOF
+[run]
+mode = train
+backend = cpu
+threads = $THREADS
+log_interval = 1
+[data]
 shuffle = false
 [train]
 steps = $TOTAL
@@ -179,7 +166,6 @@ interval = 0
 [output]
 dir = $D/out
 EOF
-  fi
   NLP_CMD=("$BIN" "$D/bench.ini" "${NLP_ARGS[@]}")
   TORCH_CMD=("$PY" bench/torch_gpt2_step.py --model "$MODEL" --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V"
              --n-positions "$P" --batch "$B" --seq "$T" --warmup "$WARM" --steps "$N" --threads "$THREADS"
