@@ -219,7 +219,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                precision_name(precision), " | attention ",
                bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank on ",
                cpus.allowed, " CPU(s) (", cpus.list, ")"));
-  if (!be->details().empty()) log.info(cat("backend ", be->name(), ": ", be->details()));
+  if (const std::string d = be->details(); !d.empty()) log.info(cat("backend ", be->name(), ": ", d));
   if (cfg.run.backend == "cpu")
     for (const std::string& w : tplan.warnings) log.info(w);
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")

@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/vmath.h"
@@ -29,23 +28,15 @@ inline float row_max(const float* x, int V) {
   return m;
 }
 
-// sum_v e[v] with e[v] = exp(x[v] - mx) (e may be null): float lanes within blocks of 512, double
-// across blocks, so the sum of 50k terms keeps ~1e-7 relative accuracy.
-inline double row_exp_sum(const float* x, int V, float mx, float* e) {
+// sum_v exp(x[v] - mx): float lanes within blocks of 512, double across blocks, so the sum of 50k
+// terms keeps ~1e-7 relative accuracy.
+inline double row_exp_sum(const float* x, int V, float mx) {
   double total = 0.0;
   for (int v0 = 0; v0 < V; v0 += 512) {
     const int v1 = v0 + 512 < V ? v0 + 512 : V;
     float part = 0.0f;
-    if (e) {
 #pragma omp simd reduction(+ : part)
-      for (int v = v0; v < v1; ++v) {
-        e[v] = exp_nonpositive(x[v] - mx);
-        part += e[v];
-      }
-    } else {
-#pragma omp simd reduction(+ : part)
-      for (int v = v0; v < v1; ++v) part += exp_nonpositive(x[v] - mx);
-    }
+    for (int v = v0; v < v1; ++v) part += exp_nonpositive(x[v] - mx);
     total += part;
   }
   return total;
@@ -53,7 +44,7 @@ inline double row_exp_sum(const float* x, int V, float mx, float* e) {
 
 inline void row_stats(const float* x, int V, float* mx, double* se) {
   *mx = row_max(x, V);
-  *se = row_exp_sum(x, V, *mx, nullptr);
+  *se = row_exp_sum(x, V, *mx);
 }
 
 }  // namespace
@@ -81,41 +72,24 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 
 // dlogits[M,V] += (softmax(logits) - onehot(target)) * dloss; ignored rows untouched.
 // row_mx / row_se (optional): the forward's statistics of these logits. With them, one read of each row
-// instead of three, and the same values bit for bit (the same max, sum and exp).
+// instead of three, and the same values bit for bit (the same max, sum and exp as row_stats).
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            float dloss, int M, int V, const float* row_mx, const double* row_se) {
   check_targets(targets, M, V);
-  if (row_mx) {
 #pragma omp parallel for schedule(static)
-    for (int m = 0; m < M; ++m) {
-      const int32_t t = targets[m];
-      if (t == kIgnoreIndex) continue;
-      const float* __restrict x = logits + (size_t)m * V;
-      float* __restrict g = dlogits + (size_t)m * V;
-      const float mx = row_mx[m];
-      const float f = static_cast<float>((double)dloss / row_se[m]);
+  for (int m = 0; m < M; ++m) {
+    const int32_t t = targets[m];
+    if (t == kIgnoreIndex) continue;
+    const float* __restrict x = logits + (size_t)m * V;
+    float* __restrict g = dlogits + (size_t)m * V;
+    float mx;
+    double se;
+    if (row_mx) mx = row_mx[m], se = row_se[m];
+    else row_stats(x, V, &mx, &se);
+    const float f = static_cast<float>((double)dloss / se);
 #pragma omp simd
-      for (int v = 0; v < V; ++v) g[v] += exp_nonpositive(x[v] - mx) * f;
-      g[t] -= dloss;
-    }
-    return;
-  }
-#pragma omp parallel
-  {
-    std::vector<float> e(V);  // exp(x - max) of the row, computed once
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) {
-      const int32_t t = targets[m];
-      if (t == kIgnoreIndex) continue;
-      const float* __restrict x = logits + (size_t)m * V;
-      float* __restrict g = dlogits + (size_t)m * V;
-      const float mx = row_max(x, V);
-      const double se = row_exp_sum(x, V, mx, e.data());
-      const float f = static_cast<float>((double)dloss / se);
-#pragma omp simd
-      for (int v = 0; v < V; ++v) g[v] += e[v] * f;
-      g[t] -= dloss;
-    }
+    for (int v = 0; v < V; ++v) g[v] += exp_nonpositive(x[v] - mx) * f;
+    g[t] -= dloss;
   }
 }
 

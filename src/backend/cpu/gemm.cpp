@@ -14,7 +14,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
-extern "C" char* openblas_get_config(void);
 extern "C" char* openblas_get_corename(void);
 
 namespace nlp::cpu {
