@@ -192,6 +192,10 @@ const std::vector<Entry>& schema() {
        "batch examples of similar length (HF group_by_length): each mega-batch of 50 optimizer steps "
        "of the shuffled order is sorted longest first and cut into optimizer steps, whose order is "
        "shuffled; with data.padding = longest most padding is then never computed"},
+      {KEY(data, cache_mb), ge(0),
+       "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
+       "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
+       "are read a batch at a time; 0 = always from the file"},
       // [train]
       {KEY(train, steps), ge(1), "optimizer steps"},
       {KEY(train, epochs), ge(0),

@@ -136,7 +136,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       const int64_t t0 = first * T_;
       const int64_t len = static_cast<int64_t>(run) * T_ + 1;
       buf.resize(static_cast<size_t>(len));
-      file_.read_i32_rows("tokens", t0, len, buf.data());
+      read_rows("tokens", t0, len, buf.data());
       for (int64_t j = 0; j < len; ++j) {
         const int32_t v = buf[static_cast<size_t>(j)];
         if (v < 0 || v >= vocab_)
@@ -155,14 +155,14 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       const size_t dst = static_cast<size_t>(k) * T;
       const size_t len = static_cast<size_t>(run) * T;
       int32_t* ids = batch.input_ids.data() + dst;
-      file_.read_i32_rows("input_ids", first, run, ids);
+      read_rows("input_ids", first, run, ids);
       for (size_t j = 0; j < len; ++j)
         if (ids[j] < 0 || ids[j] >= vocab_)
           throw Error(cat("file '", path_, "': input_ids[row ", first + static_cast<int64_t>(j / T), ", pos ",
                           j % T, "] = ", ids[j], " is out of range for vocab_size ", vocab_));
       int32_t* mask = batch.attention_mask.data() + dst;
       if (has_mask_) {
-        file_.read_i32_rows("attention_mask", first, run, mask);
+        read_rows("attention_mask", first, run, mask);
         for (size_t j = 0; j < len; ++j)
           if (mask[j] != 0 && mask[j] != 1)
             throw Error(cat("file '", path_, "': attention_mask[row ", first + static_cast<int64_t>(j / T),
@@ -172,7 +172,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       }
       int32_t* lab = batch.labels.data() + dst;
       if (has_labels_) {
-        file_.read_i32_rows("labels", first, run, lab);
+        read_rows("labels", first, run, lab);
         for (size_t j = 0; j < len; ++j)
           if (lab[j] != -100 && (lab[j] < 0 || lab[j] >= limits_.label_range))
             throw Error(cat("file '", path_, "': labels[row ", first + static_cast<int64_t>(j / T), ", pos ",
@@ -183,7 +183,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       }
       if (has_types_) {
         int32_t* tt = batch.token_type_ids.data() + dst;
-        file_.read_i32_rows("token_type_ids", first, run, tt);
+        read_rows("token_type_ids", first, run, tt);
         for (size_t j = 0; j < len; ++j)
           if (tt[j] < 0 || tt[j] >= limits_.type_vocab)
             throw Error(cat("file '", path_, "': token_type_ids[row ", first + static_cast<int64_t>(j / T),
@@ -192,7 +192,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
       }
       auto read_col = [&](const char* col, std::vector<int32_t>& out, int lo, int hi) {
         int32_t* p = out.data() + k;
-        file_.read_i32_rows(col, first, run, p);
+        read_rows(col, first, run, p);
         for (int j = 0; j < run; ++j)
           if (p[j] != -100 && (p[j] < lo || p[j] >= hi))
             throw Error(cat("file '", path_, "': ", col, "[", first + j, "] = ", p[j],
@@ -215,6 +215,52 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
     }
     k += run;
   }
+}
+
+std::vector<const char*> TokenDataset::columns() const {
+  if (stream_) return {"tokens"};
+  std::vector<const char*> c{"input_ids"};
+  if (has_mask_) c.push_back("attention_mask");
+  if (has_labels_ || has_seq_labels_) c.push_back("labels");
+  if (has_types_) c.push_back("token_type_ids");
+  if (has_positions_) c.insert(c.end(), {"start_positions", "end_positions"});
+  return c;
+}
+
+size_t TokenDataset::column_bytes() const {
+  size_t bytes = 0;
+  for (const char* col : columns()) {
+    size_t n = 1;
+    for (int64_t d : file_.shape(col)) n *= static_cast<size_t>(d);
+    bytes += n * sizeof(int32_t);
+  }
+  return bytes;
+}
+
+bool TokenDataset::hold_in_memory(size_t max_bytes) {
+  if (in_memory()) return true;
+  if (column_bytes() > max_bytes) return false;
+  std::map<std::string, Column> mem;
+  for (const char* col : columns()) {
+    const std::vector<int64_t> shape = file_.shape(col);
+    Column& c = mem[col];
+    c.row_len = shape.size() == 2 ? static_cast<size_t>(shape[1]) : 1;
+    c.values.resize(static_cast<size_t>(shape[0]) * c.row_len);
+    file_.read_i32_rows(col, 0, shape[0], c.values.data());
+  }
+  mem_ = std::move(mem);
+  return true;
+}
+
+void TokenDataset::read_rows(const char* name, int64_t row0, int64_t nrows, int32_t* out) const {
+  const auto it = mem_.find(name);
+  if (it == mem_.end()) return file_.read_i32_rows(name, row0, nrows, out);
+  const Column& c = it->second;
+  const size_t lo = static_cast<size_t>(row0) * c.row_len, len = static_cast<size_t>(nrows) * c.row_len;
+  if (row0 < 0 || nrows < 0 || lo + len > c.values.size())
+    throw Error(cat("file '", path_, "': dataset '", name, "': rows [", row0, ", ", row0 + nrows,
+                    ") are out of range"));
+  std::copy_n(c.values.data() + lo, len, out);
 }
 
 void TokenDataset::validate(int rank, int world) const {
@@ -327,7 +373,7 @@ std::vector<int32_t> TokenDataset::lengths() const {
   for (int64_t r0 = 0; r0 < n_; r0 += chunk) {
     const int64_t n = std::min(chunk, n_ - r0);
     mask.resize(static_cast<size_t>(n * T_));
-    file_.read_i32_rows("attention_mask", r0, n, mask.data());
+    read_rows("attention_mask", r0, n, mask.data());
     for (int64_t r = 0; r < n; ++r) {
       int32_t L = 0;
       for (int t = 0; t < T_; ++t)

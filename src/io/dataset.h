@@ -1,11 +1,13 @@
 // Token datasets in HDF5 with Hugging Face column names. Two layouts:
 //   2-D:    input_ids [N,T] int32, optional attention_mask [N,T] int32 (0/1), labels [N,T] int32 (-100 = ignore)
 //   stream: tokens [L] int32, cut into N = (L-1)/T windows of T+1 tokens: window i = tokens[i*T, i*T+T+1)
-// Reads go through hyperslabs, a few rows at a time; the whole file is never loaded.
+// Reads go through hyperslabs, a few rows at a time, unless the file is small enough to be held in
+// memory (hold_in_memory, data.cache_mb): fine-tuning sets are, and a batch is then a copy of its rows.
 // Every value read is validated (ids in [0, vocab), labels in [0, vocab) or -100, mask 0/1) and a bad
 // value is an error naming the file, column, example index and value.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +60,13 @@ class TokenDataset {
   // Read examples idx[0..count) (any order, each in [0, size())) into batch (resized).
   void read(const int64_t* idx, int count, TokenBatch& batch) const;
 
+  // Reads every int32 column the dataset uses into memory when together they take at most max_bytes,
+  // so that read() copies rows instead of asking HDF5 for each (a random row costs a chunk read
+  // there); returns whether it did. Values are still checked by read(), as from the file.
+  bool hold_in_memory(size_t max_bytes);
+  bool in_memory() const { return !mem_.empty(); }
+  size_t column_bytes() const;  // the int32 columns the dataset uses, in bytes
+
   // Each example's length: one past its last attention_mask position of 1 (T for files without a
   // mask and for token streams). Reads only the mask, in chunks; for data.group_by_length.
   std::vector<int32_t> lengths() const;
@@ -77,6 +86,15 @@ class TokenDataset {
   bool has_mask_ = false, has_labels_ = false;
   bool has_types_ = false, has_seq_labels_ = false, has_positions_ = false;
   DatasetLimits limits_;
+  struct Column {
+    std::vector<int32_t> values;
+    size_t row_len = 1;  // values per row: the second dimension of a 2-D column, 1 for a 1-D one
+  };
+  std::map<std::string, Column> mem_;  // hold_in_memory: column name -> its values
+
+  // rows [row0, row0 + nrows) of column `name` (each row_len values) from memory or the file
+  void read_rows(const char* name, int64_t row0, int64_t nrows, int32_t* out) const;
+  std::vector<const char*> columns() const;  // the columns read() reads
 };
 
 // Deterministic example order for data parallel training.

@@ -51,6 +51,7 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
   if (s.task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
+  ds.hold_in_memory(size_t(s.cfg.data.cache_mb) << 20);
   ds.validate(s.comm.rank(), s.comm.size());
   // The label names evaluation reads (TaskEval, at the first evaluation): read them here as well, so
   // that a malformed or damaged id2label attribute stops the run before anything is written to

@@ -283,6 +283,9 @@ int run_train(Session& s) {
 
   const int64_t tokens_per_step = int64_t(B) * T * A * world;
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
+                 train.in_memory() ? cat("held in memory, ", train.column_bytes() >> 20, " MiB; ")
+                                   : cat("read per batch: ", train.column_bytes() >> 20,
+                                         " MiB > data.cache_mb; "),
                  sampler.batches_per_epoch(), " global batches per epoch); ", tokens_per_step,
                  " tokens per step (batch ", B, " x accum ", A, " x ranks ", world, ")"));
   if (!lengths.empty()) {

@@ -618,6 +618,98 @@ TEST_F(IoTest, TokenDatasetStreamWindows) {
   expect_error([&] { bad.read(w2, 1, b); }, {p("bad_stream.h5"), "tokens[9]", "77", "vocab_size 50"});
 }
 
+namespace {
+
+void expect_same_batch(const nlp::TokenBatch& a, const nlp::TokenBatch& b) {
+  EXPECT_EQ(a.n, b.n);
+  EXPECT_EQ(a.T, b.T);
+  EXPECT_EQ(a.input_ids, b.input_ids);
+  EXPECT_EQ(a.attention_mask, b.attention_mask);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_EQ(a.token_labels, b.token_labels);
+  EXPECT_EQ(a.label_next, b.label_next);
+  EXPECT_EQ(a.token_type_ids, b.token_type_ids);
+  EXPECT_EQ(a.seq_labels, b.seq_labels);
+  EXPECT_EQ(a.start_positions, b.start_positions);
+  EXPECT_EQ(a.end_positions, b.end_positions);
+}
+
+}  // namespace
+
+// data.cache_mb: a dataset held in memory gives exactly the batches read from the file, in every
+// layout and with every column, checks its values as strictly, and is not held when too large.
+TEST_F(IoTest, TokenDatasetHeldInMemoryReadsAsTheFile) {
+  const int64_t N = 37, T = 6;
+  std::vector<int32_t> ids(N * T), mask(N * T), labels(N * T), types(N * T), seq(N), start(N), end(N);
+  for (int64_t i = 0; i < N * T; ++i) {
+    ids[i] = static_cast<int32_t>((i * 13 + 5) % 29);
+    mask[i] = (i % T) < 1 + (i / T) % T ? 1 : 0;
+    labels[i] = i % 5 == 0 ? -100 : static_cast<int32_t>(i % 7);
+    types[i] = (i % T) >= T / 2 ? 1 : 0;
+  }
+  for (int64_t r = 0; r < N; ++r) {
+    seq[r] = static_cast<int32_t>(r % 3);
+    start[r] = r % 4 == 0 ? -100 : static_cast<int32_t>(r % T);
+    end[r] = r % 4 == 0 ? -100 : static_cast<int32_t>(std::min<int64_t>(T - 1, r % T + 1));
+  }
+  {
+    File f = File::create(p("tok.h5"));  // token labels and segment ids (ner, mlm, pair inputs)
+    f.write_i32("input_ids", {N, T}, ids.data());
+    f.write_i32("attention_mask", {N, T}, mask.data());
+    f.write_i32("labels", {N, T}, labels.data());
+    f.write_i32("token_type_ids", {N, T}, types.data());
+  }
+  {
+    File f = File::create(p("seq.h5"));  // sequence labels and answer spans
+    f.write_i32("input_ids", {N, T}, ids.data());
+    f.write_i32("attention_mask", {N, T}, mask.data());
+    f.write_i32("labels", {N}, seq.data());
+    f.write_i32("start_positions", {N}, start.data());
+    f.write_i32("end_positions", {N}, end.data());
+  }
+  std::vector<int32_t> tok(N * T + 1);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 11 + 2) % 29);
+  {
+    File f = File::create(p("stream.h5"));
+    f.write_i32("tokens", {int64_t(tok.size())}, tok.data());
+  }
+  // consecutive runs (coalesced reads), repeats, the first and last rows
+  const std::vector<int64_t> idx = {36, 0, 1, 2, 17, 5, 5, 35, 36, 9, 10};
+  const struct {
+    std::string file;
+    int seq_len;
+    size_t bytes;
+  } cases[] = {{p("tok.h5"), 0, 4 * size_t(N * T) * 4},
+               {p("seq.h5"), 0, (2 * size_t(N * T) + 3 * size_t(N)) * 4},
+               {p("stream.h5"), int(T), tok.size() * 4}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    nlp::TokenDataset from_file(c.file, c.seq_len, 29, {7, 2});
+    nlp::TokenDataset held(c.file, c.seq_len, 29, {7, 2});
+    EXPECT_EQ(held.column_bytes(), c.bytes);
+    EXPECT_FALSE(held.hold_in_memory(c.bytes - 1));  // one byte short: stays on the file
+    EXPECT_FALSE(held.in_memory());
+    EXPECT_TRUE(held.hold_in_memory(c.bytes));
+    EXPECT_TRUE(held.in_memory());
+    nlp::TokenBatch a, b;
+    from_file.read(idx.data(), int(idx.size()), a);
+    held.read(idx.data(), int(idx.size()), b);
+    expect_same_batch(a, b);
+    EXPECT_EQ(held.lengths(), from_file.lengths());
+    held.validate(0, 1);
+  }
+  // A bad value in memory is reported as from the file: file, column, row and value.
+  ids[12 * T + 3] = 40;
+  write_2d(p("bad.h5"), N, T, ids, &mask, &labels);
+  nlp::TokenDataset bad(p("bad.h5"), 0, 29, {7, 2});
+  ASSERT_TRUE(bad.hold_in_memory(size_t(1) << 20));
+  const int64_t row12[] = {12};
+  nlp::TokenBatch b;
+  expect_error([&] { bad.read(row12, 1, b); },
+               {"file '" + p("bad.h5") + "': input_ids[row 12, pos 3] = 40 is out of range for vocab_size 29"});
+  expect_error([&] { bad.validate(0, 1); }, {p("bad.h5"), "row 12"});
+}
+
 TEST_F(IoTest, TokenDatasetLayoutAndDtypeErrors) {
   // int64 input_ids are rejected naming the dtype.
   {
