@@ -196,6 +196,35 @@ TEST(CpuGemm, NativeBf16AgainstFloat64ProductOfRoundedOperands) {
       }
 }
 
+// The bias added in the GEMM's output pass (the dense layer's forward) is the product rounded once
+// with the bias: the value of C starting as the broadcast bias with beta 1, and of the float64
+// reference with the bias as C0.
+TEST(CpuGemm, NativeBf16BiasInTheOutputPass) {
+  if (!native_or_skip()) GTEST_SKIP() << "no native bf16 on this CPU / build";
+  for (const Shape& s : kShapes)
+    for (bool tb : {false, true}) {
+      const VF A = randn((size_t)s.M * s.K, 61), B = randn((size_t)s.K * s.N, 62, 0.1f), bias = randn(s.N, 63);
+      const Stored b = store(B, s.K, s.N, tb, 0);
+      std::vector<bf16> ab(A.size()), bb(b.v.size());
+      VF rA(A.size()), rB(B.size()), C0((size_t)s.M * s.N);
+      for (size_t i = 0; i < A.size(); ++i) ab[i].bits = nlp::cpu::to_bf16_bits(A[i]), rA[i] = nlp::cpu::round_bf16(A[i]);
+      for (size_t i = 0; i < bb.size(); ++i) bb[i].bits = nlp::cpu::to_bf16_bits(b.v[i]);
+      for (size_t i = 0; i < B.size(); ++i) rB[i] = nlp::cpu::round_bf16(B[i]);
+      for (int m = 0; m < s.M; ++m)
+        for (int n = 0; n < s.N; ++n) C0[(size_t)m * s.N + n] = bias[n];
+      VF fused(C0.size(), NAN), summed = C0;
+      nlp::cpu::gemm(GemmLib::OneDnn, false, tb, s.M, s.N, s.K, ab.data(), s.K, bb.data(), b.ld, 0.0f,
+                     fused.data(), s.N, bias.data());
+      nlp::cpu::gemm(GemmLib::OneDnn, false, tb, s.M, s.N, s.K, ab.data(), s.K, bb.data(), b.ld, 1.0f,
+                     summed.data(), s.N);
+      const std::string where = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) +
+                                " tb " + std::to_string(tb);
+      EXPECT_LT(worst(fused, reference(rA, rB, C0, 1.0f, s.M, s.N, s.K)), kFp32Tol) << where;
+      EXPECT_GT(worst(fused, reference(rA, rB, C0, 0.0f, s.M, s.N, s.K)), 10 * kFp32Tol) << where;  // bias there
+      EXPECT_EQ(0, std::memcmp(fused.data(), summed.data(), fused.size() * sizeof(float))) << where;
+    }
+}
+
 double max_rel(const VF& a, const VF& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -39,7 +40,7 @@ const char* isa_name(dnnl::cpu_isa isa) {
 struct Matmuls {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>;
   std::map<Key, dnnl::matmul> cache;
   std::mutex mu;
 
@@ -50,10 +51,15 @@ struct Matmuls {
     return {{rows, cols}, type, trans ? dims{1, ld} : dims{ld, 1}};
   }
 
+  // the bias [N], broadcast over the rows
+  static dnnl::memory::desc bias_desc(int N) {
+    return {{1, N}, dnnl::memory::data_type::f32, dnnl::memory::dims{N, 1}};
+  }
+
   dnnl::matmul& get(const Key& key) {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
-    const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate, has_bias] = key;
     const dnnl::memory::desc a = operand(true, M, K, ta, lda), b = operand(true, K, N, tb, ldb);
     const dnnl::memory::desc c = operand(false, M, N, false, ldc);
     dnnl::primitive_attr attr;
@@ -63,21 +69,26 @@ struct Matmuls {
       attr.set_post_ops(po);
     }
 #if DNNL_VERSION_MAJOR >= 3
-    const dnnl::matmul::primitive_desc pd(eng, a, b, c, attr);
+    const dnnl::matmul::primitive_desc pd =
+        has_bias ? dnnl::matmul::primitive_desc(eng, a, b, bias_desc(N), c, attr)
+                 : dnnl::matmul::primitive_desc(eng, a, b, c, attr);
 #else
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    const dnnl::matmul::primitive_desc pd(
+        has_bias ? dnnl::matmul::desc(a, b, bias_desc(N), c) : dnnl::matmul::desc(a, b, c), attr, eng);
 #endif
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
   }
 
   void run(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
-           float beta, float* C, int ldc) {
+           float beta, float* C, int ldc, const float* bias) {
     std::lock_guard<std::mutex> lock(mu);
-    dnnl::matmul& mm = get({ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f});
+    dnnl::matmul& mm = get({ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, bias != nullptr});
     dnnl::memory am(operand(true, M, K, ta, lda), eng, const_cast<bf16*>(A));
     dnnl::memory bm(operand(true, K, N, tb, ldb), eng, const_cast<bf16*>(B));
     dnnl::memory cm(operand(false, M, N, false, ldc), eng, C);
-    mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(N), eng, const_cast<float*>(bias)));
+    mm.execute(strm, args);
     strm.wait();
   }
 };
@@ -88,9 +99,9 @@ Matmuls& matmuls() {
 }
 
 void onednn_bf16_matmul(bool ta, bool tb, int M, int N, int K, const bf16* A, int lda,
-                        const bf16* B, int ldb, float beta, float* C, int ldc) {
+                        const bf16* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   try {
-    matmuls().run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    matmuls().run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
   } catch (const dnnl::error& e) {
     throw Error(cat("oneDNN bf16 matmul failed at ", M, "x", N, "x", K, ": ", e.what()));
   }
@@ -156,13 +167,13 @@ void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, in
 }
 
 void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const bf16* A, int lda,
-          const bf16* B, int ldb, float beta, float* C, int ldc) {
+          const bf16* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   (void)lib;
   if (M <= 0 || N <= 0 || K <= 0) return;
 #ifdef NLPTRAIN_HAVE_ONEDNN
-  onednn_bf16_matmul(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  onednn_bf16_matmul(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
 #else
-  (void)ta, (void)tb, (void)A, (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+  (void)ta, (void)tb, (void)A, (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc, (void)bias;
   throw Error("cpu gemm: bf16 operands need oneDNN, and this build has none");
 #endif
 }

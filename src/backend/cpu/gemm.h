@@ -30,8 +30,10 @@ std::string gemm_lib_description(GemmLib lib);
 
 void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
-// bf16 operands, fp32 accumulation and output (oneDNN only: throws nlp::Error without it).
+// bf16 operands, fp32 accumulation and output (oneDNN only: throws nlp::Error without it), plus
+// bias[N] broadcast over the rows when not null: C = beta * C + op(A) @ op(B) + bias, one rounding
+// of the accumulated product and the bias, as when C starts as the bias and beta is 1.
 void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const bf16* A, int lda,
-          const bf16* B, int ldb, float beta, float* C, int ldc);
+          const bf16* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr);
 
 }  // namespace nlp::cpu

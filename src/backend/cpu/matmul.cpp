@@ -2,6 +2,7 @@
 //   WLayout::InOut  W [K,N] (HF Conv1D)     WLayout::OutIn  W [N,K] (torch nn.Linear)
 // The operands are fp32, or bf16 (the native bf16 path; fp32 accumulation and outputs either way).
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_ops.h"
 
@@ -12,6 +13,15 @@ template <class T>
 void matmul_forward(GemmLib lib, float* out, const T* inp, const T* w, const float* bias, int M,
                     int K, int N, WLayout layout) {
   if (M <= 0 || N <= 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (K > 0) {  // the bias added by the GEMM's output pass (no broadcast copy first)
+      if (layout == WLayout::InOut)
+        gemm(lib, false, false, M, N, K, inp, K, w, N, 0.0f, out, N, bias);
+      else
+        gemm(lib, false, true, M, N, K, inp, K, w, K, 0.0f, out, N, bias);
+      return;
+    }
+  }
   float beta = 0.0f;
   if (bias) {
     // out starts as the broadcast bias, the GEMM adds onto it

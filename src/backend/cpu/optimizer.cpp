@@ -20,13 +20,14 @@ double blocked_sum(const float* x, size_t N) {
   for (size_t blk = 0; blk < nblocks; ++blk) {
     const size_t i0 = blk * kBlock;
     const size_t i1 = i0 + kBlock < N ? i0 + kBlock : N;
-    // four interleaved partial sums: independent dependency chains (a single double accumulator
-    // is bound by the add latency), combined in a fixed order, so the result does not depend on the
-    // thread count
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    // kLanes interleaved partial sums: independent dependency chains that the compiler keeps in
+    // vector registers (a single double accumulator is bound by the add latency: ~1 element per
+    // cycle), combined in a fixed pairwise order, so the result does not depend on the thread count
+    constexpr int kLanes = 32;
+    double s[kLanes] = {};
     size_t i = i0;
-    for (; i + 4 <= i1; i += 4)
-      for (int k = 0; k < 4; ++k) {
+    for (; i + kLanes <= i1; i += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
         const double v = x[i + k];
         s[k] += kSquare ? v * v : v;
       }
@@ -34,7 +35,9 @@ double blocked_sum(const float* x, size_t N) {
       const double v = x[i];
       s[0] += kSquare ? v * v : v;
     }
-    part[blk] = (s[0] + s[1]) + (s[2] + s[3]);
+    for (int w = kLanes / 2; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) s[k] += s[k + w];
+    part[blk] = s[0];
   }
   double total = 0.0;
   for (size_t blk = 0; blk < nblocks; ++blk) total += part[blk];
