@@ -77,10 +77,6 @@ inline void gather_transposed(float* dst, int Tp, const float* qkv, int b, int h
   }
 }
 
-inline bool key_ok(const int32_t* mask, bool causal, int i, int j) {
-  return (!causal || j <= i) && (!mask || mask[j] != 0);
-}
-
 }  // namespace
 
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
@@ -126,14 +122,17 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
           for (int j = 0; j < jend; ++j) {
-            const float v = ok[j] && (!causal || j <= i) ? srow[j] : -std::numeric_limits<float>::infinity();
+            const float x = srow[j];
+            const float v = (ok[j] != 0) & (!causal | (j <= i)) ? x : -std::numeric_limits<float>::infinity();
             mx = v > mx ? v : mx;
           }
           float den = 0.0f;
 #pragma omp simd reduction(+ : den)
           for (int j = 0; j < jend; ++j) {
-            const bool keep = ok[j] && (!causal || j <= i);
-            const float e = exp_nonpositive(keep ? srow[j] - mx : -100.0f);  // masked: never inf - inf
+            // every operand loaded unconditionally (a conditional load keeps GCC from vectorising)
+            const float x = srow[j];
+            const bool keep = (ok[j] != 0) & (!causal | (j <= i));
+            const float e = exp_nonpositive(keep ? x - mx : -100.0f);  // masked: never inf - inf
             arow[j] = keep ? e : 0.0f;
             den += arow[j];
           }
@@ -142,11 +141,11 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           for (int j = 0; j < jend; ++j) arow[j] *= inv;
           for (int j = jend; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
-          if (drop) {
+          if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
             const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
+#pragma omp simd
             for (int j = 0; j < jend; ++j)
-              srow[j] = arow[j] != 0.0f && uniform01(seed, base + j) >= dropout_p ? arow[j] * dscale
-                                                                                : 0.0f;
+              srow[j] = arow[j] * (uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f);
           } else {
             for (int j = 0; j < jend; ++j) srow[j] = arow[j];
           }
@@ -190,6 +189,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     std::vector<float> qb(th), kb(th), dob(th), vt(th);
     std::vector<float> ds(tt), dst(tt), pt(tt);  // ds holds dA' then dS; dst = dS^T; pt = A'^T
     std::vector<float> dq(th), dk(th), dv(th);
+    std::vector<float> kfrow(Tp);
+    std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
@@ -207,30 +208,37 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           tile(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
                ds.data() + (size_t)i0 * Tp + j0, Tp);
       }
-      // softmax backward row by row; fill dS, dS^T and A'^T (zeros where masked)
+      for (int j = 0; j < T; ++j) kok[j] = !mask || mask[j] != 0;
+      // softmax backward row by row: first the row's keep factors kf (dropout's keep/(1-p), 0 where
+      // masked or A = 0), then dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop the
+      // compiler vectorises, the mask hash included. Then the transposed copies dS^T and A'^T
+      // (strided stores), zeros where masked.
       for (int i = 0; i < T; ++i) {
         const float* __restrict arow = att + ((size_t)bh * T + i) * T;
         float* __restrict drow = ds.data() + (size_t)i * Tp;
-        const int jend = causal ? i + 1 : T;
+        float* __restrict kf = kfrow.data();
+        const int* __restrict ok = kok.data();
+        const int jend = causal ? i + 1 : T;  // j < jend: the keys causality lets row i see
         const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
-        float dot = 0.0f;
-        for (int j = 0; j < jend; ++j) {
-          const float a = arow[j];
-          float kf = 1.0f;
-          if (a == 0.0f || !key_ok(mask, causal, i, j)) {
-            kf = 0.0f;
-          } else if (drop) {
-            kf = uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f;
+        if (drop) {
+#pragma omp simd
+          for (int j = 0; j < jend; ++j) {
+            const float keep = uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f;
+            kf[j] = arow[j] != 0.0f && ok[j] ? keep : 0.0f;
           }
-          pt[(size_t)j * Tp + i] = a * kf;
-          const float da = drow[j] * kf;  // dA
-          drow[j] = da;
-          dot += a * da;
+        } else {
+#pragma omp simd
+          for (int j = 0; j < jend; ++j) kf[j] = arow[j] != 0.0f && ok[j] ? 1.0f : 0.0f;
         }
+#pragma omp simd
+        for (int j = 0; j < jend; ++j) drow[j] *= kf[j];  // dA
+        const float dot = lane_sum<float>(jend, [arow, drow](int j) { return arow[j] * drow[j]; });
+#pragma omp simd
+        for (int j = 0; j < jend; ++j)
+          drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
         for (int j = 0; j < jend; ++j) {
-          const float v = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
-          drow[j] = v;
-          dst[(size_t)j * Tp + i] = v;
+          dst[(size_t)j * Tp + i] = drow[j];
+          pt[(size_t)j * Tp + i] = arow[j] * kf[j];
         }
         for (int j = jend; j < Tp; ++j) {
           drow[j] = 0.0f;

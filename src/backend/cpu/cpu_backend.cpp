@@ -3,7 +3,12 @@
 
 #include <omp.h>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -72,8 +77,14 @@ class CpuBackend final : public Backend {
     const size_t chunks = (bytes + kChunk - 1) / kChunk;
     char* c = static_cast<char*>(p);
 #pragma omp parallel for schedule(static) if (chunks >= 4)
-    for (size_t k = 0; k < chunks; ++k)
-      std::memset(c + k * kChunk, 0, std::min(kChunk, bytes - k * kChunk));
+    for (size_t k = 0; k < chunks; ++k) {
+      const size_t n = std::min(kChunk, bytes - k * kChunk);
+      if (chunks >= 4) stream_zero(c + k * kChunk, n);
+      else std::memset(c + k * kChunk, 0, n);
+    }
+#if defined(__AVX__)
+    if (chunks >= 4) _mm_sfence();  // the streaming stores are visible before anything reads them
+#endif
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
     forget_ce_stats(dst);
@@ -241,6 +252,23 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; ++i) r[i].bits = cpu::to_bf16_bits(x[i]);
     return r;
+  }
+
+  // dst[0, n) = 0 with streaming (non-temporal) stores where the CPU has them: a buffer far larger
+  // than the caches (the gradient arena) is written without reading every line into the cache
+  // first, half the memory traffic of memset. Unaligned ends by memset. Callers fence (_mm_sfence).
+  static void stream_zero(char* dst, size_t n) {
+#if defined(__AVX__)
+    char* a = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(dst) + 31) & ~uintptr_t(31));
+    if (a > dst + n) a = dst + n;
+    std::memset(dst, 0, size_t(a - dst));
+    const size_t body = (n - size_t(a - dst)) / 32 * 32;
+    const __m256i z = _mm256_setzero_si256();
+    for (size_t i = 0; i < body; i += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(a + i), z);
+    std::memset(a + body, 0, n - size_t(a - dst) - body);
+#else
+    std::memset(dst, 0, n);
+#endif
   }
 
   void forget_ce_stats(const void* p) {

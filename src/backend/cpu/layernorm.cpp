@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vmath.h"
 
 namespace nlp::cpu {
 
@@ -12,14 +13,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   for (int n = 0; n < N; ++n) {
     const float* __restrict x = inp + (size_t)n * C;
     float* __restrict y = out + (size_t)n * C;
-    double s = 0.0;
-    for (int c = 0; c < C; ++c) s += x[c];
+    const double s = lane_sum<double>(C, [x](int c) { return double(x[c]); });
     const float mu = static_cast<float>(s / C);
-    double ss = 0.0;
-    for (int c = 0; c < C; ++c) {
+    const double ss = lane_sum<double>(C, [x, mu](int c) {
       const double d = x[c] - mu;
-      ss += d * d;
-    }
+      return d * d;
+    });
     const float rs = static_cast<float>(1.0 / std::sqrt(ss / C + (double)eps));
     for (int c = 0; c < C; ++c) y[c] = (x[c] - mu) * rs * w[c] + b[c];
     if (mean) mean[n] = mu;
@@ -38,14 +37,8 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       const float* __restrict dy = dout + (size_t)n * C;
       float* __restrict dx = dinp + (size_t)n * C;
       const float mu = mean[n], rs = rstd[n];
-      float sg = 0.0f, sgx = 0.0f;
-      for (int c = 0; c < C; ++c) {
-        const float g = dy[c] * w[c];
-        sg += g;
-        sgx += g * (x[c] - mu) * rs;
-      }
-      sg /= C;
-      sgx /= C;
+      const float sg = lane_sum<float>(C, [dy, w](int c) { return dy[c] * w[c]; }) / C;
+      const float sgx = lane_sum<float>(C, [dy, w, x, mu, rs](int c) { return dy[c] * w[c] * (x[c] - mu) * rs; }) / C;
       for (int c = 0; c < C; ++c) {
         const float xhat = (x[c] - mu) * rs;
         dx[c] += rs * (dy[c] * w[c] - sg - xhat * sgx);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vmath.h"
 
 namespace nlp::cpu {
 namespace {
@@ -20,24 +21,13 @@ double blocked_sum(const float* x, size_t N) {
   for (size_t blk = 0; blk < nblocks; ++blk) {
     const size_t i0 = blk * kBlock;
     const size_t i1 = i0 + kBlock < N ? i0 + kBlock : N;
-    // kLanes interleaved partial sums: independent dependency chains that the compiler keeps in
-    // vector registers (a single double accumulator is bound by the add latency: ~1 element per
-    // cycle), combined in a fixed pairwise order, so the result does not depend on the thread count
-    constexpr int kLanes = 32;
-    double s[kLanes] = {};
-    size_t i = i0;
-    for (; i + kLanes <= i1; i += kLanes)
-      for (int k = 0; k < kLanes; ++k) {
-        const double v = x[i + k];
-        s[k] += kSquare ? v * v : v;
-      }
-    for (; i < i1; ++i) {
-      const double v = x[i];
-      s[0] += kSquare ? v * v : v;
-    }
-    for (int w = kLanes / 2; w >= 1; w /= 2)
-      for (int k = 0; k < w; ++k) s[k] += s[k + w];
-    part[blk] = s[0];
+    // 32 interleaved partial sums (vmath.h's lane_sum): vectorised, and a fixed order, so the
+    // result does not depend on the thread count
+    const float* xb = x + i0;
+    part[blk] = lane_sum<double, 32>(static_cast<int>(i1 - i0), [xb](int i) {
+      const double v = xb[i];
+      return kSquare ? v * v : v;
+    });
   }
   double total = 0.0;
   for (size_t blk = 0; blk < nblocks; ++blk) total += part[blk];

@@ -1,5 +1,6 @@
 // Branch-free float32 exp and erfc for loops the compiler vectorises (std::exp / std::erf are
-// library calls that keep a loop scalar). Used by the cross-entropy and GELU kernels.
+// library calls that keep a loop scalar), used by the cross-entropy, GELU and attention kernels; and
+// lane_sum, a reduction the compiler vectorises without reassociating anything itself.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,23 @@ inline float erfc_nonneg(float a, float e) {
   p = p * t - 0.284496736f;
   p = p * t + 0.254829592f;
   return p * t * e;
+}
+
+// sum over c in [0, n) of f(c), accumulated in Acc: kLanes interleaved partial sums (c mod kLanes;
+// the tail past the last full group goes to lane 0), combined pairwise in a fixed order. Independent
+// chains the compiler keeps in vector registers, where a single accumulator is bound by the add
+// latency (a vectorising compiler may not reorder a float sum itself); the order depends only on n.
+template <class Acc, int kLanes = 16, class F>
+inline Acc lane_sum(int n, F f) {
+  static_assert(kLanes > 0 && (kLanes & (kLanes - 1)) == 0, "kLanes: a power of two");
+  Acc s[kLanes] = {};
+  int c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int k = 0; k < kLanes; ++k) s[k] += f(c + k);
+  for (; c < n; ++c) s[0] += f(c);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) s[k] += s[k + w];
+  return s[0];
 }
 
 }  // namespace nlp::cpu
