@@ -51,6 +51,22 @@ inline void tile(const float* __restrict A, size_t lda, const float* __restrict 
   for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
 }
 
+// The same product with A given transposed: C[kRows,16] = A[kRows,L] @ B[L,16] where A(r, l) =
+// At[l * ldat + r] (e.g. dS^T @ q from dS stored row-major). Each element sums its products in the
+// same order as tile(), so both give bitwise the same C from the same A.
+inline void tile_tA(const float* __restrict At, size_t ldat, const float* __restrict B, size_t ldb,
+                    int L, float* __restrict C, size_t ldc) {
+  v16 c[kRows] = {};
+  for (int l = 0; l < L; ++l) {
+    const v16 b = load16(B + (size_t)l * ldb);
+    const float* __restrict a = At + (size_t)l * ldat;
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) c[r] += a[r] * b;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
+}
+
 inline int round16(int x) { return (x + 15) / 16 * 16; }
 
 // Row r of head h, part `part` (0 q, 1 k, 2 v) of sequence b.
@@ -187,7 +203,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     const size_t th = (size_t)Tp * Hp, tt = (size_t)Tp * Tp;
     // rows t >= T / columns d >= HS of these are never written and stay zero
     std::vector<float> qb(th), kb(th), dob(th), vt(th);
-    std::vector<float> ds(tt), dst(tt), pt(tt);  // ds holds dA' then dS; dst = dS^T; pt = A'^T
+    std::vector<float> ds(tt), ap(tt);  // ds holds dA' then dS; ap = A' (dropout(A)), row-major
     std::vector<float> dq(th), dk(th), dv(th);
     std::vector<float> kfrow(Tp);
     std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
@@ -210,12 +226,12 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       }
       for (int j = 0; j < T; ++j) kok[j] = !mask || mask[j] != 0;
       // softmax backward row by row: first the row's keep factors kf (dropout's keep/(1-p), 0 where
-      // masked or A = 0), then dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop the
-      // compiler vectorises, the mask hash included. Then the transposed copies dS^T and A'^T
-      // (strided stores), zeros where masked.
+      // masked or A = 0), then A' = A * kf, dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a
+      // loop the compiler vectorises, the mask hash included; zeros past the keys the row sees
       for (int i = 0; i < T; ++i) {
         const float* __restrict arow = att + ((size_t)bh * T + i) * T;
         float* __restrict drow = ds.data() + (size_t)i * Tp;
+        float* __restrict aprow = ap.data() + (size_t)i * Tp;
         float* __restrict kf = kfrow.data();
         const int* __restrict ok = kok.data();
         const int jend = causal ? i + 1 : T;  // j < jend: the keys causality lets row i see
@@ -231,20 +247,14 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           for (int j = 0; j < jend; ++j) kf[j] = arow[j] != 0.0f && ok[j] ? 1.0f : 0.0f;
         }
 #pragma omp simd
+        for (int j = 0; j < jend; ++j) aprow[j] = arow[j] * kf[j];
+#pragma omp simd
         for (int j = 0; j < jend; ++j) drow[j] *= kf[j];  // dA
         const float dot = lane_sum<float>(jend, [arow, drow](int j) { return arow[j] * drow[j]; });
 #pragma omp simd
         for (int j = 0; j < jend; ++j)
           drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
-        for (int j = 0; j < jend; ++j) {
-          dst[(size_t)j * Tp + i] = drow[j];
-          pt[(size_t)j * Tp + i] = arow[j] * kf[j];
-        }
-        for (int j = jend; j < Tp; ++j) {
-          drow[j] = 0.0f;
-          dst[(size_t)j * Tp + i] = 0.0f;
-          pt[(size_t)j * Tp + i] = 0.0f;
-        }
+        for (int j = jend; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
       }
       for (int i0 = 0; i0 < T; i0 += kRows) {
         // dq[i] = sum_{j} dS_ij k_j
@@ -255,9 +265,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+kRows-1, i >= j0 when causal)
         const int j0 = i0, l0 = causal ? j0 : 0;
         for (int d0 = 0; d0 < Hp; d0 += 16) {
-          tile(dst.data() + (size_t)j0 * Tp + l0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+          tile_tA(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
                dk.data() + (size_t)j0 * Hp + d0, Hp);
-          tile(pt.data() + (size_t)j0 * Tp + l0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+          tile_tA(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
                dv.data() + (size_t)j0 * Hp + d0, Hp);
         }
       }
