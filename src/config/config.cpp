@@ -195,7 +195,8 @@ const std::vector<Entry>& schema() {
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
-       "are read a batch at a time; 0 = always from the file"},
+       "are read a batch at a time; 0 = always from the file. Host memory per rank, outside the "
+       "memory plan (run.memory_limit_gb)"},
       // [train]
       {KEY(train, steps), ge(1), "optimizer steps"},
       {KEY(train, epochs), ge(0),
