@@ -38,30 +38,19 @@ inline v16 load16(const float* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// C[kRows,16] = A[kRows,L] @ B[L,16]; A rows lda apart, B rows ldb apart, C rows ldc apart (overwritten).
+// C[kRows,16] = A[kRows,L] @ B[L,16]; B rows ldb apart, C rows ldc apart (overwritten). A(r, l) is
+// A[r * lda + l] (rows lda apart), or with kTransposedA A[l * lda + r] (A given as A^T row-major, e.g.
+// dS^T @ q from dS). Each element sums its products in order l = 0..L-1 either way, so both forms
+// give bitwise the same C from the same A.
+template <bool kTransposedA = false>
 inline void tile(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb, int L,
                  float* __restrict C, size_t ldc) {
   v16 c[kRows] = {};
   for (int l = 0; l < L; ++l) {
     const v16 b = load16(B + (size_t)l * ldb);
 #pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) c[r] += A[(size_t)r * lda + l] * b;
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
-}
-
-// The same product with A given transposed: C[kRows,16] = A[kRows,L] @ B[L,16] where A(r, l) =
-// At[l * ldat + r] (e.g. dS^T @ q from dS stored row-major). Each element sums its products in the
-// same order as tile(), so both give bitwise the same C from the same A.
-inline void tile_tA(const float* __restrict At, size_t ldat, const float* __restrict B, size_t ldb,
-                    int L, float* __restrict C, size_t ldc) {
-  v16 c[kRows] = {};
-  for (int l = 0; l < L; ++l) {
-    const v16 b = load16(B + (size_t)l * ldb);
-    const float* __restrict a = At + (size_t)l * ldat;
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) c[r] += a[r] * b;
+    for (int r = 0; r < kRows; ++r)
+      c[r] += (kTransposedA ? A[(size_t)l * lda + r] : A[(size_t)r * lda + l]) * b;
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
@@ -93,6 +82,11 @@ inline void gather_transposed(float* dst, int Tp, const float* qkv, int b, int h
   }
 }
 
+// ok[j] = 1 where key j of the sequence may be attended (attn_mask[j] != 0, or no mask), else 0
+inline void key_flags(int* ok, const int32_t* mask, int T) {
+  for (int j = 0; j < T; ++j) ok[j] = !mask || mask[j] != 0;
+}
+
 }  // namespace
 
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
@@ -117,7 +111,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
       const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
-      for (int j = 0; j < T; ++j) kok[j] = !mask || mask[j] != 0;
+      key_flags(kok.data(), mask, T);
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
@@ -224,7 +218,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           tile(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
                ds.data() + (size_t)i0 * Tp + j0, Tp);
       }
-      for (int j = 0; j < T; ++j) kok[j] = !mask || mask[j] != 0;
+      key_flags(kok.data(), mask, T);
       // softmax backward row by row: first the row's keep factors kf (dropout's keep/(1-p), 0 where
       // masked or A = 0), then A' = A * kf, dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a
       // loop the compiler vectorises, the mask hash included; zeros past the keys the row sees
@@ -265,9 +259,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+kRows-1, i >= j0 when causal)
         const int j0 = i0, l0 = causal ? j0 : 0;
         for (int d0 = 0; d0 < Hp; d0 += 16) {
-          tile_tA(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+          tile<true>(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
                dk.data() + (size_t)j0 * Hp + d0, Hp);
-          tile_tA(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
+          tile<true>(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
                dv.data() + (size_t)j0 * Hp + d0, Hp);
         }
       }

@@ -75,15 +75,16 @@ class CpuBackend final : public Backend {
     // the memory bandwidth of the node
     constexpr size_t kChunk = size_t(1) << 20;
     const size_t chunks = (bytes + kChunk - 1) / kChunk;
-    char* c = static_cast<char*>(p);
-#pragma omp parallel for schedule(static) if (chunks >= 4)
-    for (size_t k = 0; k < chunks; ++k) {
-      const size_t n = std::min(kChunk, bytes - k * kChunk);
-      if (chunks >= 4) stream_zero(c + k * kChunk, n);
-      else std::memset(c + k * kChunk, 0, n);
+    if (chunks < 4) {
+      if (bytes) std::memset(p, 0, bytes);
+      return;
     }
+    char* c = static_cast<char*>(p);
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < chunks; ++k)
+      stream_zero(c + k * kChunk, std::min(kChunk, bytes - k * kChunk));
 #if defined(__AVX__)
-    if (chunks >= 4) _mm_sfence();  // the streaming stores are visible before anything reads them
+    _mm_sfence();  // the streaming stores are visible before anything reads them
 #endif
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
