@@ -192,6 +192,13 @@ const std::vector<Entry>& schema() {
        "batch examples of similar length (HF group_by_length): each mega-batch of 50 optimizer steps "
        "of the shuffled order is sorted longest first and cut into optimizer steps, whose order is "
        "shuffled; with data.padding = longest most padding is then never computed"},
+      {KEY(data, packing), none(),
+       "training: the examples of each micro-batch (train.batch_size of them, as without packing) "
+       "share rows of the file's length, several to a row (first-fit, longest first), with a segment id "
+       "per token: attention stays within each example, positions restart, and each keeps its own "
+       "[CLS] pooling, labels or answer span; the same loss and gradients as unpacked up to fp32 "
+       "summation order (qa: the softmax spans the example's own positions). Dropout masks are drawn "
+       "at packed positions. Evaluation runs unpacked. cpu backend; bert tasks"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
@@ -1057,6 +1064,12 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (c.model.type == "bert" && causal_task)
     throw Error(cat("run.task = clm (", from("run.task"), ") needs model.type = gpt2; with model.type = bert (",
                     from("model.type"), ") use mlm, doc_cls, pair_cls, ner or qa"));
+  if (c.data.packing && (c.run.backend != "cpu" || causal_task))
+    throw Error(cat("data.packing = true (", from("data.packing"), ") runs on run.backend = cpu with the "
+                    "bert tasks for now; here run.backend = ", c.run.backend, " (", from("run.backend"),
+                    "), run.task = ", c.run.task, " (", from("run.task"), ")",
+                    c.run.backend != "cpu" ? ": the cuda attention takes padding masks only (no segment ids yet)"
+                                           : ": clm rows are full windows, with nothing to pack"));
   if (c.run.mode == "generate" && c.model.type != "gpt2")
     throw Error(cat("run.mode = generate (", from("run.mode"), ") needs model.type = gpt2"));
   if (c.run.mode == "predict" && c.data.eval.empty())

@@ -81,15 +81,16 @@ class Backend {
   virtual std::string profile_report() { return {}; }
 
   // ---- embeddings --------------------------------------------------------------------------------
-  // out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null)
-  // wte [V,C], wpe [P,C], wtt [TT,C]
+  // out[B,T,C] = wte[ids[b,t]] + wpe[p(b,t)] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null),
+  // p(b,t) = pos_ids[b,t] when pos_ids is non-null (packed rows: positions restart in each example),
+  // else pos_offset + t.  wte [V,C], wpe [P,C], wtt [TT,C]
   virtual void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
                                  const float* wte, const float* wpe, const float* wtt, int B, int T,
-                                 int C, int pos_offset) = 0;
-  // dwte[V,C] += scatter(dout), dwpe[P,C] += sum_b dout[b,t], dwtt[TT,C] += scatter by type (nullable)
+                                 int C, int pos_offset, const int32_t* pos_ids = nullptr) = 0;
+  // dwte[V,C] += scatter(dout), dwpe[P,C] += scatter by p(b,t), dwtt[TT,C] += scatter by type (nullable)
   virtual void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                                   const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                                  int pos_offset) = 0;
+                                  int pos_offset, const int32_t* pos_ids = nullptr) = 0;
 
   // ---- dense layer ---------------------------------------------------------------------------------
   // out[M,N] = inp[M,K] @ W + bias[N]   (W per layout; bias nullable)
@@ -145,7 +146,11 @@ class Backend {
   // att holds attention_saved_floats(B, T, NH, HS) floats: the state attention_forward saves for
   // attention_backward, opaque to the caller. The native paths (CPU, CUDA kernels) save the softmax
   // probabilities (before dropout) as att[B,NH,T,T]; a fused path (cuDNN) saves far less.
-  // Masking: causal (key j > query i masked) and/or key padding attn_mask[B,T] (0 = masked key; nullable).
+  // Masking: causal (key j > query i masked) and/or attn_mask[B,T] (nullable): a segment id per token,
+  // 0 = padding. Query i attends key j iff attn_mask[j] != 0 and (attn_mask[i] == attn_mask[j] or
+  // attn_mask[i] == 0): with a 0/1 mask that is the key-padding mask (a padding query sees every real
+  // key, as in transformers); with packed rows (ids 1, 2, ... per example) attention stays within
+  // each example (block-diagonal).
   // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
   // Attention dropout on the probabilities uses mask element index ((b*NH + h)*Tk + i)*Tk + j on the
   // native paths, Tk = T_key (0 = T): the example's untrimmed length, so that a batch trimmed to its

@@ -185,7 +185,11 @@ class Bert final : public Model {
   int width() const override { return C_; }
 
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
+    // packed rows hold more examples than rows: the per-example head tensors ([E,C], [E,NL]) are
+    // carved for capB_ examples, which the trainer reserves as train.batch_size
+    reserve(b.examples(), b.T);
     ensure_acts(b.B, b.T);
+    curE_ = b.examples();
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     if (T > mc_.max_position_embeddings)
       throw Error(cat("sequence length ", T, " exceeds model.max_position_embeddings = ",
@@ -193,7 +197,8 @@ class Bert final : public Model {
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     const size_t n = size_t(BT) * C;
     // x0[BT,C] = drop(LN(wte[ids] + wpe[t] + wtt[types]))
-    be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, C, 0);
+    be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, C, 0,
+                          b.pos);
     be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B), drop_rows(T, b.T_key, C));
@@ -225,7 +230,7 @@ class Bert final : public Model {
     float* pad_grad = pad_ >= 0 ? ps_.g(wte_) + size_t(pad_) * C : nullptr;
     if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(C) * f);
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dres_a_, b.ids, b.type_ids, B, T,
-                           C, 0);
+                           C, 0, b.pos);
     if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(C) * f);
     grads_ready(0);
   }
@@ -235,11 +240,11 @@ class Bert final : public Model {
   std::vector<OutputView> outputs() const override {
     const int B = curB_, T = curT_;
     switch (task_) {
-      case Task::Qa:
+      case Task::Qa:  // packed: the rows' positions (each example's at first_host/length_host)
         return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
       case Task::Mlm: return {OutputView{"logits", {mlm_rows_, V_}, mlm_logits_}};
       case Task::Ner: return {OutputView{"logits", {B, T, NL_}, logits_}};
-      default: return {OutputView{"logits", {B, NL_}, logits_}};
+      default: return {OutputView{"logits", {curE_, NL_}, logits_}};  // one row per example
     }
   }
 
@@ -253,15 +258,20 @@ class Bert final : public Model {
     switch (task_) {
       case Task::DocCls:
       case Task::PairCls: {
-        // cls[B,C] = xL[b, 0]; pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[B,NL]
-        be_.rows_gather(h1_, xL_, B, C, size_t(T) * C);
-        be_.matmul_forward(h2_, h1_, ps_.p(pool_w_), ps_.p(pool_b_), B, C, C, WLayout::OutIn);
-        be_.tanh_forward(h3_, h2_, size_t(B) * C);
-        be_.dropout_forward(h4_, h3_, size_t(B) * C, p_hidden, hseed);
-        be_.matmul_forward(logits_, h4_, ps_.p(cls_w_), ps_.p(cls_b_), B, C, NL_, WLayout::OutIn);
+        // E examples (B unpacked). cls[E,C] = xL at each example's first token (b*T unpacked,
+        // b.first packed); pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[E,NL]
+        const int E = b.examples();
+        if (b.first)
+          be_.rows_gather(h1_, xL_, E, C, C, b.first);
+        else
+          be_.rows_gather(h1_, xL_, B, C, size_t(T) * C);
+        be_.matmul_forward(h2_, h1_, ps_.p(pool_w_), ps_.p(pool_b_), E, C, C, WLayout::OutIn);
+        be_.tanh_forward(h3_, h2_, size_t(E) * C);
+        be_.dropout_forward(h4_, h3_, size_t(E) * C, p_hidden, hseed);
+        be_.matmul_forward(logits_, h4_, ps_.p(cls_w_), ps_.p(cls_b_), E, C, NL_, WLayout::OutIn);
         if (!b.labels) return 0;
-        be_.crossentropy_forward(losses_, logits_, b.labels, B, NL_);
-        return be_.sum(losses_, B);
+        be_.crossentropy_forward(losses_, logits_, b.labels, E, NL_);
+        return be_.sum(losses_, E);
       }
       case Task::Ner: {
         be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed, drop_rows(T, b.T_key, C));
@@ -277,6 +287,15 @@ class Bert final : public Model {
         be_.matmul_forward(start, xL_, ps_.p(qa_w_), ps_.p(qa_b_), BT, C, 1, WLayout::OutIn);
         be_.matmul_forward(end, xL_, ps_.p(qa_w_) + C, ps_.p(qa_b_) + 1, BT, C, 1, WLayout::OutIn);
         if (!b.start) return 0;
+        if (b.E > 0) {  // packed: each example's softmax over its own positions
+          const int E = b.E;
+          for (int e = 0; e < E; ++e) {
+            const size_t at = size_t(b.first_host[e]);
+            be_.crossentropy_forward(losses_ + e, start + at, b.start + e, 1, b.length_host[e]);
+            be_.crossentropy_forward(losses_ + E + e, end + at, b.end + e, 1, b.length_host[e]);
+          }
+          return 0.5 * be_.sum(losses_, 2 * size_t(E));
+        }
         be_.crossentropy_forward(losses_, start, b.start, B, T);
         be_.crossentropy_forward(losses_ + B, end, b.end, B, T);
         return 0.5 * be_.sum(losses_, 2 * size_t(B));
@@ -310,19 +329,23 @@ class Bert final : public Model {
     switch (task_) {
       case Task::DocCls:
       case Task::PairCls: {
-        be_.zero(dlogits_, size_t(B) * NL_ * f);
-        be_.crossentropy_backward(dlogits_, logits_, b.labels, dloss, B, NL_);
-        be_.zero(dh1_, size_t(B) * C * f);
-        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h4_, ps_.p(cls_w_), B, C,
+        const int E = b.examples();
+        be_.zero(dlogits_, size_t(E) * NL_ * f);
+        be_.crossentropy_backward(dlogits_, logits_, b.labels, dloss, E, NL_);
+        be_.zero(dh1_, size_t(E) * C * f);
+        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h4_, ps_.p(cls_w_), E, C,
                             NL_, WLayout::OutIn);
-        be_.zero(dh2_, size_t(B) * C * f);
-        be_.dropout_backward(dh2_, dh1_, size_t(B) * C, p_hidden, hseed);
-        be_.zero(dh1_, size_t(B) * C * f);
-        be_.tanh_backward(dh1_, h3_, dh2_, size_t(B) * C);
-        be_.zero(dh2_, size_t(B) * C * f);
-        be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), B, C,
+        be_.zero(dh2_, size_t(E) * C * f);
+        be_.dropout_backward(dh2_, dh1_, size_t(E) * C, p_hidden, hseed);
+        be_.zero(dh1_, size_t(E) * C * f);
+        be_.tanh_backward(dh1_, h3_, dh2_, size_t(E) * C);
+        be_.zero(dh2_, size_t(E) * C * f);
+        be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), E, C,
                             C, WLayout::OutIn);
-        be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
+        if (b.first)  // the examples' first tokens are distinct positions
+          be_.rows_scatter_add(dres_a_, dh2_, E, C, C, b.first);
+        else
+          be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
         return;
       }
       case Task::Ner: {
@@ -338,8 +361,17 @@ class Bert final : public Model {
         float* dstart = dlogits_;
         float* dend = dlogits_ + size_t(BT);
         be_.zero(dlogits_, 2 * size_t(BT) * f);
-        be_.crossentropy_backward(dstart, logits_, b.start, 0.5f * dloss, B, T);
-        be_.crossentropy_backward(dend, logits_ + size_t(BT), b.end, 0.5f * dloss, B, T);
+        if (b.E > 0) {
+          for (int e = 0; e < b.E; ++e) {
+            const size_t at = size_t(b.first_host[e]);
+            be_.crossentropy_backward(dstart + at, logits_ + at, b.start + e, 0.5f * dloss, 1, b.length_host[e]);
+            be_.crossentropy_backward(dend + at, logits_ + size_t(BT) + at, b.end + e, 0.5f * dloss, 1,
+                                      b.length_host[e]);
+          }
+        } else {
+          be_.crossentropy_backward(dstart, logits_, b.start, 0.5f * dloss, B, T);
+          be_.crossentropy_backward(dend, logits_ + size_t(BT), b.end, 0.5f * dloss, B, T);
+        }
         be_.matmul_backward(dres_a_, ps_.g(qa_w_), ps_.g(qa_b_), dstart, xL_, ps_.p(qa_w_), BT, C,
                             1, WLayout::OutIn);
         be_.matmul_backward(dres_a_, ps_.g(qa_w_) + C, ps_.g(qa_b_) + 1, dend, xL_,
@@ -458,6 +490,7 @@ class Bert final : public Model {
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
 
   int curB_ = 0, curT_ = 0;  // the last forward's batch shape
+  int curE_ = 0;             // and its examples (curB_ unless packed)
   int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
   float* arena_ = nullptr;
   const float* xL_ = nullptr;

@@ -33,6 +33,17 @@ struct DeviceBatch {
   const int32_t* rows = nullptr;
   const int32_t* row_targets = nullptr;
   int nrows = 0;
+  // Packed rows (data.packing): E examples in the B rows; mask holds segment ids (0 = padding;
+  // attention stays within a segment, backend.h), pos the position ids [B,T], first [E] the flat
+  // position b*T+t of each example's first token ([CLS]); first_host and length_host (host memory,
+  // [E] each) give each example's first position and length, for qa's per-example softmax.
+  // Unpacked: E = 0 (one example per row), pos/first null.
+  int E = 0;
+  const int32_t* pos = nullptr;
+  const int32_t* first = nullptr;
+  const int32_t* first_host = nullptr;
+  const int32_t* length_host = nullptr;
+  int examples() const { return E > 0 ? E : B; }
 };
 
 // A named output of the last forward (backend memory), e.g. "logits" [B,T,V].

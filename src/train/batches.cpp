@@ -114,12 +114,95 @@ void trim_to_longest(HostBatch& hb, int multiple) {
   hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
+void pack_rows(HostBatch& hb) {
+  const int B = hb.B, T = hb.T;
+  NLP_ASSERT(hb.E == 0 && T > 0);
+  // each example's length: its attention_mask must be ones then zeros, and every target and
+  // answer position must lie within the ones
+  std::vector<int> len(B);
+  for (int b = 0; b < B; ++b) {
+    const int32_t* m = hb.mask.data() + size_t(b) * T;
+    const int32_t* tg = hb.targets.data() + size_t(b) * T;
+    int n = 0;
+    while (n < T && m[n] != 0) ++n;
+    for (int t = n; t < T; ++t) {
+      if (m[t] != 0)
+        throw Error(cat("data.packing: example ", b, " of the batch has padding at position ", n,
+                        " before a token at position ", t, " (packing needs each attention_mask to be "
+                        "ones then zeros); set data.packing = false for this dataset"));
+      if (tg[t] != kIgnoreIndex)
+        throw Error(cat("data.packing: example ", b, " of the batch has a target at position ", t,
+                        ", in its padding (attention_mask 0 from position ", n, ")"));
+    }
+    for (const auto* v : {&hb.start, &hb.end})
+      if (!v->empty() && (*v)[b] >= n)
+        throw Error(cat("data.packing: example ", b, " of the batch has an answer position ", (*v)[b],
+                        " in its padding (attention_mask 0 from position ", n, ")"));
+    if (n == 0)
+      throw Error(cat("data.packing: example ", b, " of the batch has no token (attention_mask all 0)"));
+    len[b] = n;
+  }
+  // first-fit, longest first (ties by index): row_of/off_of/seg_of of each example
+  std::vector<int> order(B);
+  for (int b = 0; b < B; ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] > len[b]; });
+  std::vector<int> fill, count, row_of(B), off_of(B), seg_of(B);
+  for (int b : order) {
+    size_t r = 0;
+    while (r < fill.size() && fill[r] + len[b] > T) ++r;
+    if (r == fill.size()) {
+      fill.push_back(0);
+      count.push_back(0);
+    }
+    row_of[b] = int(r);
+    off_of[b] = fill[r];
+    seg_of[b] = ++count[r];
+    fill[r] += len[b];
+  }
+  const int R = static_cast<int>(fill.size());
+  const size_t n = size_t(R) * T;
+  std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0);
+  hb.first.resize(B);
+  hb.length.resize(B);
+  for (int b = 0; b < B; ++b) {
+    const size_t src = size_t(b) * T, dst = size_t(row_of[b]) * T + off_of[b];
+    for (int t = 0; t < len[b]; ++t) {
+      ids[dst + t] = hb.ids[src + t];
+      mask[dst + t] = seg_of[b];
+      targets[dst + t] = hb.targets[src + t];
+      types[dst + t] = hb.type_ids[src + t];
+      pos[dst + t] = t;
+    }
+    hb.first[b] = static_cast<int32_t>(dst);
+    hb.length[b] = len[b];
+  }
+  hb.ids.swap(ids);
+  hb.mask.swap(mask);
+  hb.targets.swap(targets);
+  hb.type_ids.swap(types);
+  hb.pos.swap(pos);
+  if (!hb.rows.empty()) {  // mlm: the scored positions again, in flat order of the packed rows
+    hb.rows.clear();
+    hb.row_targets.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (hb.targets[i] != kIgnoreIndex) {
+        hb.rows.push_back(static_cast<int32_t>(i));
+        hb.row_targets.push_back(hb.targets[i]);
+      }
+  }
+  hb.E = B;
+  hb.B = R;
+  hb.T_key = T;
+  hb.has_padding = true;  // the segment ids always go to attention
+}
+
 DeviceBatchBuffer::~DeviceBatchBuffer() { be_.release(buf_); }
 
 DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
-  const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.B);
+  const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
-  const size_t need = 4 * n + 3 * b + 2 * r;
+  const size_t np = hb.pos.size(), nf = hb.first.size();
+  const size_t need = 4 * n + 3 * b + 2 * r + np + nf;
   if (need > cap_) {
     be_.release(buf_);
     buf_ = static_cast<int32_t*>(be_.alloc(need * sizeof(int32_t)));
@@ -148,6 +231,13 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.rows = put(hb.rows, r);
   db.row_targets = put(hb.row_targets, r);
   db.nrows = static_cast<int>(r);
+  if (hb.E > 0) {
+    db.E = hb.E;
+    db.pos = put(hb.pos, n);
+    db.first = put(hb.first, b);
+    db.first_host = hb.first.data();
+    db.length_host = hb.length.data();
+  }
   return db;
 }
 

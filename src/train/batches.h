@@ -22,6 +22,12 @@ struct HostBatch {
   std::vector<int32_t> ids, mask, targets, type_ids;  // [B,T]
   std::vector<int32_t> labels, start, end;            // [B]
   std::vector<int32_t> rows, row_targets;  // mlm: positions with a target, and the targets
+  // Packed (pack_rows): B rows hold E examples; mask holds segment ids (1, 2, ... per row, 0 =
+  // padding), pos the position ids (restarting in each example); per example e < E: first[e] =
+  // the flat position (row * T + offset) of its first token, length[e] its positions. labels,
+  // start, end stay per example (start/end relative to the example). Unpacked: E = 0, all empty.
+  int E = 0;
+  std::vector<int32_t> pos, first, length;
   bool has_padding = false;  // any mask value 0 (else the mask is not passed to attention)
   // Number of loss terms (the loss is their mean): target tokens (clm, mlm, ner), labelled
   // sequences (doc_cls, pair_cls), or questions (qa).
@@ -46,6 +52,13 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
 // padding of every row: masked out of attention and of every loss except qa's (backend.h), so the
 // model computes the same outputs at the kept positions. T_key keeps the file's T (dropout keys).
 void trim_to_longest(HostBatch& hb, int multiple);
+
+// data.packing: the B examples of the batch share rows of length T, several to a row: first-fit of
+// the examples longest first (ties by index), each keeping positions 0..len-1 of its own row, where
+// len is one past its last attention_mask 1 (or target or answer position). Segment ids number the
+// examples of a row from 1 in order; the tail of a row is padding (0). MLM rows are renumbered.
+// Throws when an example has padding before its last token (the mask must be a prefix of ones).
+void pack_rows(HostBatch& hb);
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

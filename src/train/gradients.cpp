@@ -4,7 +4,8 @@
 // trimmed to its longest row with data.padding = longest; for mlm `logits` has a row per masked
 // position only, listed as flat indices b*T+t in `masked_positions`), and one dataset per
 // parameter gradient, named and shaped as the parameter, and under `initialized/` the values of the
-// parameters that model.weights lacked (a new head, seeded). Used to check nlptrain against Hugging Face transformers on the same weights and batch.
+// parameters that model.weights lacked (a new head, seeded). With data.packing the batch is packed
+// (batches.h pack_rows) and the file also holds each example's place in the rows. Used to check nlptrain against Hugging Face transformers on the same weights and batch.
 #include <numeric>
 
 #include "core/error.h"
@@ -30,7 +31,12 @@ void run_gradients(Session& s) {
   // implementation can be fed the same masked batch.
   HostBatch hb = make_batch(s.task, tb, nullptr, 0);
   // data.padding = longest: the batch at its longest row (outputs [B, T'] with T' <= the file's T)
-  if (cfg.data.padding == "longest") trim_to_longest(hb, cfg.data.pad_multiple);
+  // data.packing: the batch's examples packed into rows (outputs per row for ner/qa/mlm, per example
+  // for doc_cls/pair_cls; `example_first`/`example_length` say where each example sits)
+  if (cfg.data.packing)
+    pack_rows(hb);
+  else if (cfg.data.padding == "longest")
+    trim_to_longest(hb, cfg.data.pad_multiple);
   const int64_t count = hb.loss_units(s.task);
   if (count == 0) throw Error("gradients: the batch has nothing to learn from (all labels are -100)");
 
@@ -58,6 +64,10 @@ void run_gradients(Session& s) {
       std::vector<float> h(n);
       s.be.to_host(h.data(), o.data, n * sizeof(float));
       f.write_f32(o.name, o.shape, h.data());
+    }
+    if (hb.E > 0) {
+      f.write_i32("example_first", {int64_t(hb.E)}, hb.first.data());
+      f.write_i32("example_length", {int64_t(hb.E)}, hb.length.data());
     }
     if (s.task == Task::Mlm)
       f.write_i32("masked_positions", {int64_t(hb.rows.size())}, hb.rows.data());

@@ -59,6 +59,7 @@ struct RunNotes {
   // lengths (after trimming), and token positions at the file's length, computed and real.
   double micro_batches = 0, batch_len_sum = 0;
   double file_tokens = 0, computed_tokens = 0, real_tokens = 0;
+  double rows = 0, examples = 0;  // rows computed and examples in them (data.packing: several a row)
   // Padding share of the positions computed, and of the positions at the file's length (0: none).
   double padding_fraction() const { return computed_tokens > 0 ? 1.0 - real_tokens / computed_tokens : 0; }
   double padding_fraction_untrimmed() const { return file_tokens > 0 ? 1.0 - real_tokens / file_tokens : 0; }

@@ -295,9 +295,15 @@ int run_train(Session& s) {
                    int64_t(world) * B * A, " examples each) sorted by length; mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }
-  s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
-                        "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
-                  : cat("data: padding = max_length: every row runs at ", T, " positions"));
+  const bool pack = cfg.data.packing;
+  if (pack)
+    s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows of ", T,
+                   " positions (first-fit, longest first; attention within each example, positions "
+                   "restarting); evaluation runs unpacked"));
+  else
+    s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
+                          "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
+                    : cat("data: padding = max_length: every row runs at ", T, " positions"));
   s.model.reserve(B, T);  // the activation arena, once, at the largest batch
 
   DeviceBatchBuffer dbuf(s.be);
@@ -308,8 +314,9 @@ int run_train(Session& s) {
   // changes no result, and a run that stops discards them.
   std::vector<HostBatch> micro(A), next_micro(A);
   // counts of a step on this rank: loss units, computed positions, real tokens, the sum of the
-  // micro-batches' lengths (summed over ranks with the loss units: one host sum per step)
-  using StepCounts = std::array<double, 4>;
+  // micro-batches' lengths, rows and examples (summed over ranks with the loss units: one host sum
+  // per step)
+  using StepCounts = std::array<double, 6>;
   StepCounts next_count{};
   bool have_next = false;
   auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
@@ -318,11 +325,16 @@ int run_train(Session& s) {
       auto idx = sampler.indices(first_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
-      if (trim) trim_to_longest(out[a], cfg.data.pad_multiple);
+      c[5] += out[a].B;  // examples
+      if (pack)
+        pack_rows(out[a]);
+      else if (trim)
+        trim_to_longest(out[a], cfg.data.pad_multiple);
       c[0] += static_cast<double>(out[a].loss_units(s.task));
       c[1] += static_cast<double>(out[a].B) * out[a].T;
       c[2] += static_cast<double>(out[a].real_tokens);
       c[3] += out[a].T;
+      c[4] += out[a].B;  // rows
     }
     return c;
   };
@@ -367,6 +379,8 @@ int run_train(Session& s) {
     notes.file_tokens += double(tokens_per_step);
     notes.computed_tokens += counts[1];
     notes.real_tokens += counts[2];
+    notes.rows += counts[4];
+    notes.examples += counts[5];
     t_comm += seconds_since(tp);
     if (counts[0] <= 0)
       throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
@@ -462,6 +476,11 @@ int run_train(Session& s) {
                     counts[3] / (double(A) * world), dt,
                     format_duration(elapsed).c_str(), format_duration(eta).c_str());
       std::string line = buf;
+      if (pack) {  // examples per computed row this step
+        char ex[64];
+        std::snprintf(ex, sizeof ex, " | %.1f ex/row", counts[4] > 0 ? counts[5] / counts[4] : 0.0);
+        line += ex;
+      }
       if (!finite)
         line += cat(" | non-finite: update skipped (", st.nonfinite_streak, " in a row, ",
                     st.nonfinite_skipped, " skipped in total)");
@@ -523,6 +542,9 @@ int run_train(Session& s) {
                   steps_done_here, format_duration(train_seconds).c_str(),
                   notes.computed_tokens / train_seconds, notes.real_tokens / train_seconds,
                   100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
+    if (pack && notes.rows > 0)
+      s.log.info(cat("data: packing held ", notes.examples / notes.rows, " examples per row on average (",
+                     notes.examples, " examples in ", notes.rows, " rows)"));
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));

@@ -32,7 +32,7 @@ const std::vector<std::string> kAllKeys = {
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
     "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle", "data.padding", "data.pad_multiple",
-    "data.group_by_length", "data.cache_mb",
+    "data.group_by_length", "data.packing", "data.cache_mb",
     "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
@@ -107,6 +107,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.padding, b.data.padding);
   EXPECT_EQ(a.data.pad_multiple, b.data.pad_multiple);
   EXPECT_EQ(a.data.group_by_length, b.data.group_by_length);
+  EXPECT_EQ(a.data.packing, b.data.packing);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
@@ -527,6 +528,14 @@ TEST(ConfigChoices, AllowedAndRejected) {
   m = error_of({"--data.train=x", "--model.type=bert"});
   EXPECT_CONTAINS(m, "run.task = clm");
   EXPECT_EQ(parse({"--data.train=x", "--model.type=bert", "--run.task=qa"}).config.run.task, "qa");
+  // data.packing: bert tasks on the cpu backend only, for now
+  EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=qa", "--data.packing=true"}).config.data.packing);
+  m = error_of({"--data.train=x", "--data.packing=true"});
+  EXPECT_CONTAINS(m, "data.packing = true (command line)");
+  EXPECT_CONTAINS(m, "clm rows are full windows");
+  m = error_of({"--data.train=x", "--model.type=bert", "--run.task=ner", "--data.packing=true", "--run.backend=cuda"});
+  EXPECT_CONTAINS(m, "run.backend = cuda");
+  EXPECT_CONTAINS(m, "segment ids");
   EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=bert", "--run.task=ner",
                             "--model.hidden_size=30", "--model.num_attention_heads=4"}),
                   "model.hidden_size = 30");

@@ -5,7 +5,9 @@
 //    the batch padded to T_key (outputs at the kept positions equal the padded op's, bitwise for
 //    dropout, and attention forward and backward to fp32 summation order);
 //  - the length-grouped Sampler: a permutation of the epoch per global batch, the same global batch
-//    (as a set) at any world size, ranks interleaved, lengths grouped, deterministic.
+//    (as a set) at any world size, ranks interleaved, lengths grouped, deterministic;
+//  - data.packing: pack_rows' placement and columns; attention over a packed row (segment ids)
+//    equals each example's own attention, forward and backward, causal or not; position ids restart.
 // Every expected value comes from the padded computation or from the definitions, never from the
 // code under test.
 #include <gtest/gtest.h>
@@ -309,6 +311,128 @@ TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
   EXPECT_FALSE(batch_lengths_descend);     // the batches' order is shuffled, not longest first
   EXPECT_NE(grouped.indices(0), other_seed.indices(0));
   EXPECT_NE(grouped.indices(0), grouped.indices(bpe));  // the next epoch is another order
+}
+
+// pack_rows: lengths {5, 11, 3, 9, 4} in rows of 16, first-fit longest first: 11 -> row 0 at 0, 9 ->
+// row 1 at 0, 5 -> row 0 at 11, 4 -> row 1 at 9, 3 -> row 1 at 13 (0 has 0 left). Worked out by hand
+// from the rule, not read from the code.
+TEST(PackRows, FirstFitLongestFirstKeepsEveryColumnOfEachExample) {
+  const int T = 16;
+  const std::vector<int> len = {5, 11, 3, 9, 4};
+  const nlp::HostBatch full = padded_batch(len, T);
+  nlp::HostBatch hb = full;
+  nlp::pack_rows(hb);
+  ASSERT_EQ(hb.B, 2);
+  ASSERT_EQ(hb.E, 5);
+  EXPECT_EQ(hb.T, T);
+  EXPECT_TRUE(hb.has_padding);
+  const std::vector<int32_t> first = {0 * T + 11, 0 * T + 0, 1 * T + 13, 1 * T + 0, 1 * T + 9};
+  const std::vector<int32_t> seg = {2, 1, 3, 1, 2};  // order of placement within the row
+  EXPECT_EQ(hb.first, first);
+  EXPECT_EQ(hb.length, std::vector<int32_t>(len.begin(), len.end()));
+  int64_t real = 0;
+  for (int e = 0; e < 5; ++e)
+    for (int t = 0; t < len[e]; ++t) {
+      const size_t i = size_t(first[e]) + t, j = size_t(e) * T + t;
+      EXPECT_EQ(hb.ids[i], full.ids[j]);
+      EXPECT_EQ(hb.targets[i], full.targets[j]);
+      EXPECT_EQ(hb.type_ids[i], full.type_ids[j]);
+      EXPECT_EQ(hb.mask[i], seg[e]);
+      EXPECT_EQ(hb.pos[i], t);
+      ++real;
+    }
+  int64_t zeros = 0;  // everything else is padding: segment 0, no target
+  for (size_t i = 0; i < hb.mask.size(); ++i)
+    if (hb.mask[i] == 0) {
+      ++zeros;
+      EXPECT_EQ(hb.targets[i], nlp::kIgnoreIndex);
+    }
+  EXPECT_EQ(real + zeros, int64_t(2) * T);
+  EXPECT_EQ(hb.labels, full.labels);  // per example, unchanged
+  // MLM rows: the same tokens and targets, at their packed positions
+  ASSERT_EQ(hb.rows.size(), full.rows.size());
+  std::multiset<std::pair<int32_t, int32_t>> want, got;
+  for (size_t k = 0; k < full.rows.size(); ++k) want.insert({full.ids[size_t(full.rows[k])], full.row_targets[k]});
+  for (size_t k = 0; k < hb.rows.size(); ++k) {
+    got.insert({hb.ids[size_t(hb.rows[k])], hb.row_targets[k]});
+    EXPECT_EQ(hb.targets[size_t(hb.rows[k])], hb.row_targets[k]);
+  }
+  EXPECT_EQ(got, want);
+}
+
+TEST(PackRows, RejectsAMaskThatIsNotOnesThenZeros) {
+  nlp::HostBatch hole = padded_batch({5, 6}, 16);
+  hole.mask[size_t(1) * 16 + 2] = 0;
+  EXPECT_THROW(nlp::pack_rows(hole), nlp::Error);
+  nlp::HostBatch empty = padded_batch({5, 0}, 16);
+  EXPECT_THROW(nlp::pack_rows(empty), nlp::Error);
+  nlp::HostBatch answer = padded_batch({5, 6}, 16);
+  answer.start[0] = 7;  // past its 5 tokens
+  EXPECT_THROW(nlp::pack_rows(answer), nlp::Error);
+}
+
+// One packed row of three examples (lengths 5, 9, 6) and a padding tail, against each example alone
+// (a batch of one, no mask): outputs and q/k/v gradients at the examples' positions agree to fp32
+// summation order, and the gradient reaching the padding tail's q/k/v is exactly zero when its dout
+// is zero. Causal too (the rule is the same with j <= i).
+TEST(PackedAttention, EachSegmentEqualsItsExampleAlone) {
+  const int T = 24, NH = 2, HS = 8, C = NH * HS;
+  const std::vector<int> len = {5, 9, 6}, off = {0, 5, 14};
+  for (bool causal : {false, true}) {
+    const VF qkv = randn(size_t(T) * 3 * C, 11);
+    VF dout = randn(size_t(T) * C, 12);
+    std::fill(dout.begin() + size_t(20) * C, dout.end(), 0.f);  // no loss on the padding tail
+    std::vector<int32_t> seg(T, 0);
+    for (int e = 0; e < 3; ++e)
+      for (int t = 0; t < len[e]; ++t) seg[size_t(off[e] + t)] = e + 1;
+    VF att(be().attention_saved_floats(1, T, NH, HS)), scr(be().attention_scratch_floats(1, T, NH, HS));
+    VF out(size_t(T) * C), dq(size_t(T) * 3 * C, 0.f);
+    be().attention_forward(out.data(), att.data(), qkv.data(), seg.data(), causal, 0.f, 1, 1, T, NH, HS);
+    be().attention_backward(dq.data(), scr.data(), dout.data(), qkv.data(), att.data(), seg.data(), causal,
+                            0.f, 1, 1, T, NH, HS);
+    double worst = 0;
+    for (int e = 0; e < 3; ++e) {
+      const int L = len[e];
+      VF q1(qkv.begin() + size_t(off[e]) * 3 * C, qkv.begin() + size_t(off[e] + L) * 3 * C);
+      VF d1(dout.begin() + size_t(off[e]) * C, dout.begin() + size_t(off[e] + L) * C);
+      VF a1(be().attention_saved_floats(1, L, NH, HS)), s1(be().attention_scratch_floats(1, L, NH, HS));
+      VF o1(size_t(L) * C), g1(size_t(L) * 3 * C, 0.f);
+      be().attention_forward(o1.data(), a1.data(), q1.data(), nullptr, causal, 0.f, 1, 1, L, NH, HS);
+      be().attention_backward(g1.data(), s1.data(), d1.data(), q1.data(), a1.data(), nullptr, causal, 0.f, 1,
+                              1, L, NH, HS);
+      for (size_t k = 0; k < o1.size(); ++k)
+        worst = std::max(worst, std::abs(double(out[size_t(off[e]) * C + k]) - o1[k]) / (1 + std::abs(o1[k])));
+      for (size_t k = 0; k < g1.size(); ++k)
+        worst = std::max(worst, std::abs(double(dq[size_t(off[e]) * 3 * C + k]) - g1[k]) / (1 + std::abs(g1[k])));
+    }
+    EXPECT_LE(worst, 1e-6) << "causal " << causal;
+    // the tail's k and v are attended by nobody but the tail, whose dout is zero
+    for (size_t k = size_t(20) * 3 * C; k < dq.size(); ++k) ASSERT_EQ(dq[k], 0.f) << k;
+  }
+}
+
+// Position ids: packed rows look up (and scatter into) the position each token has in its example.
+TEST(PackedEmbedding, PositionIdsRestartInEachExample) {
+  const int B = 1, T = 8, C = 5, V = 20, P = 10;
+  const VF wte = randn(size_t(V) * C, 21), wpe = randn(size_t(P) * C, 22);
+  const std::vector<int32_t> ids = {3, 4, 5, 6, 7, 8, 9, 10}, pos = {0, 1, 2, 0, 1, 0, 1, 2};
+  VF out(size_t(T) * C);
+  be().embedding_forward(out.data(), ids.data(), nullptr, wte.data(), wpe.data(), nullptr, B, T, C, 0,
+                         pos.data());
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c)
+      ASSERT_EQ(out[size_t(t) * C + c], wte[size_t(ids[t]) * C + c] + wpe[size_t(pos[t]) * C + c]);
+  const VF dout = randn(size_t(T) * C, 23);
+  VF dwpe(size_t(P) * C, 0.f);
+  be().embedding_backward(nullptr, dwpe.data(), nullptr, dout.data(), ids.data(), nullptr, B, T, C, 0,
+                          pos.data());
+  for (int p = 0; p < P; ++p)
+    for (int c = 0; c < C; ++c) {
+      double want = 0;
+      for (int t = 0; t < T; ++t)
+        if (pos[t] == p) want += dout[size_t(t) * C + c];
+      ASSERT_NEAR(dwpe[size_t(p) * C + c], want, 1e-6) << p << " " << c;
+    }
 }
 
 }  // namespace

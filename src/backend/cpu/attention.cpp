@@ -82,9 +82,44 @@ inline void gather_transposed(float* dst, int Tp, const float* qkv, int b, int h
   }
 }
 
-// ok[j] = 1 where key j of the sequence may be attended (attn_mask[j] != 0, or no mask), else 0
-inline void key_flags(int* ok, const int32_t* mask, int T) {
-  for (int j = 0; j < T; ++j) ok[j] = !mask || mask[j] != 0;
+// seg[j] = the segment id of position j (attn_mask[j]; 1 everywhere without a mask)
+inline void segment_ids(int* seg, const int32_t* mask, int T) {
+  for (int j = 0; j < T; ++j) seg[j] = mask ? mask[j] : 1;
+}
+
+// Row i attends keys j in [lo[i], hi[i]) at most (the softmax masks within, by backend.h's rule): the
+// span of its segment's keys (a padding row's: every real key), causal: up to i; lo = hi = 0 when it
+// sees none. Segment ids are in [0, T] (a row holds at most T examples). first/last: T + 1 ints.
+inline void key_spans(int* lo, int* hi, const int* seg, int T, bool causal, int* first, int* last) {
+  for (int s = 0; s <= T; ++s) first[s] = T, last[s] = -1;
+  int nz_lo = T, nz_hi = 0;
+  for (int j = 0; j < T; ++j) {
+    const int s = seg[j];
+    NLP_ASSERT(s >= 0 && s <= T);
+    if (s == 0) continue;
+    if (first[s] == T) first[s] = j;
+    last[s] = j;
+    if (nz_lo == T) nz_lo = j;
+    nz_hi = j + 1;
+  }
+  for (int i = 0; i < T; ++i) {
+    const int s = seg[i];
+    int a = s ? first[s] : nz_lo, b = s ? last[s] + 1 : nz_hi;
+    if (causal && b > i + 1) b = i + 1;
+    if (a >= b) a = b = 0;
+    lo[i] = a;
+    hi[i] = b;
+  }
+}
+
+// The keys a block of rows [i0, i0 + n) may see: [*jlo, *jhi), jlo rounded down to a multiple of 16
+// (so that 16-wide tiles from there stay inside the Tp-padded buffers); 0, 0 when none.
+inline void block_span(const int* lo, const int* hi, int i0, int n, int* jlo, int* jhi) {
+  int a = 1 << 30, b = 0;
+  for (int i = i0; i < i0 + n; ++i)
+    if (hi[i] > lo[i]) a = lo[i] < a ? lo[i] : a, b = hi[i] > b ? hi[i] : b;
+  *jlo = b > 0 ? a / 16 * 16 : 0;
+  *jhi = b;
 }
 
 }  // namespace
@@ -106,65 +141,69 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     // zero padding stays zero: only rows t < T / columns d < HS are ever written
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
     std::vector<float> s((size_t)kRows * Tp), o((size_t)kRows * Hp);
-    std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
+    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1);
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
-      key_flags(kok.data(), mask, T);
+      segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
+      key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
       // row blocks of kRows (T is padded to Tp, a multiple of 16, so a block never leaves the buffers)
       for (int i0 = 0; i0 < T; i0 += kRows) {
         const int ni = T - i0 < kRows ? T - i0 : kRows;
-        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;  // keys this row block can see
-        // scores s[kRows, j < jend] = q_i . k_j / sqrt(HS)
-        for (int j0 = 0; j0 < jend; j0 += 16)
+        int jlo, jhi;  // the keys this row block can see (a packed row's other examples are skipped)
+        block_span(lo.data(), hi.data(), i0, ni, &jlo, &jhi);
+        // scores s[kRows, jlo <= j < jhi] = q_i . k_j / sqrt(HS)
+        for (int j0 = jlo; j0 < jhi; j0 += 16)
           tile(qs.data() + (size_t)i0 * Hp, Hp, kt.data() + j0, Tp, HS, s.data() + j0, Tp);
         for (int r = 0; r < ni; ++r) {
           const int i = i0 + r;
           float* __restrict srow = s.data() + (size_t)r * Tp;
           float* __restrict arow = att + ((size_t)bh * T + i) * T;
-          // masked softmax; a fully masked row gives zeros. Branch-free over j (the key mask as 0/1
+          // masked softmax; a fully masked row gives zeros. Branch-free over j (the segment ids as
           // ints, exp by vmath's exp_nonpositive), so the compiler vectorises the three passes.
-          const int* __restrict ok = kok.data();
+          const int* __restrict sg = seg.data();
+          const int si = sg[i];
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-          for (int j = 0; j < jend; ++j) {
+          for (int j = jlo; j < jhi; ++j) {
             const float x = srow[j];
-            const float v = (ok[j] != 0) & (!causal | (j <= i)) ? x : -std::numeric_limits<float>::infinity();
+            const bool keep = (sg[j] != 0) & ((si == 0) | (sg[j] == si)) & (!causal | (j <= i));
+            const float v = keep ? x : -std::numeric_limits<float>::infinity();
             mx = v > mx ? v : mx;
           }
           float den = 0.0f;
 #pragma omp simd reduction(+ : den)
-          for (int j = 0; j < jend; ++j) {
+          for (int j = jlo; j < jhi; ++j) {
             // every operand loaded unconditionally (a conditional load keeps GCC from vectorising)
             const float x = srow[j];
-            const bool keep = (ok[j] != 0) & (!causal | (j <= i));
+            const bool keep = (sg[j] != 0) & ((si == 0) | (sg[j] == si)) & (!causal | (j <= i));
             const float e = exp_nonpositive(keep ? x - mx : -100.0f);  // masked: never inf - inf
             arow[j] = keep ? e : 0.0f;
             den += arow[j];
           }
           const float inv = den > 0.0f ? 1.0f / den : 0.0f;
 #pragma omp simd
-          for (int j = 0; j < jend; ++j) arow[j] *= inv;
-          for (int j = jend; j < T; ++j) arow[j] = 0.0f;
+          for (int j = jlo; j < jhi; ++j) arow[j] *= inv;
+          for (int j = 0; j < jlo; ++j) arow[j] = 0.0f;
+          for (int j = jhi; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
           if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
             const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
 #pragma omp simd
-            for (int j = 0; j < jend; ++j)
+            for (int j = jlo; j < jhi; ++j)
               srow[j] = arow[j] * (uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f);
           } else {
-            for (int j = 0; j < jend; ++j) srow[j] = arow[j];
+            for (int j = jlo; j < jhi; ++j) srow[j] = arow[j];
           }
         }
         for (int r = ni; r < kRows; ++r)
-          for (int j = 0; j < jend; ++j) s[(size_t)r * Tp + j] = 0.0f;
-        // o[kRows, Hp] = dropout(att)[kRows, j < jend] @ v[j < jend, Hp]
+          for (int j = jlo; j < jhi; ++j) s[(size_t)r * Tp + j] = 0.0f;
+        // o[kRows, Hp] = dropout(att)[kRows, jlo <= j < jhi] @ v[jlo <= j < jhi, Hp]
         for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile(s.data(), Tp, vb.data() + d0, Hp, jend, o.data() + d0, Hp);
+          tile(s.data() + jlo, Tp, vb.data() + (size_t)jlo * Hp + d0, Hp, jhi - jlo, o.data() + d0, Hp);
         for (int r = 0; r < ni; ++r) {
           float* oi = out + ((size_t)b * T + i0 + r) * C + (size_t)h * HS;
           std::memcpy(oi, o.data() + (size_t)r * Hp, sizeof(float) * HS);
@@ -200,69 +239,84 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     std::vector<float> ds(tt), ap(tt);  // ds holds dA' then dS; ap = A' (dropout(A)), row-major
     std::vector<float> dq(th), dk(th), dv(th);
     std::vector<float> kfrow(Tp);
-    std::vector<int> kok(T);  // 1 where the key may be attended (padding mask), else 0
+    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1);
+    const int nblk = (T + kRows - 1) / kRows;
+    std::vector<int> blo(nblk), bhi(nblk);  // the keys each row block sees (block_span)
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int32_t* mask = attn_mask ? attn_mask + (size_t)b * T : nullptr;
+      segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
+      key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
+      for (int k = 0; k < nblk; ++k)
+        block_span(lo.data(), hi.data(), k * kRows, T - k * kRows < kRows ? T - k * kRows : kRows,
+                   &blo[k], &bhi[k]);
       gather_rows(qb.data(), Hp, qkv, b, h, 0, T, C, HS, 1.0f);
       gather_rows(kb.data(), Hp, qkv, b, h, 1, T, C, HS, 1.0f);
       gather_transposed(vt.data(), Tp, qkv, b, h, 2, T, C, HS);
       for (int t = 0; t < T; ++t)
         std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
                     sizeof(float) * HS);
-      // dA'[i, j] = dout_i . v_j  (tiles that hold some j <= i when causal)
-      for (int i0 = 0; i0 < T; i0 += kRows) {
-        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;
-        for (int j0 = 0; j0 < jend; j0 += 16)
+      // dA'[i, j] = dout_i . v_j  (the tiles of the keys each row block sees)
+      for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k)
+        for (int j0 = blo[k]; j0 < bhi[k]; j0 += 16)
           tile(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
                ds.data() + (size_t)i0 * Tp + j0, Tp);
-      }
-      key_flags(kok.data(), mask, T);
-      // softmax backward row by row: first the row's keep factors kf (dropout's keep/(1-p), 0 where
-      // masked or A = 0), then A' = A * kf, dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a
-      // loop the compiler vectorises, the mask hash included; zeros past the keys the row sees
+      // softmax backward row by row over the keys the row sees, [lo, hi): first the row's keep
+      // factors kf (dropout's keep/(1-p), 0 where A = 0, i.e. masked), then A' = A * kf,
+      // dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop the compiler vectorises, the
+      // mask hash included; zeros outside [lo, hi)
       for (int i = 0; i < T; ++i) {
         const float* __restrict arow = att + ((size_t)bh * T + i) * T;
         float* __restrict drow = ds.data() + (size_t)i * Tp;
         float* __restrict aprow = ap.data() + (size_t)i * Tp;
         float* __restrict kf = kfrow.data();
-        const int* __restrict ok = kok.data();
-        const int jend = causal ? i + 1 : T;  // j < jend: the keys causality lets row i see
+        const int jlo = lo[i], jhi = hi[i];
         const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
         if (drop) {
 #pragma omp simd
-          for (int j = 0; j < jend; ++j) {
+          for (int j = jlo; j < jhi; ++j) {
             const float keep = uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f;
-            kf[j] = arow[j] != 0.0f && ok[j] ? keep : 0.0f;
+            kf[j] = arow[j] != 0.0f ? keep : 0.0f;
           }
         } else {
 #pragma omp simd
-          for (int j = 0; j < jend; ++j) kf[j] = arow[j] != 0.0f && ok[j] ? 1.0f : 0.0f;
+          for (int j = jlo; j < jhi; ++j) kf[j] = arow[j] != 0.0f ? 1.0f : 0.0f;
         }
 #pragma omp simd
-        for (int j = 0; j < jend; ++j) aprow[j] = arow[j] * kf[j];
+        for (int j = jlo; j < jhi; ++j) aprow[j] = arow[j] * kf[j];
 #pragma omp simd
-        for (int j = 0; j < jend; ++j) drow[j] *= kf[j];  // dA
-        const float dot = lane_sum<float>(jend, [arow, drow](int j) { return arow[j] * drow[j]; });
+        for (int j = jlo; j < jhi; ++j) drow[j] *= kf[j];  // dA
+        const float dot = lane_sum<float>(jhi - jlo, [arow, drow, jlo](int k) {
+          return arow[jlo + k] * drow[jlo + k];
+        });
 #pragma omp simd
-        for (int j = 0; j < jend; ++j)
+        for (int j = jlo; j < jhi; ++j)
           drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
-        for (int j = jend; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
+        for (int j = 0; j < jlo; ++j) drow[j] = aprow[j] = 0.0f;
+        for (int j = jhi; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
       }
-      for (int i0 = 0; i0 < T; i0 += kRows) {
-        // dq[i] = sum_{j} dS_ij k_j
-        const int jend = causal ? (i0 + kRows < T ? i0 + kRows : T) : T;
+      for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
+        // dq[i] = sum_{j} dS_ij k_j over the keys the block sees
+        const int jlo = blo[k], jhi = bhi[k];
         for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile(ds.data() + (size_t)i0 * Tp, Tp, kb.data() + d0, Hp, jend,
+          tile(ds.data() + (size_t)i0 * Tp + jlo, Tp, kb.data() + (size_t)jlo * Hp + d0, Hp, jhi - jlo,
                dq.data() + (size_t)i0 * Hp + d0, Hp);
-        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i  (rows j0..j0+kRows-1, i >= j0 when causal)
-        const int j0 = i0, l0 = causal ? j0 : 0;
+        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i for keys j0..j0+kRows-1, over the rows
+        // [l0, l1) of the blocks that see them (the other rows of dS and A' are 0 there)
+        const int j0 = i0;
+        int l0 = T, l1 = 0;
+        for (int m = 0; m < nblk; ++m)
+          if (blo[m] < j0 + kRows && bhi[m] > j0) {
+            l0 = m * kRows < l0 ? m * kRows : l0;
+            l1 = (m + 1) * kRows;
+          }
+        if (l1 > T) l1 = T;
+        if (l0 >= l1) l0 = l1 = 0;
         for (int d0 = 0; d0 < Hp; d0 += 16) {
-          tile<true>(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
-               dk.data() + (size_t)j0 * Hp + d0, Hp);
-          tile<true>(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, T - l0,
-               dv.data() + (size_t)j0 * Hp + d0, Hp);
+          tile<true>(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, l1 - l0,
+                     dk.data() + (size_t)j0 * Hp + d0, Hp);
+          tile<true>(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, l1 - l0,
+                     dv.data() + (size_t)j0 * Hp + d0, Hp);
         }
       }
       for (int t = 0; t < T; ++t) {

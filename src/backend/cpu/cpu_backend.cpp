@@ -101,14 +101,14 @@ class CpuBackend final : public Backend {
 
   // ---- embeddings ----
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                         const float* wpe, const float* wtt, int B, int T, int C,
-                         int pos_offset) override {
-    cpu::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset);
+                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
+                         const int32_t* pos_ids) override {
+    cpu::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
   }
   void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                           const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                          int pos_offset) override {
-    cpu::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset);
+                          int pos_offset, const int32_t* pos_ids) override {
+    cpu::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids);
   }
 
   // ---- dense ----

@@ -17,10 +17,11 @@ inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f
 
 // embedding.cpp
 void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset);
+                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
+                       const int32_t* pos_ids = nullptr);
 void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                         const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                        int pos_offset);
+                        int pos_offset, const int32_t* pos_ids = nullptr);
 
 // matmul.cpp (T = float, or bf16 for native bf16 operands; outputs and gradients fp32)
 template <class T>

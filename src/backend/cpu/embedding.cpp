@@ -3,10 +3,11 @@
 
 namespace nlp::cpu {
 
-// out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]])
+// out[B,T,C] = wte[ids[b,t]] + wpe[p] (+ wtt[type_ids[b,t]]), p = pos_ids[b,t] or pos_offset + t
 // wte [V,C], wpe [P,C], wtt [TT,C]
 void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset) {
+                       const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
+                       const int32_t* pos_ids) {
   const bool types = type_ids && wtt;
   const int BT = B * T;
 #pragma omp parallel for schedule(static)
@@ -14,7 +15,7 @@ void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, 
     const int t = bt % T;
     float* __restrict o = out + (size_t)bt * C;
     const float* __restrict e = wte + (size_t)ids[bt] * C;
-    const float* __restrict p = wpe + (size_t)(pos_offset + t) * C;
+    const float* __restrict p = wpe + (size_t)(pos_ids ? pos_ids[bt] : pos_offset + t) * C;
     if (types) {
       const float* __restrict y = wtt + (size_t)type_ids[bt] * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c] + y[c];
@@ -24,17 +25,18 @@ void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, 
   }
 }
 
-// dwte[V,C] += scatter of dout[B,T,C] by ids; dwpe[P,C] row pos_offset+t += sum_b dout[b,t];
-// dwtt[TT,C] += scatter by type_ids (when both non-null).
+// dwte[V,C] += scatter of dout[B,T,C] by ids; dwpe[P,C] row pos_offset+t += sum_b dout[b,t], or
+// with pos_ids a scatter by pos_ids; dwtt[TT,C] += scatter by type_ids (when both non-null).
 // Deterministic: threads own channel blocks, and each block visits (b,t) in order.
 void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                         const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                        int pos_offset) {
+                        int pos_offset, const int32_t* pos_ids) {
   const int BT = B * T;
   const bool types = type_ids && dwtt;
+  const bool scatter_pos = pos_ids && dwpe;
   constexpr int kBlock = 32;
   const int nblocks = (C + kBlock - 1) / kBlock;
-  if (dwte || types) {
+  if (dwte || types || scatter_pos) {
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nblocks; ++blk) {
       const int c0 = blk * kBlock;
@@ -49,10 +51,14 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
           float* __restrict g = dwtt + (size_t)type_ids[bt] * C;
           for (int c = c0; c < c1; ++c) g[c] += d[c];
         }
+        if (scatter_pos) {
+          float* __restrict g = dwpe + (size_t)pos_ids[bt] * C;
+          for (int c = c0; c < c1; ++c) g[c] += d[c];
+        }
       }
     }
   }
-  if (dwpe) {
+  if (dwpe && !scatter_pos) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; ++t) {
       float* __restrict g = dwpe + (size_t)(pos_offset + t) * C;

@@ -130,15 +130,19 @@ class CudaBackend final : public Backend {
   std::string profile_report() override { return prof_ ? prof_->report() : std::string(); }
 
   // ---- embeddings ----
+  // Position ids (packed rows) are not implemented here yet: config.cpp keeps data.packing to the
+  // cpu backend, and a caller that passes them anyway gets an error rather than wrong positions.
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                         const float* wpe, const float* wtt, int B, int T, int C,
-                         int pos_offset) override {
+                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
+                         const int32_t* pos_ids) override {
+    if (pos_ids) throw Error("cuda backend: position ids (data.packing) are not supported yet");
     op(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, stream_),
        "embedding_forward");
   }
   void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                           const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                          int pos_offset) override {
+                          int pos_offset, const int32_t* pos_ids) override {
+    if (pos_ids) throw Error("cuda backend: position ids (data.packing) are not supported yet");
     const size_t need = kern::embedding_backward_ws_bytes(B * T, C);
     void* w = workspace(need);
     op(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, w,

@@ -1,0 +1,138 @@
+"""data.packing (issue 20, item 3): the examples of a micro-batch share rows of the file's length,
+several to a row, with a segment id per token (attention stays within each example, positions
+restart, each example keeps its own [CLS] pooling, labels or answer span). On synthetic rows of
+random length well below the file's T (so several examples fit a row):
+
+1. gradients mode, doc_cls / pair_cls / ner / mlm: loss and every gradient of the packed batch equal
+   the unpacked batch's (data.padding = longest, itself checked against max_length and transformers)
+   within 1e-5 relative, the packed batch has fewer rows than examples, and the outputs per example
+   (doc_cls logits; ner logits at each example's positions) equal the unpacked ones;
+2. qa: the packed loss and gradients equal the mean of each example run alone at its own length
+   (its softmax spans the example's positions: a batch of one without padding);
+3. training: per-step losses of a packed run equal the unpacked run's (dropout off), summary.json
+   reports packing, more than one example per row and less padding computed;
+4. errors: packing on the cuda backend or with clm, and a mask that is not ones-then-zeros, stop
+   with a message naming the key and the example.
+"""
+import h5py
+import numpy as np
+import pytest
+
+import nlp_run as nr
+from test_padding import (B, MODEL, NL, NO_DROPOUT, T, compare_gradients, gradients, losses,
+                          max_rel, summary, task_data, write)
+
+# Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
+SHORT = dict(lo=3, hi=12)
+
+
+def packed_layout(out):
+    with h5py.File(out / "gradients.h5", "r") as f:
+        return np.asarray(f["example_first"]), np.asarray(f["example_length"])
+
+
+@pytest.mark.parametrize("task", ["doc_cls", "pair_cls", "ner", "mlm"])
+def test_packed_gradients_equal_unpacked(task, tmp_path, report):
+    lengths, cols, attrs = task_data(task, np.random.default_rng(60 + len(task)), **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    packed = gradients(task, data, tmp_path / "packed", "longest", extra=["--data.packing=true"])
+    plain = gradients(task, data, tmp_path / "plain", "longest")
+    for k in ("example_first", "example_length"):
+        packed.pop(k)
+    first, length = packed_layout(tmp_path / "packed")
+    assert np.array_equal(length, lengths)  # each example keeps its own positions
+    rows = len(set((first // T).tolist()))
+    assert rows < B, f"{B} examples of {lengths.tolist()} tokens packed into {rows} rows of {T}"
+    want_masked = packed.pop("masked_positions", None)
+    plain.pop("masked_positions", None)
+    # Logits are per row for ner/mlm (not comparable as tensors); compared per example below.
+    out_p = {k: packed.pop(k) for k in ("logits",) if k in packed}
+    out_u = {k: plain.pop(k) for k in ("logits",) if k in plain}
+    worst, top = compare_gradients(packed, plain, report,
+                                   f"{task} packed ({B} examples in {rows} rows) vs unpacked")
+    # The same sums of the same terms in another order (rows of other lengths, other GEMM shapes):
+    # fp32 rounding, ~1e-7; a leak across examples or a wrong position id is orders larger.
+    assert worst[top] <= 1e-5, (top, worst[top])
+    if task in ("doc_cls", "pair_cls"):
+        assert out_p["logits"].shape == (B, NL)
+        assert max_rel(out_p["logits"], out_u["logits"]) <= 1e-5
+    elif task == "ner":  # packed [rows, T, NL]: example e at row first // T, offset first % T
+        lp = out_p["logits"].reshape(-1, NL)
+        Tt = out_u["logits"].shape[1]
+        for e in range(B):
+            got = lp[first[e]:first[e] + length[e]]
+            want = out_u["logits"][e, :length[e]]
+            assert max_rel(got, want) <= 1e-5, e
+            assert length[e] <= Tt
+    else:  # mlm: every masked position kept, one logits row each
+        assert len(want_masked) == int((cols["labels"] != -100).sum())
+
+
+def test_qa_packed_equals_each_example_alone(tmp_path, report):
+    lengths, cols, _ = task_data("qa", np.random.default_rng(71), **SHORT)
+    data = write(tmp_path / "d.h5", cols)
+    packed = gradients("qa", data, tmp_path / "packed", "longest", extra=["--data.packing=true"])
+    for k in ("example_first", "example_length", "start_logits", "end_logits"):
+        packed.pop(k)
+    # Each example alone: a file of one row cut to its length, batch 1 (the loss is that example's).
+    total = None
+    for e in range(B):
+        one = write(tmp_path / f"e{e}.h5",
+                    {k: v[e:e + 1, :lengths[e]] if v.ndim == 2 else v[e:e + 1] for k, v in cols.items()})
+        nr.run(MODEL + ["--run.task=qa", "--run.mode=gradients", f"--data.train={one}",
+                        "--train.batch_size=1", f"--output.dir={tmp_path / f'o{e}'}", "--train.seed=7"])
+        g = nr.read_weights(tmp_path / f"o{e}" / "gradients.h5")
+        g = {k: v for k, v in g.items() if k not in ("start_logits", "end_logits")}
+        total = g if total is None else {k: total[k] + g[k] for k in g}
+    mean = {k: v / B for k, v in total.items()}
+    # The last LayerNorm's bias reaches the loss only through the start/end logits, whose softmax
+    # gradient sums to zero over each example's positions: zero in exact arithmetic, fp32 noise
+    # (~1e-10) in both runs, so bounded absolutely as test_padding's SHIFT_INVARIANT gradients are.
+    last_ln = "bert.encoder.layer.1.output.LayerNorm.bias"
+    scale = max(float(np.abs(v).max()) for k, v in mean.items() if k != "loss")
+    assert max(np.abs(packed.pop(last_ln)).max(), np.abs(mean.pop(last_ln)).max()) <= 1e-6 * scale
+    worst, top = compare_gradients(packed, mean, report, "qa packed vs the mean of each example alone")
+    assert worst[top] <= 1e-5, (top, worst[top])
+
+
+def train(task, data, out, extra=(), steps=3):
+    nr.run(MODEL + NO_DROPOUT + [f"--run.task={task}", f"--data.train={data}", f"--output.dir={out}",
+                                 f"--train.batch_size={B}", f"--train.steps={steps}", "--train.seed=7",
+                                 "--train.lr=1e-3", *extra])
+
+
+@pytest.mark.parametrize("task", ["doc_cls", "ner"])
+def test_packed_training_equals_unpacked(task, tmp_path, report):
+    _, cols, attrs = task_data(task, np.random.default_rng(80 + len(task)), n=4 * B, **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    train(task, data, tmp_path / "packed", ["--data.packing=true"])
+    train(task, data, tmp_path / "plain")
+    lp, lu = losses(tmp_path / "packed"), losses(tmp_path / "plain")
+    worst = max(abs(a - b) / abs(b) for a, b in zip(lp, lu))
+    sp, su = summary(tmp_path / "packed"), summary(tmp_path / "plain")
+    report(f"{task} training, 3 steps: packed vs unpacked max relative loss difference {worst:.1e}; "
+           f"{sp['mean_examples_per_row']:.2f} examples per row, padding computed "
+           f"{sp['padding_fraction']:.2f} vs {su['padding_fraction']:.2f}")
+    assert len(lp) == len(lu) == 3
+    # After updates the parameters carry step 1's rounding difference (AdamW normalises each
+    # gradient element, so a 1e-7 difference can move a near-zero element's update): 1e-5 still
+    # separates rounding from a wrong packing, which changes the loss in the first digits.
+    assert worst <= 1e-5, (lp, lu)
+    assert sp["packing"] is True and su["packing"] is False
+    assert sp["mean_examples_per_row"] > 2.0 and su["mean_examples_per_row"] == 1.0
+    assert sp["padding_fraction"] < su["padding_fraction"]
+
+
+def test_packing_errors(tmp_path):
+    _, cols, _ = task_data("doc_cls", np.random.default_rng(90), **SHORT)
+    cols["attention_mask"][3, 1] = 0  # a hole before the row's last real token
+    data = write(tmp_path / "d.h5", cols)
+    p = nr.run(MODEL + NO_DROPOUT + ["--run.task=doc_cls", f"--data.train={data}", "--train.steps=1",
+                                     f"--train.batch_size={B}", "--data.packing=true", "--data.shuffle=false",
+                                     f"--output.dir={tmp_path / 'hole'}"], check=False)
+    assert p.returncode != 0
+    assert "data.packing: example 3 of the batch has padding at position 1" in p.stdout + p.stderr
+    p = nr.run(MODEL + ["--run.task=doc_cls", "--run.backend=cuda", f"--data.train={data}",
+                        "--data.packing=true", f"--output.dir={tmp_path / 'cuda'}"], check=False)
+    assert p.returncode != 0 and "data.packing = true" in p.stdout + p.stderr
+    assert "run.backend = cuda" in p.stdout + p.stderr
