@@ -11,10 +11,12 @@
 #   nlptrain-longest        nlptrain --data.padding=longest           (batch at its longest row; data.pad_multiple auto = 1 on the cpu)
 #   hf-longest              hf_trainer.py --padding longest           (DataCollatorWithPadding-style)
 #   nlptrain-longest-group  ... --data.group_by_length=true
+#   nlptrain-packed         ... --data.packing=true (random order; several examples per row of the file's length)
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
 #   hf-longest-group-compile  ... --group-by-length --torch-compile --pad-multiple 8 (torch.compile, inductor)
 #   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has them)
 #   hf-longest-group-bf16     ... --group-by-length --bf16 (Trainer's bf16=True: autocast to bf16 on the CPU)
+#   nlptrain-packed-bf16      ... --data.packing=true --train.precision=bf16
 # (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
 # nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
 #
@@ -36,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 hf-longest-group-bf16"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -150,6 +152,7 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   case $s in *max_length) pad=max_length;; esac
   case $s in *-group|*-group-bf16) group=true;; esac
   case $s in *-bf16) extra+=("--train.precision=bf16");; esac
+  case $s in *-packed|*-packed-bf16) extra+=("--data.packing=true");; esac
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
   rm -rf "$out"
   timed "$name" mpirun --allow-run-as-root -np 1 --bind-to none "$BIN" --run.mode=train --run.task=$t \

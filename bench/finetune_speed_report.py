@@ -27,7 +27,8 @@ import statistics
 import sys
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
-            "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16", "hf-longest-group-bf16"]
+            "nlptrain-packed", "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16",
+            "nlptrain-packed-bf16", "hf-longest-group-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 
 
@@ -140,7 +141,7 @@ def collect(res_dir):
         side = setting.split("-", 1)[0]
         r = {"name": name, "task": task, "setting": setting, "side": side, "seed": int(seed),
              "padding": "max_length" if setting.endswith("max_length") else "longest",
-             "group_by_length": "-group" in setting, "bf16": setting.endswith("-bf16"), "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
+             "group_by_length": "-group" in setting, "packing": "-packed" in setting, "bf16": setting.endswith("-bf16"), "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
              "loadavg_before": tm.get("loadavg_before"), "loadavg_after": tm.get("loadavg_after"),
              "start": tm.get("start"), "completed": False}
         d = os.path.join(res_dir, "raw", name)
@@ -209,7 +210,7 @@ def main(argv):
             "trainer.train() wall time. real tok/s = sum of attention_mask over the trained batches / train s. "
             "vs HF fastest = train s / the smallest HF train s of that task and seed (< 1: faster); step ms: the "
             "median step after the first 20 (steady state), and its ratio to HF's fastest. wall s: the whole "
-            "process, evaluation included. len: computed positions per row; pad: share of computed positions "
+            "process, evaluation included. len: computed positions per row (packed: per example, rows holding several); pad: share of computed positions "
             "that are padding. load: 1-minute loadavg before → after the run. One run at a time.", ""]
     seeds = sorted({r["seed"] for r in runs})
     for seed in seeds:

@@ -114,7 +114,7 @@ void trim_to_longest(HostBatch& hb, int multiple) {
   hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
-void pack_rows(HostBatch& hb) {
+void pack_rows(HostBatch& hb, int multiple) {
   const int B = hb.B, T = hb.T;
   NLP_ASSERT(hb.E == 0 && T > 0);
   // each example's length: its attention_mask must be ones then zeros, and every target and
@@ -142,30 +142,47 @@ void pack_rows(HostBatch& hb) {
       throw Error(cat("data.packing: example ", b, " of the batch has no token (attention_mask all 0)"));
     len[b] = n;
   }
-  // first-fit, longest first (ties by index): row_of/off_of/seg_of of each example
+  // first-fit, longest first (ties by index), into rows of L positions: row_of/off_of/seg_of of each
+  // example; returns the number of rows
   std::vector<int> order(B);
   for (int b = 0; b < B; ++b) order[b] = b;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] > len[b]; });
   std::vector<int> fill, count, row_of(B), off_of(B), seg_of(B);
-  for (int b : order) {
-    size_t r = 0;
-    while (r < fill.size() && fill[r] + len[b] > T) ++r;
-    if (r == fill.size()) {
-      fill.push_back(0);
-      count.push_back(0);
+  auto place = [&](int L) {
+    fill.clear();
+    count.clear();
+    for (int b : order) {
+      size_t r = 0;
+      while (r < fill.size() && fill[r] + len[b] > L) ++r;
+      if (r == fill.size()) {
+        fill.push_back(0);
+        count.push_back(0);
+      }
+      row_of[b] = int(r);
+      off_of[b] = fill[r];
+      seg_of[b] = ++count[r];
+      fill[r] += len[b];
     }
-    row_of[b] = int(r);
-    off_of[b] = fill[r];
-    seg_of[b] = ++count[r];
-    fill[r] += len[b];
+    return static_cast<int>(fill.size());
+  };
+  // The row length: the file's, or (multiple > 0) the multiple of `multiple` from the longest example
+  // up to T whose rows hold the fewest positions (rows x length; the shortest on a tie)
+  int Tn = T;
+  if (multiple > 0) {
+    const int lo = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
+    int64_t best = int64_t(place(T)) * T;
+    for (int L = lo; L < T; L += multiple)
+      if (const int64_t cost = int64_t(place(L)) * L; cost <= best) {
+        if (cost < best || L < Tn) best = cost, Tn = L;
+      }
   }
-  const int R = static_cast<int>(fill.size());
-  const size_t n = size_t(R) * T;
+  const int R = place(Tn);
+  const size_t n = size_t(R) * Tn;
   std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0);
   hb.first.resize(B);
   hb.length.resize(B);
   for (int b = 0; b < B; ++b) {
-    const size_t src = size_t(b) * T, dst = size_t(row_of[b]) * T + off_of[b];
+    const size_t src = size_t(b) * T, dst = size_t(row_of[b]) * Tn + off_of[b];
     for (int t = 0; t < len[b]; ++t) {
       ids[dst + t] = hb.ids[src + t];
       mask[dst + t] = seg_of[b];
@@ -192,7 +209,7 @@ void pack_rows(HostBatch& hb) {
   }
   hb.E = B;
   hb.B = R;
-  hb.T_key = T;
+  hb.T = hb.T_key = Tn;
   hb.has_padding = true;  // the segment ids always go to attention
 }
 

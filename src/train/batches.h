@@ -53,12 +53,14 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
 // model computes the same outputs at the kept positions. T_key keeps the file's T (dropout keys).
 void trim_to_longest(HostBatch& hb, int multiple);
 
-// data.packing: the B examples of the batch share rows of length T, several to a row: first-fit of
-// the examples longest first (ties by index), each keeping positions 0..len-1 of its own row, where
-// len is one past its last attention_mask 1 (or target or answer position). Segment ids number the
-// examples of a row from 1 in order; the tail of a row is padding (0). MLM rows are renumbered.
-// Throws when an example has padding before its last token (the mask must be a prefix of ones).
-void pack_rows(HostBatch& hb);
+// data.packing: the B examples of the batch share rows, several to a row: first-fit of the examples
+// longest first (ties by index), each keeping positions 0..len-1 of its own (len: its attention_mask
+// ones). Segment ids number the examples of a row from 1 in the order placed; the tail of a row is
+// padding (0). MLM rows are renumbered. The rows are the file's length T when multiple == 0 (one
+// shape for every step, as CUDA graphs want), else the multiple of `multiple` between the longest
+// example and T that packs into the fewest positions (rows x length). Throws when an example's mask
+// is not ones then zeros, when a target or answer lies in its padding, or when it has no token.
+void pack_rows(HostBatch& hb, int multiple);
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

@@ -297,9 +297,12 @@ int run_train(Session& s) {
   }
   const bool pack = cfg.data.packing;
   if (pack)
-    s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows of ", T,
-                   " positions (first-fit, longest first; attention within each example, positions "
-                   "restarting); evaluation runs unpacked"));
+    s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
+                   "first; attention within each example, positions restarting) ",
+                   trim ? cat("of the length, a multiple of ", cfg.data.pad_multiple, " up to ", T,
+                              ", that needs the fewest positions")
+                        : cat("of ", T, " positions (data.padding = max_length)"),
+                   "; evaluation runs unpacked"));
   else
     s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
                           "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
@@ -327,7 +330,7 @@ int run_train(Session& s) {
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
       if (pack)
-        pack_rows(out[a]);
+        pack_rows(out[a], trim ? cfg.data.pad_multiple : 0);
       else if (trim)
         trim_to_longest(out[a], cfg.data.pad_multiple);
       c[0] += static_cast<double>(out[a].loss_units(s.task));
@@ -543,8 +546,9 @@ int run_train(Session& s) {
                   notes.computed_tokens / train_seconds, notes.real_tokens / train_seconds,
                   100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
     if (pack && notes.rows > 0)
-      s.log.info(cat("data: packing held ", notes.examples / notes.rows, " examples per row on average (",
-                     notes.examples, " examples in ", notes.rows, " rows)"));
+      s.log.info(cat("data: packing held ", std::lround(100 * notes.examples / notes.rows) / 100.0,
+                     " examples per row on average (", int64_t(notes.examples), " examples in ",
+                     int64_t(notes.rows), " rows)"));
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));

@@ -6,7 +6,8 @@ random length well below the file's T (so several examples fit a row):
 1. gradients mode, doc_cls / pair_cls / ner / mlm: loss and every gradient of the packed batch equal
    the unpacked batch's (data.padding = longest, itself checked against max_length and transformers)
    within 1e-5 relative, the packed batch has fewer rows than examples, and the outputs per example
-   (doc_cls logits; ner logits at each example's positions) equal the unpacked ones;
+   (doc_cls logits; ner logits at each example's positions) equal the unpacked ones; with
+   data.padding = max_length the packed rows keep the file's length (one shape for every step);
 2. qa: the packed loss and gradients equal the mean of each example run alone at its own length
    (its softmax spans the example's positions: a batch of one without padding);
 3. training: per-step losses of a packed run equal the unpacked run's (dropout off), summary.json
@@ -27,8 +28,9 @@ SHORT = dict(lo=3, hi=12)
 
 
 def packed_layout(out):
+    """Each example's first flat position and length, and the packed rows' length."""
     with h5py.File(out / "gradients.h5", "r") as f:
-        return np.asarray(f["example_first"]), np.asarray(f["example_length"])
+        return np.asarray(f["example_first"]), np.asarray(f["example_length"]), int(f.attrs["batch_len"])
 
 
 @pytest.mark.parametrize("task", ["doc_cls", "pair_cls", "ner", "mlm"])
@@ -39,9 +41,10 @@ def test_packed_gradients_equal_unpacked(task, tmp_path, report):
     plain = gradients(task, data, tmp_path / "plain", "longest")
     for k in ("example_first", "example_length"):
         packed.pop(k)
-    first, length = packed_layout(tmp_path / "packed")
+    first, length, row_len = packed_layout(tmp_path / "packed")
     assert np.array_equal(length, lengths)  # each example keeps its own positions
-    rows = len(set((first // T).tolist()))
+    assert max(lengths) <= row_len <= T
+    rows = len(set((first // row_len).tolist()))
     assert rows < B, f"{B} examples of {lengths.tolist()} tokens packed into {rows} rows of {T}"
     want_masked = packed.pop("masked_positions", None)
     plain.pop("masked_positions", None)
@@ -66,6 +69,22 @@ def test_packed_gradients_equal_unpacked(task, tmp_path, report):
             assert length[e] <= Tt
     else:  # mlm: every masked position kept, one logits row each
         assert len(want_masked) == int((cols["labels"] != -100).sum())
+
+
+def test_packing_with_max_length_keeps_the_file_row_length(tmp_path, report):
+    lengths, cols, attrs = task_data("ner", np.random.default_rng(65), **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    fixed = gradients("ner", data, tmp_path / "fixed", "max_length", extra=["--data.packing=true"])
+    plain = gradients("ner", data, tmp_path / "plain", "max_length")
+    first, length, row_len = packed_layout(tmp_path / "fixed")
+    assert row_len == T  # one shape for every step
+    rows = len(set((first // T).tolist()))
+    assert fixed["logits"].shape == (rows, T, NL) and rows < B
+    for k in ("example_first", "example_length", "logits"):
+        fixed.pop(k)
+    plain.pop("logits")
+    worst, top = compare_gradients(fixed, plain, report, f"ner packed into {rows} rows of {T} vs max_length")
+    assert worst[top] <= 1e-5, (top, worst[top])
 
 
 def test_qa_packed_equals_each_example_alone(tmp_path, report):

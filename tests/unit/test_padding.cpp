@@ -321,7 +321,7 @@ TEST(PackRows, FirstFitLongestFirstKeepsEveryColumnOfEachExample) {
   const std::vector<int> len = {5, 11, 3, 9, 4};
   const nlp::HostBatch full = padded_batch(len, T);
   nlp::HostBatch hb = full;
-  nlp::pack_rows(hb);
+  nlp::pack_rows(hb, 0);  // rows of the file's length
   ASSERT_EQ(hb.B, 2);
   ASSERT_EQ(hb.E, 5);
   EXPECT_EQ(hb.T, T);
@@ -360,15 +360,39 @@ TEST(PackRows, FirstFitLongestFirstKeepsEveryColumnOfEachExample) {
   EXPECT_EQ(got, want);
 }
 
+// With a multiple, the row length is the one with the fewest positions (rows x length), the shorter on
+// a tie. Lengths {5, 11, 3, 9, 4} (32 tokens), rows of up to 16, first-fit longest first: 11 -> 11 | 9 |
+// 5 4 | 3 = 44 positions; 12 -> 11 | 9 3 | 5 4 = 36; 13 -> 11 | 9 4 | 5 3 = 39; 14 -> 11 3 | 9 5 | 4 =
+// 42; 15 -> 11 4 | 9 5 | 3 = 45; 16 -> 11 5 | 9 4 3 = 32: 16 wins. Lengths {6, 6, 5, 4}: 6 -> 4 rows,
+// 24; 9 -> 6 | 6 | 5 4 = 27; 10 -> 6 4 | 6 | 5 = 30; 11 -> 6 5 | 6 4 = 22; 12 -> 6 6 | 5 4 = 24: 11
+// wins. With multiple 8 the candidates are 8 (4 rows, 32) and 16 (6 6 4 | 5, 32): the tie goes to 8.
+TEST(PackRows, ChoosesTheRowLengthWithTheFewestPositions) {
+  nlp::HostBatch a = padded_batch({5, 11, 3, 9, 4}, 16);
+  nlp::pack_rows(a, 1);
+  EXPECT_EQ(a.T, 16);
+  EXPECT_EQ(a.B, 2);
+  nlp::HostBatch b = padded_batch({6, 6, 5, 4}, 16);
+  nlp::pack_rows(b, 1);
+  EXPECT_EQ(b.T, 11);
+  EXPECT_EQ(b.B, 2);
+  EXPECT_EQ(b.T_key, 11);
+  EXPECT_EQ(b.ids.size(), size_t(22));
+  EXPECT_EQ(b.first, (std::vector<int32_t>{0, 11, 6, 17}));
+  nlp::HostBatch c = padded_batch({6, 6, 5, 4}, 16);
+  nlp::pack_rows(c, 8);
+  EXPECT_EQ(c.T, 8);
+  EXPECT_EQ(c.B, 4);
+}
+
 TEST(PackRows, RejectsAMaskThatIsNotOnesThenZeros) {
   nlp::HostBatch hole = padded_batch({5, 6}, 16);
   hole.mask[size_t(1) * 16 + 2] = 0;
-  EXPECT_THROW(nlp::pack_rows(hole), nlp::Error);
+  EXPECT_THROW(nlp::pack_rows(hole, 1), nlp::Error);
   nlp::HostBatch empty = padded_batch({5, 0}, 16);
-  EXPECT_THROW(nlp::pack_rows(empty), nlp::Error);
+  EXPECT_THROW(nlp::pack_rows(empty, 1), nlp::Error);
   nlp::HostBatch answer = padded_batch({5, 6}, 16);
   answer.start[0] = 7;  // past its 5 tokens
-  EXPECT_THROW(nlp::pack_rows(answer), nlp::Error);
+  EXPECT_THROW(nlp::pack_rows(answer, 1), nlp::Error);
 }
 
 // One packed row of three examples (lengths 5, 9, 6) and a padding tail, against each example alone
