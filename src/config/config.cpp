@@ -196,11 +196,11 @@ const std::vector<Entry>& schema() {
        "training: the examples of each micro-batch (train.batch_size of them, as without packing) "
        "share rows, several to a row (first-fit, longest first), with a segment id per token: "
        "attention stays within each example, positions restart, and each keeps its own [CLS] pooling, "
-       "labels or answer span; the same loss and gradients as unpacked up to fp32 summation order (qa: "
-       "the softmax spans the example's own positions). Rows are as long as the multiple of "
-       "data.pad_multiple (up to the file's length) that packs into the fewest positions, or the "
-       "file's length with data.padding = max_length. Dropout masks are drawn at packed positions. "
-       "Evaluation runs unpacked. cpu backend; bert tasks"},
+       "labels or answer span and its dropout masks: the same losses and gradients as unpacked up to "
+       "fp32 summation order (qa: the softmax spans the example's own positions). Rows are as long "
+       "as the multiple of data.pad_multiple (up to the file's length) that packs into the fewest "
+       "positions, or the file's length with data.padding = max_length. Evaluation runs unpacked. "
+       "cpu backend; bert tasks"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "

@@ -34,11 +34,18 @@ constexpr int32_t kIgnoreIndex = -100;
 // (one example) are keyed as if they had `row_key` = T_key*C elements, i.e. at index
 // (i / row) * row_key + i % row, the index of the same (example, position, channel) in the batch
 // padded to T_key. row == 0 (the default) or row == row_key: the flat index i.
+// Packed rows (several examples to a row) give each token its key instead: token_key[B*T] (backend
+// memory) = example * T_key + position in the example, and element i of token r = i / width is keyed
+// at token_key[r] * width + i % width: again the index of the same element in the padded batch.
 struct DropRows {
   size_t row = 0, row_key = 0;
+  const int32_t* token_key = nullptr;
+  size_t width = 0;
 };
-// The DropRows of a [B, T, C] tensor whose examples are keyed at T_key positions (0 = T).
-inline DropRows drop_rows(int T, int T_key, int C) {
+// The DropRows of a [B, T, C] tensor whose examples are keyed at T_key positions (0 = T), or by
+// token_key (packed rows; nullable).
+inline DropRows drop_rows(int T, int T_key, int C, const int32_t* token_key = nullptr) {
+  if (token_key) return DropRows{0, 0, token_key, size_t(C)};
   return DropRows{size_t(T) * C, size_t(key_length(T, T_key)) * C};
 }
 
@@ -155,18 +162,21 @@ class Backend {
   // Attention dropout on the probabilities uses mask element index ((b*NH + h)*Tk + i)*Tk + j on the
   // native paths, Tk = T_key (0 = T): the example's untrimmed length, so that a batch trimmed to its
   // longest row draws the padded batch's mask (a fused path draws its own mask: same seed, same
-  // mask, but not this one).
+  // mask, but not this one). Packed rows pass token_key[B,T] (DropRows): b, i and j are then the
+  // example and the positions in it that token_key gives (example * Tk + position), so a packed
+  // batch draws the padded batch's mask too.
   // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const int32_t* attn_mask, bool causal, float dropout_p,
-                                 uint64_t seed, int B, int T, int NH, int HS, int T_key = 0) = 0;
+                                 uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
+                                 const int32_t* token_key = nullptr) = 0;
   // dqkv[B,T,3C] += ... ; att as saved by attention_forward with the same arguments;
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
-                                  int HS, int T_key = 0) = 0;
+                                  int HS, int T_key = 0, const int32_t* token_key = nullptr) = 0;
   // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
   // this shape (the model's activation arena asks before carving). Default: B*NH*T*T each, the
   // probabilities and their gradient.

@@ -201,8 +201,9 @@ class Bert final : public Model {
                           b.pos);
     be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
                           mc_.layer_norm_eps);
-    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B), drop_rows(T, b.T_key, C));
-    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key);
+    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
+                        drop_rows(T, b.T_key, C, b.token_key));
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key);
     return head_forward(b, training, seed);
   }
 
@@ -216,11 +217,11 @@ class Bert final : public Model {
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
-                    &grad_ready_);
+                    &grad_ready_, b.token_key);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
-                         drop_rows(T, b.T_key, C));
+                         drop_rows(T, b.T_key, C, b.token_key));
     be_.zero(dres_a_, n * f);
     be_.layernorm_backward(dres_a_, ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
                            emb_mean_, emb_rstd_, BT, C);
@@ -274,7 +275,8 @@ class Bert final : public Model {
         return be_.sum(losses_, E);
       }
       case Task::Ner: {
-        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed, drop_rows(T, b.T_key, C));
+        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed,
+                            drop_rows(T, b.T_key, C, b.token_key));
         be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), BT, C, NL_, WLayout::OutIn);
         if (!b.targets) return 0;
         be_.crossentropy_forward(losses_, logits_, b.targets, BT, NL_);
@@ -354,7 +356,8 @@ class Bert final : public Model {
         be_.zero(dh1_, size_t(BT) * C * f);
         be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), BT, C,
                             NL_, WLayout::OutIn);
-        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed, drop_rows(T, b.T_key, C));
+        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed,
+                             drop_rows(T, b.T_key, C, b.token_key));
         return;
       }
       case Task::Qa: {

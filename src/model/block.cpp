@@ -89,10 +89,10 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
                      BlockSeeds seeds, int B, int T) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const size_t n = size_t(BT) * C;
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
+  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS, seeds.T_key);
+                       HS, seeds.T_key, seeds.token_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
   be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
   be.add(a.res1, a.res1, x, n);
@@ -111,7 +111,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                       float p_resid, BlockSeeds seeds, int B, int T) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF, f = sizeof(float);
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
+  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
   float* d_r2 = s.d_c2;   // grad of LN2's input
   float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
   be.zero(d_r2, n * f);
@@ -140,7 +140,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
   be.zero(s.d_qkv, 3 * n * f);
   be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
 
@@ -157,13 +157,13 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
     post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
   }
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
+  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
 
   // attention sub-block: res1[BT,C] = x + drop(proj(attn(LN1(x))))
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
   be.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS, seeds.T_key);
+                       HS, seeds.T_key, seeds.token_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
   be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
   be.add(a.res1, a.res1, x, n);
@@ -190,7 +190,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
     post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T);
     return;
   }
-  const DropRows rows = drop_rows(T, seeds.T_key, C);
+  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
 
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
   be.copy(s.d_res1, dout, n * f);
@@ -214,7 +214,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.matmul_backward(s.d_c2, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
   be.zero(s.d_qkv, 3 * n * f);
   be.attention_backward(s.d_qkv, s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key);
   be.zero(s.d_c1, n * f);
   be.matmul_backward(s.d_c1, gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C, c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,
@@ -254,13 +254,21 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
   scratch_ = carve_block_scratch(base, config, att, B, T);
 }
 
+namespace {
+BlockSeeds keyed(BlockSeeds s, const int32_t* token_key) {
+  s.token_key = token_key;
+  return s;
+}
+}  // namespace
+
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
-                                 bool training, uint64_t seed, int B, int T, int T_key) {
+                                 bool training, uint64_t seed, int B, int T, int T_key,
+                                 const int32_t* token_key) {
   check_fits(be, B, T);
   const float* x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
-                  block_seeds(seed, int(l), T_key), B, T);
+                  keyed(block_seeds(seed, int(l), T_key), token_key), B, T);
     x = acts_[l].out;
   }
   return x;
@@ -299,7 +307,8 @@ size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
 
 void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                           const int32_t* mask, bool training, uint64_t seed, int B, int T,
-                          int T_key, const std::function<void(size_t)>* ready) {
+                          int T_key, const std::function<void(size_t)>* ready,
+                          const int32_t* token_key) {
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
@@ -308,11 +317,12 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
       // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.
       BlockActs a = work_;
       block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
-                    block_seeds(seed, l, T_key), B, T);
+                    keyed(block_seeds(seed, l, T_key), token_key), B, T);
     }
     be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
-                   acts_[l], scratch_, db, da, x, mask, training, block_seeds(seed, l, T_key), B, T);
+                   acts_[l], scratch_, db, da, x, mask, training, keyed(block_seeds(seed, l, T_key), token_key),
+                   B, T);
     std::swap(da, db);
     if (ready && *ready) (*ready)(layer_begin(ps, l));
   }

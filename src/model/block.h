@@ -79,6 +79,7 @@ BlockScratch carve_block_scratch(float* base, const BlockConfig& c, const AttnSi
 struct BlockSeeds {
   uint64_t attn, resid1, resid2;
   int T_key = 0;
+  const int32_t* token_key = nullptr;  // packed rows: each token's key (backend.h DropRows)
 };
 // The seeds of block `layer` in a forward pass seeded by `seed` (same derivation for every model).
 BlockSeeds block_seeds(uint64_t seed, int layer, int T_key);
@@ -116,13 +117,15 @@ class BlockStack {
   void carve(Backend& be, float* base, int B, int T);  // lay them out in base (numel(be, B, T) floats)
   // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers).
   // T_key: the row length dropout masks are keyed by (DeviceBatch::T_key).
+  // token_key (nullable): packed rows' per-token dropout keys (DeviceBatch::token_key).
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
-                       bool training, uint64_t seed, int B, int T, int T_key);
+                       bool training, uint64_t seed, int B, int T, int T_key,
+                       const int32_t* token_key = nullptr);
   // *da holds d xL on entry (consumed) and d x0 on return; *db is workspace; both [BT,C].
   // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
   void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                 const int32_t* mask, bool training, uint64_t seed, int B, int T, int T_key,
-                const std::function<void(size_t)>* ready = nullptr);
+                const std::function<void(size_t)>* ready = nullptr, const int32_t* token_key = nullptr);
   // The range [begin, end) of block l's tensors in the parameter/gradient arenas (the tensors of a
   // block are registered one after the other, so the range holds only that block's tensors).
   size_t layer_begin(const ParamStore& ps, int l) const;

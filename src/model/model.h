@@ -38,8 +38,11 @@ struct DeviceBatch {
   // position b*T+t of each example's first token ([CLS]); first_host and length_host (host memory,
   // [E] each) give each example's first position and length, for qa's per-example softmax.
   // Unpacked: E = 0 (one example per row), pos/first null.
+  // token_key [B,T]: each token's dropout key, example * T_key + position (backend.h DropRows), so
+  // that a packed batch draws the padded batch's masks.
   int E = 0;
   const int32_t* pos = nullptr;
+  const int32_t* token_key = nullptr;
   const int32_t* first = nullptr;
   const int32_t* first_host = nullptr;
   const int32_t* length_host = nullptr;

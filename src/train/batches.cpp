@@ -178,7 +178,8 @@ void pack_rows(HostBatch& hb, int multiple) {
   }
   const int R = place(Tn);
   const size_t n = size_t(R) * Tn;
-  std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0);
+  std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0), keys(n, 0);
+  const int Tk = key_length(T, hb.T_key);  // dropout keys: the padded batch's layout
   hb.first.resize(B);
   hb.length.resize(B);
   for (int b = 0; b < B; ++b) {
@@ -189,6 +190,7 @@ void pack_rows(HostBatch& hb, int multiple) {
       targets[dst + t] = hb.targets[src + t];
       types[dst + t] = hb.type_ids[src + t];
       pos[dst + t] = t;
+      keys[dst + t] = b * Tk + t;
     }
     hb.first[b] = static_cast<int32_t>(dst);
     hb.length[b] = len[b];
@@ -198,6 +200,7 @@ void pack_rows(HostBatch& hb, int multiple) {
   hb.targets.swap(targets);
   hb.type_ids.swap(types);
   hb.pos.swap(pos);
+  hb.token_key.swap(keys);
   if (!hb.rows.empty()) {  // mlm: the scored positions again, in flat order of the packed rows
     hb.rows.clear();
     hb.row_targets.clear();
@@ -209,7 +212,8 @@ void pack_rows(HostBatch& hb, int multiple) {
   }
   hb.E = B;
   hb.B = R;
-  hb.T = hb.T_key = Tn;
+  hb.T = Tn;
+  hb.T_key = Tk;
   hb.has_padding = true;  // the segment ids always go to attention
 }
 
@@ -218,8 +222,8 @@ DeviceBatchBuffer::~DeviceBatchBuffer() { be_.release(buf_); }
 DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
-  const size_t np = hb.pos.size(), nf = hb.first.size();
-  const size_t need = 4 * n + 3 * b + 2 * r + np + nf;
+  const size_t np = hb.pos.size(), nk = hb.token_key.size(), nf = hb.first.size();
+  const size_t need = 4 * n + 3 * b + 2 * r + np + nk + nf;
   if (need > cap_) {
     be_.release(buf_);
     buf_ = static_cast<int32_t*>(be_.alloc(need * sizeof(int32_t)));
@@ -251,6 +255,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   if (hb.E > 0) {
     db.E = hb.E;
     db.pos = put(hb.pos, n);
+    db.token_key = put(hb.token_key, n);
     db.first = put(hb.first, b);
     db.first_host = hb.first.data();
     db.length_host = hb.length.data();

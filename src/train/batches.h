@@ -23,11 +23,12 @@ struct HostBatch {
   std::vector<int32_t> labels, start, end;            // [B]
   std::vector<int32_t> rows, row_targets;  // mlm: positions with a target, and the targets
   // Packed (pack_rows): B rows hold E examples; mask holds segment ids (1, 2, ... per row, 0 =
-  // padding), pos the position ids (restarting in each example); per example e < E: first[e] =
+  // padding), pos the position ids (restarting in each example), token_key the dropout key of each
+  // token (example * T_key + position: its place in the padded batch); per example e < E: first[e] =
   // the flat position (row * T + offset) of its first token, length[e] its positions. labels,
   // start, end stay per example (start/end relative to the example). Unpacked: E = 0, all empty.
   int E = 0;
-  std::vector<int32_t> pos, first, length;
+  std::vector<int32_t> pos, token_key, first, length;
   bool has_padding = false;  // any mask value 0 (else the mask is not passed to attention)
   // Number of loss terms (the loss is their mean): target tokens (clm, mlm, ner), labelled
   // sequences (doc_cls, pair_cls), or questions (qa).

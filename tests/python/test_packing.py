@@ -10,8 +10,9 @@ random length well below the file's T (so several examples fit a row):
    data.padding = max_length the packed rows keep the file's length (one shape for every step);
 2. qa: the packed loss and gradients equal the mean of each example run alone at its own length
    (its softmax spans the example's positions: a batch of one without padding);
-3. training: per-step losses of a packed run equal the unpacked run's (dropout off), summary.json
-   reports packing, more than one example per row and less padding computed;
+3. training with hidden and attention dropout on (and mlm's dynamic masking): per-step losses of a
+   packed run equal the unpacked run's (the masks are keyed by each token's example and position),
+   summary.json reports packing, more than one example per row and less padding computed;
 4. errors: packing on the cuda backend or with clm, and a mask that is not ones-then-zeros, stop
    with a message naming the key and the example.
 """
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import nlp_run as nr
-from test_padding import (B, MODEL, NL, NO_DROPOUT, T, compare_gradients, gradients, losses,
+from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, T, compare_gradients, gradients, losses,
                           max_rel, summary, task_data, write)
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
@@ -115,28 +116,34 @@ def test_qa_packed_equals_each_example_alone(tmp_path, report):
 
 
 def train(task, data, out, extra=(), steps=3):
-    nr.run(MODEL + NO_DROPOUT + [f"--run.task={task}", f"--data.train={data}", f"--output.dir={out}",
-                                 f"--train.batch_size={B}", f"--train.steps={steps}", "--train.seed=7",
-                                 "--train.lr=1e-3", *extra])
+    nr.run(MODEL + DROPOUT + [f"--run.task={task}", f"--data.train={data}", f"--output.dir={out}",
+                              f"--train.batch_size={B}", f"--train.steps={steps}", "--train.seed=7",
+                              "--train.lr=1e-3", *extra])
 
 
-@pytest.mark.parametrize("task", ["doc_cls", "ner"])
-def test_packed_training_equals_unpacked(task, tmp_path, report):
-    _, cols, attrs = task_data(task, np.random.default_rng(80 + len(task)), n=4 * B, **SHORT)
+@pytest.mark.parametrize("task", ["doc_cls", "ner", "mlm"])
+def test_packed_training_equals_unpacked_with_dropout(task, tmp_path, report):
+    # hidden and attention dropout on (and mlm's dynamic masking): the masks are keyed by each token's
+    # (example, position) in the padded batch, so packed and unpacked runs draw the same ones
+    _, cols, attrs = task_data(task, np.random.default_rng(80 + len(task)), n=4 * B, dynamic_mlm=True,
+                               **SHORT)
     data = write(tmp_path / "d.h5", cols, attrs)
     train(task, data, tmp_path / "packed", ["--data.packing=true"])
     train(task, data, tmp_path / "plain")
-    lp, lu = losses(tmp_path / "packed"), losses(tmp_path / "plain")
+    train(task, data, tmp_path / "seed", ["--data.packing=true", "--train.seed=8"])
+    lp, lu, ls = losses(tmp_path / "packed"), losses(tmp_path / "plain"), losses(tmp_path / "seed")
     worst = max(abs(a - b) / abs(b) for a, b in zip(lp, lu))
     sp, su = summary(tmp_path / "packed"), summary(tmp_path / "plain")
-    report(f"{task} training, 3 steps: packed vs unpacked max relative loss difference {worst:.1e}; "
-           f"{sp['mean_examples_per_row']:.2f} examples per row, padding computed "
+    report(f"{task} training with dropout, 3 steps: packed vs unpacked max relative loss difference "
+           f"{worst:.1e}; {sp['mean_examples_per_row']:.2f} examples per row, padding computed "
            f"{sp['padding_fraction']:.2f} vs {su['padding_fraction']:.2f}")
     assert len(lp) == len(lu) == 3
     # After updates the parameters carry step 1's rounding difference (AdamW normalises each
     # gradient element, so a 1e-7 difference can move a near-zero element's update): 1e-5 still
-    # separates rounding from a wrong packing, which changes the loss in the first digits.
+    # separates rounding from other dropout masks (another seed) or a wrong packing, which change
+    # the loss in the first digits.
     assert worst <= 1e-5, (lp, lu)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ls, lp)) > 1e-3  # the masks matter
     assert sp["packing"] is True and su["packing"] is False
     assert sp["mean_examples_per_row"] > 2.0 and su["mean_examples_per_row"] == 1.0
     assert sp["padding_fraction"] < su["padding_fraction"]

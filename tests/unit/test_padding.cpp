@@ -339,6 +339,7 @@ TEST(PackRows, FirstFitLongestFirstKeepsEveryColumnOfEachExample) {
       EXPECT_EQ(hb.type_ids[i], full.type_ids[j]);
       EXPECT_EQ(hb.mask[i], seg[e]);
       EXPECT_EQ(hb.pos[i], t);
+      EXPECT_EQ(hb.token_key[i], e * T + t);  // the padded batch's (example, position)
       ++real;
     }
   int64_t zeros = 0;  // everything else is padding: segment 0, no target
@@ -375,7 +376,7 @@ TEST(PackRows, ChoosesTheRowLengthWithTheFewestPositions) {
   nlp::pack_rows(b, 1);
   EXPECT_EQ(b.T, 11);
   EXPECT_EQ(b.B, 2);
-  EXPECT_EQ(b.T_key, 11);
+  EXPECT_EQ(b.T_key, 16);  // dropout keys stay those of the file's rows
   EXPECT_EQ(b.ids.size(), size_t(22));
   EXPECT_EQ(b.first, (std::vector<int32_t>{0, 11, 6, 17}));
   nlp::HostBatch c = padded_batch({6, 6, 5, 4}, 16);
@@ -433,6 +434,67 @@ TEST(PackedAttention, EachSegmentEqualsItsExampleAlone) {
     // the tail's k and v are attended by nobody but the tail, whose dout is zero
     for (size_t k = size_t(20) * 3 * C; k < dq.size(); ++k) ASSERT_EQ(dq[k], 0.f) << k;
   }
+}
+
+// With dropout: a packed row (token_key = example * Tk + position) draws the masks of the padded
+// batch [3, Tk] with a 0/1 mask, so outputs and q/k/v gradients at the examples' positions agree to
+// fp32 summation order; the hidden-state dropout (DropRows with token_key) agrees bitwise. Without
+// the keys (T_key alone) the packed row draws other masks and differs.
+TEST(PackedAttention, TokenKeysDrawThePaddedBatchsDropoutMasks) {
+  const int T = 24, Tk = 10, NH = 2, HS = 8, C = NH * HS, E = 3;
+  const std::vector<int> len = {5, 9, 6}, off = {0, 5, 14};
+  const float p = 0.25f;
+  const uint64_t seed = 777;
+  const VF qkv = randn(size_t(T) * 3 * C, 31);
+  VF dout = randn(size_t(T) * C, 32);
+  std::fill(dout.begin() + size_t(20) * C, dout.end(), 0.f);
+  std::vector<int32_t> seg(T, 0), key(T, 0), mask(size_t(E) * Tk, 0);
+  VF qkv_pad(size_t(E) * Tk * 3 * C, 0.f), dout_pad(size_t(E) * Tk * C, 0.f);
+  for (int e = 0; e < E; ++e)
+    for (int t = 0; t < len[e]; ++t) {
+      const int i = off[e] + t;
+      seg[size_t(i)] = e + 1;
+      key[size_t(i)] = e * Tk + t;
+      mask[size_t(e) * Tk + t] = 1;
+      std::copy_n(qkv.begin() + size_t(i) * 3 * C, 3 * C, qkv_pad.begin() + (size_t(e) * Tk + t) * 3 * C);
+      std::copy_n(dout.begin() + size_t(i) * C, C, dout_pad.begin() + (size_t(e) * Tk + t) * C);
+    }
+  auto run = [&](int B, int Tr, const VF& q, const VF& d, const std::vector<int32_t>& m, int T_key,
+                 const int32_t* tk, VF& out, VF& dq) {
+    VF att(be().attention_saved_floats(B, Tr, NH, HS)), scr(be().attention_scratch_floats(B, Tr, NH, HS));
+    out.assign(size_t(B) * Tr * C, 0.f);
+    dq.assign(size_t(B) * Tr * 3 * C, 0.f);
+    be().attention_forward(out.data(), att.data(), q.data(), m.data(), false, p, seed, B, Tr, NH, HS, T_key, tk);
+    be().attention_backward(dq.data(), scr.data(), d.data(), q.data(), att.data(), m.data(), false, p, seed, B,
+                            Tr, NH, HS, T_key, tk);
+  };
+  VF out_p, dq_p, out_r, dq_r, out_u, dq_u;
+  run(1, T, qkv, dout, seg, Tk, key.data(), out_p, dq_p);
+  run(E, Tk, qkv_pad, dout_pad, mask, 0, nullptr, out_r, dq_r);
+  run(1, T, qkv, dout, seg, Tk, nullptr, out_u, dq_u);  // keyed by row position: other masks
+  double worst = 0, unkeyed = 0;
+  for (int e = 0; e < E; ++e)
+    for (int t = 0; t < len[e]; ++t) {
+      const size_t i = size_t(off[e] + t), r = size_t(e) * Tk + t;
+      for (int c = 0; c < C; ++c) {
+        worst = std::max(worst, std::abs(double(out_p[i * C + c]) - out_r[r * C + c]));
+        unkeyed = std::max(unkeyed, std::abs(double(out_u[i * C + c]) - out_r[r * C + c]));
+      }
+      for (int c = 0; c < 3 * C; ++c)
+        worst = std::max(worst, std::abs(double(dq_p[i * 3 * C + c]) - dq_r[r * 3 * C + c]));
+    }
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_GT(unkeyed, 1e-2);
+  // hidden-state dropout on [T, C] keyed per token equals the padded [E, Tk, C] dropout, bitwise
+  const VF x = randn(size_t(T) * C, 33);
+  VF x_pad(size_t(E) * Tk * C, 0.f), y(x.size()), y_pad(x_pad.size());
+  for (int e = 0; e < E; ++e)
+    std::copy_n(x.begin() + size_t(off[e]) * C, size_t(len[e]) * C, x_pad.begin() + size_t(e) * Tk * C);
+  be().dropout_forward(y.data(), x.data(), x.size(), p, seed, nlp::drop_rows(T, Tk, C, key.data()));
+  be().dropout_forward(y_pad.data(), x_pad.data(), x_pad.size(), p, seed);
+  for (int e = 0; e < E; ++e)
+    for (int k = 0; k < len[e] * C; ++k)
+      ASSERT_EQ(y[size_t(off[e]) * C + k], y_pad[size_t(e) * Tk * C + k]) << e << " " << k;
 }
 
 // Position ids: packed rows look up (and scatter into) the position each token has in its example.

@@ -112,6 +112,17 @@ inline void key_spans(int* lo, int* hi, const int* seg, int T, bool causal, int*
   }
 }
 
+// Attention dropout keys (backend.h): row i of head h draws key j's mask at base + j, with base =
+// ((b*NH + h)*Tk + i)*Tk; packed rows (token_key = example * Tk + position) use the example and the
+// positions in it, so that the same (example, head, position, position) draws the same mask as in
+// the padded batch. Keys of row i's example sit at j = position + (i - its position): base subtracts
+// that offset (modulo 2^64, and the sum base + j adds it back).
+inline uint64_t drop_base(const int32_t* token_key, int b, int h, int i, int T, int NH, uint64_t Tk) {
+  if (!token_key) return (((uint64_t)b * NH + h) * Tk + (uint64_t)i) * Tk;
+  const uint64_t v = (uint64_t)token_key[(size_t)b * T + i], e = v / Tk, pi = v % Tk;
+  return ((e * NH + h) * Tk + pi) * Tk - ((uint64_t)i - pi);
+}
+
 // The keys a block of rows [i0, i0 + n) may see: [*jlo, *jhi), jlo rounded down to a multiple of 16
 // (so that 16-wide tiles from there stay inside the Tp-padded buffers); 0, 0 when none.
 inline void block_span(const int* lo, const int* hi, int i0, int n, int* jlo, int* jhi) {
@@ -127,7 +138,7 @@ inline void block_span(const int* lo, const int* hi, int i0, int n, int* jlo, in
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                       int T_key) {
+                       int T_key, const int32_t* token_key) {
   const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
   const int Tp = round16(T), Hp = round16(HS);
@@ -191,7 +202,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           for (int j = jhi; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
           if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
-            const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
+            const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
 #pragma omp simd
             for (int j = jlo; j < jhi; ++j)
               srow[j] = arow[j] * (uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f);
@@ -220,7 +231,8 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
 // scratch is not needed by this implementation (per-thread buffers instead).
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
-                        uint64_t seed, int B, int T, int NH, int HS, int T_key) {
+                        uint64_t seed, int B, int T, int NH, int HS, int T_key,
+                        const int32_t* token_key) {
   (void)scratch;
   const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
@@ -271,7 +283,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         float* __restrict aprow = ap.data() + (size_t)i * Tp;
         float* __restrict kf = kfrow.data();
         const int jlo = lo[i], jhi = hi[i];
-        const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;
+        const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
         if (drop) {
 #pragma omp simd
           for (int j = jlo; j < jhi; ++j) {

@@ -182,25 +182,26 @@ class CpuBackend final : public Backend {
   void scale(float* x, float s, size_t N) override { cpu::scale(x, s, N); }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
                        DropRows rows) override {
-    cpu::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key);
+    cpu::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override {
-    cpu::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key);
+    cpu::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
   }
 
   // ---- attention ----
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key) override {
-    cpu::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key);
+                         int HS, int T_key, const int32_t* token_key) override {
+    cpu::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
+                           token_key);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key) override {
+                          int HS, int T_key, const int32_t* token_key) override {
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B,
-                            T, NH, HS, T_key);
+                            T, NH, HS, T_key, token_key);
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
                         int pos, int Tmax, int NH, int HS) override {

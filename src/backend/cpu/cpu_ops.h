@@ -53,17 +53,20 @@ void add(float* out, const float* a, const float* b, size_t N);
 void accumulate(float* dst, const float* src, size_t N);
 void scale(float* x, float s, size_t N);
 void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
-                     size_t row = 0, size_t row_key = 0);
+                     size_t row = 0, size_t row_key = 0, const int32_t* token_key = nullptr,
+                     size_t width = 0);
 void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
-                      size_t row = 0, size_t row_key = 0);
+                      size_t row = 0, size_t row_key = 0, const int32_t* token_key = nullptr,
+                      size_t width = 0);
 
 // attention.cpp
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                       int T_key = 0);
+                       int T_key = 0, const int32_t* token_key = nullptr);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
-                        uint64_t seed, int B, int T, int NH, int HS, int T_key = 0);
+                        uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
+                        const int32_t* token_key = nullptr);
 void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
                       int pos, int Tmax, int NH, int HS);
 

@@ -52,9 +52,18 @@ void drop_bwd_row(float* __restrict dinp, const float* __restrict dout, size_t n
 }
 
 // Calls row_fn(first element, count, first key) over [0, N) in rows keyed as above, in parallel; a
-// single row (flat keys) is cut into chunks so that both threads work.
+// single row (flat keys) is cut into chunks so that both threads work. With token_key: rows of
+// `width` elements, row r keyed from token_key[r] * width (packed rows, DropRows).
 template <class RowFn>
-void for_keyed_rows(size_t N, size_t row, size_t row_key, RowFn row_fn) {
+void for_keyed_rows(size_t N, size_t row, size_t row_key, const int32_t* token_key, size_t width,
+                    RowFn row_fn) {
+  if (token_key) {
+    const size_t rows = (N + width - 1) / width;
+#pragma omp parallel for schedule(static) if (N >= kParallelMin / 8)
+    for (size_t r = 0; r < rows; ++r)
+      row_fn(r * width, std::min(width, N - r * width), uint64_t(token_key[r]) * width);
+    return;
+  }
   if (row == 0 || row == row_key || row >= N) {  // flat keys
     constexpr size_t kChunk = 4096;
     const size_t chunks = (N + kChunk - 1) / kChunk;
@@ -78,14 +87,14 @@ void for_keyed_rows(size_t N, size_t row, size_t row_key, RowFn row_fn) {
 // out[N] = inp * keep(i) / (1-p), keep(i) = uniform01(seed, key(i)) >= p, key(i) = keyed_index(i,
 // row, row_key) (Backend's DropRows); p == 0 copies (out may alias inp)
 void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, size_t row,
-                     size_t row_key) {
+                     size_t row_key, const int32_t* token_key, size_t width) {
   if (p <= 0.0f) {
     if (out != inp) std::memmove(out, inp, N * sizeof(float));
     return;
   }
   const float s = dropout_scale(p);
   if (out == inp) {  // in place: the row function's restrict pointers need distinct buffers
-    for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+    for_keyed_rows(N, row, row_key, token_key, width, [&](size_t i0, size_t n, uint64_t k0) {
       float tmp[4096];
       for (size_t j = 0; j < n; j += 4096) {
         const size_t m = std::min<size_t>(4096, n - j);
@@ -95,20 +104,20 @@ void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t s
     });
     return;
   }
-  for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+  for_keyed_rows(N, row, row_key, token_key, width, [&](size_t i0, size_t n, uint64_t k0) {
     drop_fwd_row(out + i0, inp + i0, n, p, s, seed, k0);
   });
 }
 
 // dinp[N] += dout * keep(i) / (1-p)
 void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed, size_t row,
-                      size_t row_key) {
+                      size_t row_key, const int32_t* token_key, size_t width) {
   if (p <= 0.0f) {
     accumulate(dinp, dout, N);
     return;
   }
   const float s = dropout_scale(p);
-  for_keyed_rows(N, row, row_key, [&](size_t i0, size_t n, uint64_t k0) {
+  for_keyed_rows(N, row, row_key, token_key, width, [&](size_t i0, size_t n, uint64_t k0) {
     drop_bwd_row(dinp + i0, dout + i0, n, p, s, seed, k0);
   });
 }

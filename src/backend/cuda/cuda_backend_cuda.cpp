@@ -224,6 +224,7 @@ class CudaBackend final : public Backend {
   }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
                        DropRows rows) override {
+    if (rows.token_key) throw Error("cuda backend: per-token dropout keys (data.packing) are not supported yet");
     if (p <= 0.0f) {
       copy(out, inp, N * sizeof(float));
       return;
@@ -232,6 +233,7 @@ class CudaBackend final : public Backend {
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override {
+    if (rows.token_key) throw Error("cuda backend: per-token dropout keys (data.packing) are not supported yet");
     if (p <= 0.0f) {
       accumulate(dinp, dout, N);
       return;
@@ -255,7 +257,8 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key) override {
+                         int HS, int T_key, const int32_t* token_key) override {
+    if (token_key) throw Error("cuda backend: packed attention (data.packing) is not supported yet");
     if (fused(B, T, NH, HS)) {  // cuDNN draws its own mask (backend.h): T_key does not apply
       fused_->forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_forward (cuDNN)");
@@ -268,7 +271,8 @@ class CudaBackend final : public Backend {
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key) override {
+                          int HS, int T_key, const int32_t* token_key) override {
+    if (token_key) throw Error("cuda backend: packed attention (data.packing) is not supported yet");
     if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
       fused_->backward(dqkv, scratch, dout, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_backward (cuDNN)");
