@@ -48,7 +48,19 @@ struct DropInfo {
   float p, scale;  // dropout probability and 1/(1-p)
   uint64_t seed;
   int T;           // the mask's key length T_key (core/backend.h): element (bh, i, j) draws at ((bh*T + i)*T + j)
+  // Packed rows (core/backend.h): token_key[b*Tr + t] = example * T + position; (b, i, j) are then
+  // the example and the positions it gives. nullptr: unpacked.
+  const int32_t* token_key = nullptr;
+  int Tr = 0;  // the rows' length (token_key's row stride)
 };
+
+// The dropout mask index of probability (i, j) of head h in row b (core/backend.h).
+__device__ __forceinline__ uint64_t att_drop_index(const DropInfo& d, int b, int h, int NH, int i, int j) {
+  if (!d.token_key) return (((uint64_t)b * NH + h) * d.T + i) * d.T + j;
+  const int32_t* tk = d.token_key + (size_t)b * d.Tr;
+  const uint64_t ki = (uint64_t)tk[i], kj = (uint64_t)tk[j], Tk = (uint64_t)d.T;
+  return ((ki / Tk * NH + h) * Tk + ki % Tk) * Tk + kj % Tk;
+}
 
 // C[M,N] (=|+=) opA(A)[M,K] @ B[K,N] per head bh = blockIdx.z (+ k*gridDim.z).
 // A element (m, k) is scaled by a_scale (kPlain) or, for the probabilities, multiplied by the
@@ -104,7 +116,7 @@ __global__ void __launch_bounds__(kGemmThreads)
           } else {
             const int i = AMODE == kDropAtt ? gm : gk;
             const int j = AMODE == kDropAtt ? gk : gm;
-            const uint64_t idx = ((uint64_t)bh * drop.T + i) * drop.T + j;
+            const uint64_t idx = att_drop_index(drop, b, h, NH, i, j);
             v = (v != 0.f && uniform01(drop.seed, idx) >= drop.p) ? v * drop.scale : 0.f;
           }
         }
@@ -166,8 +178,11 @@ cudaError_t head_gemm(HOut C, HMat A, HMat B, int M, int N, int K, int NH, int B
   return cudaGetLastError();
 }
 
+// core/backend.h's rule: the mask holds a segment id per token (0 = padding); query i sees key j when
+// mask[j] != 0 and (mask[i] == mask[j] or mask[i] == 0). A 0/1 mask is the key-padding mask; packed
+// rows (ids 1, 2, ... per example) are block-diagonal.
 __device__ __forceinline__ bool key_ok(const int32_t* mask, bool causal, int i, int j) {
-  return (!causal || j <= i) && (!mask || mask[j] != 0);
+  return (!causal || j <= i) && (!mask || (mask[j] != 0 && (mask[i] == 0 || mask[i] == mask[j])));
 }
 
 constexpr int kRowWarps = 4;  // rows per 128-thread block in the softmax kernels
@@ -207,7 +222,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 __global__ void __launch_bounds__(32 * kRowWarps)
     softmax_bwd_k(float* __restrict__ ds, const float* __restrict__ att,
                   const int32_t* __restrict__ attn_mask, bool causal, float p, float dscale,
-                  uint64_t seed, float sc, int NH, int T, int Tk, long long rows) {
+                  uint64_t seed, float sc, int NH, int T, DropInfo dk, long long rows) {
   const long long r = (long long)blockIdx.x * kRowWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -218,7 +233,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const float* a = att + (size_t)r * T;
   float* d = ds + (size_t)r * T;
   const int jend = causal ? i + 1 : T;
-  const uint64_t base = ((uint64_t)bh * Tk + i) * Tk;  // mask index of (bh, i, 0), keyed by T_key
+  const int h = static_cast<int>(bh % NH);
   const bool drop = p > 0.f;
   float dot = 0.f;
   for (int j = lane; j < jend; j += 32) {
@@ -227,7 +242,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
     if (aj == 0.f || !key_ok(mask, causal, i, j))
       kf = 0.f;
     else if (drop)
-      kf = uniform01(seed, base + j) >= p ? dscale : 0.f;
+      kf = uniform01(seed, att_drop_index(dk, b, h, NH, i, j)) >= p ? dscale : 0.f;
     const float da = d[j] * kf;
     d[j] = da;
     dot += aj * da;
@@ -296,7 +311,7 @@ inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f
 
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, int T_key, cudaStream_t s) {
+                              int HS, int T_key, const int32_t* token_key, cudaStream_t s) {
   const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
@@ -321,21 +336,21 @@ cudaError_t attention_forward(float* out, float* att, const float* qkv, const in
   const KRange kr = causal ? kUpToRow : kAll;
   if (dropout_p > 0.f)
     return head_gemm<kDropAtt>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f,
-                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, Tk}, s);
+                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key, T}, s);
   return head_gemm<kPlain>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f, nodrop, s);
 }
 
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
                                float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               int T_key, cudaStream_t s) {
+                               int T_key, const int32_t* token_key, cudaStream_t s) {
   const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;
   const float sc = 1.0f / sqrtf(static_cast<float>(HS));
   const DropInfo nodrop{0.f, 1.f, 0, T};
-  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, Tk};
+  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key, T};
   cudaError_t e;
   HMat dO{dout, T * C, HS, C, 1};
   HMat Vt{qkv + 2 * C, T * C3, HS, 1, C3};  // (d, j) -> v[j, d]
@@ -346,7 +361,7 @@ cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, c
   if (e != cudaSuccess) return e;
   const long long rows = (long long)BH * T;
   softmax_bwd_k<<<static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps), 32 * kRowWarps, 0, s>>>(
-      scratch, att, attn_mask, causal, dropout_p, drop.scale, seed, sc, NH, T, Tk, rows);
+      scratch, att, attn_mask, causal, dropout_p, drop.scale, seed, sc, NH, T, drop, rows);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   // dq[T,HS] += dS @ k
   HMat dS{scratch, NH * TT, TT, T, 1};

@@ -1,7 +1,8 @@
 // Token (+ position, + token-type) embeddings, forward and deterministic backward.
-//   forward:  out[B,T,C] = wte[ids[b,t]] + wpe[pos_offset + t] (+ wtt[type_ids[b,t]])
-//             wte [V,C], wpe [P,C], wtt [TT,C]; one thread per output element
-//   backward: dwpe[pos_offset+t, C] += sum_b dout[b,t]   (one thread per (t,c), b in order)
+//   forward:  out[B,T,C] = wte[ids[b,t]] + wpe[p] (+ wtt[type_ids[b,t]]), p = pos_ids[b,t] (packed
+//             rows) or pos_offset + t; wte [V,C], wpe [P,C], wtt [TT,C]; one thread per output element
+//   backward: dwpe[pos_offset+t, C] += sum_b dout[b,t]   (one thread per (t,c), b in order), or with
+//             pos_ids a scatter of dout rows by pos_ids;
 //             dwte[V,C] += scatter of dout rows by ids; dwtt[TT,C] likewise by type_ids.
 // The scatter is sort-based and free of float atomics (bitwise reproducible):
 //   1. stable radix sort of (id, row) pairs (CUB), so each id's rows are contiguous, in row order;
@@ -26,14 +27,15 @@ constexpr int kSegThreads = 128; // channels in parallel (>= kSegChunk)
 
 __global__ void emb_fwd_k(float* __restrict__ out, const int32_t* __restrict__ ids,
                           const int32_t* __restrict__ type_ids, const float* __restrict__ wte,
-                          const float* __restrict__ wpe, const float* __restrict__ wtt, int T,
-                          int C, int pos_offset, size_t n) {
+                          const float* __restrict__ wpe, const float* __restrict__ wtt,
+                          const int32_t* __restrict__ pos_ids, int T, int C, int pos_offset, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     const size_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    float v = wte[(size_t)ids[bt] * C + c] + wpe[(size_t)(pos_offset + t) * C + c];
+    const int p = pos_ids ? pos_ids[bt] : pos_offset + t;
+    float v = wte[(size_t)ids[bt] * C + c] + wpe[(size_t)p * C + c];
     if (type_ids) v = v + wtt[(size_t)type_ids[bt] * C + c];
     out[i] = v;
   }
@@ -163,11 +165,11 @@ cudaError_t scatter_rows(float* dst, const int32_t* keys_in, const float* dout, 
 
 cudaError_t embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
                               const float* wte, const float* wpe, const float* wtt, int B, int T,
-                              int C, int pos_offset, cudaStream_t s) {
+                              int C, int pos_offset, const int32_t* pos_ids, cudaStream_t s) {
   const size_t n = size_t(B > 0 ? B : 0) * size_t(T > 0 ? T : 0) * size_t(C > 0 ? C : 0);
   if (n)
     emb_fwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, ids, (type_ids && wtt) ? type_ids : nullptr,
-                                                         wte, wpe, wtt, T, C, pos_offset, n);
+                                                         wte, wpe, wtt, pos_ids, T, C, pos_offset, n);
   return cudaGetLastError();
 }
 
@@ -179,12 +181,15 @@ size_t embedding_backward_ws_bytes(int BT, int C) {
 
 cudaError_t embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                                const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                               int pos_offset, void* ws, size_t ws_bytes, cudaStream_t s) {
+                               int pos_offset, const int32_t* pos_ids, void* ws, size_t ws_bytes,
+                               cudaStream_t s) {
   const int BT = B * T;
   if (BT <= 0 || C <= 0) return cudaGetLastError();
   if (ws_bytes < embedding_backward_ws_bytes(BT, C)) return cudaErrorInvalidValue;
   cudaError_t e;
-  if (dwpe) {
+  if (dwpe && pos_ids) {
+    if ((e = scatter_rows(dwpe, pos_ids, dout, BT, C, ws, s)) != cudaSuccess) return e;
+  } else if (dwpe) {
     const size_t n = (size_t)T * C;
     emb_bwd_pos_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C, pos_offset);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;

@@ -28,11 +28,14 @@ cudaError_t rows_gather(float* out, const float* inp, int n, int C, size_t strid
 cudaError_t rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
                              const int32_t* idx, cudaStream_t s);
 // p > 0 only (the caller copies for p <= 0)
-// element i draws its mask at keyed_index(i, row, row_key) (core/rng.h; row = 0: i)
+// element i draws its mask at keyed_index(i, row, row_key) (core/rng.h; row = 0: i), or with
+// token_key (packed rows, core/backend.h DropRows) at token_key[i / width] * width + i % width
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
-                            size_t row, size_t row_key, cudaStream_t s);
+                            size_t row, size_t row_key, const int32_t* token_key, size_t width,
+                            cudaStream_t s);
 cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
-                             size_t row, size_t row_key, cudaStream_t s);
+                             size_t row, size_t row_key, const int32_t* token_key, size_t width,
+                             cudaStream_t s);
 // out[M,N] = bias[N] broadcast over rows
 cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s);
 // x[n] = v
@@ -89,22 +92,25 @@ cudaError_t sum_double(double* result, const float* x, size_t n, bool square, vo
                        cudaStream_t s);
 
 // ---- embedding.cu --------------------------------------------------------------------------------
+// pos_ids (nullable, [B,T]): the position of each token (packed rows), else pos_offset + t
 cudaError_t embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
                               const float* wte, const float* wpe, const float* wtt, int B, int T,
-                              int C, int pos_offset, cudaStream_t s);
+                              int C, int pos_offset, const int32_t* pos_ids, cudaStream_t s);
 size_t embedding_backward_ws_bytes(int BT, int C);
 cudaError_t embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                                const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                               int pos_offset, void* ws, size_t ws_bytes, cudaStream_t s);
+                               int pos_offset, const int32_t* pos_ids, void* ws, size_t ws_bytes,
+                               cudaStream_t s);
 
 // ---- attention.cu --------------------------------------------------------------------------------
+// attn_mask: segment ids (core/backend.h); token_key (nullable, [B,T]): packed rows' dropout keys
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, int T_key, cudaStream_t s);
+                              int HS, int T_key, const int32_t* token_key, cudaStream_t s);
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
                                float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               int T_key, cudaStream_t s);
+                               int T_key, const int32_t* token_key, cudaStream_t s);
 size_t attention_decode_ws_bytes(int B, int pos, int NH);
 cudaError_t attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
                              int B, int pos, int Tmax, int NH, int HS, void* ws, cudaStream_t s);

@@ -200,7 +200,7 @@ const std::vector<Entry>& schema() {
        "fp32 summation order (qa: the softmax spans the example's own positions). Rows are as long "
        "as the multiple of data.pad_multiple (up to the file's length) that packs into the fewest "
        "positions, or the file's length with data.padding = max_length. Evaluation runs unpacked. "
-       "cpu backend; bert tasks"},
+       "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
@@ -1066,12 +1066,13 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (c.model.type == "bert" && causal_task)
     throw Error(cat("run.task = clm (", from("run.task"), ") needs model.type = gpt2; with model.type = bert (",
                     from("model.type"), ") use mlm, doc_cls, pair_cls, ner or qa"));
-  if (c.data.packing && (c.run.backend != "cpu" || causal_task))
-    throw Error(cat("data.packing = true (", from("data.packing"), ") runs on run.backend = cpu with the "
-                    "bert tasks for now; here run.backend = ", c.run.backend, " (", from("run.backend"),
-                    "), run.task = ", c.run.task, " (", from("run.task"), ")",
-                    c.run.backend != "cpu" ? ": the cuda attention takes padding masks only (no segment ids yet)"
-                                           : ": clm rows are full windows, with nothing to pack"));
+  if (c.data.packing && causal_task)
+    throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
+                    "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));
+  if (c.data.packing && c.run.backend == "cuda" && c.model.attention == "cudnn")
+    throw Error(cat("data.packing = true (", from("data.packing"), ") with model.attention = cudnn (",
+                    from("model.attention"), "): cuDNN's attention reads the mask as key padding here (its "
+                    "ragged packed-sequence SDPA is not wired yet); use model.attention = native or auto"));
   if (c.run.mode == "generate" && c.model.type != "gpt2")
     throw Error(cat("run.mode = generate (", from("run.mode"), ") needs model.type = gpt2"));
   if (c.run.mode == "predict" && c.data.eval.empty())

@@ -13,9 +13,13 @@ random length well below the file's T (so several examples fit a row):
 3. training with hidden and attention dropout on (and mlm's dynamic masking): per-step losses of a
    packed run equal the unpacked run's (the masks are keyed by each token's example and position),
    summary.json reports packing, more than one example per row and less padding computed;
-4. errors: packing on the cuda backend or with clm, and a mask that is not ones-then-zeros, stop
-   with a message naming the key and the example.
+4. errors: packing with cuDNN attention, and a mask that is not ones-then-zeros, stop with a message
+   naming the key and the example;
+5. on a GPU (skipped without one): the packed batch's gradients on the cuda backend (native
+   attention) equal the cpu backend's.
 """
+import subprocess
+
 import h5py
 import numpy as np
 import pytest
@@ -158,7 +162,40 @@ def test_packing_errors(tmp_path):
                                      f"--output.dir={tmp_path / 'hole'}"], check=False)
     assert p.returncode != 0
     assert "data.packing: example 3 of the batch has padding at position 1" in p.stdout + p.stderr
-    p = nr.run(MODEL + ["--run.task=doc_cls", "--run.backend=cuda", f"--data.train={data}",
-                        "--data.packing=true", f"--output.dir={tmp_path / 'cuda'}"], check=False)
+    p = nr.run(MODEL + ["--run.task=doc_cls", "--run.backend=cuda", "--model.attention=cudnn",
+                        f"--data.train={data}", "--data.packing=true", f"--output.dir={tmp_path / 'cuda'}"],
+               check=False)
     assert p.returncode != 0 and "data.packing = true" in p.stdout + p.stderr
-    assert "run.backend = cuda" in p.stdout + p.stderr
+    assert "model.attention = native or auto" in p.stdout + p.stderr
+
+
+def cuda_device_or_skip():
+    v = subprocess.run([nr.binary(), "--version"], capture_output=True, text=True, env=nr.mpi_env())
+    if "not compiled" in v.stdout:
+        pytest.skip("no CUDA device: nlptrain was built without the CUDA backend")
+    try:
+        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        ok = smi.returncode == 0 and "GPU" in smi.stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("no CUDA device (nvidia-smi -L lists no GPU): packed rows on the cuda backend are not run")
+
+
+@pytest.mark.parametrize("task", ["doc_cls", "ner", "qa"])
+def test_cuda_packed_gradients_equal_cpu_unpacked(task, tmp_path, report):
+    cuda_device_or_skip()
+    lengths, cols, attrs = task_data(task, np.random.default_rng(95 + len(task)), **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    gpu = gradients(task, data, tmp_path / "gpu", "longest",
+                    extra=["--data.packing=true", "--run.backend=cuda", "--train.precision=fp32"])
+    cpu = gradients(task, data, tmp_path / "cpu", "longest", extra=["--data.packing=true"])
+    for g in (gpu, cpu):
+        for k in ("example_first", "example_length", "logits", "start_logits", "end_logits"):
+            g.pop(k, None)
+    if task == "qa":  # zero in exact arithmetic (test_qa_packed_equals_each_example_alone)
+        last_ln = "bert.encoder.layer.1.output.LayerNorm.bias"
+        gpu.pop(last_ln), cpu.pop(last_ln)
+    worst, top = compare_gradients(gpu, cpu, report, f"{task} packed, cuda (native attention) vs cpu")
+    # fp32 on both backends, other summation orders (GEMM tiling, reductions): 1e-4
+    assert worst[top] <= 1e-4, (top, worst[top])

@@ -532,10 +532,13 @@ TEST(ConfigChoices, AllowedAndRejected) {
   EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=qa", "--data.packing=true"}).config.data.packing);
   m = error_of({"--data.train=x", "--data.packing=true"});
   EXPECT_CONTAINS(m, "data.packing = true (command line)");
-  EXPECT_CONTAINS(m, "clm rows are full windows");
-  m = error_of({"--data.train=x", "--model.type=bert", "--run.task=ner", "--data.packing=true", "--run.backend=cuda"});
-  EXPECT_CONTAINS(m, "run.backend = cuda");
-  EXPECT_CONTAINS(m, "segment ids");
+  EXPECT_CONTAINS(m, "rows are full windows, with nothing to pack");
+  m = error_of({"--data.train=x", "--model.type=bert", "--run.task=ner", "--data.packing=true", "--run.backend=cuda",
+                "--model.attention=cudnn"});
+  EXPECT_CONTAINS(m, "model.attention = cudnn (command line)");
+  EXPECT_CONTAINS(m, "model.attention = native or auto");
+  EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=ner", "--data.packing=true",
+                     "--run.backend=cuda"}).config.data.packing);
   EXPECT_CONTAINS(error_of({"--data.train=x", "--model.type=bert", "--run.task=ner",
                             "--model.hidden_size=30", "--model.num_attention_heads=4"}),
                   "model.hidden_size = 30");

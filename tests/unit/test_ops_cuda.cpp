@@ -544,12 +544,28 @@ VI attn_mask_for(int B, int T) {  // b0 right-padded, b1 keys 0 and 3 masked, b2
   return m;
 }
 
+// Packed rows (data.padding's segment ids, backend.h): each row holds examples of 1..T/3 positions
+// numbered 1, 2, ... and a padding tail.
+VI segment_mask_for(int B, int T) {
+  VI m(size_t(B) * T, 0);
+  for (int b = 0; b < B; ++b) {
+    int t = 0, id = 0, len = 1 + b;
+    while (t + len <= T - 2) {
+      ++id;
+      for (int k = 0; k < len; ++k) m[size_t(b) * T + t + k] = id;
+      t += len;
+      len = 1 + (len * 7 + 3) % std::max(1, T / 3);
+    }
+  }
+  return m;
+}
+
 TEST_F(CudaOps, AttentionForwardBackward) {
   const AttnShape shapes[] = {{3, 7, 3, 4}, {3, 77, 2, 64}, {2, 130, 4, 16}, {1, 64, 1, 64}};
   uint64_t seed = 800;
   for (const AttnShape& s : shapes)
     for (bool causal : {false, true})
-      for (bool masked : {false, true})
+      for (int masked : {0, 1, 2})  // none, key padding, packed segment ids
         for (float p : {0.0f, 0.2f}) {
           SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH
                                           << " HS=" << s.HS << " causal=" << causal
@@ -559,7 +575,7 @@ TEST_F(CudaOps, AttentionForwardBackward) {
           const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
           const uint64_t dseed = nlp::derive_seed(seed, 1, 2);
           VF qkv = randn(nqkv, ++seed, 1.5f);
-          VI mask = attn_mask_for(s.B, s.T);
+          VI mask = masked == 2 ? segment_mask_for(s.B, s.T) : attn_mask_for(s.B, s.T);
           const int32_t* cm = masked ? mask.data() : nullptr;
           VF out_c(nout), att_c(natt);
           cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), cm, causal, p, dseed,
@@ -619,6 +635,72 @@ TEST_F(CudaOps, KeyedDropoutAndAttentionSameMasksAsCpu) {
     EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
     float* gdq = put(dq0);
     gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, Tn, NH, HS, Tk);
+    EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
+  }
+}
+
+// data.packing: position ids, per-token dropout keys (DropRows token_key) and packed attention with
+// token keys (core/backend.h) against the CPU backend's, which test_padding.cpp checks against each
+// example alone and the padded batch.
+TEST_F(CudaOps, PackedRowsSameAsCpu) {
+  const int B = 2, T = 40, Tk = 32, NH = 2, HS = 16, C = NH * HS, V = 50, P = 64;
+  const float p = 0.2f;
+  const uint64_t seed = nlp::derive_seed(93, 1, 7);
+  VI seg = segment_mask_for(B, T), pos(size_t(B) * T, 0), key(size_t(B) * T, 0), ids(size_t(B) * T);
+  int example = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const size_t i = size_t(b) * T + t;
+      ids[i] = int(i * 7 % V);
+      if (seg[i] == 0) continue;
+      const bool first = t == 0 || seg[i - 1] != seg[i];
+      if (first && !(b == 0 && t == 0)) ++example;
+      pos[i] = first ? 0 : pos[i - 1] + 1;
+      key[i] = example * Tk + pos[i];
+    }
+  const size_t n = size_t(B) * T * C;
+  // embeddings with position ids
+  VF wte = randn(size_t(V) * C, 620), wpe = randn(size_t(P) * C, 621), out_c(n);
+  cpu().embedding_forward(out_c.data(), ids.data(), nullptr, wte.data(), wpe.data(), nullptr, B, T, C, 0,
+                          pos.data());
+  int32_t *gids = put(ids), *gpos = put(pos), *gkey = put(key), *gseg = put(seg);
+  float* go = nan_buf(n);
+  gpu().embedding_forward(go, gids, nullptr, put(wte), put(wpe), nullptr, B, T, C, 0, gpos);
+  EXPECT_CLOSE(get(go, n), out_c, kExact);
+  VF dout = randn(n, 622), pe0 = randn(wpe.size(), 623), pe_c = pe0;
+  cpu().embedding_backward(nullptr, pe_c.data(), nullptr, dout.data(), ids.data(), nullptr, B, T, C, 0,
+                           pos.data());
+  float* gpe = put(pe0);
+  gpu().embedding_backward(nullptr, gpe, nullptr, put(dout), gids, nullptr, B, T, C, 0, gpos);
+  EXPECT_CLOSE(get(gpe, wpe.size()), pe_c, kOp);
+  // hidden-state dropout keyed per token
+  const nlp::DropRows rows_c = nlp::drop_rows(T, Tk, C, key.data()), rows_g = nlp::drop_rows(T, Tk, C, gkey);
+  VF x = randn(n, 624), dx0 = randn(n, 625), y_c(n), dx_c = dx0;
+  cpu().dropout_forward(y_c.data(), x.data(), n, p, seed, rows_c);
+  cpu().dropout_backward(dx_c.data(), dout.data(), n, p, seed, rows_c);
+  float* gy = nan_buf(n);
+  gpu().dropout_forward(gy, put(x), n, p, seed, rows_g);
+  EXPECT_CLOSE(get(gy, n), y_c, kExact);
+  float* gdx = put(dx0);
+  gpu().dropout_backward(gdx, put(dout), n, p, seed, rows_g);
+  EXPECT_CLOSE(get(gdx, n), dx_c, kExact);
+  // packed attention with token keys (probabilities of other examples are 0: their keys do not matter)
+  const size_t nqkv = size_t(B) * T * 3 * C, natt = size_t(B) * NH * T * T;
+  VF qkv = randn(nqkv, 626, 1.5f), dq0 = randn(nqkv, 627);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "causal=" << causal);
+    VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
+    cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), seg.data(), causal, p, seed, B, T, NH, HS,
+                            Tk, key.data());
+    cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), seg.data(),
+                             causal, p, seed, B, T, NH, HS, Tk, key.data());
+    float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
+    gpu().attention_forward(gao, ga, gq, gseg, causal, p, seed, B, T, NH, HS, Tk, gkey);
+    EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
+    EXPECT_CLOSE(get(ga, natt), att_c, kAttn);
+    float* gdq = put(dq0);
+    gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gseg, causal, p, seed, B, T, NH, HS, Tk,
+                             gkey);
     EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
   }
 }

@@ -130,23 +130,19 @@ class CudaBackend final : public Backend {
   std::string profile_report() override { return prof_ ? prof_->report() : std::string(); }
 
   // ---- embeddings ----
-  // Position ids (packed rows) are not implemented here yet: config.cpp keeps data.packing to the
-  // cpu backend, and a caller that passes them anyway gets an error rather than wrong positions.
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
                          const int32_t* pos_ids) override {
-    if (pos_ids) throw Error("cuda backend: position ids (data.packing) are not supported yet");
-    op(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, stream_),
+    op(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids, stream_),
        "embedding_forward");
   }
   void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
                           const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                           int pos_offset, const int32_t* pos_ids) override {
-    if (pos_ids) throw Error("cuda backend: position ids (data.packing) are not supported yet");
     const size_t need = kern::embedding_backward_ws_bytes(B * T, C);
     void* w = workspace(need);
-    op(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, w,
-                                need, stream_),
+    op(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids,
+                                w, need, stream_),
        "embedding_backward");
   }
 
@@ -224,21 +220,22 @@ class CudaBackend final : public Backend {
   }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
                        DropRows rows) override {
-    if (rows.token_key) throw Error("cuda backend: per-token dropout keys (data.packing) are not supported yet");
     if (p <= 0.0f) {
       copy(out, inp, N * sizeof(float));
       return;
     }
-    op(kern::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, stream_), "dropout_forward");
+    op(kern::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width,
+                             stream_),
+       "dropout_forward");
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override {
-    if (rows.token_key) throw Error("cuda backend: per-token dropout keys (data.packing) are not supported yet");
     if (p <= 0.0f) {
       accumulate(dinp, dout, N);
       return;
     }
-    op(kern::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, stream_),
+    op(kern::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, rows.token_key,
+                              rows.width, stream_),
        "dropout_backward");
   }
 
@@ -258,28 +255,32 @@ class CudaBackend final : public Backend {
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                          int HS, int T_key, const int32_t* token_key) override {
-    if (token_key) throw Error("cuda backend: packed attention (data.packing) is not supported yet");
+    // cuDNN's path reads the mask as key padding (its ragged SDPA for packed rows is not wired yet):
+    // main.cpp runs packed batches on the native kernels
+    if (token_key && fused(B, T, NH, HS))
+      throw Error("cuda backend: packed rows (data.packing) need model.attention = native");
     if (fused(B, T, NH, HS)) {  // cuDNN draws its own mask (backend.h): T_key does not apply
       fused_->forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_forward (cuDNN)");
       return;
     }
     op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
-                               T_key, stream_),
+                               T_key, token_key, stream_),
        "attention_forward");
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
                           int HS, int T_key, const int32_t* token_key) override {
-    if (token_key) throw Error("cuda backend: packed attention (data.packing) is not supported yet");
+    if (token_key && fused(B, T, NH, HS))
+      throw Error("cuda backend: packed rows (data.packing) need model.attention = native");
     if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
       fused_->backward(dqkv, scratch, dout, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_backward (cuDNN)");
       return;
     }
     op(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
-                                B, T, NH, HS, T_key, stream_),
+                                B, T, NH, HS, T_key, token_key, stream_),
        "attention_backward");
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
