@@ -198,8 +198,9 @@ const std::vector<Entry>& schema() {
        "attention stays within each example, positions restart, and each keeps its own [CLS] pooling, "
        "labels or answer span and its dropout masks: the same losses and gradients as unpacked up to "
        "fp32 summation order (qa: the softmax spans the example's own positions). Rows are as long "
-       "as the multiple of data.pad_multiple (up to the file's length) that packs into the fewest "
-       "positions, or the file's length with data.padding = max_length. Evaluation runs unpacked. "
+       "as the multiple of data.pad_multiple, at least 16 (fewer GEMM shapes), up to the file's length "
+       "that packs into the fewest positions, or the file's length with data.padding = max_length. "
+       "Evaluation runs unpacked. "
        "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "

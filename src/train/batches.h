@@ -5,7 +5,9 @@
 // MLM also lists the masked positions (rows), the only ones its head scores.
 // NER: token labels as given. doc_cls/pair_cls: sequence labels. QA: start/end positions.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -62,6 +64,16 @@ void trim_to_longest(HostBatch& hb, int multiple);
 // example and T that packs into the fewest positions (rows x length). Throws when an example's mask
 // is not ones then zeros, when a target or answer lies in its padding, or when it has no token.
 void pack_rows(HostBatch& hb, int multiple);
+
+// The `multiple` pack_rows gets from the data config: 0 (rows of the file's length) with
+// data.padding = max_length, else data.pad_multiple but at least kPackRowMultiple. The row count
+// varies from step to step as well, and every distinct rows x length is one more GEMM shape (the
+// CPU's bf16 GEMMs build a oneDNN primitive per shape, a JIT compilation each): lengths in steps of
+// 16 keep the shapes about as few as a length-grouped run's, for a few positions of padding per row.
+constexpr int kPackRowMultiple = 16;
+inline int packing_multiple(const std::string& padding, int pad_multiple) {
+  return padding == "max_length" ? 0 : std::max(pad_multiple, kPackRowMultiple);
+}
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

@@ -299,8 +299,8 @@ int run_train(Session& s) {
   if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
-                   trim ? cat("of the length, a multiple of ", cfg.data.pad_multiple, " up to ", T,
-                              ", that needs the fewest positions")
+                   trim ? cat("of the length, a multiple of ", packing_multiple(cfg.data.padding, cfg.data.pad_multiple),
+                              " up to ", T, ", that needs the fewest positions")
                         : cat("of ", T, " positions (data.padding = max_length)"),
                    "; evaluation runs unpacked"));
   else
@@ -330,7 +330,7 @@ int run_train(Session& s) {
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
       if (pack)
-        pack_rows(out[a], trim ? cfg.data.pad_multiple : 0);
+        pack_rows(out[a], packing_multiple(cfg.data.padding, cfg.data.pad_multiple));
       else if (trim)
         trim_to_longest(out[a], cfg.data.pad_multiple);
       c[0] += static_cast<double>(out[a].loss_units(s.task));

@@ -149,7 +149,7 @@ def test_packed_training_equals_unpacked_with_dropout(task, tmp_path, report):
     assert worst <= 1e-5, (lp, lu)
     assert max(abs(a - b) / abs(b) for a, b in zip(ls, lp)) > 1e-3  # the masks matter
     assert sp["packing"] is True and su["packing"] is False
-    assert sp["mean_examples_per_row"] > 2.0 and su["mean_examples_per_row"] == 1.0
+    assert sp["mean_examples_per_row"] > 1.5 and su["mean_examples_per_row"] == 1.0
     assert sp["padding_fraction"] < su["padding_fraction"]
 
 

@@ -1,9 +1,11 @@
 // Multi-head scaled dot-product attention over a packed qkv[B,T,3C] (q | k | v, head h at columns
-// h*HS..h*HS+HS of each part), with causal and key-padding masks and dropout on the probabilities,
-// plus single-position decoding with a KV cache.
+// h*HS..h*HS+HS of each part), with causal masks and segment-id masks (key padding, or the examples
+// of a packed row: backend.h) and dropout on the probabilities, plus single-position decoding with a
+// KV cache. Each block of query rows computes only the keys it can see.
 //
-// One OpenMP task per (b, h), static schedule: every output element is produced by one thread in a
-// fixed order, so results are bitwise reproducible and independent of the thread count. Per head the
+// One OpenMP task per (b, h), handed out dynamically (packed and trimmed rows differ in work): every
+// output element is produced by one task in a fixed order, whichever thread runs it, so results are
+// bitwise reproducible and independent of the thread count. Per head the
 // products are small (T x T x HS) and would be many tiny GEMM calls from inside a parallel region, so
 // they use a register-tiled kRows x 16 kernel on per-thread, zero-padded copies of the head's q, k, v
 // (T padded to Tp, HS to Hp, multiples of 16). Causal attention skips the tiles above the diagonal.
@@ -41,11 +43,13 @@ inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 // C[kRows,16] = A[kRows,L] @ B[L,16]; B rows ldb apart, C rows ldc apart (overwritten). A(r, l) is
 // A[r * lda + l] (rows lda apart), or with kTransposedA A[l * lda + r] (A given as A^T row-major, e.g.
 // dS^T @ q from dS). Each element sums its products in order l = 0..L-1 either way, so both forms
-// give bitwise the same C from the same A.
-template <bool kTransposedA = false>
+// give bitwise the same C from the same A. With kAccumulate, C += the product (C read first).
+template <bool kTransposedA = false, bool kAccumulate = false>
 inline void tile(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb, int L,
                  float* __restrict C, size_t ldc) {
   v16 c[kRows] = {};
+  if (kAccumulate)
+    for (int r = 0; r < kRows; ++r) c[r] = load16(C + (size_t)r * ldc);
   for (int l = 0; l < L; ++l) {
     const v16 b = load16(B + (size_t)l * ldb);
 #pragma GCC unroll 8
@@ -157,7 +161,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
     std::vector<float> s((size_t)kRows * Tp), o((size_t)kRows * Hp);
     std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(token_key ? T : 0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
       segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
@@ -266,7 +270,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(token_key ? T : 0);
     const int nblk = (T + kRows - 1) / kRows;
     std::vector<int> blo(nblk), bhi(nblk);  // the keys each row block sees (block_span)
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
       segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
@@ -333,23 +337,40 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         for (int d0 = 0; d0 < Hp; d0 += 16)
           tile(ds.data() + (size_t)i0 * Tp + jlo, Tp, kb.data() + (size_t)jlo * Hp + d0, Hp, jhi - jlo,
                dq.data() + (size_t)i0 * Hp + d0, Hp);
-        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i for keys j0..j0+kRows-1, over the rows
-        // [l0, l1) of the blocks that see them (the other rows of dS and A' are 0 there)
+        // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i for keys j0..j0+kRows-1, over each run
+        // [l0, l1) of consecutive rows that see one of these keys (the other rows of dS and A' are 0
+        // there): one run unpacked (every row; causal: from j0), in a packed row the keys' example
+        // and the padding tail (whose rows see every real key) apart
         const int j0 = i0;
-        int l0 = T, l1 = 0;
-        for (int m = 0; m < nblk; ++m)
-          if (blo[m] < j0 + kRows && bhi[m] > j0) {
-            l0 = m * kRows < l0 ? m * kRows : l0;
-            l1 = (m + 1) * kRows;
+        auto sees = [&](int i) { return lo[i] < j0 + kRows && hi[i] > j0; };
+        bool first_run = true;
+        for (int l0 = 0; l0 < T;) {
+          if (!sees(l0)) {
+            ++l0;
+            continue;
           }
-        if (l1 > T) l1 = T;
-        if (l0 >= l1) l0 = l1 = 0;
-        for (int d0 = 0; d0 < Hp; d0 += 16) {
-          tile<true>(ds.data() + (size_t)l0 * Tp + j0, Tp, qb.data() + (size_t)l0 * Hp + d0, Hp, l1 - l0,
-                     dk.data() + (size_t)j0 * Hp + d0, Hp);
-          tile<true>(ap.data() + (size_t)l0 * Tp + j0, Tp, dob.data() + (size_t)l0 * Hp + d0, Hp, l1 - l0,
-                     dv.data() + (size_t)j0 * Hp + d0, Hp);
+          int l1 = l0 + 1;
+          while (l1 < T && sees(l1)) ++l1;
+          for (int d0 = 0; d0 < Hp; d0 += 16) {
+            const float *a_ds = ds.data() + (size_t)l0 * Tp + j0, *a_ap = ap.data() + (size_t)l0 * Tp + j0;
+            const float *b_q = qb.data() + (size_t)l0 * Hp + d0, *b_do = dob.data() + (size_t)l0 * Hp + d0;
+            float *c_k = dk.data() + (size_t)j0 * Hp + d0, *c_v = dv.data() + (size_t)j0 * Hp + d0;
+            if (first_run) {
+              tile<true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp);
+              tile<true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp);
+            } else {
+              tile<true, true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp);
+              tile<true, true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp);
+            }
+          }
+          first_run = false;
+          l0 = l1;
         }
+        if (first_run)  // no row sees these keys (padding): zero gradients
+          for (int d0 = 0; d0 < Hp; d0 += 16) {
+            tile<true>(ds.data(), Tp, qb.data(), Hp, 0, dk.data() + (size_t)j0 * Hp + d0, Hp);
+            tile<true>(ap.data(), Tp, dob.data(), Hp, 0, dv.data() + (size_t)j0 * Hp + d0, Hp);
+          }
       }
       for (int t = 0; t < T; ++t) {
         float* __restrict row = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
