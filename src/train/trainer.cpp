@@ -296,11 +296,12 @@ int run_train(Session& s) {
                    sum / double(lengths.size()), " of ", T));
   }
   const bool pack = cfg.data.packing;
+  const int pack_multiple = packing_multiple(cfg.data.padding, cfg.data.pad_multiple);
   if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
-                   trim ? cat("of the length, a multiple of ", packing_multiple(cfg.data.padding, cfg.data.pad_multiple),
-                              " up to ", T, ", that needs the fewest positions")
+                   trim ? cat("of the length, a multiple of ", pack_multiple, " up to ", T,
+                              ", that needs the fewest positions")
                         : cat("of ", T, " positions (data.padding = max_length)"),
                    "; evaluation runs unpacked"));
   else
@@ -330,7 +331,7 @@ int run_train(Session& s) {
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
       if (pack)
-        pack_rows(out[a], packing_multiple(cfg.data.padding, cfg.data.pad_multiple));
+        pack_rows(out[a], pack_multiple);
       else if (trim)
         trim_to_longest(out[a], cfg.data.pad_multiple);
       c[0] += static_cast<double>(out[a].loss_units(s.task));
