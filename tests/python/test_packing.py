@@ -13,9 +13,11 @@ random length well below the file's T (so several examples fit a row):
 3. training with hidden and attention dropout on (and mlm's dynamic masking): per-step losses of a
    packed run equal the unpacked run's (the masks are keyed by each token's example and position),
    summary.json reports packing, more than one example per row and less padding computed;
-4. errors: packing with cuDNN attention, and a mask that is not ones-then-zeros, stop with a message
+4. data parallel and resume: 1 rank x 8 equals 2 ranks x 4 (each rank packs its own micro-batch), and
+   a packed run with dropout resumes bitwise on 2 ranks;
+5. errors: packing with cuDNN attention, and a mask that is not ones-then-zeros, stop with a message
    naming the key and the example;
-5. on a GPU (skipped without one): the packed batch's gradients on the cuda backend (native
+6. on a GPU (skipped without one): the packed batch's gradients on the cuda backend (native
    attention) equal the cpu backend's.
 """
 import subprocess
@@ -26,7 +28,7 @@ import pytest
 
 import nlp_run as nr
 from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, T, compare_gradients, gradients, losses,
-                          max_rel, summary, task_data, write)
+                          max_rel, spread, straight_and_resumed, summary, task_data, write)  # noqa: F401
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
 SHORT = dict(lo=3, hi=12)
@@ -151,6 +153,34 @@ def test_packed_training_equals_unpacked_with_dropout(task, tmp_path, report):
     assert sp["packing"] is True and su["packing"] is False
     assert sp["mean_examples_per_row"] > 1.5 and su["mean_examples_per_row"] == 1.0
     assert sp["padding_fraction"] < su["padding_fraction"]
+
+
+PACKED = ["--data.packing=true", "--data.padding=longest"]
+
+
+def test_packed_one_rank_equals_two_ranks(spread, tmp_path, report):
+    # dropout on: its masks are keyed by each token's (micro-batch row, position) in the padded layout,
+    # and 1 x 8 and 2 x 4 number the rows differently, so dropout would differ by design; off here
+    args = MODEL + NO_DROPOUT + PACKED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.steps=5"]
+    nr.run(args + ["--train.batch_size=8", f"--output.dir={tmp_path / 'one'}"])
+    nr.run(args + ["--train.batch_size=4", f"--output.dir={tmp_path / 'two'}"], ranks=2)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    worst = max(abs(a - b) / abs(b) for a, b in zip(two, one))
+    report(f"packed 1x8 vs 2x4: max relative loss difference {worst:.2e}")
+    assert len(one) == len(two) == 5 and worst <= 1e-5, (one, two)
+    assert summary(tmp_path / "two")["mean_examples_per_row"] > 1.0
+
+
+def test_packed_resume_is_bitwise(spread, tmp_path):
+    # dropout on: the resumed run must pack the same rows and draw the same (example, position) masks
+    args = MODEL + DROPOUT + PACKED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.batch_size=4",
+                                       "--train.schedule=constant", "--train.warmup_steps=0",
+                                       "--checkpoint.interval=3"]
+    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=2)
+    assert "resumed from" in log
+    steps = lambda out: [(r["step"], r["loss"]) for r in nr.metrics(out)[0]]
+    assert steps(resumed) == steps(straight)  # exact: metrics.jsonl has 17 significant digits
+    assert [s for s, _ in steps(straight)] == list(range(1, 7))
 
 
 def test_packing_errors(tmp_path):
