@@ -126,9 +126,10 @@ inline uint64_t drop_base(const int32_t* token_key, int b, int h, int i, int T, 
   return ((e * NH + h) * Tk + pi) * Tk;
 }
 
-// kpos[j] = the position of key j within its example (token_key) for sequence b
+// kpos[j] = the position of key j within its example (token_key) for sequence b; j without token_key
 inline void key_positions(int* kpos, const int32_t* token_key, int b, int T, uint64_t Tk) {
-  for (int j = 0; j < T; ++j) kpos[j] = static_cast<int>((uint64_t)token_key[(size_t)b * T + j] % Tk);
+  for (int j = 0; j < T; ++j)
+    kpos[j] = token_key ? static_cast<int>((uint64_t)token_key[(size_t)b * T + j] % Tk) : j;
 }
 
 // The keys a block of rows [i0, i0 + n) may see: [*jlo, *jhi), jlo rounded down to a multiple of 16
@@ -160,13 +161,13 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     // zero padding stays zero: only rows t < T / columns d < HS are ever written
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
     std::vector<float> s((size_t)kRows * Tp), o((size_t)kRows * Hp);
-    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(token_key ? T : 0);
+    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
       segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
       key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
-      if (token_key) key_positions(kpos.data(), token_key, b, T, Tk);
+      key_positions(kpos.data(), token_key, b, T, Tk);
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
@@ -210,13 +211,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           for (int j = 0; j < jlo; ++j) arow[j] = 0.0f;
           for (int j = jhi; j < T; ++j) arow[j] = 0.0f;
           // the row of dropout(att) goes back into s for the product with v
-          // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
-          if (drop && !token_key) {
-            const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
-#pragma omp simd
-            for (int j = jlo; j < jhi; ++j)
-              srow[j] = arow[j] * (uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f);
-          } else if (drop) {  // packed rows: key j at its position in its example
+          if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
             const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
             const int* __restrict kp = kpos.data();
 #pragma omp simd
@@ -267,7 +262,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     std::vector<float> ds(tt), ap(tt);  // ds holds dA' then dS; ap = A' (dropout(A)), row-major
     std::vector<float> dq(th), dk(th), dv(th);
     std::vector<float> kfrow(Tp);
-    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(token_key ? T : 0);
+    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T);
     const int nblk = (T + kRows - 1) / kRows;
     std::vector<int> blo(nblk), bhi(nblk);  // the keys each row block sees (block_span)
 #pragma omp for schedule(dynamic, 1)
@@ -275,7 +270,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       const int b = bh / NH, h = bh % NH;
       segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
       key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
-      if (token_key) key_positions(kpos.data(), token_key, b, T, Tk);
+      key_positions(kpos.data(), token_key, b, T, Tk);
       for (int k = 0; k < nblk; ++k)
         block_span(lo.data(), hi.data(), k * kRows, T - k * kRows < kRows ? T - k * kRows : kRows,
                    &blo[k], &bhi[k]);
@@ -301,13 +296,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         float* __restrict kf = kfrow.data();
         const int jlo = lo[i], jhi = hi[i];
         const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
-        if (drop && !token_key) {
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j) {
-            const float keep = uniform01(seed, base + j) >= dropout_p ? dscale : 0.0f;
-            kf[j] = arow[j] != 0.0f ? keep : 0.0f;
-          }
-        } else if (drop) {  // packed rows: key j at its position in its example
+        if (drop) {
           const int* __restrict kp = kpos.data();
 #pragma omp simd
           for (int j = jlo; j < jhi; ++j) {
