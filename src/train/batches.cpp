@@ -166,15 +166,16 @@ void pack_rows(HostBatch& hb, int multiple) {
     return static_cast<int>(fill.size());
   };
   // The row length: the file's, or (multiple > 0) the multiple of `multiple` from the longest example
-  // up to T whose rows hold the fewest positions (rows x length; the shortest on a tie)
+  // up to T whose rows hold the fewest positions (rows x length; tried shortest first, so the
+  // shortest wins a tie)
   int Tn = T;
   if (multiple > 0) {
-    const int lo = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
-    int64_t best = int64_t(place(T)) * T;
-    for (int L = lo; L < T; L += multiple)
-      if (const int64_t cost = int64_t(place(L)) * L; cost <= best) {
-        if (cost < best || L < Tn) best = cost, Tn = L;
-      }
+    const int shortest = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
+    int64_t best = INT64_MAX;
+    for (int L = shortest;; L = std::min(T, L + multiple)) {
+      if (const int64_t cost = int64_t(place(L)) * L; cost < best) best = cost, Tn = L;
+      if (L == T) break;
+    }
   }
   const int R = place(Tn);
   const size_t n = size_t(R) * Tn;
