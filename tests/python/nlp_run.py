@@ -9,6 +9,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 SOURCE_DIR = Path(os.environ.get("NLPTRAIN_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 
@@ -47,6 +48,21 @@ def run(args, ranks=1, timeout=600, check=True):
         raise AssertionError(f"nlptrain failed ({p.returncode}): {' '.join(cmd)}\n"
                              f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}")
     return p
+
+
+def cuda_device_or_skip(what):
+    """pytest.skip, saying why and that `what` is skipped, unless nlptrain has the CUDA backend and
+    nvidia-smi lists a GPU."""
+    v = subprocess.run([binary(), "--version"], capture_output=True, text=True, env=mpi_env())
+    if "not compiled" in v.stdout:
+        pytest.skip(f"no CUDA device: nlptrain was built without the CUDA backend; {what} skipped")
+    try:
+        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        ok = smi.returncode == 0 and "GPU" in smi.stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip(f"no CUDA device (nvidia-smi -L lists no GPU): {what} skipped")
 
 
 def write_rows(path, ids, mask=None, labels=None):

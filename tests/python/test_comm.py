@@ -80,24 +80,11 @@ def test_nccl_on_cpu_backend_is_an_error(stream, tmp_path):
     assert "comm.gpu = nccl needs run.backend = cuda" in p.stderr
 
 
-def cuda_device_or_skip():
-    v = subprocess.run([nr.binary(), "--version"], capture_output=True, text=True, env=nr.mpi_env())
-    if "not compiled" in v.stdout:
-        pytest.skip("no CUDA device: nlptrain was built without the CUDA backend")
-    try:
-        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        ok = smi.returncode == 0 and "GPU" in smi.stdout
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        pytest.skip("no CUDA device (nvidia-smi -L lists no GPU): the GPU communicator runs are skipped")
-
-
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_cuda_staged_ranks_sharing_one_gpu(stream, tmp_path, ranks):
     """1 rank, and 2 ranks on one GPU through the staged communicator (NCCL refuses a shared GPU):
     the same losses as the CPU backend with the same global batch (fp32, native attention)."""
-    cuda_device_or_skip()
+    nr.cuda_device_or_skip("the GPU communicator runs are")
     common = ["--train.precision=fp32", "--model.attention=native", "--comm.bucket_mb=0.01"]
     cpu = run(stream, tmp_path / "cpu", 2, 10, common)
     gpu = run(stream, tmp_path / "gpu", ranks, 10,

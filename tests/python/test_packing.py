@@ -20,15 +20,13 @@ random length well below the file's T (so several examples fit a row):
 6. on a GPU (skipped without one): the packed batch's gradients on the cuda backend (native
    attention) equal the cpu backend's.
 """
-import subprocess
-
 import h5py
 import numpy as np
 import pytest
 
 import nlp_run as nr
-from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, T, compare_gradients, gradients, losses,
-                          max_rel, spread, straight_and_resumed, summary, task_data, write)  # noqa: F401
+from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, T, assert_resume_bitwise, compare_gradients,
+                          gradients, losses, max_rel, spread, summary, task_data, write)  # noqa: F401
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
 SHORT = dict(lo=3, hi=12)
@@ -172,15 +170,8 @@ def test_packed_one_rank_equals_two_ranks(spread, tmp_path, report):
 
 
 def test_packed_resume_is_bitwise(spread, tmp_path):
-    # dropout on: the resumed run must pack the same rows and draw the same (example, position) masks
-    args = MODEL + DROPOUT + PACKED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.batch_size=4",
-                                       "--train.schedule=constant", "--train.warmup_steps=0",
-                                       "--checkpoint.interval=3"]
-    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=2)
-    assert "resumed from" in log
-    steps = lambda out: [(r["step"], r["loss"]) for r in nr.metrics(out)[0]]
-    assert steps(resumed) == steps(straight)  # exact: metrics.jsonl has 17 significant digits
-    assert [s for s, _ in steps(straight)] == list(range(1, 7))
+    # the resumed run must pack the same rows and draw the same (example, position) dropout masks
+    assert_resume_bitwise(PACKED, spread, tmp_path)
 
 
 def test_packing_errors(tmp_path):
@@ -199,22 +190,9 @@ def test_packing_errors(tmp_path):
     assert "model.attention = native or auto" in p.stdout + p.stderr
 
 
-def cuda_device_or_skip():
-    v = subprocess.run([nr.binary(), "--version"], capture_output=True, text=True, env=nr.mpi_env())
-    if "not compiled" in v.stdout:
-        pytest.skip("no CUDA device: nlptrain was built without the CUDA backend")
-    try:
-        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        ok = smi.returncode == 0 and "GPU" in smi.stdout
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        pytest.skip("no CUDA device (nvidia-smi -L lists no GPU): packed rows on the cuda backend are not run")
-
-
 @pytest.mark.parametrize("task", ["doc_cls", "ner", "qa"])
 def test_cuda_packed_gradients_equal_cpu_unpacked(task, tmp_path, report):
-    cuda_device_or_skip()
+    nr.cuda_device_or_skip("packed rows on the cuda backend are")
     lengths, cols, attrs = task_data(task, np.random.default_rng(95 + len(task)), **SHORT)
     data = write(tmp_path / "d.h5", cols, attrs)
     gpu = gradients(task, data, tmp_path / "gpu", "longest",
