@@ -218,16 +218,20 @@ class Backend {
   // The same step on many tensors of one arena at once (every parameter of a model): span i is the
   // elements [offset, offset + numel) of param/grad/m/v with its own weight decay. Bitwise the same
   // as one adamw_update per span; a backend may do it in one pass (CUDA: one launch).
+  // zero_grad: every span's gradient is zero afterwards, so that the next step accumulates onto it
+  // without a zeroing pass of its own (the CPU zeroes each element as the update reads it).
   struct AdamWSpan {
     size_t offset, numel;
     float weight_decay;
   };
-  virtual void adamw_update_spans(float* param, const float* grad, float* m, float* v,
+  virtual void adamw_update_spans(float* param, float* grad, float* m, float* v,
                                   const std::vector<AdamWSpan>& spans, float lr, float beta1,
-                                  float beta2, float eps, float grad_scale, int t) {
-    for (const AdamWSpan& sp : spans)
+                                  float beta2, float eps, float grad_scale, int t, bool zero_grad) {
+    for (const AdamWSpan& sp : spans) {
       adamw_update(param + sp.offset, grad + sp.offset, m + sp.offset, v + sp.offset, sp.numel, lr,
                    beta1, beta2, eps, sp.weight_decay, grad_scale, t);
+      if (zero_grad) zero(grad + sp.offset, sp.numel * sizeof(float));
+    }
   }
 };
 

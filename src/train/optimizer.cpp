@@ -23,10 +23,10 @@ AdamW::~AdamW() {
   be_.release(v_);
 }
 
-void AdamW::step(float lr, float grad_scale, int t) {
+void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
   if (spans_.empty()) return;
   be_.adamw_update_spans(ps_.data() + lo_, ps_.grad() + lo_, m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
-                         tc_.adam_eps, grad_scale, t);
+                         tc_.adam_eps, grad_scale, t, zero_grad);
 }
 
 void AdamW::download(const float* dev, std::vector<float>& host) const {

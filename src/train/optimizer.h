@@ -21,8 +21,9 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
   // One update with learning rate lr; gradients are multiplied by grad_scale (clipping) first.
-  // t is the 1-based step count used for bias correction.
-  void step(float lr, float grad_scale, int t);
+  // t is the 1-based step count used for bias correction. zero_grad: the range's gradients are zero
+  // afterwards (zeroed in the update's pass on the CPU).
+  void step(float lr, float grad_scale, int t, bool zero_grad);
 
   size_t lo() const { return lo_; }
   size_t hi() const { return hi_; }

@@ -357,12 +357,16 @@ int run_train(Session& s) {
   int steps_done_here = 0;
   double train_seconds = 0;
   StepTimes times;  // summed over steps after the first (which includes one-time allocation)
+  // The gradient arena is known to be all zero: the last update zeroed it as it read it (not with
+  // train.zero = 1, where each rank updates only its shard, nor after a skipped step).
+  bool grads_zero = false;
   for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
     const auto t0 = Clock::now();
     double t_data = 0, t_comm = 0;
     const float lr =
         learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
-    s.be.zero(ps.grad(), ps.total() * sizeof(float));
+    if (!grads_zero) s.be.zero(ps.grad(), ps.total() * sizeof(float));
+    grads_zero = false;
 
     // Every micro-batch before the first forward: the global target count normalises the loss.
     // t_data counts only a read that was not done ahead (the exposed data wait).
@@ -444,7 +448,8 @@ int run_train(Session& s) {
       const float grad_scale =
           (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
       // AdamW's bias correction counts the updates applied, not the steps taken.
-      opt.step(lr, grad_scale, static_cast<int>(st.optimizer_steps + 1));
+      opt.step(lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), /*zero_grad=*/!zero);
+      grads_zero = !zero;
       if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
         tp = Clock::now();
         s.comm.all_gather(ps.data(), shards);

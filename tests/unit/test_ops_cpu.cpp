@@ -1107,6 +1107,36 @@ TEST(AdamW, MatchesScalarDoubleOverThreeSteps) {
   }
 }
 
+// The trainer's update: every span at once, and with zero_grad the gradient zeroed in the same pass
+// (the next step accumulates onto it without a zeroing pass). Bitwise the same parameters and moments
+// as one adamw_update per span; every span's gradient is 0 afterwards; the gaps between spans and the
+// tail are not written.
+TEST(AdamW, SpansWithZeroGradEqualPerTensorUpdatesAndLeaveTheGradientZero) {
+  using Span = nlp::Backend::AdamWSpan;
+  const std::vector<Span> spans = {{0, 1000, 0.1f}, {1000, 7, 0.f}, {1024, 50000, 0.1f}, {51040, 3000, 0.1f}};
+  const size_t n = 54100;
+  VF pa = randn(n, 150), ma(n), va(n);
+  VF pb = pa, mb = ma, vb = va;
+  for (int t = 1; t <= 3; ++t) {
+    const VF g = randn(n, 160 + t, 0.1f);
+    for (const Span& sp : spans)
+      be().adamw_update(pa.data() + sp.offset, g.data() + sp.offset, ma.data() + sp.offset, va.data() + sp.offset,
+                        sp.numel, 1e-3f, 0.9f, 0.999f, 1e-8f, sp.weight_decay, 0.7f, t);
+    VF gb = g;
+    be().adamw_update_spans(pb.data(), gb.data(), mb.data(), vb.data(), spans, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.7f,
+                            t, /*zero_grad=*/true);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(pb[i], pa[i]) << "param " << i << " step " << t;
+      ASSERT_EQ(mb[i], ma[i]) << "exp_avg " << i << " step " << t;
+      ASSERT_EQ(vb[i], va[i]) << "exp_avg_sq " << i << " step " << t;
+    }
+    std::vector<bool> in_span(n, false);
+    for (const Span& sp : spans) std::fill_n(in_span.begin() + sp.offset, sp.numel, true);
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(gb[i], in_span[i] ? 0.0f : g[i]) << "gradient " << i << (in_span[i] ? " in" : " outside") << " a span";
+  }
+}
+
 // ================================================================================================
 // determinism
 // ================================================================================================

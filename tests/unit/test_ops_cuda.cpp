@@ -804,9 +804,18 @@ TEST_F(CudaOps, AdamWSpansEqualPerTensorUpdates) {
     for (const Span& sp : spans)
       gpu().adamw_update(pa + sp.offset, gg + sp.offset, ma + sp.offset, va + sp.offset, sp.numel,
                          lr, 0.9f, 0.999f, 1e-8f, sp.weight_decay, 0.7f, t);
-    gpu().adamw_update_spans(pb, gg, mb, vb, spans, lr, 0.9f, 0.999f, 1e-8f, 0.7f, t);
-    cpu().adamw_update_spans(pc.data(), g.data(), mc.data(), vc.data(), spans, lr, 0.9f, 0.999f,
-                             1e-8f, 0.7f, t);
+    // the spans' gradients are zeroed by the update on both backends (zero_grad), the tail is not
+    gpu().adamw_update_spans(pb, gg, mb, vb, spans, lr, 0.9f, 0.999f, 1e-8f, 0.7f, t, /*zero_grad=*/true);
+    VF gc = g;
+    cpu().adamw_update_spans(pc.data(), gc.data(), mc.data(), vc.data(), spans, lr, 0.9f, 0.999f,
+                             1e-8f, 0.7f, t, /*zero_grad=*/true);
+    const VF gz = get(gg, n);
+    for (const Span& sp : spans)
+      for (size_t i = sp.offset; i < sp.offset + sp.numel; ++i) {
+        ASSERT_EQ(gz[i], 0.0f) << "cuda gradient " << i << " not zeroed at step " << t;
+        ASSERT_EQ(gc[i], 0.0f) << "cpu gradient " << i << " not zeroed at step " << t;
+      }
+    for (size_t i = 54169; i < n; ++i) ASSERT_EQ(gz[i], g[i]) << "cuda gradient " << i << " past the spans";
   }
   EXPECT_CLOSE(get(pb, n), get(pa, n), kExact);
   EXPECT_CLOSE(get(mb, n), get(ma, n), kExact);
@@ -842,8 +851,8 @@ TEST_F(CudaOps, AdamWShardsEqualTheWholeArena) {
     const VF g = randn(whole.total(), 1510 + t, 0.1f);
     gpu().to_device(whole.grad(), g.data(), g.size() * sizeof(float));
     gpu().to_device(sharded.grad(), g.data(), g.size() * sizeof(float));
-    full.step(1e-3f, 0.7f, t);
-    for (auto& p : parts) p->step(1e-3f, 0.7f, t);
+    full.step(1e-3f, 0.7f, t, false);
+    for (auto& p : parts) p->step(1e-3f, 0.7f, t, false);
   }
   std::vector<float> a, b;
   whole.download(a);
@@ -1163,7 +1172,7 @@ void compare_training(Backend& g, const nlp::ModelConfig& mc, const std::string&
       m->backward(b->db, dloss, true, seed);
       const double norm = std::sqrt(be->sumsq(m->params().grad(), P));
       const float scale = norm > tc.clip ? float(tc.clip / (norm + 1e-6)) : 1.f;
-      opt->step(tc.lr, scale, step);
+      opt->step(tc.lr, scale, step, false);
       be->synchronize();
     }
     EXPECT_TRUE(std::isfinite(losses[1])) << "step " << step;

@@ -81,8 +81,9 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
 // optimizer.cpp
 double sum(const float* x, size_t N);
 double sumsq(const float* x, size_t N);
+// zero_grad: nullptr, or grad itself (writable), whose elements are set to 0 as they are read.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int t);
+                  int t, float* zero_grad = nullptr);
 
 }  // namespace nlp::cpu

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/vmath.h"
+#include "core/error.h"
 
 namespace nlp::cpu {
 namespace {
@@ -39,32 +40,50 @@ double blocked_sum(const float* x, size_t N) {
 double sum(const float* x, size_t N) { return blocked_sum<false>(x, N); }
 double sumsq(const float* x, size_t N) { return blocked_sum<true>(x, N); }
 
+namespace {
+
+struct AdamWScalars {
+  float step_size, bc2_sqrt, decay, beta1, beta2, one_minus_b1, one_minus_b2, eps, grad_scale;
+};
+
+// kZero: write 0 over the gradient element once it is read, in the same pass (the gradient's cache
+// line is already there; a separate zeroing pass would stream the whole gradient again). Every
+// pointer is restrict (the gradient is read and zeroed through the same one), so the loop vectorises.
+template <bool kZero>
+void adamw_loop(float* __restrict param, float* __restrict grad, float* __restrict m, float* __restrict v,
+                size_t N, const AdamWScalars s) {
+#pragma omp parallel for schedule(static) if (N >= 16384)
+  for (size_t i = 0; i < N; ++i) {
+    const float g = grad[i] * s.grad_scale;
+    if constexpr (kZero) grad[i] = 0.0f;
+    float p = param[i] * s.decay;
+    const float mi = s.beta1 * m[i] + s.one_minus_b1 * g;
+    const float vi = s.beta2 * v[i] + s.one_minus_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+    p -= s.step_size * (mi / denom);
+    param[i] = p;
+  }
+}
+
+}  // namespace
+
 // AdamW step t (1-based), g = grad * grad_scale:
 //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
 // Bias corrections in double as torch does (python floats), the per-element update in float.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int t) {
+                  int t, float* zero_grad) {
   const double bc1 = 1.0 - std::pow((double)beta1, t);
   const double bc2 = 1.0 - std::pow((double)beta2, t);
-  const float step_size = static_cast<float>((double)lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - lr * weight_decay;
-  const float one_minus_b1 = 1.0f - beta1;
-  const float one_minus_b2 = 1.0f - beta2;
-#pragma omp parallel for schedule(static) if (N >= 16384)
-  for (size_t i = 0; i < N; ++i) {
-    const float g = grad[i] * grad_scale;
-    float p = param[i] * decay;
-    const float mi = beta1 * m[i] + one_minus_b1 * g;
-    const float vi = beta2 * v[i] + one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    p -= step_size * (mi / denom);
-    param[i] = p;
-  }
+  const AdamWScalars s{static_cast<float>((double)lr / bc1), static_cast<float>(std::sqrt(bc2)),
+                       1.0f - lr * weight_decay, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
+                       grad_scale};
+  NLP_ASSERT(zero_grad == nullptr || zero_grad == grad);
+  if (zero_grad) adamw_loop<true>(param, zero_grad, m, v, N, s);
+  else adamw_loop<false>(param, const_cast<float*>(grad), m, v, N, s);  // read only
 }
 
 }  // namespace nlp::cpu

@@ -335,9 +335,11 @@ class CudaBackend final : public Backend {
 
   // Every tensor in one launch (a step of BERT-base has ~200 tensors: ~200 launches and their gaps
   // otherwise). The span table lives on the device, uploaded when the spans change.
-  void adamw_update_spans(float* param, const float* grad, float* m, float* v,
+  // zero_grad: one memset over the spans' whole range after the launch (the gaps between spans are
+  // alignment padding that no kernel writes).
+  void adamw_update_spans(float* param, float* grad, float* m, float* v,
                           const std::vector<AdamWSpan>& spans, float lr, float beta1, float beta2,
-                          float eps, float grad_scale, int t) override {
+                          float eps, float grad_scale, int t, bool zero_grad) override {
     float wd = 0.f;  // the one non-zero weight decay (one launch handles two decay factors)
     bool one_wd = true;
     for (const AdamWSpan& sp : spans) {
@@ -348,7 +350,7 @@ class CudaBackend final : public Backend {
     for (size_t k = 1; k < spans.size(); ++k)
       ascending = ascending && spans[k].offset >= spans[k - 1].offset + spans[k - 1].numel;
     if (spans.empty() || !one_wd || !ascending) {
-      Backend::adamw_update_spans(param, grad, m, v, spans, lr, beta1, beta2, eps, grad_scale, t);
+      Backend::adamw_update_spans(param, grad, m, v, spans, lr, beta1, beta2, eps, grad_scale, t, zero_grad);
       return;
     }
     if (!same_spans(spans)) upload_spans(spans);
@@ -363,6 +365,8 @@ class CudaBackend final : public Backend {
                                 int(spans.size()), n_total, step_size, bc2_sqrt, decay_on,
                                 decay_off, beta1, beta2, eps, grad_scale, stream_),
        "adamw_update");
+    if (zero_grad)
+      zero(grad + spans.front().offset, (n_total - spans.front().offset) * sizeof(float));
   }
 
  private:
