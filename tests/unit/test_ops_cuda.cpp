@@ -199,6 +199,50 @@ class CudaOps : public ::testing::Test {
   }
   void set(float* p, const VF& h) { gpu().to_device(p, h.data(), h.size() * sizeof(float)); }
 
+  // Dropout forward and backward with the masks of `rows` (rows_cpu's token keys in host memory,
+  // rows_gpu's on the device): the GPU's results equal the CPU's bit for bit.
+  void expect_dropout_same_as_cpu(const VF& x, const VF& dout, const VF& dx0, float p, uint64_t seed,
+                                  const nlp::DropRows& rows_cpu, const nlp::DropRows& rows_gpu) {
+    const size_t n = x.size();
+    VF y_c(n), dx_c = dx0;
+    cpu().dropout_forward(y_c.data(), x.data(), n, p, seed, rows_cpu);
+    cpu().dropout_backward(dx_c.data(), dout.data(), n, p, seed, rows_cpu);
+    float* gy = nan_buf(n);
+    gpu().dropout_forward(gy, put(x), n, p, seed, rows_gpu);
+    EXPECT_CLOSE(get(gy, n), y_c, kExact);
+    float* gdx = put(dx0);
+    gpu().dropout_backward(gdx, put(dout), n, p, seed, rows_gpu);
+    EXPECT_CLOSE(get(gdx, n), dx_c, kExact);
+  }
+
+  // Attention forward and backward with dropout, causal and not, against the CPU's: qkv [B,T,3C],
+  // dout [B,T,C], dq0 the starting dqkv, mask [B,T] (0/1 or segment ids), token_key [B,T] or empty,
+  // T_key the key layout's row length. check_probs compares the saved probabilities too.
+  void expect_attention_same_as_cpu(const VF& qkv, const VF& dout, const VF& dq0, const VI& mask,
+                                    const VI& token_key, float p, uint64_t seed, int B, int T, int NH, int HS,
+                                    int Tk, bool check_probs) {
+    const size_t n = size_t(B) * T * NH * HS, nqkv = 3 * n, natt = size_t(B) * NH * T * T;
+    const int32_t* key_c = token_key.empty() ? nullptr : token_key.data();
+    const int32_t* key_g = token_key.empty() ? nullptr : put(token_key);
+    const int32_t* gm = put(mask);
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "causal=" << causal);
+      VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
+      cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), mask.data(), causal, p, seed, B, T, NH, HS,
+                              Tk, key_c);
+      cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), mask.data(),
+                               causal, p, seed, B, T, NH, HS, Tk, key_c);
+      float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
+      gpu().attention_forward(gao, ga, gq, gm, causal, p, seed, B, T, NH, HS, Tk, key_g);
+      EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
+      if (check_probs) EXPECT_CLOSE(get(ga, natt), att_c, kAttn);
+      float* gdq = put(dq0);
+      gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, T, NH, HS, Tk,
+                               key_g);
+      EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
+    }
+  }
+
   std::vector<void*> allocs_;
 };
 
@@ -608,35 +652,11 @@ TEST_F(CudaOps, KeyedDropoutAndAttentionSameMasksAsCpu) {
   const uint64_t seed = nlp::derive_seed(91, 4, 2);
   const size_t n = size_t(B) * Tn * C;
   const nlp::DropRows rows = nlp::drop_rows(Tn, Tk, C);
-  VF x = randn(n, 610), d = randn(n, 611), g0 = randn(n, 612);
-  VF out_c(n), g_c = g0;
-  cpu().dropout_forward(out_c.data(), x.data(), n, p, seed, rows);
-  cpu().dropout_backward(g_c.data(), d.data(), n, p, seed, rows);
-  float* go = nan_buf(n);
-  gpu().dropout_forward(go, put(x), n, p, seed, rows);
-  EXPECT_CLOSE(get(go, n), out_c, kExact);
-  float* gg = put(g0);
-  gpu().dropout_backward(gg, put(d), n, p, seed, rows);
-  EXPECT_CLOSE(get(gg, n), g_c, kExact);
+  expect_dropout_same_as_cpu(randn(n, 610), randn(n, 611), randn(n, 612), p, seed, rows, rows);
 
-  const size_t nqkv = size_t(B) * Tn * 3 * C, natt = size_t(B) * NH * Tn * Tn;
-  VF qkv = randn(nqkv, 613, 1.5f), dout = randn(n, 614), dq0 = randn(nqkv, 615);
-  VI mask = attn_mask_for(B, Tn);
-  for (bool causal : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "causal=" << causal);
-    VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
-    cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), mask.data(), causal, p, seed, B, Tn, NH,
-                            HS, Tk);
-    cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), mask.data(),
-                             causal, p, seed, B, Tn, NH, HS, Tk);
-    float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
-    int32_t* gm = put(mask);
-    gpu().attention_forward(gao, ga, gq, gm, causal, p, seed, B, Tn, NH, HS, Tk);
-    EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
-    float* gdq = put(dq0);
-    gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, Tn, NH, HS, Tk);
-    EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
-  }
+  const size_t nqkv = size_t(B) * Tn * 3 * C;
+  expect_attention_same_as_cpu(randn(nqkv, 613, 1.5f), randn(n, 614), randn(nqkv, 615), attn_mask_for(B, Tn), {},
+                               p, seed, B, Tn, NH, HS, Tk, /*check_probs=*/false);
 }
 
 // data.packing: position ids, per-token dropout keys (DropRows token_key) and packed attention with
@@ -663,7 +683,7 @@ TEST_F(CudaOps, PackedRowsSameAsCpu) {
   VF wte = randn(size_t(V) * C, 620), wpe = randn(size_t(P) * C, 621), out_c(n);
   cpu().embedding_forward(out_c.data(), ids.data(), nullptr, wte.data(), wpe.data(), nullptr, B, T, C, 0,
                           pos.data());
-  int32_t *gids = put(ids), *gpos = put(pos), *gkey = put(key), *gseg = put(seg);
+  int32_t *gids = put(ids), *gpos = put(pos), *gkey = put(key);
   float* go = nan_buf(n);
   gpu().embedding_forward(go, gids, nullptr, put(wte), put(wpe), nullptr, B, T, C, 0, gpos);
   EXPECT_CLOSE(get(go, n), out_c, kExact);
@@ -674,35 +694,12 @@ TEST_F(CudaOps, PackedRowsSameAsCpu) {
   gpu().embedding_backward(nullptr, gpe, nullptr, put(dout), gids, nullptr, B, T, C, 0, gpos);
   EXPECT_CLOSE(get(gpe, wpe.size()), pe_c, kOp);
   // hidden-state dropout keyed per token
-  const nlp::DropRows rows_c = nlp::drop_rows(T, Tk, C, key.data()), rows_g = nlp::drop_rows(T, Tk, C, gkey);
-  VF x = randn(n, 624), dx0 = randn(n, 625), y_c(n), dx_c = dx0;
-  cpu().dropout_forward(y_c.data(), x.data(), n, p, seed, rows_c);
-  cpu().dropout_backward(dx_c.data(), dout.data(), n, p, seed, rows_c);
-  float* gy = nan_buf(n);
-  gpu().dropout_forward(gy, put(x), n, p, seed, rows_g);
-  EXPECT_CLOSE(get(gy, n), y_c, kExact);
-  float* gdx = put(dx0);
-  gpu().dropout_backward(gdx, put(dout), n, p, seed, rows_g);
-  EXPECT_CLOSE(get(gdx, n), dx_c, kExact);
+  expect_dropout_same_as_cpu(randn(n, 624), dout, randn(n, 625), p, seed, nlp::drop_rows(T, Tk, C, key.data()),
+                             nlp::drop_rows(T, Tk, C, gkey));
   // packed attention with token keys (probabilities of other examples are 0: their keys do not matter)
-  const size_t nqkv = size_t(B) * T * 3 * C, natt = size_t(B) * NH * T * T;
-  VF qkv = randn(nqkv, 626, 1.5f), dq0 = randn(nqkv, 627);
-  for (bool causal : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "causal=" << causal);
-    VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
-    cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), seg.data(), causal, p, seed, B, T, NH, HS,
-                            Tk, key.data());
-    cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), seg.data(),
-                             causal, p, seed, B, T, NH, HS, Tk, key.data());
-    float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
-    gpu().attention_forward(gao, ga, gq, gseg, causal, p, seed, B, T, NH, HS, Tk, gkey);
-    EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
-    EXPECT_CLOSE(get(ga, natt), att_c, kAttn);
-    float* gdq = put(dq0);
-    gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gseg, causal, p, seed, B, T, NH, HS, Tk,
-                             gkey);
-    EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
-  }
+  const size_t nqkv = size_t(B) * T * 3 * C;
+  expect_attention_same_as_cpu(randn(nqkv, 626, 1.5f), dout, randn(nqkv, 627), seg, key, p, seed, B, T, NH, HS, Tk,
+                               /*check_probs=*/true);
 }
 
 TEST_F(CudaOps, AttentionDecodeWithKvCache) {
