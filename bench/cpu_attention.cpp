@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   const int B = arg(1, 32), T = arg(2, 256), NH = arg(3, 4), HS = arg(4, 64), threads = arg(5, 2);
   const int C = NH * HS;
   omp_set_num_threads(threads);
-  std::vector<float> qkv((size_t)B * T * 3 * C), out((size_t)B * T * C), att((size_t)B * NH * T * T);
+  std::vector<float> qkv((size_t)B * T * 3 * C), out((size_t)B * T * C);
+  std::vector<float> att(nlp::cpu::attention_stats_floats(B, T, NH));  // the forward's saved state
   std::vector<float> dout(out.size()), dqkv(qkv.size());
   nlp::Rng r(1);
   for (auto& x : qkv) x = r.normal();

@@ -151,8 +151,9 @@ class Backend {
   // ---- attention -----------------------------------------------------------------------------------
   // qkv[B,T,3C] holds q | k | v per row (head h uses columns h*HS..h*HS+HS of each part).
   // att holds attention_saved_floats(B, T, NH, HS) floats: the state attention_forward saves for
-  // attention_backward, opaque to the caller. The native paths (CPU, CUDA kernels) save the softmax
-  // probabilities (before dropout) as att[B,NH,T,T]; a fused path (cuDNN) saves far less.
+  // attention_backward, opaque to the caller. The native CUDA kernels save the softmax probabilities
+  // (before dropout) as att[B,NH,T,T]; the CPU (two floats per query row, recomputing the
+  // probabilities in the backward) and the fused cuDNN path save far less.
   // Masking: causal (key j > query i masked) and/or attn_mask[B,T] (nullable): a segment id per token,
   // 0 = padding. Query i attends key j iff attn_mask[j] != 0 and (attn_mask[i] == attn_mask[j] or
   // attn_mask[i] == 0): with a 0/1 mask that is the key-padding mask (a padding query sees every real
@@ -179,8 +180,8 @@ class Backend {
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS, int T_key = 0, const int32_t* token_key = nullptr) = 0;
   // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
-  // this shape (the model's activation arena asks before carving). Default: B*NH*T*T each, the
-  // probabilities and their gradient.
+  // this shape (the model's activation arena asks before carving). Default (the native CUDA kernels):
+  // B*NH*T*T each, the probabilities and their gradient.
   virtual size_t attention_saved_floats(int B, int T, int NH, int HS) {
     (void)HS;
     return size_t(B) * NH * T * T;

@@ -38,7 +38,7 @@ struct BlockActs {
   float* ln1;               // [BT,C]   LN1 output (pre-LN) or LN1 output = x1 (post-LN)
   float *ln1_mean, *ln1_rstd;  // [BT]
   float* qkv;               // [BT,3C]
-  float* att;               // the attention op's saved state (AttnSizes::saved floats; native: [B,NH,T,T] probabilities)
+  float* att;               // the attention op's saved state (AttnSizes::saved floats; native CUDA: [B,NH,T,T] probabilities, CPU: 2 per query row)
   float* atty;              // [BT,C]   attention output before the projection
   float* res1;              // [BT,C]   x + drop(proj)  (the residual stream after attention)
   float* ln2;               // [BT,C]
@@ -54,12 +54,12 @@ struct BlockScratch {
   float *d_res1, *d_c1, *d_c2;  // [BT,C]
   float *d_qkv;                 // [BT,3C]
   float *d_ff1, *d_ff2;         // [BT,FF]
-  float* d_att;                 // attention backward scratch (AttnSizes::scratch floats; native: [B,NH,T,T])
+  float* d_att;                 // attention backward scratch (AttnSizes::scratch floats; native CUDA: [B,NH,T,T], CPU: none)
 };
 
 // Floats of the attention op's saved state (BlockActs::att, per block) and backward scratch
 // (BlockScratch::d_att, shared) for a B x T batch: the backend decides (Backend::attention_saved_floats
-// and attention_scratch_floats; B*NH*T*T each on the native paths, far less with fused attention).
+// and attention_scratch_floats; B*NH*T*T each on the native CUDA path, far less on the CPU and with fused attention).
 struct AttnSizes {
   size_t saved = 0, scratch = 0;
 };

@@ -166,6 +166,41 @@ bool bitwise_equal(const VF& a, const VF& b) {
 #define EXPECT_CLOSE(gpu_vec, cpu_vec, tol) \
   EXPECT_LE(rel_err(gpu_vec, cpu_vec), (tol)) << #gpu_vec " vs " #cpu_vec
 
+// The attention probabilities (before dropout) of qkv [B,T,3C] as float64 rounded to float, att[B,NH,T,T],
+// under backend.h's mask rule (mask: segment ids or 0/1, nullable; query i sees key j iff mask[j] != 0
+// and mask[i] is 0 or mask[j]; causal: j <= i); a row that sees no key is zero. The native CUDA kernels
+// save these; the CPU backend keeps only two floats per row and recomputes them in its backward.
+VF attention_probs(const VF& qkv, const int32_t* mask, bool causal, int B, int T, int NH, int HS) {
+  const size_t C = size_t(NH) * HS;
+  VF att(size_t(B) * NH * T * T, 0.0f);
+  std::vector<double> s(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        const int si = mask ? mask[size_t(b) * T + i] : 1;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j < T; ++j) {
+          const int sj = mask ? mask[size_t(b) * T + j] : 1;
+          if (sj == 0 || (si != 0 && sj != si) || (causal && j > i)) {
+            s[j] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          double d = 0;
+          for (int x = 0; x < HS; ++x)
+            d += double(qkv[(size_t(b) * T + i) * 3 * C + size_t(h) * HS + x]) *
+                 qkv[(size_t(b) * T + j) * 3 * C + C + size_t(h) * HS + x];
+          s[j] = d / std::sqrt(double(HS));
+          mx = std::max(mx, s[j]);
+        }
+        if (mx == -std::numeric_limits<double>::infinity()) continue;
+        double den = 0;
+        for (int j = 0; j < T; ++j) den += std::exp(s[j] - mx);
+        for (int j = 0; j < T; ++j)
+          att[((size_t(b) * NH + h) * T + i) * T + j] = float(std::exp(s[j] - mx) / den);
+      }
+  return att;
+}
+
 // ---- fixture: skip without a GPU, device buffers released after each test ----------------------------
 
 class CudaOps : public ::testing::Test {
@@ -217,7 +252,7 @@ class CudaOps : public ::testing::Test {
 
   // Attention forward and backward with dropout, causal and not, against the CPU's: qkv [B,T,3C],
   // dout [B,T,C], dq0 the starting dqkv, mask [B,T] (0/1 or segment ids), token_key [B,T] or empty,
-  // T_key the key layout's row length. check_probs compares the saved probabilities too.
+  // T_key the key layout's row length. check_probs compares the saved probabilities with float64 ones too.
   void expect_attention_same_as_cpu(const VF& qkv, const VF& dout, const VF& dq0, const VI& mask,
                                     const VI& token_key, float p, uint64_t seed, int B, int T, int NH, int HS,
                                     int Tk, bool check_probs) {
@@ -227,7 +262,8 @@ class CudaOps : public ::testing::Test {
     const int32_t* gm = put(mask);
     for (bool causal : {false, true}) {
       SCOPED_TRACE(testing::Message() << "causal=" << causal);
-      VF ao_c(n), att_c(natt), dq_c = dq0, scr_c(natt);
+      VF ao_c(n), att_c(cpu().attention_saved_floats(B, T, NH, HS)), dq_c = dq0;
+      VF scr_c(cpu().attention_scratch_floats(B, T, NH, HS));
       cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), mask.data(), causal, p, seed, B, T, NH, HS,
                               Tk, key_c);
       cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), mask.data(),
@@ -235,7 +271,7 @@ class CudaOps : public ::testing::Test {
       float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
       gpu().attention_forward(gao, ga, gq, gm, causal, p, seed, B, T, NH, HS, Tk, key_g);
       EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
-      if (check_probs) EXPECT_CLOSE(get(ga, natt), att_c, kAttn);
+      if (check_probs) EXPECT_CLOSE(get(ga, natt), attention_probs(qkv, mask.data(), causal, B, T, NH, HS), kAttn);
       float* gdq = put(dq0);
       gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, T, NH, HS, Tk,
                                key_g);
@@ -621,7 +657,7 @@ TEST_F(CudaOps, AttentionForwardBackward) {
           VF qkv = randn(nqkv, ++seed, 1.5f);
           VI mask = masked == 2 ? segment_mask_for(s.B, s.T) : attn_mask_for(s.B, s.T);
           const int32_t* cm = masked ? mask.data() : nullptr;
-          VF out_c(nout), att_c(natt);
+          VF out_c(nout), att_c(cpu().attention_saved_floats(s.B, s.T, s.NH, s.HS));
           cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), cm, causal, p, dseed,
                                   s.B, s.T, s.NH, s.HS);
           float* gq = put(qkv);
@@ -629,10 +665,10 @@ TEST_F(CudaOps, AttentionForwardBackward) {
           float *go = nan_buf(nout), *ga = nan_buf(natt);
           gpu().attention_forward(go, ga, gq, gm, causal, p, dseed, s.B, s.T, s.NH, s.HS);
           EXPECT_CLOSE(get(go, nout), out_c, kAttn);
-          EXPECT_CLOSE(get(ga, natt), att_c, kAttn);
+          EXPECT_CLOSE(get(ga, natt), attention_probs(qkv, cm, causal, s.B, s.T, s.NH, s.HS), kAttn);
 
           VF dout = randn(nout, ++seed), dq0 = randn(nqkv, ++seed);
-          VF dq_c = dq0, scratch_c(natt);
+          VF dq_c = dq0, scratch_c(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
           cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(),
                                    att_c.data(), cm, causal, p, dseed, s.B, s.T, s.NH, s.HS);
           float* gdq = put(dq0);
@@ -1246,7 +1282,8 @@ class CudaOpsCudnn : public CudaOps {
     const VF dout = round_bf16(randn(nout, seed + 1));
     const VF dq0 = randn(nqkv, seed + 2);
     const int32_t* cm = mask ? mask->data() : nullptr;
-    VF out_c(nout), att_c(natt), dq_c = dq0, scratch_c(natt);
+    VF out_c(nout), att_c(cpu().attention_saved_floats(s.B, s.T, s.NH, s.HS)), dq_c = dq0;
+    VF scratch_c(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
     cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), cm, causal, 0.f, 0, s.B, s.T,
                             s.NH, s.HS);
     cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(), att_c.data(),
@@ -1405,7 +1442,8 @@ TEST_F(CudaOpsCudnn, UnsupportedShapeFallsBackToNative) {
   ASSERT_EQ(fused().attention_saved_floats(s.B, s.T, s.NH, s.HS), natt);
   ASSERT_EQ(fused().attention_scratch_floats(s.B, s.T, s.NH, s.HS), natt);
   const VF qkv = randn(nqkv, 3300, 1.5f), dout = randn(nout, 3301), dq0 = randn(nqkv, 3302);
-  VF out_c(nout), att_c(natt), dq_c = dq0, scr(natt);
+  VF out_c(nout), att_c(cpu().attention_saved_floats(s.B, s.T, s.NH, s.HS)), dq_c = dq0;
+  VF scr(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
   cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), nullptr, true, 0.2f, 9, s.B, s.T,
                           s.NH, s.HS);
   cpu().attention_backward(dq_c.data(), scr.data(), dout.data(), qkv.data(), att_c.data(), nullptr,
@@ -1415,7 +1453,8 @@ TEST_F(CudaOpsCudnn, UnsupportedShapeFallsBackToNative) {
   fused().attention_backward(gdq, fnan(natt), fput(dout), gq, ga, nullptr, true, 0.2f, 9, s.B, s.T,
                              s.NH, s.HS);
   EXPECT_CLOSE(fget(go, nout), out_c, kAttn);
-  EXPECT_CLOSE(fget(ga, natt), att_c, kAttn);  // the native path's probabilities, index-hash dropout
+  // the native path's probabilities (the dropout is the index hash's, checked through out and dq)
+  EXPECT_CLOSE(fget(ga, natt), attention_probs(qkv, nullptr, true, s.B, s.T, s.NH, s.HS), kAttn);
   EXPECT_CLOSE(fget(gdq, nqkv), dq_c, kAttn);
 }
 

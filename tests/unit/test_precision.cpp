@@ -354,7 +354,7 @@ TEST_P(ReducedMatmul, OtherOpsAreFp32) {
   red_->gelu_forward(o2.data(), x.data(), x.size(), nlp::Gelu::Tanh);
   EXPECT_TRUE(bitwise_equal(o1, o2));
   const VF qkv = randn((size_t)B * T * 3 * C, 34);
-  VF a1(x.size()), a2(x.size()), att1((size_t)B * NH * T * T), att2(att1.size());
+  VF a1(x.size()), a2(x.size()), att1(fp32_->attention_saved_floats(B, T, NH, HS)), att2(att1.size());
   fp32_->attention_forward(a1.data(), att1.data(), qkv.data(), nullptr, true, 0.0f, 1, B, T, NH, HS);
   red_->attention_forward(a2.data(), att2.data(), qkv.data(), nullptr, true, 0.0f, 1, B, T, NH, HS);
   EXPECT_TRUE(bitwise_equal(a1, a2));

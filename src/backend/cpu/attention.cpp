@@ -3,6 +3,13 @@
 // of a packed row: backend.h) and dropout on the probabilities, plus single-position decoding with a
 // KV cache. Each block of query rows computes only the keys it can see.
 //
+// Flash-style in what it keeps: no [B,NH,T,T] tensor is stored. The forward keeps two floats per
+// query row (the softmax's max and 1 / sum of exp); the backward recomputes the scores and the
+// probabilities from q, k and those, bitwise as the forward had them. A block of kRows query rows
+// holds its whole row of scores (kRows x T floats: 32 KiB at T = 1024) in a per-thread buffer, so the
+// softmax is the exact two-pass one within the block rather than an online rescaling over key tiles;
+// the backward's dS and A' of one head are per-thread [T, T] buffers, reused head after head.
+//
 // One OpenMP task per (b, h), handed out dynamically (packed and trimmed rows differ in work): every
 // output element is produced by one task in a fixed order, whichever thread runs it, so results are
 // bitwise reproducible and independent of the thread count. Per head the
@@ -24,13 +31,17 @@ namespace {
 
 // The products run on register tiles of kRows x 16 floats: 8 rows of one 512-bit vector each where the
 // compiler targets AVX-512, else 4 rows of two 256-bit halves (GCC splits the 64-byte vector type), so
-// that the accumulators fit the register file either way. Every element sums its products in the same
-// order whatever the tile height, so the results do not depend on it.
+// that the accumulators fit the register file either way. On AVX-512 a tile is two vectors wide where
+// the buffers allow (8 x 32: 16 accumulators of the 32 registers), which halves the broadcasts of A per
+// product. Every element sums its products in the same order whatever the tile's height and width, so
+// the results do not depend on them.
 typedef float v16 __attribute__((vector_size(64)));
 #if defined(__AVX512F__)
 constexpr int kRows = 8;
+constexpr bool kWide = true;
 #else
 constexpr int kRows = 4;
+constexpr bool kWide = false;
 #endif
 
 inline v16 load16(const float* p) {
@@ -40,24 +51,43 @@ inline v16 load16(const float* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// C[kRows,16] = A[kRows,L] @ B[L,16]; B rows ldb apart, C rows ldc apart (overwritten). A(r, l) is
-// A[r * lda + l] (rows lda apart), or with kTransposedA A[l * lda + r] (A given as A^T row-major, e.g.
-// dS^T @ q from dS). Each element sums its products in order l = 0..L-1 either way, so both forms
+// C[kRows,16 NV] = A[kRows,L] @ B[L,16 NV]; B rows ldb apart, C rows ldc apart (overwritten). A(r, l)
+// is A[r * lda + l] (rows lda apart), or with kTransposedA A[l * lda + r] (A given as A^T row-major,
+// e.g. dS^T @ q from dS). Each element sums its products in order l = 0..L-1 either way, so both forms
 // give bitwise the same C from the same A. With kAccumulate, C += the product (C read first).
-template <bool kTransposedA = false, bool kAccumulate = false>
+template <int NV, bool kTransposedA = false, bool kAccumulate = false>
 inline void tile(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb, int L,
                  float* __restrict C, size_t ldc) {
-  v16 c[kRows] = {};
+  v16 c[kRows][NV] = {};
   if (kAccumulate)
-    for (int r = 0; r < kRows; ++r) c[r] = load16(C + (size_t)r * ldc);
-  for (int l = 0; l < L; ++l) {
-    const v16 b = load16(B + (size_t)l * ldb);
-#pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r)
-      c[r] += (kTransposedA ? A[(size_t)l * lda + r] : A[(size_t)r * lda + l]) * b;
+      for (int v = 0; v < NV; ++v) c[r][v] = load16(C + (size_t)r * ldc + 16 * v);
+  for (int l = 0; l < L; ++l) {
+    v16 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load16(B + (size_t)l * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const float a = kTransposedA ? A[(size_t)l * lda + r] : A[(size_t)r * lda + l];
+      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+    }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) store16(C + (size_t)r * ldc, c[r]);
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < NV; ++v) store16(C + (size_t)r * ldc + 16 * v, c[r][v]);
+}
+
+// C[kRows, c0 <= c < c1] = A @ B[:, c0 <= c < c1] (B and C given at column 0) in register tiles, the
+// last one reaching up to 31 columns beyond c1 but never beyond `width` (the padded width of B's and
+// C's buffers, a multiple of 16): two vectors wide while more than 16 columns are left and the
+// buffers allow (kWide), else one.
+template <bool kTransposedA = false, bool kAccumulate = false>
+inline void tiles(const float* A, size_t lda, const float* B, size_t ldb, int L, float* C, size_t ldc,
+                  int c0, int c1, int width) {
+  int c = c0;
+  if (kWide)
+    for (; c + 16 < c1 && c + 32 <= width; c += 32)
+      tile<2, kTransposedA, kAccumulate>(A, lda, B + c, ldb, L, C + c, ldc);
+  for (; c < c1; c += 16) tile<1, kTransposedA, kAccumulate>(A, lda, B + c, ldb, L, C + c, ldc);
 }
 
 inline int round16(int x) { return (x + 15) / 16 * 16; }
@@ -77,12 +107,19 @@ inline void gather_rows(float* dst, int Hp, const float* qkv, int b, int h, int 
   }
 }
 
-// dst[Hp,Tp] = transposed part of head h (rows d < HS, columns t < T)
+// dst[Hp,Tp] = transposed part of head h (rows d < HS, columns t < T), 16 positions at a time: each
+// d writes 16 consecutive floats from 16 source rows that stay in L1 (a position at a time wrote one
+// float to each of HS cache lines, 12% of the forward's time at T = 256)
 inline void gather_transposed(float* dst, int Tp, const float* qkv, int b, int h, int part, int T,
                               int C, int HS) {
-  for (int t = 0; t < T; ++t) {
-    const float* src = head_row(qkv, b, t, h, part, T, C, HS);
-    for (int d = 0; d < HS; ++d) dst[(size_t)d * Tp + t] = src[d];
+  for (int t0 = 0; t0 < T; t0 += 16) {
+    const int n = T - t0 < 16 ? T - t0 : 16;
+    const float* src[16];
+    for (int r = 0; r < n; ++r) src[r] = head_row(qkv, b, t0 + r, h, part, T, C, HS);
+    for (int d = 0; d < HS; ++d) {
+      float* __restrict col = dst + (size_t)d * Tp + t0;
+      for (int r = 0; r < n; ++r) col[r] = src[r][d];
+    }
   }
 }
 
@@ -142,10 +179,32 @@ inline void block_span(const int* lo, const int* hi, int i0, int n, int* jlo, in
   *jhi = b;
 }
 
+// Whether query i (segment id si) sees key j: the mask rule of backend.h, branch-free
+inline bool sees(const int* sg, int si, int i, int j, bool causal) {
+  return (sg[j] != 0) & ((si == 0) | (sg[j] == si)) & (!causal | (j <= i));
+}
+
+// A row's unnormalised probability exp(x - mx) of a key it sees, 0 of one it does not. Every operand
+// is computed unconditionally (a conditional load keeps GCC from vectorising), and a masked score
+// never meets inf - inf. The forward and the backward's recomputation call this same function, so
+// they get bitwise the same probabilities.
+inline float unnormalised(float x, float mx, bool keep) {
+  const float e = exp_nonpositive(keep ? x - mx : -100.0f);
+  return keep ? e : 0.0f;
+}
+
+// s[kRows, jlo <= j < jhi] (rows Tp apart) = the scores q_i . k_j / sqrt(HS) of rows i0.. from
+// qs[Tp,Hp] (q pre-scaled by 1/sqrt(HS)) and kt[Hp,Tp] (k transposed)
+inline void scores(float* s, const float* qs, const float* kt, int i0, int jlo, int jhi, int Tp,
+                   int Hp, int HS) {
+  tiles(qs + (size_t)i0 * Hp, Hp, kt, Tp, HS, s, Tp, jlo, jhi, Tp);
+}
+
 }  // namespace
 
-// out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  att[B,NH,T,T] = softmax (pre-dropout)
-void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+// out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  stats[B,NH,T,2] = each row's softmax
+// max and 1 / sum of exp (pre-dropout), from which the backward recomputes the probabilities
+void attention_forward(float* out, float* stats, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                        int T_key, const int32_t* token_key) {
   const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
@@ -176,13 +235,10 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
         const int ni = T - i0 < kRows ? T - i0 : kRows;
         int jlo, jhi;  // the keys this row block can see (a packed row's other examples are skipped)
         block_span(lo.data(), hi.data(), i0, ni, &jlo, &jhi);
-        // scores s[kRows, jlo <= j < jhi] = q_i . k_j / sqrt(HS)
-        for (int j0 = jlo; j0 < jhi; j0 += 16)
-          tile(qs.data() + (size_t)i0 * Hp, Hp, kt.data() + j0, Tp, HS, s.data() + j0, Tp);
+        scores(s.data(), qs.data(), kt.data(), i0, jlo, jhi, Tp, Hp, HS);
         for (int r = 0; r < ni; ++r) {
           const int i = i0 + r;
           float* __restrict srow = s.data() + (size_t)r * Tp;
-          float* __restrict arow = att + ((size_t)bh * T + i) * T;
           // masked softmax; a fully masked row gives zeros. Branch-free over j (the segment ids as
           // ints, exp by vmath's exp_nonpositive), so the compiler vectorises the three passes.
           const int* __restrict sg = seg.data();
@@ -190,42 +246,35 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
           for (int j = jlo; j < jhi; ++j) {
-            const float x = srow[j];
-            const bool keep = (sg[j] != 0) & ((si == 0) | (sg[j] == si)) & (!causal | (j <= i));
-            const float v = keep ? x : -std::numeric_limits<float>::infinity();
+            const float v = sees(sg, si, i, j, causal) ? srow[j] : -std::numeric_limits<float>::infinity();
             mx = v > mx ? v : mx;
           }
           float den = 0.0f;
 #pragma omp simd reduction(+ : den)
           for (int j = jlo; j < jhi; ++j) {
-            // every operand loaded unconditionally (a conditional load keeps GCC from vectorising)
-            const float x = srow[j];
-            const bool keep = (sg[j] != 0) & ((si == 0) | (sg[j] == si)) & (!causal | (j <= i));
-            const float e = exp_nonpositive(keep ? x - mx : -100.0f);  // masked: never inf - inf
-            arow[j] = keep ? e : 0.0f;
-            den += arow[j];
+            srow[j] = unnormalised(srow[j], mx, sees(sg, si, i, j, causal));
+            den += srow[j];
           }
           const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j) arow[j] *= inv;
-          for (int j = 0; j < jlo; ++j) arow[j] = 0.0f;
-          for (int j = jhi; j < T; ++j) arow[j] = 0.0f;
-          // the row of dropout(att) goes back into s for the product with v
+          float* st = stats + ((size_t)bh * T + i) * 2;
+          st[0] = mx;
+          st[1] = inv;
+          // the row of dropout(A), A = the probabilities, for the product with v
           if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
             const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
             const int* __restrict kp = kpos.data();
 #pragma omp simd
             for (int j = jlo; j < jhi; ++j)
-              srow[j] = arow[j] * (uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f);
+              srow[j] = srow[j] * inv * (uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f);
           } else {
-            for (int j = jlo; j < jhi; ++j) srow[j] = arow[j];
+#pragma omp simd
+            for (int j = jlo; j < jhi; ++j) srow[j] *= inv;
           }
         }
         for (int r = ni; r < kRows; ++r)
           for (int j = jlo; j < jhi; ++j) s[(size_t)r * Tp + j] = 0.0f;
-        // o[kRows, Hp] = dropout(att)[kRows, jlo <= j < jhi] @ v[jlo <= j < jhi, Hp]
-        for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile(s.data() + jlo, Tp, vb.data() + (size_t)jlo * Hp + d0, Hp, jhi - jlo, o.data() + d0, Hp);
+        // o[kRows, Hp] = dropout(A)[kRows, jlo <= j < jhi] @ v[jlo <= j < jhi, Hp]
+        tiles(s.data() + jlo, Tp, vb.data() + (size_t)jlo * Hp, Hp, jhi - jlo, o.data(), Hp, 0, HS, Hp);
         for (int r = 0; r < ni; ++r) {
           float* oi = out + ((size_t)b * T + i0 + r) * C + (size_t)h * HS;
           std::memcpy(oi, o.data() + (size_t)r * Hp, sizeof(float) * HS);
@@ -235,13 +284,15 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
   }
 }
 
-// dqkv[B,T,3C] += gradient through the forward above, from dout[B,T,C] and the saved att[B,NH,T,T].
-// With A the probabilities, A' = dropout(A) = A * kf (kf = keep/(1-p)), the scale sc = 1/sqrt(HS):
+// dqkv[B,T,3C] += gradient through the forward above, from dout[B,T,C] and the forward's stats.
+// With A the probabilities (recomputed from q, k and stats: bitwise the forward's), A' = dropout(A) =
+// A * kf (kf = keep/(1-p)), the scale sc = 1/sqrt(HS):
 //   dA'[T,T] = dout @ v^T;  dv += A'^T @ dout;  dA = dA' * kf;
 //   dS_ij = A_ij (dA_ij - sum_k A_ik dA_ik) * sc;  dq += dS @ k;  dk += dS^T @ q
-// scratch is not needed by this implementation (per-thread buffers instead).
+// dS and A' of one head live in per-thread [Tp, Tp] buffers, reused head after head; scratch is not
+// needed.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
+                        const float* stats, const int32_t* attn_mask, bool causal, float dropout_p,
                         uint64_t seed, int B, int T, int NH, int HS, int T_key,
                         const int32_t* token_key) {
   (void)scratch;
@@ -258,8 +309,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   {
     const size_t th = (size_t)Tp * Hp, tt = (size_t)Tp * Tp;
     // rows t >= T / columns d >= HS of these are never written and stay zero
-    std::vector<float> qb(th), kb(th), dob(th), vt(th);
+    std::vector<float> qs(th), kt(th), qb(th), kb(th), dob(th), vt(th);
     std::vector<float> ds(tt), ap(tt);  // ds holds dA' then dS; ap = A' (dropout(A)), row-major
+    std::vector<float> s((size_t)kRows * Tp);  // a row block's scores, then its probabilities A
     std::vector<float> dq(th), dk(th), dv(th);
     std::vector<float> kfrow(Tp);
     std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T);
@@ -274,58 +326,68 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int k = 0; k < nblk; ++k)
         block_span(lo.data(), hi.data(), k * kRows, T - k * kRows < kRows ? T - k * kRows : kRows,
                    &blo[k], &bhi[k]);
+      gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // as the forward: the same scores
+      gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(qb.data(), Hp, qkv, b, h, 0, T, C, HS, 1.0f);
       gather_rows(kb.data(), Hp, qkv, b, h, 1, T, C, HS, 1.0f);
       gather_transposed(vt.data(), Tp, qkv, b, h, 2, T, C, HS);
       for (int t = 0; t < T; ++t)
         std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
                     sizeof(float) * HS);
-      // dA'[i, j] = dout_i . v_j  (the tiles of the keys each row block sees)
-      for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k)
-        for (int j0 = blo[k]; j0 < bhi[k]; j0 += 16)
-          tile(dob.data() + (size_t)i0 * Hp, Hp, vt.data() + j0, Tp, HS,
-               ds.data() + (size_t)i0 * Tp + j0, Tp);
-      // softmax backward row by row over the keys the row sees, [lo, hi): first the row's keep
-      // factors kf (dropout's keep/(1-p), 0 where A = 0, i.e. masked), then A' = A * kf,
-      // dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop the compiler vectorises, the
-      // mask hash included; zeros outside [lo, hi)
-      for (int i = 0; i < T; ++i) {
-        const float* __restrict arow = att + ((size_t)bh * T + i) * T;
-        float* __restrict drow = ds.data() + (size_t)i * Tp;
-        float* __restrict aprow = ap.data() + (size_t)i * Tp;
-        float* __restrict kf = kfrow.data();
-        const int jlo = lo[i], jhi = hi[i];
-        const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
-        if (drop) {
-          const int* __restrict kp = kpos.data();
+      const int* __restrict sg = seg.data();
+      for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
+        const int ni = T - i0 < kRows ? T - i0 : kRows;
+        // dA'[i, j] = dout_i . v_j  (the tiles of the keys the row block sees)
+        tiles(dob.data() + (size_t)i0 * Hp, Hp, vt.data(), Tp, HS, ds.data() + (size_t)i0 * Tp, Tp, blo[k],
+              bhi[k], Tp);
+        scores(s.data(), qs.data(), kt.data(), i0, blo[k], bhi[k], Tp, Hp, HS);
+        // softmax backward row by row over the keys the row sees, [lo, hi): the probabilities A
+        // (recomputed), the row's keep factors kf (dropout's keep/(1-p), 0 where A = 0, i.e.
+        // masked), then A' = A * kf, dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop
+        // the compiler vectorises, the mask hash included; zeros outside [lo, hi)
+        for (int r = 0; r < ni; ++r) {
+          const int i = i0 + r;
+          float* __restrict arow = s.data() + (size_t)r * Tp;
+          float* __restrict drow = ds.data() + (size_t)i * Tp;
+          float* __restrict aprow = ap.data() + (size_t)i * Tp;
+          float* __restrict kf = kfrow.data();
+          const int jlo = lo[i], jhi = hi[i], si = sg[i];
+          const float* st = stats + ((size_t)bh * T + i) * 2;
+          const float mx = st[0], inv = st[1];
 #pragma omp simd
-          for (int j = jlo; j < jhi; ++j) {
-            const float keep = uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f;
-            kf[j] = arow[j] != 0.0f ? keep : 0.0f;
+          for (int j = jlo; j < jhi; ++j)
+            arow[j] = unnormalised(arow[j], mx, sees(sg, si, i, j, causal)) * inv;
+          const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
+          if (drop) {
+            const int* __restrict kp = kpos.data();
+#pragma omp simd
+            for (int j = jlo; j < jhi; ++j) {
+              const float keep = uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f;
+              kf[j] = arow[j] != 0.0f ? keep : 0.0f;
+            }
+          } else {
+#pragma omp simd
+            for (int j = jlo; j < jhi; ++j) kf[j] = arow[j] != 0.0f ? 1.0f : 0.0f;
           }
-        } else {
 #pragma omp simd
-          for (int j = jlo; j < jhi; ++j) kf[j] = arow[j] != 0.0f ? 1.0f : 0.0f;
+          for (int j = jlo; j < jhi; ++j) aprow[j] = arow[j] * kf[j];
+#pragma omp simd
+          for (int j = jlo; j < jhi; ++j) drow[j] *= kf[j];  // dA
+          const float dot = lane_sum<float>(jhi - jlo, [arow, drow, jlo](int x) {
+            return arow[jlo + x] * drow[jlo + x];
+          });
+#pragma omp simd
+          for (int j = jlo; j < jhi; ++j)
+            drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
+          for (int j = 0; j < jlo; ++j) drow[j] = aprow[j] = 0.0f;
+          for (int j = jhi; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
         }
-#pragma omp simd
-        for (int j = jlo; j < jhi; ++j) aprow[j] = arow[j] * kf[j];
-#pragma omp simd
-        for (int j = jlo; j < jhi; ++j) drow[j] *= kf[j];  // dA
-        const float dot = lane_sum<float>(jhi - jlo, [arow, drow, jlo](int k) {
-          return arow[jlo + k] * drow[jlo + k];
-        });
-#pragma omp simd
-        for (int j = jlo; j < jhi; ++j)
-          drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
-        for (int j = 0; j < jlo; ++j) drow[j] = aprow[j] = 0.0f;
-        for (int j = jhi; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
       }
       for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
         // dq[i] = sum_{j} dS_ij k_j over the keys the block sees
         const int jlo = blo[k], jhi = bhi[k];
-        for (int d0 = 0; d0 < Hp; d0 += 16)
-          tile(ds.data() + (size_t)i0 * Tp + jlo, Tp, kb.data() + (size_t)jlo * Hp + d0, Hp, jhi - jlo,
-               dq.data() + (size_t)i0 * Hp + d0, Hp);
+        tiles(ds.data() + (size_t)i0 * Tp + jlo, Tp, kb.data() + (size_t)jlo * Hp, Hp, jhi - jlo,
+              dq.data() + (size_t)i0 * Hp, Hp, 0, HS, Hp);
         // dk[j] = sum_i dS_ij q_i, dv[j] = sum_i A'_ij dout_i for keys j0..j0+kRows-1, over each run
         // [l0, l1) of consecutive rows that see one of these keys (the other rows of dS and A' are 0
         // there): one run unpacked (every row; causal: from j0), in a packed row the keys' example
@@ -340,25 +402,23 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           }
           int l1 = l0 + 1;
           while (l1 < T && sees(l1)) ++l1;
-          for (int d0 = 0; d0 < Hp; d0 += 16) {
-            const float *a_ds = ds.data() + (size_t)l0 * Tp + j0, *a_ap = ap.data() + (size_t)l0 * Tp + j0;
-            const float *b_q = qb.data() + (size_t)l0 * Hp + d0, *b_do = dob.data() + (size_t)l0 * Hp + d0;
-            float *c_k = dk.data() + (size_t)j0 * Hp + d0, *c_v = dv.data() + (size_t)j0 * Hp + d0;
-            if (first_run) {
-              tile<true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp);
-              tile<true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp);
-            } else {
-              tile<true, true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp);
-              tile<true, true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp);
-            }
+          const float *a_ds = ds.data() + (size_t)l0 * Tp + j0, *a_ap = ap.data() + (size_t)l0 * Tp + j0;
+          const float *b_q = qb.data() + (size_t)l0 * Hp, *b_do = dob.data() + (size_t)l0 * Hp;
+          float *c_k = dk.data() + (size_t)j0 * Hp, *c_v = dv.data() + (size_t)j0 * Hp;
+          if (first_run) {
+            tiles<true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp, 0, HS, Hp);
+            tiles<true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp, 0, HS, Hp);
+          } else {
+            tiles<true, true>(a_ds, Tp, b_q, Hp, l1 - l0, c_k, Hp, 0, HS, Hp);
+            tiles<true, true>(a_ap, Tp, b_do, Hp, l1 - l0, c_v, Hp, 0, HS, Hp);
           }
           first_run = false;
           l0 = l1;
         }
         if (first_run)  // no row sees these keys (padding): zero gradients
-          for (int d0 = 0; d0 < Hp; d0 += 16) {
-            tile<true>(ds.data(), Tp, qb.data(), Hp, 0, dk.data() + (size_t)j0 * Hp + d0, Hp);
-            tile<true>(ap.data(), Tp, dob.data(), Hp, 0, dv.data() + (size_t)j0 * Hp + d0, Hp);
+          for (int r = 0; r < kRows; ++r) {
+            std::memset(dk.data() + (size_t)(j0 + r) * Hp, 0, sizeof(float) * Hp);
+            std::memset(dv.data() + (size_t)(j0 + r) * Hp, 0, sizeof(float) * Hp);
           }
       }
       for (int t = 0; t < T; ++t) {
@@ -366,11 +426,17 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         const float* sq = dq.data() + (size_t)t * Hp;
         const float* sk = dk.data() + (size_t)t * Hp;
         const float* sv = dv.data() + (size_t)t * Hp;
-        for (int d = 0; d < HS; ++d) {
-          row[d] += sq[d];
-          row[C + d] += sk[d];
-          row[2 * C + d] += sv[d];
-        }
+        // three loops, not one: with three destinations in one loop GCC left it scalar (11% of the
+        // backward at T = 256)
+        float* __restrict rq = row;
+        float* __restrict rk = row + C;
+        float* __restrict rv = row + 2 * C;
+#pragma omp simd
+        for (int d = 0; d < HS; ++d) rq[d] += sq[d];
+#pragma omp simd
+        for (int d = 0; d < HS; ++d) rk[d] += sk[d];
+#pragma omp simd
+        for (int d = 0; d < HS; ++d) rv[d] += sv[d];
       }
     }
   }

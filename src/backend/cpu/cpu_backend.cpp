@@ -202,6 +202,16 @@ class CpuBackend final : public Backend {
   }
 
   // ---- attention ----
+  // The forward keeps two floats per query row; the backward recomputes the probabilities from them
+  // and needs no scratch (attention.cpp)
+  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
+    (void)HS;
+    return cpu::attention_stats_floats(B, T, NH);
+  }
+  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
+    (void)B, (void)T, (void)NH, (void)HS;
+    return 0;
+  }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                          int HS, int T_key, const int32_t* token_key) override {

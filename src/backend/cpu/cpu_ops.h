@@ -59,12 +59,14 @@ void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_
                       size_t row = 0, size_t row_key = 0, const int32_t* token_key = nullptr,
                       size_t width = 0);
 
-// attention.cpp
-void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+// attention.cpp: `stats` holds attention_stats_floats(B, T, NH) floats (two per query row), written
+// by the forward for the backward
+inline size_t attention_stats_floats(int B, int T, int NH) { return size_t(2) * B * NH * T; }
+void attention_forward(float* out, float* stats, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                        int T_key = 0, const int32_t* token_key = nullptr);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
+                        const float* stats, const int32_t* attn_mask, bool causal, float dropout_p,
                         uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
                         const int32_t* token_key = nullptr);
 void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
