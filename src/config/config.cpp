@@ -173,7 +173,8 @@ const std::vector<Entry>& schema() {
        "the embedding lookup (transformers' padding_idx); -1 = none; from model.weights when it has one"},
       {KEY(model, attention), one_of(kAttention),
        "attention kernels: cudnn = cuDNN fused flash attention (bf16, no [T,T] matrix kept), native = "
-       "nlptrain's own (fp32); auto = cudnn on cuda with bf16 precision, else native (cpu: always native)"},
+       "nlptrain's own (fp32; on the cpu no [T,T] matrix kept either: the backward recomputes it); auto = "
+       "cudnn on cuda with bf16 precision, else native (cpu: always native)"},
       // [data]
       {KEY(data, train), none(), "HDF5 dataset for training (and gradients mode)"},
       {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},
