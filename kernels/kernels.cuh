@@ -49,9 +49,10 @@ cudaError_t from_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
 cudaError_t accumulate_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
 
 // ---- sdpa_io.cu (the cuDNN fused-attention path) -------------------------------------------------
-// From the key padding mask[B,T] (0 = masked key): bias (__nv_bfloat16 [B, rows, ld], ld >= T;
-// rows = 1 for a [B,1,1,T] bias, T for [B,1,T,T]) = 0 for a kept key, -1e9 for a masked one, and
-// first[B] = the first unmasked key of each sequence (T when none).
+// From the mask[B,T] (segment ids or 0/1, 0 = padding): bias (__nv_bfloat16 [B, rows, ld], ld >= T;
+// rows = 1 for a [B,1,1,T] bias: key padding; T for [B,1,T,T]: backend.h's segment rule, which for a
+// 0/1 mask is key padding too) = 0 where the query sees the key, -1e9 where not, and first[B] = the
+// first unmasked key of each sequence (T when none).
 cudaError_t sdpa_mask_bias(void* bias, int32_t* first, const int32_t* mask, int B, int T, int rows,
                            int ld, cudaStream_t s);
 // out[B,T,C] (fp32) = float(o) (__nv_bfloat16), zero on query rows with no visible key (first

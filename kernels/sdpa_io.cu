@@ -22,14 +22,22 @@ constexpr float kMaskedBias = -1e9f;  // finite: exp underflows to 0, no inf - i
 #define GRID_STRIDE(i, n) \
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-// bias[B, rows, ld] (bf16): bias[b, r, j] = mask[b, j] ? 0 : kMaskedBias for j < T, 0 for the
-// padding columns j >= T (never read: the tensor's logical width is T)
+// bias[B, rows, ld] (bf16) for j < T: 0 where query r sees key j, kMaskedBias where not, by backend.h's
+// segment rule (key j real, and query r padding or of j's segment); rows == 1 (one row broadcast over
+// the queries): the key padding rule, as for a padding query. For a 0/1 mask the two agree, so a
+// materialised bias (rows == T) serves key padding and packed rows alike. 0 in the padding columns
+// j >= T (never read: the tensor's logical width is T).
 __global__ void mask_bias_k(__nv_bfloat16* __restrict__ bias, const int32_t* __restrict__ mask,
                             int T, int rows, int ld, size_t n) {
   GRID_STRIDE(i, n) {
     const int j = int(i % ld);
     const size_t b = i / (size_t(ld) * rows);
-    const float v = (j < T && mask[b * T + j] == 0) ? kMaskedBias : 0.0f;
+    const int r = int((i / ld) % rows);
+    float v = 0.0f;
+    if (j < T) {
+      const int32_t sj = mask[b * T + j], si = rows == T ? mask[b * T + r] : 0;
+      v = (sj != 0 && (si == 0 || si == sj)) ? 0.0f : kMaskedBias;
+    }
     bias[i] = __float2bfloat16_rn(v);
   }
 }

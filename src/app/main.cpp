@@ -132,9 +132,10 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
                                   !cuda_fused_attention_available(&no_cudnn);
   if (auto_without_cudnn) bopts.fused_attention = false;
-  // data.packing: cuDNN's path reads the mask as key padding (its ragged SDPA is not wired yet), so
-  // packed rows run the native kernels (model.attention = cudnn with packing is a config error)
-  const bool packed_native = bopts.fused_attention && cfg.data.packing;
+  // data.packing: auto keeps packed rows on the native kernels, which have run packed rows against the
+  // CPU; cuDNN's path for them (a block-diagonal bias) is selected by model.attention = cudnn alone until
+  // a GPU run has checked it (CudaOpsCudnn.PackedRowsMatchCpu)
+  const bool packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
   if (packed_native) bopts.fused_attention = false;
   // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
   // devices round-robin; NCCL needs a GPU per rank.
@@ -231,8 +232,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                  " backend: it has only the native attention"));
   if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
   if (packed_native)
-    log.info("model.attention = auto: native attention for data.packing (cuDNN's ragged packed-sequence "
-             "SDPA is not wired yet)");
+    log.info("model.attention = auto: native attention for data.packing (model.attention = cudnn runs packed "
+             "rows through cuDNN with a block-diagonal mask bias, not yet checked on a GPU)");
   for (const std::string& w : vocab_warnings) log.info(w);
   if (!epochs_line.empty()) log.info(epochs_line);
   log.info("effective configuration:");

@@ -159,7 +159,7 @@ class Backend {
   // attn_mask[i] == 0): with a 0/1 mask that is the key-padding mask (a padding query sees every real
   // key, as in transformers); with packed rows (ids 1, 2, ... per example) attention stays within
   // each example (block-diagonal). The CPU and native CUDA kernels follow this rule; the cuDNN fused
-  // path reads the mask as key padding only (config.cpp keeps data.packing off the cuda backend).
+  // path follows it for calls with token_key (packed rows) and reads any other mask as key padding.
   // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
   // Attention dropout on the probabilities uses mask element index ((b*NH + h)*Tk + i)*Tk + j on the
   // native paths, Tk = T_key (0 = T): the example's untrimmed length, so that a batch trimmed to its

@@ -183,11 +183,6 @@ def test_packing_errors(tmp_path):
                                      f"--output.dir={tmp_path / 'hole'}"], check=False)
     assert p.returncode != 0
     assert "data.packing: example 3 of the batch has padding at position 1" in p.stdout + p.stderr
-    p = nr.run(MODEL + ["--run.task=doc_cls", "--run.backend=cuda", "--model.attention=cudnn",
-                        f"--data.train={data}", "--data.packing=true", f"--output.dir={tmp_path / 'cuda'}"],
-               check=False)
-    assert p.returncode != 0 and "data.packing = true" in p.stdout + p.stderr
-    assert "model.attention = native or auto" in p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("task", ["doc_cls", "ner", "qa"])

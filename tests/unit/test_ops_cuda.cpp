@@ -1269,8 +1269,11 @@ class CudaOpsCudnn : public CudaOps {
 
   // Forward and backward of the fused backend against the CPU backend's fp32 attention on the same
   // bf16-rounded q, k, v and dout (dropout 0): the output within kFusedFwd, each of dq, dk, dv (what
-  // the backward ADDED to a random dqkv) within kFusedBwd.
-  void check_against_cpu(const AttnShape& s, bool causal, const VI* mask, uint64_t seed) {
+  // the backward ADDED to a random dqkv) within kFusedBwd. token_key (nullable) marks the call as
+  // packed rows (mask: segment ids), which cuDNN takes through its block-diagonal bias; with
+  // dropout 0 the keys themselves do not matter.
+  void check_against_cpu(const AttnShape& s, bool causal, const VI* mask, uint64_t seed,
+                         const VI* token_key = nullptr) {
     SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS="
                                     << s.HS << " causal=" << causal << " mask=" << (mask != nullptr));
     const int C = s.NH * s.HS;
@@ -1293,14 +1296,15 @@ class CudaOpsCudnn : public CudaOps {
     const size_t nscratch = fused().attention_scratch_floats(s.B, s.T, s.NH, s.HS);
     float* gq = fput(qkv);
     int32_t* gm = mask ? fput(*mask) : nullptr;
+    const int32_t* gkey = token_key ? fput(*token_key) : nullptr;
     float *gsaved = fnan(nsaved), *go = fnan(nout);
-    fused().attention_forward(go, gsaved, gq, gm, causal, 0.f, 5, s.B, s.T, s.NH, s.HS);
+    fused().attention_forward(go, gsaved, gq, gm, causal, 0.f, 5, s.B, s.T, s.NH, s.HS, 0, gkey);
     EXPECT_LE(rel_err(fget(go, nout), out_c), kFusedFwd) << "output";
 
     float* gdq = fput(dq0);
     float* gscratch = fnan(nscratch);  // contents undefined: must not leak into dqkv
     fused().attention_backward(gdq, gscratch, fput(dout), gq, gsaved, gm, causal, 0.f, 5, s.B, s.T,
-                               s.NH, s.HS);
+                               s.NH, s.HS, 0, gkey);
     const VF dq_g = fget(gdq, nqkv);
     const char* names[3] = {"dq", "dk", "dv"};
     for (int part = 0; part < 3; ++part) {  // the added gradient, per part of each row
@@ -1317,6 +1321,18 @@ class CudaOpsCudnn : public CudaOps {
 
   std::vector<void*> fallocs_;
 };
+
+// Packed rows (data.packing with model.attention = cudnn): segment ids and token keys, so cuDNN gets
+// the materialised block-diagonal bias; against the CPU's segment-masked attention. Never run yet.
+TEST_F(CudaOpsCudnn, PackedRowsMatchCpu) {
+  for (const AttnShape& s : {AttnShape{3, 128, 4, 64}, AttnShape{2, 77, 2, 64}})
+    for (bool causal : {false, true}) {
+      const VI seg = segment_mask_for(s.B, s.T);
+      VI key(seg.size());
+      for (size_t i = 0; i < key.size(); ++i) key[i] = int32_t(i % size_t(s.T));
+      check_against_cpu(s, causal, &seg, 3500 + s.T + causal, &key);
+    }
+}
 
 // GPT-2 shapes: causal, head size 64, 2 to 12 heads, up to T = 1024; and non-causal, unaligned T.
 TEST_F(CudaOpsCudnn, CausalAndPlainAttentionMatchCpu) {

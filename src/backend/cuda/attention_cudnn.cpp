@@ -36,12 +36,14 @@ using Shape4 = std::vector<int64_t>;
 // Graph tensor uids: the variant pack maps them to device pointers.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
 
-// How the key padding mask reaches cuDNN: an additive bf16 bias (0 kept, -1e9 masked) as
+// How the mask reaches cuDNN: an additive bf16 bias (0 kept, -1e9 masked) as
 //   Key       dims [B,1,1,T], strides [ld, ld, ld, 1]   one row per sequence, broadcast by cuDNN
 //   KeyRows0  dims [B,1,T,T], strides [ld, ld, 0, 1]    the same [B,ld] rows; the query dim broadcast
 //                                                       by a zero stride (as torch's expand() does)
 //   Full      dims [B,1,T,T], strides [T*ld, T*ld, ld, 1], materialised per call
-// The bias buffer holds [B, rows, ld] elements: rows = T for Full, else 1.
+// The bias buffer holds [B, rows, ld] elements: rows = T for Full, else 1. Key padding takes the first
+// of these that builds; packed rows (segment ids: a block-diagonal mask, which no broadcast row can
+// express) always take Full, whose rows follow backend.h's segment rule (kernels/sdpa_io.cu).
 enum class MaskKind { None = 0, Key = 1, KeyRows0 = 2, Full = 3 };
 
 const char* mask_name(MaskKind m) {
@@ -68,7 +70,7 @@ std::string describe(const Key& k) {
   const char* mask = k.mask == MaskKind::None       ? "no key mask"
                      : k.mask == MaskKind::Key      ? "key mask as a [B,1,1,T] bias"
                      : k.mask == MaskKind::KeyRows0 ? "key mask as a [B,1,T,T] bias of zero query stride"
-                                                    : "key mask as a materialised [B,1,T,T] bias";
+                                                    : "mask as a materialised [B,1,T,T] bias";
   return cat("B=", k.B, " T=", k.T, " NH=", k.NH, " HS=", k.HS, ", ",
              k.causal ? "causal" : "not causal", ", ", mask, ", dropout ", k.p);
 }
@@ -235,9 +237,19 @@ struct CudnnAttention::Impl {
   }
 
   // The graph key of a call. A masked call takes the first bias layout of mask_layouts() whose
-  // graph builds for that direction, decided once per variant.
-  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, float p, bool is_backward) {
+  // graph builds for that direction, decided once per variant; packed rows (segments) take Full.
+  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, bool segments, float p,
+             bool is_backward) {
     Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
+    if (segments) {
+      k.mask = MaskKind::Full;
+      const Plan& pl = plan(k, is_backward);
+      if (!pl.graph)
+        throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
+                        ", packed rows): no cuDNN engine: ", pl.error,
+                        "; run with model.attention = native"));
+      return k;
+    }
     if (!masked) return k;
     auto& chosen = is_backward ? mask_backward : mask_forward;
     auto it = chosen.find(k);
@@ -384,8 +396,8 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
 
 // out[B,T,C] = attention(q, k, v); saved <- stats, O, q|k|v (bf16)
 void CudnnAttention::forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask,
-                             bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                             int HS) {
+                             bool segments, bool causal, float dropout_p, uint64_t seed, int B, int T,
+                             int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
@@ -394,7 +406,8 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
   float* stats = reinterpret_cast<float*>(base + L.stats);  // [B,NH,T,1]
   char* o = base + L.o;                                     // [B,T,C] bf16
   char* qkv16 = base + L.qkv;                               // [B,T,3C] bf16
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, false);
+  NLP_ASSERT(!segments || attn_mask);
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, segments, dropout_p, false);
   const Plan& p = m.require(k, false);
   const Impl::CallBuffers cb = m.buffers(p, k);
 
@@ -410,7 +423,7 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
 
 // dqkv[B,T,3C] += d attention / d qkv, from the saved stats, O and q|k|v
 void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, const float* saved,
-                              const int32_t* attn_mask, bool causal, float dropout_p,
+                              const int32_t* attn_mask, bool segments, bool causal, float dropout_p,
                               uint64_t seed, int B, int T, int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
@@ -422,7 +435,8 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
   char* dout16 = sbase + S.dout;  // [B,T,C] bf16
   char* dqkv16 = sbase + S.dqkv;  // [B,T,3C] bf16
   char* qkv16 = base + L.qkv;
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, dropout_p, true);
+  NLP_ASSERT(!segments || attn_mask);
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, segments, dropout_p, true);
   const Plan& p = m.require(k, true);
   const Impl::CallBuffers cb = m.buffers(p, k);
 

@@ -17,6 +17,10 @@
 // Views: Q, K, V (and dQ, dK, dV) are [B,NH,T,HS] with strides [T*3C, HS, 3C, 1] at element offsets
 // 0, C, 2C of the fused buffer; O and dO are [B,NH,T,HS] with strides [T*C, HS, C, 1].
 //
+// Packed rows (segments = true: attn_mask holds segment ids, backend.h) take a materialised
+// [B,1,T,T] bias built from the segment rule: block-diagonal, so cuDNN computes the masked tiles too
+// (unlike its ragged-offset layout, which is not used). Not yet run on a GPU (see the CUDA README).
+//
 // Masks: causal = cuDNN's diagonal band (right bound 0, top-left aligned). The key padding mask
 // attn_mask[B,T] (any 0/1 pattern) becomes an additive bf16 bias, 0 for a kept key and -1e9 for a
 // masked one, one row of T per sequence built per call in the workspace (never kept): the forward
@@ -105,13 +109,13 @@ class CudnnAttention {
 
   // As Backend::attention_forward, for a shape with supports() true: `saved` holds
   // sdpa_saved_floats(B, T, NH, HS) floats (any 4-byte alignment); out[B,T,C] fp32.
-  void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool causal,
-               float dropout_p, uint64_t seed, int B, int T, int NH, int HS);
+  void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool segments,
+               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS);
   // As Backend::attention_backward: dqkv[B,T,3C] += ...; `saved` as written by forward() with the
   // same arguments; `scratch` holds sdpa_scratch_floats(B, T, NH, HS) floats.
   void backward(float* dqkv, float* scratch, const float* dout, const float* saved,
-                const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed, int B, int T,
-                int NH, int HS);
+                const int32_t* attn_mask, bool segments, bool causal, float dropout_p, uint64_t seed,
+                int B, int T, int NH, int HS);
 
  private:
   struct Impl;

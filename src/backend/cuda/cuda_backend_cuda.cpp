@@ -255,12 +255,10 @@ class CudaBackend final : public Backend {
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                          int HS, int T_key, const int32_t* token_key) override {
-    // cuDNN's path reads the mask as key padding (its ragged SDPA for packed rows is not wired yet):
-    // main.cpp runs packed batches on the native kernels
-    if (token_key && fused(B, T, NH, HS))
-      throw Error("cuda backend: packed rows (data.packing) need model.attention = native");
-    if (fused(B, T, NH, HS)) {  // cuDNN draws its own mask (backend.h): T_key does not apply
-      fused_->forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
+    // packed rows (they carry token_key, model.h) take cuDNN's segment-mask bias; cuDNN draws its
+    // own dropout mask (backend.h): T_key and token_key do not apply to it
+    if (fused(B, T, NH, HS)) {
+      fused_->forward(out, att, qkv, attn_mask, token_key != nullptr, causal, dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_forward (cuDNN)");
       return;
     }
@@ -272,10 +270,9 @@ class CudaBackend final : public Backend {
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
                           int HS, int T_key, const int32_t* token_key) override {
-    if (token_key && fused(B, T, NH, HS))
-      throw Error("cuda backend: packed rows (data.packing) need model.attention = native");
     if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
-      fused_->backward(dqkv, scratch, dout, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS);
+      fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, causal, dropout_p, seed, B,
+                       T, NH, HS);
       op(cudaGetLastError(), "attention_backward (cuDNN)");
       return;
     }
