@@ -116,6 +116,33 @@ class Backend {
   virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                                   const float* inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C) = 0;
+  // The residual add and its layer norm (a transformer block's "x + dropout(sublayer)" then LN):
+  // res[N,C] = x + dropout(delta) (delta may alias res; mask keyed by `rows` as dropout_forward),
+  // out[N,C] = layernorm(res), mean/rstd[N]. The default runs the three ops; a backend may fuse them
+  // (the CPU's is one pass, bitwise the same).
+  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                          const float* x, const float* delta, const float* w,
+                                          const float* b, int N, int C, float eps, float p,
+                                          uint64_t seed, DropRows rows) {
+    dropout_forward(res, delta, size_t(N) * C, p, seed, rows);
+    add(res, res, x, size_t(N) * C);
+    layernorm_forward(out, mean, rstd, res, w, b, N, C, eps);
+  }
+  // Its backward for a post-LN block: g = the input gradient of layernorm_backward from dout;
+  // dinp[N,C] += g; ddelta[N,C] = dropout_backward of g (overwritten); dw[C] +=, db[C] +=. `scratch`
+  // ([N,C], contents undefined after) holds g in the default, which runs the ops in turn; the CPU's
+  // is one pass, bitwise the same, and leaves scratch alone.
+  virtual void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw,
+                                          float* db, const float* dout, const float* inp,
+                                          const float* w, const float* mean, const float* rstd,
+                                          int N, int C, float p, uint64_t seed, DropRows rows) {
+    const size_t n = size_t(N) * C;
+    zero(scratch, n * sizeof(float));
+    layernorm_backward(scratch, dw, db, dout, inp, w, mean, rstd, N, C);
+    accumulate(dinp, scratch, n);
+    zero(ddelta, n * sizeof(float));
+    dropout_backward(ddelta, scratch, n, p, seed, rows);
+  }
 
   // ---- elementwise ---------------------------------------------------------------------------------
   // out[N] = gelu(inp)

@@ -88,21 +88,18 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
                      const float* x, const int32_t* attn_mask, float p_attn, float p_resid,
                      BlockSeeds seeds, int B, int T) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
-  const size_t n = size_t(BT) * C;
   const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
                        HS, seeds.T_key, seeds.token_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
-  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
-  be.add(a.res1, a.res1, x, n);
-  be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.res1, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
+  be.residual_layernorm_forward(a.res1, a.ln1, a.ln1_mean, a.ln1_rstd, x, a.res1, w.ln1_w, w.ln1_b, BT,
+                                C, c.ln_eps, p_resid, seeds.resid1, rows);
   be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, BT, C, FF, c.layout);
   be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
   be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
-  be.dropout_forward(a.res2, a.res2, n, p_resid, seeds.resid2, rows);
-  be.add(a.res2, a.res2, a.ln1, n);
-  be.layernorm_forward(a.out, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C, c.ln_eps);
+  be.residual_layernorm_forward(a.res2, a.out, a.ln2_mean, a.ln2_rstd, a.ln1, a.res2, w.ln2_w, w.ln2_b,
+                                BT, C, c.ln_eps, p_resid, seeds.resid2, rows);
 }
 
 void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
@@ -112,29 +109,21 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF, f = sizeof(float);
   const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
-  float* d_r2 = s.d_c2;   // grad of LN2's input
   float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
-  be.zero(d_r2, n * f);
-  be.layernorm_backward(d_r2, gw.ln2_w, gw.ln2_b, dout, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
-                        BT, C);
-  // r2 = x1 + drop(fcp(gelu(fc(x1))))
-  be.copy(d_x1, d_r2, n * f);
-  be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, d_r2, n, p_resid, seeds.resid2, rows);
+  // y = LN2(r2), r2 = x1 + drop(fcp(gelu(fc(x1)))): d_x1 = d_r2 (the residual), d_c1 = drop'(d_r2)
+  // (s.d_c2: the default's scratch for d_r2)
+  be.zero(d_x1, n * f);
+  be.layernorm_dropout_backward(d_x1, s.d_c1, s.d_c2, gw.ln2_w, gw.ln2_b, dout, a.res2, w.ln2_w,
+                                a.ln2_mean, a.ln2_rstd, BT, C, p_resid, seeds.resid2, rows);
   be.zero(s.d_ff2, nff * f);
   be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
                      c.layout);
   be.zero(s.d_ff1, nff * f);
   be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
   be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, BT, C, FF, c.layout);
-  // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x))))
-  float* d_r1 = s.d_c2;
-  be.zero(d_r1, n * f);
-  be.layernorm_backward(d_r1, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w, a.ln1_mean, a.ln1_rstd,
-                        BT, C);
-  be.accumulate(dx, d_r1, n);
-  be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, d_r1, n, p_resid, seeds.resid1, rows);
+  // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x)))): dx += d_r1, d_c1 = drop'(d_r1)
+  be.layernorm_dropout_backward(dx, s.d_c1, s.d_c2, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w,
+                                a.ln1_mean, a.ln1_rstd, BT, C, p_resid, seeds.resid1, rows);
   float* d_atty = s.d_res1;
   be.zero(d_atty, n * f);
   be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
@@ -165,11 +154,10 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
                        HS, seeds.T_key, seeds.token_key);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
-  be.dropout_forward(a.res1, a.res1, n, p_resid, seeds.resid1, rows);
-  be.add(a.res1, a.res1, x, n);
 
-  // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1)))))
-  be.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, w.ln2_w, w.ln2_b, BT, C, c.ln_eps);
+  // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1))))), LN2 fused with the residual above
+  be.residual_layernorm_forward(a.res1, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.res1, w.ln2_w, w.ln2_b, BT,
+                                C, c.ln_eps, p_resid, seeds.resid1, rows);
   be.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, FF, c.layout);
   be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
   be.matmul_forward(a.out, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);

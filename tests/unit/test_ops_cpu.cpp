@@ -321,6 +321,57 @@ TEST(LayerNorm, ForwardMatchesFloat64) {
   }
 }
 
+// The fused residual + dropout + layer norm of the CPU backend against Backend's default, which runs
+// dropout_forward, add and layernorm_forward (each tested on its own): bitwise equal, forward and
+// backward, with and without dropout, for flat, trimmed (row-keyed) and packed (token-keyed) rows, and
+// with delta aliasing res as the blocks call it.
+TEST(LayerNorm, FusedResidualAndDropoutEqualTheOpsInTurn) {
+  const int B = 3, T = 5, Tk = 8, C = 40, N = B * T;
+  const size_t n = (size_t)N * C;
+  const uint64_t seed = 99;
+  std::vector<int32_t> keys(N);
+  for (int i = 0; i < N; ++i) keys[i] = (i * 7) % (B * Tk);  // distinct example * Tk + position keys
+  const nlp::DropRows variants[] = {nlp::drop_rows(T, 0, C), nlp::drop_rows(T, Tk, C),
+                                    nlp::drop_rows(T, Tk, C, keys.data())};
+  const char* names[] = {"flat", "trimmed", "packed"};
+  const VF x = randn(n, 51), delta = randn(n, 52), w = randn(C, 53, 0.5f, 1.0f), b = randn(C, 54);
+  const VF dout = randn(n, 55), dinp0 = randn(n, 56), dw0 = randn(C, 57), db0 = randn(C, 58);
+  for (float p : {0.0f, 0.3f})
+    for (int v = 0; v < 3; ++v) {
+      SCOPED_TRACE(testing::Message() << names[v] << " p=" << p);
+      const nlp::DropRows rows = variants[v];
+      VF res_f = delta, out_f(n), m_f(N), r_f(N);  // fused, delta aliasing res
+      be().residual_layernorm_forward(res_f.data(), out_f.data(), m_f.data(), r_f.data(), x.data(),
+                                      res_f.data(), w.data(), b.data(), N, C, 1e-5f, p, seed, rows);
+      VF res_d(n), out_d(n), m_d(N), r_d(N);  // the default, delta apart
+      be().Backend::residual_layernorm_forward(res_d.data(), out_d.data(), m_d.data(), r_d.data(),
+                                               x.data(), delta.data(), w.data(), b.data(), N, C, 1e-5f,
+                                               p, seed, rows);
+      EXPECT_TRUE(bitwise_equal(res_f, res_d));
+      EXPECT_TRUE(bitwise_equal(out_f, out_d));
+      EXPECT_TRUE(bitwise_equal(m_f, m_d));
+      EXPECT_TRUE(bitwise_equal(r_f, r_d));
+      if (p > 0) {  // the mask is applied: some of delta's elements did not reach res
+        size_t dropped = 0;
+        for (size_t i = 0; i < n; ++i) dropped += res_d[i] == x[i];
+        EXPECT_GT(dropped, n / 10);
+      }
+
+      VF di_f = dinp0, dd_f(n, 7.0f), dw_f = dw0, db_f = db0, scratch(n);
+      be().layernorm_dropout_backward(di_f.data(), dd_f.data(), scratch.data(), dw_f.data(), db_f.data(),
+                                      dout.data(), res_d.data(), w.data(), m_d.data(), r_d.data(), N, C,
+                                      p, seed, rows);
+      VF di_d = dinp0, dd_d(n, 7.0f), dw_d = dw0, db_d = db0;
+      be().Backend::layernorm_dropout_backward(di_d.data(), dd_d.data(), scratch.data(), dw_d.data(),
+                                               db_d.data(), dout.data(), res_d.data(), w.data(), m_d.data(),
+                                               r_d.data(), N, C, p, seed, rows);
+      EXPECT_TRUE(bitwise_equal(di_f, di_d));
+      EXPECT_TRUE(bitwise_equal(dd_f, dd_d));
+      EXPECT_TRUE(bitwise_equal(dw_f, dw_d));
+      EXPECT_TRUE(bitwise_equal(db_f, db_d));
+    }
+}
+
 TEST(LayerNorm, EpsIsInsideTheSquareRoot) {
   // a row of constant values has var 0: rstd must be exactly 1/sqrt(eps)
   const int N = 2, C = 8;

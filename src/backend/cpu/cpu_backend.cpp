@@ -168,6 +168,22 @@ class CpuBackend final : public Backend {
                           int C) override {
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                  const float* delta, const float* w, const float* b, int N, int C,
+                                  float eps, float p, uint64_t seed, DropRows rows) override {
+    NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
+    cpu::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows.row,
+                                    rows.row_key, rows.token_key);
+  }
+  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
+                                  const float* dout, const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int N, int C, float p, uint64_t seed,
+                                  DropRows rows) override {
+    (void)scratch;
+    NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
+    cpu::layernorm_dropout_backward(dinp, ddelta, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
+                                    rows.row, rows.row_key, rows.token_key);
+  }
 
   // ---- elementwise ----
   void tanh_forward(float* out, const float* inp, size_t N) override { cpu::tanh_forward(out, inp, N); }

@@ -37,6 +37,15 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* b, int N, int C, float eps);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C);
+// The fused residual forms of Backend (core/backend.h), rows keyed as DropRows {row, row_key, token_key, C}
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                const float* delta, const float* w, const float* b, int N, int C,
+                                float eps, float p, uint64_t seed, size_t row, size_t row_key,
+                                const int32_t* token_key);
+void layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db, const float* dout,
+                                const float* inp, const float* w, const float* mean, const float* rstd,
+                                int N, int C, float p, uint64_t seed, size_t row, size_t row_key,
+                                const int32_t* token_key);
 
 // rows.cpp
 void tanh_forward(float* out, const float* inp, size_t N);

@@ -1,50 +1,57 @@
-// Layer norm over the last dimension: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps).
+// Layer norm over the last dimension: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps); and
+// fused with the residual add and dropout before it (forward) and the dropout gradient after it
+// (backward), one pass over the rows instead of three to five.
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/vmath.h"
+#include "core/rng.h"
 
 namespace nlp::cpu {
 
-// out[N,C], mean[N], rstd[N] from inp[N,C], w[C], b[C] (biased variance, two-pass)
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b, int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const float* __restrict x = inp + (size_t)n * C;
-    float* __restrict y = out + (size_t)n * C;
-    const double s = lane_sum<double>(C, [x](int c) { return double(x[c]); });
-    const float mu = static_cast<float>(s / C);
-    const double ss = lane_sum<double>(C, [x, mu](int c) {
-      const double d = x[c] - mu;
-      return d * d;
-    });
-    const float rs = static_cast<float>(1.0 / std::sqrt(ss / C + (double)eps));
-    for (int c = 0; c < C; ++c) y[c] = (x[c] - mu) * rs * w[c] + b[c];
-    if (mean) mean[n] = mu;
-    if (rstd) rstd[n] = rs;
+namespace {
+
+// One row of the forward: y[C] = (x - mu) * rs * w + b; *mu, *rs as layernorm_forward stores them
+inline void ln_row(float* __restrict y, const float* __restrict x, const float* w, const float* b, int C,
+                   float eps, float* mu_out, float* rs_out) {
+  const double s = lane_sum<double>(C, [x](int c) { return double(x[c]); });
+  const float mu = static_cast<float>(s / C);
+  const double ss = lane_sum<double>(C, [x, mu](int c) {
+    const double d = x[c] - mu;
+    return d * d;
+  });
+  const float rs = static_cast<float>(1.0 / std::sqrt(ss / C + (double)eps));
+  for (int c = 0; c < C; ++c) y[c] = (x[c] - mu) * rs * w[c] + b[c];
+  *mu_out = mu;
+  *rs_out = rs;
+}
+
+// One row of the backward's input gradient: g[c] = rs * (dy w - mean(dy w) - xhat mean(dy w xhat)),
+// written to out (kAccumulate: added to it)
+template <bool kAccumulate>
+inline void ln_backward_row(float* __restrict out, const float* __restrict x, const float* __restrict dy,
+                            const float* __restrict w, float mu, float rs, int C) {
+  const float sg = lane_sum<float>(C, [dy, w](int c) { return dy[c] * w[c]; }) / C;
+  const float sgx = lane_sum<float>(C, [dy, w, x, mu, rs](int c) { return dy[c] * w[c] * (x[c] - mu) * rs; }) / C;
+  for (int c = 0; c < C; ++c) {
+    const float xhat = (x[c] - mu) * rs;
+    const float g = rs * (dy[c] * w[c] - sg - xhat * sgx);
+    if (kAccumulate)
+      out[c] += g;
+    else
+      out[c] = g;
   }
 }
 
-// dinp[N,C] += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w
-// dw[C] += sum_n dout * xhat;  db[C] += sum_n dout
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
-  if (dinp) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      const float* __restrict x = inp + (size_t)n * C;
-      const float* __restrict dy = dout + (size_t)n * C;
-      float* __restrict dx = dinp + (size_t)n * C;
-      const float mu = mean[n], rs = rstd[n];
-      const float sg = lane_sum<float>(C, [dy, w](int c) { return dy[c] * w[c]; }) / C;
-      const float sgx = lane_sum<float>(C, [dy, w, x, mu, rs](int c) { return dy[c] * w[c] * (x[c] - mu) * rs; }) / C;
-      for (int c = 0; c < C; ++c) {
-        const float xhat = (x[c] - mu) * rs;
-        dx[c] += rs * (dy[c] * w[c] - sg - xhat * sgx);
-      }
-    }
-  }
+// The first dropout key of row n of C elements (backend.h DropRows; row is a multiple of C)
+inline uint64_t row_key0(size_t n, int C, size_t row, size_t row_key, const int32_t* token_key) {
+  return token_key ? uint64_t(token_key[n]) * C : keyed_index(n * size_t(C), row, row_key);
+}
+
+// dw[C] += sum_n dout * xhat;  db[C] += sum_n dout (nullable)
+inline void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp, const float* mean,
+                           const float* rstd, int N, int C) {
   if (dw || db) {
     // Parameter gradients: column blocks per thread, rows summed in order.
     constexpr int kBlock = 64;
@@ -70,6 +77,104 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       }
     }
   }
+}
+
+}  // namespace
+
+// out[N,C], mean[N], rstd[N] from inp[N,C], w[C], b[C] (biased variance, two-pass)
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    float mu, rs;
+    ln_row(out + (size_t)n * C, inp + (size_t)n * C, w, b, C, eps, &mu, &rs);
+    if (mean) mean[n] = mu;
+    if (rstd) rstd[n] = rs;
+  }
+}
+
+// res[N,C] = x + dropout(delta) (delta may alias res), then out = layernorm(res): row by row, one
+// pass, bitwise what dropout_forward, add and layernorm_forward give in turn
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                const float* delta, const float* w, const float* b, int N, int C,
+                                float eps, float p, uint64_t seed, size_t row, size_t row_key,
+                                const int32_t* token_key) {
+  const float s = dropout_scale(p);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* xr = x + (size_t)n * C;
+    const float* dr = delta + (size_t)n * C;
+    float* rr = res + (size_t)n * C;
+    // omp simd: rr may be dr (in place), which GCC's alias check would send to the scalar loop;
+    // each element is read before it is written, so the vector loop is right
+    if (p > 0.0f) {
+      const uint64_t k0 = row_key0(size_t(n), C, row, row_key, token_key);
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {  // dropout_forward's element, then add's
+        const float v = dr[c] * s;
+        rr[c] = (uniform01(seed, k0 + c) >= p ? v : 0.0f) + xr[c];
+      }
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) rr[c] = dr[c] + xr[c];
+    }
+    float mu, rs;
+    ln_row(out + (size_t)n * C, rr, w, b, C, eps, &mu, &rs);
+    if (mean) mean[n] = mu;
+    if (rstd) rstd[n] = rs;
+  }
+}
+
+// dinp[N,C] += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w
+// dw[C] += sum_n dout * xhat;  db[C] += sum_n dout
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (dinp) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n)
+      ln_backward_row<true>(dinp + (size_t)n * C, inp + (size_t)n * C, dout + (size_t)n * C, w, mean[n],
+                            rstd[n], C);
+  }
+  layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C);
+}
+
+// The input gradient g of layernorm_backward and the dropout gradient behind it, in one pass:
+// dinp[N,C] += g; ddelta[N,C] = dropout_backward of g (overwritten); dw, db as layernorm_backward.
+// Bitwise what zero + layernorm_backward, accumulate (or copy) and zero + dropout_backward give.
+void layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db, const float* dout,
+                                const float* inp, const float* w, const float* mean, const float* rstd,
+                                int N, int C, float p, uint64_t seed, size_t row, size_t row_key,
+                                const int32_t* token_key) {
+  const float s = dropout_scale(p);
+#pragma omp parallel
+  {
+    std::vector<float> grow(C);  // the row's g
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      float* __restrict dx = dinp + (size_t)n * C;
+      float* __restrict dd = ddelta + (size_t)n * C;
+      float* __restrict g = grow.data();
+      ln_backward_row<false>(g, inp + (size_t)n * C, dout + (size_t)n * C, w, mean[n], rstd[n], C);
+      // 0 + g: the value a zeroed buffer holds after layernorm_backward adds g
+      if (p > 0.0f) {
+        const uint64_t k0 = row_key0(size_t(n), C, row, row_key, token_key);
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          const float gv = 0.0f + g[c];
+          dx[c] += gv;
+          dd[c] = uniform01(seed, k0 + c) >= p ? 0.0f + gv * s : 0.0f;
+        }
+      } else {
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          const float gv = 0.0f + g[c];
+          dx[c] += gv;
+          dd[c] = 0.0f + gv;
+        }
+      }
+    }
+  }
+  layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C);
 }
 
 }  // namespace nlp::cpu
