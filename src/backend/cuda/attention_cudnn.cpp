@@ -237,20 +237,13 @@ struct CudnnAttention::Impl {
   }
 
   // The graph key of a call. A masked call takes the first bias layout of mask_layouts() whose
-  // graph builds for that direction, decided once per variant; packed rows (segments) take Full.
+  // graph builds for that direction, decided once per variant; packed rows (segments) take Full
+  // (require() then reports a variant that does not build).
   Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, bool segments, float p,
              bool is_backward) {
     Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
-    if (segments) {
-      k.mask = MaskKind::Full;
-      const Plan& pl = plan(k, is_backward);
-      if (!pl.graph)
-        throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
-                        ", packed rows): no cuDNN engine: ", pl.error,
-                        "; run with model.attention = native"));
-      return k;
-    }
-    if (!masked) return k;
+    if (segments) k.mask = MaskKind::Full;
+    if (segments || !masked) return k;
     auto& chosen = is_backward ? mask_backward : mask_forward;
     auto it = chosen.find(k);
     if (it != chosen.end()) {
