@@ -8,6 +8,10 @@
 //       + cls.predictions.bias, applied to the masked positions only (DeviceBatch::rows): the other
 //       positions carry no loss, so HF's logits there are never used; this saves ~85% of the head,
 //       which is most of the work of a small BERT (V x C against 12 C^2 per layer).
+// The last block runs after its attention at the rows the head reads only (block.h OutRows): the
+// [CLS] rows (doc_cls, pair_cls) or the masked positions (mlm); ner and qa read every row. For a
+// 4-layer BERT on short fine-tuning rows that is about a sixth of the encoder's work.
+// set_last_block_all_rows(true) computes every row, as transformers does (the tests compare the two).
 #include <algorithm>
 #include <cmath>
 
@@ -97,7 +101,11 @@ class Bert final : public Model {
   ~Bert() override {
     be_.release(arena_);
     be_.release(mlm_logits_);
+    be_.release(cls_rows_);
   }
+
+  void set_last_block_all_rows(bool on) override { all_rows_ = on; }
+  int last_block_rows() const override { return compact_ ? rows_.S : 0; }
 
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
@@ -179,6 +187,12 @@ class Bert final : public Model {
       const double head = double(C_) * C_ + double(V_) * C_;
       dense += 0.15 * head - double(C_) * C_;
     }
+    // the last block's projection and MLP at the head's rows only: one row in T (doc_cls, pair_cls;
+    // mlm: 15%), the pooler and classifier on one row in T
+    const double tail = double(C_) * C_ + 2.0 * C_ * bc_.FF;
+    if (L_ > 0 && !all_rows_ && is_seq_cls(task_)) dense -= tail * (1.0 - 1.0 / T);
+    if (L_ > 0 && !all_rows_ && task_ == Task::Mlm) dense -= tail * 0.85;
+    if (is_seq_cls(task_)) dense -= (double(C_) * C_ + double(NL_) * C_) * (1.0 - 1.0 / T);
     return 6.0 * dense + 12.0 * L_ * double(T) * C_;
   }
   int num_layers() const override { return L_; }
@@ -203,7 +217,8 @@ class Bert final : public Model {
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
                         drop_rows(T, b.T_key, C, b.token_key));
-    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key);
+    const OutRows* rows = head_rows(b);
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, rows);
     return head_forward(b, training, seed);
   }
 
@@ -217,7 +232,7 @@ class Bert final : public Model {
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
-                    &grad_ready_, b.token_key);
+                    &grad_ready_, b.token_key, compact_ ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
@@ -251,6 +266,36 @@ class Bert final : public Model {
 
  private:
   BlockWeights weights(int l, bool grad) { return block_weights(ps_, stack_.layers[l], grad); }
+
+  // The rows of the last block's output that the head reads (OutRows; null: every row). doc_cls,
+  // pair_cls: each example's [CLS], the flat position b*T (first[e] packed) with dropout key
+  // e * T_key (position 0 of example e); mlm: the batch's masked rows and their keys. Sets compact_.
+  const OutRows* head_rows(const DeviceBatch& b) {
+    compact_ = false;
+    if (all_rows_ || L_ == 0) return nullptr;
+    if (is_seq_cls(task_)) {
+      const int E = b.examples(), Tk = key_length(b.T, b.T_key);
+      host_rows_.resize(2 * size_t(E));
+      for (int e = 0; e < E; ++e) {
+        host_rows_[e] = b.E > 0 ? b.first_host[e] : e * b.T;
+        host_rows_[E + e] = e * Tk;
+      }
+      if (E > cls_rows_cap_) {
+        be_.release(cls_rows_);
+        cls_rows_ = static_cast<int32_t*>(be_.alloc(2 * size_t(E) * sizeof(int32_t)));
+        cls_rows_cap_ = E;
+      }
+      be_.to_device(cls_rows_, host_rows_.data(), host_rows_.size() * sizeof(int32_t));
+      rows_ = OutRows{cls_rows_, cls_rows_ + E, E};
+    } else if (task_ == Task::Mlm && b.row_keys && b.nrows > 0) {
+      rows_ = OutRows{b.rows, b.row_keys, b.nrows};
+    } else {
+      return nullptr;
+    }
+    compact_ = true;
+    return &rows_;
+  }
+
   // ---- heads: forward returns the sum of losses over the batch's loss units ----
   double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
@@ -262,7 +307,9 @@ class Bert final : public Model {
         // E examples (B unpacked). cls[E,C] = xL at each example's first token (b*T unpacked,
         // b.first packed); pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[E,NL]
         const int E = b.examples();
-        if (b.first)
+        if (compact_)  // xL is [E,C] already
+          be_.copy(h1_, xL_, size_t(E) * C * sizeof(float));
+        else if (b.first)
           be_.rows_gather(h1_, xL_, E, C, C, b.first);
         else
           be_.rows_gather(h1_, xL_, B, C, size_t(T) * C);
@@ -309,7 +356,10 @@ class Bert final : public Model {
         NLP_ASSERT(M == 0 || (b.rows && b.row_targets));
         ensure_mlm_rows(M);
         if (M == 0) return 0;
-        be_.rows_gather(h4_, xL_, M, C, C, b.rows);
+        if (compact_)  // xL is [M,C] already
+          be_.copy(h4_, xL_, size_t(M) * C * sizeof(float));
+        else
+          be_.rows_gather(h4_, xL_, M, C, C, b.rows);
         be_.matmul_forward(h1_, h4_, ps_.p(tr_w_), ps_.p(tr_b_), M, C, C, WLayout::OutIn);
         be_.gelu_forward(h3_, h1_, size_t(M) * C, Gelu::Erf);
         be_.layernorm_forward(h2_, hmean_, hrstd_, h3_, ps_.p(tln_w_), ps_.p(tln_b_), M, C,
@@ -344,7 +394,9 @@ class Bert final : public Model {
         be_.zero(dh2_, size_t(E) * C * f);
         be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), E, C,
                             C, WLayout::OutIn);
-        if (b.first)  // the examples' first tokens are distinct positions
+        if (compact_)  // d xL is [E,C]
+          be_.accumulate(dres_a_, dh2_, size_t(E) * C);
+        else if (b.first)  // the examples' first tokens are distinct positions
           be_.rows_scatter_add(dres_a_, dh2_, E, C, C, b.first);
         else
           be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
@@ -399,7 +451,10 @@ class Bert final : public Model {
         be_.zero(dh1_, n * f);
         be_.matmul_backward(dh1_, ps_.g(tr_w_), ps_.g(tr_b_), dh2_, h4_, ps_.p(tr_w_), M, C, C,
                             WLayout::OutIn);
-        be_.rows_scatter_add(dres_a_, dh1_, M, C, C, b.rows);  // rows are distinct positions
+        if (compact_)
+          be_.accumulate(dres_a_, dh1_, size_t(M) * C);
+        else
+          be_.rows_scatter_add(dres_a_, dh1_, M, C, C, b.rows);  // rows are distinct positions
         return;
       }
       default: throw Error("bert: unsupported task");
@@ -504,6 +559,13 @@ class Bert final : public Model {
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *pad_save_ = nullptr;
   float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
   int mlm_rows_ = 0, mlm_cap_ = 0;
+  // head_rows(): the last block's rows (rows_, compact_ when the last forward used them); the [CLS]
+  // rows' positions and keys in backend memory ([2, cls_rows_cap_]) and their host staging
+  bool all_rows_ = false, compact_ = false;
+  OutRows rows_{};
+  int32_t* cls_rows_ = nullptr;
+  int cls_rows_cap_ = 0;
+  std::vector<int32_t> host_rows_;
 };
 
 }  // namespace

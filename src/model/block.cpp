@@ -84,50 +84,77 @@ namespace {
 
 // BERT: x1 = LN1(x + drop(proj(attn(x)))); y = LN2(x1 + drop(mlp(x1))).
 // Saved: res1 = x + drop(proj) (LN1 input), ln1 = x1, res2 = x1 + drop(mlp) (LN2 input), out = y.
+// out (nullable): everything after the attention runs on the rows out->idx only (OutRows); ln2, which
+// post-LN does not use, keeps the gathered attention rows (the projection's input) for the backward.
 void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
                      const float* x, const int32_t* attn_mask, float p_attn, float p_resid,
-                     BlockSeeds seeds, int B, int T) {
+                     BlockSeeds seeds, int B, int T, const OutRows* out) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
-  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
                        HS, seeds.T_key, seeds.token_key);
-  be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
-  be.residual_layernorm_forward(a.res1, a.ln1, a.ln1_mean, a.ln1_rstd, x, a.res1, w.ln1_w, w.ln1_b, BT,
+  // N rows from here: all BT, or the S of `out` ([S,C] each, keyed by out->key)
+  int N = BT;
+  const float* atty = a.atty;
+  const float* xr = x;
+  DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
+  if (out) {
+    N = out->S;
+    be.rows_gather(a.ln2, a.atty, N, C, C, out->idx);
+    be.rows_gather(a.out, x, N, C, C, out->idx);  // x's rows, until LN2 writes the output there
+    atty = a.ln2;
+    xr = a.out;
+    rows = DropRows{0, 0, out->key, size_t(C)};
+  }
+  be.matmul_forward(a.res1, atty, w.proj_w, w.proj_b, N, C, C, c.layout);
+  be.residual_layernorm_forward(a.res1, a.ln1, a.ln1_mean, a.ln1_rstd, xr, a.res1, w.ln1_w, w.ln1_b, N,
                                 C, c.ln_eps, p_resid, seeds.resid1, rows);
-  be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, BT, C, FF, c.layout);
-  be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
-  be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
+  be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, N, C, FF, c.layout);
+  be.gelu_forward(a.fch_gelu, a.fch, size_t(N) * FF, c.gelu);
+  be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, N, FF, C, c.layout);
   be.residual_layernorm_forward(a.res2, a.out, a.ln2_mean, a.ln2_rstd, a.ln1, a.res2, w.ln2_w, w.ln2_b,
-                                BT, C, c.ln_eps, p_resid, seeds.resid2, rows);
+                                N, C, c.ln_eps, p_resid, seeds.resid2, rows);
 }
 
 void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                       const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
                       const float* dout, const float* x, const int32_t* attn_mask, float p_attn,
-                      float p_resid, BlockSeeds seeds, int B, int T) {
+                      float p_resid, BlockSeeds seeds, int B, int T, const OutRows* out) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
-  const size_t n = size_t(BT) * C, nff = size_t(BT) * FF, f = sizeof(float);
-  const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
+  const size_t f = sizeof(float);
+  // N rows down to the attention: all BT, or the S of `out` (dout is then [S,C])
+  const int N = out ? out->S : BT;
+  const size_t n = size_t(N) * C, nff = size_t(N) * FF;
+  const DropRows rows = out ? DropRows{0, 0, out->key, size_t(C)} : drop_rows(T, seeds.T_key, C, seeds.token_key);
   float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
   // y = LN2(r2), r2 = x1 + drop(fcp(gelu(fc(x1)))): d_x1 = d_r2 (the residual), d_c1 = drop'(d_r2)
   // (s.d_c2: the default's scratch for d_r2)
   be.zero(d_x1, n * f);
   be.layernorm_dropout_backward(d_x1, s.d_c1, s.d_c2, gw.ln2_w, gw.ln2_b, dout, a.res2, w.ln2_w,
-                                a.ln2_mean, a.ln2_rstd, BT, C, p_resid, seeds.resid2, rows);
+                                a.ln2_mean, a.ln2_rstd, N, C, p_resid, seeds.resid2, rows);
   be.zero(s.d_ff2, nff * f);
-  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
+  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, N, FF, C,
                      c.layout);
   be.zero(s.d_ff1, nff * f);
   be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
-  be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, BT, C, FF, c.layout);
+  be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, N, C, FF, c.layout);
   // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x)))): dx += d_r1, d_c1 = drop'(d_r1)
-  be.layernorm_dropout_backward(dx, s.d_c1, s.d_c2, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w,
-                                a.ln1_mean, a.ln1_rstd, BT, C, p_resid, seeds.resid1, rows);
+  // (out: d_r1 of the S rows in d_qkv, free until the attention, then scattered into dx)
+  float* d_xr = out ? s.d_qkv : dx;
+  if (out) be.zero(d_xr, n * f);
+  be.layernorm_dropout_backward(d_xr, s.d_c1, s.d_c2, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w,
+                                a.ln1_mean, a.ln1_rstd, N, C, p_resid, seeds.resid1, rows);
+  if (out) be.rows_scatter_add(dx, d_xr, N, C, C, out->idx);
   float* d_atty = s.d_res1;
   be.zero(d_atty, n * f);
-  be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
-  be.zero(s.d_qkv, 3 * n * f);
+  be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, out ? a.ln2 : a.atty, w.proj_w, N, C, C,
+                     c.layout);
+  if (out) {  // the attention output's gradient at every position: zero but at the S rows
+    be.zero(s.d_c2, size_t(BT) * C * f);
+    be.rows_scatter_add(s.d_c2, d_atty, N, C, C, out->idx);
+    d_atty = s.d_c2;
+  }
+  be.zero(s.d_qkv, 3 * size_t(BT) * C * f);
   be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
                         seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
@@ -137,15 +164,16 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
 
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
                    const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
-                   int B, int T) {
+                   int B, int T, const OutRows* out_rows) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C;
   if (!c.pre_ln) {
-    post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T);
+    post_ln_forward(be, c, w, a, x, attn_mask, p_attn, p_resid, seeds, B, T, out_rows);
     return;
   }
+  NLP_ASSERT(!out_rows);  // OutRows: post-LN blocks only (no model asks for it on a pre-LN stack)
   const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
 
   // attention sub-block: res1[BT,C] = x + drop(proj(attn(LN1(x))))
@@ -168,16 +196,17 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
 void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                     const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
                     float* dout, const float* x, const int32_t* attn_mask, bool training,
-                    BlockSeeds seeds, int B, int T) {
+                    BlockSeeds seeds, int B, int T, const OutRows* out_rows) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
   const size_t f = sizeof(float);
   if (!c.pre_ln) {
-    post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T);
+    post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T, out_rows);
     return;
   }
+  NLP_ASSERT(!out_rows);
   const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
 
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
@@ -251,12 +280,13 @@ BlockSeeds keyed(BlockSeeds s, const int32_t* token_key) {
 
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                                  bool training, uint64_t seed, int B, int T, int T_key,
-                                 const int32_t* token_key) {
+                                 const int32_t* token_key, const OutRows* out_rows) {
   check_fits(be, B, T);
   const float* x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
-                  keyed(block_seeds(seed, int(l), T_key), token_key), B, T);
+                  keyed(block_seeds(seed, int(l), T_key), token_key), B, T,
+                  l + 1 == layers.size() ? out_rows : nullptr);
     x = acts_[l].out;
   }
   return x;
@@ -296,21 +326,22 @@ size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
 void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                           const int32_t* mask, bool training, uint64_t seed, int B, int T,
                           int T_key, const std::function<void(size_t)>* ready,
-                          const int32_t* token_key) {
+                          const int32_t* token_key, const OutRows* out_rows) {
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
+    const OutRows* rows = l + 1 == int(layers.size()) ? out_rows : nullptr;
     if (recompute) {
       // Rerun block l's forward into the shared working set (its output into the working set's own
       // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.
       BlockActs a = work_;
       block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
-                    keyed(block_seeds(seed, l, T_key), token_key), B, T);
+                    keyed(block_seeds(seed, l, T_key), token_key), B, T, rows);
     }
     be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
                    acts_[l], scratch_, db, da, x, mask, training, keyed(block_seeds(seed, l, T_key), token_key),
-                   B, T);
+                   B, T, rows);
     std::swap(da, db);
     if (ready && *ready) (*ready)(layer_begin(ps, l));
   }

@@ -84,21 +84,35 @@ struct BlockSeeds {
 // The seeds of block `layer` in a forward pass seeded by `seed` (same derivation for every model).
 BlockSeeds block_seeds(uint64_t seed, int layer, int T_key);
 
+// The rows of a post-LN block's output that are needed (BERT's last block: the [CLS] rows that the
+// doc_cls/pair_cls pooler reads, the masked positions that the MLM head scores): idx[S] distinct flat
+// positions b*T+t, key[S] their dropout keys (example * T_key + position, backend.h DropRows; both
+// backend memory). The block then computes q, k, v and the attention at every position (the keys and
+// values of all positions feed the S queries) but the output projection, both residual + LayerNorms
+// and the MLP on the S rows only, and writes its output compact, [S,C]. Every other row of the output
+// would reach no loss, so the result and every gradient equal the full block's.
+struct OutRows {
+  const int32_t* idx = nullptr;
+  const int32_t* key = nullptr;
+  int S = 0;
+};
+
 // Indices of one block's tensors in the model's ParamStore, and their pointers (params or grads).
 struct BlockParamIdx {
   int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
 };
 BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad);
 
-// x[BT,C] -> a.out[BT,C]. attn_mask [B,T] nullable. training=false disables dropout.
+// x[BT,C] -> a.out[BT,C] (rows non-null: a.out[S,C], the rows only; post-LN blocks). attn_mask
+// [B,T] nullable. training=false disables dropout.
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
                    const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
-                   int B, int T);
-// dout[BT,C] (consumed, may be overwritten) -> dx[BT,C] += ..., gw += ...
+                   int B, int T, const OutRows* rows = nullptr);
+// dout[BT,C] (rows: [S,C]; consumed, may be overwritten) -> dx[BT,C] += ..., gw += ...
 void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
                     const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
                     float* dout, const float* x, const int32_t* attn_mask, bool training,
-                    BlockSeeds seeds, int B, int T);
+                    BlockSeeds seeds, int B, int T, const OutRows* rows = nullptr);
 
 // The stack of blocks of a model (GPT-2 and BERT alike): the layers' parameter indices, their saved
 // activations and the backward scratch shared by the layers; forward and backward loop over them.
@@ -118,14 +132,17 @@ class BlockStack {
   // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers).
   // T_key: the row length dropout masks are keyed by (DeviceBatch::T_key).
   // token_key (nullable): packed rows' per-token dropout keys (DeviceBatch::token_key).
+  // out_rows (nullable; post-LN stacks): the last block computes only these rows, and xL is [S,C].
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                        bool training, uint64_t seed, int B, int T, int T_key,
-                       const int32_t* token_key = nullptr);
-  // *da holds d xL on entry (consumed) and d x0 on return; *db is workspace; both [BT,C].
+                       const int32_t* token_key = nullptr, const OutRows* out_rows = nullptr);
+  // *da holds d xL on entry (consumed; [S,C] with out_rows, the forward's) and d x0 on return; *db
+  // is workspace; both buffers [BT,C].
   // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
   void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                 const int32_t* mask, bool training, uint64_t seed, int B, int T, int T_key,
-                const std::function<void(size_t)>* ready = nullptr, const int32_t* token_key = nullptr);
+                const std::function<void(size_t)>* ready = nullptr, const int32_t* token_key = nullptr,
+                const OutRows* out_rows = nullptr);
   // The range [begin, end) of block l's tensors in the parameter/gradient arenas (the tensors of a
   // block are registered one after the other, so the range holds only that block's tensors).
   size_t layer_begin(const ParamStore& ps, int l) const;

@@ -29,9 +29,12 @@ struct DeviceBatch {
   const int32_t* start = nullptr;     // [B] answer start positions (qa)
   const int32_t* end = nullptr;       // [B] answer end positions (qa)
   // mlm: the flat positions b*T+t whose target is not -100, in order, and their targets [nrows].
-  // The MLM head scores only these rows (the others do not enter the loss).
+  // The MLM head scores only these rows (the others do not enter the loss). row_keys [nrows]: their
+  // dropout keys (example * T_key + position, backend.h DropRows; nullable: the model then computes
+  // its last block at every position rather than at these rows only).
   const int32_t* rows = nullptr;
   const int32_t* row_targets = nullptr;
+  const int32_t* row_keys = nullptr;
   int nrows = 0;
   // Packed rows (data.packing): E examples in the B rows; mask holds segment ids (0 = padding;
   // attention stays within a segment, backend.h), pos the position ids [B,T], first [E] the flat
@@ -82,6 +85,12 @@ class Model {
   // train.recompute = block (true): keep only each transformer block's input and recompute the
   // block's forward just before its backward; gradients are bitwise the same, activations smaller.
   virtual void set_recompute(bool on) = 0;
+  // true: the last transformer block computes every position, as transformers does. The default
+  // (false) lets a model compute it at the positions its head reads only (BERT's doc_cls, pair_cls
+  // and mlm heads: block.h OutRows); outputs and gradients are the same to fp32 rounding.
+  virtual void set_last_block_all_rows(bool on) { (void)on; }
+  // The rows the last block computed after its attention in the last forward; 0 = every row.
+  virtual int last_block_rows() const { return 0; }
   // Carve the activation arena for batches of up to B rows x T positions now, once: a later batch
   // of that size or smaller (trimmed to its longest row, or an evaluation's partial last batch)
   // reuses it without reallocating. A larger batch grows it.

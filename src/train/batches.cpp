@@ -224,7 +224,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
   const size_t np = hb.pos.size(), nk = hb.token_key.size(), nf = hb.first.size();
-  const size_t need = 4 * n + 3 * b + 2 * r + np + nk + nf;
+  const size_t need = 4 * n + 3 * b + 3 * r + np + nk + nf;
   if (need > cap_) {
     be_.release(buf_);
     buf_ = static_cast<int32_t*>(be_.alloc(need * sizeof(int32_t)));
@@ -253,6 +253,14 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.rows = put(hb.rows, r);
   db.row_targets = put(hb.row_targets, r);
   db.nrows = static_cast<int>(r);
+  // the rows' dropout keys: the packed rows' token keys, else (example, position) at T_key
+  row_keys_.resize(r);
+  const int Tk = key_length(hb.T, hb.T_key);
+  for (size_t i = 0; i < r; ++i) {
+    const int32_t at = hb.rows[i];
+    row_keys_[i] = hb.E > 0 ? hb.token_key[size_t(at)] : at / hb.T * Tk + at % hb.T;
+  }
+  db.row_keys = put(row_keys_, r);
   if (hb.E > 0) {
     db.E = hb.E;
     db.pos = put(hb.pos, n);

@@ -86,6 +86,7 @@ class DeviceBatchBuffer {
   Backend& be_;
   int32_t* buf_ = nullptr;
   size_t cap_ = 0;
+  std::vector<int32_t> row_keys_;  // host staging of DeviceBatch::row_keys
 };
 
 }  // namespace nlp

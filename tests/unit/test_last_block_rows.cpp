@@ -1,0 +1,185 @@
+// BERT's last block at the rows its head reads only (block.h OutRows: the [CLS] rows for doc_cls and
+// pair_cls, the masked positions for mlm) against the same model computing every row
+// (Model::set_last_block_all_rows(true), what transformers computes): the loss, the outputs and every
+// parameter gradient agree to fp32 rounding, in training mode with dropout on (so the rows' dropout
+// keys must be those of their positions), for batches at the file's length, trimmed below it and
+// packed, with and without block recompute. last_block_rows() shows that the rows path ran.
+// The reference is the full computation, never a value taken from the path under test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "config/config.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "train/batches.h"
+
+namespace {
+
+using nlp::Backend;
+using VF = std::vector<float>;
+
+Backend& be() {
+  static std::unique_ptr<Backend> b = nlp::make_cpu_backend(2);
+  return *b;
+}
+
+nlp::ModelConfig small_bert() {
+  nlp::ModelConfig mc;
+  mc.type = "bert";
+  mc.vocab_size = 97;
+  mc.hidden_size = 32;
+  mc.num_hidden_layers = 2;
+  mc.num_attention_heads = 4;
+  mc.intermediate_size = 48;
+  mc.max_position_embeddings = 64;
+  mc.num_labels = 3;
+  mc.hidden_dropout_prob = 0.2f;
+  mc.attention_probs_dropout_prob = 0.2f;
+  mc.layer_norm_eps = 1e-12f;
+  return mc;
+}
+
+// B rows of T positions, row b real for its first len[b]: random ids, labels, and (mlm) targets at
+// every third real position after [CLS].
+nlp::HostBatch batch(const std::vector<int>& len, int T, bool mlm) {
+  nlp::Rng r(7);
+  nlp::HostBatch hb;
+  hb.B = static_cast<int>(len.size());
+  hb.T = hb.T_key = T;
+  const size_t n = size_t(hb.B) * T;
+  hb.ids.assign(n, 0);
+  hb.mask.assign(n, 0);
+  hb.targets.assign(n, nlp::kIgnoreIndex);
+  hb.type_ids.assign(n, 0);
+  for (int b = 0; b < hb.B; ++b)
+    for (int t = 0; t < len[b]; ++t) {
+      const size_t i = size_t(b) * T + t;
+      hb.ids[i] = 5 + static_cast<int32_t>(r.uniform() * 90);
+      hb.mask[i] = 1;
+      hb.type_ids[i] = t >= len[b] / 2;
+      if (mlm && t % 3 == 1) hb.targets[i] = 5 + (7 * b + t) % 90;
+    }
+  for (int b = 0; b < hb.B; ++b) hb.labels.push_back(b % 3);
+  hb.start.assign(hb.B, nlp::kIgnoreIndex);
+  hb.end.assign(hb.B, nlp::kIgnoreIndex);
+  for (size_t i = 0; i < n; ++i)
+    if (mlm && hb.targets[i] != nlp::kIgnoreIndex) {
+      hb.rows.push_back(static_cast<int32_t>(i));
+      hb.row_targets.push_back(hb.targets[i]);
+    }
+  hb.has_padding = true;
+  return hb;
+}
+
+struct Result {
+  double loss = 0;
+  VF grads, out;
+  int rows = -1;
+};
+
+// One training forward + backward (dropout on), from weights seeded the same way every time.
+Result run(nlp::Model& m, const nlp::DeviceBatch& db, bool all_rows) {
+  m.set_last_block_all_rows(all_rows);
+  m.init_weights(11);
+  nlp::ParamStore& ps = m.params();
+  be().zero(ps.grad(), ps.total() * sizeof(float));
+  Result r;
+  r.loss = m.forward(db, /*training=*/true, 1234);
+  r.rows = m.last_block_rows();
+  for (const nlp::OutputView& o : m.outputs()) {
+    size_t k = 1;
+    for (auto d : o.shape) k *= size_t(d);
+    const size_t at = r.out.size();
+    r.out.resize(at + k);
+    be().to_host(r.out.data() + at, o.data, k * sizeof(float));
+  }
+  m.backward(db, 0.25f, /*training=*/true, 1234);
+  r.grads.resize(ps.total());
+  be().to_host(r.grads.data(), ps.grad(), ps.total() * sizeof(float));
+  return r;
+}
+
+double norm(const float* a, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
+  return std::sqrt(s);
+}
+double dist(const float* a, const float* b, size_t n) {
+  double d = 0;
+  for (size_t i = 0; i < n; ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return std::sqrt(d);
+}
+double rel(const VF& a, const VF& b) { return dist(a.data(), b.data(), b.size()) / norm(b.data(), b.size()); }
+
+enum class Shape { Padded, Trimmed, Packed };
+
+void check(const std::string& task, Shape shape, bool recompute) {
+  SCOPED_TRACE(task + (shape == Shape::Padded ? " padded" : shape == Shape::Trimmed ? " trimmed" : " packed") +
+               (recompute ? " recompute" : ""));
+  const bool mlm = task == "mlm";
+  nlp::HostBatch hb = batch({9, 23, 4, 17, 12}, 32, mlm);
+  if (shape == Shape::Trimmed) nlp::trim_to_longest(hb, 8);
+  if (shape == Shape::Packed) nlp::pack_rows(hb, 16);
+  // the shape under test is the one asked for
+  if (shape == Shape::Trimmed) ASSERT_LT(hb.T, 32);
+  if (shape == Shape::Packed) ASSERT_LT(hb.B, hb.E);
+  nlp::DeviceBatchBuffer dbuf(be());
+  const nlp::DeviceBatch db = dbuf.upload(hb);
+  auto m = nlp::make_model(small_bert(), be(), task);
+  m->set_recompute(recompute);
+  const Result full = run(*m, db, true);
+  const Result part = run(*m, db, false);
+  EXPECT_EQ(full.rows, 0);
+  EXPECT_EQ(part.rows, mlm ? int(hb.rows.size()) : hb.E > 0 ? hb.E : hb.B);
+  EXPECT_NEAR(part.loss, full.loss, 1e-6 * std::abs(full.loss));
+  ASSERT_EQ(part.out.size(), full.out.size());
+  EXPECT_LT(rel(part.out, full.out), 1e-6);
+  // every tensor's gradient within 1e-5 of its norm, or (the key biases, whose exact gradient is
+  // zero: softmax ignores a constant added to every score) within 1e-6 of the whole gradient's norm
+  const double total = norm(full.grads.data(), full.grads.size());
+  for (const auto& sp : m->params().specs()) {
+    const float* a = part.grads.data() + sp.offset;
+    const float* b = full.grads.data() + sp.offset;
+    const double d = dist(a, b, sp.numel), e = d / norm(b, sp.numel);
+    EXPECT_TRUE(e < 1e-5 || d < 1e-6 * total)
+        << sp.name << ": relative " << e << ", absolute " << d << " against a gradient norm " << total;
+  }
+  // the last block's parameters do get a gradient (the comparison is not of zeros)
+  const auto& last = m->params().specs()[m->params().index("bert.encoder.layer.1.output.dense.weight")];
+  double s = 0;
+  for (size_t i = 0; i < last.numel; ++i) s += std::abs(full.grads[last.offset + i]);
+  EXPECT_GT(s, 0);
+}
+
+TEST(LastBlockRows, DocClsEqualsEveryRow) {
+  for (Shape sh : {Shape::Padded, Shape::Trimmed, Shape::Packed}) check("doc_cls", sh, false);
+}
+TEST(LastBlockRows, PairClsWithRecomputeEqualsEveryRow) {
+  for (Shape sh : {Shape::Padded, Shape::Packed}) check("pair_cls", sh, true);
+}
+TEST(LastBlockRows, MlmEqualsEveryRow) {
+  for (Shape sh : {Shape::Padded, Shape::Trimmed, Shape::Packed}) check("mlm", sh, false);
+  check("mlm", Shape::Trimmed, true);
+}
+// ner and qa read every row: the last block computes them all
+TEST(LastBlockRows, NerAndQaComputeEveryRow) {
+  for (const char* task : {"ner", "qa"}) {
+    nlp::HostBatch hb = batch({9, 23, 4}, 32, false);
+    hb.start = {1, 2, 1};
+    hb.end = {3, 5, 2};
+    nlp::DeviceBatchBuffer dbuf(be());
+    const nlp::DeviceBatch db = dbuf.upload(hb);
+    auto m = nlp::make_model(small_bert(), be(), task);
+    m->init_weights(3);
+    m->forward(db, true, 5);
+    EXPECT_EQ(m->last_block_rows(), 0) << task;
+  }
+}
+
+}  // namespace
