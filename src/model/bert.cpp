@@ -204,6 +204,8 @@ class Bert final : public Model {
     reserve(b.examples(), b.T);
     ensure_acts(b.B, b.T);
     curE_ = b.examples();
+    // first, while the stream is idle after the batch's upload (a copy to a GPU synchronises)
+    const OutRows* rows = head_rows(b);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     if (T > mc_.max_position_embeddings)
       throw Error(cat("sequence length ", T, " exceeds model.max_position_embeddings = ",
@@ -217,7 +219,6 @@ class Bert final : public Model {
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
                         drop_rows(T, b.T_key, C, b.token_key));
-    const OutRows* rows = head_rows(b);
     xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, rows);
     return head_forward(b, training, seed);
   }
