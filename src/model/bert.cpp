@@ -105,7 +105,7 @@ class Bert final : public Model {
   }
 
   void set_last_block_all_rows(bool on) override { all_rows_ = on; }
-  int last_block_rows() const override { return compact_ ? rows_.S : 0; }
+  int last_block_rows() const override { return rows_.S; }
 
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
@@ -233,7 +233,7 @@ class Bert final : public Model {
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
-                    &grad_ready_, b.token_key, compact_ ? &rows_ : nullptr);
+                    &grad_ready_, b.token_key, compact() ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
@@ -268,11 +268,14 @@ class Bert final : public Model {
  private:
   BlockWeights weights(int l, bool grad) { return block_weights(ps_, stack_.layers[l], grad); }
 
+  bool compact() const { return rows_.S > 0; }  // the last forward's xL is [rows_.S, C]
+
   // The rows of the last block's output that the head reads (OutRows; null: every row). doc_cls,
   // pair_cls: each example's [CLS], the flat position b*T (first[e] packed) with dropout key
-  // e * T_key (position 0 of example e); mlm: the batch's masked rows and their keys. Sets compact_.
+  // e * T_key (position 0 of example e); mlm: the batch's masked rows and their keys. Sets rows_
+  // (S = 0 when every row is computed).
   const OutRows* head_rows(const DeviceBatch& b) {
-    compact_ = false;
+    rows_ = OutRows{};
     if (all_rows_ || L_ == 0) return nullptr;
     if (is_seq_cls(task_)) {
       const int E = b.examples(), Tk = key_length(b.T, b.T_key);
@@ -293,7 +296,6 @@ class Bert final : public Model {
     } else {
       return nullptr;
     }
-    compact_ = true;
     return &rows_;
   }
 
@@ -308,7 +310,7 @@ class Bert final : public Model {
         // E examples (B unpacked). cls[E,C] = xL at each example's first token (b*T unpacked,
         // b.first packed); pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[E,NL]
         const int E = b.examples();
-        if (compact_)  // xL is [E,C] already
+        if (compact())  // xL is [E,C] already
           be_.copy(h1_, xL_, size_t(E) * C * sizeof(float));
         else if (b.first)
           be_.rows_gather(h1_, xL_, E, C, C, b.first);
@@ -357,7 +359,7 @@ class Bert final : public Model {
         NLP_ASSERT(M == 0 || (b.rows && b.row_targets));
         ensure_mlm_rows(M);
         if (M == 0) return 0;
-        if (compact_)  // xL is [M,C] already
+        if (compact())  // xL is [M,C] already
           be_.copy(h4_, xL_, size_t(M) * C * sizeof(float));
         else
           be_.rows_gather(h4_, xL_, M, C, C, b.rows);
@@ -395,7 +397,7 @@ class Bert final : public Model {
         be_.zero(dh2_, size_t(E) * C * f);
         be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), E, C,
                             C, WLayout::OutIn);
-        if (compact_)  // d xL is [E,C]
+        if (compact())  // d xL is [E,C]
           be_.accumulate(dres_a_, dh2_, size_t(E) * C);
         else if (b.first)  // the examples' first tokens are distinct positions
           be_.rows_scatter_add(dres_a_, dh2_, E, C, C, b.first);
@@ -452,7 +454,7 @@ class Bert final : public Model {
         be_.zero(dh1_, n * f);
         be_.matmul_backward(dh1_, ps_.g(tr_w_), ps_.g(tr_b_), dh2_, h4_, ps_.p(tr_w_), M, C, C,
                             WLayout::OutIn);
-        if (compact_)
+        if (compact())
           be_.accumulate(dres_a_, dh1_, size_t(M) * C);
         else
           be_.rows_scatter_add(dres_a_, dh1_, M, C, C, b.rows);  // rows are distinct positions
@@ -560,9 +562,9 @@ class Bert final : public Model {
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *pad_save_ = nullptr;
   float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
   int mlm_rows_ = 0, mlm_cap_ = 0;
-  // head_rows(): the last block's rows (rows_, compact_ when the last forward used them); the [CLS]
+  // head_rows(): the last block's rows in the last forward (S = 0: every row); the [CLS]
   // rows' positions and keys in backend memory ([2, cls_rows_cap_]) and their host staging
-  bool all_rows_ = false, compact_ = false;
+  bool all_rows_ = false;
   OutRows rows_{};
   int32_t* cls_rows_ = nullptr;
   int cls_rows_cap_ = 0;
