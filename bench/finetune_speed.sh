@@ -17,6 +17,8 @@
 #   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has them)
 #   hf-longest-group-bf16     ... --group-by-length --bf16 (Trainer's bf16=True: autocast to bf16 on the CPU)
 #   nlptrain-packed-bf16      ... --data.packing=true --train.precision=bf16
+#   nlptrain-longest-groupshuffled-bf16  ... -group-bf16 with --data.group_order=shuffled (the steps' order shuffled)
+#   hf-longest-groupshuffled-bf16        ... -group-bf16 with --shuffle-groups (the same order rule on HF's side)
 # (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
 # nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
 #
@@ -38,7 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -151,6 +153,7 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   local pad=longest group=false extra=()
   case $s in *max_length) pad=max_length;; esac
   case $s in *-group|*-group-bf16) group=true;; esac
+  case $s in *-groupshuffled-bf16) group=true; extra+=("--data.group_order=shuffled");; esac
   case $s in *-bf16) extra+=("--train.precision=bf16");; esac
   case $s in *-packed|*-packed-bf16) extra+=("--data.packing=true");; esac
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
@@ -176,6 +179,7 @@ run_hf() {  # run_hf TASK SETTING SEED
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
   case $s in *-group|*-group-compile|*-group-bf16) extra+=(--group-by-length);; esac
+  case $s in *-groupshuffled-bf16) extra+=(--group-by-length --shuffle-groups);; esac
   case $s in *-bf16) extra+=(--bf16);; esac
   # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (what nlptrain uses on GPUs), so that
   # few shapes are compiled

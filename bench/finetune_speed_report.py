@@ -28,7 +28,8 @@ import sys
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
             "nlptrain-packed", "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16",
-            "nlptrain-packed-bf16", "hf-longest-group-bf16"]
+            "nlptrain-packed-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
+            "hf-longest-groupshuffled-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 
 

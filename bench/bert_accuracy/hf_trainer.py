@@ -81,6 +81,10 @@ def parse_args(argv=None):
                         "file's length (DataCollatorWithPadding's pad_to_multiple_of; default 1 = off)")
     p.add_argument("--group-by-length", action="store_true",
                    help="Trainer's group_by_length (LengthGroupedSampler on len(item['input_ids']))")
+    p.add_argument("--shuffle-groups", action="store_true",
+                   help="with --group-by-length: shuffle the order of the optimizer steps' groups of the "
+                        "epoch (what nlptrain's data.group_order = shuffled does) instead of LengthGroupedSampler's "
+                        "order, where each mega-batch of 50 steps runs from its longest to its shortest examples")
     p.add_argument("--torch-compile", action="store_true",
                    help="TrainingArguments(torch_compile=True): the model through torch.compile (inductor; on the "
                         "CPU it generates C++/OpenMP kernels), compile time included in train_s")
@@ -91,6 +95,26 @@ def parse_args(argv=None):
 
 
 # ---- data ----------------------------------------------------------------------------------------
+
+class GroupShuffled(torch.utils.data.Sampler):
+    """`inner`'s order cut into groups of `group` indices (an optimizer step's examples), whose order is
+    shuffled per epoch (seeded); an incomplete last group stays last."""
+
+    def __init__(self, inner, group, seed):
+        self.inner, self.group, self.seed, self.epoch = inner, group, seed, 0
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __iter__(self):
+        idx = list(iter(self.inner))
+        n = len(idx) // self.group
+        g = torch.Generator().manual_seed(self.seed * 1000003 + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(n, generator=g).tolist()
+        out = [i for k in order for i in idx[k * self.group:(k + 1) * self.group]]
+        return iter(out + idx[n * self.group:])
+
 
 class H5Rows(torch.utils.data.Dataset):
     """The model columns of one HDF5 file, in memory, as a list of dicts of tensors."""
@@ -408,6 +432,10 @@ def main(argv=None):
             step_ends.append(time.perf_counter())
             return loss
 
+        def _get_train_sampler(self, *args, **kwargs):
+            sampler = super()._get_train_sampler(*args, **kwargs)
+            return GroupShuffled(sampler, a.batch, a.seed) if a.shuffle_groups and sampler is not None else sampler
+
         def create_scheduler(self, num_training_steps, optimizer=None):
             if self.lr_scheduler is None:
                 self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lam)
@@ -452,7 +480,7 @@ def main(argv=None):
     gaps = [b - a_ for a_, b in zip(step_ends, step_ends[1:])]
     out.update(torch_compile=a.torch_compile, bf16=a.bf16,
                median_step_s_after_20=statistics.median(gaps[20:]) if len(gaps) > 20 else None)
-    out.update(padding=a.padding, group_by_length=a.group_by_length, pad_multiple=a.pad_multiple,
+    out.update(padding=a.padding, group_by_length=a.group_by_length, shuffle_groups=a.shuffle_groups, pad_multiple=a.pad_multiple,
                file_seq_len=train.T, trained_batches=counts["batches"], trained_rows=counts["rows"],
                real_tokens=counts["real"], computed_tokens=counts["computed"],
                real_tokens_per_s=counts["real"] / t_train,

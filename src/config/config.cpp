@@ -50,6 +50,7 @@ const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
 const std::vector<std::string> kPadding = {"longest", "max_length"};
+const std::vector<std::string> kGroupOrder = {"longest_first", "shuffled"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -190,9 +191,15 @@ const std::vector<Entry>& schema() {
        "the cpu backend (shapes cost nothing there; every extra position is wasted work), 8 on cuda "
        "(bounds the distinct shapes; 64 also suits tensor cores)"},
       {KEY(data, group_by_length), none(),
-       "batch examples of similar length (HF group_by_length): each mega-batch of 50 optimizer steps "
-       "of the shuffled order is sorted longest first and cut into optimizer steps, whose order is "
-       "shuffled; with data.padding = longest most padding is then never computed"},
+       "batch examples of similar length (HF group_by_length): each mega-batch of min(50, examples / "
+       "(4 x global batch)) optimizer steps of the shuffled order is sorted longest first and cut into "
+       "optimizer steps, run in the order of data.group_order; with data.padding = longest most "
+       "padding is then never computed"},
+      {KEY(data, group_order), one_of(kGroupOrder),
+       "with data.group_by_length: longest_first = each mega-batch's steps run from its longest to its "
+       "shortest examples, mega-batch after mega-batch (HF's LengthGroupedSampler order); shuffled = "
+       "the epoch's steps in a seeded random order (no cycling of lengths; on KorQuAD at 200 steps it "
+       "scored about 0.6 F1 below longest_first, bench/NOTES.md)"},
       {KEY(data, packing), none(),
        "training: the examples of each micro-batch (train.batch_size of them, as without packing) "
        "share rows, several to a row (first-fit, longest first), with a segment id per token: "

@@ -81,6 +81,7 @@ struct DataConfig {
   int pad_multiple = 0;        // padding = longest: round the batch length up to a multiple of this;
                                // 0 = auto (resolved in the effective configuration: cpu 1, cuda 8)
   bool group_by_length = false;  // length-grouped batches (Sampler)
+  std::string group_order = "longest_first";  // longest_first (HF's order) | shuffled (GroupOrder)
   bool packing = false;        // training micro-batches packed into fewer rows (batches.h pack_rows)
   int cache_mb = 1024;         // a data file of at most this many MiB (its int32 columns) is held in
                                // memory on each rank; larger ones are read a batch at a time (0 = never)

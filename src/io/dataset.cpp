@@ -282,8 +282,9 @@ void TokenDataset::validate(int rank, int world) const {
 // ---- Sampler --------------------------------------------------------------------------------------
 
 Sampler::Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-                 bool shuffle, const std::vector<int32_t>* lengths, int64_t group)
-    : n_(num_examples), B_(batch_per_rank), rank_(rank), world_(world), seed_(seed), shuffle_(shuffle) {
+                 bool shuffle, const std::vector<int32_t>* lengths, int64_t group, GroupOrder order)
+    : n_(num_examples), B_(batch_per_rank), rank_(rank), world_(world), seed_(seed), shuffle_(shuffle),
+      order_(order) {
   if (lengths) {
     if (static_cast<int64_t>(lengths->size()) != num_examples)
       throw Error(cat("Sampler: ", lengths->size(), " lengths for ", num_examples, " examples"));
@@ -340,14 +341,20 @@ std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
   return out;
 }
 
+int64_t Sampler::mega_batch_steps() const {
+  if (lengths_.empty()) return 0;
+  return std::min<int64_t>(kMegaBatches, std::max<int64_t>(1, n_ / (4 * group_)));
+}
+
 void Sampler::group_by_length(int64_t epoch) const {
   const int64_t G = group_;  // an optimizer step's examples
-  const int64_t mega = G * kMegaBatches;
+  const int64_t mega = G * mega_batch_steps();
   auto longer = [this](int64_t a, int64_t b) {
     return lengths_[static_cast<size_t>(a)] > lengths_[static_cast<size_t>(b)];
   };
   for (int64_t m0 = 0; m0 < n_; m0 += mega)
     std::stable_sort(perm_.begin() + m0, perm_.begin() + std::min(n_, m0 + mega), longer);
+  if (order_ == GroupOrder::LongestFirst) return;
   // Shuffle the order of the epoch's full groups (the remainder stays at the end).
   const int64_t nb = n_ / G;
   std::vector<int64_t> order(static_cast<size_t>(nb));

@@ -102,21 +102,30 @@ class TokenDataset {
 // permutation of [0, N) seeded by (seed, e); rank r takes the r-th slice of B. Shuffling off: identity.
 // One rank with batch world*B therefore sees exactly the examples that `world` ranks see together.
 //
-// Length-grouped order (data.group_by_length; `lengths` non-null, one per example): the epoch's
-// permutation is cut into mega-batches of kMegaBatches groups of `group` examples (the optimizer
-// step's global batch, world x B x grad_accum; default world x B), each mega-batch is sorted longest
-// first (stable: equal lengths keep their shuffled order) and cut into groups, so an optimizer step
-// holds examples of similar length and trims to little padding. The groups of the epoch are then
-// shuffled (seeded), so that lengths do not cycle long-to-short through the run. A group's micro-
-// batches are consecutive slices of it; within a micro-batch rank r takes positions r, r + world, ...:
-// every rank gets the same spread of lengths (none is always the longest shard), and an optimizer step
-// is the same set of examples at any world size with the same global batch (resume at another world
-// size keeps the order).
+// Length-grouped order (data.group_by_length; `lengths` non-null, one per example), as HF's
+// LengthGroupedSampler: the epoch's permutation is cut into mega-batches of M groups of `group`
+// examples (the optimizer step's global batch, world x B x grad_accum; default world x B), M =
+// min(50, max(1, N / (4 x group))) as HF's rule; each mega-batch is sorted longest first (stable:
+// equal lengths keep their shuffled order) and cut into groups, so an optimizer step holds examples
+// of similar length and trims to little padding. The groups then run
+//   GroupOrder::LongestFirst (data.group_order = longest_first, the default): in that order, so each
+//     mega-batch runs from its longest to its shortest examples, mega-batch after mega-batch (HF's
+//     order; HF also swaps the epoch's longest example into the first step, to fail early on memory,
+//     which nlptrain's memory plan does not need);
+//   GroupOrder::Shuffled: in an order shuffled over the epoch (seeded), so lengths do not cycle.
+// A group's micro-batches are consecutive slices of it; within a micro-batch rank r takes positions
+// r, r + world, ...: every rank gets the same spread of lengths (none is always the longest shard),
+// and an optimizer step is the same set of examples at any world size with the same global batch
+// (resume at another world size keeps the order).
+enum class GroupOrder { LongestFirst, Shuffled };
 class Sampler {
  public:
-  static constexpr int kMegaBatches = 50;  // as HF's LengthGroupedSampler (mega-batch = 50 batches)
+  static constexpr int kMegaBatches = 50;  // at most, as HF's LengthGroupedSampler
   Sampler(int64_t num_examples, int batch_per_rank, int rank, int world, uint64_t seed,
-          bool shuffle, const std::vector<int32_t>* lengths = nullptr, int64_t group = 0);
+          bool shuffle, const std::vector<int32_t>* lengths = nullptr, int64_t group = 0,
+          GroupOrder order = GroupOrder::LongestFirst);
+  // Optimizer steps per mega-batch of the length-grouped order (0 without lengths).
+  int64_t mega_batch_steps() const;
   int64_t batches_per_epoch() const;  // full global batches per epoch (the remainder is dropped)
   // Example indices of this rank for global batch number `global_batch` counted from the start
   // of training (epochs roll over automatically).
@@ -129,6 +138,7 @@ class Sampler {
   bool shuffle_;
   std::vector<int32_t> lengths_;  // empty: no length grouping
   int64_t group_ = 0;             // examples per length group (a multiple of world x B)
+  GroupOrder order_ = GroupOrder::LongestFirst;
   void group_by_length(int64_t epoch) const;  // perm_ of `epoch` -> length-grouped (see above)
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;

@@ -107,6 +107,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .str("padding", s.cfg.data.padding)
       .integer("pad_multiple", s.cfg.data.pad_multiple)
       .boolean("group_by_length", s.cfg.data.group_by_length)
+      .str("group_order", s.cfg.data.group_by_length ? s.cfg.data.group_order : std::string("none"))
       .boolean("packing", s.cfg.data.packing)
       .num("mean_examples_per_row", notes.rows > 0 ? notes.examples / notes.rows : 1.0)
       .num("mean_batch_len", mean_len)

@@ -271,7 +271,8 @@ int run_train(Session& s) {
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
   Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle,
-                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A);
+                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A,
+                  cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst);
   const bool trim = cfg.data.padding == "longest";
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
@@ -291,8 +292,10 @@ int run_train(Session& s) {
   if (!lengths.empty()) {
     double sum = 0;
     for (int32_t L : lengths) sum += L;
-    s.log.info(cat("data: group_by_length: mega-batches of ", Sampler::kMegaBatches, " optimizer steps (",
-                   int64_t(world) * B * A, " examples each) sorted by length; mean example length ",
+    s.log.info(cat("data: group_by_length: mega-batches of ", sampler.mega_batch_steps(), " optimizer steps (",
+                   int64_t(world) * B * A, " examples each) sorted by length, steps in ",
+                   cfg.data.group_order == "shuffled" ? "a shuffled order" : "each mega-batch's order, longest first",
+                   " (data.group_order = ", cfg.data.group_order, "); mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }
   const bool pack = cfg.data.packing;

@@ -263,8 +263,8 @@ def test_training_with_dropout_longest_equals_max_length(task, tmp_path, report)
 
 @pytest.fixture(scope="module")
 def spread(tmp_path_factory):
-    """400 doc_cls rows of T = 64 with lengths 3..60: a wide spread for group_by_length (400 = one
-    mega-batch of 50 global batches of 8)."""
+    """400 doc_cls rows of T = 64 with lengths 3..60: a wide spread for group_by_length (mega-batches
+    of min(50, 400 / (4 x 8)) = 12 global batches of 8)."""
     path = tmp_path_factory.mktemp("spread") / "d.h5"
     _, cols, _ = task_data("doc_cls", np.random.default_rng(50), n=400, file_len=64, lo=3, hi=60)
     return write(path, cols)
@@ -273,21 +273,26 @@ def spread(tmp_path_factory):
 GROUPED = ["--data.group_by_length=true", "--data.padding=longest"]
 
 
-def test_group_by_length_one_rank_equals_two_ranks(spread, tmp_path, report):
+@pytest.mark.parametrize("order", ["longest_first", "shuffled"])
+def test_group_by_length_one_rank_equals_two_ranks(spread, tmp_path, report, order):
     # Dropout off: its masks are drawn per rank and micro-batch row, so they differ between 1 x 8 and
     # 2 x 4 by design. The global batches are the same 8 examples either way (rank r takes positions
     # r, r+2, ... of a length-sorted global batch) and each rank trims its own half.
-    args = MODEL + NO_DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.steps=5"]
-    nr.run(args + ["--train.batch_size=8", f"--output.dir={tmp_path / 'one'}"])
+    args = MODEL + NO_DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}", "--train.steps=5",
+                                           f"--data.group_order={order}"]
+    p = nr.run(args + ["--train.batch_size=8", f"--output.dir={tmp_path / 'one'}"])
+    assert f"(data.group_order = {order})" in p.stdout, p.stdout
     one = losses(tmp_path / "one")
     nr.run(args + ["--train.batch_size=4", f"--output.dir={tmp_path / 'two'}"], ranks=2)
     two = losses(tmp_path / "two")
     worst = max(abs(a - b) / abs(b) for a, b in zip(two, one))
-    report(f"group_by_length 1x8 vs 2x4: max relative loss difference {worst:.2e}")
+    report(f"group_by_length ({order}) 1x8 vs 2x4: max relative loss difference {worst:.2e}")
     # Same examples, same arithmetic except the order in which the two ranks' gradient sums are
     # added (and the trimmed lengths of the halves): fp32 rounding through 5 AdamW steps (~1e-7).
     assert len(one) == len(two) == 5 and worst <= 1e-5, (one, two)
     assert summary(tmp_path / "two")["group_by_length"] is True
+    assert summary(tmp_path / "two")["group_order"] == order
+    assert summary(tmp_path / "one")["group_order"] == order
 
 
 def straight_and_resumed(args, tmp_path, resume_ranks):

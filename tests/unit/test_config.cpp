@@ -32,7 +32,7 @@ const std::vector<std::string> kAllKeys = {
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
     "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle", "data.padding", "data.pad_multiple",
-    "data.group_by_length", "data.packing", "data.cache_mb",
+    "data.group_by_length", "data.group_order", "data.packing", "data.cache_mb",
     "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
@@ -107,6 +107,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.padding, b.data.padding);
   EXPECT_EQ(a.data.pad_multiple, b.data.pad_multiple);
   EXPECT_EQ(a.data.group_by_length, b.data.group_by_length);
+  EXPECT_EQ(a.data.group_order, b.data.group_order);
   EXPECT_EQ(a.data.packing, b.data.packing);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
@@ -713,7 +714,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "attn_pdrop = 0.123456789\nresid_pdrop = 0\nlayer_norm_epsilon = 3e-7\n"
                                  "initializer_range = 0.035\npreset = gpt2\n"
                                  "[data]\ntrain = \" lead space.h5\"\neval = e#1;x.h5\nseq_len = 64\n"
-                                 "shuffle = false\npadding = max_length\npad_multiple = 64\ngroup_by_length = true\n"
+                                 "shuffle = false\npadding = max_length\npad_multiple = 64\ngroup_by_length = true\ngroup_order = shuffled\n"
                                  "[train]\nsteps = 77\nepochs = 0\nbatch_size = 3\ngrad_accum = 4\nlr = 1.7e-3\n"
                                  "min_lr_ratio = 0.1\nwarmup_steps = 9\nschedule = constant\n"
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -223,11 +224,15 @@ std::vector<int32_t> spread_lengths(int64_t n, uint64_t seed) {
   return len;
 }
 
+const nlp::GroupOrder kOrders[] = {nlp::GroupOrder::LongestFirst, nlp::GroupOrder::Shuffled};
+
 TEST(LengthGroupedSampler, GlobalBatchesPartitionTheEpochAtAnyWorldSize) {
+  for (const nlp::GroupOrder order : kOrders) {
+  SCOPED_TRACE(order == nlp::GroupOrder::Shuffled ? "shuffled" : "longest_first");
   const int64_t n = 1000;
   const std::vector<int32_t> len = spread_lengths(n, 5);
-  const nlp::Sampler one(n, 8, 0, 1, 77, true, &len);
-  const nlp::Sampler r0(n, 4, 0, 2, 77, true, &len), r1(n, 4, 1, 2, 77, true, &len);
+  const nlp::Sampler one(n, 8, 0, 1, 77, true, &len, 0, order);
+  const nlp::Sampler r0(n, 4, 0, 2, 77, true, &len, 0, order), r1(n, 4, 1, 2, 77, true, &len, 0, order);
   const int64_t bpe = one.batches_per_epoch();
   ASSERT_EQ(bpe, n / 8);
   ASSERT_EQ(r0.batches_per_epoch(), bpe);
@@ -245,6 +250,7 @@ TEST(LengthGroupedSampler, GlobalBatchesPartitionTheEpochAtAnyWorldSize) {
     for (int64_t i : a) EXPECT_TRUE(seen.insert(i).second) << "example " << i << " twice in an epoch";
   }
   EXPECT_EQ(static_cast<int64_t>(seen.size()), bpe * 8);
+  }
 }
 
 // Groups are optimizer steps (world x B x grad_accum examples): at any world size and accumulation
@@ -256,19 +262,22 @@ TEST(LengthGroupedSampler, OptimizerStepsAreTheSameSetsAtAnyWorldAndAccumulation
   struct Shape { int world, B, A; };
   const Shape shapes[] = {{1, 8, 2}, {2, 4, 2}, {2, 8, 1}, {4, 2, 2}, {1, 16, 1}};
   std::vector<std::vector<std::multiset<int64_t>>> steps;  // [shape][step] -> examples
+  for (const nlp::GroupOrder order : kOrders)
   for (const Shape& sh : shapes) {
     std::vector<std::multiset<int64_t>> per_step(40);
     for (int r = 0; r < sh.world; ++r) {
-      const nlp::Sampler s(n, sh.B, r, sh.world, 3, true, &len, int64_t(sh.world) * sh.B * sh.A);
+      const nlp::Sampler s(n, sh.B, r, sh.world, 3, true, &len, int64_t(sh.world) * sh.B * sh.A, order);
       for (int step = 0; step < 40; ++step)
         for (int a = 0; a < sh.A; ++a)
           for (int64_t i : s.indices(int64_t(step) * sh.A + a)) per_step[size_t(step)].insert(i);
     }
     steps.push_back(per_step);
   }
-  for (size_t k = 1; k < steps.size(); ++k)
-    for (size_t st = 0; st < steps[0].size(); ++st)
-      EXPECT_EQ(steps[k][st], steps[0][st]) << "shape " << k << " step " << st;
+  const size_t per_order = std::size(shapes);
+  for (size_t o = 0; o < std::size(kOrders); ++o)
+    for (size_t k = 1; k < per_order; ++k)
+      for (size_t st = 0; st < steps[0].size(); ++st)
+        EXPECT_EQ(steps[o * per_order + k][st], steps[o * per_order][st]) << "order " << o << " shape " << k << " step " << st;
   EXPECT_THROW(nlp::Sampler(n, 4, 0, 2, 3, true, &len, 12), nlp::Error);  // not whole micro-batches
   EXPECT_THROW(nlp::Sampler(n, 4, 0, 0, 3, true, &len, 16), nlp::Error);  // no ranks: an error, not a
   EXPECT_THROW(nlp::Sampler(n, 0, 0, 1, 3, true, &len, 16), nlp::Error);  // division by zero
@@ -277,8 +286,9 @@ TEST(LengthGroupedSampler, OptimizerStepsAreTheSameSetsAtAnyWorldAndAccumulation
 TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
   const int64_t n = 4000;
   const std::vector<int32_t> len = spread_lengths(n, 6);
-  const nlp::Sampler grouped(n, 16, 0, 1, 11, true, &len), again(n, 16, 0, 1, 11, true, &len);
-  const nlp::Sampler plain(n, 16, 0, 1, 11, true), other_seed(n, 16, 0, 1, 12, true, &len);
+  const auto shuffled = nlp::GroupOrder::Shuffled;
+  const nlp::Sampler grouped(n, 16, 0, 1, 11, true, &len, 0, shuffled), again(n, 16, 0, 1, 11, true, &len, 0, shuffled);
+  const nlp::Sampler plain(n, 16, 0, 1, 11, true), other_seed(n, 16, 0, 1, 12, true, &len, 0, shuffled);
   const int64_t bpe = grouped.batches_per_epoch();
   // padded positions if each batch runs at its longest row
   auto padded = [&](const nlp::Sampler& s, int64_t g0) {
@@ -311,6 +321,49 @@ TEST(LengthGroupedSampler, GroupsLengthsAndShufflesBatchesDeterministically) {
   EXPECT_FALSE(batch_lengths_descend);     // the batches' order is shuffled, not longest first
   EXPECT_NE(grouped.indices(0), other_seed.indices(0));
   EXPECT_NE(grouped.indices(0), grouped.indices(bpe));  // the next epoch is another order
+}
+
+// data.group_order = longest_first (the default), HF's LengthGroupedSampler order: mega-batches of
+// min(50, N / (4 x group)) steps, each running from its longest examples to its shortest, in turn.
+// The steps are the same sets of examples as the shuffled order's (only their order differs).
+TEST(LengthGroupedSampler, LongestFirstRunsEachMegaBatchFromLongestToShortest) {
+  struct Case { int64_t n; int B; int64_t mega; };
+  // 4000 / (4 x 16) = 62 -> at most 50; 400 / (4 x 8) = 12; 40 / (4 x 8) = 1 (at least one step)
+  for (const Case c : {Case{4000, 16, 50}, Case{400, 8, 12}, Case{40, 8, 1}}) {
+    SCOPED_TRACE(c.n);
+    const std::vector<int32_t> len = spread_lengths(c.n, 21);
+    const nlp::Sampler hf(c.n, c.B, 0, 1, 5, true, &len);  // the default order
+    const nlp::Sampler sh(c.n, c.B, 0, 1, 5, true, &len, 0, nlp::GroupOrder::Shuffled);
+    ASSERT_EQ(hf.mega_batch_steps(), c.mega);
+    const int64_t bpe = hf.batches_per_epoch();
+    auto lo = [&](const std::vector<int64_t>& ix) {
+      int32_t m = INT32_MAX;
+      for (int64_t i : ix) m = std::min(m, len[size_t(i)]);
+      return m;
+    };
+    auto hi = [&](const std::vector<int64_t>& ix) {
+      int32_t m = 0;
+      for (int64_t i : ix) m = std::max(m, len[size_t(i)]);
+      return m;
+    };
+    int restarts = 0;
+    std::multiset<std::multiset<int64_t>> steps_hf, steps_sh;
+    for (int64_t g = 0; g < bpe; ++g) {
+      const auto a = hf.indices(g), b = sh.indices(g);
+      steps_hf.insert(std::multiset<int64_t>(a.begin(), a.end()));
+      steps_sh.insert(std::multiset<int64_t>(b.begin(), b.end()));
+      if (g == 0) continue;
+      const auto prev = hf.indices(g - 1);
+      if (g % c.mega != 0) {
+        EXPECT_GE(lo(prev), hi(a)) << "step " << g << " holds a longer example than step " << g - 1;
+      } else if (hi(a) > lo(prev)) {
+        ++restarts;  // a new mega-batch starts again from its longest examples
+      }
+    }
+    EXPECT_EQ(steps_hf, steps_sh);
+    // every mega-batch boundary restarts from long examples (lengths 2..121 at random: certain here)
+    if (c.mega > 1) EXPECT_EQ(restarts, (bpe - 1) / c.mega);
+  }
 }
 
 // pack_rows: lengths {5, 11, 3, 9, 4} in rows of 16, first-fit longest first: 11 -> row 0 at 0, 9 ->
