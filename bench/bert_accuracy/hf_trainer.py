@@ -84,14 +84,18 @@ def parse_args(argv=None):
     p.add_argument("--shuffle-groups", action="store_true",
                    help="with --group-by-length: shuffle the order of the optimizer steps' groups of the "
                         "epoch (what nlptrain's data.group_order = shuffled does) instead of LengthGroupedSampler's "
-                        "order, where each mega-batch of 50 steps runs from its longest to its shortest examples")
+                        "order, where each mega-batch of min(50, examples / (4 x batch)) steps runs from its longest to its "
+                        "shortest examples")
     p.add_argument("--torch-compile", action="store_true",
                    help="TrainingArguments(torch_compile=True): the model through torch.compile (inductor; on the "
                         "CPU it generates C++/OpenMP kernels), compile time included in train_s")
     p.add_argument("--bf16", action="store_true",
                    help="TrainingArguments(bf16=True): the forward and backward under torch.autocast(cpu, bfloat16) "
                         "(oneDNN's bf16 kernels: AMX / AVX512-BF16 where the CPU has them), fp32 master weights")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.shuffle_groups and not a.group_by_length:
+        p.error("--shuffle-groups reorders the length groups of --group-by-length; give both")
+    return a
 
 
 # ---- data ----------------------------------------------------------------------------------------

@@ -270,9 +270,10 @@ int run_train(Session& s) {
   const std::vector<int32_t> lengths = cfg.data.group_by_length ? train.lengths() : std::vector<int32_t>{};
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
+  const GroupOrder group_order =
+      cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;
   Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle,
-                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A,
-                  cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst);
+                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A, group_order);
   const bool trim = cfg.data.padding == "longest";
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
@@ -294,7 +295,7 @@ int run_train(Session& s) {
     for (int32_t L : lengths) sum += L;
     s.log.info(cat("data: group_by_length: mega-batches of ", sampler.mega_batch_steps(), " optimizer steps (",
                    int64_t(world) * B * A, " examples each) sorted by length, steps in ",
-                   cfg.data.group_order == "shuffled" ? "a shuffled order" : "each mega-batch's order, longest first",
+                   group_order == GroupOrder::Shuffled ? "a shuffled order" : "each mega-batch's order, longest first",
                    " (data.group_order = ", cfg.data.group_order, "); mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }
