@@ -62,6 +62,19 @@ cudaError_t sdpa_out_from_bf16(float* out, const void* o, const int32_t* first, 
 // dst[B,T,C] (__nv_bfloat16) = bf16(dout), zero on query rows with no visible key (first nullable)
 cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first, bool causal,
                               int B, int T, int C, cudaStream_t s);
+// Packed rows as cuDNN's ragged (THD) sequences, from the segment ids mask[B,T] (0 = padding): the
+// e-th run of equal non-zero ids (token order) is sequence e < E, with off_qkv[e] = its first token
+// * 3C (elements of the q|k|v buffer), off_o[e] = first * C, seqlen[e] = its length; off_*[E] = the
+// buffers' end. count[0] = the runs found (E when the caller counted right; slots past them get
+// length 0). off_* int64 [E+1], seqlen int32 [E], all device memory.
+cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen, int32_t* count,
+                                const int32_t* mask, int B, int T, int E, int C, cudaStream_t s);
+// out[tokens, C] (fp32) = float(o) (__nv_bfloat16) where mask[token] != 0, else 0
+cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* mask, size_t tokens,
+                                      int C, cudaStream_t s);
+// dst[tokens, W] += float(src) (__nv_bfloat16) where mask[token] != 0 (other tokens untouched)
+cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32_t* mask,
+                                        size_t tokens, int W, cudaStream_t s);
 // dst[0] = seed, dst[1] = offset (int64, device): cuDNN's Philox dropout arguments
 cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, uint64_t offset, cudaStream_t s);
 

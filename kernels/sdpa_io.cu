@@ -7,6 +7,11 @@
 // first[b] == T (every key of sequence b masked) without it. cuDNN would give such a row the uniform
 // average of the (all masked) keys; the native path gives zeros, and so do these conversions
 // (out = 0; dO = 0, which makes every gradient contribution of the row zero).
+//
+// Packed rows through cuDNN's ragged (THD) layout: every example is one cuDNN sequence, found from
+// the segment ids (a run of equal non-zero ids within a row), with its ragged offsets into the
+// token-major q|k|v and o buffers and its length. Padding tokens (id 0) belong to no sequence: cuDNN
+// neither reads nor writes them, so their output is set to 0 here and their gradient left out.
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -76,6 +81,61 @@ __global__ void dout_to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __r
   }
 }
 
+// One block. Sequence starts: token i (of n = B*T) with mask[i] != 0 and i the first of its row or
+// mask[i-1] != mask[i]. Each thread counts the starts in its contiguous chunk of tokens, an exclusive
+// scan numbers them in token order, then each thread writes its sequences: off_qkv[e] = first * 3C,
+// off_o[e] = first * C, seqlen[e] = the run's length. Entries from the number found up to E get
+// length 0 at the buffers' end; off_*[E] = the buffers' end. count = the number found (E expected).
+constexpr int kRaggedThreads = 1024;
+__global__ void ragged_offsets_k(int64_t* __restrict__ off_qkv, int64_t* __restrict__ off_o,
+                                 int32_t* __restrict__ seqlen, int32_t* __restrict__ count,
+                                 const int32_t* __restrict__ mask, int T, size_t n, int E, int C) {
+  __shared__ int base[kRaggedThreads + 1];
+  const size_t chunk = (n + blockDim.x - 1) / blockDim.x;
+  const size_t lo = min(n, size_t(threadIdx.x) * chunk), hi = min(n, lo + chunk);
+  auto starts = [&](size_t i) { return mask[i] != 0 && (i % T == 0 || mask[i - 1] != mask[i]); };
+  int mine = 0;
+  for (size_t i = lo; i < hi; ++i) mine += starts(i);
+  base[threadIdx.x + 1] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive scan of at most 1024 counts: short, and in a fixed order
+    base[0] = 0;
+    for (unsigned t = 1; t <= blockDim.x; ++t) base[t] += base[t - 1];
+    *count = base[blockDim.x];
+  }
+  __syncthreads();
+  int e = base[threadIdx.x];
+  for (size_t i = lo; i < hi; ++i) {
+    if (!starts(i)) continue;
+    size_t j = i + 1;
+    while (j < n && j % T != 0 && mask[j] == mask[i]) ++j;
+    if (e < E) {
+      off_qkv[e] = int64_t(i) * 3 * C;
+      off_o[e] = int64_t(i) * C;
+      seqlen[e] = int32_t(j - i);
+    }
+    ++e;
+  }
+  const int found = min(base[blockDim.x], E);  // more runs than E: the extra ones are dropped
+  for (int k = found + int(threadIdx.x); k <= E; k += blockDim.x) {
+    off_qkv[k] = int64_t(n) * 3 * C;
+    off_o[k] = int64_t(n) * C;
+    if (k < E) seqlen[k] = 0;
+  }
+}
+
+// out[n/C, C] = mask[row] != 0 ? float(o) : 0
+__global__ void out_from_bf16_tokens_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o,
+                                       const int32_t* __restrict__ mask, int C, size_t n) {
+  GRID_STRIDE(i, n) out[i] = mask[i / C] != 0 ? __bfloat162float(o[i]) : 0.0f;
+}
+
+// dst[n/W, W] += mask[row] != 0 ? float(src) : 0
+__global__ void accumulate_bf16_tokens_k(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src,
+                                         const int32_t* __restrict__ mask, int W, size_t n) {
+  GRID_STRIDE(i, n) if (mask[i / W] != 0) dst[i] += __bfloat162float(src[i]);
+}
+
 __global__ void philox_args_k(int64_t* dst, int64_t seed, int64_t offset) {
   dst[0] = seed;
   dst[1] = offset;
@@ -110,6 +170,32 @@ cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first
   if (n)
     dout_to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst),
                                                               dout, first, causal, T, C, n);
+  return cudaGetLastError();
+}
+
+cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen, int32_t* count,
+                                const int32_t* mask, int B, int T, int E, int C, cudaStream_t s) {
+  const size_t n = size_t(B) * T;
+  if (E <= 0) return cudaSuccess;
+  ragged_offsets_k<<<1, kRaggedThreads, 0, s>>>(off_qkv, off_o, seqlen, count, mask, T, n, E, C);
+  return cudaGetLastError();
+}
+
+cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* mask, size_t tokens,
+                                      int C, cudaStream_t s) {
+  const size_t n = tokens * C;
+  if (n)
+    out_from_bf16_tokens_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        out, static_cast<const __nv_bfloat16*>(o), mask, C, n);
+  return cudaGetLastError();
+}
+
+cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32_t* mask,
+                                        size_t tokens, int W, cudaStream_t s) {
+  const size_t n = tokens * W;
+  if (n)
+    accumulate_bf16_tokens_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        dst, static_cast<const __nv_bfloat16*>(src), mask, W, n);
   return cudaGetLastError();
 }
 

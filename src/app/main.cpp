@@ -132,9 +132,9 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
                                   !cuda_fused_attention_available(&no_cudnn);
   if (auto_without_cudnn) bopts.fused_attention = false;
-  // data.packing: auto keeps packed rows on the native kernels, which have run packed rows against the
-  // CPU; cuDNN's path for them (a block-diagonal bias) is selected by model.attention = cudnn alone until
-  // a GPU run has checked it (CudaOpsCudnn.PackedRowsMatchCpu)
+  // data.packing: auto keeps packed rows on the native kernels; cuDNN's paths for them (ragged
+  // sequences, or a block-diagonal bias: attention_cudnn.h) are selected by model.attention = cudnn
+  // alone until a GPU run has checked them (CudaOpsCudnn.PackedRowsMatchCpu*)
   const bool packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
   if (packed_native) bopts.fused_attention = false;
   // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
@@ -233,7 +233,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
   if (packed_native)
     log.info("model.attention = auto: native attention for data.packing (model.attention = cudnn runs packed "
-             "rows through cuDNN with a block-diagonal mask bias, not yet checked on a GPU)");
+             "rows through cuDNN, each example a ragged sequence or under a block-diagonal mask bias, "
+             "not yet checked on a GPU)");
   for (const std::string& w : vocab_warnings) log.info(w);
   if (!epochs_line.empty()) log.info(epochs_line);
   log.info("effective configuration:");

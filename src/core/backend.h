@@ -186,7 +186,8 @@ class Backend {
   // attn_mask[i] == 0): with a 0/1 mask that is the key-padding mask (a padding query sees every real
   // key, as in transformers); with packed rows (ids 1, 2, ... per example) attention stays within
   // each example (block-diagonal). The CPU and native CUDA kernels follow this rule; the cuDNN fused
-  // path follows it for calls with token_key (packed rows) and reads any other mask as key padding.
+  // path follows it for calls with token_key (packed rows; but see `examples` below) and reads any
+  // other mask as key padding.
   // Scores are scaled by 1/sqrt(HS); masked scores are -inf (a fully masked row gives zeros).
   // Attention dropout on the probabilities uses mask element index ((b*NH + h)*Tk + i)*Tk + j on the
   // native paths, Tk = T_key (0 = T): the example's untrimmed length, so that a batch trimmed to its
@@ -194,18 +195,24 @@ class Backend {
   // mask, but not this one). Packed rows pass token_key[B,T] (DropRows): b, i and j are then the
   // example and the positions in it that token_key gives (example * Tk + position), so a packed
   // batch draws the padded batch's mask too.
+  // examples (packed rows; 0 = not counted): the number of segment runs in attn_mask, i.e. of
+  // examples in the B rows. The cuDNN fused path then runs each example as its own sequence (ragged
+  // layout, attention_cudnn.h), which leaves the output of padding tokens 0 rather than this rule's;
+  // it lays att and scratch out for max(B, examples) rows, so a packed call sizes them with
+  // attention_saved_floats(max(B, examples), T, ...). The other paths ignore it.
   // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const int32_t* attn_mask, bool causal, float dropout_p,
                                  uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
-                                 const int32_t* token_key = nullptr) = 0;
+                                 const int32_t* token_key = nullptr, int examples = 0) = 0;
   // dqkv[B,T,3C] += ... ; att as saved by attention_forward with the same arguments;
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
-                                  int HS, int T_key = 0, const int32_t* token_key = nullptr) = 0;
+                                  int HS, int T_key = 0, const int32_t* token_key = nullptr,
+                                  int examples = 0) = 0;
   // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
   // this shape (the model's activation arena asks before carving). Default (the native CUDA kernels):
   // B*NH*T*T each, the probabilities and their gradient.

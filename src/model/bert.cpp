@@ -219,7 +219,7 @@ class Bert final : public Model {
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
                         drop_rows(T, b.T_key, C, b.token_key));
-    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, rows);
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, b.E, rows);
     return head_forward(b, training, seed);
   }
 
@@ -233,7 +233,7 @@ class Bert final : public Model {
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
-                    &grad_ready_, b.token_key, compact() ? &rows_ : nullptr);
+                    &grad_ready_, b.token_key, b.E, compact() ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),

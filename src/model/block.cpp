@@ -92,7 +92,7 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS, seeds.T_key, seeds.token_key);
+                       HS, seeds.T_key, seeds.token_key, seeds.examples);
   // N rows from here: all BT, or the S of `out` ([S,C] each, keyed by out->key)
   int N = BT;
   const float* atty = a.atty;
@@ -156,7 +156,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   }
   be.zero(s.d_qkv, 3 * size_t(BT) * C * f);
   be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
 
@@ -180,7 +180,7 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   be.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C, c.ln_eps);
   be.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
   be.attention_forward(a.atty, a.att, a.qkv, attn_mask, c.causal, p_attn, seeds.attn, B, T, c.NH,
-                       HS, seeds.T_key, seeds.token_key);
+                       HS, seeds.T_key, seeds.token_key, seeds.examples);
   be.matmul_forward(a.res1, a.atty, w.proj_w, w.proj_b, BT, C, C, c.layout);
 
   // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1))))), LN2 fused with the residual above
@@ -231,7 +231,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.matmul_backward(s.d_c2, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
   be.zero(s.d_qkv, 3 * n * f);
   be.attention_backward(s.d_qkv, s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key);
+                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
   be.zero(s.d_c1, n * f);
   be.matmul_backward(s.d_c1, gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C, c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,
@@ -272,20 +272,21 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
 }
 
 namespace {
-BlockSeeds keyed(BlockSeeds s, const int32_t* token_key) {
+BlockSeeds keyed(BlockSeeds s, const int32_t* token_key, int examples) {
   s.token_key = token_key;
+  s.examples = token_key ? examples : 0;
   return s;
 }
 }  // namespace
 
 const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                                  bool training, uint64_t seed, int B, int T, int T_key,
-                                 const int32_t* token_key, const OutRows* out_rows) {
-  check_fits(be, B, T);
+                                 const int32_t* token_key, int examples, const OutRows* out_rows) {
+  check_fits(be, token_key ? std::max(B, examples) : B, T);
   const float* x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
-                  keyed(block_seeds(seed, int(l), T_key), token_key), B, T,
+                  keyed(block_seeds(seed, int(l), T_key), token_key, examples), B, T,
                   l + 1 == layers.size() ? out_rows : nullptr);
     x = acts_[l].out;
   }
@@ -326,7 +327,7 @@ size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
 void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                           const int32_t* mask, bool training, uint64_t seed, int B, int T,
                           int T_key, const std::function<void(size_t)>* ready,
-                          const int32_t* token_key, const OutRows* out_rows) {
+                          const int32_t* token_key, int examples, const OutRows* out_rows) {
   const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const float* x = l > 0 ? acts_[l - 1].out : x0;
@@ -336,11 +337,12 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
       // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.
       BlockActs a = work_;
       block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
-                    keyed(block_seeds(seed, l, T_key), token_key), B, T, rows);
+                    keyed(block_seeds(seed, l, T_key), token_key, examples), B, T, rows);
     }
     be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
-                   acts_[l], scratch_, db, da, x, mask, training, keyed(block_seeds(seed, l, T_key), token_key),
+                   acts_[l], scratch_, db, da, x, mask, training,
+                   keyed(block_seeds(seed, l, T_key), token_key, examples),
                    B, T, rows);
     std::swap(da, db);
     if (ready && *ready) (*ready)(layer_begin(ps, l));

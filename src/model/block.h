@@ -80,6 +80,7 @@ struct BlockSeeds {
   uint64_t attn, resid1, resid2;
   int T_key = 0;
   const int32_t* token_key = nullptr;  // packed rows: each token's key (backend.h DropRows)
+  int examples = 0;  // packed rows: examples in the batch (backend.h attention_forward; 0 = uncounted)
 };
 // The seeds of block `layer` in a forward pass seeded by `seed` (same derivation for every model).
 BlockSeeds block_seeds(uint64_t seed, int layer, int T_key);
@@ -131,18 +132,21 @@ class BlockStack {
   void carve(Backend& be, float* base, int B, int T);  // lay them out in base (numel(be, B, T) floats)
   // x0[BT,C] -> the last block's output xL[BT,C] (x0 itself when there are no layers).
   // T_key: the row length dropout masks are keyed by (DeviceBatch::T_key).
-  // token_key (nullable): packed rows' per-token dropout keys (DeviceBatch::token_key).
+  // token_key (nullable): packed rows' per-token dropout keys (DeviceBatch::token_key); examples:
+  // then the batch's examples (DeviceBatch::E), which may exceed the B rows (the arena must have been
+  // carved for max(B, examples) rows).
   // out_rows (nullable; post-LN stacks): the last block computes only these rows, and xL is [S,C].
   const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
                        bool training, uint64_t seed, int B, int T, int T_key,
-                       const int32_t* token_key = nullptr, const OutRows* out_rows = nullptr);
+                       const int32_t* token_key = nullptr, int examples = 0,
+                       const OutRows* out_rows = nullptr);
   // *da holds d xL on entry (consumed; [S,C] with out_rows, the forward's) and d x0 on return; *db
   // is workspace; both buffers [BT,C].
   // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
   void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
                 const int32_t* mask, bool training, uint64_t seed, int B, int T, int T_key,
                 const std::function<void(size_t)>* ready = nullptr, const int32_t* token_key = nullptr,
-                const OutRows* out_rows = nullptr);
+                int examples = 0, const OutRows* out_rows = nullptr);
   // The range [begin, end) of block l's tensors in the parameter/gradient arenas (the tensors of a
   // block are registered one after the other, so the range holds only that block's tensors).
   size_t layer_begin(const ParamStore& ps, int l) const;

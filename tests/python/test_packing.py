@@ -15,18 +15,21 @@ random length well below the file's T (so several examples fit a row):
    summary.json reports packing, more than one example per row and less padding computed;
 4. data parallel and resume: 1 rank x 8 equals 2 ranks x 4 (each rank packs its own micro-batch), and
    a packed run with dropout resumes bitwise on 2 ranks;
-5. errors: packing with cuDNN attention, and a mask that is not ones-then-zeros, stop with a message
-   naming the key and the example;
+5. errors: a mask that is not ones-then-zeros stops with a message naming the key and the example;
 6. on a GPU (skipped without one): the packed batch's gradients on the cuda backend (native
-   attention) equal the cpu backend's.
+   attention) equal the cpu backend's;
+7. on a GPU (skipped without one; ragged also before Hopper): packed rows through cuDNN's fused
+   attention, in each of its two layouts, give the unpacked batch's gradients to bf16 rounding.
 """
+import subprocess
+
 import h5py
 import numpy as np
 import pytest
 
 import nlp_run as nr
-from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, T, assert_resume_bitwise, compare_gradients,
-                          gradients, losses, max_rel, spread, summary, task_data, write)  # noqa: F401
+from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, SHIFT_INVARIANT, T, assert_resume_bitwise,  # noqa: F401
+                          compare_gradients, gradients, losses, max_rel, spread, summary, task_data, write)
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
 SHORT = dict(lo=3, hi=12)
@@ -202,3 +205,47 @@ def test_cuda_packed_gradients_equal_cpu_unpacked(task, tmp_path, report):
     worst, top = compare_gradients(gpu, cpu, report, f"{task} packed, cuda (native attention) vs cpu")
     # fp32 on both backends, other summation orders (GEMM tiling, reductions): 1e-4
     assert worst[top] <= 1e-4, (top, worst[top])
+
+
+@pytest.mark.parametrize("layout", ["ragged", "bias"])
+@pytest.mark.parametrize("task", ["doc_cls", "qa"])
+def test_cuda_cudnn_packed_gradients_near_unpacked(task, layout, tmp_path, report, monkeypatch):
+    """Packed rows through cuDNN's fused attention (bf16), in the layout NLPTRAIN_CUDNN_PACKED forces
+    (src/backend/cuda/attention_cudnn.h), against the same backend on the unpacked batch. Head size
+    64 (cuDNN's SDPA does not take the 16 of MODEL). Both runs are bf16, with different GEMM and
+    attention shapes, so they agree to bf16 rounding, not bitwise; a wrong offset, length or mask
+    gives errors of order 1."""
+    nr.cuda_device_or_skip(f"cuDNN attention on packed rows ({layout}) is")
+    if layout == "ragged":
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        cap = smi.stdout.split()[0] if smi.returncode == 0 and smi.stdout.split() else "?"
+        if not cap.replace(".", "").isdigit() or float(cap) < 9.0:
+            pytest.skip(f"cuDNN's ragged (THD) attention needs Hopper or later (compute capability {cap})")
+    monkeypatch.setenv("NLPTRAIN_CUDNN_PACKED", layout)
+    lengths, cols, attrs = task_data(task, np.random.default_rng(97 + len(task)), **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    wide = {"--model.hidden_size": "128", "--model.intermediate_size": "256"}
+    model = [a if a.split("=")[0] not in wide else f"{a.split('=')[0]}={wide[a.split('=')[0]]}"
+             for a in MODEL]
+    cuda = ["--run.backend=cuda", "--train.precision=bf16", "--model.attention=cudnn"]
+    runs = {}
+    for name, extra in (("packed", ["--data.packing=true"]), ("unpacked", [])):
+        out = tmp_path / name
+        p = nr.run(model + NO_DROPOUT + [f"--run.task={task}", "--run.mode=gradients",
+                                         "--data.padding=longest", f"--data.train={data}",
+                                         f"--train.batch_size={B}", f"--output.dir={out}",
+                                         "--train.seed=7", *cuda, *extra])
+        assert "does not support" not in p.stderr, p.stderr  # cuDNN ran the shapes
+        assert "ragged layout does not build" not in p.stderr, p.stderr
+        runs[name] = nr.read_weights(out / "gradients.h5")
+    first, _, row_len = packed_layout(tmp_path / "packed")
+    assert len(first) > int(first.max()) // row_len + 1, "more examples than rows, or nothing is packed"
+    for g in runs.values():
+        for k in [k for k in g if k.endswith(SHIFT_INVARIANT)] + [
+                "example_first", "example_length", "logits", "start_logits", "end_logits",
+                "bert.encoder.layer.1.output.LayerNorm.bias"]:
+            g.pop(k, None)  # bf16 noise where the exact gradient is 0 (see the cpu tests above)
+    worst, top = compare_gradients(runs["packed"], runs["unpacked"], report,
+                                   f"{task} packed ({layout}) vs unpacked, cuda bf16 + cuDNN attention")
+    assert worst[top] <= 5e-2, (top, worst[top])

@@ -29,7 +29,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1270,10 +1272,13 @@ class CudaOpsCudnn : public CudaOps {
   // Forward and backward of the fused backend against the CPU backend's fp32 attention on the same
   // bf16-rounded q, k, v and dout (dropout 0): the output within kFusedFwd, each of dq, dk, dv (what
   // the backward ADDED to a random dqkv) within kFusedBwd. token_key (nullable) marks the call as
-  // packed rows (mask: segment ids), which cuDNN takes through its block-diagonal bias; with
-  // dropout 0 the keys themselves do not matter.
+  // packed rows (mask: segment ids), with `examples` their count (0: not passed); with dropout 0 the
+  // keys themselves do not matter. Packed rows through cuDNN's ragged layout give padding tokens no
+  // output rule of backend.h's (they are in no sequence): for packed calls the outputs are compared
+  // at real tokens, dout is 0 at padding tokens (as in a model, where nothing reads them), and
+  // padding tokens must come out 0 or as on the CPU.
   void check_against_cpu(const AttnShape& s, bool causal, const VI* mask, uint64_t seed,
-                         const VI* token_key = nullptr) {
+                         const VI* token_key = nullptr, int examples = 0) {
     SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS="
                                     << s.HS << " causal=" << causal << " mask=" << (mask != nullptr));
     const int C = s.NH * s.HS;
@@ -1281,8 +1286,12 @@ class CudaOpsCudnn : public CudaOps {
     const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
     ASSERT_NE(fused().attention_saved_floats(s.B, s.T, s.NH, s.HS), natt)
         << "cuDNN does not run this shape (see the warning above)";
+    const bool packed = token_key != nullptr;
     const VF qkv = round_bf16(randn(nqkv, seed, 1.0f));
-    const VF dout = round_bf16(randn(nout, seed + 1));
+    VF dout = round_bf16(randn(nout, seed + 1));
+    if (packed)
+      for (size_t row = 0; row < BT; ++row)
+        if ((*mask)[row] == 0) std::fill_n(dout.begin() + row * C, C, 0.f);
     const VF dq0 = randn(nqkv, seed + 2);
     const int32_t* cm = mask ? mask->data() : nullptr;
     VF out_c(nout), att_c(cpu().attention_saved_floats(s.B, s.T, s.NH, s.HS)), dq_c = dq0;
@@ -1292,19 +1301,37 @@ class CudaOpsCudnn : public CudaOps {
     cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(), att_c.data(),
                              cm, causal, 0.f, 0, s.B, s.T, s.NH, s.HS);
 
-    const size_t nsaved = fused().attention_saved_floats(s.B, s.T, s.NH, s.HS);
-    const size_t nscratch = fused().attention_scratch_floats(s.B, s.T, s.NH, s.HS);
+    const int rows = std::max(s.B, examples);  // backend.h: packed calls size for max(B, examples)
+    const size_t nsaved = fused().attention_saved_floats(rows, s.T, s.NH, s.HS);
+    const size_t nscratch = fused().attention_scratch_floats(rows, s.T, s.NH, s.HS);
     float* gq = fput(qkv);
     int32_t* gm = mask ? fput(*mask) : nullptr;
     const int32_t* gkey = token_key ? fput(*token_key) : nullptr;
     float *gsaved = fnan(nsaved), *go = fnan(nout);
-    fused().attention_forward(go, gsaved, gq, gm, causal, 0.f, 5, s.B, s.T, s.NH, s.HS, 0, gkey);
-    EXPECT_LE(rel_err(fget(go, nout), out_c), kFusedFwd) << "output";
+    fused().attention_forward(go, gsaved, gq, gm, causal, 0.f, 5, s.B, s.T, s.NH, s.HS, 0, gkey,
+                              examples);
+    const VF out_g = fget(go, nout);
+    if (!packed) {
+      EXPECT_LE(rel_err(out_g, out_c), kFusedFwd) << "output";
+    } else {
+      VF real_g, real_c;
+      size_t odd = 0;  // padding tokens neither 0 nor the CPU's value
+      for (size_t i = 0; i < nout; ++i) {
+        if ((*mask)[i / C] != 0) {
+          real_g.push_back(out_g[i]);
+          real_c.push_back(out_c[i]);
+        } else if (out_g[i] != 0.f && !(std::fabs(out_g[i] - out_c[i]) <= 0.02f * (1.f + std::fabs(out_c[i])))) {
+          ++odd;
+        }
+      }
+      EXPECT_LE(rel_err(real_g, real_c), kFusedFwd) << "output at real tokens";
+      EXPECT_EQ(odd, 0u) << "padding tokens' output neither 0 nor the CPU's";
+    }
 
     float* gdq = fput(dq0);
     float* gscratch = fnan(nscratch);  // contents undefined: must not leak into dqkv
     fused().attention_backward(gdq, gscratch, fput(dout), gq, gsaved, gm, causal, 0.f, 5, s.B, s.T,
-                               s.NH, s.HS, 0, gkey);
+                               s.NH, s.HS, 0, gkey, examples);
     const VF dq_g = fget(gdq, nqkv);
     const char* names[3] = {"dq", "dk", "dv"};
     for (int part = 0; part < 3; ++part) {  // the added gradient, per part of each row
@@ -1322,16 +1349,54 @@ class CudaOpsCudnn : public CudaOps {
   std::vector<void*> fallocs_;
 };
 
-// Packed rows (data.packing with model.attention = cudnn): segment ids and token keys, so cuDNN gets
-// the materialised block-diagonal bias; against the CPU's segment-masked attention. Never run yet.
-TEST_F(CudaOpsCudnn, PackedRowsMatchCpu) {
-  for (const AttnShape& s : {AttnShape{3, 128, 4, 64}, AttnShape{2, 77, 2, 64}})
+// Packed rows (data.packing with model.attention = cudnn): segment ids, token keys and the count of
+// examples, in one layout forced by NLPTRAIN_CUDNN_PACKED (attention_cudnn.h): against the CPU's
+// segment-masked attention. Row 0 of segment_mask_for holds one-token examples; the shapes include
+// an unaligned T and more examples than rows. Never run yet on a GPU.
+class PackedLayout {
+ public:
+  explicit PackedLayout(const char* layout) { setenv("NLPTRAIN_CUDNN_PACKED", layout, 1); }
+  ~PackedLayout() { unsetenv("NLPTRAIN_CUDNN_PACKED"); }
+};
+
+int count_segments(const VI& seg, int T) {
+  int n = 0;
+  for (size_t i = 0; i < seg.size(); ++i)
+    n += seg[i] != 0 && (i % size_t(T) == 0 || seg[i - 1] != seg[i]);
+  return n;
+}
+
+void check_packed(const std::function<void(const AttnShape&, bool, const VI*, uint64_t, const VI*, int)>& check,
+                  bool pass_examples) {
+  for (const AttnShape& s : {AttnShape{3, 128, 4, 64}, AttnShape{2, 77, 2, 64}, AttnShape{4, 512, 12, 64}})
     for (bool causal : {false, true}) {
       const VI seg = segment_mask_for(s.B, s.T);
       VI key(seg.size());
       for (size_t i = 0; i < key.size(); ++i) key[i] = int32_t(i % size_t(s.T));
-      check_against_cpu(s, causal, &seg, 3500 + s.T + causal, &key);
+      const int E = count_segments(seg, s.T);
+      ASSERT_GT(E, s.B) << "the shape should pack more examples than rows";
+      check(s, causal, &seg, 3500 + s.T + causal, &key, pass_examples ? E : 0);
     }
+}
+
+TEST_F(CudaOpsCudnn, PackedRowsMatchCpuBias) {
+  PackedLayout forced("bias");
+  check_packed([&](auto&&... a) { check_against_cpu(a...); }, true);
+}
+
+TEST_F(CudaOpsCudnn, PackedRowsMatchCpuRagged) {
+  const std::string dev = nlp::cuda_device_description(0);
+  const size_t sm = dev.rfind("sm_");
+  if (sm == std::string::npos || std::atoi(dev.c_str() + sm + 3) < 90)
+    GTEST_SKIP() << "cuDNN's ragged (THD) attention needs Hopper or later; this device: " << dev;
+  PackedLayout forced("ragged");
+  check_packed([&](auto&&... a) { check_against_cpu(a...); }, true);
+}
+
+// Without the example count (a caller that does not pass it) packed rows take the bias layout,
+// whatever NLPTRAIN_CUDNN_PACKED is unset to.
+TEST_F(CudaOpsCudnn, PackedRowsWithoutCountMatchCpu) {
+  check_packed([&](auto&&... a) { check_against_cpu(a...); }, false);
 }
 
 // GPT-2 shapes: causal, head size 64, 2 to 12 heads, up to T = 1024; and non-causal, unaligned T.

@@ -230,14 +230,14 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key, const int32_t* token_key) override {
+                         int HS, int T_key, const int32_t* token_key, int /*examples*/) override {
     cpu::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
                            token_key);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key, const int32_t* token_key) override {
+                          int HS, int T_key, const int32_t* token_key, int /*examples*/) override {
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B,
                             T, NH, HS, T_key, token_key);
   }

@@ -7,12 +7,14 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -34,7 +36,10 @@ using TA = fe::graph::Tensor_attributes;
 using Shape4 = std::vector<int64_t>;
 
 // Graph tensor uids: the variant pack maps them to device pointers.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV,
+  kRagQ, kRagK, kRagV, kRagO, kSeqQ, kSeqKV  // ragged layout: offsets [E+1], lengths [E]
+};
 
 // How the mask reaches cuDNN: an additive bf16 bias (0 kept, -1e9 masked) as
 //   Key       dims [B,1,1,T], strides [ld, ld, ld, 1]   one row per sequence, broadcast by cuDNN
@@ -43,8 +48,9 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ
 //   Full      dims [B,1,T,T], strides [T*ld, T*ld, ld, 1], materialised per call
 // The bias buffer holds [B, rows, ld] elements: rows = T for Full, else 1. Key padding takes the first
 // of these that builds; packed rows (segment ids: a block-diagonal mask, which no broadcast row can
-// express) always take Full, whose rows follow backend.h's segment rule (kernels/sdpa_io.cu).
-enum class MaskKind { None = 0, Key = 1, KeyRows0 = 2, Full = 3 };
+// express) take Ragged (no bias: each example is a cuDNN sequence, attention_cudnn.h) or Full, whose
+// rows follow backend.h's segment rule (kernels/sdpa_io.cu).
+enum class MaskKind { None = 0, Key = 1, KeyRows0 = 2, Full = 3, Ragged = 4 };
 
 const char* mask_name(MaskKind m) {
   switch (m) {
@@ -52,21 +58,27 @@ const char* mask_name(MaskKind m) {
     case MaskKind::Key: return "key";
     case MaskKind::KeyRows0: return "key0";
     case MaskKind::Full: return "full";
+    case MaskKind::Ragged: return "ragged";
   }
   return "?";
 }
 
-// What a cached graph computes.
+// What a cached graph computes. Ragged: E sequences of at most T tokens, B = 0 (the graph does not
+// depend on the number of rows they are packed in).
 struct Key {
   int B = 0, T = 0, NH = 0, HS = 0;
   bool causal = false;
   MaskKind mask = MaskKind::None;
   float p = 0.f;  // dropout probability; 0 = no dropout node
-  auto tie() const { return std::tuple(B, T, NH, HS, causal, int(mask), p); }
+  int E = 0;      // Ragged: sequences (examples)
+  auto tie() const { return std::tuple(B, T, NH, HS, causal, int(mask), p, E); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
 std::string describe(const Key& k) {
+  if (k.mask == MaskKind::Ragged)
+    return cat("packed rows as ", k.E, " ragged (THD) sequences of at most T=", k.T, " NH=", k.NH,
+               " HS=", k.HS, ", ", k.causal ? "causal" : "not causal", ", dropout ", k.p);
   const char* mask = k.mask == MaskKind::None       ? "no key mask"
                      : k.mask == MaskKind::Key      ? "key mask as a [B,1,1,T] bias"
                      : k.mask == MaskKind::KeyRows0 ? "key mask as a [B,1,T,T] bias of zero query stride"
@@ -92,7 +104,8 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t B = k.B, T = k.T, H = k.NH, D = k.HS, C = H * D;
+  const bool ragged = k.mask == MaskKind::Ragged;
+  const int64_t B = ragged ? k.E : k.B, T = k.T, H = k.NH, D = k.HS, C = H * D;
   const Shape4 dims{B, H, T, D};
   const Shape4 qkv_stride{T * 3 * C, D, 3 * C, 1};  // heads of the fused [B,T,3C] buffer
   const Shape4 o_stride{T * C, D, C, 1};            // heads of a [B,T,C] buffer
@@ -104,6 +117,23 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
   auto Q = tensor("Q", kQ, dims, qkv_stride, bf16);
   auto K = tensor("K", kK, dims, qkv_stride, bf16);
   auto V = tensor("V", kV, dims, qkv_stride, bf16);
+  // Ragged (THD): each of the E sequences starts at its offset (elements) into the token-major
+  // buffer, so the batch stride above is not used; lengths [E] drive cuDNN's padding mask.
+  std::shared_ptr<TA> rag_q, rag_k, rag_v, rag_o, seq_q, seq_kv;
+  if (ragged) {
+    auto offsets = [&](const char* name, Uid uid) {
+      return tensor(name, uid, {B + 1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
+    };
+    rag_q = offsets("Q_ragged_offset", kRagQ);
+    rag_k = offsets("K_ragged_offset", kRagK);
+    rag_v = offsets("V_ragged_offset", kRagV);
+    rag_o = offsets("O_ragged_offset", kRagO);
+    Q->set_ragged_offset(rag_q);
+    K->set_ragged_offset(rag_k);
+    V->set_ragged_offset(rag_v);
+    seq_q = tensor("seq_len_q", kSeqQ, {B, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT32);
+    seq_kv = tensor("seq_len_kv", kSeqKV, {B, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT32);
+  }
   std::shared_ptr<TA> bias, seed, offset;
   const int64_t ld = bias_ld(k.T);
   if (k.mask == MaskKind::Key) bias = tensor("bias", kBias, {B, 1, 1, T}, {ld, ld, ld, 1}, bf16);
@@ -122,8 +152,10 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
       opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     if (bias) opt.set_bias(bias);
     if (seed) opt.set_dropout(k.p, seed, offset);
+    if (ragged) opt.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
     auto [O, Stats] = g->sdpa(Q, K, V, opt);
     O->set_output(true).set_uid(kO).set_dim(dims).set_stride(o_stride).set_data_type(bf16);
+    if (ragged) O->set_ragged_offset(rag_o);
     Stats->set_output(true)
         .set_uid(kStats)
         .set_dim(stats_dims)
@@ -132,6 +164,10 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
   } else {
     auto O = tensor("O", kO, dims, o_stride, bf16);
     auto dO = tensor("dO", kDO, dims, o_stride, bf16);
+    if (ragged) {
+      O->set_ragged_offset(rag_o);
+      dO->set_ragged_offset(rag_o);
+    }
     auto Stats = tensor("Stats", kStats, stats_dims, stats_stride, fe::DataType_t::FLOAT);
     auto opt = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
     opt.set_attn_scale(scale).set_deterministic_algorithm(deterministic);
@@ -139,10 +175,16 @@ fe::error_t build_graph(cudnnHandle_t handle, const Key& k, bool backward, bool 
       opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     if (bias) opt.set_bias(bias);
     if (seed) opt.set_dropout(k.p, seed, offset);
+    if (ragged) opt.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opt);
     dQ->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
     dK->set_output(true).set_uid(kDK).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
     dV->set_output(true).set_uid(kDV).set_dim(dims).set_stride(qkv_stride).set_data_type(bf16);
+    if (ragged) {  // the gradients lie in the q|k|v layout of the inputs
+      dQ->set_ragged_offset(rag_q);
+      dK->set_ragged_offset(rag_k);
+      dV->set_ragged_offset(rag_v);
+    }
   }
   fe::error_t st = g->validate();
   if (st.is_good()) st = g->build_operation_graph(handle);
@@ -204,6 +246,7 @@ struct CudnnAttention::Impl {
   std::map<std::tuple<int, int, int, int>, bool> support;  // (B, T, NH, HS) -> cuDNN runs it
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
+  std::set<Key> ragged_refused;  // ragged variants already reported as not building
   void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
   size_t ws_bytes = 0;
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
@@ -237,13 +280,13 @@ struct CudnnAttention::Impl {
   }
 
   // The graph key of a call. A masked call takes the first bias layout of mask_layouts() whose
-  // graph builds for that direction, decided once per variant; packed rows (segments) take Full
+  // graph builds for that direction, decided once per variant; packed rows take packed_layout()
   // (require() then reports a variant that does not build).
-  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, bool segments, float p,
-             bool is_backward) {
+  Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, bool packed, int examples,
+             float p, bool is_backward) {
     Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
-    if (segments) k.mask = MaskKind::Full;
-    if (segments || !masked) return k;
+    if (packed) return packed_key(k, examples);
+    if (!masked) return k;
     auto& chosen = is_backward ? mask_backward : mask_forward;
     auto it = chosen.find(k);
     if (it != chosen.end()) {
@@ -271,6 +314,43 @@ struct CudnnAttention::Impl {
                     "; run with model.attention = native"));
   }
 
+  // Packed rows: Ragged (E = examples sequences, B = 0) when the examples are counted, not forced
+  // off by NLPTRAIN_CUDNN_PACKED=bias, and its forward and backward graphs build (else one line to
+  // stderr, and Full); NLPTRAIN_CUDNN_PACKED=ragged keeps Ragged even when it does not build, so
+  // require() names cuDNN's reason.
+  Key packed_key(const Key& k, int examples) {
+    const char* env = std::getenv("NLPTRAIN_CUDNN_PACKED");
+    const std::string force = env ? env : "";
+    if (!force.empty() && force != "ragged" && force != "bias")
+      throw Error(cat("NLPTRAIN_CUDNN_PACKED = '", force, "': expected ragged or bias"));
+    Key full = k;
+    full.mask = MaskKind::Full;
+    if (force == "bias") return full;
+    if (examples <= 0) {
+      if (force == "ragged")
+        throw Error("cuDNN attention: NLPTRAIN_CUDNN_PACKED = ragged, but the caller did not count "
+                    "the examples of the packed rows");
+      return full;
+    }
+    Key r = k;
+    r.B = 0;
+    r.E = examples;
+    r.mask = MaskKind::Ragged;
+    if (force == "ragged") return r;
+    // both directions or neither: the saved state of the two layouts differs (stats [E,NH,T] against
+    // [B,NH,T]), so the backward must take the forward's layout
+    const Plan& f = plan(r, false);
+    const Plan& b = f.graph ? plan(r, true) : f;
+    if (f.graph && b.graph) return r;
+    if (ragged_refused.insert(r).second)
+      std::fprintf(stderr,
+                   "nlptrain: cuDNN attention (%s): the ragged layout does not build (%s: %s); "
+                   "packed rows take a block-diagonal bias instead\n",
+                   describe(r).c_str(), f.graph ? "backward" : "forward",
+                   (f.graph ? b.error : f.error).c_str());
+    return full;
+  }
+
   // Bias layouts to try, in order. The forward broadcasts one row per sequence ([B,1,1,T]). The
   // backward gets the query dimension spelled out: a cuDNN 9 backward took a [B,1,1,T] bias without
   // complaint and computed wrong gradients (H100, checked by CudaOpsCudnn.PaddingMaskMatchesCpu).
@@ -293,16 +373,30 @@ struct CudnnAttention::Impl {
   }
 
   // Device scratch for one call: cuDNN's workspace, then (masked calls) the bias [B,rows,ld] bf16
-  // and the first unmasked key of each sequence [B] int32.
+  // and the first unmasked key of each sequence [B] int32, or (ragged calls) the offsets into q|k|v
+  // and o [E+1] int64, the lengths [E] int32 and the count of sequences found [1] int32.
   struct CallBuffers {
     void* workspace = nullptr;
     void* bias = nullptr;
     int32_t* first = nullptr;
     int rows = 0;
+    int64_t *off_qkv = nullptr, *off_o = nullptr;
+    int32_t *seqlen = nullptr, *count = nullptr;
   };
   CallBuffers buffers(const Plan& p, const Key& k) {
     CallBuffers cb;
     const size_t wsb = sdpa_align(size_t(p.workspace));
+    if (k.mask == MaskKind::Ragged) {
+      const size_t off = sdpa_align((size_t(k.E) + 1) * sizeof(int64_t));
+      const size_t len = sdpa_align((size_t(k.E) + 1) * sizeof(int32_t));
+      char* base = static_cast<char*>(grow(wsb + 2 * off + len));
+      cb.workspace = p.workspace > 0 ? base : nullptr;
+      cb.off_qkv = reinterpret_cast<int64_t*>(base + wsb);
+      cb.off_o = reinterpret_cast<int64_t*>(base + wsb + off);
+      cb.seqlen = reinterpret_cast<int32_t*>(base + wsb + 2 * off);
+      cb.count = cb.seqlen + k.E;
+      return cb;
+    }
     cb.rows = k.mask == MaskKind::Full ? k.T : 1;
     const size_t bias_bytes =
         k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * cb.rows * bias_ld(k.T) * 2);
@@ -328,9 +422,14 @@ struct CudnnAttention::Impl {
     return ws;
   }
 
-  // Mask bias and first keys (masked calls), Philox arguments (dropout)
-  void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed) {
-    if (k.mask != MaskKind::None)
+  // Mask bias and first keys (masked calls), ragged offsets and lengths (ragged calls; the rows are
+  // B x T tokens), Philox arguments (dropout)
+  void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed, int B) {
+    if (k.mask == MaskKind::Ragged)
+      ck_cuda(kern::sdpa_ragged_offsets(cb.off_qkv, cb.off_o, cb.seqlen, cb.count, mask, B, k.T, k.E,
+                                        k.NH * k.HS, stream),
+              "ragged offsets");
+    else if (k.mask != MaskKind::None)
       ck_cuda(kern::sdpa_mask_bias(cb.bias, cb.first, mask, k.B, k.T, cb.rows, int(bias_ld(k.T)),
                                    stream),
               "mask bias");
@@ -339,7 +438,14 @@ struct CudnnAttention::Impl {
 
   void execute(const Plan& p, const Key& k, std::unordered_map<int64_t, void*>& pack,
                const CallBuffers& cb, const char* what) {
-    if (k.mask != MaskKind::None) pack[kBias] = cb.bias;
+    if (k.mask == MaskKind::Ragged) {
+      for (Uid u : {kRagQ, kRagK, kRagV}) pack[u] = cb.off_qkv;
+      pack[kRagO] = cb.off_o;
+      pack[kSeqQ] = cb.seqlen;
+      pack[kSeqKV] = cb.seqlen;
+    } else if (k.mask != MaskKind::None) {
+      pack[kBias] = cb.bias;
+    }
     if (k.p > 0.f) {
       pack[kSeed] = philox;
       pack[kOffset] = philox + 1;
@@ -389,53 +495,60 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
 
 // out[B,T,C] = attention(q, k, v); saved <- stats, O, q|k|v (bf16)
 void CudnnAttention::forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask,
-                             bool segments, bool causal, float dropout_p, uint64_t seed, int B, int T,
-                             int NH, int HS) {
+                             bool packed, int examples, bool causal, float dropout_p, uint64_t seed,
+                             int B, int T, int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
-  const SdpaSavedLayout L = sdpa_saved_layout(B, T, NH, HS);
+  const SdpaSavedLayout L = sdpa_saved_layout(std::max(B, examples), T, NH, HS);
   char* base = align_up(saved);
   float* stats = reinterpret_cast<float*>(base + L.stats);  // [B,NH,T,1]
   char* o = base + L.o;                                     // [B,T,C] bf16
   char* qkv16 = base + L.qkv;                               // [B,T,3C] bf16
-  NLP_ASSERT(!segments || attn_mask);
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, segments, dropout_p, false);
+  NLP_ASSERT(!packed || attn_mask);
+  const Key k =
+      m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, false);
   const Plan& p = m.require(k, false);
   const Impl::CallBuffers cb = m.buffers(p, k);
 
   ck_cuda(kern::to_bf16(qkv16, qkv, BT * 3 * C, m.stream), "qkv to bf16");
-  m.prepare(k, cb, attn_mask, seed);
+  m.prepare(k, cb, attn_mask, seed, B);
   const size_t part = size_t(C) * 2;  // bytes from q to k to v within a row
   std::unordered_map<int64_t, void*> pack = {
       {kQ, qkv16}, {kK, qkv16 + part}, {kV, qkv16 + 2 * part}, {kO, o}, {kStats, stats}};
   m.execute(p, k, pack, cb, "forward");
-  ck_cuda(kern::sdpa_out_from_bf16(out, o, attn_mask ? cb.first : nullptr, causal, B, T, C, m.stream),
-          "output to fp32");
+  if (k.mask == MaskKind::Ragged)  // padding tokens are in no sequence: cuDNN left their rows of o
+    ck_cuda(kern::sdpa_out_from_bf16_tokens(out, o, attn_mask, BT, C, m.stream), "output to fp32");
+  else
+    ck_cuda(kern::sdpa_out_from_bf16(out, o, attn_mask ? cb.first : nullptr, causal, B, T, C,
+                                     m.stream),
+            "output to fp32");
 }
 
 // dqkv[B,T,3C] += d attention / d qkv, from the saved stats, O and q|k|v
 void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, const float* saved,
-                              const int32_t* attn_mask, bool segments, bool causal, float dropout_p,
-                              uint64_t seed, int B, int T, int NH, int HS) {
+                              const int32_t* attn_mask, bool packed, int examples, bool causal,
+                              float dropout_p, uint64_t seed, int B, int T, int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
-  const SdpaSavedLayout L = sdpa_saved_layout(B, T, NH, HS);
+  const SdpaSavedLayout L = sdpa_saved_layout(std::max(B, examples), T, NH, HS);
   char* base = align_up(saved);
-  const SdpaScratchLayout S = sdpa_scratch_layout(B, T, NH, HS);
+  const SdpaScratchLayout S = sdpa_scratch_layout(std::max(B, examples), T, NH, HS);
   char* sbase = align_up(scratch);
   char* dout16 = sbase + S.dout;  // [B,T,C] bf16
   char* dqkv16 = sbase + S.dqkv;  // [B,T,3C] bf16
   char* qkv16 = base + L.qkv;
-  NLP_ASSERT(!segments || attn_mask);
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, segments, dropout_p, true);
+  NLP_ASSERT(!packed || attn_mask);
+  const Key k =
+      m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, true);
   const Plan& p = m.require(k, true);
   const Impl::CallBuffers cb = m.buffers(p, k);
+  const bool ragged = k.mask == MaskKind::Ragged;
 
-  m.prepare(k, cb, attn_mask, seed);
-  ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask ? cb.first : nullptr, causal, B, T, C,
-                                  m.stream),
+  m.prepare(k, cb, attn_mask, seed, B);
+  ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask && !ragged ? cb.first : nullptr, causal,
+                                  B, T, C, m.stream),
           "dout to bf16");
   const size_t part = size_t(C) * 2;
   std::unordered_map<int64_t, void*> pack = {
@@ -443,7 +556,11 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
       {kO, base + L.o},     {kStats, base + L.stats},     {kDO, dout16},
       {kDQ, dqkv16},        {kDK, dqkv16 + part},         {kDV, dqkv16 + 2 * part}};
   m.execute(p, k, pack, cb, "backward");
-  ck_cuda(kern::accumulate_bf16(dqkv, dqkv16, BT * 3 * C, m.stream), "dqkv accumulate");
+  if (ragged)  // cuDNN wrote no gradient for the padding tokens (in no sequence)
+    ck_cuda(kern::sdpa_accumulate_bf16_tokens(dqkv, dqkv16, attn_mask, BT, 3 * C, m.stream),
+            "dqkv accumulate");
+  else
+    ck_cuda(kern::accumulate_bf16(dqkv, dqkv16, BT * 3 * C, m.stream), "dqkv accumulate");
 }
 
 }  // namespace nlp::cuda

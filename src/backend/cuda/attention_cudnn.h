@@ -17,9 +17,21 @@
 // Views: Q, K, V (and dQ, dK, dV) are [B,NH,T,HS] with strides [T*3C, HS, 3C, 1] at element offsets
 // 0, C, 2C of the fused buffer; O and dO are [B,NH,T,HS] with strides [T*C, HS, C, 1].
 //
-// Packed rows (segments = true: attn_mask holds segment ids, backend.h) take a materialised
-// [B,1,T,T] bias built from the segment rule: block-diagonal, so cuDNN computes the masked tiles too
-// (unlike its ragged-offset layout, which is not used). Not yet run on a GPU (see the CUDA README).
+// Packed rows (packed = true: attn_mask holds segment ids, backend.h) take one of two layouts:
+//   ragged  cuDNN's THD layout: every example (a run of one segment id in a row) is its own cuDNN
+//           sequence of at most T tokens, located by ragged offsets into the q|k|v and o buffers and
+//           its length (kernels/sdpa_io.cu derives both from the segment ids), with cuDNN's padding
+//           mask. No masked tile is computed, and the graph depends on (E, T), not on the row count
+//           B, so a run whose rows have the file's length (data.padding = max_length) uses one graph.
+//           Needs the example count `examples` (> 0) and a GPU cuDNN runs THD on (Hopper and later).
+//           Padding tokens are in no sequence: their output is 0 (backend.h's rule would give them the
+//           row's real keys; no model reads them) and no gradient flows from them.
+//   bias    a materialised [B,1,T,T] block-diagonal bias from the segment rule: every tile computed.
+// Ragged is tried first when `examples` > 0; if its graph does not build, bias (one stderr line).
+// NLPTRAIN_CUDNN_PACKED=ragged|bias forces one (ragged then fails loudly where it does not build).
+// The saved state and scratch of a packed call are laid out for max(B, examples) rows (the stats
+// are [examples, NH, T]): the caller sizes them with attention_saved_floats(max(B, examples), ...).
+// Neither layout has run on a GPU yet (see the CUDA README).
 //
 // Masks: causal = cuDNN's diagonal band (right bound 0, top-left aligned). The key padding mask
 // attn_mask[B,T] (any 0/1 pattern) becomes an additive bf16 bias, 0 for a kept key and -1e9 for a
@@ -109,13 +121,15 @@ class CudnnAttention {
 
   // As Backend::attention_forward, for a shape with supports() true: `saved` holds
   // sdpa_saved_floats(B, T, NH, HS) floats (any 4-byte alignment); out[B,T,C] fp32.
-  void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool segments,
-               bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS);
+  // packed: attn_mask holds segment ids; examples: their number of runs (0 = not counted).
+  void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool packed,
+               int examples, bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
+               int HS);
   // As Backend::attention_backward: dqkv[B,T,3C] += ...; `saved` as written by forward() with the
   // same arguments; `scratch` holds sdpa_scratch_floats(B, T, NH, HS) floats.
   void backward(float* dqkv, float* scratch, const float* dout, const float* saved,
-                const int32_t* attn_mask, bool segments, bool causal, float dropout_p, uint64_t seed,
-                int B, int T, int NH, int HS);
+                const int32_t* attn_mask, bool packed, int examples, bool causal, float dropout_p,
+                uint64_t seed, int B, int T, int NH, int HS);
 
  private:
   struct Impl;

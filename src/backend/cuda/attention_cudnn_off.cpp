@@ -26,13 +26,13 @@ CudnnAttention::~CudnnAttention() = default;
 
 bool CudnnAttention::supports(int, int, int, int) { return false; }
 
-void CudnnAttention::forward(float*, float*, const float*, const int32_t*, bool, bool, float, uint64_t,
-                             int, int, int, int) {
+void CudnnAttention::forward(float*, float*, const float*, const int32_t*, bool, int, bool, float,
+                             uint64_t, int, int, int, int) {
   throw Error("cuDNN attention: not compiled in");
 }
 
-void CudnnAttention::backward(float*, float*, const float*, const float*, const int32_t*, bool, bool,
-                              float, uint64_t, int, int, int, int) {
+void CudnnAttention::backward(float*, float*, const float*, const float*, const int32_t*, bool, int,
+                              bool, float, uint64_t, int, int, int, int) {
   throw Error("cuDNN attention: not compiled in");
 }
 

@@ -254,11 +254,13 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key, const int32_t* token_key) override {
-    // packed rows (they carry token_key, model.h) take cuDNN's segment-mask bias; cuDNN draws its
-    // own dropout mask (backend.h): T_key and token_key do not apply to it
+                         int HS, int T_key, const int32_t* token_key, int examples) override {
+    // packed rows (they carry token_key, model.h) take cuDNN's ragged layout or its segment-mask
+    // bias (attention_cudnn.h); cuDNN draws its own dropout mask (backend.h): T_key and token_key
+    // do not apply to it
     if (fused(B, T, NH, HS)) {
-      fused_->forward(out, att, qkv, attn_mask, token_key != nullptr, causal, dropout_p, seed, B, T, NH, HS);
+      fused_->forward(out, att, qkv, attn_mask, token_key != nullptr, examples, causal, dropout_p,
+                      seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_forward (cuDNN)");
       return;
     }
@@ -269,10 +271,10 @@ class CudaBackend final : public Backend {
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key, const int32_t* token_key) override {
+                          int HS, int T_key, const int32_t* token_key, int examples) override {
     if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
-      fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, causal, dropout_p, seed, B,
-                       T, NH, HS);
+      fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, examples, causal,
+                       dropout_p, seed, B, T, NH, HS);
       op(cudaGetLastError(), "attention_backward (cuDNN)");
       return;
     }
