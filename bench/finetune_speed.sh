@@ -19,8 +19,15 @@
 #   nlptrain-packed-bf16      ... --data.packing=true --train.precision=bf16
 #   nlptrain-longest-groupshuffled-bf16  ... -group-bf16 with --data.group_order=shuffled (the steps' order shuffled)
 #   hf-longest-groupshuffled-bf16        ... -group-bf16 with --shuffle-groups (the same order rule on HF's side)
+#   nlptrain-packed-cudnn-bf16   ... --data.packing=true --train.precision=bf16 --model.attention=cudnn (GPU:
+#                                packed rows through cuDNN's fused attention; model.attention = auto keeps
+#                                packed rows on the native kernels until a GPU run has checked cuDNN's)
+#   hf-longest-group-compile-bf16  ... --group-by-length --torch-compile --pad-multiple 8 --bf16
+# On a GPU (DEVICE=cuda): nlptrain --run.backend=cuda, HF --device cuda (SDPA attention). HF's padding-free
+# DataCollatorWithFlattening does not apply to these tasks: BertForSequenceClassification pools the
+# first position of each row, and BERT in transformers takes packed rows only through FlashAttention-2.
 # (in this order: the two sides alternate, so a slow drift of the machine's load hits both).
-# nlptrain: mpirun -np 1 --bind-to none, --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
+# nlptrain: mpirun -np 1 --bind-to none (LAUNCH), --run.threads=$THREADS; HF: one process, torch.set_num_threads($THREADS).
 #
 #   bash bench/finetune_speed.sh                                   # everything (defaults below)
 #   TASKS=ner STEPS=5 LIMIT=300 bash bench/finetune_speed.sh       # a smoke run
@@ -33,14 +40,17 @@
 #   articles / sentences of KorQuAD dev / KLUE NER dev held out), LIMIT (empty: none; caps every
 #   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, 1 on both (nlptrain: auto on the cpu);
 #   a number is given to both), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3), SHARED (../shared/data
-#   relative to the repository root, else /work/shared/data).
+#   relative to the repository root, else /work/shared/data), DEVICE (cpu; cuda: both sides on GPU 0),
+#   LAUNCH (mpirun --allow-run-as-root -np 1 --bind-to none: the words before nlptrain; a GPU machine
+#   without MPI takes the packed binary's wrapper), HIDDEN/LAYERS/HEADS/INTER/MAXPOS (256/4/4/1024/256: the
+#   model; BERT-base is 768/12/12/3072/512).
 # Output in RES: command.txt (the exact command), environment.txt, raw/<task>_<setting>_s<seed>.{log,time}
 # and raw/<run>/ (nlptrain: summary.json metrics.jsonl config.ini; HF: result.json log_history.jsonl),
 # then results.md (tables) and results.json (everything), made by bench/finetune_speed_report.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -63,7 +73,11 @@ PY=${PYTHON:-python3}
 if [ -z "${SHARED:-}" ]; then
   if [ -d ../shared/data ]; then SHARED=$(cd ../shared/data && pwd); else SHARED=/work/shared/data; fi
 fi
-HIDDEN=256; LAYERS=4; HEADS=4; INTER=1024; MAXPOS=256; DROPOUT=0.1; WD=0.01
+HIDDEN=${HIDDEN:-256}; LAYERS=${LAYERS:-4}; HEADS=${HEADS:-4}; INTER=${INTER:-1024}; MAXPOS=${MAXPOS:-256}
+DROPOUT=0.1; WD=0.01
+DEVICE=${DEVICE:-cpu}
+LAUNCH=${LAUNCH:-"mpirun --allow-run-as-root -np 1 --bind-to none"}
+case $DEVICE in cpu|cuda) ;; *) echo "finetune_speed: DEVICE=$DEVICE (expected cpu or cuda)" >&2; exit 2;; esac
 VOCAB=$SHARED/vocab/kcbert-base/vocab.txt
 
 for s in $SETTINGS; do
@@ -82,6 +96,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob
 CMD="TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\" RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
 CMD+=" BATCH=$BATCH THREADS=$THREADS MAXLEN=$MAXLEN QA_MAXLEN=$QA_MAXLEN DOC_STRIDE=$DOC_STRIDE EVAL_N=$EVAL_N"
 CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
+CMD+=" DEVICE=$DEVICE LAUNCH=\"$LAUNCH\" HIDDEN=$HIDDEN LAYERS=$LAYERS HEADS=$HEADS INTER=$INTER MAXPOS=$MAXPOS"
 CMD+=" bash bench/finetune_speed.sh"
 echo "$CMD" > "$RES/command.txt"
 echo "finetune_speed: $CMD"
@@ -89,7 +104,9 @@ echo "finetune_speed: $CMD"
 { echo "date: $(date -Is)"; echo "host: $(uname -a)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "nproc: $(nproc)"; echo "loadavg at start: $(cat /proc/loadavg)"
-  echo "threads: nlptrain mpirun -np 1 --bind-to none --run.threads=$THREADS; HF torch.set_num_threads($THREADS); OMP_NUM_THREADS=$THREADS"
+  echo "threads: nlptrain $LAUNCH --run.threads=$THREADS; HF torch.set_num_threads($THREADS); OMP_NUM_THREADS=$THREADS"
+  echo "device: $DEVICE$([ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/ /')"
+  echo "model: hidden $HIDDEN, layers $LAYERS, heads $HEADS, intermediate $INTER, max positions $MAXPOS"
   echo "git: $(git rev-parse HEAD 2>/dev/null || echo '?')"; git status --short 2>/dev/null | head -30 | sed 's/^/  /'
   echo "nlptrain: $("$BIN" --version 2>&1 | head -1)"
   echo "mpirun: $(mpirun --version 2>&1 | head -1)"
@@ -155,10 +172,13 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   case $s in *-group|*-group-bf16) group=true;; esac
   case $s in *-groupshuffled-bf16) group=true; extra+=("--data.group_order=shuffled");; esac
   case $s in *-bf16) extra+=("--train.precision=bf16");; esac
-  case $s in *-packed|*-packed-bf16) extra+=("--data.packing=true");; esac
+  case $s in *-packed|*-packed-bf16|*-packed-cudnn-bf16) extra+=("--data.packing=true");; esac
+  case $s in *-cudnn-*) extra+=("--model.attention=cudnn");; esac
+  [ "$DEVICE" = cuda ] && extra+=("--run.backend=cuda")
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
   rm -rf "$out"
-  timed "$name" mpirun --allow-run-as-root -np 1 --bind-to none "$BIN" --run.mode=train --run.task=$t \
+  # shellcheck disable=SC2086  # LAUNCH: words
+  timed "$name" $LAUNCH "$BIN" --run.mode=train --run.task=$t \
     --model.type=bert --model.weights= --model.vocab_size="$(h5attr "$d/train.h5" vocab_size)" \
     --model.pad_token_id="$(h5attr "$d/train.h5" pad_id)" --model.hidden_size=$HIDDEN --model.num_hidden_layers=$LAYERS \
     --model.num_attention_heads=$HEADS --model.intermediate_size=$INTER --model.max_position_embeddings=$MAXPOS \
@@ -178,12 +198,13 @@ run_hf() {  # run_hf TASK SETTING SEED
   local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
-  case $s in *-group|*-group-compile|*-group-bf16) extra+=(--group-by-length);; esac
+  case $s in *-group|*-group-compile|*-group-bf16|*-group-compile-bf16) extra+=(--group-by-length);; esac
   case $s in *-groupshuffled-bf16) extra+=(--group-by-length --shuffle-groups);; esac
   case $s in *-bf16) extra+=(--bf16);; esac
   # torch.compile as a practitioner runs it: batch lengths rounded up to 8 (what nlptrain uses on GPUs), so that
   # few shapes are compiled
-  case $s in *-compile) extra+=(--torch-compile --pad-multiple 8);; esac
+  case $s in *-compile|*-compile-bf16) extra+=(--torch-compile --pad-multiple 8);; esac
+  extra+=(--device "$DEVICE")
   [ -n "$PAD_MULTIPLE" ] && extra+=(--pad-multiple "$PAD_MULTIPLE")
   rm -rf "$out"
   timed "$name" "$PY" bench/bert_accuracy/hf_trainer.py --task $t --train "$d/train.h5" --eval "$d/eval.h5" \

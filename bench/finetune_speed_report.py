@@ -29,7 +29,7 @@ import sys
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
             "nlptrain-packed", "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16",
             "nlptrain-packed-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
-            "hf-longest-groupshuffled-bf16"]
+            "hf-longest-groupshuffled-bf16", "nlptrain-packed-cudnn-bf16", "hf-longest-group-compile-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 
 
@@ -142,7 +142,7 @@ def collect(res_dir):
         side = setting.split("-", 1)[0]
         r = {"name": name, "task": task, "setting": setting, "side": side, "seed": int(seed),
              "padding": "max_length" if setting.endswith("max_length") else "longest",
-             "group_by_length": "-group" in setting, "packing": "-packed" in setting, "bf16": setting.endswith("-bf16"), "torch_compile": setting.endswith("-compile"), "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
+             "group_by_length": "-group" in setting, "packing": "-packed" in setting, "bf16": setting.endswith("-bf16"), "torch_compile": "-compile" in setting, "wall_s": tm.get("wall_s"), "rc": tm.get("rc"),
              "loadavg_before": tm.get("loadavg_before"), "loadavg_after": tm.get("loadavg_after"),
              "start": tm.get("start"), "completed": False}
         d = os.path.join(res_dir, "raw", name)

@@ -89,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--torch-compile", action="store_true",
                    help="TrainingArguments(torch_compile=True): the model through torch.compile (inductor; on the "
                         "CPU it generates C++/OpenMP kernels), compile time included in train_s")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (default; use_cpu=True, torch.set_num_threads(--threads)) or cuda (the Trainer's default "
+                        "placement on GPU 0; attention through PyTorch's SDPA)")
     p.add_argument("--bf16", action="store_true",
                    help="TrainingArguments(bf16=True): the forward and backward under torch.autocast(cpu, bfloat16) "
                         "(oneDNN's bf16 kernels: AMX / AVX512-BF16 where the CPU has them), fp32 master weights")
@@ -319,9 +322,8 @@ def qa_metrics(ds, start_logits, end_logits, max_answer=30):
 
 @torch.no_grad()
 def evaluate(model, ds, task, batch, seed):
-    from seqeval.metrics import f1_score, precision_score, recall_score
-
     model.eval()
+    dev = next(model.parameters()).device
     id2label = json.loads(ds.attrs.get("id2label", "[]"))
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 0xE7A1)
@@ -333,7 +335,9 @@ def evaluate(model, ds, task, batch, seed):
     starts, ends = [], []
     for a in range(0, len(ds), batch):
         b = coll([ds[i] for i in range(a, min(len(ds), a + batch))])
-        out = model(**b)
+        out = model(**{k: v.to(dev) for k, v in b.items()})
+        if dev.type != "cpu":  # the metrics below read the outputs on the host
+            out = type(out)(**{k: (v.float().cpu() if torch.is_tensor(v) else v) for k, v in out.items()})
         if task == "mlm":
             lab = b["labels"]
             n = int((lab != -100).sum())
@@ -373,6 +377,8 @@ def evaluate(model, ds, task, batch, seed):
     elif task in ("doc_cls", "pair_cls"):
         res.update(accuracy=correct / max(total, 1), examples=total)
     elif task == "ner":
+        from seqeval.metrics import f1_score, precision_score, recall_score  # ner only (not on every machine)
+
         res.update(precision=precision_score(gold_seqs, pred_seqs), recall=recall_score(gold_seqs, pred_seqs),
                    f1=f1_score(gold_seqs, pred_seqs), sentences=len(gold_seqs))
     else:
@@ -422,13 +428,14 @@ def main(argv=None):
         return max(0.0, (N - step) / max(1, N - W))
 
     counts = {"real": 0, "computed": 0, "batches": 0, "rows": 0}
+    real_sums = []  # per step sum(attention_mask): a tensor, so that a GPU run does not synchronise each step
     step_ends = []  # time.perf_counter() after each training step (forward + backward; the optimizer
                     # step of step k falls between the ends of k and k+1)
 
     class T(Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
             am = inputs["attention_mask"]
-            counts["real"] += int(am.sum())
+            real_sums.append(am.sum())
             counts["computed"] += am.numel()
             counts["batches"] += 1
             counts["rows"] += am.shape[0]
@@ -456,13 +463,16 @@ def main(argv=None):
         gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, weight_decay=a.weight_decay,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=0, seed=a.seed, data_seed=a.seed, logging_steps=a.log_steps, save_strategy="no",
-        eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
+        eval_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=a.device == "cuda", use_cpu=a.device == "cpu",
         remove_unused_columns=False, fp16=False, bf16=a.bf16, disable_tqdm=True, torch_compile=a.torch_compile,
         **sampling)
     trainer = T(model=model, args=args, train_dataset=train, data_collator=collator)
     t_train0 = time.time()
     tr = trainer.train()
+    if a.device == "cuda":
+        torch.cuda.synchronize()
     t_train = time.time() - t_train0
+    counts["real"] = int(sum(int(x) for x in real_sums))
     t_ev0 = time.time()
     res = evaluate(model, evds, a.task, a.eval_batch, a.seed)
     t_eval = time.time() - t_ev0
@@ -478,6 +488,7 @@ def main(argv=None):
     out = {"task": a.task, "eval": res, "steps": a.steps, "global_batch": a.batch, "lr": a.lr, "warmup": a.warmup,
            "train_s": t_train, "eval_s": t_eval, "wall_s": time.time() - t0, "threads": a.threads,
            "train_loss": tr.training_loss, "transformers": transformers.__version__, "torch": torch.__version__,
+           "device": a.device if a.device == "cpu" else torch.cuda.get_device_name(0),
            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
     # steady state: the median step after the first 20 (torch.compile's compilations and recompilations
     # for new batch lengths happen mostly in the first steps)

@@ -12,6 +12,8 @@
 # stage/data/  gpt2_train.h5   GPT-2 BPE token stream (WikiText-2 test + Tiny Shakespeare), for the
 #                              124M benchmark (T=1024) and the small end-to-end runs
 #              nsmc_train.h5   NSMC reviews, kcbert-base WordPiece, T=128 (doc_cls), 4096 rows
+#              ft/doc_cls/     run.sh's finetune section: NSMC train (8000 reviews) and test (500) at
+#                              T=128, with the key bench/finetune_speed.sh checks before it reuses data
 #              commit.txt      the commit the binaries were built from
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +22,7 @@ B=${BUILD_DIR:-build-gpu}
 S=bench/gpu/stage
 command -v nvcc >/dev/null || { echo "prepare: nvcc not found: the GPU run needs a CUDA build" >&2; exit 2; }
 for f in "$D/wikitext2/wiki.test.raw" "$D/tinyshakespeare/input.txt" "$D/vocab/gpt2/encoder.json" \
-         "$D/nsmc/nsmc_from_raw_train.tsv" "$D/vocab/kcbert-base/vocab.txt"; do
+         "$D/nsmc/nsmc_from_raw_train.tsv" "$D/nsmc/nsmc_from_raw_test.tsv" "$D/vocab/kcbert-base/vocab.txt"; do
   [[ -f "$f" ]] || { echo "prepare: missing $f (shared data)" >&2; exit 2; }
 done
 
@@ -47,4 +49,11 @@ head -n 4097 "$D/nsmc/nsmc_from_raw_train.tsv" > "$S/data/nsmc_4096.tsv"
 python3 tools/prep_doc_cls.py --vocab "$D/vocab/kcbert-base/vocab.txt" --input "$S/data/nsmc_4096.tsv" \
   --max-seq-len 128 --out "$S/data/nsmc_train.h5" --quiet
 rm -f "$S/data/nsmc_4096.tsv"
+# the finetune section's data, as bench/finetune_speed.sh's prep() makes it (LIMIT unset, EVAL_N 500, MAXLEN 128)
+mkdir -p "$S/data/ft/doc_cls"
+python3 tools/prep_doc_cls.py --vocab "$D/vocab/kcbert-base/vocab.txt" --input "$D/nsmc/nsmc_from_raw_train.tsv" \
+  --limit 8000 --max-seq-len 128 --out "$S/data/ft/doc_cls/train.h5" --quiet
+python3 tools/prep_doc_cls.py --vocab "$D/vocab/kcbert-base/vocab.txt" --input "$D/nsmc/nsmc_from_raw_test.tsv" \
+  --limit 500 --max-seq-len 128 --out "$S/data/ft/doc_cls/eval.h5" --quiet
+echo "nsmc train --limit 8000 test --limit 500 T128" > "$S/data/ft/doc_cls/key"
 du -sh "$S"/* "$S"

@@ -21,6 +21,10 @@
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
 #   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
+#   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
+#           reviews, T=128), BERT-base from scratch, bf16, batch 32, FT_STEPS steps: nlptrain length-grouped,
+#           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
+#           with SDPA, eager and torch.compile -> $OUT/finetune/results.md (real tokens/s, time, accuracy)
 # Every log, metrics.jsonl and summary.json is packed into $OUT/gpu-run.tar.gz; $OUT/results.json
 # holds one record per benchmark and side (bench/gpu/collect.py), $OUT/summary.txt the table.
 # DEADLINE (seconds, default 560): sections that would start after it are skipped (and say so), so
@@ -31,7 +35,9 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpurun.XXXXXX)
-SECTIONS=${SECTIONS:-"info tests e2e resume comm bench profile torch"}
+SECTIONS=${SECTIONS:-"info tests e2e resume comm bench profile torch finetune"}
+FT_STEPS=${FT_STEPS:-300}
+FT_SETTINGS=${FT_SETTINGS:-"nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
 DEADLINE=${DEADLINE:-560}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
@@ -258,5 +264,16 @@ if want torch; then
     log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
     snapshot
   done
+fi
+if want finetune && in_time 150 "finetune"; then
+  # data made by prepare.sh (the device has no tokenizer data); finetune_speed.sh reuses it (same key)
+  mkdir -p "$W/ftwork/data" && cp -r stage/data/ft/doc_cls "$W/ftwork/data/"
+  DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=1e-4 BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
+      HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$OUT/finetune" \
+      LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
+      timeout $(( DEADLINE - $(elapsed) > 60 ? DEADLINE - $(elapsed) : 60 )) bash ../finetune_speed.sh \
+      > "$W/finetune.log" 2>&1
+  log "finetune: exit $? | $(grep -c '"rc": 0' "$OUT"/finetune/raw/*.time 2>/dev/null | grep -c ':1') runs ok"
+  sed -n '/^| setup/,/^$/p' "$OUT/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
 fi
 log "done"
