@@ -243,7 +243,7 @@ struct CudnnAttention::Impl {
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   std::map<Key, Plan> forward, backward;
-  std::map<std::tuple<int, int, int, int>, bool> support;  // (B, T, NH, HS) -> cuDNN runs it
+  std::map<std::tuple<int, int, int>, bool> support;  // (T, NH, HS) -> cuDNN runs it
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
@@ -475,9 +475,12 @@ CudnnAttention::~CudnnAttention() {
   if (impl_->handle) cudnnDestroy(impl_->handle);
 }
 
+// Decided per (T, NH, HS) with the first B asked about: whether cuDNN runs a shape does not turn on
+// the batch size, and a packed run (a new row count nearly every step) would otherwise build two
+// graphs per row count that its packed calls never use.
 bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   Impl& m = *impl_;
-  const auto shape = std::tuple(B, T, NH, HS);
+  const auto shape = std::tuple(T, NH, HS);
   auto it = m.support.find(shape);
   if (it != m.support.end()) return it->second;
   const Key k{B, T, NH, HS, false, MaskKind::None, 0.f};
@@ -487,7 +490,7 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   if (!ok)
     std::fprintf(stderr,
                  "nlptrain: cuDNN fused attention does not support B=%d T=%d NH=%d HS=%d (%s %s): "
-                 "this shape uses the native attention kernels\n",
+                 "this T, NH, HS uses the native attention kernels\n",
                  B, T, NH, HS, f.graph ? "backward:" : "forward:", (f.graph ? b.error : f.error).c_str());
   m.support.emplace(shape, ok);
   return ok;

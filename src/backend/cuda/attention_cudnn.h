@@ -48,9 +48,9 @@
 //
 // Graphs (forward, backward) are built once per (B, T, NH, HS, causal, mask layout, dropout p) and
 // cached with their workspace sizes; everything runs on the backend's stream. Which shapes cuDNN runs
-// is decided once per (B, T, NH, HS), before the model sizes its buffers (supports()): the forward
-// and backward graphs of the plain variant must build, else the shape keeps the native kernels and
-// one warning line goes to stderr.
+// is decided once per (T, NH, HS), at the first B asked about, before the model sizes its buffers
+// (supports()): the forward and backward graphs of the plain variant must build, else the shape keeps
+// the native kernels and one warning line goes to stderr.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -113,8 +113,9 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Whether cuDNN runs attention of this shape: decided on the first call by building the forward
-  // and backward graphs of the plain variant (no mask, no dropout; kept in the cache), then cached.
+  // Whether cuDNN runs attention of this shape: decided on the first call for (T, NH, HS) by building
+  // the forward and backward graphs of the plain variant at this B (no mask, no dropout; kept in the
+  // cache), then cached for every B.
   // A "no" (cuDNN reports the configuration unsupported) prints one line to stderr; the caller then
   // uses its native kernels for this shape, in sizing and in dispatch alike.
   bool supports(int B, int T, int NH, int HS);
