@@ -53,6 +53,10 @@ struct Rng {
   double uniform_double() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
   // Standard normal by Box-Muller (one value per call; deterministic).
   float normal();
+  // out[i] = scale * normal() for i = 0..n-1, the values and final counter of n calls in turn, computed
+  // in parallel (OpenMP): each value depends only on its two counters, so no thread order shows.
+  // Initialising BERT-base or GPT-2 124M draws over 100M of them (a log and a cos each).
+  void fill_normal(float* out, int64_t n, float scale);
 };
 
 }  // namespace nlp

@@ -157,7 +157,7 @@ class Bert final : public Model {
       } else if (is_bias || n.find("LayerNorm.") != std::string::npos) {
         std::fill(t.data, t.data + cnt, 0.f);
       } else {
-        for (int64_t i = 0; i < cnt; ++i) t.data[i] = mc_.initializer_range * rng.normal();
+        rng.fill_normal(t.data, cnt, mc_.initializer_range);
       }
     }
     if (pad_ >= 0)  // padding_idx

@@ -99,7 +99,7 @@ class Gpt2 final : public Model {
         std::fill(t.data, t.data + cnt, 1.f);
       } else {
         const float sd = ends("c_proj.weight") ? std_res : std0;
-        for (int64_t i = 0; i < cnt; ++i) t.data[i] = sd * rng.normal();
+        rng.fill_normal(t.data, cnt, sd);
       }
     }
     ps_.upload(host);
