@@ -209,8 +209,9 @@ const std::vector<Entry>& schema() {
        "as the multiple of data.pad_multiple, at least 16 (fewer GEMM shapes), up to the file's length "
        "that packs into the fewest positions, or the file's length with data.padding = max_length. "
        "Evaluation runs unpacked. "
-       "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them; cudnn runs packed "
-       "rows with a block-diagonal mask bias, not yet checked on a GPU)"},
+       "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them; cudnn runs each "
+       "packed example as a ragged cuDNN sequence on Hopper, else under a block-diagonal mask bias; neither "
+       "checked on a GPU yet)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
