@@ -65,9 +65,9 @@ cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first
 // Packed rows as cuDNN's ragged (THD) sequences, from the segment ids mask[B,T] (0 = padding): the
 // e-th run of equal non-zero ids (token order) is sequence e < E, with off_qkv[e] = its first token
 // * 3C (elements of the q|k|v buffer), off_o[e] = first * C, seqlen[e] = its length; off_*[E] = the
-// buffers' end. count[0] = the runs found (E when the caller counted right; slots past them get
-// length 0). off_* int64 [E+1], seqlen int32 [E], all device memory.
-cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen, int32_t* count,
+// buffers' end. Fewer runs than E: the slots past them get length 0; more: the extra runs are
+// dropped. off_* int64 [E+1], seqlen int32 [E], all device memory.
+cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen,
                                 const int32_t* mask, int B, int T, int E, int C, cudaStream_t s);
 // out[tokens, C] (fp32) = float(o) (__nv_bfloat16) where mask[token] != 0, else 0
 cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* mask, size_t tokens,

@@ -85,11 +85,11 @@ __global__ void dout_to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __r
 // mask[i-1] != mask[i]. Each thread counts the starts in its contiguous chunk of tokens, an exclusive
 // scan numbers them in token order, then each thread writes its sequences: off_qkv[e] = first * 3C,
 // off_o[e] = first * C, seqlen[e] = the run's length. Entries from the number found up to E get
-// length 0 at the buffers' end; off_*[E] = the buffers' end. count = the number found (E expected).
+// length 0 at the buffers' end; off_*[E] = the buffers' end.
 constexpr int kRaggedThreads = 1024;
 __global__ void ragged_offsets_k(int64_t* __restrict__ off_qkv, int64_t* __restrict__ off_o,
-                                 int32_t* __restrict__ seqlen, int32_t* __restrict__ count,
-                                 const int32_t* __restrict__ mask, int T, size_t n, int E, int C) {
+                                 int32_t* __restrict__ seqlen, const int32_t* __restrict__ mask,
+                                 int T, size_t n, int E, int C) {
   __shared__ int base[kRaggedThreads + 1];
   const size_t chunk = (n + blockDim.x - 1) / blockDim.x;
   const size_t lo = min(n, size_t(threadIdx.x) * chunk), hi = min(n, lo + chunk);
@@ -101,7 +101,6 @@ __global__ void ragged_offsets_k(int64_t* __restrict__ off_qkv, int64_t* __restr
   if (threadIdx.x == 0) {  // exclusive scan of at most 1024 counts: short, and in a fixed order
     base[0] = 0;
     for (unsigned t = 1; t <= blockDim.x; ++t) base[t] += base[t - 1];
-    *count = base[blockDim.x];
   }
   __syncthreads();
   int e = base[threadIdx.x];
@@ -173,11 +172,11 @@ cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first
   return cudaGetLastError();
 }
 
-cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen, int32_t* count,
+cudaError_t sdpa_ragged_offsets(int64_t* off_qkv, int64_t* off_o, int32_t* seqlen,
                                 const int32_t* mask, int B, int T, int E, int C, cudaStream_t s) {
   const size_t n = size_t(B) * T;
   if (E <= 0) return cudaSuccess;
-  ragged_offsets_k<<<1, kRaggedThreads, 0, s>>>(off_qkv, off_o, seqlen, count, mask, T, n, E, C);
+  ragged_offsets_k<<<1, kRaggedThreads, 0, s>>>(off_qkv, off_o, seqlen, mask, T, n, E, C);
   return cudaGetLastError();
 }
 

@@ -7,11 +7,8 @@ namespace nlp {
 namespace {
 // Box-Muller from the draws at counters c (radius) and c + 1 (angle) of the stream `seed`
 float normal_at(uint64_t seed, uint64_t c) {
-  const auto u = [seed](uint64_t k) {
-    return static_cast<double>(mix64(seed ^ mix64(k)) >> 11) * (1.0 / 9007199254740992.0);
-  };
-  double u1 = u(c);
-  const double u2 = u(c + 1);
+  double u1 = Rng::uniform_double_at(seed, c);
+  const double u2 = Rng::uniform_double_at(seed, c + 1);
   if (u1 < 1e-300) u1 = 1e-300;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }

@@ -20,9 +20,12 @@ NLP_HD uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The 64 random bits of element `index` of stream `seed` (every draw below is made of these).
+NLP_HD uint64_t draw64(uint64_t seed, uint64_t index) { return mix64(seed ^ mix64(index)); }
+
 // Uniform float in [0, 1) for element `index` of stream `seed` (24 random bits).
 NLP_HD float uniform01(uint64_t seed, uint64_t index) {
-  uint64_t r = mix64(seed ^ mix64(index));
+  const uint64_t r = draw64(seed, index);
   // the top 24 bits, converted through int32 (the same value: < 2^24), which vectorises on CPUs
   // without a 64-bit-integer-to-float instruction (AVX2)
   return static_cast<float>(static_cast<int32_t>(r >> 40)) * (1.0f / 16777216.0f);
@@ -48,9 +51,13 @@ struct Rng {
   uint64_t seed;
   uint64_t counter = 0;
   explicit Rng(uint64_t s) : seed(s) {}
-  uint64_t next_u64() { return mix64(seed ^ mix64(counter++)); }
+  uint64_t next_u64() { return draw64(seed, counter++); }
   float uniform() { return static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f); }
-  double uniform_double() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+  double uniform_double() { return uniform_double_at(seed, counter++); }
+  // uniform_double()'s value at counter k (53 random bits), without a generator
+  static double uniform_double_at(uint64_t seed, uint64_t k) {
+    return static_cast<double>(draw64(seed, k) >> 11) * (1.0 / 9007199254740992.0);
+  }
   // Standard normal by Box-Muller (one value per call; deterministic).
   float normal();
   // out[i] = scale * normal() for i = 0..n-1, the values and final counter of n calls in turn, computed

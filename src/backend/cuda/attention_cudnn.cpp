@@ -374,27 +374,26 @@ struct CudnnAttention::Impl {
 
   // Device scratch for one call: cuDNN's workspace, then (masked calls) the bias [B,rows,ld] bf16
   // and the first unmasked key of each sequence [B] int32, or (ragged calls) the offsets into q|k|v
-  // and o [E+1] int64, the lengths [E] int32 and the count of sequences found [1] int32.
+  // and o [E+1] int64 and the lengths [E] int32.
   struct CallBuffers {
     void* workspace = nullptr;
     void* bias = nullptr;
     int32_t* first = nullptr;
     int rows = 0;
     int64_t *off_qkv = nullptr, *off_o = nullptr;
-    int32_t *seqlen = nullptr, *count = nullptr;
+    int32_t* seqlen = nullptr;
   };
   CallBuffers buffers(const Plan& p, const Key& k) {
     CallBuffers cb;
     const size_t wsb = sdpa_align(size_t(p.workspace));
     if (k.mask == MaskKind::Ragged) {
       const size_t off = sdpa_align((size_t(k.E) + 1) * sizeof(int64_t));
-      const size_t len = sdpa_align((size_t(k.E) + 1) * sizeof(int32_t));
+      const size_t len = sdpa_align(size_t(k.E) * sizeof(int32_t));
       char* base = static_cast<char*>(grow(wsb + 2 * off + len));
       cb.workspace = p.workspace > 0 ? base : nullptr;
       cb.off_qkv = reinterpret_cast<int64_t*>(base + wsb);
       cb.off_o = reinterpret_cast<int64_t*>(base + wsb + off);
       cb.seqlen = reinterpret_cast<int32_t*>(base + wsb + 2 * off);
-      cb.count = cb.seqlen + k.E;
       return cb;
     }
     cb.rows = k.mask == MaskKind::Full ? k.T : 1;
@@ -426,7 +425,7 @@ struct CudnnAttention::Impl {
   // B x T tokens), Philox arguments (dropout)
   void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed, int B) {
     if (k.mask == MaskKind::Ragged)
-      ck_cuda(kern::sdpa_ragged_offsets(cb.off_qkv, cb.off_o, cb.seqlen, cb.count, mask, B, k.T, k.E,
+      ck_cuda(kern::sdpa_ragged_offsets(cb.off_qkv, cb.off_o, cb.seqlen, mask, B, k.T, k.E,
                                         k.NH * k.HS, stream),
               "ragged offsets");
     else if (k.mask != MaskKind::None)
