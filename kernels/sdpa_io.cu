@@ -59,26 +59,32 @@ __global__ void first_key_k(int32_t* __restrict__ first, const int32_t* __restri
   if (threadIdx.x == 0) first[blockIdx.x] = m;
 }
 
-__device__ __forceinline__ bool dead_row(const int32_t* first, bool causal, int T, size_t row) {
-  const int b = int(row / T), i = int(row % T);
-  return first[b] > (causal ? i : T - 1);
-}
-
-// out[B,T,C] = dead(b,t) ? 0 : float(o[b,t,c])
-__global__ void out_from_bf16_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o,
-                                const int32_t* __restrict__ first, bool causal, int T, int C,
-                                size_t n) {
-  GRID_STRIDE(i, n) out[i] = dead_row(first, causal, T, i / C) ? 0.0f : __bfloat162float(o[i]);
-}
-
-// dst[B,T,C] = dead(b,t) ? 0 : bf16(dout[b,t,c])
-__global__ void dout_to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __restrict__ dout,
-                               const int32_t* __restrict__ first, bool causal, int T, int C,
-                               size_t n) {
-  GRID_STRIDE(i, n) {
-    const float v = dead_row(first, causal, T, i / C) ? 0.0f : dout[i];
-    dst[i] = __float2bfloat16_rn(v);
+// Which query rows the conversions below keep (true) or zero (false); rows are flat b*T+i.
+struct LiveByFirstKey {  // padded rows: a row with at least one visible key
+  const int32_t* first;
+  bool causal;
+  int T;
+  __device__ bool operator()(size_t row) const {
+    const int b = int(row / T), i = int(row % T);
+    return first[b] <= (causal ? i : T - 1);
   }
+};
+struct LiveBySegment {  // packed rows (ragged): a token of some example (segment id != 0)
+  const int32_t* mask;
+  __device__ bool operator()(size_t row) const { return mask[row] != 0; }
+};
+
+// out[rows, C] = live(row) ? float(o[row, c]) : 0
+template <class Live>
+__global__ void out_from_bf16_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o, Live live,
+                                int C, size_t n) {
+  GRID_STRIDE(i, n) out[i] = live(i / C) ? __bfloat162float(o[i]) : 0.0f;
+}
+
+// dst[B,T,C] = live(b,t) ? bf16(dout[b,t,c]) : 0
+__global__ void dout_to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __restrict__ dout,
+                               LiveByFirstKey live, int C, size_t n) {
+  GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(live(i / C) ? dout[i] : 0.0f);
 }
 
 // One block. Sequence starts: token i (of n = B*T) with mask[i] != 0 and i the first of its row or
@@ -123,16 +129,10 @@ __global__ void ragged_offsets_k(int64_t* __restrict__ off_qkv, int64_t* __restr
   }
 }
 
-// out[n/C, C] = mask[row] != 0 ? float(o) : 0
-__global__ void out_from_bf16_tokens_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o,
-                                       const int32_t* __restrict__ mask, int C, size_t n) {
-  GRID_STRIDE(i, n) out[i] = mask[i / C] != 0 ? __bfloat162float(o[i]) : 0.0f;
-}
-
-// dst[n/W, W] += mask[row] != 0 ? float(src) : 0
-__global__ void accumulate_bf16_tokens_k(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src,
-                                         const int32_t* __restrict__ mask, int W, size_t n) {
-  GRID_STRIDE(i, n) if (mask[i / W] != 0) dst[i] += __bfloat162float(src[i]);
+// dst[rows, W] += live(row) ? float(src[row, w]) : 0
+__global__ void accumulate_bf16_k(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src,
+                                  LiveBySegment live, int W, size_t n) {
+  GRID_STRIDE(i, n) if (live(i / W)) dst[i] += __bfloat162float(src[i]);
 }
 
 __global__ void philox_args_k(int64_t* dst, int64_t seed, int64_t offset) {
@@ -158,7 +158,7 @@ cudaError_t sdpa_out_from_bf16(float* out, const void* o, const int32_t* first, 
   if (!first) return from_bf16(out, o, n, s);
   if (n)
     out_from_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        out, static_cast<const __nv_bfloat16*>(o), first, causal, T, C, n);
+        out, static_cast<const __nv_bfloat16*>(o), LiveByFirstKey{first, causal, T}, C, n);
   return cudaGetLastError();
 }
 
@@ -168,7 +168,7 @@ cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first
   if (!first) return to_bf16(dst, dout, n, s);
   if (n)
     dout_to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst),
-                                                              dout, first, causal, T, C, n);
+                                                              dout, LiveByFirstKey{first, causal, T}, C, n);
   return cudaGetLastError();
 }
 
@@ -184,8 +184,8 @@ cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* 
                                       int C, cudaStream_t s) {
   const size_t n = tokens * C;
   if (n)
-    out_from_bf16_tokens_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        out, static_cast<const __nv_bfloat16*>(o), mask, C, n);
+    out_from_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        out, static_cast<const __nv_bfloat16*>(o), LiveBySegment{mask}, C, n);
   return cudaGetLastError();
 }
 
@@ -193,8 +193,8 @@ cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32
                                         size_t tokens, int W, cudaStream_t s) {
   const size_t n = tokens * W;
   if (n)
-    accumulate_bf16_tokens_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        dst, static_cast<const __nv_bfloat16*>(src), mask, W, n);
+    accumulate_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        dst, static_cast<const __nv_bfloat16*>(src), LiveBySegment{mask}, W, n);
   return cudaGetLastError();
 }
 
