@@ -430,7 +430,8 @@ def main(argv=None):
     counts = {"real": 0, "computed": 0, "batches": 0, "rows": 0}
     real_sums = []  # per step sum(attention_mask): a tensor, so that a GPU run does not synchronise each step
     step_ends = []  # time.perf_counter() after each training step (forward + backward; the optimizer
-                    # step of step k falls between the ends of k and k+1)
+                    # step of step k falls between the ends of k and k+1); on a GPU a CUDA event recorded
+                    # there instead: the host runs ahead of the device, so its clock times the launches
 
     class T(Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
@@ -440,7 +441,12 @@ def main(argv=None):
             counts["batches"] += 1
             counts["rows"] += am.shape[0]
             loss = super().training_step(model, inputs, *args, **kwargs)
-            step_ends.append(time.perf_counter())
+            if a.device == "cuda":
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                step_ends.append(ev)
+            else:
+                step_ends.append(time.perf_counter())
             return loss
 
         def _get_train_sampler(self, *args, **kwargs):
@@ -492,7 +498,10 @@ def main(argv=None):
            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
     # steady state: the median step after the first 20 (torch.compile's compilations and recompilations
     # for new batch lengths happen mostly in the first steps)
-    gaps = [b - a_ for a_, b in zip(step_ends, step_ends[1:])]
+    if a.device == "cuda":  # synchronised after train(): every event has completed
+        gaps = [a_.elapsed_time(b) / 1000.0 for a_, b in zip(step_ends, step_ends[1:])]
+    else:
+        gaps = [b - a_ for a_, b in zip(step_ends, step_ends[1:])]
     out.update(torch_compile=a.torch_compile, bf16=a.bf16,
                median_step_s_after_20=statistics.median(gaps[20:]) if len(gaps) > 20 else None)
     out.update(padding=a.padding, group_by_length=a.group_by_length, shuffle_groups=a.shuffle_groups, pad_multiple=a.pad_multiple,
