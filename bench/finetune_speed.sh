@@ -111,7 +111,7 @@ echo "finetune_speed: $CMD"
   echo "nlptrain: $("$BIN" --version 2>&1 | head -1)"
   echo "mpirun: $(mpirun --version 2>&1 | head -1)"
   "$PY" -c "import sys, torch, transformers, accelerate; print('python', sys.version.split()[0]); print('torch', torch.__version__); print('transformers', transformers.__version__); print('accelerate', accelerate.__version__); print('torch parallel:', ' | '.join(l.strip() for l in torch.__config__.parallel_info().splitlines() if l.strip()))"
-} > "$RES/environment.txt" 2>&1
+} > "$RES/environment.txt" 2>&1 || true  # a record only: a tree without git (the GPU machine's copy) or a missing package must not stop the runs
 cat "$RES/environment.txt"
 
 # ---- data (tools/prep_*.py as in bench/bert_accuracy/prep.sh; row lengths MAXLEN / QA_MAXLEN) ----------------

@@ -2,48 +2,57 @@
 # One command for a whole GPU run, on the GPU machine (no MPI, no HDF5, no network there):
 #
 #   bash bench/gpu/prepare.sh                        # here: build with CUDA, pack, make the data
-#   # device tool, carry ["bench/gpu/stage"]:
-#   OUT=... bash bench/gpu/run.sh                    # there; SECTIONS="info tests e2e resume bench profile torch"
+#   # device tool, carry ["bench/gpu/stage"], timeout_s 590:
+#   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
-# Sections (SECTIONS, default all, in this order; each logs under $W and nothing stops the others):
+# A task's device time is 15 minutes, start-up included, so the defaults fit one call: the sections
+# run in the order of what a GPU session is for (correctness of what has never run on a GPU, then
+# issue 20's fine-tuning comparison, then the step benchmarks), and those after DEADLINE are skipped.
+# The e2e section's CPU reference runs start at once in the background, beside the tests and the GPU
+# runs; they are done before anything is timed.
+#
+# Sections (SECTIONS, default all below, in this order; each logs under $W and nothing stops the others):
 #   info    nvidia-smi, driver/toolkit/PyTorch versions, the commit of the binaries
 #   tests   test_ops_cuda: every op, GPT-2 and each BERT head against the CPU backend
 #   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
 #           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN, and
 #           packed through cuDNN in its ragged and bias layouts
+#   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
+#           reviews, T=128), BERT-base from scratch, bf16, batch 32, FT_STEPS steps: nlptrain length-grouped,
+#           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
+#           with SDPA, eager and torch.compile -> $OUT/finetune_results.md (real tokens/s, time,
+#           accuracy); at most FT_BUDGET seconds
+#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
+#   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
-#           bitwise equal
+#           bitwise equal (fp32, then bf16 with cuDNN's attention)
+#   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
 #           per rank: not runnable on one GPU.
-#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
-#   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
-#   torch   PyTorch + transformers on the same data and shapes: eager and torch.compile, bf16 and fp32
-#   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
-#           reviews, T=128), BERT-base from scratch, bf16, batch 32, FT_STEPS steps: nlptrain length-grouped,
-#           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
-#           with SDPA, eager and torch.compile -> $OUT/finetune/results.md (real tokens/s, time, accuracy)
-# Every log, metrics.jsonl and summary.json is packed into $OUT/gpu-run.tar.gz; $OUT/results.json
-# holds one record per benchmark and side (bench/gpu/collect.py), $OUT/summary.txt the table.
-# DEADLINE (seconds, default 560): sections that would start after it are skipped (and say so), so
+# What comes back (the device tool returns at most 8 files): results.json (one record per benchmark
+# and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
+# finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
+# DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), so
 # the files come back inside the device tool's 600 s limit.
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
-W=$(mktemp -d /tmp/gpurun.XXXXXX)
-SECTIONS=${SECTIONS:-"info tests e2e resume comm bench profile torch finetune"}
+W=$(mktemp -d "${TMPDIR:-/tmp}/gpurun.XXXXXX")
+SECTIONS=${SECTIONS:-"info tests e2e finetune bench torch resume profile comm"}
 FT_STEPS=${FT_STEPS:-300}
+FT_BUDGET=${FT_BUDGET:-240}
 FT_SETTINGS=${FT_SETTINGS:-"nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
-DEADLINE=${DEADLINE:-560}
-BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 tf32 fp32"}
+DEADLINE=${DEADLINE:-530}
+BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16 fp32"}
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
 PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
 GPT2_BATCH=${GPT2_BATCH:-16}  # GPT-2 124M sequences per step (both sides); BERT-base: 32
-TORCH_RUNS=${TORCH_RUNS:-"gpt2:eager:bf16 gpt2:compile:bf16 bert:eager:bf16 bert:compile:bf16 gpt2:eager:fp32 bert:eager:fp32 bert:compile:fp32 gpt2:compile:fp32"}
+TORCH_RUNS=${TORCH_RUNS:-"gpt2:compile:bf16 bert:compile:bf16 gpt2:eager:bf16 bert:eager:bf16 bert:compile:fp32 gpt2:compile:fp32 gpt2:eager:fp32 bert:eager:fp32"}
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
 NL="$here/stage/bin/run-on-device.sh $here/stage/bin/nlptrain"
@@ -94,6 +103,41 @@ trap finish EXIT
 log "sections: $SECTIONS | deadline ${DEADLINE}s | work $W"
 cat stage/commit.txt > "$W/commit.txt"
 
+# e2e_run NAME BACKEND INI ARGS...: one run of E2E_STEPS steps (100; fewer only for the CPU-only
+# check of this script, tests/python/test_gpu_script.py) into $W/e2e/NAME (log $W/e2e_NAME.log)
+E2E_STEPS=${E2E_STEPS:-100}
+e2e_run() {
+  local name=$1 be=$2 ini=$3
+  shift 3
+  timeout 240 $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
+      --output.dir="$W/e2e/$name" > "$W/e2e_$name.log" 2>&1
+  log "e2e $name: exit $? | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
+  [[ -f "$W/e2e/$name/log.txt" ]] || tail -3 "$W/e2e_$name.log" | sed "s/^/  $name: /" | tee -a "$W/run.log"
+}
+e2e_compare() {  # e2e_compare LABEL REF TEST WITHIN...: losses of two runs (compare.py)
+  local label=$1 ref=$2 test=$3
+  shift 3
+  python3 compare.py losses "$W/e2e/$ref/metrics.jsonl" "$W/e2e/$test/metrics.jsonl" "$@" 2>&1 \
+      | sed "s/^/$label: /" | tee -a "$W/e2e_compare.log" | tee -a "$W/run.log"
+}
+TRIM=(--data.padding=longest --data.pad_multiple=64 --run.sync_check=true)
+# bf16 with the fused (cuDNN) attention against the CPU's bf16 emulation (which keeps attention in
+# fp32): attention dropout off, since cuDNN draws its own mask
+BF16=(--train.precision=bf16 --run.cpu_bf16=emulate --model.attention=auto)
+declare -A NO_ATTN_DROPOUT=([gpt2_small]=--model.attn_pdrop=0 [bert_small]=--model.attention_probs_dropout_prob=0)
+E2E_THREADS=$(nproc)
+# the CPU references, in the background from the start, on all but two cores (the GPU runs' and the
+# tests' host threads)
+if want e2e; then
+  (
+    E2E_THREADS=$(( $(nproc) > 4 ? $(nproc) - 2 : $(nproc) ))
+    for m in gpt2_small bert_small; do e2e_run ${m}_cpu cpu $m; done
+    e2e_run bert_small_trim_cpu cpu bert_small "${TRIM[@]}"
+    for m in bert_small gpt2_small; do e2e_run ${m}_bf16_cpu cpu $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}"; done
+  ) &
+  cpu_refs=$!
+fi
+
 if want info; then
   {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -109,8 +153,9 @@ if want info; then
   log "info: $(cat "$W/device_name")"
 fi
 
+snapshot
 if want tests && in_time 60 "tests"; then
-  timeout 300 "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
+  timeout 150 "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
       > "$W/test_ops_cuda.log" 2>&1
   log "tests: exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$W/test_ops_cuda.log" | head -30 | tee -a "$W/run.log"
@@ -118,60 +163,94 @@ fi
 
 snapshot
 if want e2e && in_time 90 "e2e"; then
-  for m in gpt2_small bert_small; do
-    for be in cuda cpu; do
-      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) \
-          --output.dir="$W/e2e/${m}_$be" > "$W/e2e_${m}_$be.log" 2>&1
-      log "e2e $m $be: exit $? | $(grep -E '^step +100/' "$W/e2e/${m}_$be/log.txt" 2>/dev/null | head -1)"
-    done
-    python3 compare.py losses "$W/e2e/${m}_cpu/metrics.jsonl" "$W/e2e/${m}_cuda/metrics.jsonl" \
-        --within 20:1e-4 --within 100:1e-3 2>&1 | tee "$W/e2e_${m}_compare.log" | tee -a "$W/run.log"
-  done
+  E2E_THREADS=2
+  for m in gpt2_small bert_small; do e2e_run ${m}_cuda cuda $m; done
   # Not yet run on a GPU (issue 20): batches trimmed to their longest row (multiple of 64) with length
   # grouping, after the verified fixed-length path above, under run.sync_check so that a fault names
   # its op. The same losses as the padded run on each backend (dropout keyed by the untrimmed layout),
   # and cuda equal to cpu.
-  if in_time 40 "e2e bert_small trimmed"; then
-    for be in cuda cpu; do
-      timeout 240 $NL "inputs/bert_small.ini" --run.backend=$be --run.threads=$(nproc) --data.padding=longest \
-          --data.pad_multiple=64 --run.sync_check=true --output.dir="$W/e2e/bert_small_trim_$be" \
-          > "$W/e2e_bert_small_trim_$be.log" 2>&1
-      log "e2e bert_small trimmed $be: exit $? | $(grep -E '^step +100/' "$W/e2e/bert_small_trim_$be/log.txt" 2>/dev/null | head -1)"
-    done
-    python3 compare.py losses "$W/e2e/bert_small_cpu/metrics.jsonl" "$W/e2e/bert_small_trim_cuda/metrics.jsonl" \
-        --within 20:1e-4 --within 100:1e-3 2>&1 | sed 's/^/trimmed cuda vs padded cpu: /' | tee -a "$W/run.log"
-    python3 compare.py losses "$W/e2e/bert_small_trim_cpu/metrics.jsonl" "$W/e2e/bert_small_trim_cuda/metrics.jsonl" \
-        --within 20:1e-4 --within 100:1e-3 2>&1 | sed 's/^/trimmed cuda vs trimmed cpu: /' | tee -a "$W/run.log"
-  fi
-  # bf16 with the fused (cuDNN) attention against the CPU's bf16 emulation (which keeps attention in
-  # fp32): attention dropout off, since cuDNN draws its own mask
+  e2e_run bert_small_trim_cuda cuda bert_small "${TRIM[@]}"
   for m in gpt2_small bert_small; do
-    in_time 40 "e2e bf16 $m" || continue
-    for be in cuda cpu; do
-      timeout 240 $NL "inputs/$m.ini" --run.backend=$be --run.threads=$(nproc) --train.precision=bf16 --run.cpu_bf16=emulate \
-          --model.attention=auto --model.attn_pdrop=0 --model.attention_probs_dropout_prob=0 \
-          --output.dir="$W/e2e/${m}_bf16_$be" > "$W/e2e_${m}_bf16_$be.log" 2>&1
-      log "e2e $m bf16 $be: exit $? | $(grep -E '^step +100/' "$W/e2e/${m}_bf16_$be/log.txt" 2>/dev/null | head -1)"
-    done
+    e2e_run ${m}_bf16_cuda cuda $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}"
     grep -h "attention" "$W/e2e/${m}_bf16_cuda/log.txt" 2>/dev/null | head -3 | tee -a "$W/run.log"
-    python3 compare.py losses "$W/e2e/${m}_bf16_cpu/metrics.jsonl" "$W/e2e/${m}_bf16_cuda/metrics.jsonl" \
-        --within 100:2e-2 2>&1 | tee "$W/e2e_${m}_bf16_compare.log" | tee -a "$W/run.log"
   done
   # Not yet run on a GPU (issue 20): packed rows of the file's length through cuDNN, in each layout
   # (ragged: every example its own cuDNN sequence, one graph for the run; bias: block-diagonal), under
-  # run.sync_check, against the unpacked bf16 CPU run above (hidden dropout keyed per example, so the
+  # run.sync_check, against the unpacked bf16 CPU run (hidden dropout keyed per example, so the
   # same masks; attention dropout off)
   for layout in ragged bias; do
-    in_time 40 "e2e bert_small packed cudnn $layout" || continue
-    NLPTRAIN_CUDNN_PACKED=$layout timeout 240 $NL "inputs/bert_small.ini" --run.backend=cuda \
+    NLPTRAIN_CUDNN_PACKED=$layout e2e_run bert_small_packed_${layout}_cuda cuda bert_small \
         --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 \
-        --data.packing=true --run.sync_check=true --output.dir="$W/e2e/bert_small_packed_${layout}_cuda" \
-        > "$W/e2e_bert_small_packed_${layout}_cuda.log" 2>&1
-    log "e2e bert_small packed ($layout) cuda: exit $? | $(grep -E '^step +100/' "$W/e2e/bert_small_packed_${layout}_cuda/log.txt" 2>/dev/null | head -1)"
+        --data.packing=true --run.sync_check=true
     grep -h "cuDNN\|ragged" "$W/e2e_bert_small_packed_${layout}_cuda.log" 2>/dev/null | head -3 | tee -a "$W/run.log"
-    python3 compare.py losses "$W/e2e/bert_small_bf16_cpu/metrics.jsonl" \
-        "$W/e2e/bert_small_packed_${layout}_cuda/metrics.jsonl" --within 100:2e-2 2>&1 \
-        | sed "s/^/packed ($layout) cuda vs unpacked cpu, bf16: /" | tee -a "$W/run.log"
+  done
+  log "e2e: waiting for the CPU references"
+  wait $cpu_refs
+  for m in gpt2_small bert_small; do
+    e2e_compare "$m cuda vs cpu" ${m}_cpu ${m}_cuda --within 20:1e-4 --within 100:1e-3
+  done
+  e2e_compare "trimmed cuda vs padded cpu" bert_small_cpu bert_small_trim_cuda --within 20:1e-4 --within 100:1e-3
+  e2e_compare "trimmed cuda vs trimmed cpu" bert_small_trim_cpu bert_small_trim_cuda --within 20:1e-4 --within 100:1e-3
+  for m in gpt2_small bert_small; do
+    e2e_compare "$m bf16 cuda vs cpu" ${m}_bf16_cpu ${m}_bf16_cuda --within 100:2e-2
+  done
+  for layout in ragged bias; do
+    e2e_compare "packed ($layout) cuda vs unpacked cpu, bf16" bert_small_bf16_cpu bert_small_packed_${layout}_cuda \
+        --within 100:2e-2
+  done
+fi
+
+snapshot
+# nothing is timed while the CPU references run
+[[ -n ${cpu_refs:-} ]] && wait "$cpu_refs" 2>/dev/null
+if want finetune && in_time 150 "finetune"; then
+  # data made by prepare.sh (the device has no tokenizer data); finetune_speed.sh reuses it (same key)
+  mkdir -p "$W/ftwork/data" && cp -r stage/data/ft/doc_cls "$W/ftwork/data/"
+  DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=1e-4 BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
+      HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$W/finetune" \
+      LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
+      timeout $FT_BUDGET bash ../finetune_speed.sh > "$W/finetune.log" 2>&1
+  rc=$?
+  # stopped at its budget: the table of the runs that finished
+  [[ -f "$W/finetune/results.md" ]] || (cd ../.. && python3 bench/finetune_speed_report.py "$W/finetune") \
+      >> "$W/finetune.log" 2>&1
+  cp "$W/finetune/results.md" "$OUT/finetune_results.md" 2>/dev/null
+  log "finetune: exit $rc | $(grep -l '"rc": 0' "$W"/finetune/raw/*.time 2>/dev/null | wc -l) of $(ls "$W"/finetune/raw/*.time 2>/dev/null | wc -l) runs ok"
+  sed -n '/^| setup/,/^$/p' "$W/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
+fi
+
+snapshot
+if want bench; then
+  for prec in $BENCH_PRECISIONS; do
+    for m in gpt2_124m bert_base_doc_cls; do
+      in_time 60 "bench $m $prec" || continue
+      name="nlptrain_${m}_${prec}"
+      extra=()
+      [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
+      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
+          --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
+      log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+      [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
+    done
+  done
+fi
+
+snapshot
+if want torch; then
+  for r in $TORCH_RUNS; do
+    IFS=: read -r model mode prec <<< "$r"
+    need=35
+    [[ $mode == compile ]] && need=90
+    in_time $need "torch $r" || continue
+    if [[ $model == gpt2 ]]; then args=(--batch $GPT2_BATCH --seq 1024 --data stage/data/gpt2_train.h5)
+    else args=(--batch 32 --seq 128 --data stage/data/nsmc_train.h5); fi
+    warm=3
+    [[ $mode == compile ]] && warm=5
+    name="torch_${model}_${mode}_${prec}"
+    mem_watch "$name" timeout 300 python3 torch_bench.py --model $model --mode $mode --precision $prec \
+        "${args[@]}" --steps 20 --warmup $warm > "$W/$name.log" 2>&1
+    log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+    snapshot
   done
 fi
 
@@ -199,6 +278,20 @@ if want resume && in_time 60 "resume"; then
 fi
 
 snapshot
+if want profile; then
+  for m in $PROFILE_MODELS; do
+    in_time 40 "profile $m" || continue
+    name="profile_${m}_${PROFILE_PRECISION}"
+    extra=()
+    [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
+    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
+        --output.dir="$W/$name" > "$W/$name.log" 2>&1
+    log "profile $name: exit $?"
+    { echo "== $name"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
+  done
+fi
+
+snapshot
 if want comm && in_time 70 "comm"; then
   C=$W/comm
   MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
@@ -215,65 +308,5 @@ if want comm && in_time 70 "comm"; then
       | sed 's/^/comm cpu vs cuda: /' | tee "$W/comm_compare.log" | tee -a "$W/run.log"
   python3 compare.py losses "$C/cuda_zero0/metrics.jsonl" "$C/cuda_zero1/metrics.jsonl" --within 20:1e-6 2>&1 \
       | sed 's/^/comm zero 0 vs 1: /' | tee -a "$W/comm_compare.log" | tee -a "$W/run.log"
-fi
-
-snapshot
-if want bench; then
-  for prec in $BENCH_PRECISIONS; do
-    for m in gpt2_124m bert_base_doc_cls; do
-      in_time 60 "bench $m $prec" || continue
-      name="nlptrain_${m}_${prec}"
-      extra=()
-      [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
-      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
-          --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
-      log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
-      [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
-    done
-  done
-fi
-
-snapshot
-if want profile; then
-  for m in $PROFILE_MODELS; do
-    in_time 40 "profile $m" || continue
-    name="profile_${m}_${PROFILE_PRECISION}"
-    extra=()
-    [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
-    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
-        --output.dir="$W/$name" > "$W/$name.log" 2>&1
-    log "profile $name: exit $?"
-    { echo "== $name"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
-  done
-fi
-
-snapshot
-if want torch; then
-  for r in $TORCH_RUNS; do
-    IFS=: read -r model mode prec <<< "$r"
-    need=35
-    [[ $mode == compile ]] && need=90
-    in_time $need "torch $r" || continue
-    if [[ $model == gpt2 ]]; then args=(--batch $GPT2_BATCH --seq 1024 --data stage/data/gpt2_train.h5)
-    else args=(--batch 32 --seq 128 --data stage/data/nsmc_train.h5); fi
-    warm=3
-    [[ $mode == compile ]] && warm=5
-    name="torch_${model}_${mode}_${prec}"
-    mem_watch "$name" timeout 300 python3 torch_bench.py --model $model --mode $mode --precision $prec \
-        "${args[@]}" --steps 20 --warmup $warm > "$W/$name.log" 2>&1
-    log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
-    snapshot
-  done
-fi
-if want finetune && in_time 150 "finetune"; then
-  # data made by prepare.sh (the device has no tokenizer data); finetune_speed.sh reuses it (same key)
-  mkdir -p "$W/ftwork/data" && cp -r stage/data/ft/doc_cls "$W/ftwork/data/"
-  DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=1e-4 BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
-      HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$OUT/finetune" \
-      LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
-      timeout $(( DEADLINE - $(elapsed) > 60 ? DEADLINE - $(elapsed) : 60 )) bash ../finetune_speed.sh \
-      > "$W/finetune.log" 2>&1
-  log "finetune: exit $? | $(grep -c '"rc": 0' "$OUT"/finetune/raw/*.time 2>/dev/null | grep -c ':1') runs ok"
-  sed -n '/^| setup/,/^$/p' "$OUT/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
 fi
 log "done"
