@@ -391,6 +391,7 @@ int main(int argc, char** argv) {
   // SERIALIZED: the communicator's background thread runs the overlapped gradient sums while the
   // main thread computes (never both inside MPI at once; comm_mpi.cpp).
   int provided = MPI_THREAD_SINGLE;
+  nlp::block_stop_signals();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   // From the start: a SIGUSR1/SIGTERM during set-up stops the run at the first step boundary
   // (with a checkpoint) instead of killing it.

@@ -2,7 +2,8 @@
 checkpoint makes resume fall back to the previous intact one (warning in log.txt and summary.json),
 all damaged is an error listing what was tried, a damaged best.h5 as model.weights is a checksum
 error, one run per output.dir (flock; a dead holder is no obstacle), metrics.jsonl holds each step
-once after a resume, and train.nonfinite = stop | skip with debug.inject_nonfinite_step."""
+once after a resume, a stop signal taken off the computing threads, and train.nonfinite = stop | skip
+with debug.inject_nonfinite_step."""
 import json
 import os
 import re
@@ -235,6 +236,51 @@ def test_second_run_on_same_output_dir_is_refused_and_dead_lock_is_no_obstacle(s
     assert f"resumed from '{ckpt(out, newest)}'" in third.stdout
     steps = [s for s, _ in train_records(out)]
     assert steps == list(range(1, newest + 3))  # each step once, although the killed run went further
+
+
+def thread_signal_masks(pid):
+    """{tid: SigBlk} of every thread of a process."""
+    masks = {}
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        m = re.search(r"^SigBlk:\s*([0-9a-f]+)", (t / "status").read_text(), re.M)
+        masks[int(t.name)] = int(m.group(1), 16)
+    return masks
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_stop_signal_is_taken_off_the_computing_threads(stream, tmp_path, sig):
+    """Every thread of a rank blocks SIGUSR1 and SIGTERM but the one that takes them (sigwait):
+    oneDNN's sgemm points the stack pointer into the heap, so a handler run on a computing thread
+    wrote its frame into the heap (src/train/signals.h). A signal to one rank stops both ranks at
+    the same step boundary with a checkpoint and exit code 75."""
+    out = tmp_path / "out"
+    run_args = [a for a in args(stream, out, 100000, ["--checkpoint.interval=0"])
+                if not a.startswith("--run.threads")] + ["--run.threads=2"]  # an OpenMP worker too
+    cmd = ["mpirun", "-np", "2", nr.binary()] + run_args
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=nr.mpi_env(), start_new_session=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 20, what="the run's steps")
+        pid = int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])  # rank 0
+        masks = thread_signal_masks(pid)
+        both = (1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGTERM - 1))
+        assert masks[pid] & both == both, f"the main thread takes stop signals: {masks}"
+        takers = [t for t, m in masks.items() if m & both != both]
+        assert len(takers) <= 1, f"threads that take stop signals: {takers} of {masks}"
+        assert len(masks) >= 3, masks  # main, the OpenMP worker, the signal thread at least
+        os.kill(pid, sig)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    assert job.returncode == 75, f"exit {job.returncode}\n{stdout[-2000:]}\n{stderr[-2000:]}"
+    m = re.search(r"stop signal received: checkpoint '(\S+)' written at step (\d+)", stdout)
+    assert m, stdout[-2000:]
+    step = int(m.group(2))
+    assert Path(m.group(1)) == ckpt(out, step) and ckpt(out, step).exists()
+    assert train_records(out)[-1][0] == step
 
 
 def nonfinite_args(stream, out, steps, extra):
