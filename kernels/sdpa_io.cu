@@ -76,8 +76,8 @@ struct LiveBySegment {  // packed rows (ragged): a token of some example (segmen
 
 // out[rows, C] = live(row) ? float(o[row, c]) : 0
 template <class Live>
-__global__ void out_from_bf16_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o, Live live,
-                                int C, size_t n) {
+__global__ void out_from_bf16_k(float* __restrict__ out, const __nv_bfloat16* __restrict__ o,
+                                Live live, int C, size_t n) {
   GRID_STRIDE(i, n) out[i] = live(i / C) ? __bfloat162float(o[i]) : 0.0f;
 }
 
@@ -167,8 +167,8 @@ cudaError_t sdpa_dout_to_bf16(void* dst, const float* dout, const int32_t* first
   const size_t n = size_t(B) * T * C;
   if (!first) return to_bf16(dst, dout, n, s);
   if (n)
-    dout_to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst),
-                                                              dout, LiveByFirstKey{first, causal, T}, C, n);
+    dout_to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        static_cast<__nv_bfloat16*>(dst), dout, LiveByFirstKey{first, causal, T}, C, n);
   return cudaGetLastError();
 }
 

@@ -30,8 +30,8 @@ void block_stop_signals() {
 }
 
 void install_stop_handlers() {
-  // For the threads that were started before block_stop_signals() (OpenBLAS starts its pool when
-  // the library loads): they run only OpenBLAS's code, on their own stacks.
+  // The handler serves any thread started before block_stop_signals() (a library may start one
+  // when it loads); none of nlptrain's computing threads runs it.
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
