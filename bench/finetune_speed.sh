@@ -43,7 +43,7 @@
 #   relative to the repository root, else /work/shared/data), DEVICE (cpu; cuda: both sides on GPU 0),
 #   LAUNCH (mpirun --allow-run-as-root -np 1 --bind-to none: the words before nlptrain; a GPU machine
 #   without MPI takes the packed binary's wrapper), HIDDEN/LAYERS/HEADS/INTER/MAXPOS (256/4/4/1024/256: the
-#   model; BERT-base is 768/12/12/3072/512).
+#   model; BERT-base is 768/12/12/3072/512), PREP_ONLY (set: make the data in WORK/data and stop).
 # Output in RES: command.txt (the exact command), environment.txt, raw/<task>_<setting>_s<seed>.{log,time}
 # and raw/<run>/ (nlptrain: summary.json metrics.jsonl config.ini; HF: result.json log_history.jsonl),
 # then results.md (tables) and results.json (everything), made by bench/finetune_speed_report.py.
@@ -223,6 +223,10 @@ for t in $TASKS; do
   grep -h "wrote" "$RES/raw/prep_$t.log" || true
   cp "$WORK/data/$t/key" "$RES/raw/prep_$t.key"
 done
+if [ -n "${PREP_ONLY:-}" ]; then  # bench/gpu/prepare.sh: the data alone, for a machine without the sources
+  echo "finetune_speed: PREP_ONLY: data in $WORK/data"
+  exit 0
+fi
 for seed in $SEEDS; do
   for t in $TASKS; do
     for s in $ALL_SETTINGS; do
