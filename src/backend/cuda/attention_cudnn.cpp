@@ -247,6 +247,8 @@ struct CudnnAttention::Impl {
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
+  std::string packed_force_value;  // NLPTRAIN_CUDNN_PACKED, once read (packed_force())
+  bool packed_force_read = false;
   void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
   size_t ws_bytes = 0;
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
@@ -319,10 +321,7 @@ struct CudnnAttention::Impl {
   // stderr, and Full); NLPTRAIN_CUDNN_PACKED=ragged keeps Ragged even when it does not build, so
   // require() names cuDNN's reason.
   Key packed_key(const Key& k, int examples) {
-    const char* env = std::getenv("NLPTRAIN_CUDNN_PACKED");
-    const std::string force = env ? env : "";
-    if (!force.empty() && force != "ragged" && force != "bias")
-      throw Error(cat("NLPTRAIN_CUDNN_PACKED = '", force, "': expected ragged or bias"));
+    const std::string& force = packed_force();
     Key full = k;
     full.mask = MaskKind::Full;
     if (force == "bias") return full;
@@ -349,6 +348,18 @@ struct CudnnAttention::Impl {
                    describe(r).c_str(), f.graph ? "backward" : "forward",
                    (f.graph ? b.error : f.error).c_str());
     return full;
+  }
+
+  // NLPTRAIN_CUDNN_PACKED ("", ragged or bias), read and checked at the first packed call only
+  const std::string& packed_force() {
+    if (!packed_force_read) {
+      const char* env = std::getenv("NLPTRAIN_CUDNN_PACKED");
+      packed_force_value = env ? env : "";
+      if (!packed_force_value.empty() && packed_force_value != "ragged" && packed_force_value != "bias")
+        throw Error(cat("NLPTRAIN_CUDNN_PACKED = '", packed_force_value, "': expected ragged or bias"));
+      packed_force_read = true;
+    }
+    return packed_force_value;
   }
 
   // Bias layouts to try, in order. The forward broadcasts one row per sequence ([B,1,1,T]). The
