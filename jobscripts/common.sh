@@ -13,9 +13,10 @@
 #     batch shell, not of a step, and would never see it, and a staging rsync step would be killed by it.
 #     Test or trigger the same path by hand with `scancel --signal=USR1 --batch JOBID`.
 #  2. nlptrain, on SIGUSR1 or SIGTERM to any rank, stops every rank at the next step boundary, writes
-#     a checkpoint to output.dir/checkpoints/ and exits with code 75 (EX_TEMPFAIL). Until its training
-#     loop starts nlptrain has no handler, so the rank wrapper starts it with SIGUSR1 ignored and the
-#     batch shell re-sends SIGUSR1 every $NLP_RESIGNAL_S s (default 15) until the launcher has exited.
+#     a checkpoint to output.dir/checkpoints/ and exits with code 75 (EX_TEMPFAIL). nlptrain takes the
+#     signals from its MPI_Init on; the rank wrapper starts it with SIGUSR1 ignored (a signal before
+#     that point would kill it), and the batch shell re-sends SIGUSR1 every $NLP_RESIGNAL_S s (default
+#     15) until the launcher has exited.
 #  3. On exit code 75 the batch shell copies the outputs back (output.dir on scratch) and cleans the
 #     scratch, then runs `scontrol requeue $SLURM_JOB_ID` and exits 0 (REQUEUE=0: exits 75 instead).
 #     The jobscripts carry `#SBATCH --requeue` and `--open-mode=append` (one output file for all runs).
@@ -57,6 +58,12 @@
 #  RESUME           true (default) | false: passed as --train.resume
 #  REQUEUE          1 (default) | 0: requeue on exit code 75
 #  NLP_RESIGNAL_S   seconds between SIGUSR1 re-sends while the ranks are stopping (default 15)
+#  SRUN_WAIT        LAUNCHER=srun: seconds srun waits after the first rank has exited before it ends
+#                   the others (srun --wait; default 60). A rank that dies (a crash, the OOM killer)
+#                   can leave the others waiting in MPI for ever, holding the allocation; with this
+#                   the step ends and the job fails instead. Every nlptrain rank leaves MPI_Finalize
+#                   at the same time, so normal exits and the exit code 75 are never cut short.
+#                   0 = wait for ever (SLURM's default). (mpirun ends the job on a dead rank by itself.)
 #  Ranks: one per core for the CPU backend (submit with --ntasks-per-node=<cores> --cpus-per-task=1;
 #  run.threads is set to --cpus-per-task unless the INI/overrides set it), one per GPU for
 #  run.backend=cuda (submit with --ntasks-per-node=<GPUs> --gpus-per-node=<GPUs>; every rank sees all
@@ -197,6 +204,8 @@ nlp_setup() {
   RESUME=${RESUME:-true}
   REQUEUE=${REQUEUE:-1}
   NLP_RESIGNAL_S=${NLP_RESIGNAL_S:-15}
+  SRUN_WAIT=${SRUN_WAIT:-60}
+  [[ $SRUN_WAIT =~ ^[0-9]+$ ]] || nlp_die "SRUN_WAIT=$SRUN_WAIT: give whole seconds (0 = wait for ever)"
 
   NLP_BACKEND=$(nlp_cfg run.backend cpu)
   NLP_NODES=${SLURM_JOB_NUM_NODES:-1}
@@ -277,11 +286,12 @@ nlp_launch() {
   args+=("${NLP_ARGS[@]}" "--train.resume=$RESUME")
   local pre
   # No --kill-on-bad-exit: every rank exits 75 after MPI_Finalize when stopped, and killing the
-  # others as soon as the first one is out would turn 75 into a signal status. A rank that dies
-  # makes the others fail in MPI (or MPI_Abort), which ends the step.
+  # others as soon as the first one is out would turn 75 into a signal status. --wait instead: a rank
+  # that dies before the others have a connection to it (in or just after MPI_Init) leaves them
+  # waiting in MPI for ever; srun ends them SRUN_WAIT s after the first rank has exited.
   if [ "$LAUNCHER" = srun ]; then
     pre=(srun --mpi="$SRUN_MPI" --nodes="$NLP_NODES" --ntasks="$NLP_NTASKS" --ntasks-per-node="$NLP_RPN"
-         --cpus-per-task="$NLP_CPT")
+         --cpus-per-task="$NLP_CPT" --wait="$SRUN_WAIT")
   else
     # shellcheck disable=SC2206
     pre=(mpirun -np "$NLP_NTASKS" --map-by "ppr:$NLP_RPN:node" ${MPIRUN_ARGS:-})

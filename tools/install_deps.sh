@@ -5,7 +5,8 @@ set -euo pipefail
 
 APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev libgtest-dev slurmd slurmctld slurm-client munge rsync
-          clang libclang-rt-dev)  # clang + its runtime libraries (libFuzzer, sanitizers): tests/fuzz/
+          clang libclang-rt-dev  # clang + its runtime libraries (libFuzzer, sanitizers): tests/fuzz/
+          gdb)  # backtraces of a crashed rank's core in the SLURM test's diagnostics
 # pip name, or pip-name:import-name when they differ. nvidia-cudnn-frontend: the header-only cuDNN
 # frontend (include/cudnn_frontend.h in the interpreter's purelib) for the CUDA backend's fused attention.
 PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate tensorboard

@@ -10,7 +10,12 @@
 #       inside, requeue itself, resume from its checkpoint ("resumed from"), and COMPLETE, with
 #       metrics.jsonl holding every step exactly once. (c1) srun + output.dir on scratch (restored
 #       from the copy-back on both nodes), (c2) mpirun + output.dir on shared storage;
-#   (d) jobscripts/scaling_sweep.sh --max-nodes 2: 1- and 2-node runs with their summary.json.
+#   (d) jobscripts/scaling_sweep.sh --max-nodes 2: 1- and 2-node runs with their summary.json;
+#   (e) a rank that dies (SIGKILL, before MPI_Init: the other rank would wait in MPI for ever) ends the
+#       job within SRUN_WAIT s: FAILED, not requeued, "nlptrain failed" in its output, scratch removed.
+# The jobs run with SRUN_WAIT=10, so every job above also shows that srun --wait cuts neither a normal
+# exit nor the exit code 75 short. A rank that crashes leaves a core file when the system allows one;
+# a failure then prints its threads' backtraces (gdb).
 # Job results stay in $NLPTRAIN_SLURM_TEST_OUT/submit (default OUT: test_slurm_cluster/ next to the
 # binary; OUT/submit is replaced at the start), e.g. the sweep's OUT/submit/sweep/nodes_1/summary.json.
 # The cluster, its scratch and its daemons are removed at the end (NLPTRAIN_KEEP_CLUSTER=1 keeps the
@@ -56,6 +61,15 @@ diagnose() {
       [ -f "$f" ] && { echo "---- $f (last 40 lines)"; tail -n 40 "$f"; }
     done
   fi
+  local c
+  while IFS= read -r c; do  # a crashed rank's core (core_pattern "core" or "core.PID" in its cwd)
+    echo "---- $c ($(stat -c '%y' "$c" 2>/dev/null))"
+    if command -v gdb >/dev/null; then
+      gdb -q -batch -ex 'info threads' -ex 'thread apply all bt 25' "$BIN" "$c" 2>&1 | tail -n 150
+    else
+      echo "  (gdb is not installed: no backtrace)"
+    fi
+  done < <(find "$OUT/submit" -maxdepth 4 -type f \( -name core -o -name 'core.[0-9]*' \) 2>/dev/null)
   echo "---- squeue"; squeue 2>&1 | tail -n 20
   echo "---- sinfo"; sinfo 2>&1
   [ -f "$CL/log/jobcomp.txt" ] && { echo "---- jobcomp.txt"; cat "$CL/log/jobcomp.txt"; }
@@ -80,6 +94,8 @@ export OMPI_MCA_btl=self,tcp     # two SLURM "nodes" on one host: no shared-memo
 export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo  # both "nodes" are 127.0.0.1
 export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+export SRUN_WAIT=10              # (e) ends 10 s after its rank died; every other job runs with it too
+ulimit -c unlimited 2>/dev/null || true  # a rank that crashes leaves a core for diagnose()
 unset SCRATCH_ROOT RESULTS_DIR LAUNCHER OUTPUT_ON STAGE RESUME REQUEUE NLPTRAIN_INI NLPTRAIN_ARGS
 JS=$SRC/jobscripts
 
@@ -206,7 +222,16 @@ JC2=$(LAUNCHER=mpirun OUTPUT_ON=shared sbatch --parsable -N2 --ntasks-per-node=1
 cat sweep.txt
 mapfile -t JD < <(cut -f2 "$SUB/sweep/jobs.tsv")
 [ "${#JD[@]}" = 2 ] || fail "the sweep submitted ${#JD[@]} jobs, expected 2 (1 and 2 nodes)"
-say "jobs: a=$JA b=$JB c1=$JC1 c2=$JC2 sweep=${JD[*]}"
+# (e) rank 1 is killed before it starts nlptrain (the OOM killer, a crash in MPI_Init); rank 0 is nlptrain
+cat >rank_dies.sh <<EOF
+#!/usr/bin/env bash
+[ "\${SLURM_PROCID:-0}" = 1 ] && kill -KILL \$\$
+exec "$BIN" "\$@"
+EOF
+chmod +x rank_dies.sh
+JE=$(NLPTRAIN=$SUB/rank_dies.sh sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini \
+       --output.dir=results/e) || fail "sbatch (e) failed"
+say "jobs: a=$JA b=$JB c1=$JC1 c2=$JC2 sweep=${JD[*]} e=$JE"
 
 # ---- (c) signal the long jobs once they are training, the way --signal=B:USR1 does
 for j in "$JC1" "$JC2"; do
@@ -250,6 +275,20 @@ for png in throughput efficiency step_breakdown model; do
     || fail "(d) $png.png is not a PNG"
 done
 say "(d) pass: scaling_report on the sweep -> $SUB/sweep/report/scaling.md and 4 PNG plots"
+
+# ---- (e)
+wait_done "$JE" 240
+f=$SUB/slurm-nlptrain-multinode-$JE.out
+[ "$st" = FAILED ] || fail "(e) job $JE, one rank killed: ended $st, expected FAILED" "$JE"
+[ "$(field "$JE" Restarts)" = 0 ] || fail "(e) job $JE was requeued after a dead rank" "$JE"
+line=$(grep "nlptrain exited with code" "$f" | tail -n 1)
+[[ $line =~ "exited with code "([0-9]+)" after "([0-9]+)" s" ]] || fail "(e) job $JE: no 'nlptrain exited' line" "$JE"
+code=${BASH_REMATCH[1]} secs=${BASH_REMATCH[2]}
+((code != 0 && code != 75)) || fail "(e) job $JE: launcher exit code $code after a dead rank" "$JE"
+((secs <= SRUN_WAIT + 30)) || fail "(e) job $JE: the step took $secs s to end after a dead rank (SRUN_WAIT=$SRUN_WAIT)" "$JE"
+grep -q "nlptrain failed (exit code" "$f" || fail "(e) job $JE: no 'nlptrain failed' line" "$JE"
+check_scratch_clean "$JE"
+say "(e) pass: a killed rank ended the step after $secs s (SRUN_WAIT=$SRUN_WAIT), job FAILED with code $code, not requeued"
 
 # ---- (c)
 for j in "$JC1" "$JC2"; do
