@@ -20,6 +20,7 @@
 #include "config/config.h"
 #include "core/backend.h"
 #include "core/cpu_affinity.h"
+#include "core/crash_report.h"
 #include "core/error.h"
 #include "io/h5.h"
 #include "model/model.h"
@@ -402,6 +403,8 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // After MPI_Init, so that it replaces Open MPI's report of a fatal signal (core/crash_report.h).
+  nlp::install_crash_report(rank);
 
   // Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
   // reports its error, and another rank reports its own only when it differs from rank 0's (the

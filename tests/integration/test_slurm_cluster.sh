@@ -131,11 +131,16 @@ field() {  # field JOB NAME: a field of `scontrol show job` (empty when the job 
   scontrol show job "$1" -o 2>/dev/null | tr ' ' '\n' | awk -F= -v k="$2" '$1 == k {sub(/^[^=]*=/, ""); print; exit}'
 }
 wait_done() {  # wait_done JOB [TIMEOUT] [MIN_RESTARTS]: until a final state, left in $st
-  local j=$1 limit=${2:-300} restarts=${3:-0} t=$SECONDS
+  local j=$1 limit=${2:-300} restarts=${3:-0} t=$SECONDS done_early=0
   while :; do
     st=$(field "$j" JobState)
     case $st in
-      COMPLETED) (($(field "$j" Restarts) >= restarts)) && break ;;
+      COMPLETED)
+        (($(field "$j" Restarts) >= restarts)) && break
+        # COMPLETED without the restart for 5 s: it ran to its end before the stop signal reached it
+        ((++done_early < 5)) ||
+          fail "job $j COMPLETED without being requeued: it finished its steps before the stop signal came" "$j"
+        ;;
       FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) break ;;
       "") fail "job $j is unknown to slurmctld" "$j" ;;
     esac
@@ -207,7 +212,7 @@ wait_steps() {  # wait_steps JOB FILE N: until FILE shows nlptrain's step N (the
 }
 
 # ---- submit everything; the cluster runs what fits (2 nodes x 2 CPUs) and queues the rest
-LONG=300
+LONG=2000  # long enough (about 10 s of steps here) that the stop signal comes first on a fast machine
 say "submitting (a) 2x1 srun, (b) 1x2 mpirun, (c1) 2x1 srun requeue, (c2) 2x1 mpirun requeue, (d) sweep"
 JA=$(sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini --output.dir=results/a) ||
   fail "sbatch (a) failed"

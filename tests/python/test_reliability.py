@@ -283,6 +283,33 @@ def test_stop_signal_is_taken_off_the_computing_threads(stream, tmp_path, sig):
     assert train_records(out)[-1][0] == step
 
 
+def test_a_crashing_rank_says_where_and_the_job_ends(stream, tmp_path):
+    """A rank that dies of SIGSEGV prints nlptrain's report (src/core/crash_report.h: rank, host,
+    pid, signal, backtrace), installed after MPI_Init in place of Open MPI's, dies of the signal,
+    and mpirun ends the other rank: no hang, no exit code 75."""
+    out = tmp_path / "out"
+    cmd = ["mpirun", "-np", "2", nr.binary()] + args(stream, out, 100000, ["--checkpoint.interval=0"])
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=nr.mpi_env(), start_new_session=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 5, what="the run's steps")
+        pid = int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])  # rank 0
+        os.kill(pid, signal.SIGSEGV)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    both = stdout + stderr
+    assert job.returncode not in (0, 75), f"exit {job.returncode}\n{both[-3000:]}"
+    head = f"nlptrain: rank 0 (host {socket.gethostname()}, pid {pid}): fatal signal SIGSEGV (sent by pid {os.getpid()})"
+    assert head in both, both[-3000:]
+    frames = re.findall(r"nlptrain: rank 0:   #\d+ +0x[0-9a-f]+: (\S+)", both)
+    assert len(frames) >= 3 and any(f.startswith("nlptrain+0x") for f in frames), both[-3000:]
+    assert "*** Process received signal ***" not in both, "Open MPI's handler ran, not nlptrain's:\n" + both[-3000:]
+
+
 def nonfinite_args(stream, out, steps, extra):
     return args(stream, out, steps, ["--checkpoint.interval=1", "--checkpoint.keep=10"] + list(extra))
 
