@@ -4,6 +4,7 @@ all damaged is an error listing what was tried, a damaged best.h5 as model.weigh
 error, one run per output.dir (flock; a dead holder is no obstacle), metrics.jsonl holds each step
 once after a resume, a stop signal taken off the computing threads, and train.nonfinite = stop | skip
 with debug.inject_nonfinite_step."""
+import contextlib
 import json
 import os
 import re
@@ -198,16 +199,26 @@ def wait_for(pred, timeout=60, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_second_run_on_same_output_dir_is_refused_and_dead_lock_is_no_obstacle(stream, tmp_path):
-    out = tmp_path / "out"
-    cmd = ["mpirun", "-np", "2", nr.binary()] + args(stream, out, 100000, ["--checkpoint.interval=50"])
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=nr.mpi_env(), start_new_session=True)
+@contextlib.contextmanager
+def running_job(out, run_args, lines):
+    """A 2-rank mpirun run in a session of its own, yielded as (Popen, rank 0's pid) once its
+    metrics.jsonl has `lines` lines; the whole session is SIGKILLed on the way out if still running."""
+    job = subprocess.Popen(["mpirun", "-np", "2", nr.binary()] + run_args, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=nr.mpi_env(), start_new_session=True)
     try:
         metrics = out / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, what="first run's steps")
-        text = (out / "nlptrain.lock").read_text()
-        pid = int(text.split("pid=")[1].split()[0])
+        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= lines, what="the run's steps")
+        yield job, int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+
+
+def test_second_run_on_same_output_dir_is_refused_and_dead_lock_is_no_obstacle(stream, tmp_path):
+    out = tmp_path / "out"
+    metrics = out / "metrics.jsonl"
+    with running_job(out, args(stream, out, 100000, ["--checkpoint.interval=50"]), 3) as (first, pid):
         assert "nlptrain" in Path(f"/proc/{pid}/cmdline").read_text()  # rank 0 of the first run
         second = nr.run(args(stream, out, 4), ranks=2, timeout=60, check=False)
         assert second.returncode != 0
@@ -223,10 +234,6 @@ def test_second_run_on_same_output_dir_is_refused_and_dead_lock_is_no_obstacle(s
         first.wait(timeout=30)
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or
                  Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=30, what="rank 0 to die")
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait(timeout=30)
     assert f"pid={pid}" in (out / "nlptrain.lock").read_text()
     # Resume from the killed run's newest checkpoint and run two more steps.
     newest = max(int(c.stem.split("_")[1]) for c in (out / "checkpoints").glob("step_*.h5"))
@@ -256,13 +263,7 @@ def test_stop_signal_is_taken_off_the_computing_threads(stream, tmp_path, sig):
     out = tmp_path / "out"
     run_args = [a for a in args(stream, out, 100000, ["--checkpoint.interval=0"])
                 if not a.startswith("--run.threads")] + ["--run.threads=2"]  # an OpenMP worker too
-    cmd = ["mpirun", "-np", "2", nr.binary()] + run_args
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=nr.mpi_env(), start_new_session=True)
-    try:
-        metrics = out / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 20, what="the run's steps")
-        pid = int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])  # rank 0
+    with running_job(out, run_args, 20) as (job, pid):
         masks = thread_signal_masks(pid)
         both = (1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGTERM - 1))
         assert masks[pid] & both == both, f"the main thread takes stop signals: {masks}"
@@ -271,10 +272,6 @@ def test_stop_signal_is_taken_off_the_computing_threads(stream, tmp_path, sig):
         assert len(masks) >= 3, masks  # main, the OpenMP worker, the signal thread at least
         os.kill(pid, sig)
         stdout, stderr = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
     assert job.returncode == 75, f"exit {job.returncode}\n{stdout[-2000:]}\n{stderr[-2000:]}"
     m = re.search(r"stop signal received: checkpoint '(\S+)' written at step (\d+)", stdout)
     assert m, stdout[-2000:]
@@ -288,19 +285,9 @@ def test_a_crashing_rank_says_where_and_the_job_ends(stream, tmp_path):
     pid, signal, backtrace), installed after MPI_Init in place of Open MPI's, dies of the signal,
     and mpirun ends the other rank: no hang, no exit code 75."""
     out = tmp_path / "out"
-    cmd = ["mpirun", "-np", "2", nr.binary()] + args(stream, out, 100000, ["--checkpoint.interval=0"])
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=nr.mpi_env(), start_new_session=True)
-    try:
-        metrics = out / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 5, what="the run's steps")
-        pid = int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])  # rank 0
+    with running_job(out, args(stream, out, 100000, ["--checkpoint.interval=0"]), 5) as (job, pid):
         os.kill(pid, signal.SIGSEGV)
         stdout, stderr = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
     both = stdout + stderr
     assert job.returncode not in (0, 75), f"exit {job.returncode}\n{both[-3000:]}"
     head = f"nlptrain: rank 0 (host {socket.gethostname()}, pid {pid}): fatal signal SIGSEGV (sent by pid {os.getpid()})"
