@@ -393,6 +393,8 @@ int main(int argc, char** argv) {
   // main thread computes (never both inside MPI at once; comm_mpi.cpp).
   int provided = MPI_THREAD_SINGLE;
   nlp::block_stop_signals();
+  // Before MPI_Init: a crash inside it is reported too, and Open MPI leaves these signals to it.
+  nlp::install_crash_report();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   // From the start: a SIGUSR1/SIGTERM during set-up stops the run at the first step boundary
   // (with a checkpoint) instead of killing it.
@@ -403,8 +405,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  // After MPI_Init, so that it replaces Open MPI's report of a fatal signal (core/crash_report.h).
-  nlp::install_crash_report(rank);
+  nlp::set_crash_report_rank(rank);
 
   // Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
   // reports its error, and another rank reports its own only when it differs from rank 0's (the

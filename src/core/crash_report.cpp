@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
@@ -29,6 +31,15 @@ char g_who[160];        // "nlptrain: rank R (host H, pid P)"
 char g_short[48];       // "nlptrain: rank R"
 volatile sig_atomic_t g_in_report = 0;
 alignas(16) char g_alt_stack[64 * 1024];  // the main thread's report still runs after a stack overflow
+
+void set_label(const char* rank) {
+  char host[64] = "?";
+  ::gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = '\0';
+  std::snprintf(g_who, sizeof g_who, "nlptrain: rank %s (host %s, pid %ld)", rank, host,
+                static_cast<long>(::getpid()));
+  std::snprintf(g_short, sizeof g_short, "nlptrain: rank %s", rank);
+}
 
 // Everything below runs inside the handler: no allocation; snprintf and dladdr are not on POSIX's
 // async-signal-safe list but do not allocate for these formats, and the process is dying anyway.
@@ -167,17 +178,16 @@ bool crash_report_available() {
 #endif
 }
 
-bool install_crash_report(int rank) {
+bool install_crash_report() {
 #if defined(NLP_SANITIZER_OWNS_SIGNALS)
-  (void)rank;
   return false;
 #else
-  char host[64] = "?";
-  ::gethostname(host, sizeof host - 1);
-  host[sizeof host - 1] = '\0';
-  std::snprintf(g_who, sizeof g_who, "nlptrain: rank %d (host %s, pid %ld)", rank, host,
-                static_cast<long>(::getpid()));
-  std::snprintf(g_short, sizeof g_short, "nlptrain: rank %d", rank);
+  // Before MPI_Init the rank is the launcher's: PMIx (srun --mpi=pmix, Open MPI 4+), Open MPI's
+  // mpirun, SLURM, or an MPICH-style PMI.
+  const char* rank = nullptr;
+  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"})
+    if ((rank = std::getenv(var)) != nullptr && *rank != '\0') break;
+  set_label(rank != nullptr && *rank != '\0' ? rank : "?");
   // backtrace() loads libgcc_s on its first call (malloc, dlopen): do that now, not in the handler.
   void* warm[2];
   (void)::backtrace(warm, 2);
@@ -191,6 +201,16 @@ bool install_crash_report(int rank) {
   sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
   for (int sig : kSignals) ::sigaction(sig, &sa, nullptr);
   return true;
+#endif
+}
+
+void set_crash_report_rank(int rank) {
+#if defined(NLP_SANITIZER_OWNS_SIGNALS)
+  (void)rank;
+#else
+  char text[16];
+  std::snprintf(text, sizeof text, "%d", rank);
+  set_label(text);
 #endif
 }
 

@@ -12,16 +12,19 @@
 // at 0 the unwinder stops at the signal frame (Open MPI's own handler prints nothing more). It is
 // read from the stack (x86-64: the return address at the stack pointer; aarch64: the link register).
 //
-// Installed after MPI_Init, so it replaces Open MPI's handler (which would warn about a handler
-// installed before it). Not installed under AddressSanitizer or ThreadSanitizer: their reports
-// are better, and they own these signals.
+// Installed before MPI_Init, so that a crash inside MPI_Init is reported too: Open MPI installs its
+// own handler only where a signal still has the default action (opal_signal), so it leaves these
+// to this one. Until MPI_Init has run, the rank is the launcher's (PMIX_RANK, OMPI_COMM_WORLD_RANK,
+// SLURM_PROCID, PMI_RANK; "?" without one). Not installed under AddressSanitizer or
+// ThreadSanitizer: their reports are better, and they own these signals.
 #pragma once
 
 namespace nlp {
 
-// Installs the report for this process (rank: the MPI rank it names). Returns false, and installs
+// Installs the report for this process, naming the launcher's rank. Returns false, and installs
 // nothing, in a sanitizer build.
-bool install_crash_report(int rank);
+bool install_crash_report();
+void set_crash_report_rank(int rank);  // the MPI rank, once known
 bool crash_report_available();  // false in a sanitizer build
 
 }  // namespace nlp

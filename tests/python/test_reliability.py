@@ -282,7 +282,7 @@ def test_stop_signal_is_taken_off_the_computing_threads(stream, tmp_path, sig):
 
 def test_a_crashing_rank_says_where_and_the_job_ends(stream, tmp_path):
     """A rank that dies of SIGSEGV prints nlptrain's report (src/core/crash_report.h: rank, host,
-    pid, signal, backtrace), installed after MPI_Init in place of Open MPI's, dies of the signal,
+    pid, signal, backtrace), installed before MPI_Init so Open MPI leaves the signal to it, dies of it,
     and mpirun ends the other rank: no hang, no exit code 75."""
     out = tmp_path / "out"
     with running_job(out, args(stream, out, 100000, ["--checkpoint.interval=0"]), 5) as (job, pid):

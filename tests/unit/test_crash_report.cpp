@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <regex>
 #include <string>
 
@@ -76,7 +77,8 @@ __attribute__((noinline)) int read_bad_address() { return *g_bad_ptr + 1; }
 TEST(CrashReport, NullCallNamesTheCaller) {
   SKIP_WITHOUT_REPORT();
   const Death d = crash_in_child([] {
-    nlp::install_crash_report(7);
+    nlp::install_crash_report();
+    nlp::set_crash_report_rank(7);
     (void)call_through_null();
   });
   EXPECT_EQ(d.signal, SIGSEGV) << d.err;
@@ -95,7 +97,8 @@ TEST(CrashReport, NullCallNamesTheCaller) {
 TEST(CrashReport, BadReadNamesTheFaultingInstruction) {
   SKIP_WITHOUT_REPORT();
   const Death d = crash_in_child([] {
-    nlp::install_crash_report(0);
+    nlp::install_crash_report();
+    nlp::set_crash_report_rank(0);
     (void)read_bad_address();
   });
   EXPECT_EQ(d.signal, SIGSEGV) << d.err;
@@ -109,7 +112,8 @@ TEST(CrashReport, BadReadNamesTheFaultingInstruction) {
 TEST(CrashReport, AbortPrintsTheFramesAndDiesOfSigabrt) {
   SKIP_WITHOUT_REPORT();
   const Death d = crash_in_child([] {
-    nlp::install_crash_report(3);
+    nlp::install_crash_report();
+    nlp::set_crash_report_rank(3);
     std::abort();
   });
   EXPECT_EQ(d.signal, SIGABRT) << d.err;
@@ -126,12 +130,33 @@ TEST(CrashReport, ASignalSentByAnotherProcessStillKills) {
   SKIP_WITHOUT_REPORT();
   // A SIGBUS from kill() does not recur when the handler returns: the report must re-raise it.
   const Death d = crash_in_child([] {
-    nlp::install_crash_report(1);
+    nlp::install_crash_report();
+    nlp::set_crash_report_rank(1);
     ::kill(::getpid(), SIGBUS);
     for (int i = 0; i < 100; ++i) ::usleep(10000);  // not reached when the signal kills
   });
   EXPECT_EQ(d.signal, SIGBUS) << d.err;
   EXPECT_NE(d.err.find("fatal signal SIGBUS (sent by pid "), std::string::npos) << d.err;
+}
+
+TEST(CrashReport, BeforeMpiInitTheRankIsTheLaunchers) {
+  SKIP_WITHOUT_REPORT();
+  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) {
+    const Death d = crash_in_child([var] {
+      for (const char* v : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) ::unsetenv(v);
+      ::setenv(var, "12", 1);
+      nlp::install_crash_report();
+      (void)read_bad_address();
+    });
+    EXPECT_EQ(d.signal, SIGSEGV) << var;
+    EXPECT_NE(d.err.find("nlptrain: rank 12 (host "), std::string::npos) << var << "\n" << d.err;
+  }
+  const Death none = crash_in_child([] {
+    for (const char* v : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) ::unsetenv(v);
+    nlp::install_crash_report();
+    (void)read_bad_address();
+  });
+  EXPECT_NE(none.err.find("nlptrain: rank ? (host "), std::string::npos) << none.err;
 }
 
 TEST(CrashReport, WithoutTheReportTheSameCrashSaysNothing) {
