@@ -58,7 +58,7 @@ diagnose() {
     scontrol show job "$j" 2>&1 | sed 's/^/  /'
     local f
     for f in "$OUT"/submit/slurm-*-"$j".out "$OUT"/submit/sweep/logs/*-"$j".out; do
-      [ -f "$f" ] && { echo "---- $f (last 40 lines)"; tail -n 40 "$f"; }
+      [ -f "$f" ] && { echo "---- $f (last 100 lines: a crashed rank's report is about 30)"; tail -n 100 "$f"; }
     done
   fi
   local c
