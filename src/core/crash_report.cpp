@@ -75,12 +75,12 @@ const char* code_name(int sig, int code) {
   return "?";
 }
 
-// "0x7f..: libfoo.so+0x123 (symbol+0x45)" or "0x..: not in any loaded module"
-void describe(uintptr_t addr, char* out, size_t cap) {
+// "0x7f..: libfoo.so+0x123 (symbol+0x45)" or "0x..: not in any loaded module"; true when in a module
+bool describe(uintptr_t addr, char* out, size_t cap) {
   Dl_info info{};
   if (addr == 0 || dladdr(reinterpret_cast<void*>(addr), &info) == 0 || info.dli_fname == nullptr) {
     std::snprintf(out, cap, "0x%lx: not in any loaded module", static_cast<unsigned long>(addr));
-    return;
+    return false;
   }
   const char* slash = std::strrchr(info.dli_fname, '/');
   const char* module = slash ? slash + 1 : info.dli_fname;
@@ -92,11 +92,7 @@ void describe(uintptr_t addr, char* out, size_t cap) {
   else
     std::snprintf(out, cap, "0x%lx: %s+0x%lx", static_cast<unsigned long>(addr), module,
                   static_cast<unsigned long>(addr - base));
-}
-
-bool mapped_code(uintptr_t addr) {
-  Dl_info info{};
-  return addr != 0 && dladdr(reinterpret_cast<void*>(addr), &info) != 0 && info.dli_fname != nullptr;
+  return true;
 }
 
 // The interrupted instruction pointer, and the return address of the call that jumped to it when
@@ -137,13 +133,12 @@ extern "C" void on_fatal_signal(int sig, siginfo_t* si, void* uctx) {
   uintptr_t pc = 0, ret = 0;
   registers(uctx, &pc, &ret);
   if (uctx != nullptr) {
-    describe(pc, a, sizeof a);
+    const bool pc_in_module = describe(pc, a, sizeof a);
     // An instruction fetch that faulted (the fault address is the instruction pointer) outside any
     // module: a jump to a bad address. (Code JIT-compiled into anonymous memory, oneDNN's kernels,
     // is outside every module too, but faults there are data accesses.)
     const bool bad_jump = sig == SIGSEGV && si != nullptr && reinterpret_cast<uintptr_t>(si->si_addr) == pc;
-    if (bad_jump && !mapped_code(pc) && mapped_code(ret)) {
-      describe(ret, b, sizeof b);
+    if (bad_jump && !pc_in_module && describe(ret, b, sizeof b)) {
       std::snprintf(line, sizeof line,
                     "%s: instruction pointer %s (a call through a null or stale function pointer); "
                     "the call came from %s\n",
@@ -184,10 +179,15 @@ bool install_crash_report() {
 #else
   // Before MPI_Init the rank is the launcher's: PMIx (srun --mpi=pmix, Open MPI 4+), Open MPI's
   // mpirun, SLURM, or an MPICH-style PMI.
-  const char* rank = nullptr;
-  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"})
-    if ((rank = std::getenv(var)) != nullptr && *rank != '\0') break;
-  set_label(rank != nullptr && *rank != '\0' ? rank : "?");
+  const char* rank = "?";
+  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && *v != '\0') {
+      rank = v;
+      break;
+    }
+  }
+  set_label(rank);
   // backtrace() loads libgcc_s on its first call (malloc, dlopen): do that now, not in the handler.
   void* warm[2];
   (void)::backtrace(warm, 2);

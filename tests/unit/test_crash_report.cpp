@@ -141,9 +141,10 @@ TEST(CrashReport, ASignalSentByAnotherProcessStillKills) {
 
 TEST(CrashReport, BeforeMpiInitTheRankIsTheLaunchers) {
   SKIP_WITHOUT_REPORT();
-  for (const char* var : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) {
-    const Death d = crash_in_child([var] {
-      for (const char* v : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) ::unsetenv(v);
+  constexpr const char* kRankVars[] = {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"};
+  for (const char* var : kRankVars) {
+    const Death d = crash_in_child([var, &kRankVars] {
+      for (const char* v : kRankVars) ::unsetenv(v);
       ::setenv(var, "12", 1);
       nlp::install_crash_report();
       (void)read_bad_address();
@@ -151,8 +152,8 @@ TEST(CrashReport, BeforeMpiInitTheRankIsTheLaunchers) {
     EXPECT_EQ(d.signal, SIGSEGV) << var;
     EXPECT_NE(d.err.find("nlptrain: rank 12 (host "), std::string::npos) << var << "\n" << d.err;
   }
-  const Death none = crash_in_child([] {
-    for (const char* v : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"}) ::unsetenv(v);
+  const Death none = crash_in_child([&kRankVars] {
+    for (const char* v : kRankVars) ::unsetenv(v);
     nlp::install_crash_report();
     (void)read_bad_address();
   });
