@@ -29,27 +29,32 @@
 namespace nlp::cpu {
 namespace {
 
-// The products run on register tiles of kRows x 16 floats: 8 rows of one 512-bit vector each where the
-// compiler targets AVX-512, else 4 rows of two 256-bit halves (GCC splits the 64-byte vector type), so
-// that the accumulators fit the register file either way. On AVX-512 a tile is two vectors wide where
-// the buffers allow (8 x 32: 16 accumulators of the 32 registers), which halves the broadcasts of A per
-// product. Every element sums its products in the same order whatever the tile's height and width, so
-// the results do not depend on them.
-typedef float v16 __attribute__((vector_size(64)));
+// The products run on register tiles of kRows x 16 floats, in the CPU's native vector width: 8 rows of
+// one 512-bit vector each where the compiler targets AVX-512, else 4 rows of two 256-bit vectors, so that
+// the accumulators fit the register file either way. (A 64-byte vector type on AVX2, which GCC splits
+// into halves, was spilled to the stack on every product: attention then ran at a tenth of AVX2's
+// rate.) On AVX-512 a tile is two 16-float groups wide where the buffers allow (8 x 32: 16 accumulators
+// of the 32 registers), which halves the broadcasts of A per product. Every element sums its products
+// in the same order whatever the tile's height, width and vector width, so the results do not depend on
+// them.
 #if defined(__AVX512F__)
+typedef float vec __attribute__((vector_size(64)));
 constexpr int kRows = 8;
 constexpr bool kWide = true;
 #else
+typedef float vec __attribute__((vector_size(32)));
 constexpr int kRows = 4;
 constexpr bool kWide = false;
 #endif
+constexpr int kLanes = static_cast<int>(sizeof(vec) / sizeof(float));
+constexpr int kPer16 = 16 / kLanes;  // vectors per 16 columns
 
-inline v16 load16(const float* p) {
-  v16 v;
+inline vec loadv(const float* p) {
+  vec v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void storev(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
 
 // C[kRows,16 NV] = A[kRows,L] @ B[L,16 NV]; B rows ldb apart, C rows ldc apart (overwritten). A(r, l)
 // is A[r * lda + l] (rows lda apart), or with kTransposedA A[l * lda + r] (A given as A^T row-major,
@@ -58,22 +63,23 @@ inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 template <int NV, bool kTransposedA = false, bool kAccumulate = false>
 inline void tile(const float* __restrict A, size_t lda, const float* __restrict B, size_t ldb, int L,
                  float* __restrict C, size_t ldc) {
-  v16 c[kRows][NV] = {};
+  constexpr int W = NV * kPer16;  // vectors per row of the tile
+  vec c[kRows][W] = {};
   if (kAccumulate)
     for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < NV; ++v) c[r][v] = load16(C + (size_t)r * ldc + 16 * v);
+      for (int v = 0; v < W; ++v) c[r][v] = loadv(C + (size_t)r * ldc + kLanes * v);
   for (int l = 0; l < L; ++l) {
-    v16 b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = load16(B + (size_t)l * ldb + 16 * v);
+    vec b[W];
+    for (int v = 0; v < W; ++v) b[v] = loadv(B + (size_t)l * ldb + kLanes * v);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const float a = kTransposedA ? A[(size_t)l * lda + r] : A[(size_t)r * lda + l];
-      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+      for (int v = 0; v < W; ++v) c[r][v] += a * b[v];
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < NV; ++v) store16(C + (size_t)r * ldc + 16 * v, c[r][v]);
+    for (int v = 0; v < W; ++v) storev(C + (size_t)r * ldc + kLanes * v, c[r][v]);
 }
 
 // C[kRows, c0 <= c < c1] = A @ B[:, c0 <= c < c1] (B and C given at column 0) in register tiles, the
