@@ -15,10 +15,12 @@
 // bitwise reproducible and independent of the thread count. Per head the
 // products are small (T x T x HS) and would be many tiny GEMM calls from inside a parallel region, so
 // they use a register-tiled kRows x 16 kernel on per-thread, zero-padded copies of the head's q, k, v
-// (T padded to Tp, HS to Hp, multiples of 16). Causal attention skips the tiles above the diagonal.
+// (T padded to Tp, a multiple of 16 and of kRows; HS to Hp, a multiple of 16). Causal attention skips
+// the tiles above the diagonal.
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -30,10 +32,11 @@ namespace nlp::cpu {
 namespace {
 
 // The products run on register tiles of kRows x 16 floats, in the CPU's native vector width: 8 rows of
-// one 512-bit vector each where the compiler targets AVX-512, else 4 rows of two 256-bit vectors, so that
-// the accumulators fit the register file either way. (A 64-byte vector type on AVX2, which GCC splits
-// into halves, was spilled to the stack on every product: attention then ran at a tenth of AVX2's
-// rate.) On AVX-512 a tile is two 16-float groups wide where the buffers allow (8 x 32: 16 accumulators
+// one 512-bit vector each where the compiler targets AVX-512, else 6 rows of two 256-bit vectors (12
+// accumulators, the two vectors of B and A's broadcast: 15 of AVX2's 16 registers; 4 rows left the
+// loads of A and B, not the FMAs, as the limit: 1.3x slower). (A 64-byte vector type on AVX2, which GCC
+// splits into halves, was spilled to the stack on every product: attention then ran at a tenth of
+// AVX2's rate.) On AVX-512 a tile is two 16-float groups wide where the buffers allow (8 x 32: 16 accumulators
 // of the 32 registers), which halves the broadcasts of A per product. Every element sums its products
 // in the same order whatever the tile's height, width and vector width, so the results do not depend on
 // them.
@@ -43,7 +46,7 @@ constexpr int kRows = 8;
 constexpr bool kWide = true;
 #else
 typedef float vec __attribute__((vector_size(32)));
-constexpr int kRows = 4;
+constexpr int kRows = 6;
 constexpr bool kWide = false;
 #endif
 constexpr int kLanes = static_cast<int>(sizeof(vec) / sizeof(float));
@@ -97,6 +100,10 @@ inline void tiles(const float* A, size_t lda, const float* B, size_t ldb, int L,
 }
 
 inline int round16(int x) { return (x + 15) / 16 * 16; }
+// The padded row count of the per-head buffers: a multiple of 16 (the column tiles) and of kRows (the
+// row blocks), so that neither a tile nor a block leaves them
+constexpr int kTpMultiple = std::lcm(16, kRows);
+inline int round_rows(int x) { return (x + kTpMultiple - 1) / kTpMultiple * kTpMultiple; }
 
 // Row r of head h, part `part` (0 q, 1 k, 2 v) of sequence b.
 inline const float* head_row(const float* qkv, int b, int r, int h, int part, int T, int C, int HS) {
@@ -215,7 +222,7 @@ void attention_forward(float* out, float* stats, const float* qkv, const int32_t
                        int T_key, const int32_t* token_key) {
   const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
-  const int Tp = round16(T), Hp = round16(HS);
+  const int Tp = round_rows(T), Hp = round16(HS);
   const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool drop = dropout_p > 0.0f;
   const float dscale = dropout_scale(dropout_p);
@@ -236,7 +243,7 @@ void attention_forward(float* out, float* stats, const float* qkv, const int32_t
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
-      // row blocks of kRows (T is padded to Tp, a multiple of 16, so a block never leaves the buffers)
+      // row blocks of kRows (T is padded to Tp, a multiple of kRows, so a block never leaves the buffers)
       for (int i0 = 0; i0 < T; i0 += kRows) {
         const int ni = T - i0 < kRows ? T - i0 : kRows;
         int jlo, jhi;  // the keys this row block can see (a packed row's other examples are skipped)
@@ -305,7 +312,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
   const int C = NH * HS;
   const size_t C3 = 3 * (size_t)C;
-  const int Tp = round16(T), Hp = round16(HS);
+  const int Tp = round_rows(T), Hp = round16(HS);
   const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool drop = dropout_p > 0.0f;
   const float dscale = dropout_scale(dropout_p);
