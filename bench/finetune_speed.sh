@@ -43,7 +43,8 @@
 #   relative to the repository root, else /work/shared/data), DEVICE (cpu; cuda: both sides on GPU 0),
 #   LAUNCH (mpirun --allow-run-as-root -np 1 --bind-to none: the words before nlptrain; a GPU machine
 #   without MPI takes the packed binary's wrapper), HIDDEN/LAYERS/HEADS/INTER/MAXPOS (256/4/4/1024/256: the
-#   model; BERT-base is 768/12/12/3072/512), PREP_ONLY (set: make the data in WORK/data and stop).
+#   model; BERT-base is 768/12/12/3072/512), NLP_ARGS (further nlptrain overrides in every nlptrain
+#   setting, e.g. "--run.cpu_gemm=openblas"), PREP_ONLY (set: make the data in WORK/data and stop).
 # Output in RES: command.txt (the exact command), environment.txt, raw/<task>_<setting>_s<seed>.{log,time}
 # and raw/<run>/ (nlptrain: summary.json metrics.jsonl config.ini; HF: result.json log_history.jsonl),
 # then results.md (tables) and results.json (everything), made by bench/finetune_speed_report.py.
@@ -67,6 +68,7 @@ DOC_STRIDE=${DOC_STRIDE:-64}
 EVAL_N=${EVAL_N:-500}
 EVAL_FRAC=${EVAL_FRAC:-0.1}
 LIMIT=${LIMIT:-}
+read -r -a NLP_ARGS <<<"${NLP_ARGS:-}"
 PAD_MULTIPLE=${PAD_MULTIPLE:-}
 BIN=${NLPTRAIN_BIN:-build/nlptrain}
 PY=${PYTHON:-python3}
@@ -176,6 +178,7 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   case $s in *-cudnn-*) extra+=("--model.attention=cudnn");; esac
   [ "$DEVICE" = cuda ] && extra+=("--run.backend=cuda")
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
+  extra+=("${NLP_ARGS[@]}")
   rm -rf "$out"
   # shellcheck disable=SC2086  # LAUNCH: words
   timed "$name" $LAUNCH "$BIN" --run.mode=train --run.task=$t \

@@ -1,7 +1,8 @@
 // GEMM rates at the models' shapes through the CPU backend's own dispatch (src/backend/cpu/gemm.h):
 // OpenBLAS sgemm, oneDNN sgemm, oneDNN bf16 (fp32 accumulation) with bf16 operands, and the same bf16
 // GEMM including the fp32 -> bf16 conversion of both operands (what one native-bf16 matmul costs).
-// Row-major out[M,N] = x[M,K] W[N,K]^T (nn.Linear) and the weight gradient dW[N,K] = dout^T x.
+// Row-major out[M,N] = x[M,K] W[N,K]^T (nn.Linear), the input gradient dx[M,K] = dout W and the weight
+// gradient dW[N,K] = dout^T x: the three GEMMs of a linear layer's training step.
 // The library choice of run.cpu_gemm and the bf16 path of run.cpu_bf16 rest on this table
 // (bench/NOTES.md, "GEMM library"). Run by bench/gemm_rates.sh, which adds PyTorch's rates.
 //   gemm_rates [threads]
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const int M = s.M, K = s.K, N = s.N;
     std::vector<float> x((size_t)M * K), w((size_t)N * K), dout((size_t)M * N), out((size_t)M * N),
-        dw((size_t)N * K);
+        dw((size_t)N * K), dx((size_t)M * K);
     for (auto& v : x) v = rng.normal();
     for (auto& v : w) v = 0.05f * rng.normal();
     for (auto& v : dout) v = rng.normal();
@@ -85,19 +86,23 @@ int main(int argc, char** argv) {
     };
     conv(x, xb), conv(w, wb), conv(dout, db);
     const double fl = 2.0 * M * N * K;
-    for (int op = 0; op < 2; ++op) {  // 0: forward, 1: weight gradient
+    for (int op = 0; op < 3; ++op) {  // 0: forward, 1: weight gradient, 2: input gradient
       double r[4] = {0, 0, 0, 0};
       auto f32 = [&](GemmLib lib) {
         if (op == 0)
           nlp::cpu::gemm(lib, false, true, M, N, K, x.data(), K, w.data(), K, 0.0f, out.data(), N);
-        else
+        else if (op == 1)
           nlp::cpu::gemm(lib, true, false, N, K, M, dout.data(), N, x.data(), K, 1.0f, dw.data(), K);
+        else
+          nlp::cpu::gemm(lib, false, false, M, K, N, dout.data(), N, w.data(), K, 0.0f, dx.data(), K);
       };
       auto b16 = [&] {
         if (op == 0)
           nlp::cpu::gemm(GemmLib::OneDnn, false, true, M, N, K, xb.data(), K, wb.data(), K, 0.0f, out.data(), N);
-        else
+        else if (op == 1)
           nlp::cpu::gemm(GemmLib::OneDnn, true, false, N, K, M, db.data(), N, xb.data(), K, 1.0f, dw.data(), K);
+        else
+          nlp::cpu::gemm(GemmLib::OneDnn, false, false, M, K, N, db.data(), N, wb.data(), K, 0.0f, dx.data(), K);
       };
       r[0] = rate([&] { f32(GemmLib::OpenBlas); }, fl);
       if (dnnl) r[1] = rate([&] { f32(GemmLib::OneDnn); }, fl);
@@ -105,14 +110,18 @@ int main(int argc, char** argv) {
         r[2] = rate(b16, fl);
         r[3] = rate([&] {
           if (op == 0) conv(x, xb), conv(w, wb);
-          else conv(dout, db), conv(x, xb);
+          else if (op == 1) conv(dout, db), conv(x, xb);
+          else conv(dout, db), conv(w, wb);
           b16();
         }, fl);
       }
       char name[64];
       std::snprintf(name, sizeof name, "%s", s.name);
-      std::printf("%-20s %-3s %12.1f %12.1f %12.1f %14.1f   %dx%dx%d\n", name, op == 0 ? "fwd" : "dW",
-                  r[0], r[1], r[2], r[3], op == 0 ? M : N, op == 0 ? K : M, op == 0 ? N : K);
+      static const char* const kOp[3] = {"fwd", "dW", "dX"};
+      // the product's M x K x N as computed: forward M,K,N; weight gradient N,M,K; input gradient M,N,K
+      const int pm = op == 1 ? N : M, pk = op == 0 ? K : op == 1 ? M : N, pn = op == 0 ? N : K;
+      std::printf("%-20s %-3s %12.1f %12.1f %12.1f %14.1f   %dx%dx%d\n", name, kOp[op], r[0], r[1],
+                  r[2], r[3], pm, pk, pn);
     }
   }
   return 0;

@@ -17,7 +17,7 @@ OUT=bench/results/gemm-rates-$(date -u +%Y%m%d)-$(git rev-parse --short HEAD).tx
   echo "# OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
   OMP_NUM_THREADS=$TH "$B/gemm_rates" "$TH"
   echo
-  echo "# PyTorch, the same shapes (torch.mm, row-major x @ W^T and dout^T @ x), $TH threads"
+  echo "# PyTorch, the same shapes (torch.mm, row-major x @ W^T, dout^T @ x and dout @ W), $TH threads"
   python3 - "$TH" <<'PY'
 import sys, time, torch
 th = int(sys.argv[1]); torch.set_num_threads(th)
@@ -33,11 +33,11 @@ def rate(f, fl):
     return fl * n / (time.perf_counter() - t0) / 1e9
 print(f"{'shape MxKxN':20s} {'op':3s} {'torch f32':>12s} {'torch bf16':>12s}")
 for name, M, K, N in shapes:
-    for op in ("fwd", "dW"):
+    for op in ("fwd", "dW", "dX"):
         r = []
         for dt in (torch.float32, torch.bfloat16):
             x, w, d = torch.randn(M, K, dtype=dt), torch.randn(N, K, dtype=dt), torch.randn(M, N, dtype=dt)
-            f = (lambda: x @ w.t()) if op == "fwd" else (lambda: d.t() @ x)
+            f = {"fwd": lambda: x @ w.t(), "dW": lambda: d.t() @ x, "dX": lambda: d @ w}[op]
             r.append(rate(f, 2.0 * M * N * K))
         print(f"{name:20s} {op:3s} {r[0]:12.1f} {r[1]:12.1f}")
 PY

@@ -6,6 +6,8 @@
 //    that skipped or mis-rounded the conversion, or accumulated in bf16, would not pass;
 //  - the backend with run.cpu_bf16 = native against the emulation (the reference the GPU is compared
 //    with): the same rounded operands, so the same products up to fp32 summation order; dbias exact;
+//  - the mixed library (oneDNN, weight gradients by OpenBLAS): each product bitwise the one library's
+//    it names, and the rule by which run.cpu_gemm = auto picks it;
 //  - run.cpu_gemm / run.cpu_bf16 values and errors.
 // Native bf16 tests skip, saying why, on a CPU without AMX-BF16 / AVX512-BF16 or a build without oneDNN.
 // No expected value is taken from the code under test.
@@ -91,7 +93,7 @@ constexpr double kFp32Tol = 2e-6;
 
 std::vector<GemmLib> libraries() {
   std::vector<GemmLib> v{GemmLib::OpenBlas};
-  if (nlp::cpu::onednn_available()) v.push_back(GemmLib::OneDnn);
+  if (nlp::cpu::onednn_available()) v.push_back(GemmLib::OneDnn), v.push_back(GemmLib::OneDnnOpenBlasTA);
   return v;
 }
 
@@ -275,6 +277,51 @@ TEST_P(NativeBf16Backend, MatchesTheEmulationForwardAndBackward) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, NativeBf16Backend, ::testing::Values(WLayout::InOut, WLayout::OutIn),
                          [](const auto& info) { return info.param == WLayout::InOut ? "InOut" : "OutIn"; });
+
+// The mixed library sends a product with A transposed (a weight gradient) to OpenBLAS and every other
+// one to oneDNN: each result bitwise equal to that library's own, and (at a shape where their summation
+// orders differ) not to the other's, so a dispatch to the wrong library fails.
+TEST(CpuGemm, MixedLibrarySendsTransposedAToOpenBlas) {
+  std::string why;
+  if (!nlp::cpu::onednn_available(&why)) GTEST_SKIP() << why;
+  const int M = 96, N = 80, K = 700;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    const VF A = randn((size_t)M * K, 31 + t), B = randn((size_t)K * N, 35 + t);
+    const Stored a = store(A, M, K, ta, 0), b = store(B, K, N, tb, 0);
+    auto run = [&](GemmLib lib) {
+      VF c((size_t)M * N);
+      nlp::cpu::gemm(lib, ta, tb, M, N, K, a.v.data(), a.ld, b.v.data(), b.ld, 0.0f, c.data(), N);
+      return c;
+    };
+    const VF mixed = run(GemmLib::OneDnnOpenBlasTA), blas = run(GemmLib::OpenBlas), dnnl = run(GemmLib::OneDnn);
+    const VF& want = ta ? blas : dnnl;
+    const VF& other = ta ? dnnl : blas;
+    EXPECT_EQ(std::memcmp(mixed.data(), want.data(), sizeof(float) * want.size()), 0) << "ta " << ta << " tb " << tb;
+    if (std::memcmp(blas.data(), dnnl.data(), sizeof(float) * blas.size()) != 0)
+      EXPECT_NE(std::memcmp(mixed.data(), other.data(), sizeof(float) * other.size()), 0);
+    else
+      std::printf("[ note ] ta %d tb %d: OpenBLAS and oneDNN gave bitwise the same product here\n", ta, tb);
+  }
+}
+
+// run.cpu_gemm = auto: OpenBLAS without oneDNN; oneDNN on AVX-512 CPUs or where OpenBLAS lacks AVX2
+// kernels for the core; else oneDNN with OpenBLAS's weight gradients (bench/NOTES.md)
+TEST(CpuGemm, AutoLibraryRule) {
+  using nlp::cpu::auto_gemm_lib;
+  EXPECT_EQ(auto_gemm_lib(false, false, "Zen"), GemmLib::OpenBlas);
+  EXPECT_EQ(auto_gemm_lib(false, true, "SkylakeX"), GemmLib::OpenBlas);
+  EXPECT_EQ(auto_gemm_lib(true, true, "SkylakeX"), GemmLib::OneDnn);
+  EXPECT_EQ(auto_gemm_lib(true, true, "Prescott"), GemmLib::OneDnn);
+  EXPECT_EQ(auto_gemm_lib(true, false, "Prescott"), GemmLib::OneDnn);
+  EXPECT_EQ(auto_gemm_lib(true, false, "Zen"), GemmLib::OneDnnOpenBlasTA);
+  EXPECT_EQ(auto_gemm_lib(true, false, "HASWELL"), GemmLib::OneDnnOpenBlasTA);
+  // this machine: the backend's log line names what the rule picked
+  const GemmLib here = auto_gemm_lib();
+  const std::string d = nlp::make_cpu_backend(1, Precision::Fp32, "auto")->details();
+  EXPECT_EQ(d.find("weight gradients OpenBLAS") != std::string::npos, here == GemmLib::OneDnnOpenBlasTA) << d;
+  std::printf("[ note ] run.cpu_gemm = auto here: %s\n", d.c_str());
+}
 
 TEST(CpuGemmOptions, ValuesAndErrors) {
   auto expect_error = [](const std::string& gemm, const std::string& bf, const std::string& needle) {

@@ -34,10 +34,12 @@ class CpuBackend final : public Backend {
       openblas_set_num_threads(threads);
     }
     std::string why;
-    if (gemm == "onednn" || (gemm == "auto" && cpu::onednn_available())) {
+    if (gemm == "onednn") {
       if (!cpu::onednn_available(&why)) throw Error(cat("run.cpu_gemm = onednn: ", why));
       lib_ = cpu::GemmLib::OneDnn;
-    } else if (gemm != "openblas" && gemm != "auto") {
+    } else if (gemm == "auto") {
+      lib_ = cpu::auto_gemm_lib();
+    } else if (gemm != "openblas") {
       throw Error(cat("run.cpu_gemm: unknown value '", gemm, "' (expected auto, openblas or onednn)"));
     }
     if (bf16 != "auto" && bf16 != "emulate" && bf16 != "native")

@@ -4,6 +4,8 @@
 
 #include <cblas.h>
 
+#include <strings.h>
+
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -134,7 +136,25 @@ bool native_bf16_available(std::string* what) {
 #endif
 }
 
+GemmLib auto_gemm_lib(bool have_onednn, bool onednn_has_avx512, const std::string& openblas_core) {
+  if (!have_onednn) return GemmLib::OpenBlas;
+  if (onednn_has_avx512) return GemmLib::OneDnn;
+  // OpenBLAS's cores with AVX2 (FMA) sgemm kernels; others (Prescott, Nehalem, ...) run SSE kernels
+  static const char* const kAvx2Cores[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+  for (const char* c : kAvx2Cores)
+    if (strcasecmp(openblas_core.c_str(), c) == 0) return GemmLib::OneDnnOpenBlasTA;
+  return GemmLib::OneDnn;
+}
+
+GemmLib auto_gemm_lib() {
+  // AVX-512 as the CPU reports it (and the OS enables it), whatever instruction set oneDNN names
+  return auto_gemm_lib(onednn_available(), __builtin_cpu_supports("avx512f"), openblas_get_corename());
+}
+
 std::string gemm_lib_description(GemmLib lib) {
+  if (lib == GemmLib::OneDnnOpenBlasTA)
+    return cat(gemm_lib_description(GemmLib::OneDnn), ", weight gradients ",
+               gemm_lib_description(GemmLib::OpenBlas));
   if (lib == GemmLib::OneDnn) {
 #ifdef NLPTRAIN_HAVE_ONEDNN
     const dnnl_version_t* v = dnnl_version();
@@ -150,6 +170,7 @@ std::string gemm_lib_description(GemmLib lib) {
 void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0 || K <= 0) return;
+  if (lib == GemmLib::OneDnnOpenBlasTA) lib = ta ? GemmLib::OpenBlas : GemmLib::OneDnn;
 #ifdef NLPTRAIN_HAVE_ONEDNN
   if (lib == GemmLib::OneDnn) {
     // dnnl_sgemm, not the matmul primitive: the same rate at these shapes (measured), and no

@@ -13,7 +13,19 @@
 
 namespace nlp::cpu {
 
-enum class GemmLib { OpenBlas, OneDnn };
+// OneDnnOpenBlasTA: oneDNN, except the fp32 products whose A is transposed (the weight gradients,
+// dW = inp^T dout), which go to OpenBLAS: what run.cpu_gemm = auto picks on CPUs without AVX-512 where
+// OpenBLAS has kernels for the core (auto_gemm_lib). On a Zen 3 (AVX2) oneDNN 2.6's transposed-A
+// sgemm ran at half OpenBLAS's rate at BERT 4 x 256's shapes, its other products as fast or faster
+// (bench/NOTES.md, "GEMM library on an AVX2 CPU").
+enum class GemmLib { OpenBlas, OneDnn, OneDnnOpenBlasTA };
+
+// The library run.cpu_gemm = auto picks: OpenBLAS in a build without oneDNN; oneDNN on CPUs with
+// AVX-512 (where Debian's OpenBLAS 0.3.21 may not know the core: generic kernels, 5-7x slower) or
+// where OpenBLAS has no AVX2 kernels for the core; else OneDnnOpenBlasTA. openblas_core is openblas_get_corename() ("Zen", "Haswell", "Prescott", ...).
+GemmLib auto_gemm_lib(bool have_onednn, bool onednn_has_avx512, const std::string& openblas_core);
+// The same from this machine's libraries.
+GemmLib auto_gemm_lib();
 
 // bf16 as its bit pattern (the top half of an fp32)
 struct bf16 {
@@ -25,7 +37,8 @@ bool onednn_available(std::string* why = nullptr);
 // Whether this CPU multiplies bf16 natively through oneDNN (AMX-BF16 or AVX512-BF16 enabled by the
 // OS); `what` names the instruction set found, or why there is none.
 bool native_bf16_available(std::string* what = nullptr);
-// "OpenBLAS 0.3.21 (core Prescott)" / "oneDNN 2.6.3 (isa avx512_core_amx)": for the log.
+// "OpenBLAS (core Prescott)" / "oneDNN 2.6.3 (isa avx512_core_amx)" / "oneDNN 2.6.3 (isa avx2),
+// weight gradients OpenBLAS (core Zen)": for the log.
 std::string gemm_lib_description(GemmLib lib);
 
 void gemm(GemmLib lib, bool ta, bool tb, int M, int N, int K, const float* A, int lda,
