@@ -118,8 +118,10 @@ const std::vector<Entry>& schema() {
        "else the node's CPUs / ranks on this node (a rank bound to 1 CPU of a larger node, or more "
        "threads than its mask, gets a warning with the launch fix)"},
       {KEY(run, cpu_gemm), one_of(kCpuGemm),
-       "cpu: the GEMM library: onednn (measured faster here, bench/NOTES.md \"GEMM library\") or "
-       "openblas; auto = onednn when nlptrain was built with it (libdnnl-dev), else openblas"},
+       "cpu: the GEMM library: onednn or openblas (bench/NOTES.md \"GEMM library\"); auto = onednn "
+       "when nlptrain was built with it (libdnnl-dev), except on CPUs without AVX-512 where OpenBLAS "
+       "has AVX2 kernels for the core: there the weight gradients go to OpenBLAS (measured 2x "
+       "faster on a Zen 3); without oneDNN, openblas. The log line 'backend cpu: GEMMs' says which"},
       {KEY(run, cpu_bf16), one_of(kCpuBf16),
        "cpu with train.precision = bf16: native = bf16 operands multiplied in hardware (oneDNN on "
        "AMX-BF16 / AVX512-BF16; fp32 accumulation, fp32 master weights), emulate = operands rounded "
