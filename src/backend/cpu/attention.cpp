@@ -36,10 +36,10 @@ namespace {
 // accumulators, the two vectors of B and A's broadcast: 15 of AVX2's 16 registers; 4 rows left the
 // loads of A and B, not the FMAs, as the limit: 1.3x slower). (A 64-byte vector type on AVX2, which GCC
 // splits into halves, was spilled to the stack on every product: attention then ran at a tenth of
-// AVX2's rate.) On AVX-512 a tile is two 16-float groups wide where the buffers allow (8 x 32: 16 accumulators
-// of the 32 registers), which halves the broadcasts of A per product. Every element sums its products
-// in the same order whatever the tile's height, width and vector width, so the results do not depend on
-// them.
+// AVX2's rate.) On AVX-512 a tile is two 16-float groups wide where the buffers allow (8 x 32: 16
+// accumulators of the 32 registers), which halves the broadcasts of A per product. Every element sums
+// its products in the same order whatever the tile's height, width and vector width, so the results do
+// not depend on them.
 #if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64)));
 constexpr int kRows = 8;

@@ -136,9 +136,9 @@ bool native_bf16_available(std::string* what) {
 #endif
 }
 
-GemmLib auto_gemm_lib(bool have_onednn, bool onednn_has_avx512, const std::string& openblas_core) {
+GemmLib auto_gemm_lib(bool have_onednn, bool cpu_has_avx512, const std::string& openblas_core) {
   if (!have_onednn) return GemmLib::OpenBlas;
-  if (onednn_has_avx512) return GemmLib::OneDnn;
+  if (cpu_has_avx512) return GemmLib::OneDnn;
   // OpenBLAS's cores with AVX2 (FMA) sgemm kernels; others (Prescott, Nehalem, ...) run SSE kernels
   static const char* const kAvx2Cores[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
   for (const char* c : kAvx2Cores)

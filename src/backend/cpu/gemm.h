@@ -17,13 +17,14 @@ namespace nlp::cpu {
 // dW = inp^T dout), which go to OpenBLAS: what run.cpu_gemm = auto picks on CPUs without AVX-512 where
 // OpenBLAS has kernels for the core (auto_gemm_lib). On a Zen 3 (AVX2) oneDNN 2.6's transposed-A
 // sgemm ran at half OpenBLAS's rate at BERT 4 x 256's shapes, its other products as fast or faster
-// (bench/NOTES.md, "GEMM library on an AVX2 CPU").
+// (bench/NOTES.md, "An AVX2 CPU").
 enum class GemmLib { OpenBlas, OneDnn, OneDnnOpenBlasTA };
 
 // The library run.cpu_gemm = auto picks: OpenBLAS in a build without oneDNN; oneDNN on CPUs with
 // AVX-512 (where Debian's OpenBLAS 0.3.21 may not know the core: generic kernels, 5-7x slower) or
-// where OpenBLAS has no AVX2 kernels for the core; else OneDnnOpenBlasTA. openblas_core is openblas_get_corename() ("Zen", "Haswell", "Prescott", ...).
-GemmLib auto_gemm_lib(bool have_onednn, bool onednn_has_avx512, const std::string& openblas_core);
+// where OpenBLAS has no AVX2 kernels for the core; else OneDnnOpenBlasTA. openblas_core is
+// openblas_get_corename() ("Zen", "Haswell", "Prescott", ...).
+GemmLib auto_gemm_lib(bool have_onednn, bool cpu_has_avx512, const std::string& openblas_core);
 // The same from this machine's libraries.
 GemmLib auto_gemm_lib();
 
