@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1366,9 +1367,11 @@ int count_segments(const VI& seg, int T) {
   return n;
 }
 
+const AttnShape kPackedShapes[] = {{3, 128, 4, 64}, {2, 77, 2, 64}, {4, 512, 12, 64}};
+
 void check_packed(const std::function<void(const AttnShape&, bool, const VI*, uint64_t, const VI*, int)>& check,
                   bool pass_examples) {
-  for (const AttnShape& s : {AttnShape{3, 128, 4, 64}, AttnShape{2, 77, 2, 64}, AttnShape{4, 512, 12, 64}})
+  for (const AttnShape& s : kPackedShapes)
     for (bool causal : {false, true}) {
       const VI seg = segment_mask_for(s.B, s.T);
       VI key(seg.size());
@@ -1379,9 +1382,20 @@ void check_packed(const std::function<void(const AttnShape&, bool, const VI*, ui
     }
 }
 
+// The packed calls (a forward and a backward per shape and causal flag) must have run in the layout
+// named: a test that asks for one layout and silently gets the other checks nothing new.
+void expect_packed_layout_ran(const nlp::CudnnPackedCalls& before, bool ragged) {
+  const nlp::CudnnPackedCalls after = nlp::cuda_cudnn_packed_calls();
+  const long calls = 2 * 2 * long(std::size(kPackedShapes));
+  EXPECT_EQ(after.ragged - before.ragged, ragged ? calls : 0) << "packed calls in the ragged layout";
+  EXPECT_EQ(after.bias - before.bias, ragged ? 0 : calls) << "packed calls in the bias layout";
+}
+
 TEST_F(CudaOpsCudnn, PackedRowsMatchCpuBias) {
   PackedLayout forced("bias");
+  const nlp::CudnnPackedCalls before = nlp::cuda_cudnn_packed_calls();
   check_packed([&](auto&&... a) { check_against_cpu(a...); }, true);
+  expect_packed_layout_ran(before, false);
 }
 
 TEST_F(CudaOpsCudnn, PackedRowsMatchCpuRagged) {
@@ -1390,13 +1404,17 @@ TEST_F(CudaOpsCudnn, PackedRowsMatchCpuRagged) {
   if (sm == std::string::npos || std::atoi(dev.c_str() + sm + 3) < 90)
     GTEST_SKIP() << "cuDNN's ragged (THD) attention needs Hopper or later; this device: " << dev;
   PackedLayout forced("ragged");
+  const nlp::CudnnPackedCalls before = nlp::cuda_cudnn_packed_calls();
   check_packed([&](auto&&... a) { check_against_cpu(a...); }, true);
+  expect_packed_layout_ran(before, true);
 }
 
 // Without the example count (a caller that does not pass it) packed rows take the bias layout,
 // whatever NLPTRAIN_CUDNN_PACKED is unset to.
 TEST_F(CudaOpsCudnn, PackedRowsWithoutCountMatchCpu) {
+  const nlp::CudnnPackedCalls before = nlp::cuda_cudnn_packed_calls();
   check_packed([&](auto&&... a) { check_against_cpu(a...); }, false);
+  expect_packed_layout_ran(before, false);
 }
 
 // GPT-2 shapes: causal, head size 64, 2 to 12 heads, up to T = 1024; and non-causal, unaligned T.

@@ -8,6 +8,7 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,17 @@ namespace nlp::cuda {
 bool cudnn_attention_compiled(std::string* why) {
   if (why) why->clear();
   return true;
+}
+
+namespace {
+std::atomic<long> g_packed_ragged{0}, g_packed_bias{0};  // cudnn_packed_calls()
+
+void count_packed(bool ragged) { (ragged ? g_packed_ragged : g_packed_bias).fetch_add(1); }
+}  // namespace
+
+void cudnn_packed_calls(long* ragged, long* bias) {
+  *ragged = g_packed_ragged.load();
+  *bias = g_packed_bias.load();
 }
 
 namespace {
@@ -247,8 +259,6 @@ struct CudnnAttention::Impl {
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
-  std::string packed_force_value;  // NLPTRAIN_CUDNN_PACKED, once read (packed_force())
-  bool packed_force_read = false;
   void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
   size_t ws_bytes = 0;
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
@@ -321,7 +331,7 @@ struct CudnnAttention::Impl {
   // stderr, and Full); NLPTRAIN_CUDNN_PACKED=ragged keeps Ragged even when it does not build, so
   // require() names cuDNN's reason.
   Key packed_key(const Key& k, int examples) {
-    const std::string& force = packed_force();
+    const std::string force = packed_force();
     Key full = k;
     full.mask = MaskKind::Full;
     if (force == "bias") return full;
@@ -350,16 +360,14 @@ struct CudnnAttention::Impl {
     return full;
   }
 
-  // NLPTRAIN_CUDNN_PACKED ("", ragged or bias), read and checked at the first packed call only
-  const std::string& packed_force() {
-    if (!packed_force_read) {
-      const char* env = std::getenv("NLPTRAIN_CUDNN_PACKED");
-      packed_force_value = env ? env : "";
-      if (!packed_force_value.empty() && packed_force_value != "ragged" && packed_force_value != "bias")
-        throw Error(cat("NLPTRAIN_CUDNN_PACKED = '", packed_force_value, "': expected ragged or bias"));
-      packed_force_read = true;
-    }
-    return packed_force_value;
+  // NLPTRAIN_CUDNN_PACKED ("", ragged or bias), read and checked at every packed call: a process
+  // may change it between calls (the tests force each layout in turn on one backend)
+  static std::string packed_force() {
+    const char* env = std::getenv("NLPTRAIN_CUDNN_PACKED");
+    std::string v = env ? env : "";
+    if (!v.empty() && v != "ragged" && v != "bias")
+      throw Error(cat("NLPTRAIN_CUDNN_PACKED = '", v, "': expected ragged or bias"));
+    return v;
   }
 
   // Bias layouts to try, in order. The forward broadcasts one row per sequence ([B,1,1,T]). The
@@ -523,7 +531,19 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
       m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, false);
   const Plan& p = m.require(k, false);
   const Impl::CallBuffers cb = m.buffers(p, k);
+  if (packed) count_packed(k.mask == MaskKind::Ragged);
 
+  // Ragged: cuDNN writes the stats of each sequence's own tokens and o at real tokens only; the
+  // rest (stats past a sequence's length, o at padding tokens) is zeroed, and so is the q|k|v room
+  // past the B x T tokens (the layout holds max(B, examples) rows), so that no stale or NaN bytes of
+  // the arena reach the results, whatever cuDNN's tiles read past a sequence's end
+  if (k.mask == MaskKind::Ragged) {
+    ck_cuda(cudaMemsetAsync(base, 0, L.qkv, m.stream), "ragged stats and o (zero)");
+    const size_t used = BT * 3 * C * 2;
+    const size_t room = sdpa_align(size_t(std::max(B, examples)) * T * 3 * C * 2);
+    if (room > used)
+      ck_cuda(cudaMemsetAsync(qkv16 + used, 0, room - used, m.stream), "ragged q|k|v room (zero)");
+  }
   ck_cuda(kern::to_bf16(qkv16, qkv, BT * 3 * C, m.stream), "qkv to bf16");
   m.prepare(k, cb, attn_mask, seed, B);
   const size_t part = size_t(C) * 2;  // bytes from q to k to v within a row
@@ -558,6 +578,12 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
   const Plan& p = m.require(k, true);
   const Impl::CallBuffers cb = m.buffers(p, k);
   const bool ragged = k.mask == MaskKind::Ragged;
+  if (packed) count_packed(ragged);
+  if (ragged) {  // dO's room past the B x T tokens, as q|k|v's in the forward
+    const size_t used = BT * C * 2, room = sdpa_align(size_t(std::max(B, examples)) * T * C * 2);
+    if (room > used)
+      ck_cuda(cudaMemsetAsync(dout16 + used, 0, room - used, m.stream), "ragged dO room (zero)");
+  }
 
   m.prepare(k, cb, attn_mask, seed, B);
   ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask && !ragged ? cb.first : nullptr, causal,

@@ -26,6 +26,9 @@
 //           Needs the example count `examples` (> 0) and a GPU cuDNN runs THD on (Hopper and later).
 //           Padding tokens are in no sequence: their output is 0 (backend.h's rule would give them the
 //           row's real keys; no model reads them) and no gradient flows from them.
+//           The forward zeroes the saved stats and o first, and the q|k|v room past the B x T
+//           tokens (the backward: dO's), so that tiles cuDNN may read past a sequence's end hold
+//           zeros, not stale or NaN bytes.
 //   bias    a materialised [B,1,T,T] block-diagonal bias from the segment rule: every tile computed.
 // Ragged is tried first when `examples` > 0; if its graph does not build, bias (one stderr line).
 // NLPTRAIN_CUDNN_PACKED=ragged|bias forces one (ragged then fails loudly where it does not build).
@@ -63,6 +66,10 @@ namespace nlp::cuda {
 
 // Whether attention_cudnn.cpp is compiled in; when not, *why (nullable) says what CMake lacked.
 bool cudnn_attention_compiled(std::string* why);
+
+// Packed-row calls (forward and backward each count one) run so far in this process in each layout:
+// the tests check that a forced layout really ran. Zero in builds without cuDNN.
+void cudnn_packed_calls(long* ragged, long* bias);
 
 constexpr size_t kSdpaAlign = 256;  // bytes: alignment of every part of the saved state and scratch
 

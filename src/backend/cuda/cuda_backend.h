@@ -28,6 +28,14 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank, const BackendOptions&
 // (nullable) says what was missing at build time.
 bool cuda_fused_attention_available(std::string* why);
 
+// Packed-row attention calls that cuDNN ran in each layout (ragged THD sequences, block-diagonal
+// bias) in this process, forward and backward each counting one (attention_cudnn.h): for tests that
+// force a layout and must know it ran. Zero without CUDA or cuDNN.
+struct CudnnPackedCalls {
+  long ragged = 0, bias = 0;
+};
+CudnnPackedCalls cuda_cudnn_packed_calls();
+
 // The cudaStream_t (as void*) on which a CUDA backend enqueues every op, e.g. for an NCCL
 // communicator to reduce gradients in stream order; nullptr for any other backend.
 void* cuda_backend_stream(Backend& be);

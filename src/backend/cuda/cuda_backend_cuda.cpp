@@ -541,6 +541,12 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank, const BackendOptions&
 
 bool cuda_fused_attention_available(std::string* why) { return cuda::cudnn_attention_compiled(why); }
 
+CudnnPackedCalls cuda_cudnn_packed_calls() {
+  CudnnPackedCalls c;
+  cuda::cudnn_packed_calls(&c.ragged, &c.bias);
+  return c;
+}
+
 void* cuda_backend_stream(Backend& be) {
   auto* c = dynamic_cast<CudaBackend*>(&be);
   return c ? static_cast<void*>(c->stream()) : nullptr;

@@ -15,6 +15,8 @@ bool cuda_fused_attention_available(std::string* why) {
   return false;
 }
 
+CudnnPackedCalls cuda_cudnn_packed_calls() { return {}; }
+
 void* cuda_backend_stream(Backend&) { return nullptr; }
 
 }  // namespace nlp
