@@ -122,8 +122,13 @@ cat > "$build/run-on-device.sh" <<'WRAP'
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 libs="$here/device-libs"
+# unpacked into a private folder, then renamed into place: a second caller started meanwhile (the GPU
+# script runs several at once) never sees a half-unpacked device-libs/, and at most one rename wins
 if [[ ! -d "$libs" && -f "$here/device-libs.tar.xz" ]]; then
-  tar -xJf "$here/device-libs.tar.xz" -C "$here"
+  tmp=$(mktemp -d "$here/.device-libs.XXXXXX")
+  tar -xJf "$here/device-libs.tar.xz" -C "$tmp"
+  mv -T "$tmp/device-libs" "$libs" 2>/dev/null || [[ -d "$libs" ]]
+  rm -rf "$tmp"
 fi
 [[ -d "$libs" ]] || { echo "run-on-device: no $libs (run tools/pack_for_device.sh first)" >&2; exit 2; }
 

@@ -35,8 +35,9 @@
 # What comes back (the device tool returns at most 8 files): results.json (one record per benchmark
 # and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
 # finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
-# DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), so
-# the files come back inside the device tool's 600 s limit.
+# DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), and
+# every command's timeout is cut so that it ends by DEADLINE + 40 s (tmo), so the files come back
+# inside the device tool's 600 s limit even when a section started late or a run hangs.
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -59,6 +60,13 @@ NL="$here/stage/bin/run-on-device.sh $here/stage/bin/nlptrain"
 elapsed() { echo $(( $(date +%s) - t_start )); }
 log() { echo "[run.sh $(elapsed)s] $*" | tee -a "$W/run.log"; }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+# tmo SECONDS: a command's timeout, cut so that it ends by DEADLINE + 40 s whenever it starts (the
+# device call's limit is about 60 s past DEADLINE, and finish() needs a few to pack the results)
+tmo() {
+  local left=$(( DEADLINE + 40 - $(elapsed) ))
+  (( left < 5 )) && left=5
+  echo $(( $1 < left ? $1 : left ))
+}
 in_time() {  # in_time NEED_SECONDS: enough time left before DEADLINE?
   if (( $(elapsed) + $1 > DEADLINE )); then log "SKIPPED (deadline): $2"; return 1; fi
 }
@@ -109,7 +117,7 @@ E2E_STEPS=${E2E_STEPS:-100}
 e2e_run() {
   local name=$1 be=$2 ini=$3
   shift 3
-  timeout 240 $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
+  timeout $(tmo 240) $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
       --output.dir="$W/e2e/$name" > "$W/e2e_$name.log" 2>&1
   log "e2e $name: exit $? | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
   [[ -f "$W/e2e/$name/log.txt" ]] || tail -3 "$W/e2e_$name.log" | sed "s/^/  $name: /" | tee -a "$W/run.log"
@@ -155,7 +163,7 @@ fi
 
 snapshot
 if want tests && in_time 60 "tests"; then
-  timeout 150 "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
+  timeout $(tmo 150) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
       > "$W/test_ops_cuda.log" 2>&1
   log "tests: exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$W/test_ops_cuda.log" | head -30 | tee -a "$W/run.log"
@@ -209,7 +217,7 @@ if want finetune && in_time 150 "finetune"; then
   DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=1e-4 BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
       HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$W/finetune" \
       LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
-      timeout $FT_BUDGET bash ../finetune_speed.sh > "$W/finetune.log" 2>&1
+      timeout $(tmo $FT_BUDGET) bash ../finetune_speed.sh > "$W/finetune.log" 2>&1
   rc=$?
   # stopped at its budget: the table of the runs that finished
   [[ -f "$W/finetune/results.md" ]] || (cd ../.. && python3 bench/finetune_speed_report.py "$W/finetune") \
@@ -227,7 +235,7 @@ if want bench; then
       name="nlptrain_${m}_${prec}"
       extra=()
       [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
-      mem_watch "$name" timeout 240 $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
+      mem_watch "$name" timeout $(tmo 240) $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
           --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
       log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
@@ -247,7 +255,7 @@ if want torch; then
     warm=3
     [[ $mode == compile ]] && warm=5
     name="torch_${model}_${mode}_${prec}"
-    mem_watch "$name" timeout 300 python3 torch_bench.py --model $model --mode $mode --precision $prec \
+    mem_watch "$name" timeout $(tmo 300) python3 torch_bench.py --model $model --mode $mode --precision $prec \
         "${args[@]}" --steps 20 --warmup $warm > "$W/$name.log" 2>&1
     log "torch $name: exit $? | $(grep -o '"tokens_per_s": [0-9.]*' "$W/$name.log") | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
     snapshot
@@ -257,11 +265,11 @@ fi
 snapshot
 if want resume && in_time 60 "resume"; then
   R=$W/resume
-  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
       --output.dir="$R/straight" > "$W/resume_straight.log" 2>&1
-  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=10 --checkpoint.interval=10 \
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=10 --checkpoint.interval=10 \
       --output.dir="$R/resumed" > "$W/resume_first.log" 2>&1
-  timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
       --train.resume=true --output.dir="$R/resumed" > "$W/resume_second.log" 2>&1
   python3 compare.py resume "$R/straight" "$R/resumed" --step 20 2>&1 | tee "$W/resume_compare.log" | tee -a "$W/run.log"
   # again in bf16 with the fused attention (cuDNN's deterministic backward) and its dropout on
@@ -269,7 +277,7 @@ if want resume && in_time 60 "resume"; then
     read -r dir steps <<< "$part"
     r=()
     [[ $dir == resumed16 && $steps == 20 ]] && r=(--train.resume=true)
-    timeout 120 $NL inputs/gpt2_small.ini --run.backend=cuda --train.precision=bf16 --model.attention=auto \
+    timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.precision=bf16 --model.attention=auto \
         --train.steps=$steps --checkpoint.interval=10 "${r[@]}" --output.dir="$R/bf16_$dir" \
         > "$W/resume_bf16_${dir}_$steps.log" 2>&1
   done
@@ -284,7 +292,7 @@ if want profile; then
     name="profile_${m}_${PROFILE_PRECISION}"
     extra=()
     [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
-    timeout 120 $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
+    timeout $(tmo 120) $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
         --output.dir="$W/$name" > "$W/$name.log" 2>&1
     log "profile $name: exit $?"
     { echo "== $name"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
@@ -297,7 +305,7 @@ if want comm && in_time 70 "comm"; then
   MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
   for run in "cuda 0" "cuda 1" "cpu 0"; do
     read -r be z <<< "$run"
-    timeout 150 $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
+    timeout $(tmo 150) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
         --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.zero=$z --train.steps=20 \
         --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
     log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"

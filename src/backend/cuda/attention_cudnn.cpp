@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -255,7 +256,9 @@ struct CudnnAttention::Impl {
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   std::map<Key, Plan> forward, backward;
-  std::map<std::tuple<int, int, int>, bool> support;  // (T, NH, HS) -> cuDNN runs it
+  std::map<std::pair<int, int>, bool> support;  // (NH, HS) -> cuDNN runs it (supports())
+  int graphs_built = 0, graphs_declined = 0;    // try_build calls, with and without a graph
+  double build_seconds = 0;                     // host time in them (heuristics, plan building)
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
@@ -268,9 +271,9 @@ struct CudnnAttention::Impl {
     auto& cache = is_backward ? backward : forward;
     auto it = cache.find(k);
     if (it != cache.end()) return it->second;
-    Plan p = try_build(handle, k, is_backward, /*deterministic=*/is_backward);
+    Plan p = timed_build(k, is_backward, /*deterministic=*/is_backward);
     if (is_backward && !p.graph) {  // no deterministic backward for this variant: the other one
-      Plan q = try_build(handle, k, true, false);
+      Plan q = timed_build(k, true, false);
       if (q.graph)
         std::fprintf(stderr,
                      "nlptrain: cuDNN attention backward (%s) has no deterministic algorithm (%s): "
@@ -279,6 +282,14 @@ struct CudnnAttention::Impl {
       p = std::move(q);
     }
     return cache.emplace(k, std::move(p)).first->second;
+  }
+
+  Plan timed_build(const Key& k, bool is_backward, bool deterministic) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Plan p = try_build(handle, k, is_backward, deterministic);
+    build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++(p.graph ? graphs_built : graphs_declined);
+    return p;
   }
 
   // The plan of `k` or an nlp::Error naming the variant
@@ -484,6 +495,11 @@ CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Imp
 
 CudnnAttention::~CudnnAttention() {
   if (!impl_) return;
+  // what the graphs cost: host time before the first step of each new shape or variant, inside the
+  // step times of a run whose batch length changes (data.padding = longest)
+  if (impl_->graphs_built + impl_->graphs_declined > 0)
+    std::fprintf(stderr, "nlptrain: cuDNN attention: %d graph(s) built, %d declined, %.2f s of host time\n",
+                 impl_->graphs_built, impl_->graphs_declined, impl_->build_seconds);
   cudaStreamSynchronize(impl_->stream);
   impl_->forward.clear();  // the plans hold cuDNN descriptors: released before the handle
   impl_->backward.clear();
@@ -493,12 +509,14 @@ CudnnAttention::~CudnnAttention() {
   if (impl_->handle) cudnnDestroy(impl_->handle);
 }
 
-// Decided per (T, NH, HS) with the first B asked about: whether cuDNN runs a shape does not turn on
-// the batch size, and a packed run (a new row count nearly every step) would otherwise build two
-// graphs per row count that its packed calls never use.
+// Decided per (NH, HS) with the first B and T asked about (the model asks at its largest batch and
+// length first, when it sizes its buffers): cuDNN's flash attention takes any sequence length and
+// batch size for a head size it runs, while a run whose batch length changes (data.padding =
+// longest, packed rows) would otherwise build two graphs per new length that its masked calls never
+// use. A later variant that does not build fails in require(), naming cuDNN's reason.
 bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   Impl& m = *impl_;
-  const auto shape = std::tuple(T, NH, HS);
+  const auto shape = std::pair(NH, HS);
   auto it = m.support.find(shape);
   if (it != m.support.end()) return it->second;
   const Key k{B, T, NH, HS, false, MaskKind::None, 0.f};
@@ -508,8 +526,9 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   if (!ok)
     std::fprintf(stderr,
                  "nlptrain: cuDNN fused attention does not support B=%d T=%d NH=%d HS=%d (%s %s): "
-                 "this T, NH, HS uses the native attention kernels\n",
-                 B, T, NH, HS, f.graph ? "backward:" : "forward:", (f.graph ? b.error : f.error).c_str());
+                 "%d heads of size %d use the native attention kernels\n",
+                 B, T, NH, HS, f.graph ? "backward:" : "forward:", (f.graph ? b.error : f.error).c_str(),
+                 NH, HS);
   m.support.emplace(shape, ok);
   return ok;
 }

@@ -51,9 +51,10 @@
 //
 // Graphs (forward, backward) are built once per (B, T, NH, HS, causal, mask layout, dropout p) and
 // cached with their workspace sizes; everything runs on the backend's stream. Which shapes cuDNN runs
-// is decided once per (T, NH, HS), at the first B asked about, before the model sizes its buffers
-// (supports()): the forward and backward graphs of the plain variant must build, else the shape keeps
-// the native kernels and one warning line goes to stderr.
+// is decided once per (NH, HS), at the first B and T asked about, before the model sizes its buffers
+// (supports()): the forward and backward graphs of the plain variant must build, else those heads
+// keep the native kernels and one warning line goes to stderr. At exit one stderr line gives the
+// number of graphs built and their host time (a run with changing batch lengths pays it in its steps).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -120,9 +121,9 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Whether cuDNN runs attention of this shape: decided on the first call for (T, NH, HS) by building
-  // the forward and backward graphs of the plain variant at this B (no mask, no dropout; kept in the
-  // cache), then cached for every B.
+  // Whether cuDNN runs attention of this shape: decided on the first call for (NH, HS) by building
+  // the forward and backward graphs of the plain variant at this B and T (no mask, no dropout; kept
+  // in the cache), then cached for every B and T.
   // A "no" (cuDNN reports the configuration unsupported) prints one line to stderr; the caller then
   // uses its native kernels for this shape, in sizing and in dispatch alike.
   bool supports(int B, int T, int NH, int HS);

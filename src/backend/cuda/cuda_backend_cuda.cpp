@@ -240,7 +240,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- attention ----
-  // With fused attention, every shape cuDNN supports (decided once per (T, NH, HS), the same answer for
+  // With fused attention, every shape cuDNN supports (decided once per (NH, HS), the same answer for
   // sizing and dispatch) runs through cuDNN's SDPA and saves/uses the small state of
   // attention_cudnn.h; any other shape, and every shape without it, runs the native kernels with
   // att[B,NH,T,T] probabilities.
