@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -31,6 +32,7 @@ SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-long
             "nlptrain-packed-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
             "hf-longest-groupshuffled-bf16", "nlptrain-packed-cudnn-bf16", "hf-longest-group-compile-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
+CUDNN_BUILDS = re.compile(r"cuDNN attention: (\d+) graph\(s\) built, (\d+) declined, ([0-9.]+) s of host time")
 
 
 def read_json(path):
@@ -108,6 +110,12 @@ def nlptrain_run(d, r):
     r["own_real_tokens_per_s"] = summ.get("real_tokens_per_s")  # nlptrain's own figure (steps 2.., see summary)
     r["own_step_time_s"] = summ.get("step_time_s")
     r["batch_rows"] = summ.get("global_batch")
+    # cuda with cuDNN's attention: the graphs built (the stderr line at exit, attention_cudnn.cpp), host
+    # time spent inside the steps that first met each length and variant
+    m = CUDNN_BUILDS.search(read_text(d + ".log"))
+    if m:
+        r["cudnn_graphs_built"], r["cudnn_graphs_declined"] = int(m.group(1)), int(m.group(2))
+        r["cudnn_build_s"] = float(m.group(3))
 
 
 def hf_run(d, r):
@@ -233,6 +241,12 @@ def main(argv):
                     metric_text(t, r.get("eval")), f(r.get("wall_s")), load_text(r),
                     r.get("rc") if r.get("completed") or r.get("rc") else f"{r.get('rc')} (incomplete)"))
             out.append("")
+            built = [r for r in rs if r.get("cudnn_build_s") is not None]
+            if built:
+                out += ["cuDNN attention graphs (host time inside nlptrain's train s, paid at the first step of each "
+                        "new batch length and variant): " + "; ".join(
+                            f"{r['setting']} {r['cudnn_graphs_built']} built ({r['cudnn_graphs_declined']} declined) "
+                            f"in {r['cudnn_build_s']:.1f} s" for r in built), ""]
     if len(seeds) > 1:
         out += ["## Mean over seeds", "", "| task | setup | seeds | train s | vs HF fastest | real tok/s | metric |",
                 "|---|---|---:|---:|---:|---:|---:|"]
