@@ -16,8 +16,8 @@
 #   tests   test_ops_cuda: every op, GPT-2 and each BERT head against the CPU backend
 #   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
-#           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN, and
-#           packed through cuDNN in its ragged and bias layouts
+#           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN (at
+#           the file's length and trimmed), and packed through cuDNN in its ragged and bias layouts
 #   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
 #           reviews, T=128), BERT-base from scratch, bf16, batch 32, FT_STEPS steps: nlptrain length-grouped,
 #           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
@@ -182,6 +182,10 @@ if want e2e && in_time 90 "e2e"; then
     e2e_run ${m}_bf16_cuda cuda $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}"
     grep -h "attention" "$W/e2e/${m}_bf16_cuda/log.txt" 2>/dev/null | head -3 | tee -a "$W/run.log"
   done
+  # cuDNN's attention at two batch lengths (64 and 128; one support decision per head shape, graphs
+  # per length and variant), against the padded bf16 CPU run; the graphs' count and host time
+  e2e_run bert_small_trim_bf16_cuda cuda bert_small "${TRIM[@]}" "${BF16[@]}" "${NO_ATTN_DROPOUT[bert_small]}"
+  grep -h "cuDNN attention:" "$W/e2e_bert_small_trim_bf16_cuda.log" 2>/dev/null | tee -a "$W/run.log"
   # Not yet run on a GPU (issue 20): packed rows of the file's length through cuDNN, in each layout
   # (ragged: every example its own cuDNN sequence, one graph for the run; bias: block-diagonal), under
   # run.sync_check, against the unpacked bf16 CPU run (hidden dropout keyed per example, so the
@@ -202,6 +206,8 @@ if want e2e && in_time 90 "e2e"; then
   for m in gpt2_small bert_small; do
     e2e_compare "$m bf16 cuda vs cpu" ${m}_bf16_cpu ${m}_bf16_cuda --within 100:2e-2
   done
+  e2e_compare "trimmed bf16 cuda (cuDNN) vs padded bf16 cpu" bert_small_bf16_cpu bert_small_trim_bf16_cuda \
+      --within 100:2e-2
   for layout in ragged bias; do
     e2e_compare "packed ($layout) cuda vs unpacked cpu, bf16" bert_small_bf16_cpu bert_small_packed_${layout}_cuda \
         --within 100:2e-2

@@ -100,13 +100,13 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
         name = f.stem[len("e2e_"):]
         assert re.search(rf"e2e {name}: exit 0 \| step +3/3", log), f"{name}:\n{f.read_text()[-2000:]}"
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
-    assert len(gpu_logs) == 7, gpu_logs
+    assert len(gpu_logs) == 8, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
-    assert len(gpu_logs) == 7 + 4 + 2 + 6 + 3, gpu_logs
+    assert len(gpu_logs) == 8 + 4 + 2 + 6 + 3, gpu_logs
     for f in gpu_logs:
         text = f.read_text()
         assert NO_DEVICE.search(text), f"{f.name}: failed before the device check:\n{text[-2000:]}"
