@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "core/backend.h"
 #include "io/dataset.h"
 #include "model/model.h"
@@ -66,13 +67,23 @@ void trim_to_longest(HostBatch& hb, int multiple);
 void pack_rows(HostBatch& hb, int multiple);
 
 // The `multiple` pack_rows gets from the data config: 0 (rows of the file's length) with
-// data.padding = max_length, else data.pad_multiple but at least kPackRowMultiple. The row count
-// varies from step to step as well, and every distinct rows x length is one more GEMM shape (the
-// CPU's bf16 GEMMs build a oneDNN primitive per shape, a JIT compilation each): lengths in steps of
-// 16 keep the shapes about as few as a length-grouped run's, for a few positions of padding per row.
+// data.padding = max_length or with full_rows (packs_full_rows), else data.pad_multiple but at least
+// kPackRowMultiple. The row count varies from step to step as well, and every distinct rows x length
+// is one more GEMM shape (the CPU's bf16 GEMMs build a oneDNN primitive per shape, a JIT compilation
+// each): lengths in steps of 16 keep the shapes about as few as a length-grouped run's, for a few
+// positions of padding per row.
 constexpr int kPackRowMultiple = 16;
-inline int packing_multiple(const std::string& padding, int pad_multiple) {
-  return padding == "max_length" ? 0 : std::max(pad_multiple, kPackRowMultiple);
+inline int packing_multiple(const std::string& padding, int pad_multiple, bool full_rows = false) {
+  return padding == "max_length" || full_rows ? 0 : std::max(pad_multiple, kPackRowMultiple);
+}
+
+// Packed rows keep the file's length on the cuda backend with model.attention = cudnn, unless
+// data.pad_multiple is set: cuDNN's graphs of packed rows depend on the row length (the ragged
+// layout on nothing else but the examples per micro-batch), and each build costs about a second of
+// host time on an H100 (a BERT-base step there takes milliseconds), so one length means one graph
+// for the run. Ragged attention computes no padding, so the longer rows cost little.
+inline bool packs_full_rows(const Config& cfg, bool cuda) {
+  return cuda && cfg.model.attention == "cudnn" && !cfg.is_set("data.pad_multiple");
 }
 
 // Backend copies of one batch.

@@ -300,13 +300,16 @@ int run_train(Session& s) {
                    sum / double(lengths.size()), " of ", T));
   }
   const bool pack = cfg.data.packing;
-  const int pack_multiple = packing_multiple(cfg.data.padding, cfg.data.pad_multiple);
+  const bool full_rows = packs_full_rows(cfg, s.be.name() == "cuda");
+  const int pack_multiple = packing_multiple(cfg.data.padding, cfg.data.pad_multiple, full_rows);
   if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
-                   trim ? cat("of the length, a multiple of ", pack_multiple, " up to ", T,
-                              ", that needs the fewest positions")
-                        : cat("of ", T, " positions (data.padding = max_length)"),
+                   pack_multiple > 0 ? cat("of the length, a multiple of ", pack_multiple, " up to ", T,
+                                           ", that needs the fewest positions")
+                   : trim ? cat("of ", T, " positions (cuDNN's attention: one row length, one graph for the "
+                                "run; data.pad_multiple = N packs into multiples of N)")
+                          : cat("of ", T, " positions (data.padding = max_length)"),
                    "; evaluation runs unpacked"));
   else
     s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "

@@ -438,6 +438,35 @@ TEST(PackRows, ChoosesTheRowLengthWithTheFewestPositions) {
   EXPECT_EQ(c.B, 4);
 }
 
+// The row length rule of data.packing: multiples of max(pad_multiple, 16), except rows of the file's
+// length with data.padding = max_length, and on cuda with model.attention = cudnn unless
+// data.pad_multiple was given (one row length, one cuDNN graph).
+TEST(PackRows, FullRowsOnCudaWithCudnnUnlessThePadMultipleIsSet) {
+  nlp::Config c;
+  c.data.padding = "longest";
+  c.data.pad_multiple = 8;  // the cuda auto value, as main.cpp resolves it
+  c.model.attention = "cudnn";
+  EXPECT_TRUE(nlp::packs_full_rows(c, true));
+  EXPECT_FALSE(nlp::packs_full_rows(c, false));  // cpu
+  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, nlp::packs_full_rows(c, true)), 0);
+  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, nlp::packs_full_rows(c, false)), 16);
+  for (const char* a : {"auto", "native"}) {  // packed rows on the native kernels: no graphs
+    c.model.attention = a;
+    EXPECT_FALSE(nlp::packs_full_rows(c, true)) << a;
+  }
+  c.model.attention = "cudnn";
+  c.explicitly_set.insert("data.pad_multiple");
+  c.data.pad_multiple = 32;
+  EXPECT_FALSE(nlp::packs_full_rows(c, true));
+  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, false), 32);
+  EXPECT_EQ(nlp::packing_multiple("max_length", 32, false), 0);
+  // what 0 means to pack_rows: rows of the file's length
+  nlp::HostBatch b = padded_batch({6, 6, 5, 4}, 16);
+  nlp::pack_rows(b, 0);
+  EXPECT_EQ(b.T, 16);
+  EXPECT_EQ(b.B, 2);
+}
+
 TEST(PackRows, RejectsAMaskThatIsNotOnesThenZeros) {
   nlp::HostBatch hole = padded_batch({5, 6}, 16);
   hole.mask[size_t(1) * 16 + 2] = 0;
