@@ -38,8 +38,8 @@
 #   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
 #   DOC_STRIDE (64), EVAL_N (500: NSMC test / XNLI dev examples evaluated), EVAL_FRAC (0.1: the
 #   articles / sentences of KorQuAD dev / KLUE NER dev held out), LIMIT (empty: none; caps every
-#   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, 1 on both (nlptrain: auto on the cpu);
-#   a number is given to both), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3), SHARED (../shared/data
+#   input file's examples, for smoke runs), PAD_MULTIPLE (empty: each side's default, 1 on both on the cpu;
+#   on cuda nlptrain's auto is 64 with cuDNN's attention, 8 with its native kernels; a number is given to both), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3), SHARED (../shared/data
 #   relative to the repository root, else /work/shared/data), DEVICE (cpu; cuda: both sides on GPU 0),
 #   LAUNCH (mpirun --allow-run-as-root -np 1 --bind-to none: the words before nlptrain; a GPU machine
 #   without MPI takes the packed binary's wrapper), HIDDEN/LAYERS/HEADS/INTER/MAXPOS (256/4/4/1024/256: the

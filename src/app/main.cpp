@@ -25,6 +25,7 @@
 #include "io/h5.h"
 #include "model/model.h"
 #include "model/task.h"
+#include "train/batches.h"
 #include "train/log.h"
 #include "train/memory_plan.h"
 #include "train/run_lock.h"
@@ -181,7 +182,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // and train.steps from train.epochs. Everything after this point reads it.
   Config eff = cfg;
   eff.model = mc;
-  if (eff.data.pad_multiple == 0) eff.data.pad_multiple = cuda ? 8 : 1;  // auto
+  if (eff.data.pad_multiple == 0) eff.data.pad_multiple = auto_pad_multiple(cuda, bopts.fused_attention);
   std::string epochs_line;
   if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
     const int64_t n = count_examples(cfg, mc, cfg.data.train);

@@ -73,6 +73,14 @@ void pack_rows(HostBatch& hb, int multiple);
 // each): lengths in steps of 16 keep the shapes about as few as a length-grouped run's, for a few
 // positions of padding per row.
 constexpr int kPackRowMultiple = 16;
+
+// data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
+// with cuDNN's attention, whose graphs are built per batch length (about a second of host time each
+// on an H100, where a fine-tuning step takes milliseconds: two lengths at T = 128 instead of
+// sixteen), else 8 (bounds the GEMM shapes).
+inline int auto_pad_multiple(bool cuda, bool cudnn_attention) {
+  return !cuda ? 1 : cudnn_attention ? 64 : 8;
+}
 inline int packing_multiple(const std::string& padding, int pad_multiple, bool full_rows = false) {
   return padding == "max_length" || full_rows ? 0 : std::max(pad_multiple, kPackRowMultiple);
 }

@@ -444,12 +444,13 @@ TEST(PackRows, ChoosesTheRowLengthWithTheFewestPositions) {
 TEST(PackRows, FullRowsOnCudaWithCudnnUnlessThePadMultipleIsSet) {
   nlp::Config c;
   c.data.padding = "longest";
-  c.data.pad_multiple = 8;  // the cuda auto value, as main.cpp resolves it
   c.model.attention = "cudnn";
+  c.data.pad_multiple = nlp::auto_pad_multiple(true, true);  // as main.cpp resolves auto
+  EXPECT_EQ(c.data.pad_multiple, 64);
   EXPECT_TRUE(nlp::packs_full_rows(c, true));
   EXPECT_FALSE(nlp::packs_full_rows(c, false));  // cpu
   EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, nlp::packs_full_rows(c, true)), 0);
-  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, nlp::packs_full_rows(c, false)), 16);
+  EXPECT_EQ(nlp::packing_multiple(c.data.padding, 1, nlp::packs_full_rows(c, false)), 16);
   for (const char* a : {"auto", "native"}) {  // packed rows on the native kernels: no graphs
     c.model.attention = a;
     EXPECT_FALSE(nlp::packs_full_rows(c, true)) << a;
@@ -465,6 +466,15 @@ TEST(PackRows, FullRowsOnCudaWithCudnnUnlessThePadMultipleIsSet) {
   nlp::pack_rows(b, 0);
   EXPECT_EQ(b.T, 16);
   EXPECT_EQ(b.B, 2);
+}
+
+// data.pad_multiple = 0: 1 on the cpu, 64 on cuda with cuDNN's attention (graphs per length), 8 with
+// the native kernels.
+TEST(TrimToLongest, AutoMultiplePerBackendAndAttention) {
+  EXPECT_EQ(nlp::auto_pad_multiple(false, false), 1);
+  EXPECT_EQ(nlp::auto_pad_multiple(false, true), 1);
+  EXPECT_EQ(nlp::auto_pad_multiple(true, false), 8);
+  EXPECT_EQ(nlp::auto_pad_multiple(true, true), 64);
 }
 
 TEST(PackRows, RejectsAMaskThatIsNotOnesThenZeros) {
