@@ -66,23 +66,12 @@ void trim_to_longest(HostBatch& hb, int multiple);
 // is not ones then zeros, when a target or answer lies in its padding, or when it has no token.
 void pack_rows(HostBatch& hb, int multiple);
 
-// The `multiple` pack_rows gets from the data config: 0 (rows of the file's length) with
-// data.padding = max_length or with full_rows (packs_full_rows), else data.pad_multiple but at least
-// kPackRowMultiple. The row count varies from step to step as well, and every distinct rows x length
-// is one more GEMM shape (the CPU's bf16 GEMMs build a oneDNN primitive per shape, a JIT compilation
-// each): lengths in steps of 16 keep the shapes about as few as a length-grouped run's, for a few
-// positions of padding per row.
-constexpr int kPackRowMultiple = 16;
-
 // data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
 // with cuDNN's attention, whose graphs are built per batch length (about a second of host time each
 // on an H100, where a fine-tuning step takes milliseconds: two lengths at T = 128 instead of
 // sixteen), else 8 (bounds the GEMM shapes).
 inline int auto_pad_multiple(bool cuda, bool cudnn_attention) {
   return !cuda ? 1 : cudnn_attention ? 64 : 8;
-}
-inline int packing_multiple(const std::string& padding, int pad_multiple, bool full_rows = false) {
-  return padding == "max_length" || full_rows ? 0 : std::max(pad_multiple, kPackRowMultiple);
 }
 
 // Packed rows keep the file's length on the cuda backend with model.attention = cudnn, unless
@@ -92,6 +81,18 @@ inline int packing_multiple(const std::string& padding, int pad_multiple, bool f
 // for the run. Ragged attention computes no padding, so the longer rows cost little.
 inline bool packs_full_rows(const Config& cfg, bool cuda) {
   return cuda && cfg.model.attention == "cudnn" && !cfg.is_set("data.pad_multiple");
+}
+
+// The `multiple` pack_rows gets from the configuration (cuda: the run's backend is cuda): 0 (rows of
+// the file's length) with data.padding = max_length or where packs_full_rows, else data.pad_multiple
+// but at least kPackRowMultiple. The row count varies from step to step as well, and every distinct
+// rows x length is one more GEMM shape (the CPU's bf16 GEMMs build a oneDNN primitive per shape, a JIT
+// compilation each): lengths in steps of 16 keep the shapes about as few as a length-grouped run's,
+// for a few positions of padding per row.
+constexpr int kPackRowMultiple = 16;
+inline int packing_multiple(const Config& cfg, bool cuda) {
+  if (cfg.data.padding == "max_length" || packs_full_rows(cfg, cuda)) return 0;
+  return std::max(cfg.data.pad_multiple, kPackRowMultiple);
 }
 
 // Backend copies of one batch.

@@ -34,8 +34,7 @@ void run_gradients(Session& s) {
   // data.packing: the batch's examples packed into rows (outputs per row for ner/qa/mlm, per example
   // for doc_cls/pair_cls; `example_first`/`example_length` say where each example sits)
   if (cfg.data.packing)
-    pack_rows(hb, packing_multiple(cfg.data.padding, cfg.data.pad_multiple,
-                                   packs_full_rows(cfg, s.be.name() == "cuda")));
+    pack_rows(hb, packing_multiple(cfg, s.be.name() == "cuda"));
   else if (cfg.data.padding == "longest")
     trim_to_longest(hb, cfg.data.pad_multiple);
   const int64_t count = hb.loss_units(s.task);

@@ -300,8 +300,7 @@ int run_train(Session& s) {
                    sum / double(lengths.size()), " of ", T));
   }
   const bool pack = cfg.data.packing;
-  const bool full_rows = packs_full_rows(cfg, s.be.name() == "cuda");
-  const int pack_multiple = packing_multiple(cfg.data.padding, cfg.data.pad_multiple, full_rows);
+  const int pack_multiple = packing_multiple(cfg, s.be.name() == "cuda");
   if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",

@@ -449,8 +449,9 @@ TEST(PackRows, FullRowsOnCudaWithCudnnUnlessThePadMultipleIsSet) {
   EXPECT_EQ(c.data.pad_multiple, 64);
   EXPECT_TRUE(nlp::packs_full_rows(c, true));
   EXPECT_FALSE(nlp::packs_full_rows(c, false));  // cpu
-  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, nlp::packs_full_rows(c, true)), 0);
-  EXPECT_EQ(nlp::packing_multiple(c.data.padding, 1, nlp::packs_full_rows(c, false)), 16);
+  EXPECT_EQ(nlp::packing_multiple(c, true), 0);
+  c.data.pad_multiple = nlp::auto_pad_multiple(false, true);  // the cpu's auto
+  EXPECT_EQ(nlp::packing_multiple(c, false), 16);
   for (const char* a : {"auto", "native"}) {  // packed rows on the native kernels: no graphs
     c.model.attention = a;
     EXPECT_FALSE(nlp::packs_full_rows(c, true)) << a;
@@ -459,8 +460,9 @@ TEST(PackRows, FullRowsOnCudaWithCudnnUnlessThePadMultipleIsSet) {
   c.explicitly_set.insert("data.pad_multiple");
   c.data.pad_multiple = 32;
   EXPECT_FALSE(nlp::packs_full_rows(c, true));
-  EXPECT_EQ(nlp::packing_multiple(c.data.padding, c.data.pad_multiple, false), 32);
-  EXPECT_EQ(nlp::packing_multiple("max_length", 32, false), 0);
+  EXPECT_EQ(nlp::packing_multiple(c, true), 32);
+  c.data.padding = "max_length";
+  EXPECT_EQ(nlp::packing_multiple(c, true), 0);
   // what 0 means to pack_rows: rows of the file's length
   nlp::HostBatch b = padded_batch({6, 6, 5, 4}, 16);
   nlp::pack_rows(b, 0);

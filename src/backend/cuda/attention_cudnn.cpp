@@ -292,6 +292,14 @@ struct CudnnAttention::Impl {
     return p;
   }
 
+  // A bf16 buffer of `width` values per token laid out for max(B, examples) rows of T tokens (packed
+  // calls): zeroes what lies past the B x T tokens a call writes
+  void zero_room(char* buf, int B, int examples, int T, size_t width, const char* what) {
+    const size_t used = size_t(B) * T * width * 2;
+    const size_t room = sdpa_align(size_t(std::max(B, examples)) * T * width * 2);
+    if (room > used) ck_cuda(cudaMemsetAsync(buf + used, 0, room - used, stream), what);
+  }
+
   // The plan of `k` or an nlp::Error naming the variant
   const Plan& require(const Key& k, bool is_backward) {
     const Plan& p = plan(k, is_backward);
@@ -558,10 +566,7 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
   // the arena reach the results, whatever cuDNN's tiles read past a sequence's end
   if (k.mask == MaskKind::Ragged) {
     ck_cuda(cudaMemsetAsync(base, 0, L.qkv, m.stream), "ragged stats and o (zero)");
-    const size_t used = BT * 3 * C * 2;
-    const size_t room = sdpa_align(size_t(std::max(B, examples)) * T * 3 * C * 2);
-    if (room > used)
-      ck_cuda(cudaMemsetAsync(qkv16 + used, 0, room - used, m.stream), "ragged q|k|v room (zero)");
+    m.zero_room(qkv16, B, examples, T, 3 * size_t(C), "ragged q|k|v room (zero)");
   }
   ck_cuda(kern::to_bf16(qkv16, qkv, BT * 3 * C, m.stream), "qkv to bf16");
   m.prepare(k, cb, attn_mask, seed, B);
@@ -598,11 +603,8 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
   const Impl::CallBuffers cb = m.buffers(p, k);
   const bool ragged = k.mask == MaskKind::Ragged;
   if (packed) count_packed(ragged);
-  if (ragged) {  // dO's room past the B x T tokens, as q|k|v's in the forward
-    const size_t used = BT * C * 2, room = sdpa_align(size_t(std::max(B, examples)) * T * C * 2);
-    if (room > used)
-      ck_cuda(cudaMemsetAsync(dout16 + used, 0, room - used, m.stream), "ragged dO room (zero)");
-  }
+  if (ragged)  // dO's room past the B x T tokens, as q|k|v's in the forward
+    m.zero_room(dout16, B, examples, T, size_t(C), "ragged dO room (zero)");
 
   m.prepare(k, cb, attn_mask, seed, B);
   ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask && !ragged ? cb.first : nullptr, causal,
