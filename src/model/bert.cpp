@@ -2,15 +2,18 @@
 // Embeddings: LayerNorm(word + position + token_type) then dropout. Heads by run.task, with the HF
 // state_dict names and nn.Linear [out, in] layout:
 //   doc_cls, pair_cls (BertForSequenceClassification): pooler tanh(dense([CLS])) -> dropout -> classifier
-//   ner (BertForTokenClassification): dropout -> classifier on every token, ignore -100
+//   ner (BertForTokenClassification): dropout -> classifier on every token, ignore -100; in training
+//       on the labelled positions only (DeviceBatch::rows): the others carry no loss
 //   qa (BertForQuestionAnswering): qa_outputs -> start/end logits; loss = mean of the two CEs
 //   mlm (BertForMaskedLM): transform (dense, GELU, LayerNorm) -> decoder tied to the word embeddings
 //       + cls.predictions.bias, applied to the masked positions only (DeviceBatch::rows): the other
 //       positions carry no loss, so HF's logits there are never used; this saves ~85% of the head,
 //       which is most of the work of a small BERT (V x C against 12 C^2 per layer).
 // The last block runs after its attention at the rows the head reads only (block.h OutRows): the
-// [CLS] rows (doc_cls, pair_cls) or the masked positions (mlm); ner and qa read every row. For a
-// 4-layer BERT on short fine-tuning rows that is about a sixth of the encoder's work.
+// [CLS] rows (doc_cls, pair_cls), the masked positions (mlm), or in training the labelled positions
+// (ner: the first sub-token of each word, about 43% of KLUE NER's tokens with kcbert's vocabulary);
+// qa reads every row. For a 4-layer BERT on short fine-tuning rows that is about a sixth of the
+// encoder's work (doc_cls), a tenth (ner).
 // set_last_block_all_rows(true) computes every row, as transformers does (the tests compare the two).
 #include <algorithm>
 #include <cmath>
@@ -188,7 +191,8 @@ class Bert final : public Model {
       dense += 0.15 * head - double(C_) * C_;
     }
     // the last block's projection and MLP at the head's rows only: one row in T (doc_cls, pair_cls;
-    // mlm: 15%), the pooler and classifier on one row in T
+    // mlm: 15%), the pooler and classifier on one row in T. ner's labelled share depends on the data
+    // and the tokenizer: counted as every row (an upper bound)
     const double tail = double(C_) * C_ + 2.0 * C_ * bc_.FF;
     if (L_ > 0 && !all_rows_ && is_seq_cls(task_)) dense -= tail * (1.0 - 1.0 / T);
     if (L_ > 0 && !all_rows_ && task_ == Task::Mlm) dense -= tail * 0.85;
@@ -205,7 +209,7 @@ class Bert final : public Model {
     ensure_acts(b.B, b.T);
     curE_ = b.examples();
     // first, while the stream is idle after the batch's upload (a copy to a GPU synchronises)
-    const OutRows* rows = head_rows(b);
+    const OutRows* rows = head_rows(b, training);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     if (T > mc_.max_position_embeddings)
       throw Error(cat("sequence length ", T, " exceeds model.max_position_embeddings = ",
@@ -260,7 +264,9 @@ class Bert final : public Model {
       case Task::Qa:  // packed: the rows' positions (each example's at first_host/length_host)
         return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
       case Task::Mlm: return {OutputView{"logits", {mlm_rows_, V_}, mlm_logits_}};
-      case Task::Ner: return {OutputView{"logits", {B, T, NL_}, logits_}};
+      case Task::Ner:  // training: the labelled rows only (head_rows)
+        if (compact()) return {OutputView{"logits", {rows_.S, NL_}, logits_}};
+        return {OutputView{"logits", {B, T, NL_}, logits_}};
       default: return {OutputView{"logits", {curE_, NL_}, logits_}};  // one row per example
     }
   }
@@ -272,9 +278,9 @@ class Bert final : public Model {
 
   // The rows of the last block's output that the head reads (OutRows; null: every row). doc_cls,
   // pair_cls: each example's [CLS], the flat position b*T (first[e] packed) with dropout key
-  // e * T_key (position 0 of example e); mlm: the batch's masked rows and their keys. Sets rows_
-  // (S = 0 when every row is computed).
-  const OutRows* head_rows(const DeviceBatch& b) {
+  // e * T_key (position 0 of example e); mlm, and ner in training: the batch's rows with a target
+  // and their keys. Sets rows_ (S = 0 when every row is computed).
+  const OutRows* head_rows(const DeviceBatch& b, bool training) {
     rows_ = OutRows{};
     if (all_rows_ || L_ == 0) return nullptr;
     if (is_seq_cls(task_)) {
@@ -291,7 +297,7 @@ class Bert final : public Model {
       }
       be_.to_device(cls_rows_, host_rows_.data(), host_rows_.size() * sizeof(int32_t));
       rows_ = OutRows{cls_rows_, cls_rows_ + E, E};
-    } else if (task_ == Task::Mlm && b.row_keys && b.nrows > 0) {
+    } else if ((task_ == Task::Mlm || (task_ == Task::Ner && training)) && b.row_keys && b.nrows > 0) {
       rows_ = OutRows{b.rows, b.row_keys, b.nrows};
     } else {
       return nullptr;
@@ -325,6 +331,13 @@ class Bert final : public Model {
         return be_.sum(losses_, E);
       }
       case Task::Ner: {
+        if (compact()) {  // training: xL is [M,C], the labelled rows; logits[M,NL] against row_targets
+          const int M = rows_.S;
+          be_.dropout_forward(h1_, xL_, size_t(M) * C, p_hidden, hseed, DropRows{0, 0, rows_.key, size_t(C)});
+          be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), M, C, NL_, WLayout::OutIn);
+          be_.crossentropy_forward(losses_, logits_, b.row_targets, M, NL_);
+          return be_.sum(losses_, M);
+        }
         be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed,
                             drop_rows(T, b.T_key, C, b.token_key));
         be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), BT, C, NL_, WLayout::OutIn);
@@ -406,6 +419,17 @@ class Bert final : public Model {
         return;
       }
       case Task::Ner: {
+        if (compact()) {  // d xL is [M,C]
+          const int M = rows_.S;
+          be_.zero(dlogits_, size_t(M) * NL_ * f);
+          be_.crossentropy_backward(dlogits_, logits_, b.row_targets, dloss, M, NL_);
+          be_.zero(dh1_, size_t(M) * C * f);
+          be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), M, C,
+                              NL_, WLayout::OutIn);
+          be_.dropout_backward(dres_a_, dh1_, size_t(M) * C, p_hidden, hseed,
+                               DropRows{0, 0, rows_.key, size_t(C)});
+          return;
+        }
         be_.zero(dlogits_, size_t(BT) * NL_ * f);
         be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, NL_);
         be_.zero(dh1_, size_t(BT) * C * f);

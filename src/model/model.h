@@ -28,8 +28,9 @@ struct DeviceBatch {
   const int32_t* labels = nullptr;    // [B] sequence labels (doc_cls, pair_cls)
   const int32_t* start = nullptr;     // [B] answer start positions (qa)
   const int32_t* end = nullptr;       // [B] answer end positions (qa)
-  // mlm: the flat positions b*T+t whose target is not -100, in order, and their targets [nrows].
-  // The MLM head scores only these rows (the others do not enter the loss). row_keys [nrows]: their
+  // mlm, ner: the flat positions b*T+t whose target is not -100, in order, and their targets
+  // [nrows]. The MLM head scores only these rows (the others do not enter the loss), and so does the
+  // NER head in training (evaluation and prediction score every row). row_keys [nrows]: their
   // dropout keys (example * T_key + position, backend.h DropRows; nullable: the model then computes
   // its last block at every position rather than at these rows only).
   const int32_t* rows = nullptr;
@@ -87,7 +88,8 @@ class Model {
   virtual void set_recompute(bool on) = 0;
   // true: the last transformer block computes every position, as transformers does. The default
   // (false) lets a model compute it at the positions its head reads only (BERT's doc_cls, pair_cls
-  // and mlm heads: block.h OutRows); outputs and gradients are the same to fp32 rounding.
+  // and mlm heads, and ner's in training: block.h OutRows); losses, gradients and the outputs at
+  // those positions are the same to fp32 rounding (ner's training outputs are then [nrows, NL]).
   virtual void set_last_block_all_rows(bool on) { (void)on; }
   // The rows the last block computed after its attention in the last forward; 0 = every row.
   virtual int last_block_rows() const { return 0; }

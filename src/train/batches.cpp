@@ -74,7 +74,7 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
     hb.targets = tb.labels;  // mlm with given labels, ner (unlabelled ner: ignored targets, below)
   }
   if (hb.targets.empty()) hb.targets.assign(n, kIgnoreIndex);
-  if (task == Task::Mlm)
+  if (task == Task::Mlm || task == Task::Ner)  // the positions the head's loss reads
     for (size_t i = 0; i < n; ++i)
       if (hb.targets[i] != kIgnoreIndex) {
         hb.rows.push_back(static_cast<int32_t>(i));
@@ -202,7 +202,7 @@ void pack_rows(HostBatch& hb, int multiple) {
   hb.type_ids.swap(types);
   hb.pos.swap(pos);
   hb.token_key.swap(keys);
-  if (!hb.rows.empty()) {  // mlm: the scored positions again, in flat order of the packed rows
+  if (!hb.rows.empty()) {  // mlm, ner: the scored positions again, in flat order of the packed rows
     hb.rows.clear();
     hb.row_targets.clear();
     for (size_t i = 0; i < n; ++i)

@@ -3,7 +3,7 @@
 // window, -100 for 2-D rows), as HF shifts inside the loss. MLM: dynamic masking when the dataset has
 // no labels (15% of real tokens; of those 80% [MASK], 10% a random token, 10% unchanged), seeded.
 // MLM also lists the masked positions (rows), the only ones its head scores.
-// NER: token labels as given. doc_cls/pair_cls: sequence labels. QA: start/end positions.
+// NER: token labels as given, and (rows) the labelled positions, the only ones its training loss reads. doc_cls/pair_cls: sequence labels. QA: start/end positions.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,7 +24,7 @@ struct HostBatch {
   int64_t real_tokens = 0;   // positions with attention_mask 1 (the rest is padding)
   std::vector<int32_t> ids, mask, targets, type_ids;  // [B,T]
   std::vector<int32_t> labels, start, end;            // [B]
-  std::vector<int32_t> rows, row_targets;  // mlm: positions with a target, and the targets
+  std::vector<int32_t> rows, row_targets;  // mlm, ner: positions with a target, and the targets
   // Packed (pack_rows): B rows hold E examples; mask holds segment ids (1, 2, ... per row, 0 =
   // padding), pos the position ids (restarting in each example), token_key the dropout key of each
   // token (example * T_key + position: its place in the padded batch); per example e < E: first[e] =
@@ -52,7 +52,7 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
 
 // data.padding = longest: cut every [B,T] column to the batch's longest row (one past its last
 // attention_mask 1, and past every position that carries a target or an answer position), rounded
-// up to a multiple of `multiple` and at most T. MLM rows are renumbered b*T'+t. The cut positions are
+// up to a multiple of `multiple` and at most T. Rows (mlm, ner) are renumbered b*T'+t. The cut positions are
 // padding of every row: masked out of attention and of every loss except qa's (backend.h), so the
 // model computes the same outputs at the kept positions. T_key keeps the file's T (dropout keys).
 void trim_to_longest(HostBatch& hb, int multiple);
@@ -60,7 +60,7 @@ void trim_to_longest(HostBatch& hb, int multiple);
 // data.packing: the B examples of the batch share rows, several to a row: first-fit of the examples
 // longest first (ties by index), each keeping positions 0..len-1 of its own (len: its attention_mask
 // ones). Segment ids number the examples of a row from 1 in the order placed; the tail of a row is
-// padding (0). MLM rows are renumbered. The rows are the file's length T when multiple == 0 (one
+// padding (0). Rows (mlm, ner) are renumbered. The rows are the file's length T when multiple == 0 (one
 // shape for every step, as CUDA graphs want), else the multiple of `multiple` between the longest
 // example and T that packs into the fewest positions (rows x length). Throws when an example's mask
 // is not ones then zeros, when a target or answer lies in its padding, or when it has no token.

@@ -1,5 +1,6 @@
 // BERT's last block at the rows its head reads only (block.h OutRows: the [CLS] rows for doc_cls and
-// pair_cls, the masked positions for mlm) against the same model computing every row
+// pair_cls, the masked positions for mlm, the labelled positions for ner in training) against the
+// same model computing every row
 // (Model::set_last_block_all_rows(true), what transformers computes): the loss, the outputs and every
 // parameter gradient agree to fp32 rounding, in training mode with dropout on (so the rows' dropout
 // keys must be those of their positions), for batches at the file's length, trimmed below it and
@@ -45,9 +46,10 @@ nlp::ModelConfig small_bert() {
   return mc;
 }
 
-// B rows of T positions, row b real for its first len[b]: random ids, labels, and (mlm) targets at
-// every third real position after [CLS].
-nlp::HostBatch batch(const std::vector<int>& len, int T, bool mlm) {
+// B rows of T positions, row b real for its first len[b]: random ids, labels, and (mlm, ner) targets
+// at every third real position after [CLS] (ner: one of the 3 labels).
+nlp::HostBatch batch(const std::vector<int>& len, int T, const std::string& task) {
+  const bool mlm = task == "mlm", ner = task == "ner";
   nlp::Rng r(7);
   nlp::HostBatch hb;
   hb.B = static_cast<int>(len.size());
@@ -64,12 +66,13 @@ nlp::HostBatch batch(const std::vector<int>& len, int T, bool mlm) {
       hb.mask[i] = 1;
       hb.type_ids[i] = t >= len[b] / 2;
       if (mlm && t % 3 == 1) hb.targets[i] = 5 + (7 * b + t) % 90;
+      if (ner && t % 3 == 1) hb.targets[i] = (b + t) % 3;
     }
   for (int b = 0; b < hb.B; ++b) hb.labels.push_back(b % 3);
   hb.start.assign(hb.B, nlp::kIgnoreIndex);
   hb.end.assign(hb.B, nlp::kIgnoreIndex);
   for (size_t i = 0; i < n; ++i)
-    if (mlm && hb.targets[i] != nlp::kIgnoreIndex) {
+    if ((mlm || ner) && hb.targets[i] != nlp::kIgnoreIndex) {
       hb.rows.push_back(static_cast<int32_t>(i));
       hb.row_targets.push_back(hb.targets[i]);
     }
@@ -122,8 +125,8 @@ enum class Shape { Padded, Trimmed, Packed };
 void check(const std::string& task, Shape shape, bool recompute) {
   SCOPED_TRACE(task + (shape == Shape::Padded ? " padded" : shape == Shape::Trimmed ? " trimmed" : " packed") +
                (recompute ? " recompute" : ""));
-  const bool mlm = task == "mlm";
-  nlp::HostBatch hb = batch({9, 23, 4, 17, 12}, 32, mlm);
+  const bool rows = task == "mlm" || task == "ner";
+  nlp::HostBatch hb = batch({9, 23, 4, 17, 12}, 32, task);
   if (shape == Shape::Trimmed) nlp::trim_to_longest(hb, 8);
   if (shape == Shape::Packed) nlp::pack_rows(hb, 16);
   // the shape under test is the one asked for
@@ -136,10 +139,17 @@ void check(const std::string& task, Shape shape, bool recompute) {
   const Result full = run(*m, db, true);
   const Result part = run(*m, db, false);
   EXPECT_EQ(full.rows, 0);
-  EXPECT_EQ(part.rows, mlm ? int(hb.rows.size()) : hb.E > 0 ? hb.E : hb.B);
+  EXPECT_EQ(part.rows, rows ? int(hb.rows.size()) : hb.E > 0 ? hb.E : hb.B);
   EXPECT_NEAR(part.loss, full.loss, 1e-6 * std::abs(full.loss));
-  ASSERT_EQ(part.out.size(), full.out.size());
-  EXPECT_LT(rel(part.out, full.out), 1e-6);
+  VF ref = full.out;
+  if (task == "ner") {  // training logits at the labelled rows only ([M,NL]); the full run's [B,T,NL]
+    const size_t NL = 3;
+    ASSERT_EQ(full.out.size(), size_t(hb.B) * hb.T * NL);
+    ref.clear();
+    for (int32_t at : hb.rows) ref.insert(ref.end(), full.out.begin() + at * NL, full.out.begin() + (at + 1) * NL);
+  }
+  ASSERT_EQ(part.out.size(), ref.size());
+  EXPECT_LT(rel(part.out, ref), 1e-6);
   // every tensor's gradient within 1e-5 of its norm, or (the key biases, whose exact gradient is
   // zero: softmax ignores a constant added to every score) within 1e-6 of the whole gradient's norm
   const double total = norm(full.grads.data(), full.grads.size());
@@ -167,18 +177,33 @@ TEST(LastBlockRows, MlmEqualsEveryRow) {
   for (Shape sh : {Shape::Padded, Shape::Trimmed, Shape::Packed}) check("mlm", sh, false);
   check("mlm", Shape::Trimmed, true);
 }
-// ner and qa read every row: the last block computes them all
-TEST(LastBlockRows, NerAndQaComputeEveryRow) {
+TEST(LastBlockRows, NerTrainingEqualsEveryRow) {
+  for (Shape sh : {Shape::Padded, Shape::Trimmed, Shape::Packed}) check("ner", sh, false);
+  check("ner", Shape::Packed, true);
+}
+// qa reads every row, and ner's evaluation and prediction output every row's logits: the last block
+// computes them all
+TEST(LastBlockRows, QaAndNerEvaluationComputeEveryRow) {
   for (const char* task : {"ner", "qa"}) {
-    nlp::HostBatch hb = batch({9, 23, 4}, 32, false);
+    nlp::HostBatch hb = batch({9, 23, 4}, 32, task);
     hb.start = {1, 2, 1};
     hb.end = {3, 5, 2};
     nlp::DeviceBatchBuffer dbuf(be());
     const nlp::DeviceBatch db = dbuf.upload(hb);
     auto m = nlp::make_model(small_bert(), be(), task);
     m->init_weights(3);
-    m->forward(db, true, 5);
+    const bool ner = std::string(task) == "ner";
+    if (ner) {  // training: the labelled rows
+      m->forward(db, true, 5);
+      EXPECT_EQ(m->last_block_rows(), int(hb.rows.size()));
+      ASSERT_GT(hb.rows.size(), 0u);
+    }
+    m->forward(db, /*training=*/!ner, 5);
     EXPECT_EQ(m->last_block_rows(), 0) << task;
+    const auto outs = m->outputs();
+    ASSERT_GE(outs[0].shape.size(), 2u);  // ner: [B,T,NL]; qa: [B,T] start logits
+    EXPECT_EQ(outs[0].shape[0], 3) << task;
+    EXPECT_EQ(outs[0].shape[1], 32) << task;
   }
 }
 
