@@ -984,7 +984,7 @@ nlp::ModelConfig bert_config() {
 struct HostBatch {
   int B = 0, T = 0;
   VI ids, mask, targets, type_ids, labels, start, end;
-  VI rows, row_targets;  // mlm: masked positions and their targets
+  VI rows, row_targets;  // mlm, ner: the positions with a target and their targets (make_batch's rows)
 };
 
 HostBatch make_host_batch(const std::string& task, int B, int T, int V, int NL, uint64_t seed) {
@@ -1014,7 +1014,12 @@ HostBatch make_host_batch(const std::string& task, int B, int T, int V, int NL, 
   if (task == "ner") {
     h.targets = randi(BT, seed + 2, 0, NL);
     for (size_t i = 0; i < BT; ++i)
-      if (!h.mask[i] || i % 5 == 0) h.targets[i] = nlp::kIgnoreIndex;
+      if (!h.mask[i] || i % 5 == 0) {
+        h.targets[i] = nlp::kIgnoreIndex;
+      } else {
+        h.rows.push_back(int32_t(i));  // the labelled positions, as make_batch lists them
+        h.row_targets.push_back(h.targets[i]);
+      }
   } else if (task == "mlm") {
     h.targets.assign(BT, nlp::kIgnoreIndex);
     nlp::Rng r(seed + 3);
@@ -1049,6 +1054,9 @@ class Batch {
     db.rows = put(h.rows);
     db.row_targets = put(h.row_targets);
     db.nrows = int(h.rows.size());
+    // the rows' dropout keys (example * T_key + position with T_key = T: the flat position); with
+    // them the model runs its last block at these rows only (mlm; ner in training), else at every row
+    db.row_keys = put(h.rows);
   }
   ~Batch() {
     for (void* p : ptrs_) be_.release(p);
@@ -1074,6 +1082,17 @@ VF download(Backend& be, const float* p, size_t n) {
 }
 
 // Forward + backward on both backends from the same weights; compares loss, outputs, gradients.
+// The rows BERT's last block computed in the last forward (block.h OutRows), on both backends: the
+// [CLS] rows (doc_cls, pair_cls), the listed rows (mlm; ner in training), else every row (0).
+void expect_last_block_rows(const nlp::Model& mc, const nlp::Model& mg, const std::string& task,
+                            bool training, const HostBatch& hb) {
+  const int want = task == "mlm" || (task == "ner" && training) ? int(hb.rows.size())
+                   : task == "doc_cls" || task == "pair_cls"     ? hb.B
+                                                                  : 0;
+  EXPECT_EQ(mc.last_block_rows(), want) << "cpu";
+  EXPECT_EQ(mg.last_block_rows(), want) << "gpu";
+}
+
 void compare_model(Backend& g, const nlp::ModelConfig& mc, const std::string& task, int B, int T) {
   SCOPED_TRACE("task " + task);
   auto mcpu = nlp::make_model(mc, cpu(), task);
@@ -1094,6 +1113,7 @@ void compare_model(Backend& g, const nlp::ModelConfig& mc, const std::string& ta
     const double lc = mcpu->forward(bc.db, training, seed);
     const double lg = mgpu->forward(bg.db, training, seed);
     EXPECT_LE(rel_err(lg, lc), kModelOut) << "loss gpu " << lg << " cpu " << lc;
+    if (mc.type == "bert") expect_last_block_rows(*mcpu, *mgpu, task, training, hb);
     auto oc = mcpu->outputs(), og = mgpu->outputs();
     ASSERT_EQ(oc.size(), og.size());
     for (size_t i = 0; i < oc.size(); ++i) {
@@ -1586,6 +1606,7 @@ void compare_model_fused(Backend& g, nlp::ModelConfig mc, const std::string& tas
     const double lc = mcpu->forward(bc.db, training, seed);
     const double lg = mgpu->forward(bg.db, training, seed);
     EXPECT_LE(rel_err(lg, lc), kFusedModelLoss) << "loss gpu " << lg << " cpu " << lc;
+    if (bert) expect_last_block_rows(*mcpu, *mgpu, task, training, hb);
     auto oc = mcpu->outputs(), og = mgpu->outputs();
     ASSERT_EQ(oc.size(), og.size());
     for (size_t i = 0; i < oc.size(); ++i) {
