@@ -305,6 +305,19 @@ class Bert final : public Model {
     return &rows_;
   }
 
+  // The rows the ner head scores: every row of the batch ([B*T]: targets, dropout keyed by position),
+  // or, when the last forward ran compact (training), the labelled rows xL holds ([nrows]: their
+  // targets and dropout keys).
+  struct NerRows {
+    int N;
+    const int32_t* targets;
+    DropRows drop;
+  };
+  NerRows ner_rows(const DeviceBatch& b) const {
+    if (compact()) return {rows_.S, b.row_targets, DropRows{0, 0, rows_.key, size_t(C_)}};
+    return {b.B * b.T, b.targets, drop_rows(b.T, b.T_key, C_, b.token_key)};
+  }
+
   // ---- heads: forward returns the sum of losses over the batch's loss units ----
   double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
@@ -330,20 +343,13 @@ class Bert final : public Model {
         be_.crossentropy_forward(losses_, logits_, b.labels, E, NL_);
         return be_.sum(losses_, E);
       }
-      case Task::Ner: {
-        if (compact()) {  // training: xL is [M,C], the labelled rows; logits[M,NL] against row_targets
-          const int M = rows_.S;
-          be_.dropout_forward(h1_, xL_, size_t(M) * C, p_hidden, hseed, DropRows{0, 0, rows_.key, size_t(C)});
-          be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), M, C, NL_, WLayout::OutIn);
-          be_.crossentropy_forward(losses_, logits_, b.row_targets, M, NL_);
-          return be_.sum(losses_, M);
-        }
-        be_.dropout_forward(h1_, xL_, size_t(BT) * C, p_hidden, hseed,
-                            drop_rows(T, b.T_key, C, b.token_key));
-        be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), BT, C, NL_, WLayout::OutIn);
-        if (!b.targets) return 0;
-        be_.crossentropy_forward(losses_, logits_, b.targets, BT, NL_);
-        return be_.sum(losses_, BT);
+      case Task::Ner: {  // logits[N,NL] = drop(xL) Wc^T + bc over ner_rows' N rows
+        const NerRows r = ner_rows(b);
+        be_.dropout_forward(h1_, xL_, size_t(r.N) * C, p_hidden, hseed, r.drop);
+        be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), r.N, C, NL_, WLayout::OutIn);
+        if (!r.targets) return 0;
+        be_.crossentropy_forward(losses_, logits_, r.targets, r.N, NL_);
+        return be_.sum(losses_, r.N);
       }
       case Task::Qa: {
         // start[B,T] = xL qa_w[0]^T + qa_b[0]; end[B,T] = xL qa_w[1]^T + qa_b[1]
@@ -418,25 +424,14 @@ class Bert final : public Model {
           be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
         return;
       }
-      case Task::Ner: {
-        if (compact()) {  // d xL is [M,C]
-          const int M = rows_.S;
-          be_.zero(dlogits_, size_t(M) * NL_ * f);
-          be_.crossentropy_backward(dlogits_, logits_, b.row_targets, dloss, M, NL_);
-          be_.zero(dh1_, size_t(M) * C * f);
-          be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), M, C,
-                              NL_, WLayout::OutIn);
-          be_.dropout_backward(dres_a_, dh1_, size_t(M) * C, p_hidden, hseed,
-                               DropRows{0, 0, rows_.key, size_t(C)});
-          return;
-        }
-        be_.zero(dlogits_, size_t(BT) * NL_ * f);
-        be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, NL_);
-        be_.zero(dh1_, size_t(BT) * C * f);
-        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), BT, C,
+      case Task::Ner: {  // d xL [N,C] (compact: the labelled rows)
+        const NerRows r = ner_rows(b);
+        be_.zero(dlogits_, size_t(r.N) * NL_ * f);
+        be_.crossentropy_backward(dlogits_, logits_, r.targets, dloss, r.N, NL_);
+        be_.zero(dh1_, size_t(r.N) * C * f);
+        be_.matmul_backward(dh1_, ps_.g(cls_w_), ps_.g(cls_b_), dlogits_, h1_, ps_.p(cls_w_), r.N, C,
                             NL_, WLayout::OutIn);
-        be_.dropout_backward(dres_a_, dh1_, size_t(BT) * C, p_hidden, hseed,
-                             drop_rows(T, b.T_key, C, b.token_key));
+        be_.dropout_backward(dres_a_, dh1_, size_t(r.N) * C, p_hidden, hseed, r.drop);
         return;
       }
       case Task::Qa: {
