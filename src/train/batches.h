@@ -3,7 +3,8 @@
 // window, -100 for 2-D rows), as HF shifts inside the loss. MLM: dynamic masking when the dataset has
 // no labels (15% of real tokens; of those 80% [MASK], 10% a random token, 10% unchanged), seeded.
 // MLM also lists the masked positions (rows), the only ones its head scores.
-// NER: token labels as given, and (rows) the labelled positions, the only ones its training loss reads. doc_cls/pair_cls: sequence labels. QA: start/end positions.
+// NER: token labels as given, and (rows) the labelled positions, the only ones its training loss
+// reads. doc_cls/pair_cls: sequence labels. QA: start/end positions.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -52,16 +53,17 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
 
 // data.padding = longest: cut every [B,T] column to the batch's longest row (one past its last
 // attention_mask 1, and past every position that carries a target or an answer position), rounded
-// up to a multiple of `multiple` and at most T. Rows (mlm, ner) are renumbered b*T'+t. The cut positions are
-// padding of every row: masked out of attention and of every loss except qa's (backend.h), so the
-// model computes the same outputs at the kept positions. T_key keeps the file's T (dropout keys).
+// up to a multiple of `multiple` and at most T. Rows (mlm, ner) are renumbered b*T'+t. The cut
+// positions are padding of every row: masked out of attention and of every loss except qa's
+// (backend.h), so the model computes the same outputs at the kept positions. T_key keeps the file's T
+// (dropout keys).
 void trim_to_longest(HostBatch& hb, int multiple);
 
 // data.packing: the B examples of the batch share rows, several to a row: first-fit of the examples
 // longest first (ties by index), each keeping positions 0..len-1 of its own (len: its attention_mask
 // ones). Segment ids number the examples of a row from 1 in the order placed; the tail of a row is
-// padding (0). Rows (mlm, ner) are renumbered. The rows are the file's length T when multiple == 0 (one
-// shape for every step, as CUDA graphs want), else the multiple of `multiple` between the longest
+// padding (0). Rows (mlm, ner) are renumbered. The rows are the file's length T when multiple == 0
+// (one shape for every step, as CUDA graphs want), else the multiple of `multiple` between the longest
 // example and T that packs into the fewest positions (rows x length). Throws when an example's mask
 // is not ones then zeros, when a target or answer lies in its padding, or when it has no token.
 void pack_rows(HostBatch& hb, int multiple);

@@ -1081,7 +1081,6 @@ VF download(Backend& be, const float* p, size_t n) {
   return h;
 }
 
-// Forward + backward on both backends from the same weights; compares loss, outputs, gradients.
 // The rows BERT's last block computed in the last forward (block.h OutRows), on both backends: the
 // [CLS] rows (doc_cls, pair_cls), the listed rows (mlm; ner in training), else every row (0).
 void expect_last_block_rows(const nlp::Model& mc, const nlp::Model& mg, const std::string& task,
@@ -1093,6 +1092,7 @@ void expect_last_block_rows(const nlp::Model& mc, const nlp::Model& mg, const st
   EXPECT_EQ(mg.last_block_rows(), want) << "gpu";
 }
 
+// Forward + backward on both backends from the same weights; compares loss, outputs, gradients.
 void compare_model(Backend& g, const nlp::ModelConfig& mc, const std::string& task, int B, int T) {
   SCOPED_TRACE("task " + task);
   auto mcpu = nlp::make_model(mc, cpu(), task);
