@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/rng.h"
+
 namespace nlp {
 namespace kern {
 
@@ -48,6 +50,13 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   __syncthreads();
   v = lane < nw ? red[lane] : -__int_as_float(0x7f800000);
   return warp_max(v);
+}
+
+// The dropout mask key of element i of a tensor (core/backend.h DropRows): keyed_index (core/rng.h) of
+// a trimmed layout, or with token_key (packed rows) token_key[i / width] * width + i % width.
+__device__ __forceinline__ uint64_t drop_key(size_t i, size_t row, size_t row_key,
+                                             const int32_t* token_key, size_t width) {
+  return token_key ? uint64_t(token_key[i / width]) * width + i % width : keyed_index(i, row, row_key);
 }
 
 // Blocks for a grid-stride loop over n elements (a function of n only).

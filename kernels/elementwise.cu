@@ -61,12 +61,6 @@ __global__ void rows_scatter_add_k(float* __restrict__ dinp, const float* __rest
   }
 }
 
-// The mask key of element i (core/backend.h DropRows)
-__device__ __forceinline__ uint64_t drop_key(size_t i, size_t row, size_t row_key,
-                                             const int32_t* token_key, size_t width) {
-  return token_key ? uint64_t(token_key[i / width]) * width + i % width : keyed_index(i, row, row_key);
-}
-
 // out[n] = inp * keep(i) / (1-p)   (out may alias inp)
 __global__ void dropout_fwd_k(float* out, const float* inp, size_t n, float p, float sc,
                               uint64_t seed, size_t row, size_t row_key, const int32_t* token_key,

@@ -91,6 +91,23 @@ size_t layernorm_backward_ws_bytes(int N, int C);
 cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                                const float* inp, const float* w, const float* mean,
                                const float* rstd, int N, int C, void* ws, cudaStream_t s);
+// Backend::residual_layernorm_forward in one launch: res = x + dropout(delta) (delta may alias res;
+// the mask as dropout_forward's, any p), out = layernorm(res), mean/rstd saved. The bits of
+// dropout_forward, add and layernorm_forward in turn.
+cudaError_t residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                       const float* x, const float* delta, const float* w,
+                                       const float* b, int N, int C, float eps, float p,
+                                       uint64_t seed, size_t row, size_t row_key,
+                                       const int32_t* token_key, size_t width, cudaStream_t s);
+// Backend::layernorm_dropout_backward: g = layernorm's input gradient of dout, dinp += g,
+// ddelta = dropout_backward of g (overwritten), dw/db += (nullable; ws of
+// layernorm_backward_ws_bytes). The bits of Backend's default sequence; no scratch.
+cudaError_t layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db,
+                                       const float* dout, const float* inp, const float* w,
+                                       const float* mean, const float* rstd, int N, int C, float p,
+                                       uint64_t seed, size_t row, size_t row_key,
+                                       const int32_t* token_key, size_t width, void* ws,
+                                       cudaStream_t s);
 
 // ---- reductions.cu -------------------------------------------------------------------------------
 size_t colsum_ws_bytes(int M, int N);

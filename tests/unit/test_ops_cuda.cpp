@@ -462,6 +462,85 @@ TEST_F(CudaOps, LayerNormForwardBackward) {
   }
 }
 
+// The fused residual + dropout + layer norm kernels (the CUDA backend's residual_layernorm_forward and
+// layernorm_dropout_backward) against Backend's defaults on the same GPU, which run dropout, add and
+// layer norm in turn (each compared with the CPU above): bitwise equal, forward and backward, p = 0
+// and 0.3, flat, trimmed (row-keyed) and packed (token-keyed) masks, delta aliasing res as the blocks
+// call it; and against the CPU backend's fused pass (the same mask; layer norm within kOp). Then
+// NLPTRAIN_CUDA_FUSED_LN: 0 gives a backend on the defaults (the same bits), anything but 0/1 is refused.
+TEST_F(CudaOps, FusedResidualLayerNormEqualsTheOpsInTurn) {
+  const int B = 3, T = 45, Tk = 64, C = 200, N = B * T;  // C not a multiple of 32: partial lanes
+  const size_t n = size_t(N) * C;
+  const uint64_t seed = nlp::derive_seed(95, 2, 4);
+  VI keys(N);
+  for (int i = 0; i < N; ++i) keys[i] = (i * 7) % (B * Tk);  // distinct example * Tk + position keys
+  const int32_t* gkeys = put(keys);
+  const nlp::DropRows cpu_rows[] = {nlp::drop_rows(T, 0, C), nlp::drop_rows(T, Tk, C),
+                                    nlp::drop_rows(T, Tk, C, keys.data())};
+  const nlp::DropRows gpu_rows[] = {cpu_rows[0], cpu_rows[1], nlp::drop_rows(T, Tk, C, gkeys)};
+  const char* names[] = {"flat", "trimmed", "packed"};
+  VF x = randn(n, 640, 2.0f), delta = randn(n, 641), w = randn(C, 642), b = randn(C, 643);
+  for (float& v : x) v += 1.5f;  // non-zero row means
+  const VF dout = randn(n, 644), dinp0 = randn(n, 645), dw0 = randn(C, 646), db0 = randn(C, 647);
+  float *gx = put(x), *gw = put(w), *gb = put(b), *gdout = put(dout);
+  auto run = [&](Backend& be, bool fused_call, float p, const nlp::DropRows& rows) {
+    std::vector<VF> r;  // res, out, mean, rstd, dinp, ddelta, dw, db
+    float *res = put(delta), *out = nan_buf(n), *mean = nan_buf(N), *rstd = nan_buf(N);
+    if (fused_call)
+      be.residual_layernorm_forward(res, out, mean, rstd, gx, res, gw, gb, N, C, 1e-5f, p, seed, rows);
+    else
+      be.Backend::residual_layernorm_forward(res, out, mean, rstd, gx, res, gw, gb, N, C, 1e-5f, p, seed, rows);
+    float *di = put(dinp0), *dd = nan_buf(n), *scratch = nan_buf(n), *dw = put(dw0), *db = put(db0);
+    if (fused_call)
+      be.layernorm_dropout_backward(di, dd, scratch, dw, db, gdout, res, gw, mean, rstd, N, C, p, seed, rows);
+    else
+      be.Backend::layernorm_dropout_backward(di, dd, scratch, dw, db, gdout, res, gw, mean, rstd, N, C, p,
+                                             seed, rows);
+    be.synchronize();  // `be` may be another backend (stream) than the one get() reads through
+    for (auto [ptr, cnt] : {std::pair<float*, size_t>{res, n}, {out, n}, {mean, N}, {rstd, N}, {di, n},
+                            {dd, n}, {dw, C}, {db, C}})
+      r.push_back(get(ptr, cnt));
+    return r;
+  };
+  const char* what[] = {"res", "out", "mean", "rstd", "dinp", "ddelta", "dw", "db"};
+  for (float p : {0.0f, 0.3f})
+    for (int v = 0; v < 3; ++v) {
+      SCOPED_TRACE(testing::Message() << names[v] << " p=" << p);
+      const auto fused = run(gpu(), true, p, gpu_rows[v]);
+      const auto ops = run(gpu(), false, p, gpu_rows[v]);
+      for (int k = 0; k < 8; ++k)
+        EXPECT_TRUE(bitwise_equal(fused[k], ops[k])) << what[k] << ": " << rel_err(fused[k], ops[k]);
+      // the CPU's fused pass: the same mask (res exactly), layer norm and its gradients within kOp
+      VF res_c = delta, out_c(n), m_c(N), r_c(N);
+      cpu().residual_layernorm_forward(res_c.data(), out_c.data(), m_c.data(), r_c.data(), x.data(), res_c.data(),
+                                       w.data(), b.data(), N, C, 1e-5f, p, seed, cpu_rows[v]);
+      VF di_c = dinp0, dd_c(n), dw_c = dw0, db_c = db0, scr(n);
+      cpu().layernorm_dropout_backward(di_c.data(), dd_c.data(), scr.data(), dw_c.data(), db_c.data(), dout.data(),
+                                       res_c.data(), w.data(), m_c.data(), r_c.data(), N, C, p, seed, cpu_rows[v]);
+      EXPECT_CLOSE(fused[0], res_c, kExact);
+      EXPECT_CLOSE(fused[1], out_c, kOp);
+      EXPECT_CLOSE(fused[4], di_c, kOp);
+      EXPECT_CLOSE(fused[5], dd_c, kOp);
+      EXPECT_CLOSE(fused[6], dw_c, kOp);
+      EXPECT_CLOSE(fused[7], db_c, kOp);
+      if (p > 0) {  // the mask is applied: some of delta's elements did not reach res
+        size_t dropped = 0;
+        for (size_t i = 0; i < n; ++i) dropped += fused[0][i] == x[i];
+        EXPECT_GT(dropped, n / 10);
+      }
+    }
+  // NLPTRAIN_CUDA_FUSED_LN
+  ::setenv("NLPTRAIN_CUDA_FUSED_LN", "2", 1);
+  EXPECT_THROW(nlp::make_cuda_backend(0), nlp::Error);
+  ::setenv("NLPTRAIN_CUDA_FUSED_LN", "0", 1);
+  {
+    auto plain = nlp::make_cuda_backend(0);
+    const auto a = run(*plain, true, 0.3f, gpu_rows[2]), c = run(gpu(), true, 0.3f, gpu_rows[2]);
+    for (int k = 0; k < 8; ++k) EXPECT_TRUE(bitwise_equal(a[k], c[k])) << "NLPTRAIN_CUDA_FUSED_LN=0: " << what[k];
+  }
+  ::unsetenv("NLPTRAIN_CUDA_FUSED_LN");
+}
+
 // ====================================================================================================
 // GELU, elementwise, rows, dropout
 // ====================================================================================================

@@ -9,7 +9,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
 #include "backend/cuda/attention_cudnn.h"
@@ -28,6 +30,15 @@ void ck(cudaError_t e, const char* what) {
     throw Error(cat("cuda backend: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
                     ")"));
   }
+}
+
+// NLPTRAIN_CUDA_FUSED_LN: unset or 1 = the fused residual/layer-norm kernels, 0 = Backend's
+// default sequence of separate ops (the path every earlier GPU run verified).
+bool fused_layernorm_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_FUSED_LN");
+  if (!v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw Error(cat("NLPTRAIN_CUDA_FUSED_LN = '", v, "': expected 0 or 1"));
 }
 
 class CudaBackend final : public Backend {
@@ -187,6 +198,37 @@ class CudaBackend final : public Backend {
     void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
     op(kern::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, stream_),
        "layernorm_backward");
+  }
+  // A block's residual add + dropout + layer norm in one launch, and its backward in one row kernel
+  // (plus the dw/db column sums): the bits of Backend's defaults (dropout, add and layer norm in
+  // turn), which NLPTRAIN_CUDA_FUSED_LN=0 selects instead.
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                  const float* delta, const float* w, const float* b, int N, int C,
+                                  float eps, float p, uint64_t seed, DropRows rows) override {
+    if (!fused_ln_) {
+      Backend::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
+      return;
+    }
+    forget_ce_stats(res);
+    forget_ce_stats(out);
+    op(kern::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed,
+                                        rows.row, rows.row_key, rows.token_key, rows.width, stream_),
+       "residual_layernorm_forward");
+  }
+  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
+                                  const float* dout, const float* inp, const float* w,
+                                  const float* mean, const float* rstd, int N, int C, float p,
+                                  uint64_t seed, DropRows rows) override {
+    if (!fused_ln_) {
+      Backend::layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C,
+                                          p, seed, rows);
+      return;
+    }
+    forget_ce_stats(ddelta);
+    void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
+    op(kern::layernorm_dropout_backward(dinp, ddelta, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
+                                        rows.row, rows.row_key, rows.token_key, rows.width, ws, stream_),
+       "layernorm_dropout_backward");
   }
 
   // ---- elementwise ----
@@ -512,6 +554,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool sync_check_ = false;
+  bool fused_ln_ = fused_layernorm_from_env();  // NLPTRAIN_CUDA_FUSED_LN (default 1)
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
