@@ -91,6 +91,17 @@ __global__ void to_bf16_k(__nv_bfloat16* __restrict__ dst, const float* __restri
   GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// Up to three arrays in one launch, over their concatenated elements: element i of the whole goes
+// to the array it falls in (at most two subtractions), converted as to_bf16_k does.
+__global__ void to_bf16_many_k(Bf16Copies c, size_t n) {
+  GRID_STRIDE(i, n) {
+    size_t j = i;
+    int k = 0;
+    while (k + 1 < c.count && j >= c.n[k]) j -= c.n[k++];
+    static_cast<__nv_bfloat16*>(c.dst[k])[j] = __float2bfloat16_rn(c.src[k][j]);
+  }
+}
+
 inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 
 }  // namespace
@@ -170,6 +181,14 @@ cudaError_t fill(float* x, float v, size_t n, cudaStream_t s) {
 cudaError_t to_bf16(void* dst, const float* src, size_t n, cudaStream_t s) {
   if (n)
     to_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t to_bf16_many(const Bf16Copies& c, cudaStream_t s) {
+  if (c.count < 1 || c.count > Bf16Copies::kMax) return cudaErrorInvalidValue;
+  size_t n = 0;
+  for (int k = 0; k < c.count; ++k) n += c.n[k];
+  if (n) to_bf16_many_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(c, n);
   return cudaGetLastError();
 }
 

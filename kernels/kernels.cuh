@@ -42,6 +42,20 @@ cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStre
 cudaError_t fill(float* x, float v, size_t n, cudaStream_t s);
 // dst[n] (__nv_bfloat16) = round-to-nearest-even of src[n]   (bf16 GEMM operands)
 cudaError_t to_bf16(void* dst, const float* src, size_t n, cudaStream_t s);
+// The same for up to kMax arrays in one launch (the bf16 GEMM's operands): dst[k][n[k]] = src[k].
+struct Bf16Copies {
+  static constexpr int kMax = 3;
+  void* dst[kMax] = {};
+  const float* src[kMax] = {};
+  size_t n[kMax] = {};
+  int count = 0;
+  void add(void* d, const float* s, size_t elems) {  // the caller adds at most kMax
+    dst[count] = d;
+    src[count] = s;
+    n[count++] = elems;
+  }
+};
+cudaError_t to_bf16_many(const Bf16Copies& c, cudaStream_t s);
 
 // ---- convert.cu ----------------------------------------------------------------------------------
 // dst[n] = float(src[n]) and dst[n] += float(src[n]); src is __nv_bfloat16[n]

@@ -166,6 +166,19 @@ bool bitwise_equal(const VF& a, const VF& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A copy of h in be's memory (the caller releases it), and n floats of be's memory on the host: for
+// tests on a backend of their own rather than the fixture's.
+float* upload(Backend& be, const VF& h) {
+  float* p = static_cast<float*>(be.alloc(h.size() * sizeof(float)));
+  be.to_device(p, h.data(), h.size() * sizeof(float));
+  return p;
+}
+VF download(Backend& be, const float* p, size_t n) {
+  VF h(n);
+  be.to_host(h.data(), p, n * sizeof(float));
+  return h;
+}
+
 #define EXPECT_CLOSE(gpu_vec, cpu_vec, tol) \
   EXPECT_LE(rel_err(gpu_vec, cpu_vec), (tol)) << #gpu_vec " vs " #cpu_vec
 
@@ -403,16 +416,8 @@ TEST_F(CudaOps, MatmulTf32AndBf16Modes) {
   for (auto [mode, tol] : {std::pair{nlp::CudaMatmul::Tf32, 2e-3}, std::pair{nlp::CudaMatmul::Bf16, 1e-2}}) {
     SCOPED_TRACE(mode == nlp::CudaMatmul::Tf32 ? "tf32" : "bf16");
     auto be = nlp::make_cuda_backend(0, {mode});
-    auto up = [&](const VF& h) {
-      float* p = static_cast<float*>(be->alloc(h.size() * sizeof(float)));
-      be->to_device(p, h.data(), h.size() * sizeof(float));
-      return p;
-    };
-    auto down = [&](const float* p, size_t n) {
-      VF h(n);
-      be->to_host(h.data(), p, n * sizeof(float));
-      return h;
-    };
+    auto up = [&](const VF& h) { return upload(*be, h); };
+    auto down = [&](const float* p, size_t n) { return download(*be, p, n); };
     float *gi = up(inp), *gw = up(w), *gb = up(bias), *gd = up(dout);
     float* go = up(VF(out_c.size(), std::numeric_limits<float>::quiet_NaN()));
     float *gdi = up(VF(dinp_c.size(), 0.f)), *gdw = up(VF(dw_c.size(), 0.f)), *gdb = up(VF(N, 0.f));
@@ -425,6 +430,44 @@ TEST_F(CudaOps, MatmulTf32AndBf16Modes) {
     for (float* p : {gi, gw, gb, gd, go, gdi, gdw, gdb}) be->release(p);
     be->synchronize();
   }
+}
+
+// bf16 mode against the CPU's fp32 GEMMs on the bf16-rounded operands: the same function up to the
+// fp32 summation order (1e-4, where one operand element converted wrongly, e.g. at the boundary of two
+// arrays in the one conversion launch, gives ~1e-2), both layouts, even and odd shapes.
+TEST_F(CudaOps, MatmulBf16EqualsFp32OnRoundedOperands) {
+  constexpr double kBf16Gemm = 1e-4;
+  auto be = nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16});
+  const int shapes[][3] = {{96, 256, 160}, {37, 51, 29}};
+  uint64_t seed = 170;
+  for (const auto& sh : shapes)
+    for (WLayout layout : {WLayout::OutIn, WLayout::InOut}) {
+      const int M = sh[0], K = sh[1], N = sh[2];
+      SCOPED_TRACE(testing::Message() << M << "x" << K << "x" << N << (layout == WLayout::OutIn ? " OutIn" : " InOut"));
+      const VF inp = randn(size_t(M) * K, ++seed), w = randn(size_t(N) * K, ++seed, 0.1f), bias = randn(N, ++seed);
+      const VF dout = randn(size_t(M) * N, ++seed), dinp0 = randn(size_t(M) * K, ++seed), dw0 = randn(w.size(), ++seed);
+      const VF ri = round_bf16(inp), rw = round_bf16(w), rd = round_bf16(dout);
+      VF out_c(size_t(M) * N), dinp_c = dinp0, dw_c = dw0;
+      cpu().matmul_forward(out_c.data(), ri.data(), rw.data(), bias.data(), M, K, N, layout);
+      cpu().matmul_backward(dinp_c.data(), dw_c.data(), nullptr, rd.data(), ri.data(), rw.data(), M, K, N, layout);
+      auto up = [&](const VF& h) { return upload(*be, h); };
+      auto down = [&](const float* p, size_t n) { return download(*be, p, n); };
+      float *gi = up(inp), *gw = up(w), *gb = up(bias), *gd = up(dout), *go = up(VF(out_c.size(), NAN));
+      float *gdi = up(dinp0), *gdw = up(dw0);
+      be->matmul_forward(go, gi, gw, gb, M, K, N, layout);
+      be->matmul_backward(gdi, gdw, nullptr, gd, gi, gw, M, K, N, layout);
+      EXPECT_LE(rel_err(down(go, out_c.size()), out_c), kBf16Gemm);
+      EXPECT_LE(rel_err(down(gdi, dinp_c.size()), dinp_c), kBf16Gemm);
+      EXPECT_LE(rel_err(down(gdw, dw_c.size()), dw_c), kBf16Gemm);
+      // each product alone (the conversion launch then holds two arrays, not three)
+      float *gdi2 = up(dinp0), *gdw2 = up(dw0);
+      be->matmul_backward(gdi2, nullptr, nullptr, gd, gi, gw, M, K, N, layout);
+      be->matmul_backward(nullptr, gdw2, nullptr, gd, gi, gw, M, K, N, layout);
+      EXPECT_LE(rel_err(down(gdi2, dinp_c.size()), dinp_c), kBf16Gemm);
+      EXPECT_LE(rel_err(down(gdw2, dw_c.size()), dw_c), kBf16Gemm);
+      for (float* p : {gi, gw, gb, gd, go, gdi, gdw, gdi2, gdw2}) be->release(p);
+      be->synchronize();
+    }
 }
 
 // ====================================================================================================
@@ -1153,12 +1196,6 @@ class Batch {
   Backend& be_;
   std::vector<void*> ptrs_;
 };
-
-VF download(Backend& be, const float* p, size_t n) {
-  VF h(n);
-  be.to_host(h.data(), p, n * sizeof(float));
-  return h;
-}
 
 // The rows BERT's last block computed in the last forward (block.h OutRows), on both backends: the
 // [CLS] rows (doc_cls, pair_cls), the listed rows (mlm; ner in training), else every row (0).

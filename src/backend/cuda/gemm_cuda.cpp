@@ -115,8 +115,10 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   const size_t nz = size_t(P) * Q, nx = size_t(M) * Q;
   const size_t off = (nz * 2 + 255) / 256 * 256;
   char* buf = static_cast<char*>(bf16_scratch(off + nx * 2));
-  ck_rt(kern::to_bf16(buf, Z, nz, stream_), "to_bf16");
-  ck_rt(kern::to_bf16(buf + off, X, nx, stream_), "to_bf16");
+  kern::Bf16Copies c;  // both operands in one launch
+  c.add(buf, Z, nz);
+  c.add(buf + off, X, nx);
+  ck_rt(kern::to_bf16_many(c, stream_), "to_bf16");
   run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
 }
 
@@ -128,16 +130,18 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
     auto al = [](size_t elems) { return (elems * 2 + 255) / 256 * 256; };
     const size_t nd = size_t(M) * N, nx = dw ? size_t(M) * K : 0, nw = dinp ? size_t(K) * N : 0;
     char* buf = static_cast<char*>(bf16_scratch(al(nd) + al(nx) + al(nw)));
-    ck_rt(kern::to_bf16(buf, dout, nd, stream_), "to_bf16");
+    kern::Bf16Copies c;  // the operands the two products read, in one launch
+    c.add(buf, dout, nd);
     d = buf;
     if (dw) {
-      ck_rt(kern::to_bf16(buf + al(nd), inp, nx, stream_), "to_bf16");
+      c.add(buf + al(nd), inp, nx);
       x = buf + al(nd);
     }
     if (dinp) {
-      ck_rt(kern::to_bf16(buf + al(nd) + al(nx), w, nw, stream_), "to_bf16");
+      c.add(buf + al(nd) + al(nx), w, nw);
       z = buf + al(nd) + al(nx);
     }
+    ck_rt(kern::to_bf16_many(c, stream_), "to_bf16");
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
   if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);
