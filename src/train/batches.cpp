@@ -218,7 +218,10 @@ void pack_rows(HostBatch& hb, int multiple) {
   hb.has_padding = true;  // the segment ids always go to attention
 }
 
-DeviceBatchBuffer::~DeviceBatchBuffer() { be_.release(buf_); }
+DeviceBatchBuffer::~DeviceBatchBuffer() {
+  be_.release(buf_);
+  be_.host_release(host_);
+}
 
 DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
@@ -227,15 +230,20 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t need = 4 * n + 3 * b + 3 * r + np + nk + nf;
   if (need > cap_) {
     be_.release(buf_);
+    be_.host_release(host_);
+    host_ = nullptr;  // host_alloc may throw: no dangling pointer for the destructor
     buf_ = static_cast<int32_t*>(be_.alloc(need * sizeof(int32_t)));
     cap_ = need;
+    host_ = static_cast<int32_t*>(be_.host_alloc(need * sizeof(int32_t)));
   }
-  int32_t* p = buf_;
+  // Every array goes to its place in the host staging buffer, then one copy to the device: on a GPU
+  // each to_device synchronises, so one copy instead of a dozen per micro-batch.
+  size_t used = 0;
   auto put = [&](const std::vector<int32_t>& v, size_t count) {
-    NLP_ASSERT(v.size() == count);
-    be_.to_device(p, v.data(), count * sizeof(int32_t));
-    int32_t* r = p;
-    p += count;
+    NLP_ASSERT(v.size() == count && used + count <= cap_);
+    std::copy(v.begin(), v.end(), host_ + used);
+    int32_t* r = buf_ + used;
+    used += count;
     return r;
   };
   DeviceBatch db;
@@ -269,6 +277,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
     db.first_host = hb.first.data();
     db.length_host = hb.length.data();
   }
+  be_.to_device(buf_, host_, used * sizeof(int32_t));
   return db;
 }
 
