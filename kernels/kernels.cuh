@@ -128,9 +128,12 @@ size_t colsum_ws_bytes(int M, int N);
 // dst[N] += sum over rows of x[M,N] (deterministic two-stage column reduction)
 cudaError_t colsum_accumulate(float* dst, const float* x, int M, int N, void* ws, cudaStream_t s);
 // Rows per chunk of the two-stage column reductions, and the second stage: dst[N] += sum over
-// k < nchunks of partial[k,N], in order (shared by colsum_accumulate and layernorm_backward).
+// k < nchunks of partial[k,N], in order (shared by colsum_accumulate and layernorm_backward); with
+// dst1/partial1 the same for a second pair in the same launch (layer norm's dw and db). Either dst
+// may be null (its pair skipped).
 constexpr int kColsumChunk = 256;
-cudaError_t colsum_finish(float* dst, const float* partial, int nchunks, int N, cudaStream_t s);
+cudaError_t colsum_finish(float* dst, const float* partial, int nchunks, int N, cudaStream_t s,
+                          float* dst1 = nullptr, const float* partial1 = nullptr);
 size_t sum_ws_bytes(size_t n);
 // *result (device double) = sum(x) or sum(x^2), in double, deterministic
 cudaError_t sum_double(double* result, const float* x, size_t n, bool square, void* ws,

@@ -225,8 +225,7 @@ cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* d
                                                  mean, rstd, N, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    if (dw && (e = colsum_finish(dw, pw, nchunks, C, s)) != cudaSuccess) return e;
-    if (db && (e = colsum_finish(db, pb, nchunks, C, s)) != cudaSuccess) return e;
+    if ((e = colsum_finish(dw, pw, nchunks, C, s, db, pb)) != cudaSuccess) return e;  // both in one launch
   }
   return cudaGetLastError();
 }

@@ -35,11 +35,17 @@ __global__ void colsum_partial_k(float* __restrict__ partial, const float* __res
   }
 }
 
-// dst[c] += sum_k partial[k, c], k in order
+// dst[c] += sum_k partial[k, c], k in order; blockIdx.y = 1 does the same for dst1/partial1 (two
+// column sums of one shape in one launch)
 __global__ void colsum_finish_k(float* __restrict__ dst, const float* __restrict__ partial,
+                                float* __restrict__ dst1, const float* __restrict__ partial1,
                                 int nchunks, int N) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= N) return;
+  if (blockIdx.y == 1) {
+    dst = dst1;
+    partial = partial1;
+  }
   float acc = 0.f;
   for (int k = 0; k < nchunks; ++k) acc += partial[(size_t)k * N + c];
   dst[c] += acc;
@@ -86,8 +92,16 @@ size_t colsum_ws_bytes(int M, int N) {
   return nchunks * size_t(N) * sizeof(float);
 }
 
-cudaError_t colsum_finish(float* dst, const float* partial, int nchunks, int N, cudaStream_t s) {
-  if (nchunks > 0 && N > 0) colsum_finish_k<<<(N + 255) / 256, 256, 0, s>>>(dst, partial, nchunks, N);
+cudaError_t colsum_finish(float* dst, const float* partial, int nchunks, int N, cudaStream_t s,
+                          float* dst1, const float* partial1) {
+  if (!dst) {  // only the second pair (or none)
+    dst = dst1;
+    partial = partial1;
+    dst1 = nullptr;
+  }
+  if (dst && nchunks > 0 && N > 0)
+    colsum_finish_k<<<dim3((N + 255) / 256, dst1 ? 2 : 1), 256, 0, s>>>(dst, partial, dst1, partial1,
+                                                                      nchunks, N);
   return cudaGetLastError();
 }
 
