@@ -555,6 +555,7 @@ class Bert final : public Model {
     dres_a_ = take(BT * C);
     dres_b_ = take(BT * C);
     pad_save_ = take(C);
+    NLP_ASSERT(size_t(p - arena_) == acts_numel(B, T));  // the size and the layout agree
   }
 
   ModelConfig mc_;

@@ -46,6 +46,7 @@ size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, in
 
 BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
+  const float* const start = p;
   BlockActs a{};
   auto take = [&p](size_t n) { float* r = p; p += n; return r; };
   a.ln1 = take(BT * C);
@@ -62,12 +63,14 @@ BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att,
   a.fch_gelu = take(BT * FF);
   a.res2 = take(BT * C);
   a.out = take(BT * C);
+  NLP_ASSERT(size_t(p - start) == block_acts_numel(c, att, B, T));  // the size and the layout agree
   return a;
 }
 
 BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes& att, int B,
                                  int T) {
   const size_t BT = size_t(B) * T;
+  const float* const start = p;
   BlockScratch s{};
   auto take = [&p](size_t n) { float* r = p; p += n; return r; };
   s.d_res1 = take(BT * c.C);
@@ -77,6 +80,7 @@ BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes
   s.d_ff1 = take(BT * c.FF);
   s.d_ff2 = take(BT * c.FF);
   s.d_att = take(att.scratch);
+  NLP_ASSERT(size_t(p - start) == block_scratch_numel(c, att, B, T));
   return s;
 }
 

@@ -225,6 +225,7 @@ class Gpt2 final : public Model {
     dlnf_ = take(BT * C);
     dres_a_ = take(BT * C);
     dres_b_ = take(BT * C);
+    NLP_ASSERT(size_t(p - arena_) == acts_numel(B, T));  // the size and the layout agree
   }
 
   ModelConfig mc_;
@@ -270,6 +271,7 @@ class Gpt2Decoder final : public Decoder {
     rstd_ = take(B);
     logits_ = take(size_t(B) * V);
     scratch_ = take(block_decode_scratch_numel(bc, B));
+    NLP_ASSERT(size_t(p - arena_) == total);
     ids_ = static_cast<int32_t*>(be.alloc(size_t(B) * sizeof(int32_t)));
     host_logits_.resize(size_t(B) * V);
   }
