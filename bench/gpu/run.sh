@@ -249,6 +249,20 @@ if want finetune && in_time 150 "finetune"; then
     { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' \
         "$W/profile_finetune/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   fi
+  # the fused residual/layer-norm kernels against the separate ops on that step, alternating twice:
+  # real tokens/s of each, and their losses must be bitwise equal (dropout on, packed rows)
+  if [[ -f $ftp && ${NLPTRAIN_CUDA_FUSED_LN:-1} == 1 ]] && in_time 45 "fused layer norm A/B"; then
+    for i in 1 2; do
+      for v in 1 0; do
+        NLPTRAIN_CUDA_FUSED_LN=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_fusedln/${v}_$i" \
+            > "$W/ab_fusedln_${v}_$i.log" 2>&1
+        log "fused LN A/B: NLPTRAIN_CUDA_FUSED_LN=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
+            "$W/ab_fusedln/${v}_$i/summary.json" 2>/dev/null)"
+      done
+    done
+    python3 compare.py losses "$W/ab_fusedln/0_1/metrics.jsonl" "$W/ab_fusedln/1_1/metrics.jsonl" --within 100:0 2>&1 \
+        | sed 's/^/fused LN vs separate ops: /' | tee -a "$W/run.log"
+  fi
 fi
 
 snapshot
