@@ -14,6 +14,7 @@
 #include <vector>
 #include <thread>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "comm/comm.h"
@@ -227,6 +228,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank on ",
                cpus.allowed, " CPU(s) (", cpus.list, ")"));
   if (const std::string d = be->details(); !d.empty()) log.info(cat("backend ", be->name(), ": ", d));
+  if (std::string no_bf16; cfg.run.backend == "cpu" && precision == Precision::Bf16 && cfg.run.cpu_bf16 == "auto" &&
+                           !cpu_native_bf16(&no_bf16))
+    log.info(cat("warning: train.precision = bf16 is emulated on this CPU: ", no_bf16, ". The GEMMs run in "
+                 "fp32 on bf16-rounded operands, slower than fp32: for speed here use train.precision = fp32. "
+                 "(run.cpu_bf16 = emulate asks for the emulation, the reference a GPU's bf16 is checked "
+                 "against, without this warning.)"));
   if (cfg.run.backend == "cpu")
     for (const std::string& w : tplan.warnings) log.info(w);
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")

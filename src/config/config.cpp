@@ -126,7 +126,7 @@ const std::vector<Entry>& schema() {
        "cpu with train.precision = bf16: native = bf16 operands multiplied in hardware (oneDNN on "
        "AMX-BF16 / AVX512-BF16; fp32 accumulation, fp32 master weights), emulate = operands rounded "
        "to bf16 and multiplied in fp32 (the reference the GPU is compared with); auto = native where "
-       "the CPU has it, else emulate (the log says which)"},
+       "the CPU has it, else emulate, with a warning: slower than fp32 there (the log says which)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, peak_tflops), ge(0),
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},

@@ -138,6 +138,12 @@ def test_gpt2_bf16_and_tf32_track_fp32(markov_stream, tmp_path, report):
         out = tmp_path / prec
         p = nr.run(common + [f"--output.dir={out}", f"--train.precision={prec}"])
         runs[prec] = (losses(out), p.stdout)
+    # bf16 with run.cpu_bf16 = auto (the default): where the CPU has no bf16 arithmetic, the log says
+    # that it is emulated and slower than fp32, and how to run fast
+    bf16_out = runs["bf16"][1]
+    emulated = "bf16: emulated" in bf16_out
+    assert emulated or "bf16: native" in bf16_out, bf16_out[:3000]
+    assert ("warning: train.precision = bf16 is emulated on this CPU" in bf16_out) == emulated, bf16_out[:3000]
     auto_losses, auto_stdout = runs.pop("auto")
     assert "| precision fp32 |" in auto_stdout  # auto = fp32 on the cpu backend ...
     assert np.array_equal(auto_losses, runs["fp32"][0])  # ... bitwise

@@ -338,6 +338,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+bool cpu_native_bf16(std::string* why) { return cpu::native_bf16_available(why); }
+
 std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision,
                                           const std::string& gemm, const std::string& bf16) {
   return std::make_unique<CpuBackend>(threads, precision, gemm, bf16);
