@@ -578,6 +578,8 @@ TEST_F(CudaOps, FusedResidualLayerNormEqualsTheOpsInTurn) {
   ::setenv("NLPTRAIN_CUDA_FUSED_LN", "0", 1);
   {
     auto plain = nlp::make_cuda_backend(0);
+    EXPECT_NE(plain->details().find("separate ops"), std::string::npos) << plain->details();
+    EXPECT_NE(gpu().details().find("fused kernels"), std::string::npos) << gpu().details();
     const auto a = run(*plain, true, 0.3f, gpu_rows[2]), c = run(gpu(), true, 0.3f, gpu_rows[2]);
     for (int k = 0; k < 8; ++k) EXPECT_TRUE(bitwise_equal(a[k], c[k])) << "NLPTRAIN_CUDA_FUSED_LN=0: " << what[k];
   }

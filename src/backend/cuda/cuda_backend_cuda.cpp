@@ -73,6 +73,10 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  std::string details() const override {
+    return cat("GPU ", device_, " | residual + layer norm: ",
+               fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)");
+  }
   cudaStream_t stream() const { return stream_; }
 
   // ---- memory ----
