@@ -22,13 +22,14 @@
 #           reviews, T=128), BERT-base from scratch, bf16, batch 32, FT_STEPS steps: nlptrain length-grouped,
 #           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
 #           with SDPA, eager and torch.compile -> $OUT/finetune_results.md (real tokens/s, time,
-#           accuracy); at most FT_BUDGET seconds
+#           accuracy); at most FT_BUDGET seconds. Then the packed bf16 run (PROFILE_FINETUNE) again:
+#           30 steps with run.profile (-> profile.txt), and 100 steps each with the fused layer-norm
+#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal)
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
-#           (the finetune section profiles its PROFILE_FINETUNE run there too, first)
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
