@@ -305,8 +305,6 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
-
 }  // namespace
 
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,

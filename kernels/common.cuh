@@ -59,6 +59,9 @@ __device__ __forceinline__ uint64_t drop_key(size_t i, size_t row, size_t row_ke
   return token_key ? uint64_t(token_key[i / width]) * width + i % width : keyed_index(i, row, row_key);
 }
 
+// The scale 1/(1-p) of the elements dropout keeps (0 for p >= 1, where none is kept).
+inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
 // Blocks for a grid-stride loop over n elements (a function of n only).
 inline unsigned grid_for(size_t n, int threads, size_t cap = 8192) {
   size_t g = (n + threads - 1) / threads;

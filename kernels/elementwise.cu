@@ -102,8 +102,6 @@ __global__ void to_bf16_many_k(Bf16Copies c, size_t n) {
   }
 }
 
-inline float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
-
 }  // namespace
 
 cudaError_t add(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {

@@ -232,7 +232,7 @@ cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* d
 
 namespace {
 Drop make_drop(float p, uint64_t seed, size_t row, size_t row_key, const int32_t* token_key, size_t width) {
-  return Drop{p, p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, seed, row, row_key, token_key, width};  // dropout_scale
+  return Drop{p, dropout_scale(p), seed, row, row_key, token_key, width};
 }
 }  // namespace
 

@@ -261,14 +261,16 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.rows = put(hb.rows, r);
   db.row_targets = put(hb.row_targets, r);
   db.nrows = static_cast<int>(r);
-  // the rows' dropout keys: the packed rows' token keys, else (example, position) at T_key
-  row_keys_.resize(r);
+  // the rows' dropout keys, written in place: the packed rows' token keys, else (example, position)
+  // at T_key
+  NLP_ASSERT(used + r <= cap_);
   const int Tk = key_length(hb.T, hb.T_key);
   for (size_t i = 0; i < r; ++i) {
     const int32_t at = hb.rows[i];
-    row_keys_[i] = hb.E > 0 ? hb.token_key[size_t(at)] : at / hb.T * Tk + at % hb.T;
+    host_[used + i] = hb.E > 0 ? hb.token_key[size_t(at)] : at / hb.T * Tk + at % hb.T;
   }
-  db.row_keys = put(row_keys_, r);
+  db.row_keys = buf_ + used;
+  used += r;
   if (hb.E > 0) {
     db.E = hb.E;
     db.pos = put(hb.pos, n);

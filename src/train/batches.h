@@ -109,7 +109,6 @@ class DeviceBatchBuffer {
   int32_t* buf_ = nullptr;   // backend memory, cap_ int32s
   int32_t* host_ = nullptr;  // its host staging (Backend::host_alloc: page-locked on GPUs), cap_ int32s
   size_t cap_ = 0;
-  std::vector<int32_t> row_keys_;  // host staging of DeviceBatch::row_keys
 };
 
 }  // namespace nlp
