@@ -208,7 +208,7 @@ class Bert final : public Model {
     reserve(b.examples(), b.T);
     ensure_acts(b.B, b.T);
     curE_ = b.examples();
-    // first, while the stream is idle after the batch's upload (a copy to a GPU synchronises)
+    // first: without the batch's cls_rows, a copy to the device (which on a GPU synchronises)
     const OutRows* rows = head_rows(b, training);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     if (T > mc_.max_position_embeddings)
@@ -283,7 +283,10 @@ class Bert final : public Model {
   const OutRows* head_rows(const DeviceBatch& b, bool training) {
     rows_ = OutRows{};
     if (all_rows_ || L_ == 0) return nullptr;
-    if (is_seq_cls(task_)) {
+    if (is_seq_cls(task_) && b.cls_rows) {  // uploaded with the batch
+      const int E = b.examples();
+      rows_ = OutRows{b.cls_rows, b.cls_rows + E, E};
+    } else if (is_seq_cls(task_)) {
       const int E = b.examples(), Tk = key_length(b.T, b.T_key);
       host_rows_.resize(2 * size_t(E));
       for (int e = 0; e < E; ++e) {
@@ -582,8 +585,9 @@ class Bert final : public Model {
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *pad_save_ = nullptr;
   float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
   int mlm_rows_ = 0, mlm_cap_ = 0;
-  // head_rows(): the last block's rows in the last forward (S = 0: every row); the [CLS]
-  // rows' positions and keys in backend memory ([2, cls_rows_cap_]) and their host staging
+  // head_rows(): the last block's rows in the last forward (S = 0: every row); for a batch without
+  // cls_rows, the [CLS] rows' positions and keys in backend memory ([2, cls_rows_cap_]) and their
+  // host staging
   bool all_rows_ = false;
   OutRows rows_{};
   int32_t* cls_rows_ = nullptr;

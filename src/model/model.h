@@ -50,6 +50,11 @@ struct DeviceBatch {
   const int32_t* first = nullptr;
   const int32_t* first_host = nullptr;
   const int32_t* length_host = nullptr;
+  // cls_rows [2E]: each example's first flat position (b*T unpacked, first[e] packed), then its
+  // dropout key e * T_key, for the heads that read one row per example (doc_cls, pair_cls). Part of
+  // the batch's one upload (DeviceBatchBuffer); nullable: the model then copies them itself, which on
+  // a GPU is one more synchronising copy per forward.
+  const int32_t* cls_rows = nullptr;
   int examples() const { return E > 0 ? E : B; }
 };
 

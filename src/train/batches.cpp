@@ -227,7 +227,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
   const size_t np = hb.pos.size(), nk = hb.token_key.size(), nf = hb.first.size();
-  const size_t need = 4 * n + 3 * b + 3 * r + np + nk + nf;
+  const size_t need = 4 * n + 5 * b + 3 * r + np + nk + nf;
   if (need > cap_) {
     be_.release(buf_);
     be_.host_release(host_);
@@ -271,6 +271,14 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   }
   db.row_keys = buf_ + used;
   used += r;
+  // each example's [CLS] position and its dropout key (DeviceBatch::cls_rows), written in place
+  NLP_ASSERT(used + 2 * b <= cap_);
+  for (size_t e = 0; e < b; ++e) {
+    host_[used + e] = hb.E > 0 ? hb.first[e] : static_cast<int32_t>(e * size_t(hb.T));
+    host_[used + b + e] = static_cast<int32_t>(e * size_t(Tk));
+  }
+  db.cls_rows = buf_ + used;
+  used += 2 * b;
   if (hb.E > 0) {
     db.E = hb.E;
     db.pos = put(hb.pos, n);

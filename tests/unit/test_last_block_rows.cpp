@@ -4,7 +4,8 @@
 // (Model::set_last_block_all_rows(true), what transformers computes): the loss, the outputs and every
 // parameter gradient agree to fp32 rounding, in training mode with dropout on (so the rows' dropout
 // keys must be those of their positions), for batches at the file's length, trimmed below it and
-// packed, with and without block recompute. last_block_rows() shows that the rows path ran.
+// packed, with and without block recompute, the [CLS] rows uploaded with the batch or copied by the
+// model. last_block_rows() shows that the rows path ran.
 // The reference is the full computation, never a value taken from the path under test.
 #include <gtest/gtest.h>
 
@@ -159,6 +160,18 @@ void check(const std::string& task, Shape shape, bool recompute) {
     const double d = dist(a, b, sp.numel), e = d / norm(b, sp.numel);
     EXPECT_TRUE(e < 1e-5 || d < 1e-6 * total)
         << sp.name << ": relative " << e << ", absolute " << d << " against a gradient norm " << total;
+  }
+  // doc_cls, pair_cls: the [CLS] rows came with the batch's upload (DeviceBatch::cls_rows); a batch
+  // without them (built by hand) has the model copy them itself, to the same bits
+  if (!rows) {
+    ASSERT_NE(db.cls_rows, nullptr);
+    nlp::DeviceBatch own = db;
+    own.cls_rows = nullptr;
+    const Result self = run(*m, own, false);
+    EXPECT_EQ(self.rows, part.rows);
+    EXPECT_EQ(self.loss, part.loss);
+    EXPECT_EQ(self.out, part.out);
+    EXPECT_EQ(self.grads, part.grads);
   }
   // the last block's parameters do get a gradient (the comparison is not of zeros)
   const auto& last = m->params().specs()[m->params().index("bert.encoder.layer.1.output.dense.weight")];
