@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/block.h"
+#include "model/carver.h"
 #include "model/model.h"
 #include "model/task.h"
 #include "text/json_min.h"
@@ -537,8 +538,7 @@ class Bert final : public Model {
     capB_ = B;
     capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
-    float* p = arena_;
-    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    Carver take(arena_, acts_numel(B, T));
     emb_ = take(BT * C);
     x0_ = take(BT * C);
     emb_mean_ = take(BT);
@@ -558,7 +558,7 @@ class Bert final : public Model {
     dres_a_ = take(BT * C);
     dres_b_ = take(BT * C);
     pad_save_ = take(C);
-    NLP_ASSERT(size_t(p - arena_) == acts_numel(B, T));  // the size and the layout agree
+    take.done();
   }
 
   ModelConfig mc_;

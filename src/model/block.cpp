@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/carver.h"
 
 namespace nlp {
 
@@ -46,9 +47,8 @@ size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, in
 
 BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
-  const float* const start = p;
   BlockActs a{};
-  auto take = [&p](size_t n) { float* r = p; p += n; return r; };
+  Carver take(p, block_acts_numel(c, att, B, T));
   a.ln1 = take(BT * C);
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
@@ -63,16 +63,15 @@ BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att,
   a.fch_gelu = take(BT * FF);
   a.res2 = take(BT * C);
   a.out = take(BT * C);
-  NLP_ASSERT(size_t(p - start) == block_acts_numel(c, att, B, T));  // the size and the layout agree
+  take.done();
   return a;
 }
 
 BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes& att, int B,
                                  int T) {
   const size_t BT = size_t(B) * T;
-  const float* const start = p;
   BlockScratch s{};
-  auto take = [&p](size_t n) { float* r = p; p += n; return r; };
+  Carver take(p, block_scratch_numel(c, att, B, T));
   s.d_res1 = take(BT * c.C);
   s.d_c1 = take(BT * c.C);
   s.d_c2 = take(BT * c.C);
@@ -80,7 +79,7 @@ BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes
   s.d_ff1 = take(BT * c.FF);
   s.d_ff2 = take(BT * c.FF);
   s.d_att = take(att.scratch);
-  NLP_ASSERT(size_t(p - start) == block_scratch_numel(c, att, B, T));
+  take.done();
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/block.h"
+#include "model/carver.h"
 #include "model/model.h"
 
 namespace nlp {
@@ -212,8 +213,7 @@ class Gpt2 final : public Model {
     capB_ = B;
     capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
-    float* p = arena_;
-    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    Carver take(arena_, acts_numel(B, T));
     x0_ = take(BT * C);
     stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
     lnf_ = take(BT * C);
@@ -225,7 +225,7 @@ class Gpt2 final : public Model {
     dlnf_ = take(BT * C);
     dres_a_ = take(BT * C);
     dres_b_ = take(BT * C);
-    NLP_ASSERT(size_t(p - arena_) == acts_numel(B, T));  // the size and the layout agree
+    take.done();
   }
 
   ModelConfig mc_;
@@ -258,8 +258,7 @@ class Gpt2Decoder final : public Decoder {
     const size_t total = 2 * cache * m.n_layer() + 2 * size_t(B) * C + size_t(B) * C + 2 * size_t(B) +
                          size_t(B) * V + block_decode_scratch_numel(bc, B);
     arena_ = static_cast<float*>(be.alloc(total * sizeof(float)));
-    float* p = arena_;
-    auto take = [&p](size_t k) { float* r = p; p += k; return r; };
+    Carver take(arena_, total);
     for (int l = 0; l < m.n_layer(); ++l) {
       k_.push_back(take(cache));
       v_.push_back(take(cache));
@@ -271,7 +270,7 @@ class Gpt2Decoder final : public Decoder {
     rstd_ = take(B);
     logits_ = take(size_t(B) * V);
     scratch_ = take(block_decode_scratch_numel(bc, B));
-    NLP_ASSERT(size_t(p - arena_) == total);
+    take.done();
     ids_ = static_cast<int32_t*>(be.alloc(size_t(B) * sizeof(int32_t)));
     host_logits_.resize(size_t(B) * V);
   }

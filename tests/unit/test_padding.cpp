@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/dataset.h"
+#include "model/carver.h"
 #include "train/batches.h"
 
 namespace {
@@ -613,6 +614,24 @@ TEST(PackedEmbedding, PositionIdsRestartInEachExample) {
         if (pos[t] == p) want += dout[size_t(t) * C + c];
       ASSERT_NEAR(dwpe[size_t(p) * C + c], want, 1e-6) << p << " " << c;
     }
+}
+
+// The activation arenas are laid out by a Carver (model/carver.h), which holds the layout to the size
+// its owner counted: tensors one after another, and an error for a layout that takes more or less.
+TEST(Carver, LaysTensorsOutInOrderAndHoldsTheLayoutToTheCount) {
+  std::vector<float> arena(10);
+  nlp::Carver take(arena.data(), arena.size());
+  float* a = take(4);
+  float* b = take(0);
+  float* c = take(6);
+  EXPECT_EQ(a, arena.data());
+  EXPECT_EQ(b, arena.data() + 4);
+  EXPECT_EQ(c, arena.data() + 4);
+  EXPECT_NO_THROW(take.done());
+  EXPECT_THROW(take(1), nlp::Error);  // past the count
+  nlp::Carver short_layout(arena.data(), arena.size());
+  short_layout(9);
+  EXPECT_THROW(short_layout.done(), nlp::Error);  // one float counted and never taken
 }
 
 }  // namespace
