@@ -24,7 +24,9 @@
 #           with SDPA, eager and torch.compile -> $OUT/finetune_results.md (real tokens/s, time,
 #           accuracy); at most FT_BUDGET seconds. Then the packed bf16 run (PROFILE_FINETUNE) again:
 #           30 steps with run.profile (-> profile.txt), and 100 steps each with the fused layer-norm
-#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal)
+#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal);
+#           then 8 of its steps under Nsight Compute: the GPU's busy time per step against the
+#           step's wall time (bench/gpu/ncu_busy.py -> profile.txt), i.e. how launch-bound it is
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
@@ -242,7 +244,9 @@ if want finetune && in_time 150 "finetune"; then
   sed -n '/^| setup/,/^$/p' "$W/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
   # where issue 20's own step spends its GPU time: the packed run again from its effective config,
   # 30 steps with run.profile -> profile.txt (first, before the benchmark models' profiles)
-  ftp=$W/finetune/raw/$PROFILE_FINETUNE/config.ini
+  # (FT_PROFILE_INI: another INI in its place, for the CPU-only check of this script, where the
+  # finetune runs stop at the device check before they write their config.ini)
+  ftp=${FT_PROFILE_INI:-$W/finetune/raw/$PROFILE_FINETUNE/config.ini}
   if [[ -f $ftp ]] && in_time 30 "profile $PROFILE_FINETUNE"; then
     timeout $(tmo 60) $NL "$ftp" --train.steps=30 --run.profile=true --output.dir="$W/profile_finetune" \
         > "$W/profile_finetune.log" 2>&1
@@ -263,6 +267,22 @@ if want finetune && in_time 150 "finetune"; then
     done
     python3 compare.py losses "$W/ab_fusedln/0_1/metrics.jsonl" "$W/ab_fusedln/1_1/metrics.jsonl" --within 100:0 2>&1 \
         | sed 's/^/fused LN vs separate ops: /' | tee -a "$W/run.log"
+  fi
+  # how much of that step the GPU is busy: every kernel's duration under Nsight Compute (one metric
+  # that needs no replay; caches and clocks left alone), cut into steps at the AdamW kernel, against
+  # the wall time of the same steps in the finetune run (the same seed: the same batches). busy/wall
+  # well under 1: the step waits on the host's launches, which CUDA graphs would remove.
+  NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+  if [[ -f $ftp && -z $NCU ]]; then
+    log "ncu busy: no ncu on this machine"
+  elif [[ -f $ftp ]] && in_time 60 "ncu busy"; then
+    # (at most 6000 kernels: about 8 BERT-base steps; a step cut short at the end is not counted)
+    timeout $(tmo 90) "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+        --launch-count 6000 --csv --page details --target-processes all --log-file "$W/ncu_busy.csv" \
+        $NL "$ftp" --train.steps=8 --data.eval= --output.dir="$W/ncu_busy" > "$W/ncu_busy.log" 2>&1
+    log "ncu busy: exit $?"
+    { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
+        --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
   fi
 fi
 

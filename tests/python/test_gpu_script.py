@@ -29,7 +29,7 @@ def make_tree(root: Path) -> Path:
     """The parts of the repository that run.sh reads, and a stage like prepare.sh's; returns bench/gpu."""
     gpu = root / "bench" / "gpu"
     shutil.copytree(SOURCE_DIR / "bench" / "gpu" / "inputs", gpu / "inputs")
-    for f in ("run.sh", "compare.py", "collect.py", "torch_bench.py"):
+    for f in ("run.sh", "compare.py", "collect.py", "torch_bench.py", "ncu_busy.py"):
         shutil.copy(SOURCE_DIR / "bench" / "gpu" / f, gpu / f)
     for f in ("finetune_speed.sh", "finetune_speed_report.py", "bert_accuracy/hf_trainer.py"):
         (root / "bench" / f).parent.mkdir(parents=True, exist_ok=True)
@@ -78,10 +78,89 @@ def doc_cls(path: Path, n: int, rng) -> None:
                        max_seq_len=T, num_examples=n)
 
 
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+          '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+
+
+def ncu_csv(kernels) -> str:
+    """Nsight Compute's --csv --page details output for [(kernel name, unit, value)], with the
+    ==PROF== lines it writes before the table."""
+    rows = ["==PROF== Connected to process 4242 (/stage/bin/nlptrain)", HEADER]
+    for i, (name, unit, value) in enumerate(kernels):
+        for metric, u, v in (("gpu__time_duration.sum", unit, value), ("sm__throughput.avg.pct", "%", "1.5")):
+            rows.append(",".join(f'"{x}"' for x in (i, 4242, "nlptrain", "h", name, 1, 7, "(256, 1, 1)",
+                                                   "(8, 1, 1)", 0, "9.0", "Command line profiler metrics",
+                                                   metric, u, v)))
+    rows.append("==PROF== Disconnected from process 4242")
+    return "\n".join(rows) + "\n"
+
+
+# two steps after a start-up kernel: layer norm, a GEMM, then AdamW (twice in step 2: a step may launch
+# it more than once), and an evaluation's kernels after the last step (not a step)
+STEPS_CSV = [("nlp::kern::init_k(float*)", "usecond", "5"),
+             ("nlp::kern::(anonymous namespace)::ln_fwd_k(float*, int)", "usecond", "2.5"),
+             ("sm90_xmma_gemm_bf16bf16_bf16f32", "msecond", "1.25"),
+             ("nlp::kern::(anonymous namespace)::adamw_spans_k(float*)", "nsecond", "500"),
+             ("nlp::kern::(anonymous namespace)::ln_fwd_k(float*, int)", "usecond", "2.5"),
+             ("sm90_xmma_gemm_bf16bf16_bf16f32", "usecond", "1,250"),
+             ("nlp::kern::(anonymous namespace)::adamw_spans_k(float*)", "nsecond", "250"),
+             ("nlp::kern::(anonymous namespace)::adamw_spans_k(float*)", "nsecond", "250"),
+             ("nlp::kern::(anonymous namespace)::ln_fwd_k(float*, int)", "usecond", "9")]
+
+
+def test_ncu_busy_cuts_steps_at_adamw_and_sums_durations(tmp_path):
+    csv_path, metrics = tmp_path / "busy.csv", tmp_path / "metrics.jsonl"
+    csv_path.write_text(ncu_csv(STEPS_CSV))
+    metrics.write_text('{"step": 1, "loss": 1.0, "step_time_s": 0.004}\n{"step": 2, "loss": 0.9, "step_time_s": 0.002}\n'
+                       '{"step": 2, "split": "eval", "loss": 0.9}\n')
+    script = SOURCE_DIR / "bench" / "gpu" / "ncu_busy.py"
+    p = subprocess.run(["python3", str(script), "--csv", str(csv_path), "--metrics", str(metrics), "--skip", "1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert "9 kernels, 2 steps" in out, out
+    # step 1: 5 + 2.5 + 1250 + 0.5 us = 1.258 ms of a 4 ms step; step 2: 2.5 + 1250 + 0.25 + 0.25 us
+    assert re.search(r"^ +1 +4 +1\.258 +4\.000 +0\.31$", out, re.M), out
+    assert re.search(r"^ +2 +4 +1\.253 +2\.000 +0\.63$", out, re.M), out
+    assert "median over steps 2..2: 4 kernels, GPU busy 1.253 ms per step, busy/wall 0.63" in out, out
+    assert re.search(r"sm90_xmma_gemm_bf16bf16_bf16f32 +99\.8% +1\.0 per step +1250\.0 us each", out), out
+    assert re.search(r"^ +adamw_spans_k +0\.0% +2\.0 per step +0\.2 us each", out, re.M), out  # names, short
+    # a log without the table (ncu refused the device, another format): FAIL with its first lines
+    csv_path.write_text("==PROF== ERROR: Failed to initialize the profiler: LibraryNotLoaded\n")
+    p = subprocess.run(["python3", str(script), "--csv", str(csv_path)], capture_output=True, text=True)
+    assert p.returncode == 1 and "FAIL ncu busy" in p.stdout and "LibraryNotLoaded" in p.stdout, p.stdout
+
+
+# a stand-in for Nsight Compute: writes STEPS_CSV to its --log-file, then runs the program it was given
+FAKE_NCU = """#!/usr/bin/env python3
+import os, sys
+sys.path.insert(0, {here!r})
+from test_gpu_script import STEPS_CSV, ncu_csv
+args, log = sys.argv[1:], None
+while args and args[0].startswith("--"):
+    opt = args.pop(0)
+    if opt != "--csv":  # every other option of run.sh's ncu line takes a value
+        value = args.pop(0)
+        if opt == "--log-file":
+            log = value
+open(log, "w").write(ncu_csv(STEPS_CSV))
+os.execvp(args[0], args)
+"""
+
+
 def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu = make_tree(tmp_path / "repo")
     out = tmp_path / "out"
+    fake_ncu = tmp_path / "ncu"
+    fake_ncu.write_text(FAKE_NCU.format(here=str(Path(__file__).parent)))
+    fake_ncu.chmod(0o755)
+    # the finetune runs stop at the device check before they write the config.ini that the finetune
+    # section's profile, A/B and ncu runs take: a cuda INI of the small BERT in its place
+    ft_ini = tmp_path / "ft_config.ini"
+    ft_ini.write_text((gpu / "inputs" / "bert_small.ini").read_text().replace("[run]", "[run]\nbackend = cuda")
+                      .replace("stage/data/", str(gpu / "stage" / "data") + "/"))
     env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume profile",
+               NCU=str(fake_ncu), FT_PROFILE_INI=str(ft_ini),
                E2E_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
                TORCH_RUNS="bert:compile:bf16 gpt2:eager:fp32",
                FT_SETTINGS="nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 "
@@ -106,7 +185,13 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
-    assert len(gpu_logs) == 8 + 4 + 2 + 6 + 3, gpu_logs
+    # the finetune step's profile, its fused layer-norm A/B (2 x 2 runs) and its run under ncu (here the
+    # stand-in, whose CSV is read into the log and profile.txt)
+    gpu_logs += [work / "ncu_busy.log"] + sorted(work.glob("ab_fusedln_*.log"))
+    assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
+    assert len(gpu_logs) == 8 + 4 + 3 + 6 + 3 + 5, gpu_logs
+    assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
+    assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:
         text = f.read_text()
         assert NO_DEVICE.search(text), f"{f.name}: failed before the device check:\n{text[-2000:]}"
