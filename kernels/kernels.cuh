@@ -138,6 +138,9 @@ size_t sum_ws_bytes(size_t n);
 // *result (device double) = sum(x) or sum(x^2), in double, deterministic
 cudaError_t sum_double(double* result, const float* x, size_t n, bool square, void* ws,
                        cudaStream_t s);
+// *acc = *acc + scale * *x (device doubles), the product and the sum each rounded (no fused
+// multiply-add), as the host computes them
+cudaError_t add_scaled_double(double* acc, const double* x, double scale, cudaStream_t s);
 
 // ---- embedding.cu --------------------------------------------------------------------------------
 // pos_ids (nullable, [B,T]): the position of each token (packed rows), else pos_offset + t

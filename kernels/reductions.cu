@@ -132,5 +132,16 @@ cudaError_t sum_double(double* result, const float* x, size_t n, bool square, vo
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void add_scaled_k(double* acc, const double* x, double scale) {
+  *acc = __dadd_rn(*acc, __dmul_rn(scale, *x));
+}
+}  // namespace
+
+cudaError_t add_scaled_double(double* acc, const double* x, double scale, cudaStream_t s) {
+  add_scaled_k<<<1, 1, 0, s>>>(acc, x, scale);
+  return cudaGetLastError();
+}
+
 }  // namespace kern
 }  // namespace nlp

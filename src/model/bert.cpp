@@ -204,6 +204,13 @@ class Bert final : public Model {
   int width() const override { return C_; }
 
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
+    return loss_sum(be_, run_forward(b, training, seed));
+  }
+  void forward_into(const DeviceBatch& b, bool training, uint64_t seed, double* loss_acc) override {
+    add_loss_sum(be_, loss_acc, run_forward(b, training, seed));
+  }
+
+  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     // packed rows hold more examples than rows: the per-example head tensors ([E,C], [E,NL]) are
     // carved for capB_ examples, which the trainer reserves as train.batch_size
     reserve(b.examples(), b.T);
@@ -322,8 +329,8 @@ class Bert final : public Model {
     return {b.B * b.T, b.targets, drop_rows(b.T, b.T_key, C_, b.token_key)};
   }
 
-  // ---- heads: forward returns the sum of losses over the batch's loss units ----
-  double head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
+  // ---- heads: forward leaves the losses of the batch's loss units (LossTerms) ----
+  LossTerms head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     const uint64_t hseed = derive_seed(seed, 0x4EAD);
@@ -343,17 +350,17 @@ class Bert final : public Model {
         be_.tanh_forward(h3_, h2_, size_t(E) * C);
         be_.dropout_forward(h4_, h3_, size_t(E) * C, p_hidden, hseed);
         be_.matmul_forward(logits_, h4_, ps_.p(cls_w_), ps_.p(cls_b_), E, C, NL_, WLayout::OutIn);
-        if (!b.labels) return 0;
+        if (!b.labels) return {};
         be_.crossentropy_forward(losses_, logits_, b.labels, E, NL_);
-        return be_.sum(losses_, E);
+        return {losses_, size_t(E)};
       }
       case Task::Ner: {  // logits[N,NL] = drop(xL) Wc^T + bc over ner_rows' N rows
         const NerRows r = ner_rows(b);
         be_.dropout_forward(h1_, xL_, size_t(r.N) * C, p_hidden, hseed, r.drop);
         be_.matmul_forward(logits_, h1_, ps_.p(cls_w_), ps_.p(cls_b_), r.N, C, NL_, WLayout::OutIn);
-        if (!r.targets) return 0;
+        if (!r.targets) return {};
         be_.crossentropy_forward(losses_, logits_, r.targets, r.N, NL_);
-        return be_.sum(losses_, r.N);
+        return {losses_, size_t(r.N)};
       }
       case Task::Qa: {
         // start[B,T] = xL qa_w[0]^T + qa_b[0]; end[B,T] = xL qa_w[1]^T + qa_b[1]
@@ -361,7 +368,7 @@ class Bert final : public Model {
         float* end = logits_ + size_t(BT);
         be_.matmul_forward(start, xL_, ps_.p(qa_w_), ps_.p(qa_b_), BT, C, 1, WLayout::OutIn);
         be_.matmul_forward(end, xL_, ps_.p(qa_w_) + C, ps_.p(qa_b_) + 1, BT, C, 1, WLayout::OutIn);
-        if (!b.start) return 0;
+        if (!b.start) return {};
         if (b.E > 0) {  // packed: each example's softmax over its own positions
           const int E = b.E;
           for (int e = 0; e < E; ++e) {
@@ -369,11 +376,11 @@ class Bert final : public Model {
             be_.crossentropy_forward(losses_ + e, start + at, b.start + e, 1, b.length_host[e]);
             be_.crossentropy_forward(losses_ + E + e, end + at, b.end + e, 1, b.length_host[e]);
           }
-          return 0.5 * be_.sum(losses_, 2 * size_t(E));
+          return {losses_, 2 * size_t(E), 0.5};
         }
         be_.crossentropy_forward(losses_, start, b.start, B, T);
         be_.crossentropy_forward(losses_ + B, end, b.end, B, T);
-        return 0.5 * be_.sum(losses_, 2 * size_t(B));
+        return {losses_, 2 * size_t(B), 0.5};
       }
       case Task::Mlm: {
         // M = b.nrows masked positions. h4[M,C] = xL[rows]; h2 = LN(gelu(h4 Wt^T + bt));
@@ -381,7 +388,7 @@ class Bert final : public Model {
         const int M = b.nrows;
         NLP_ASSERT(M == 0 || (b.rows && b.row_targets));
         ensure_mlm_rows(M);
-        if (M == 0) return 0;
+        if (M == 0) return {};
         if (compact())  // xL is [M,C] already
           be_.copy(h4_, xL_, size_t(M) * C * sizeof(float));
         else
@@ -392,7 +399,7 @@ class Bert final : public Model {
                               mc_.layer_norm_eps);
         be_.matmul_forward(mlm_logits_, h2_, ps_.p(wte_), ps_.p(mlm_b_), M, C, V_, WLayout::OutIn);
         be_.crossentropy_forward(losses_, mlm_logits_, b.row_targets, M, V_);
-        return be_.sum(losses_, M);
+        return {losses_, size_t(M)};
       }
       default: throw Error("bert: unsupported task");
     }

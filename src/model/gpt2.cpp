@@ -125,6 +125,13 @@ class Gpt2 final : public Model {
   }
 
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
+    return loss_sum(be_, run_forward(b, training, seed));
+  }
+  void forward_into(const DeviceBatch& b, bool training, uint64_t seed, double* loss_acc) override {
+    add_loss_sum(be_, loss_acc, run_forward(b, training, seed));
+  }
+
+  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     ensure_acts(b.B, b.T);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(T <= mc_.n_positions);
@@ -139,9 +146,9 @@ class Gpt2 final : public Model {
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
                           mc_.layer_norm_epsilon);
     be_.matmul_forward(logits_, lnf_, ps_.p(wte_), nullptr, BT, C, V_, WLayout::OutIn);
-    if (!b.targets) return 0.0;
+    if (!b.targets) return {};
     be_.crossentropy_forward(losses_, logits_, b.targets, BT, V_);
-    return be_.sum(losses_, BT);
+    return {losses_, size_t(BT)};
   }
 
   void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) override {

@@ -65,6 +65,20 @@ struct OutputView {
   const float* data;
 };
 
+// The losses a forward leaves in backend memory: the batch's loss sum is scale * sum(x[0..n)) (scale
+// 0.5 for qa, the mean of its start and end losses); n = 0 when the batch has no targets (sum 0).
+struct LossTerms {
+  const float* x = nullptr;
+  size_t n = 0;
+  double scale = 1.0;
+};
+// Their sum read back (host double), or added to acc[0] in backend memory (Backend::sum_into), with
+// the same arithmetic.
+inline double loss_sum(Backend& be, const LossTerms& t) { return t.n ? t.scale * be.sum(t.x, t.n) : 0.0; }
+inline void add_loss_sum(Backend& be, double* acc, const LossTerms& t) {
+  if (t.n) be.sum_into(acc, t.x, t.n, t.scale);
+}
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -74,8 +88,13 @@ class Model {
   virtual void write_attrs(h5::File& f) const = 0;
   // Initialise from scratch, seeded (HF's initialisation scheme).
   virtual void init_weights(uint64_t seed) = 0;
-  // Forward; returns the SUM of per-token losses over targets != -100 (host double).
+  // Forward; returns the SUM of per-token losses over targets != -100 (host double: on a GPU a read
+  // back, which waits for the forward to finish).
   virtual double forward(const DeviceBatch& b, bool training, uint64_t seed) = 0;
+  // The same forward, adding that sum to *loss_acc (one double in backend memory) instead of reading
+  // it back, so that a GPU goes on into the backward: the trainer reads a step's sum once, after it.
+  // loss_acc then holds, bitwise, what `*loss_acc += forward(b, training, seed)` would.
+  virtual void forward_into(const DeviceBatch& b, bool training, uint64_t seed, double* loss_acc) = 0;
   // Backward of dloss * (sum of losses) through the last forward, accumulating into params().grad().
   virtual void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) = 0;
   virtual const float* logits() const = 0;  // [B,T,V] of the last forward (backend memory)

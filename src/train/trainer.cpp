@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <memory>
 
 #include "comm/grad_reducer.h"
 #include "core/error.h"
@@ -317,6 +319,10 @@ int run_train(Session& s) {
   s.model.reserve(B, T);  // the activation arena, once, at the largest batch
 
   DeviceBatchBuffer dbuf(s.be);
+  // a step's loss sum, added up in backend memory by the forwards (Model::forward_into) and read once
+  // after the backward: on a GPU no micro-batch waits for its forward before the backward is queued
+  std::unique_ptr<double, std::function<void(double*)>> loss_dev(
+      static_cast<double*>(s.be.alloc(sizeof(double))), [&be = s.be](double* p) { be.release(p); });
   TokenBatch tb;
   // The micro-batches of a step, read on the host. Those of the next step are read while the GPU
   // runs this step's backward (the ops are queued asynchronously), so the data read is hidden
@@ -401,12 +407,12 @@ int run_train(Session& s) {
                       cfg.data.train, "'"));
     const float dloss = static_cast<float>(1.0 / counts[0]);
 
-    double loss_sum[1] = {0};
+    s.be.zero(loss_dev.get(), sizeof(double));
     t_hook = 0;
     for (int a = 0; a < A; ++a) {
       DeviceBatch db = dbuf.upload(micro[a]);
       const uint64_t dseed = derive_seed(seed, step, a, rank);
-      loss_sum[0] += s.model.forward(db, /*training=*/true, dseed);
+      s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
       const bool last_micro = a + 1 == A;  // only the summed gradients are reduced
       if (last_micro) {
         reducer.begin();
@@ -436,7 +442,9 @@ int run_train(Session& s) {
     t_comm += seconds_since(tp);
     // The loss, and with train.zero = 1 the squared norm of this rank's shard (the gradient is summed
     // only there), summed over ranks in one host call: the global norm for clipping.
-    double host_sums[2] = {loss_sum[0], zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
+    double loss_sum = 0;
+    s.be.to_host(&loss_sum, loss_dev.get(), sizeof loss_sum);
+    double host_sums[2] = {loss_sum, zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
     tp = Clock::now();
     s.comm.allreduce_sum_host(host_sums, 2);
     s.be.synchronize();

@@ -6,7 +6,8 @@
 // keys must be those of their positions), for batches at the file's length, trimmed below it and
 // packed, with and without block recompute, the [CLS] rows uploaded with the batch or copied by the
 // model. last_block_rows() shows that the rows path ran.
-// The reference is the full computation, never a value taken from the path under test.
+// The reference is the full computation, never a value taken from the path under test. Also here,
+// on the same batches: the trainer's forward_into adds the loss sum that forward() returns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -194,6 +195,54 @@ TEST(LastBlockRows, NerTrainingEqualsEveryRow) {
   for (Shape sh : {Shape::Padded, Shape::Trimmed, Shape::Packed}) check("ner", sh, false);
   check("ner", Shape::Packed, true);
 }
+// Model::forward_into, the trainer's forward (the loss added up in backend memory, read once per
+// step), adds bitwise what forward() returns, for every head (qa's 0.5 scale included) and for GPT-2,
+// training and evaluation, padded and packed, over two micro-batches into one sum.
+TEST(LossSum, ForwardIntoAddsWhatForwardReturns) {
+  for (const char* task : {"doc_cls", "pair_cls", "ner", "qa", "mlm", "clm"}) {
+    for (bool packed : {false, true}) {
+      const std::string t = task;
+      if (t == "clm" && packed) continue;  // packing is for the BERT tasks
+      SCOPED_TRACE(t + (packed ? " packed" : ""));
+      nlp::HostBatch hb = batch({9, 23, 4, 17}, 32, t == "clm" ? "mlm" : t);
+      if (t == "qa") {
+        hb.start = {1, 2, 1, 3};
+        hb.end = {3, 5, 2, 4};
+      }
+      if (packed) nlp::pack_rows(hb, 16);
+      nlp::DeviceBatchBuffer dbuf(be());
+      const nlp::DeviceBatch db = dbuf.upload(hb);
+      nlp::ModelConfig mc = small_bert();
+      if (t == "clm") {
+        mc = nlp::ModelConfig{};
+        mc.type = "gpt2";
+        mc.vocab_size = 97;
+        mc.n_layer = 2;
+        mc.n_head = 4;
+        mc.n_embd = 32;
+        mc.n_positions = 64;
+      }
+      auto m = nlp::make_model(mc, be(), t);
+      m->init_weights(5);
+      for (bool training : {true, false}) {
+        double want = 1.0 / 3.0;  // an earlier micro-batch's sum
+        want += m->forward(db, training, 77);
+        ASSERT_GT(want, 1.0 / 3.0);  // a loss was computed
+        want += m->forward(db, training, 78);
+        auto* acc = static_cast<double*>(be().alloc(sizeof(double)));
+        const double start = 1.0 / 3.0;
+        be().to_device(acc, &start, sizeof start);
+        m->forward_into(db, training, 77, acc);
+        m->forward_into(db, training, 78, acc);
+        double got = 0;
+        be().to_host(&got, acc, sizeof got);
+        be().release(acc);
+        EXPECT_EQ(got, want) << (training ? "training" : "evaluation");
+      }
+    }
+  }
+}
+
 // qa reads every row, and ner's evaluation and prediction output every row's logits: the last block
 // computes them all
 TEST(LastBlockRows, QaAndNerEvaluationComputeEveryRow) {

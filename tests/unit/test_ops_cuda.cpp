@@ -945,6 +945,36 @@ TEST_F(CudaOps, SumAndSumsqInDouble) {
   EXPECT_EQ(gpu().sum(nullptr, 0), 0.0);
 }
 
+// sum_into (the trainer's loss, added up on the device): acc + scale * sum(x) with the product and the
+// sum each rounded as on the host, from the same device sum; twice in a row; N = 0 adds nothing.
+// With scale 1/3 the product is inexact, and a fused multiply-add (what nvcc makes of
+// `acc + scale * s` unless told not to) would differ from the host in the last bit for many sums.
+TEST_F(CudaOps, SumIntoAddsWhatTheHostWould) {
+  auto* acc = static_cast<double*>(gpu().alloc(sizeof(double)));
+  for (size_t n : {size_t(1), size_t(1000), size_t(1000003)}) {
+    for (double scale : {1.0, 0.5, 1.0 / 3.0}) {
+      SCOPED_TRACE(testing::Message() << "n=" << n << " scale=" << scale);
+      const double start = 3.0 + 1.0 / 7.0;
+      gpu().to_device(acc, &start, sizeof start);
+      VF x = randn(n, 1300 + n);
+      float* gx = put(x);
+      const double s = gpu().sum(gx, n);
+      double want = start;
+      want += scale * s;
+      gpu().sum_into(acc, gx, n, scale);
+      double got = 0;
+      gpu().to_host(&got, acc, sizeof got);
+      EXPECT_EQ(got, want);
+      want += scale * s;
+      gpu().sum_into(acc, gx, n, scale);
+      gpu().sum_into(acc, gx, 0, scale);
+      gpu().to_host(&got, acc, sizeof got);
+      EXPECT_EQ(got, want);
+    }
+  }
+  gpu().release(acc);
+}
+
 // One launch over many tensors (with alignment gaps between them, which stay untouched) gives
 // bitwise what one adamw_update per tensor gives, on the GPU; and matches the CPU's spans to kOp.
 TEST_F(CudaOps, AdamWSpansEqualPerTensorUpdates) {

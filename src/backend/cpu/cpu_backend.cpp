@@ -268,6 +268,9 @@ class CpuBackend final : public Backend {
   // ---- reductions, optimizer ----
   double sum(const float* x, size_t N) override { return cpu::sum(x, N); }
   double sumsq(const float* x, size_t N) override { return cpu::sumsq(x, N); }
+  void sum_into(double* acc, const float* x, size_t N, double scale) override {
+    *acc += scale * cpu::sum(x, N);
+  }
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                     int t) override {

@@ -363,6 +363,13 @@ class CudaBackend final : public Backend {
   // ---- reductions, optimizer ----
   double sum(const float* x, size_t N) override { return reduce(x, N, false); }
   double sumsq(const float* x, size_t N) override { return reduce(x, N, true); }
+  void sum_into(double* acc, const float* x, size_t N, double scale) override {
+    if (N == 0) return;  // the sum is 0: acc + scale * 0 is acc (never -0 here: a sum of losses)
+    void* ws = workspace(kern::sum_ws_bytes(N));
+    double* d = static_cast<double*>(small_);
+    op(kern::sum_double(d, x, N, false, ws, stream_), "sum");
+    op(kern::add_scaled_double(acc, d, scale, stream_), "sum_into");
+  }
 
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
