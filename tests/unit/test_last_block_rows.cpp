@@ -48,6 +48,17 @@ nlp::ModelConfig small_bert() {
   return mc;
 }
 
+nlp::ModelConfig small_gpt2() {  // the same size, for the loss-sum test
+  nlp::ModelConfig mc;
+  mc.type = "gpt2";
+  mc.vocab_size = 97;
+  mc.n_layer = 2;
+  mc.n_head = 4;
+  mc.n_embd = 32;
+  mc.n_positions = 64;
+  return mc;
+}
+
 // B rows of T positions, row b real for its first len[b]: random ids, labels, and (mlm, ner) targets
 // at every third real position after [CLS] (ner: one of the 3 labels).
 nlp::HostBatch batch(const std::vector<int>& len, int T, const std::string& task) {
@@ -212,17 +223,7 @@ TEST(LossSum, ForwardIntoAddsWhatForwardReturns) {
       if (packed) nlp::pack_rows(hb, 16);
       nlp::DeviceBatchBuffer dbuf(be());
       const nlp::DeviceBatch db = dbuf.upload(hb);
-      nlp::ModelConfig mc = small_bert();
-      if (t == "clm") {
-        mc = nlp::ModelConfig{};
-        mc.type = "gpt2";
-        mc.vocab_size = 97;
-        mc.n_layer = 2;
-        mc.n_head = 4;
-        mc.n_embd = 32;
-        mc.n_positions = 64;
-      }
-      auto m = nlp::make_model(mc, be(), t);
+      auto m = nlp::make_model(t == "clm" ? small_gpt2() : small_bert(), be(), t);
       m->init_weights(5);
       for (bool training : {true, false}) {
         double want = 1.0 / 3.0;  // an earlier micro-batch's sum
