@@ -23,10 +23,10 @@
 #           packed (native attention) and packed through cuDNN (ragged), HF Trainer length-grouped
 #           with SDPA, eager and torch.compile -> $OUT/finetune_results.md (real tokens/s, time,
 #           accuracy); at most FT_BUDGET seconds. Then the packed bf16 run (PROFILE_FINETUNE) again:
-#           30 steps with run.profile (-> profile.txt), and 100 steps each with the fused layer-norm
-#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal);
-#           then 8 of its steps under Nsight Compute: the GPU's busy time per step against the
-#           step's wall time (bench/gpu/ncu_busy.py -> profile.txt), i.e. how launch-bound it is
+#           30 steps with run.profile (-> profile.txt); 8 of its steps under Nsight Compute: the
+#           GPU's busy time per step against the step's wall time (bench/gpu/ncu_busy.py ->
+#           profile.txt), i.e. how launch-bound it is; and 100 steps each with the fused layer-norm
+#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal)
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
@@ -254,20 +254,7 @@ if want finetune && in_time 150 "finetune"; then
     { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' \
         "$W/profile_finetune/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   fi
-  # the fused residual/layer-norm kernels against the separate ops on that step, alternating twice:
-  # real tokens/s of each, and their losses must be bitwise equal (dropout on, packed rows)
-  if [[ -f $ftp && ${NLPTRAIN_CUDA_FUSED_LN:-1} == 1 ]] && in_time 45 "fused layer norm A/B"; then
-    for i in 1 2; do
-      for v in 1 0; do
-        NLPTRAIN_CUDA_FUSED_LN=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_fusedln/${v}_$i" \
-            > "$W/ab_fusedln_${v}_$i.log" 2>&1
-        log "fused LN A/B: NLPTRAIN_CUDA_FUSED_LN=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
-            "$W/ab_fusedln/${v}_$i/summary.json" 2>/dev/null)"
-      done
-    done
-    python3 compare.py losses "$W/ab_fusedln/0_1/metrics.jsonl" "$W/ab_fusedln/1_1/metrics.jsonl" --within 100:0 2>&1 \
-        | sed 's/^/fused LN vs separate ops: /' | tee -a "$W/run.log"
-  fi
+  # (before the A/B below: if the deadline allows only one, this decides what to build next)
   # how much of that step the GPU is busy: every kernel's duration under Nsight Compute (one metric
   # that needs no replay; caches and clocks left alone), cut into steps at the AdamW kernel, against
   # the wall time of the same steps in the finetune run (the same seed: the same batches). busy/wall
@@ -283,6 +270,20 @@ if want finetune && in_time 150 "finetune"; then
     log "ncu busy: exit $?"
     { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
         --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
+  fi
+  # the fused residual/layer-norm kernels against the separate ops on that step, alternating twice:
+  # real tokens/s of each, and their losses must be bitwise equal (dropout on, packed rows)
+  if [[ -f $ftp && ${NLPTRAIN_CUDA_FUSED_LN:-1} == 1 ]] && in_time 45 "fused layer norm A/B"; then
+    for i in 1 2; do
+      for v in 1 0; do
+        NLPTRAIN_CUDA_FUSED_LN=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_fusedln/${v}_$i" \
+            > "$W/ab_fusedln_${v}_$i.log" 2>&1
+        log "fused LN A/B: NLPTRAIN_CUDA_FUSED_LN=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
+            "$W/ab_fusedln/${v}_$i/summary.json" 2>/dev/null)"
+      done
+    done
+    python3 compare.py losses "$W/ab_fusedln/0_1/metrics.jsonl" "$W/ab_fusedln/1_1/metrics.jsonl" --within 100:0 2>&1 \
+        | sed 's/^/fused LN vs separate ops: /' | tee -a "$W/run.log"
   fi
 fi
 
