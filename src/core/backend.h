@@ -246,14 +246,8 @@ class Backend {
   virtual double sumsq(const float* x, size_t N) = 0;  // in double precision
   // acc[0] (one double in backend memory) += scale * sum(x), the sum as sum() gives it and the
   // product and the addition each rounded, as the host's `acc += scale * sum(x, N)` would be, but
-  // without reading the sum back (a GPU runs on). The default does exactly that round trip.
-  virtual void sum_into(double* acc, const float* x, size_t N, double scale) {
-    const double s = scale * sum(x, N);
-    double a = 0;
-    to_host(&a, acc, sizeof a);
-    a += s;
-    to_device(acc, &a, sizeof a);
-  }
+  // without reading the sum back (a GPU runs on).
+  virtual void sum_into(double* acc, const float* x, size_t N, double scale) = 0;
   // torch.optim.AdamW step t (1-based) on one tensor, gradient multiplied by grad_scale first:
   //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
   //   p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)

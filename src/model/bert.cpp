@@ -297,10 +297,7 @@ class Bert final : public Model {
     } else if (is_seq_cls(task_)) {
       const int E = b.examples(), Tk = key_length(b.T, b.T_key);
       host_rows_.resize(2 * size_t(E));
-      for (int e = 0; e < E; ++e) {
-        host_rows_[e] = b.E > 0 ? b.first_host[e] : e * b.T;
-        host_rows_[E + e] = e * Tk;
-      }
+      fill_cls_rows(host_rows_.data(), E, b.T, Tk, b.E > 0 ? b.first_host : nullptr);
       if (E > cls_rows_cap_) {
         be_.release(cls_rows_);
         cls_rows_ = static_cast<int32_t*>(be_.alloc(2 * size_t(E) * sizeof(int32_t)));

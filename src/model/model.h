@@ -58,6 +58,16 @@ struct DeviceBatch {
   int examples() const { return E > 0 ? E : B; }
 };
 
+// DeviceBatch::cls_rows of E examples into out[2E]: out[e] = example e's first flat position
+// (first[e] packed, else e * T), out[E + e] = its dropout key e * key_len (key_len: the T_key layout's
+// row length, core/rng.h key_length).
+inline void fill_cls_rows(int32_t* out, int E, int T, int key_len, const int32_t* first) {
+  for (int e = 0; e < E; ++e) {
+    out[e] = first ? first[e] : e * T;
+    out[E + e] = e * key_len;
+  }
+}
+
 // A named output of the last forward (backend memory), e.g. "logits" [B,T,V].
 struct OutputView {
   std::string name;

@@ -1,6 +1,7 @@
 #include "train/batches.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -238,13 +239,19 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   }
   // Every array goes to its place in the host staging buffer, then one copy to the device: on a GPU
   // each to_device synchronises, so one copy instead of a dozen per micro-batch.
+  // slot(count): the next count int32s, as (host staging to write, its place on the device)
   size_t used = 0;
-  auto put = [&](const std::vector<int32_t>& v, size_t count) {
-    NLP_ASSERT(v.size() == count && used + count <= cap_);
-    std::copy(v.begin(), v.end(), host_ + used);
-    int32_t* r = buf_ + used;
+  auto slot = [&](size_t count) {
+    NLP_ASSERT(used + count <= cap_);
+    const std::pair<int32_t*, const int32_t*> r{host_ + used, buf_ + used};
     used += count;
     return r;
+  };
+  auto put = [&](const std::vector<int32_t>& v, size_t count) {
+    NLP_ASSERT(v.size() == count);
+    const auto [h, d] = slot(count);
+    std::copy(v.begin(), v.end(), h);
+    return d;
   };
   DeviceBatch db;
   db.B = hb.B;
@@ -263,22 +270,17 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.nrows = static_cast<int>(r);
   // the rows' dropout keys, written in place: the packed rows' token keys, else (example, position)
   // at T_key
-  NLP_ASSERT(used + r <= cap_);
   const int Tk = key_length(hb.T, hb.T_key);
+  const auto [keys, keys_dev] = slot(r);
   for (size_t i = 0; i < r; ++i) {
     const int32_t at = hb.rows[i];
-    host_[used + i] = hb.E > 0 ? hb.token_key[size_t(at)] : at / hb.T * Tk + at % hb.T;
+    keys[i] = hb.E > 0 ? hb.token_key[size_t(at)] : at / hb.T * Tk + at % hb.T;
   }
-  db.row_keys = buf_ + used;
-  used += r;
+  db.row_keys = keys_dev;
   // each example's [CLS] position and its dropout key (DeviceBatch::cls_rows), written in place
-  NLP_ASSERT(used + 2 * b <= cap_);
-  for (size_t e = 0; e < b; ++e) {
-    host_[used + e] = hb.E > 0 ? hb.first[e] : static_cast<int32_t>(e * size_t(hb.T));
-    host_[used + b + e] = static_cast<int32_t>(e * size_t(Tk));
-  }
-  db.cls_rows = buf_ + used;
-  used += 2 * b;
+  const auto [cls, cls_dev] = slot(2 * b);
+  fill_cls_rows(cls, static_cast<int>(b), hb.T, Tk, hb.E > 0 ? hb.first.data() : nullptr);
+  db.cls_rows = cls_dev;
   if (hb.E > 0) {
     db.E = hb.E;
     db.pos = put(hb.pos, n);
