@@ -261,6 +261,13 @@ const std::vector<Entry>& schema() {
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},
+      {KEY(eval, sort_by_length), none(),
+       "evaluation and prediction with data.padding = longest: each rank runs its examples from the "
+       "longest to the shortest, so a batch holds rows of about one length and trims to it (HF's "
+       "evaluation keeps the file's order). Predictions and metrics are kept per example and do not "
+       "change; the loss is the same sum in another order (but qa's, whose softmax spans the batch's "
+       "positions, moves with the batches' lengths). eval.batches still takes the first "
+       "examples of the file's order. doc_cls, pair_cls, ner and qa; mlm and clm keep the file's order"},
       // [checkpoint]
       {KEY(checkpoint, interval), ge(0), "write a checkpoint every N steps and at the end; 0 = never"},
       {KEY(checkpoint, keep), ge(1), "number of newest checkpoints kept"},

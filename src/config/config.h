@@ -114,6 +114,7 @@ struct TrainConfig {
 struct EvalConfig {
   int interval = 0;            // evaluate every N steps and at the end; 0 = only at the end
   int batches = 0;             // batches per evaluation (per rank); 0 = the whole eval set
+  bool sort_by_length = true;  // each rank's examples longest first (with data.padding = longest)
 };
 
 struct CheckpointConfig {

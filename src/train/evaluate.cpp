@@ -1,6 +1,9 @@
 // Evaluation and prediction: loss and task metrics over a dataset, sharded across ranks (rank r takes
 // examples r, r+world, ...; every example is seen once, none dropped), and the predictions files.
+// With data.padding = longest each rank runs its examples longest first (eval.sort_by_length), so
+// that a batch trims to about its rows' own length.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
@@ -21,6 +24,19 @@ int dataset_seq_len(const Config& cfg, const ModelConfig& mc, const std::string&
   int seq_len = cfg.data.seq_len;
   if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
   return seq_len;
+}
+
+// eval.sort_by_length applies: batches trim (data.padding = longest), and the task keeps its results
+// per example. mlm's evaluation masks are seeded per batch and clm's windows all have the file's
+// length: both keep the file's order.
+bool sorts_by_length(const Config& cfg, Task task) {
+  return cfg.eval.sort_by_length && cfg.data.padding == "longest" && task != Task::Mlm && task != Task::Clm;
+}
+
+// `idx` ordered by length, longest first; equal lengths keep their order (the file's).
+void sort_longest_first(std::vector<int64_t>& idx, const std::vector<int32_t>& lengths) {
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int64_t a, int64_t b) { return lengths[size_t(a)] > lengths[size_t(b)]; });
 }
 
 }  // namespace
@@ -74,16 +90,22 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
     mlm = std::make_unique<MlmSpec>(read_mlm_spec(ds, s.model.config().vocab_size));
   TaskEval te(s.task, ds, s.model.config().num_labels, s.model.config().id2label);
 
+  // This rank's examples (eval.batches: the first max_batches x B of them, in the file's order), then
+  // longest first where sorts_by_length. TaskEval keeps every result at its example's index, so the
+  // order changes no prediction or metric; the loss is the same sum in another order (qa's softmax
+  // spans its batch's positions, so its loss moves with the batches' lengths).
   std::vector<int64_t> mine;
   for (int64_t i = rank; i < ds.size(); i += world) mine.push_back(i);
-  int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
-  if (max_batches > 0) nb = std::min<int64_t>(nb, max_batches);
+  if (max_batches > 0 && int64_t(mine.size()) > int64_t(max_batches) * B) mine.resize(size_t(max_batches) * B);
+  if (sorts_by_length(cfg, s.task)) sort_longest_first(mine, ds.lengths());
+  const int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
 
+  const auto t0 = std::chrono::steady_clock::now();
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
   const bool trim = cfg.data.padding == "longest";
   s.model.reserve(B, ds.seq_len());  // no re-carving for trimmed or partial batches
-  double sums[2] = {0, 0};  // loss sum, loss units
+  double sums[5] = {0, 0, 0, 0, 0};  // loss sum, loss units, positions computed, real tokens, examples
   for (int64_t g = 0; g < nb; ++g) {
     const int64_t* idx = mine.data() + g * B;
     const int count = static_cast<int>(std::min<int64_t>(B, int64_t(mine.size()) - g * B));
@@ -92,14 +114,21 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
     HostBatch hb = make_batch(s.task, tb, mlm.get(), derive_seed(cfg.train.seed, 0xE7A1, idx[0]));
     if (trim) trim_to_longest(hb, cfg.data.pad_multiple);
     sums[1] += static_cast<double>(hb.loss_units(s.task));
+    sums[2] += static_cast<double>(hb.B) * hb.T;
+    sums[3] += static_cast<double>(hb.real_tokens);
+    sums[4] += count;
     sums[0] += s.model.forward(dbuf.upload(hb), /*training=*/false, 0);
     te.add(hb, idx, s.model.outputs(), s.be);
   }
-  s.comm.allreduce_sum_host(sums, 2);
+  s.comm.allreduce_sum_host(sums, 5);
   EvalResult r;
   r.tokens = static_cast<int64_t>(sums[1]);
+  r.positions = sums[2];
+  r.real_tokens = sums[3];
+  r.examples = static_cast<int64_t>(sums[4]);
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   te.finish(s.comm, r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (write_predictions && rank == 0) te.write_predictions(cfg.output.dir);
   return r;
 }
@@ -111,7 +140,17 @@ std::string format_eval(const EvalResult& r) {
     std::snprintf(buf, sizeof buf, " | %s %.4f", k.c_str(), v);
     line += buf;
   }
-  return line + cat(" | ", r.tokens, " loss terms");
+  char tail[160];
+  std::snprintf(tail, sizeof tail, " | padding %.1f%% of %.0f positions | %.1f s, %.0f examples/s, %.0f real tokens/s",
+                100 * r.padding_fraction(), r.positions, r.seconds, r.seconds > 0 ? r.examples / r.seconds : 0.0,
+                r.seconds > 0 ? r.real_tokens / r.seconds : 0.0);
+  return line + cat(" | ", r.tokens, " loss terms") + tail;
+}
+
+void eval_json(Json& j, const EvalResult& r) {
+  j.str("split", "eval").exact("loss", r.loss);
+  for (const auto& [k, v] : r.metrics) j.num(k, v);
+  j.num("padding_fraction", r.padding_fraction());
 }
 
 namespace {
@@ -119,23 +158,30 @@ namespace {
 void log_eval_result(Session& s, const EvalResult& r, const char* what) {
   s.log.info(cat(what, " | ", format_eval(r)));
   Json j;
-  j.str("split", "eval").exact("loss", r.loss);
-  for (const auto& [k, v] : r.metrics) j.num(k, v);
+  eval_json(j, r);
   j.integer("tokens", r.tokens);
   s.log.metrics(j.done());
 }
 
 }  // namespace
 
+void log_eval_order(Session& s) {
+  if (sorts_by_length(s.cfg, s.task))
+    s.log.info("eval: each rank's examples run longest first (eval.sort_by_length), so that each batch "
+               "trims to about its rows' length; results are kept per example");
+}
+
 void run_eval(Session& s) {
   TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
   begin_output(s);
+  log_eval_order(s);
   log_eval_result(s, evaluate(s, ds, s.cfg.eval.batches), "eval");
 }
 
 void run_predict(Session& s) {
   TokenDataset ds = open_dataset(s, s.cfg.data.eval, "data.eval");
   begin_output(s);
+  log_eval_order(s);
   EvalResult r = evaluate(s, ds, s.cfg.eval.batches, /*write_predictions=*/true);
   log_eval_result(s, r, "predict");
   s.log.info(cat("predict: wrote ", s.cfg.output.dir,

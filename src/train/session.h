@@ -30,6 +30,10 @@ struct Session {
 struct EvalResult {
   double loss = 0, perplexity = 0;
   int64_t tokens = 0;  // loss units (target tokens, sequences or questions)
+  double positions = 0, real_tokens = 0;  // positions computed (rows x trimmed length), non-padding ones
+  int64_t examples = 0;                   // rows evaluated (on every rank together)
+  double seconds = 0;                     // wall time of the evaluation on rank 0
+  double padding_fraction() const { return positions > 0 ? 1 - real_tokens / positions : 0; }
   std::vector<std::pair<std::string, double>> metrics;  // task metrics: accuracy, f1, exact_match, ...
   std::string primary = "loss";  // the metric that picks the best checkpoint
   double primary_value = 0;
@@ -47,6 +51,10 @@ void run_gradients(Session& s);  // run.mode = gradients
 EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool write_predictions = false);
 void run_predict(Session& s);  // run.mode = predict
 std::string format_eval(const EvalResult& r);  // "loss 2.31 | accuracy 0.8123 | ..." for the log
+// The fields of an evaluation's metrics.jsonl record: split, loss, the task metrics, padding_fraction.
+void eval_json(Json& j, const EvalResult& r);
+// One log line saying that evaluation runs longest first, where eval.sort_by_length applies.
+void log_eval_order(Session& s);
 // Sample text from the prompt with the generate.* settings (call on one rank only).
 std::string generate_sample(Session& s, uint64_t seed);
 // Before training with train.sample_interval: the samples' tokenizer is the model's (else an error now,

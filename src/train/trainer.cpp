@@ -169,8 +169,8 @@ bool listed(const std::vector<int64_t>& steps, int64_t step) {
 void log_eval(Session& s, int step, const EvalResult& r) {
   s.log.info(cat("eval  step ", step, " | ", format_eval(r)));
   Json j;
-  j.integer("step", step).str("split", "eval").exact("loss", r.loss);
-  for (const auto& [k, v] : r.metrics) j.num(k, v);
+  j.integer("step", step);
+  eval_json(j, r);
   s.log.metrics(j.done());
 }
 
@@ -281,6 +281,7 @@ int run_train(Session& s) {
   // Resumed from a checkpoint in that folder: it must stay the same folder.
   CheckpointDir ckpt_dir_id = st.step > 0 ? identify(cfg.output.dir + "/checkpoints") : CheckpointDir{};
   begin_output(s);
+  if (eval) log_eval_order(s);
   if (tc.resume) drop_metrics_after_resume(s, st, notes);
   const std::vector<int64_t> inject_nonfinite = parse_step_list(cfg.debug.inject_nonfinite_step);
   const bool skip_nonfinite = tc.nonfinite == "skip";

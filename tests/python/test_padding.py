@@ -11,7 +11,10 @@ similar length. On synthetic rows of random length well below the file's T (so t
    summary.json's padding figures, and a different dropout seed changes the losses;
 4. group_by_length: 1 rank x 8 = 2 ranks x 4, bitwise resume, and a smaller mean batch length;
 5. real data (NSMC doc_cls, KLUE NER; skipped when ../shared/data is absent): predictions and eval
-   metrics of longest equal max_length's.
+   metrics of longest equal max_length's;
+6. eval.sort_by_length (evaluation and prediction longest first): the same predictions and metrics
+   as the file's order, on 1 and 2 ranks, over the positions its order implies; eval.batches takes
+   the same examples either way; on real data for doc_cls, pair_cls, ner and qa.
 """
 import json
 import math
@@ -430,5 +433,131 @@ def test_real_data_predict_longest_equals_max_length(task, tool, source, limit, 
     # the GEMMs over B*T' rows instead of B*T round differently (~1e-7 relative in the logits, see
     # test_gradients_longest_equals_max_length): measured 3.5e-9 relative for doc_cls, 1.1e-9 for ner.
     loss_short, loss_full = ev_short.pop("loss"), ev_full.pop("loss")
+    # padding_fraction is of the positions each computed: smaller when trimmed (and longest first)
+    assert ev_short.pop("padding_fraction") < ev_full.pop("padding_fraction")
     assert ev_short == ev_full
     assert abs(loss_short - loss_full) <= 1e-6 * abs(loss_full), (loss_short, loss_full)
+
+
+# ---- 6. eval.sort_by_length ------------------------------------------------------------------------
+
+def mask_lengths(path):
+    """One past each row's last attention_mask 1 (TokenDataset::lengths)."""
+    with h5py.File(path) as f:
+        m = f["attention_mask"][()]
+    return np.where(m.any(axis=1), m.shape[1] - np.argmax(m[:, ::-1], axis=1), 0)
+
+
+def eval_positions(lengths, bs, longest_first, file_len):
+    """Positions one rank computes evaluating these examples (rows of file_len) in batches of bs, each
+    batch at its longest row (data.pad_multiple 1): in the file's order, or longest first with ties in
+    the file's order (std::stable_sort, as Python's sorted)."""
+    L = [int(x) for x in lengths]
+    if longest_first:
+        L = sorted(L, reverse=True)
+    return sum(trimmed_len(L[k:k + bs], 1, file_len) * len(L[k:k + bs]) for k in range(0, len(L), bs))
+
+
+def predict_both_orders(args, out, ranks=1, mode="predict", extra=()):
+    """run.mode = `mode` with eval.sort_by_length true and false: {sorted: (log, eval record, rows)}."""
+    runs = {}
+    for srt in (True, False):
+        o = out / f"sort_{srt}"
+        p = nr.run(args + [f"--run.mode={mode}", f"--eval.sort_by_length={str(srt).lower()}",
+                           f"--output.dir={o}", *extra], ranks=ranks)
+        preds = o / "predictions.jsonl"
+        rows = [json.loads(line) for line in preds.read_text().splitlines()] if preds.exists() else None
+        runs[srt] = (p.stdout, nr.metrics(o)[1][-1], rows)
+    return runs
+
+
+def test_eval_sorted_by_length_equals_file_order(spread, tmp_path, report):
+    lengths = mask_lengths(spread)
+    bs = 8
+    args = MODEL + NO_DROPOUT + ["--run.task=doc_cls", f"--data.train={spread}", f"--data.eval={spread}",
+                                 f"--train.batch_size={bs}", "--model.initializer_range=0.5"]
+    nr.run(args + ["--train.steps=2", "--checkpoint.interval=2", "--train.lr=1e-3",
+                   f"--output.dir={tmp_path / 'train'}"])
+    args.append(f"--model.weights={tmp_path / 'train' / 'checkpoints' / 'step_00000002.h5'}")
+    runs = predict_both_orders(args, tmp_path / "one")
+    (log_s, ev_s, rows_s), (log_f, ev_f, rows_f) = runs[True], runs[False]
+    assert "longest first (eval.sort_by_length)" in log_s and "longest first" not in log_f
+    assert len(rows_s) == len(lengths) and same_predictions(rows_s, rows_f)
+    assert len({r["label"] for r in rows_s}) >= 2, "predictions all one class: the comparison means little"
+    # The positions each order computes, and so its padding fraction, follow from the lengths alone:
+    # a run that does not sort fails the first line (one that sorts shortest first computes the same
+    # positions here, 400 being a multiple of 8: the direction is not what this checks).
+    real = int(lengths.sum())
+    pos_s, pos_f = eval_positions(lengths, bs, True, 64), eval_positions(lengths, bs, False, 64)
+    assert ev_s["padding_fraction"] == pytest.approx(1 - real / pos_s, rel=1e-6)
+    assert ev_f["padding_fraction"] == pytest.approx(1 - real / pos_f, rel=1e-6)
+    assert pos_s < 0.75 * pos_f
+    report(f"eval.sort_by_length on 400 rows of lengths 3..60 (T = 64), batch 8: {pos_s} positions "
+           f"computed longest first against {pos_f} in the file's order; predictions equal")
+    # The same per-example results summed in another order: the metrics exactly, the loss to rounding.
+    loss_s, loss_f = ev_s.pop("loss"), ev_f.pop("loss")
+    ev_s.pop("padding_fraction"), ev_f.pop("padding_fraction")
+    assert ev_s == ev_f and abs(loss_s - loss_f) <= 1e-6 * abs(loss_f), (ev_s, ev_f, loss_s, loss_f)
+
+    # 2 ranks: each sorts its own examples (r, r + 2, ...); the predictions are those of one rank
+    two = predict_both_orders(args, tmp_path / "two", ranks=2)
+    assert same_predictions(two[True][2], rows_s) and same_predictions(two[False][2], rows_s)
+    halves = [lengths[r::2] for r in range(2)]
+    assert two[True][1]["padding_fraction"] == pytest.approx(
+        1 - real / sum(eval_positions(h, bs, True, 64) for h in halves), rel=1e-6)
+
+    # eval.batches = 3: the first 24 examples of the file's order in either order (so the two agree),
+    # sorted after the cut (the 24 longest examples would compute far more positions)
+    part = predict_both_orders(args, tmp_path / "part", mode="eval", extra=["--eval.batches=3"])
+    (_, ps, _), (_, pf, _) = part[True], part[False]
+    assert ps["tokens"] == pf["tokens"] == 24 and ps["accuracy"] == pf["accuracy"]
+    assert abs(ps["loss"] - pf["loss"]) <= 1e-6 * abs(pf["loss"])
+    assert ps["padding_fraction"] == pytest.approx(
+        1 - int(lengths[:24].sum()) / eval_positions(lengths[:24], bs, True, 64), rel=1e-6)
+
+
+REAL_ORDER = [("doc_cls", "prep_doc_cls.py", DATA / "nsmc" / "nsmc_from_raw_test.tsv", ["--limit", "160"]),
+              ("pair_cls", "prep_pair_cls.py", DATA / "kornli" / "xnli.dev.ko.tsv", ["--limit", "160"]),
+              ("ner", "prep_ner.py", DATA / "klue-ner" / "klue-ner-v1.1_dev.tsv", ["--limit", "120"]),
+              ("qa", "prep_qa.py", DATA / "korquad" / "KorQuAD_v1.0_dev.json",
+               ["--limit", "60", "--doc-stride", "32"])]
+
+
+@pytest.mark.parametrize("task,tool,source,extra", REAL_ORDER, ids=[r[0] for r in REAL_ORDER])
+def test_real_data_eval_sorted_by_length_equals_file_order(task, tool, source, extra, tmp_path, report):
+    for need in (source, VOCAB):
+        if not need.exists():
+            pytest.skip(f"shared data absent: {need} (NLPTRAIN_SHARED_DATA)")
+    data = tmp_path / "d.h5"
+    subprocess.run([sys.executable, str(nr.SOURCE_DIR / "tools" / tool), "--vocab", str(VOCAB), "--quiet",
+                    "--input", str(source), "--max-seq-len", "128", "--out", str(data), *extra], check=True)
+    lengths = mask_lengths(data)
+    args = ["--model.type=bert", "--model.vocab_size=30000", "--model.hidden_size=32",
+            "--model.num_hidden_layers=2", "--model.num_attention_heads=2", "--model.intermediate_size=64",
+            "--model.max_position_embeddings=128", "--model.num_labels=0", "--run.threads=1",
+            "--model.initializer_range=0.1", f"--run.task={task}", f"--data.train={data}",
+            f"--data.eval={data}", "--train.batch_size=8"]
+    nr.run(args + ["--train.steps=3", "--checkpoint.interval=3", "--train.lr=1e-3",
+                   f"--output.dir={tmp_path / 'train'}"])
+    args.append(f"--model.weights={tmp_path / 'train' / 'checkpoints' / 'step_00000003.h5'}")
+    runs = predict_both_orders(args, tmp_path)
+    (_, ev_s, rows_s), (_, ev_f, rows_f) = runs[True], runs[False]
+    assert same_predictions(rows_s, rows_f)
+    if task == "qa":  # the SQuAD-format answers as well (text per question id)
+        answers = [json.loads((tmp_path / f"sort_{s}" / "predictions.json").read_text()) for s in (True, False)]
+        assert answers[0] == answers[1] and len(answers[0]) > 0
+    pf_s, pf_f = ev_s.pop("padding_fraction"), ev_f.pop("padding_fraction")
+    real = int(lengths.sum())
+    # qa's positions also cover answers and targets past the mask (trim_to_longest): not checked there
+    if task != "qa":
+        assert pf_s == pytest.approx(1 - real / eval_positions(lengths, 8, True, 128), rel=1e-6)
+    assert pf_s < pf_f  # measured 0.08 against 0.55 (doc_cls) down to 0.014 against 0.097 (qa)
+    loss_s, loss_f = ev_s.pop("loss"), ev_f.pop("loss")
+    report(f"{task}: eval longest first, padding {pf_s:.3f} of the computed positions against {pf_f:.3f} "
+           f"in the file's order ({len(lengths)} rows, mean length {lengths.mean():.1f}); loss {loss_s:.6f} "
+           f"against {loss_f:.6f}; {ev_s}")
+    assert ev_s == ev_f, (ev_s, ev_f)
+    # qa's start/end softmax spans its batch's positions (as HF's per-batch padding does), so its loss
+    # moves with the batch's length (measured 4.95 against 5.03 here); the predictions do not
+    if task != "qa":
+        assert abs(loss_s - loss_f) <= 1e-6 * abs(loss_f), (loss_s, loss_f)
