@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_metrics import MetricsError, load  # noqa: E402
 
 TOOL = "plot_run"
-EVAL_SKIP = {"loss", "tokens"}
+EVAL_SKIP = {"loss", "tokens", "padding_fraction"}
 
 
 def run_label(run_dir: Path, used: set) -> str:

@@ -94,13 +94,13 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
   // longest first where sorts_by_length. TaskEval keeps every result at its example's index, so the
   // order changes no prediction or metric; the loss is the same sum in another order (qa's softmax
   // spans its batch's positions, so its loss moves with the batches' lengths).
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> mine;
   for (int64_t i = rank; i < ds.size(); i += world) mine.push_back(i);
   if (max_batches > 0 && int64_t(mine.size()) > int64_t(max_batches) * B) mine.resize(size_t(max_batches) * B);
   if (sorts_by_length(cfg, s.task)) sort_longest_first(mine, ds.lengths());
   const int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
 
-  const auto t0 = std::chrono::steady_clock::now();
   DeviceBatchBuffer dbuf(s.be);
   TokenBatch tb;
   const bool trim = cfg.data.padding == "longest";
