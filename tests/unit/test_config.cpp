@@ -37,7 +37,7 @@ const std::vector<std::string> kAllKeys = {
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
     "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute", "train.zero",
-    "eval.interval", "eval.batches",
+    "eval.interval", "eval.batches", "eval.sort_by_length",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
     "output.dir",
@@ -131,6 +131,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.zero, b.train.zero);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
+  EXPECT_EQ(a.eval.sort_by_length, b.eval.sort_by_length);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
   EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
   EXPECT_EQ(a.comm.gpu, b.comm.gpu);
@@ -720,7 +721,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
                                  "weight_decay = 0.2\nbeta1 = 0.85\nbeta2 = 0.95\nadam_eps = 1e-6\n"
                                  "clip = 0.5\nseed = 12345678901234567890\nresume = true\n"
                                  "sample_interval = 11\nprecision = tf32\nnonfinite = skip\nnonfinite_max = 3\nrecompute = block\nzero = 1\n"
-                                 "[eval]\ninterval = 13\nbatches = 2\n"
+                                 "[eval]\ninterval = 13\nbatches = 2\nsort_by_length = false\n"
                                  "[checkpoint]\ninterval = 50\nkeep = 3\n"
                                  "[output]\ndir = runs/a b\n"
                                  "[generate]\nprompt = \"Once \\\"upon\\\" a\\ttime\\\\n ; # end\\n\"\n"
@@ -736,6 +737,7 @@ TEST_F(ConfigTest, ToIniRoundTrip) {
   EXPECT_EQ(a.train.precision, "tf32");
   EXPECT_EQ(a.run.cpu_gemm, "openblas");
   EXPECT_EQ(a.run.cpu_bf16, "emulate");
+  EXPECT_FALSE(a.eval.sort_by_length);
 
   const std::string ini = a.to_ini();
   const std::string path2 = write("written.ini", ini);
