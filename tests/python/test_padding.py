@@ -389,34 +389,38 @@ def same_predictions(a, b, tol=1e-5):
     return True
 
 
-@pytest.mark.parametrize("task,tool,source,limit", REAL, ids=[r[0] for r in REAL])
-def test_real_data_predict_longest_equals_max_length(task, tool, source, limit, tmp_path, report):
+def real_data_model(task, tool, source, prep_args, tmp_path):
+    """A slice of a shared corpus prepared by tools/<tool> at T = 128 (skipped when absent), and the
+    arguments of a tiny BERT for `task` on it with the weights of 3 training steps: initializer_range
+    0.1 (not 0.02) and a small lr, so that the predictions vary from row to row (at 0.02 this narrow
+    model gives every NSMC row the same class) and comparing them means something. Returns (the
+    file, the arguments)."""
     for need in (source, VOCAB):
         if not need.exists():
             pytest.skip(f"shared data absent: {need} (NLPTRAIN_SHARED_DATA)")
     data = tmp_path / "d.h5"
     subprocess.run([sys.executable, str(nr.SOURCE_DIR / "tools" / tool), "--vocab", str(VOCAB), "--quiet",
-                    "--input", str(source), "--limit", str(limit), "--max-seq-len", "128", "--out", str(data)],
-                   check=True)
-    with h5py.File(data) as f:
-        lengths = f["attention_mask"][()].sum(axis=1)
-    assert lengths.max() < 128  # the rows are shorter than the file's: there is padding to trim
+                    "--input", str(source), "--max-seq-len", "128", "--out", str(data), *prep_args], check=True)
     args = ["--model.type=bert", "--model.vocab_size=30000", "--model.hidden_size=32",
             "--model.num_hidden_layers=2", "--model.num_attention_heads=2", "--model.intermediate_size=64",
             "--model.max_position_embeddings=128", "--model.num_labels=0", "--run.threads=1",
-            f"--run.task={task}", f"--data.train={data}", f"--data.eval={data}", "--train.batch_size=8"]
-    # initializer_range 0.1 (not 0.02) and a small lr: the checkpoint's predictions vary from row to
-    # row (at 0.02 this narrow model gives every NSMC row the same class), so comparing them means
-    # something (asserted below)
-    args.append("--model.initializer_range=0.1")
+            "--model.initializer_range=0.1", f"--run.task={task}", f"--data.train={data}",
+            f"--data.eval={data}", "--train.batch_size=8"]
     nr.run(args + ["--train.steps=3", "--checkpoint.interval=3", "--train.lr=1e-3",
                    f"--output.dir={tmp_path / 'train'}"])
-    ckpt = tmp_path / "train" / "checkpoints" / "step_00000003.h5"
+    return data, args + [f"--model.weights={tmp_path / 'train' / 'checkpoints' / 'step_00000003.h5'}"]
+
+
+@pytest.mark.parametrize("task,tool,source,limit", REAL, ids=[r[0] for r in REAL])
+def test_real_data_predict_longest_equals_max_length(task, tool, source, limit, tmp_path, report):
+    data, args = real_data_model(task, tool, source, ["--limit", str(limit)], tmp_path)
+    with h5py.File(data) as f:
+        lengths = f["attention_mask"][()].sum(axis=1)
+    assert lengths.max() < 128  # the rows are shorter than the file's: there is padding to trim
     runs = {}
     for padding in ("longest", "max_length"):
         out = tmp_path / padding
-        nr.run(args + ["--run.mode=predict", f"--model.weights={ckpt}", f"--data.padding={padding}",
-                       f"--output.dir={out}"])
+        nr.run(args + ["--run.mode=predict", f"--data.padding={padding}", f"--output.dir={out}"])
         runs[padding] = ((out / "predictions.jsonl").read_text(), nr.metrics(out)[1][-1])
     (p_short, ev_short), (p_full, ev_full) = runs["longest"], runs["max_length"]
     report(f"{task} predict on {len(lengths)} rows (mean length {lengths.mean():.1f} of 128): "
@@ -525,21 +529,8 @@ REAL_ORDER = [("doc_cls", "prep_doc_cls.py", DATA / "nsmc" / "nsmc_from_raw_test
 
 @pytest.mark.parametrize("task,tool,source,extra", REAL_ORDER, ids=[r[0] for r in REAL_ORDER])
 def test_real_data_eval_sorted_by_length_equals_file_order(task, tool, source, extra, tmp_path, report):
-    for need in (source, VOCAB):
-        if not need.exists():
-            pytest.skip(f"shared data absent: {need} (NLPTRAIN_SHARED_DATA)")
-    data = tmp_path / "d.h5"
-    subprocess.run([sys.executable, str(nr.SOURCE_DIR / "tools" / tool), "--vocab", str(VOCAB), "--quiet",
-                    "--input", str(source), "--max-seq-len", "128", "--out", str(data), *extra], check=True)
+    data, args = real_data_model(task, tool, source, extra, tmp_path)
     lengths = mask_lengths(data)
-    args = ["--model.type=bert", "--model.vocab_size=30000", "--model.hidden_size=32",
-            "--model.num_hidden_layers=2", "--model.num_attention_heads=2", "--model.intermediate_size=64",
-            "--model.max_position_embeddings=128", "--model.num_labels=0", "--run.threads=1",
-            "--model.initializer_range=0.1", f"--run.task={task}", f"--data.train={data}",
-            f"--data.eval={data}", "--train.batch_size=8"]
-    nr.run(args + ["--train.steps=3", "--checkpoint.interval=3", "--train.lr=1e-3",
-                   f"--output.dir={tmp_path / 'train'}"])
-    args.append(f"--model.weights={tmp_path / 'train' / 'checkpoints' / 'step_00000003.h5'}")
     runs = predict_both_orders(args, tmp_path)
     (_, ev_s, rows_s), (_, ev_f, rows_f) = runs[True], runs[False]
     assert same_predictions(rows_s, rows_f)
