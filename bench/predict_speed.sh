@@ -81,7 +81,6 @@ for r in $(seq 1 "$ROUNDS"); do
     OMP_NUM_THREADS=$THREADS timed "nlptrain_sort_${sort}_$r" "$NLPTRAIN_BIN" "${model[@]}" --run.mode=predict \
       --model.weights="$ckpt" --data.eval="$data" --eval.sort_by_length=$sort --output.dir="$out"
     cp "$out/metrics.jsonl" "$RES/raw/nlptrain_sort_${sort}_$r.metrics.jsonl"
-    cp "$out/log.txt" "$RES/raw/nlptrain_sort_${sort}_$r.log.txt"
     [[ $r == 1 ]] && cp "$out/predictions.jsonl" "$WORK/predictions_sort_$sort.jsonl"
   done
   hf_modes=(eager)

@@ -21,7 +21,7 @@ LINE = re.compile(r"^predict \| .*\| padding ([0-9.]+)% of ([0-9]+) positions \|
 
 
 def nlptrain_run(raw: Path, name: str) -> dict:
-    log = (raw / f"{name}.log.txt").read_text()
+    log = (raw / f"{name}.log").read_text()  # its standard output: the lines of log.txt
     m = next(LINE.match(line) for line in log.splitlines() if LINE.match(line))
     ev = [json.loads(line) for line in (raw / f"{name}.metrics.jsonl").read_text().splitlines()][-1]
     return dict(wall=float((raw / f"{name}.time").read_text().split()[-1]), seconds=float(m.group(3)),
