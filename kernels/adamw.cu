@@ -2,7 +2,7 @@
 //   g = grad * grad_scale;  p *= decay (= 1 - lr*wd);  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  step_size = lr / (1 - b1^t)
 // The bias corrections are computed on the host in double (CudaBackend::adamw_update), exactly as
-// the CPU backend does; the per-element arithmetic is the CPU's, in float.
+// the CPU backend does; the per-element arithmetic is the CPU's, in float (adamw_elem).
 #include "common.cuh"
 #include "kernels.cuh"
 
@@ -10,34 +10,44 @@ namespace nlp {
 namespace kern {
 namespace {
 
+// The per-element update of both kernels below, in the CPU backend's order of operations, with no
+// fused multiply-add: the __f*_rn intrinsics are never contracted, and their division and square root
+// are correctly rounded. Left to itself nvcc contracted the expressions differently in the two
+// kernels, and the spans kernel differed from the per-tensor one in the last bit (the H200 run of
+// 2026-11-28). (The CPU's loop is contracted by GCC where the host has FMA, so the two backends agree
+// to rounding, not bitwise.)
+__device__ __forceinline__ void adamw_elem(float* __restrict__ param, const float* __restrict__ grad,
+                                           float* __restrict__ m, float* __restrict__ v, size_t i,
+                                           float step_size, float bc2_sqrt, float decay, float beta1,
+                                           float beta2, float eps, float grad_scale) {
+  const float omb1 = __fsub_rn(1.0f, beta1), omb2 = __fsub_rn(1.0f, beta2);
+  const float g = __fmul_rn(grad[i], grad_scale);
+  const float p = __fmul_rn(param[i], decay);
+  const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(omb1, g));
+  const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(omb2, g), g));
+  m[i] = mi;
+  v[i] = vi;
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+  param[i] = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
+}
+
 __global__ void adamw_k(float* __restrict__ param, const float* __restrict__ grad,
                         float* __restrict__ m, float* __restrict__ v, size_t n, float step_size,
                         float bc2_sqrt, float decay, float beta1, float beta2, float eps,
                         float grad_scale) {
-  const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    const float g = grad[i] * grad_scale;
-    float p = param[i] * decay;
-    const float mi = beta1 * m[i] + omb1 * g;
-    const float vi = beta2 * v[i] + omb2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    p -= step_size * (mi / denom);
-    param[i] = p;
-  }
+       i += (size_t)gridDim.x * blockDim.x)
+    adamw_elem(param, grad, m, v, i, step_size, bc2_sqrt, decay, beta1, beta2, eps, grad_scale);
 }
 
 // One launch over many tensors: each element finds its span by binary search over the span ends
-// (a few hundred, cached in L1), then does adamw_k's arithmetic with its span's decay factor.
+// (a few hundred, cached in L1), then does adamw_elem's arithmetic with its span's decay factor.
 __global__ void adamw_spans_k(float* __restrict__ param, const float* __restrict__ grad,
                               float* __restrict__ m, float* __restrict__ v,
                               const uint64_t* __restrict__ start, const uint64_t* __restrict__ end,
                               const uint8_t* __restrict__ decays, int nspans, size_t n,
                               float step_size, float bc2_sqrt, float decay_on, float decay_off,
                               float beta1, float beta2, float eps, float grad_scale) {
-  const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     int lo = 0, hi = nspans - 1;  // first span with end > i
@@ -47,16 +57,8 @@ __global__ void adamw_spans_k(float* __restrict__ param, const float* __restrict
       else lo = mid + 1;
     }
     if (i < start[lo] || i >= end[lo]) continue;  // an alignment gap between tensors
-    const float decay = decays[lo] ? decay_on : decay_off;
-    const float g = grad[i] * grad_scale;
-    float p = param[i] * decay;
-    const float mi = beta1 * m[i] + omb1 * g;
-    const float vi = beta2 * v[i] + omb2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    p -= step_size * (mi / denom);
-    param[i] = p;
+    adamw_elem(param, grad, m, v, i, step_size, bc2_sqrt, decays[lo] ? decay_on : decay_off, beta1,
+               beta2, eps, grad_scale);
   }
 }
 
