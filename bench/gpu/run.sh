@@ -25,9 +25,10 @@
 #           accuracy); at most FT_BUDGET seconds. Then the packed bf16 run (PROFILE_FINETUNE) again:
 #           30 steps with run.profile (-> profile.txt); 8 of its steps under Nsight Compute: the
 #           GPU's busy time per step against the step's wall time (bench/gpu/ncu_busy.py ->
-#           profile.txt), i.e. how launch-bound it is; and 100 steps each with the fused layer-norm
-#           kernels and the separate ops, alternating twice (real tokens/s; losses bitwise equal)
+#           profile.txt), i.e. how launch-bound it is; and 100 steps each with the 8-wide bf16 operand
+#           casts and the scalar ones, alternating twice (real tokens/s; losses bitwise equal)
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
+#           (GPT-2 bf16 once more with NLPTRAIN_CUDA_BF16_CAST=scalar, logged only)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
@@ -178,6 +179,11 @@ if want tests && in_time 60 "tests"; then
     export NLPTRAIN_CUDA_FUSED_LN=0
     log "tests: the fused layer norm failed its test: NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run"
   fi
+  # likewise the 8-wide bf16 operand casts (new, not yet run on a GPU): the scalar kernel if they fail
+  if grep -qE '^\[  FAILED  \] CudaOps.Bf16OperandCastsRoundAsTheHost' "$W/test_ops_cuda.log"; then
+    export NLPTRAIN_CUDA_BF16_CAST=scalar
+    log "tests: the vector bf16 casts failed their test: NLPTRAIN_CUDA_BF16_CAST=scalar for the rest of the run"
+  fi
 fi
 
 snapshot
@@ -271,19 +277,21 @@ if want finetune && in_time 150 "finetune"; then
     { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
         --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
   fi
-  # the fused residual/layer-norm kernels against the separate ops on that step, alternating twice:
-  # real tokens/s of each, and their losses must be bitwise equal (dropout on, packed rows)
-  if [[ -f $ftp && ${NLPTRAIN_CUDA_FUSED_LN:-1} == 1 ]] && in_time 45 "fused layer norm A/B"; then
+  # the bf16 operand casts 8 elements a thread (the default since 2026-11-28) against the scalar kernel
+  # of the earlier runs (39% of this step's GPU time on the H200), alternating twice: real tokens/s of
+  # each, and their losses must be bitwise equal (the same rounding). (The fused layer-norm A/B that
+  # stood here gave no measurable difference on the H200: bench/results/gpu-20261128-h200-f7c000e.)
+  if [[ -f $ftp && ${NLPTRAIN_CUDA_BF16_CAST:-vector} == vector ]] && in_time 45 "bf16 cast A/B"; then
     for i in 1 2; do
-      for v in 1 0; do
-        NLPTRAIN_CUDA_FUSED_LN=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_fusedln/${v}_$i" \
-            > "$W/ab_fusedln_${v}_$i.log" 2>&1
-        log "fused LN A/B: NLPTRAIN_CUDA_FUSED_LN=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
-            "$W/ab_fusedln/${v}_$i/summary.json" 2>/dev/null)"
+      for v in vector scalar; do
+        NLPTRAIN_CUDA_BF16_CAST=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_cast/${v}_$i" \
+            > "$W/ab_cast_${v}_$i.log" 2>&1
+        log "bf16 cast A/B: NLPTRAIN_CUDA_BF16_CAST=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
+            "$W/ab_cast/${v}_$i/summary.json" 2>/dev/null)"
       done
     done
-    python3 compare.py losses "$W/ab_fusedln/0_1/metrics.jsonl" "$W/ab_fusedln/1_1/metrics.jsonl" --within 100:0 2>&1 \
-        | sed 's/^/fused LN vs separate ops: /' | tee -a "$W/run.log"
+    python3 compare.py losses "$W/ab_cast/scalar_1/metrics.jsonl" "$W/ab_cast/vector_1/metrics.jsonl" --within 100:0 2>&1 \
+        | sed 's/^/bf16 cast vector vs scalar: /' | tee -a "$W/run.log"
   fi
 fi
 
@@ -299,6 +307,13 @@ if want bench; then
           --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
       log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
+      # GPT-2 in bf16 again with the scalar casts of the earlier runs (their casts of the activations
+      # and the logits' gradient are most of its conversion traffic); not in results.json
+      if [[ $m == gpt2_124m && $prec == bf16 ]] && in_time 50 "bench $m $prec scalar casts"; then
+        NLPTRAIN_CUDA_BF16_CAST=scalar timeout $(tmo 120) $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
+            --output.dir="$W/bench_scalar_cast/$name" > "$W/${name}_scalar_cast.log" 2>&1
+        log "bench $name NLPTRAIN_CUDA_BF16_CAST=scalar: exit $? | $(grep -E '^done:' "$W/bench_scalar_cast/$name/log.txt" 2>/dev/null)"
+      fi
     done
   done
 fi

@@ -470,6 +470,75 @@ TEST_F(CudaOps, MatmulBf16EqualsFp32OnRoundedOperands) {
     }
 }
 
+// The bf16 GEMM's operand casts (kern::to_bf16_many, 8-wide by default, NLPTRAIN_CUDA_BF16_CAST=scalar
+// for the kernel of the earlier GPU runs) give each element exactly the host's round_bf16. An identity
+// matrix (exact in bf16, one non-zero product per output) carries the rounded operands out of the GEMM
+// unchanged: out = X @ I shows X's copy, I @ W shows W's, and the backward with inp = W = I shows
+// dout's in dinp and (transposed for OutIn) in dW, with three arrays in the one launch. Data: ties
+// (exactly halfway between two bf16 values: round to even), values just either side of a tie, large
+// and negative values; sizes with and without a multiple of 8 elements, over one and many blocks;
+// arrays at a 16-byte aligned address and one float past it (the per-element path).
+TEST_F(CudaOps, Bf16OperandCastsRoundAsTheHost) {
+  auto data = [](size_t n, uint64_t seed) {
+    VF v = randn(n, seed, 3.0f);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], sizeof u);
+      if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;        // a tie
+      if (i % 4 == 2) u = (u & 0xffff0000u) | (i % 8 == 2 ? 0x7fffu : 0x8001u);  // beside one
+      std::memcpy(&v[i], &u, sizeof u);
+      if (i % 16 == 3) v[i] *= 1e30f;
+    }
+    return v;
+  };
+  auto transpose = [](const VF& a, int S) {
+    VF t(a.size());
+    for (int r = 0; r < S; ++r)
+      for (int c = 0; c < S; ++c) t[size_t(c) * S + r] = a[size_t(r) * S + c];
+    return t;
+  };
+  for (const char* cast : {"vector", "scalar"}) {
+    ::setenv("NLPTRAIN_CUDA_BF16_CAST", cast, 1);
+    auto be = nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16});
+    ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
+    EXPECT_NE(be->details().find(std::string("casts: ") + cast), std::string::npos) << be->details();
+    uint64_t seed = 2100;
+    for (int S : {29, 200, 203})  // S*S elements: 841 (one block), 40000, 41209 (not a multiple of 8)
+      for (int offset : {0, 1})
+        for (WLayout layout : {WLayout::OutIn, WLayout::InOut}) {
+          SCOPED_TRACE(testing::Message() << cast << " S=" << S << " offset=" << offset
+                                          << (layout == WLayout::OutIn ? " OutIn" : " InOut"));
+          const size_t n = size_t(S) * S;
+          VF eye(n, 0.0f);
+          for (int i = 0; i < S; ++i) eye[size_t(i) * S + i] = 1.0f;
+          const VF x = data(n, ++seed), w = data(n, ++seed), d = data(n, ++seed);
+          auto up_at = [&](const VF& h) {  // h at `offset` floats into a fresh allocation
+            VF padded(offset, 0.0f);
+            padded.insert(padded.end(), h.begin(), h.end());
+            return upload(*be, padded);
+          };
+          float *bx = up_at(x), *bw = up_at(w), *bd = up_at(d), *gi = upload(*be, eye);
+          float *gx = bx + offset, *gw = bw + offset, *gd = bd + offset;
+          float *go = upload(*be, VF(n, NAN)), *gdi = upload(*be, VF(n, 0.0f)), *gdw = upload(*be, VF(n, 0.0f));
+          const bool outin = layout == WLayout::OutIn;
+          be->matmul_forward(go, gx, gi, nullptr, S, S, S, layout);  // X @ I
+          EXPECT_TRUE(bitwise_equal(download(*be, go, n), round_bf16(x))) << "inp operand";
+          be->matmul_forward(go, gi, gw, nullptr, S, S, S, layout);  // I @ W (W^T for OutIn)
+          EXPECT_TRUE(bitwise_equal(download(*be, go, n), outin ? transpose(round_bf16(w), S) : round_bf16(w)))
+              << "weight operand";
+          be->matmul_backward(gdi, gdw, nullptr, gd, gi, gi, S, S, S, layout);  // dout, inp, w in one launch
+          EXPECT_TRUE(bitwise_equal(download(*be, gdi, n), round_bf16(d))) << "dout operand (dinp)";
+          EXPECT_TRUE(bitwise_equal(download(*be, gdw, n), outin ? transpose(round_bf16(d), S) : round_bf16(d)))
+              << "dout operand (dW)";
+          for (float* p : {bx, bw, bd, gi, go, gdi, gdw}) be->release(p);
+          be->synchronize();
+        }
+  }
+  ::setenv("NLPTRAIN_CUDA_BF16_CAST", "fast", 1);
+  EXPECT_THROW(nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16}), nlp::Error);
+  ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
+}
+
 // ====================================================================================================
 // layer norm
 // ====================================================================================================

@@ -41,6 +41,17 @@ bool fused_layernorm_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_FUSED_LN = '", v, "': expected 0 or 1"));
 }
 
+// NLPTRAIN_CUDA_BF16_CAST: unset or "vector" = the bf16 GEMM operands rounded 8 elements a thread
+// with 16-byte accesses, "scalar" = one element a thread (the kernel every earlier GPU run verified;
+// it reached about 0.5 TB/s, and its casts were 39% of a packed BERT-base step's GPU time on an
+// H200). Both round each element the same way.
+bool vector_casts_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_BF16_CAST");
+  if (!v || std::string(v) == "vector") return true;
+  if (std::string(v) == "scalar") return false;
+  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector or scalar"));
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendOptions& options)
@@ -53,7 +64,7 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
        "cudaMemPoolSetAttribute");
-    gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision);
+    gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision, vector_casts_);
     if (options.fused_attention) fused_ = std::make_unique<cuda::CudnnAttention>(stream_);
     ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
     ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
@@ -75,7 +86,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   std::string details() const override {
     return cat("GPU ", device_, " | residual + layer norm: ",
-               fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)");
+               fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)",
+               " | bf16 operand casts: ", vector_casts_ ? "vector" : "scalar (NLPTRAIN_CUDA_BF16_CAST)");
   }
   cudaStream_t stream() const { return stream_; }
 
@@ -566,6 +578,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool sync_check_ = false;
   bool fused_ln_ = fused_layernorm_from_env();  // NLPTRAIN_CUDA_FUSED_LN (default 1)
+  bool vector_casts_ = vector_casts_from_env();  // NLPTRAIN_CUDA_BF16_CAST (default vector)
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -18,7 +18,9 @@ using GemmMode = Precision;
 
 class Gemm {
  public:
-  Gemm(cudaStream_t s, GemmMode mode);
+  // vector_casts: the bf16 operand copies through the 8-wide kernel (kern::Bf16Cast::Vector), else
+  // the scalar one (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp); the same bits either way.
+  Gemm(cudaStream_t s, GemmMode mode, bool vector_casts = true);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -58,6 +60,7 @@ class Gemm {
 
   cudaStream_t stream_;
   GemmMode mode_;
+  bool vector_casts_;
   void* bf16_ = nullptr;  // bf16 copies of the operands (Bf16 mode)
   size_t bf16_bytes_ = 0;
   cublasLtHandle_t lt_ = nullptr;

@@ -32,9 +32,12 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
+kern::Bf16Cast cast_kernel(bool vector) { return vector ? kern::Bf16Cast::Vector : kern::Bf16Cast::Scalar; }
+
 }  // namespace
 
-Gemm::Gemm(cudaStream_t s, GemmMode mode) : stream_(s), mode_(mode) {
+Gemm::Gemm(cudaStream_t s, GemmMode mode, bool vector_casts)
+    : stream_(s), mode_(mode), vector_casts_(vector_casts) {
   ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
   ck_lt(cublasCreate(&blas_), "cublasCreate");
   ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
@@ -118,7 +121,7 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   kern::Bf16Copies c;  // both operands in one launch
   c.add(buf, Z, nz);
   c.add(buf + off, X, nx);
-  ck_rt(kern::to_bf16_many(c, stream_), "to_bf16");
+  ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(vector_casts_)), "to_bf16");
   run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
 }
 
@@ -141,7 +144,7 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
       c.add(buf + al(nd) + al(nx), w, nw);
       z = buf + al(nd) + al(nx);
     }
-    ck_rt(kern::to_bf16_many(c, stream_), "to_bf16");
+    ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(vector_casts_)), "to_bf16");
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
   if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);
