@@ -214,9 +214,10 @@ const std::vector<Entry>& schema() {
        "that packs into the fewest positions, or the file's length with data.padding = max_length, or on "
        "cuda with model.attention = cudnn unless data.pad_multiple is set (one row length: one cuDNN graph). "
        "Evaluation runs unpacked. "
-       "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them; cudnn runs each "
-       "packed example as a ragged cuDNN sequence on Hopper, else under a block-diagonal mask bias; neither "
-       "checked on a GPU yet)"},
+       "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them: at BERT-base "
+       "on an H200 their step was as fast as cuDNN's; cudnn runs each packed example as a ragged cuDNN "
+       "sequence on Hopper, else under a block-diagonal mask bias; both layouts matched the unpacked CPU "
+       "run there)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
