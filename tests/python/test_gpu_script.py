@@ -181,16 +181,16 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
     assert len(gpu_logs) == 8, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
-    # (GPT-2 bf16 twice: the second with the scalar casts)
+    # (GPT-2 bf16 three times: then with the scalar casts and with cuBLAS's)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
-    # the finetune step's profile, its bf16 cast A/B (2 x 2 runs) and its run under ncu (here the
+    # the finetune step's profile, its bf16 cast A/B (2 x 3 runs) and its run under ncu (here the
     # stand-in, whose CSV is read into the log and profile.txt)
     gpu_logs += [work / "ncu_busy.log"] + sorted(work.glob("ab_cast_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 8 + 5 + 3 + 6 + 3 + 5, gpu_logs
+    assert len(gpu_logs) == 8 + 6 + 3 + 6 + 3 + 7, gpu_logs
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:

@@ -41,15 +41,26 @@ bool fused_layernorm_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_FUSED_LN = '", v, "': expected 0 or 1"));
 }
 
-// NLPTRAIN_CUDA_BF16_CAST: unset or "vector" = the bf16 GEMM operands rounded 8 elements a thread
-// with 16-byte accesses, "scalar" = one element a thread (the kernel every earlier GPU run verified;
-// it reached about 0.5 TB/s, and its casts were 39% of a packed BERT-base step's GPU time on an
-// H200). Both round each element the same way.
-bool vector_casts_from_env() {
+// NLPTRAIN_CUDA_BF16_CAST (cuda::Bf16Operands): unset or "vector" = the bf16 GEMM operands rounded 8
+// elements a thread with 16-byte accesses; "scalar" = one element a thread (the kernel every earlier
+// GPU run verified; it reached about 0.5 TB/s, and its casts were 39% of a packed BERT-base step's
+// GPU time on an H200); both round each element the same way. "library" = no copies, cuBLAS's
+// CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands (an experiment: its rounding is undocumented).
+cuda::Bf16Operands bf16_operands_from_env() {
   const char* v = std::getenv("NLPTRAIN_CUDA_BF16_CAST");
-  if (!v || std::string(v) == "vector") return true;
-  if (std::string(v) == "scalar") return false;
-  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector or scalar"));
+  if (!v || std::string(v) == "vector") return cuda::Bf16Operands::Vector;
+  if (std::string(v) == "scalar") return cuda::Bf16Operands::Scalar;
+  if (std::string(v) == "library") return cuda::Bf16Operands::Library;
+  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector, scalar or library"));
+}
+
+const char* bf16_operands_name(cuda::Bf16Operands o) {
+  switch (o) {
+    case cuda::Bf16Operands::Vector: return "vector";
+    case cuda::Bf16Operands::Scalar: return "scalar (NLPTRAIN_CUDA_BF16_CAST)";
+    case cuda::Bf16Operands::Library: return "library (NLPTRAIN_CUDA_BF16_CAST)";
+  }
+  return "?";
 }
 
 class CudaBackend final : public Backend {
@@ -64,7 +75,7 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
        "cudaMemPoolSetAttribute");
-    gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision, vector_casts_);
+    gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision, bf16_operands_);
     if (options.fused_attention) fused_ = std::make_unique<cuda::CudnnAttention>(stream_);
     ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
     ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
@@ -87,7 +98,7 @@ class CudaBackend final : public Backend {
   std::string details() const override {
     return cat("GPU ", device_, " | residual + layer norm: ",
                fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)",
-               " | bf16 operand casts: ", vector_casts_ ? "vector" : "scalar (NLPTRAIN_CUDA_BF16_CAST)");
+               " | bf16 operand casts: ", bf16_operands_name(bf16_operands_));
   }
   cudaStream_t stream() const { return stream_; }
 
@@ -578,7 +589,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool sync_check_ = false;
   bool fused_ln_ = fused_layernorm_from_env();  // NLPTRAIN_CUDA_FUSED_LN (default 1)
-  bool vector_casts_ = vector_casts_from_env();  // NLPTRAIN_CUDA_BF16_CAST (default vector)
+  cuda::Bf16Operands bf16_operands_ = bf16_operands_from_env();  // NLPTRAIN_CUDA_BF16_CAST
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;

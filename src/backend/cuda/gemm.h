@@ -16,11 +16,16 @@ namespace nlp::cuda {
 // Operand arithmetic: train.precision (core/backend.h).
 using GemmMode = Precision;
 
+// How Bf16 mode gets its bf16 operands (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp):
+//   Vector   our cast kernel into bf16 copies, 8 elements a thread (the default)
+//   Scalar   our one-element-a-thread cast kernel (the one the GPU runs up to 2026-11-28 verified)
+//   Library  no copies: fp32 operands and CUBLAS_COMPUTE_32F_FAST_16BF, cuBLAS converts inside the
+//            GEMM. Its rounding is not documented (CudaOps.Bf16OperandCastsRoundAsTheHost reports it).
+enum class Bf16Operands { Vector, Scalar, Library };
+
 class Gemm {
  public:
-  // vector_casts: the bf16 operand copies through the 8-wide kernel (kern::Bf16Cast::Vector), else
-  // the scalar one (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp); the same bits either way.
-  Gemm(cudaStream_t s, GemmMode mode, bool vector_casts = true);
+  Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands = Bf16Operands::Vector);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -28,7 +33,8 @@ class Gemm {
   // Y[M,P] (row-major, leading dimension P) = opX(X)[M,Q] @ opZ(Z)[Q,P] + beta * Y (+ bias[P]).
   // X is stored [M,Q] (trans_x false) or [Q,M] (true); Z is stored [Q,P] or [P,Q].
   // beta is 0 (overwrite) or 1 (accumulate). Fp32 mode: strict fp32 (CUBLAS_COMPUTE_32F, no TF32);
-  // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer.
+  // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer (Bf16Operands::Library:
+  // cuBLAS converts them itself).
   // bias (nullable) only with beta == 0: the cuBLASLt BIAS epilogue where an algorithm accepts its
   // alignment, else the rows are first filled with the bias and the product accumulated onto them.
   void run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
@@ -42,7 +48,7 @@ class Gemm {
                 int K, int N, bool inout);
 
  private:
-  // Y = opX(X) @ opZ(Z) + beta Y (+ bias) on operands already in the mode's type (bf16 in Bf16 mode).
+  // Y = opX(X) @ opZ(Z) + beta Y (+ bias) on operands already in operand_type().
   void run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool trans_z, int M, int P,
                  int Q, float beta, const float* bias);
 
@@ -57,10 +63,13 @@ class Gemm {
   Plan& plan(const Key& key, const float* bias);
 
   void* bf16_scratch(size_t bytes);
+  bool copies() const { return mode_ == GemmMode::Bf16 && operands_ != Bf16Operands::Library; }
+  cudaDataType_t operand_type() const { return copies() ? CUDA_R_16BF : CUDA_R_32F; }
+  cublasComputeType_t compute_type() const;
 
   cudaStream_t stream_;
   GemmMode mode_;
-  bool vector_casts_;
+  Bf16Operands operands_;
   void* bf16_ = nullptr;  // bf16 copies of the operands (Bf16 mode)
   size_t bf16_bytes_ = 0;
   cublasLtHandle_t lt_ = nullptr;

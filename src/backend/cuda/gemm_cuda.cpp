@@ -32,12 +32,14 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
-kern::Bf16Cast cast_kernel(bool vector) { return vector ? kern::Bf16Cast::Vector : kern::Bf16Cast::Scalar; }
+kern::Bf16Cast cast_kernel(Bf16Operands o) {
+  return o == Bf16Operands::Scalar ? kern::Bf16Cast::Scalar : kern::Bf16Cast::Vector;
+}
 
 }  // namespace
 
-Gemm::Gemm(cudaStream_t s, GemmMode mode, bool vector_casts)
-    : stream_(s), mode_(mode), vector_casts_(vector_casts) {
+Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
+    : stream_(s), mode_(mode), operands_(operands) {
   ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
   ck_lt(cublasCreate(&blas_), "cublasCreate");
   ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
@@ -69,9 +71,8 @@ Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
   Plan p;
   const cublasOperation_t ta = opa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = opb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasComputeType_t compute =
-      mode_ == GemmMode::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const cudaDataType_t ab = mode_ == GemmMode::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute = compute_type();
+  const cudaDataType_t ab = operand_type();
   ck_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
   ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
@@ -111,7 +112,7 @@ Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
 void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
                int Q, float beta, const float* bias) {
   if (M <= 0 || P <= 0 || Q <= 0) return;
-  if (mode_ != GemmMode::Bf16) {
+  if (!copies()) {
     run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
     return;
   }
@@ -121,7 +122,7 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   kern::Bf16Copies c;  // both operands in one launch
   c.add(buf, Z, nz);
   c.add(buf + off, X, nx);
-  ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(vector_casts_)), "to_bf16");
+  ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(operands_)), "to_bf16");
   run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
 }
 
@@ -129,7 +130,7 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
                     int M, int K, int N, bool inout) {
   if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dw)) return;
   const void *d = dout, *x = inp, *z = w;
-  if (mode_ == GemmMode::Bf16) {
+  if (copies()) {
     auto al = [](size_t elems) { return (elems * 2 + 255) / 256 * 256; };
     const size_t nd = size_t(M) * N, nx = dw ? size_t(M) * K : 0, nw = dinp ? size_t(K) * N : 0;
     char* buf = static_cast<char*>(bf16_scratch(al(nd) + al(nx) + al(nw)));
@@ -144,7 +145,7 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
       c.add(buf + al(nd) + al(nx), w, nw);
       z = buf + al(nd) + al(nx);
     }
-    ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(vector_casts_)), "to_bf16");
+    ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(operands_)), "to_bf16");
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
   if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);
@@ -193,15 +194,20 @@ void Gemm::run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool 
     return;
   }
   // cuBLAS fallback on the same operands (fp32 or bf16), fp32 accumulation and output; pedantic
-  // math (no TF32) except in Tf32 mode
+  // math (no TF32) except where the compute type says otherwise
   const cublasOperation_t ta = trans_z ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = trans_x ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cudaDataType_t ab = mode_ == GemmMode::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      mode_ == GemmMode::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t ab = operand_type();
+  const cublasComputeType_t compute = compute_type();
   ck_lt(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, ab, trans_z ? k : m, B, ab, trans_x ? n : k,
                      &beta, Y, CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
+}
+
+cublasComputeType_t Gemm::compute_type() const {
+  if (mode_ == GemmMode::Tf32) return CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (mode_ == GemmMode::Bf16 && operands_ == Bf16Operands::Library) return CUBLAS_COMPUTE_32F_FAST_16BF;
+  return CUBLAS_COMPUTE_32F;
 }
 
 // Grow-only scratch for the bf16 operand copies (stream order makes reuse safe).
