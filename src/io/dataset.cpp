@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -372,9 +373,10 @@ void Sampler::group_by_length(int64_t epoch) const {
   perm_.swap(grouped);
 }
 
-std::vector<int32_t> TokenDataset::lengths() const {
-  std::vector<int32_t> len(static_cast<size_t>(n_), T_);
-  if (stream_ || !has_mask_) return len;
+const std::vector<int32_t>& TokenDataset::lengths() const {
+  if (static_cast<int64_t>(lengths_.size()) == n_) return lengths_;
+  std::vector<int32_t> len(static_cast<size_t>(n_), T_);  // kept only once complete (a read may throw)
+  if (stream_ || !has_mask_) return lengths_ = std::move(len);
   const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max(1, T_));
   std::vector<int32_t> mask;
   for (int64_t r0 = 0; r0 < n_; r0 += chunk) {
@@ -388,7 +390,7 @@ std::vector<int32_t> TokenDataset::lengths() const {
       len[static_cast<size_t>(r0 + r)] = L;
     }
   }
-  return len;
+  return lengths_ = std::move(len);
 }
 
 }  // namespace nlp

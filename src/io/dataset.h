@@ -68,8 +68,9 @@ class TokenDataset {
   size_t column_bytes() const;  // the int32 columns the dataset uses, in bytes
 
   // Each example's length: one past its last attention_mask position of 1 (T for files without a
-  // mask and for token streams). Reads only the mask, in chunks; for data.group_by_length.
-  std::vector<int32_t> lengths() const;
+  // mask and for token streams). Reads only the mask, in chunks, on the first call (for
+  // data.group_by_length and the length-sorted evaluation, which asks at every evaluation).
+  const std::vector<int32_t>& lengths() const;
 
   // Read and check every value of this rank's share of the examples (contiguous ranges, together the
   // whole file) with the checks of read(); throws naming the file, column, row and value. Called once
@@ -91,6 +92,7 @@ class TokenDataset {
     size_t row_len = 1;  // values per row: the second dimension of a 2-D column, 1 for a 1-D one
   };
   std::map<std::string, Column> mem_;  // hold_in_memory: column name -> its values
+  mutable std::vector<int32_t> lengths_;  // lengths(), once read
 
   // rows [row0, row0 + nrows) of column `name` (each row_len values) from memory or the file
   void read_rows(const char* name, int64_t row0, int64_t nrows, int32_t* out) const;

@@ -696,6 +696,11 @@ TEST_F(IoTest, TokenDatasetHeldInMemoryReadsAsTheFile) {
     held.read(idx.data(), int(idx.size()), b);
     expect_same_batch(a, b);
     EXPECT_EQ(held.lengths(), from_file.lengths());
+    const std::vector<int32_t>& len = from_file.lengths();  // one past the last 1 of each row's mask
+    ASSERT_EQ(int64_t(len.size()), from_file.size());
+    for (int64_t r = 0; r < from_file.size(); ++r)
+      EXPECT_EQ(len[size_t(r)], from_file.is_stream() ? T : 1 + r % T) << "row " << r;
+    EXPECT_EQ(&len, &from_file.lengths()) << "lengths() read again";  // kept for the next evaluation
     held.validate(0, 1);
   }
   // A bad value in memory is reported as from the file: file, column, row and value.
