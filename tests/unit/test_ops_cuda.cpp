@@ -471,24 +471,22 @@ TEST_F(CudaOps, MatmulBf16EqualsFp32OnRoundedOperands) {
     }
 }
 
-// The bf16 GEMM's operand casts (kern::to_bf16_many, 8-wide by default, NLPTRAIN_CUDA_BF16_CAST=scalar
-// for the kernel of the earlier GPU runs) give each element exactly the host's round_bf16; with
-// NLPTRAIN_CUDA_BF16_CAST=library (cuBLAS converts inside the GEMM, undocumented) each element must be
-// a bf16 neighbour of the fp32 value (rounded either way), and the test prints how many elements
-// differ from round-to-nearest-even (the next GPU run's answer to how cuBLAS rounds). An identity
-// matrix (exact in bf16, one non-zero product per output) carries the rounded operands out of the GEMM
-// unchanged: out = X @ I shows X's copy, I @ W shows W's, and the backward with inp = W = I shows
-// dout's in dinp and (transposed for OutIn) in dW, with three arrays in the one launch. Data: ties
-// (exactly halfway between two bf16 values: round to even), values just either side of a tie, large
-// and negative values; sizes with and without a multiple of 8 elements, over one and many blocks;
-// arrays at a 16-byte aligned address and one float past it (the per-element path).
-TEST_F(CudaOps, Bf16OperandCastsRoundAsTheHost) {
+// The bf16 GEMM's operands as a backend made with NLPTRAIN_CUDA_BF16_CAST = `cast` rounds them, carried
+// out of the GEMM by an identity matrix (exact in bf16, one non-zero product per output): out = X @ I
+// shows X's copy, I @ W shows W's, and the backward with inp = W = I shows dout's in dinp and
+// (transposed for OutIn) in dW, with three arrays in the one conversion launch. `same(got, rounded,
+// orig)` judges each: got from the GPU, rounded = the host's round_bf16 of orig (in got's layout).
+// Data: ties (exactly halfway between two bf16 values: round to even), values just either side of a
+// tie, large and negative values; sizes with and without a multiple of 8 elements, over one and many
+// blocks; arrays at a 16-byte aligned address and one float past it (the per-element path).
+static void check_bf16_operands(const char* cast,
+                                const std::function<bool(const VF&, const VF&, const VF&)>& same) {
   auto data = [](size_t n, uint64_t seed) {
     VF v = randn(n, seed, 3.0f);
     for (size_t i = 0; i < n; ++i) {
       uint32_t u;
       std::memcpy(&u, &v[i], sizeof u);
-      if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;        // a tie
+      if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;                           // a tie
       if (i % 4 == 2) u = (u & 0xffff0000u) | (i % 8 == 2 ? 0x7fffu : 0x8001u);  // beside one
       std::memcpy(&v[i], &u, sizeof u);
       if (i % 16 == 3) v[i] *= 1e30f;
@@ -501,70 +499,74 @@ TEST_F(CudaOps, Bf16OperandCastsRoundAsTheHost) {
       for (int c = 0; c < S; ++c) t[size_t(c) * S + r] = a[size_t(r) * S + c];
     return t;
   };
-  // got[i] is want's element rounded to bf16 either way (the two neighbours of an fp32 value; a tie's
-  // even one included); counts those that are not round_bf16's
-  auto neighbours = [](const VF& got, const VF& want, size_t& not_rne) {
+  ::setenv("NLPTRAIN_CUDA_BF16_CAST", cast, 1);
+  auto be = nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16});
+  ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
+  EXPECT_NE(be->details().find(std::string("casts: ") + cast), std::string::npos) << be->details();
+  uint64_t seed = 2100;
+  for (int S : {29, 200, 203})  // S*S elements: 841 (one block), 40000, 41209 (not a multiple of 8)
+    for (int offset : {0, 1})
+      for (WLayout layout : {WLayout::OutIn, WLayout::InOut}) {
+        SCOPED_TRACE(testing::Message() << cast << " S=" << S << " offset=" << offset
+                                        << (layout == WLayout::OutIn ? " OutIn" : " InOut"));
+        const size_t n = size_t(S) * S;
+        VF eye(n, 0.0f);
+        for (int i = 0; i < S; ++i) eye[size_t(i) * S + i] = 1.0f;
+        const VF x = data(n, ++seed), w = data(n, ++seed), d = data(n, ++seed);
+        auto up_at = [&](const VF& h) {  // h at `offset` floats into a fresh allocation
+          VF padded(offset, 0.0f);
+          padded.insert(padded.end(), h.begin(), h.end());
+          return upload(*be, padded);
+        };
+        float *bx = up_at(x), *bw = up_at(w), *bd = up_at(d), *gi = upload(*be, eye);
+        float *gx = bx + offset, *gw = bw + offset, *gd = bd + offset;
+        float *go = upload(*be, VF(n, NAN)), *gdi = upload(*be, VF(n, 0.0f)), *gdw = upload(*be, VF(n, 0.0f));
+        const bool outin = layout == WLayout::OutIn;
+        auto t = [&](const VF& v) { return outin ? transpose(v, S) : v; };
+        be->matmul_forward(go, gx, gi, nullptr, S, S, S, layout);  // X @ I
+        EXPECT_TRUE(same(download(*be, go, n), round_bf16(x), x)) << "inp operand";
+        be->matmul_forward(go, gi, gw, nullptr, S, S, S, layout);  // I @ W (W^T for OutIn)
+        EXPECT_TRUE(same(download(*be, go, n), t(round_bf16(w)), t(w))) << "weight operand";
+        be->matmul_backward(gdi, gdw, nullptr, gd, gi, gi, S, S, S, layout);  // dout, inp, w in one launch
+        EXPECT_TRUE(same(download(*be, gdi, n), round_bf16(d), d)) << "dout operand (dinp)";
+        EXPECT_TRUE(same(download(*be, gdw, n), t(round_bf16(d)), t(d))) << "dout operand (dW)";
+        for (float* p : {bx, bw, bd, gi, go, gdi, gdw}) be->release(p);
+        be->synchronize();
+      }
+}
+
+// Our cast kernels (kern::to_bf16_many: 8-wide by default, NLPTRAIN_CUDA_BF16_CAST=scalar for the
+// kernel of the earlier GPU runs) give each element exactly the host's round_bf16; anything but
+// vector/scalar/library is refused. (bench/gpu/run.sh falls back to the scalar kernel if this fails.)
+TEST_F(CudaOps, Bf16OperandCastsRoundAsTheHost) {
+  for (const char* cast : {"vector", "scalar"})
+    check_bf16_operands(cast, [](const VF& got, const VF& rounded, const VF&) { return bitwise_equal(got, rounded); });
+  ::setenv("NLPTRAIN_CUDA_BF16_CAST", "fast", 1);
+  EXPECT_THROW(nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16}), nlp::Error);
+  ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
+}
+
+// NLPTRAIN_CUDA_BF16_CAST=library (cuBLAS converts the fp32 operands inside the GEMM; undocumented):
+// each element must be a bf16 neighbour of its fp32 value (rounded either way), and the test prints
+// how many differ from round-to-nearest-even: the next GPU run's answer to how cuBLAS rounds.
+TEST_F(CudaOps, Bf16LibraryConversionGivesBf16Neighbours) {
+  size_t not_rne = 0, checked = 0;
+  check_bf16_operands("library", [&](const VF& got, const VF&, const VF& orig) {
     for (size_t i = 0; i < got.size(); ++i) {
       uint32_t u;
-      std::memcpy(&u, &want[i], sizeof u);
+      std::memcpy(&u, &orig[i], sizeof u);
       const uint32_t down = u & 0xffff0000u, up = down + 0x10000u;
       float lo, hi;
       std::memcpy(&lo, &down, sizeof lo);
       std::memcpy(&hi, &up, sizeof hi);
       if (got[i] != lo && got[i] != hi) return false;
-      not_rne += got[i] != nlp::cpu::round_bf16(want[i]);
+      not_rne += got[i] != nlp::cpu::round_bf16(orig[i]);
     }
+    checked += got.size();
     return true;
-  };
-  for (const char* cast : {"vector", "scalar", "library"}) {
-    ::setenv("NLPTRAIN_CUDA_BF16_CAST", cast, 1);
-    auto be = nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16});
-    ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
-    EXPECT_NE(be->details().find(std::string("casts: ") + cast), std::string::npos) << be->details();
-    const bool library = std::string(cast) == "library";
-    size_t not_rne = 0, checked = 0;
-    // exact (our kernels) or a bf16 neighbour (the library's conversion)
-    auto same = [&](const VF& got, const VF& rounded, const VF& orig) {
-      checked += got.size();
-      return library ? neighbours(got, orig, not_rne) : bitwise_equal(got, rounded);
-    };
-    uint64_t seed = 2100;
-    for (int S : {29, 200, 203})  // S*S elements: 841 (one block), 40000, 41209 (not a multiple of 8)
-      for (int offset : {0, 1})
-        for (WLayout layout : {WLayout::OutIn, WLayout::InOut}) {
-          SCOPED_TRACE(testing::Message() << cast << " S=" << S << " offset=" << offset
-                                          << (layout == WLayout::OutIn ? " OutIn" : " InOut"));
-          const size_t n = size_t(S) * S;
-          VF eye(n, 0.0f);
-          for (int i = 0; i < S; ++i) eye[size_t(i) * S + i] = 1.0f;
-          const VF x = data(n, ++seed), w = data(n, ++seed), d = data(n, ++seed);
-          auto up_at = [&](const VF& h) {  // h at `offset` floats into a fresh allocation
-            VF padded(offset, 0.0f);
-            padded.insert(padded.end(), h.begin(), h.end());
-            return upload(*be, padded);
-          };
-          float *bx = up_at(x), *bw = up_at(w), *bd = up_at(d), *gi = upload(*be, eye);
-          float *gx = bx + offset, *gw = bw + offset, *gd = bd + offset;
-          float *go = upload(*be, VF(n, NAN)), *gdi = upload(*be, VF(n, 0.0f)), *gdw = upload(*be, VF(n, 0.0f));
-          const bool outin = layout == WLayout::OutIn;
-          auto t = [&](const VF& v) { return outin ? transpose(v, S) : v; };
-          be->matmul_forward(go, gx, gi, nullptr, S, S, S, layout);  // X @ I
-          EXPECT_TRUE(same(download(*be, go, n), round_bf16(x), x)) << "inp operand";
-          be->matmul_forward(go, gi, gw, nullptr, S, S, S, layout);  // I @ W (W^T for OutIn)
-          EXPECT_TRUE(same(download(*be, go, n), t(round_bf16(w)), t(w))) << "weight operand";
-          be->matmul_backward(gdi, gdw, nullptr, gd, gi, gi, S, S, S, layout);  // dout, inp, w in one launch
-          EXPECT_TRUE(same(download(*be, gdi, n), round_bf16(d), d)) << "dout operand (dinp)";
-          EXPECT_TRUE(same(download(*be, gdw, n), t(round_bf16(d)), t(d))) << "dout operand (dW)";
-          for (float* p : {bx, bw, bd, gi, go, gdi, gdw}) be->release(p);
-          be->synchronize();
-        }
-    if (library)
-      std::printf("NLPTRAIN_CUDA_BF16_CAST=library: %zu of %zu operand elements differ from round-to-nearest-even\n",
-                  not_rne, checked);
-  }
-  ::setenv("NLPTRAIN_CUDA_BF16_CAST", "fast", 1);
-  EXPECT_THROW(nlp::make_cuda_backend(0, {nlp::CudaMatmul::Bf16}), nlp::Error);
-  ::unsetenv("NLPTRAIN_CUDA_BF16_CAST");
+  });
+  std::printf("NLPTRAIN_CUDA_BF16_CAST=library: %zu of %zu operand elements differ from round-to-nearest-even\n",
+              not_rne, checked);
 }
 
 // ====================================================================================================

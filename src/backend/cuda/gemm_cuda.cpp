@@ -43,7 +43,10 @@ Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
   ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
   ck_lt(cublasCreate(&blas_), "cublasCreate");
   ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
-  ck_lt(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");  // no TF32
+  // no TF32; the library conversion's fallback asks for bf16 compute itself, which pedantic math
+  // might override
+  const bool pedantic = !(mode_ == GemmMode::Bf16 && operands_ == Bf16Operands::Library);
+  ck_lt(cublasSetMathMode(blas_, pedantic ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   ck_rt(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(cuBLASLt workspace)");
   workspace_bytes_ = kWorkspaceBytes;
 }
