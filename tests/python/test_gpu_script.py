@@ -181,7 +181,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
     assert len(gpu_logs) == 8, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
-    # (GPT-2 bf16 three times: then with the scalar casts and with cuBLAS's)
+    # (bf16 only by default; GPT-2 three times: then with the scalar casts and with cuBLAS's)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # finetune: the nlptrain settings' logs
@@ -190,7 +190,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # stand-in, whose CSV is read into the log and profile.txt)
     gpu_logs += [work / "ncu_busy.log"] + sorted(work.glob("ab_cast_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 8 + 6 + 3 + 6 + 3 + 7, gpu_logs
+    assert len(gpu_logs) == 8 + 4 + 3 + 6 + 3 + 7, gpu_logs
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:
