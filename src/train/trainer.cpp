@@ -269,7 +269,9 @@ int run_train(Session& s) {
   st.batch_size = B;
   st.grad_accum = A;
   // data.group_by_length: every rank reads all lengths (the order is global), from the mask only.
-  const std::vector<int32_t> lengths = cfg.data.group_by_length ? train.lengths() : std::vector<int32_t>{};
+  // (a reference to the dataset's own copy: lengths() keeps what it read)
+  const std::vector<int32_t> no_lengths;
+  const std::vector<int32_t>& lengths = cfg.data.group_by_length ? train.lengths() : no_lengths;
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
   const GroupOrder group_order =
