@@ -11,12 +11,19 @@
 #   nlptrain-longest        nlptrain --data.padding=longest           (batch at its longest row; data.pad_multiple auto = 1 on the cpu)
 #   hf-longest              hf_trainer.py --padding longest           (DataCollatorWithPadding-style)
 #   nlptrain-longest-group  ... --data.group_by_length=true
-#   nlptrain-packed         ... --data.packing=true (random order; several examples per row of the file's length)
+#   nlptrain-packed         ... --data.packing=true --data.pack_batch=examples (random order; the batch's
+#                           examples share rows of the file's length: each step equals the unpacked one's)
+#   nlptrain-packedrows     ... --data.packing=true --data.pack_batch=rows --train.batch_size=PACK_ROWS
+#                           (rows of the file's length, each step as many examples as fill them;
+#                           PACK_ROWS defaults to BATCH x the mean example length / the row length, so a
+#                           step holds about BATCH examples) and --train.epochs = STEPS x BATCH / examples
+#                           in place of --train.steps (the same examples seen)
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
 #   hf-longest-group-compile  ... --group-by-length --torch-compile --pad-multiple 8 (torch.compile, inductor)
 #   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has them)
 #   hf-longest-group-bf16     ... --group-by-length --bf16 (Trainer's bf16=True: autocast to bf16 on the CPU)
-#   nlptrain-packed-bf16      ... --data.packing=true --train.precision=bf16
+#   nlptrain-packed-bf16      ... --data.packing=true --data.pack_batch=examples --train.precision=bf16
+#   nlptrain-packedrows-bf16  ... nlptrain-packedrows with --train.precision=bf16
 #   nlptrain-longest-groupshuffled-bf16  ... -group-bf16 with --data.group_order=shuffled (the steps' order shuffled)
 #   hf-longest-groupshuffled-bf16        ... -group-bf16 with --shuffle-groups (the same order rule on HF's side)
 #   nlptrain-packed-cudnn-bf16   ... --data.packing=true --train.precision=bf16 --model.attention=cudnn (GPU:
@@ -51,7 +58,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed nlptrain-packedrows hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packedrows-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -70,6 +77,7 @@ EVAL_FRAC=${EVAL_FRAC:-0.1}
 LIMIT=${LIMIT:-}
 read -r -a NLP_ARGS <<<"${NLP_ARGS:-}"
 PAD_MULTIPLE=${PAD_MULTIPLE:-}
+PACK_ROWS=${PACK_ROWS:-}  # nlptrain-packedrows: train.batch_size in rows (empty: about BATCH examples a step)
 BIN=${NLPTRAIN_BIN:-build/nlptrain}
 PY=${PYTHON:-python3}
 if [ -z "${SHARED:-}" ]; then
@@ -97,7 +105,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob
 # The exact command (every setting spelled out, so that it reproduces this run whatever the defaults become).
 CMD="TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\" RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
 CMD+=" BATCH=$BATCH THREADS=$THREADS MAXLEN=$MAXLEN QA_MAXLEN=$QA_MAXLEN DOC_STRIDE=$DOC_STRIDE EVAL_N=$EVAL_N"
-CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
+CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE PACK_ROWS=$PACK_ROWS NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
 CMD+=" DEVICE=$DEVICE LAUNCH=\"$LAUNCH\" HIDDEN=$HIDDEN LAYERS=$LAYERS HEADS=$HEADS INTER=$INTER MAXPOS=$MAXPOS"
 CMD+=" bash bench/finetune_speed.sh"
 echo "$CMD" > "$RES/command.txt"
@@ -174,7 +182,19 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   case $s in *-group|*-group-bf16) group=true;; esac
   case $s in *-groupshuffled-bf16) group=true; extra+=("--data.group_order=shuffled");; esac
   case $s in *-bf16) extra+=("--train.precision=bf16");; esac
-  case $s in *-packed|*-packed-bf16|*-packed-cudnn-bf16) extra+=("--data.packing=true");; esac
+  local steps=(--train.steps=$STEPS --train.batch_size=$BATCH)
+  case $s in *-packed|*-packed-bf16|*-packed-cudnn-bf16) extra+=("--data.packing=true" "--data.pack_batch=examples");; esac
+  case $s in *-packedrows|*-packedrows-bf16)
+    # rows for about BATCH examples a step; epochs for STEPS x BATCH examples seen
+    local rows epochs
+    read -r rows epochs < <("$PY" -c 'import h5py, sys
+f = h5py.File(sys.argv[1], "r"); m = f["attention_mask"]; n, T = m.shape
+batch, steps, want = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mean = float(m[()].sum()) / n
+print(int(want) if want else max(1, round(batch * mean / T)), steps * batch / n)' "$d/train.h5" "$BATCH" "$STEPS" "$PACK_ROWS")
+    extra+=("--data.packing=true" "--data.pack_batch=rows")
+    steps=(--train.epochs=$epochs --train.batch_size=$rows);;
+  esac
   case $s in *-cudnn-*) extra+=("--model.attention=cudnn");; esac
   [ "$DEVICE" = cuda ] && extra+=("--run.backend=cuda")
   [ -n "$PAD_MULTIPLE" ] && extra+=("--data.pad_multiple=$PAD_MULTIPLE")
@@ -188,7 +208,7 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
     --model.type_vocab_size=2 --model.num_labels=0 --model.hidden_dropout_prob=$DROPOUT \
     --model.attention_probs_dropout_prob=$DROPOUT \
     --data.train="$d/train.h5" --data.eval="$d/eval.h5" --data.padding=$pad --data.group_by_length=$group "${extra[@]}" \
-    --train.steps=$STEPS --train.batch_size=$BATCH --train.grad_accum=1 --train.lr=$LR --train.warmup_steps=$WARMUP \
+    "${steps[@]}" --train.grad_accum=1 --train.lr=$LR --train.warmup_steps=$WARMUP \
     --train.schedule=linear --train.weight_decay=$WD --train.clip=1.0 --train.seed=$seed \
     --eval.interval=0 --eval.batches=0 --checkpoint.interval=0 --run.threads=$THREADS --run.log_interval=1 \
     --output.dir="$out"

@@ -28,8 +28,8 @@ import statistics
 import sys
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
-            "nlptrain-packed", "hf-longest-group", "hf-longest-group-compile", "nlptrain-longest-group-bf16",
-            "nlptrain-packed-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
+            "nlptrain-packed", "nlptrain-packedrows", "hf-longest-group", "hf-longest-group-compile",
+            "nlptrain-longest-group-bf16", "nlptrain-packed-bf16", "nlptrain-packedrows-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
             "hf-longest-groupshuffled-bf16", "nlptrain-packed-cudnn-bf16", "hf-longest-group-compile-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 CUDNN_BUILDS = re.compile(r"cuDNN attention: (\d+) graph\(s\) built, (\d+) declined, ([0-9.]+) s of host time")
@@ -101,6 +101,8 @@ def nlptrain_run(d, r):
         r["real_tokens"] = sum(round(x.get("real_tokens_per_s", 0) * x["step_time_s"]) for x in train)
         r["computed_tokens"] = sum(round(x.get("tokens_per_s", 0) * x["step_time_s"]) for x in train)
         r["train_loss_last"] = train[-1].get("loss")
+        if any("examples" in x for x in train):  # packed runs log each step's examples
+            r["examples_seen"] = sum(x.get("examples", 0) for x in train)
         if len(train) > 21:
             r["median_step_s_after_20"] = statistics.median(x["step_time_s"] for x in train[21:])
     if evals:

@@ -147,6 +147,7 @@ TRIM=(--data.padding=longest --data.pad_multiple=64 --run.sync_check=true)
 # bf16 with the fused (cuDNN) attention against the CPU's bf16 emulation (which keeps attention in
 # fp32): attention dropout off, since cuDNN draws its own mask
 BF16=(--train.precision=bf16 --run.cpu_bf16=emulate --model.attention=auto)
+ROWS=(--data.packing=true --data.pack_batch=rows)
 declare -A NO_ATTN_DROPOUT=([gpt2_small]=--model.attn_pdrop=0 [bert_small]=--model.attention_probs_dropout_prob=0)
 E2E_THREADS=$(nproc)
 # the CPU references, in the background from the start, on all but two cores (the GPU runs' and the
@@ -157,6 +158,9 @@ if want e2e; then
     for m in gpt2_small bert_small; do e2e_run ${m}_cpu cpu $m; done
     e2e_run bert_small_trim_cpu cpu bert_small "${TRIM[@]}"
     for m in bert_small gpt2_small; do e2e_run ${m}_bf16_cpu cpu $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}"; done
+    # packed steps (data.pack_batch = rows: 8 rows of 128, about 50 NSMC examples a step)
+    e2e_run bert_small_rows_cpu cpu bert_small "${ROWS[@]}"
+    e2e_run bert_small_rows_bf16_cpu cpu bert_small "${ROWS[@]}" "${BF16[@]}" "${NO_ATTN_DROPOUT[bert_small]}"
   ) &
   cpu_refs=$!
 fi
@@ -219,9 +223,16 @@ if want e2e && in_time 90 "e2e"; then
   for layout in ragged bias; do
     NLPTRAIN_CUDNN_PACKED=$layout e2e_run bert_small_packed_${layout}_cuda cuda bert_small \
         --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 \
-        --data.packing=true --run.sync_check=true
+        --data.packing=true --data.pack_batch=examples --run.sync_check=true
     grep -h "cuDNN\|ragged" "$W/e2e_bert_small_packed_${layout}_cuda.log" 2>/dev/null | head -3 | tee -a "$W/run.log"
   done
+  # Not yet run on a GPU: packed steps (data.pack_batch = rows), fp32 with the native attention, and
+  # bf16 through cuDNN (the block-diagonal bias over the run's one 8 x 128 shape: one graph), against
+  # the CPU's packed steps (the same plan: the same examples in the same rows)
+  e2e_run bert_small_rows_cuda cuda bert_small "${ROWS[@]}" --run.sync_check=true
+  e2e_run bert_small_rows_bf16_cuda cuda bert_small "${ROWS[@]}" --train.precision=bf16 --model.attention=cudnn \
+      --model.attention_probs_dropout_prob=0 --run.sync_check=true
+  grep -h "cuDNN attention:" "$W/e2e_bert_small_rows_bf16_cuda.log" 2>/dev/null | tee -a "$W/run.log"
   log "e2e: waiting for the CPU references"
   wait $cpu_refs
   for m in gpt2_small bert_small; do
@@ -238,6 +249,9 @@ if want e2e && in_time 90 "e2e"; then
     e2e_compare "packed ($layout) cuda vs unpacked cpu, bf16" bert_small_bf16_cpu bert_small_packed_${layout}_cuda \
         --within 100:2e-2
   done
+  e2e_compare "packed steps (rows) cuda vs cpu" bert_small_rows_cpu bert_small_rows_cuda --within 20:1e-4 --within 100:1e-3
+  e2e_compare "packed steps (rows) bf16 cuda (cuDNN) vs cpu" bert_small_rows_bf16_cpu bert_small_rows_bf16_cuda \
+      --within 100:2e-2
 fi
 
 snapshot

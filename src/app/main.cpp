@@ -188,14 +188,22 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
     const int64_t n = count_examples(cfg, mc, cfg.data.train);
     const int64_t global = int64_t(comm.size()) * cfg.train.batch_size * cfg.train.grad_accum;
-    const double steps = std::ceil(double(cfg.train.epochs) * double(n) / double(global));
+    // packed steps (data.pack_batch = rows) hold a varying number of examples: the first epoch's count
+    const int64_t packed_steps = packs_by_rows(cfg) ? count_packed_steps(cfg, mc, comm.size()) : 0;
+    const double steps = packed_steps > 0 ? std::ceil(double(cfg.train.epochs) * double(packed_steps))
+                                          : std::ceil(double(cfg.train.epochs) * double(n) / double(global));
     if (steps > double(std::numeric_limits<int>::max()))
       throw Error(cat("train.epochs = ", cfg.train.epochs, " (", cfg.where("train.epochs"), ") gives ", steps,
                       " steps, more than the ", std::numeric_limits<int>::max(), " that train.steps holds"));
     eff.train.steps = std::max(1, static_cast<int>(steps));
-    epochs_line = cat("train.epochs = ", cfg.train.epochs, ": ", n, " examples in data.train / global batch ",
-                      global, " (", comm.size(), " ranks x batch_size ", cfg.train.batch_size, " x grad_accum ",
-                      cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
+    epochs_line = packed_steps > 0
+        ? cat("train.epochs = ", cfg.train.epochs, ": ", n, " examples in data.train make ", packed_steps,
+              " packed steps of ", global, " rows in the first epoch (", comm.size(), " ranks x batch_size ",
+              cfg.train.batch_size, " x grad_accum ", cfg.train.grad_accum, ", data.pack_batch = rows) -> "
+              "train.steps = ", eff.train.steps)
+        : cat("train.epochs = ", cfg.train.epochs, ": ", n, " examples in data.train / global batch ",
+              global, " (", comm.size(), " ranks x batch_size ", cfg.train.batch_size, " x grad_accum ",
+              cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
   }
   const char* config_name = cfg.run.mode == "train" ? "config.ini"
                             : cfg.run.mode == "eval" ? "config.eval.ini"

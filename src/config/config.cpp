@@ -51,6 +51,7 @@ const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
 const std::vector<std::string> kPadding = {"longest", "max_length"};
 const std::vector<std::string> kGroupOrder = {"longest_first", "shuffled"};
+const std::vector<std::string> kPackBatch = {"rows", "examples"};
 
 // ---- schema ---------------------------------------------------------------------------------------
 
@@ -205,19 +206,33 @@ const std::vector<Entry>& schema() {
        "the epoch's steps in a seeded random order (no cycling of lengths; nlptrain's KorQuAD F1 was "
        "lower with it, by 0.4 over 8 seeds, HF's was not: bench/NOTES.md)"},
       {KEY(data, packing), none(),
-       "training: the examples of each micro-batch (train.batch_size of them, as without packing) "
-       "share rows, several to a row (first-fit, longest first), with a segment id per token: "
-       "attention stays within each example, positions restart, and each keeps its own [CLS] pooling, "
-       "labels or answer span and its dropout masks: the same losses and gradients as unpacked up to "
-       "fp32 summation order (qa: the softmax spans the example's own positions). Rows are as long "
-       "as the multiple of data.pad_multiple, at least 16 (fewer GEMM shapes), up to the file's length "
-       "that packs into the fewest positions, or the file's length with data.padding = max_length, or on "
-       "cuda with model.attention = cudnn unless data.pad_multiple is set (one row length: one cuDNN graph). "
-       "Evaluation runs unpacked. "
+       "training: several examples share each row, with a segment id per token: attention stays "
+       "within each example, positions restart, and each keeps its own [CLS] pooling, labels or answer "
+       "span and its dropout masks: the same losses and gradients as the same examples unpacked, up to "
+       "fp32 summation order (qa: the softmax spans the example's own positions). Which examples make "
+       "a step: data.pack_batch. "
+       "Evaluation and run.mode = gradients run train.batch_size examples, unpacked or packed as "
+       "data.pack_batch = examples packs them. "
        "Bert tasks; on cuda the native attention kernels (model.attention = auto picks them: at BERT-base "
        "on an H200 their step was as fast as cuDNN's; cudnn runs each packed example as a ragged cuDNN "
-       "sequence on Hopper, else under a block-diagonal mask bias; both layouts matched the unpacked CPU "
+       "sequence on Hopper with data.pack_batch = examples, else under a block-diagonal mask bias (with "
+       "pack_batch = rows: one shape, one graph for the run); both layouts matched the unpacked CPU "
        "run there)"},
+      {KEY(data, pack_batch), one_of(kPackBatch),
+       "with data.packing: rows = train.batch_size counts rows of the file's length (MLPerf BERT's "
+       "packing): each step walks the example order (shuffled, length-grouped when asked) and takes "
+       "as many examples as fit its ranks x batch_size x grad_accum rows (first-fit in that order, at "
+       "most data.pack_max_per_row to a row), so every step has one shape and a varying number of "
+       "examples (logged per step and on average; the loss is the mean over the step's examples); "
+       "examples = train.batch_size counts examples, as without packing, and the examples of each "
+       "micro-batch are packed into as few rows as they need (first-fit, longest first), as long as "
+       "the multiple of data.pad_multiple, at least 16, up to the file's length that packs into the "
+       "fewest positions (the file's length with data.padding = max_length, or on cuda with "
+       "model.attention = cudnn unless data.pad_multiple is set): each step then equals the unpacked "
+       "run's step"},
+      {KEY(data, pack_max_per_row), closed(1, 4096),
+       "with data.packing and data.pack_batch = rows: at most this many examples share a row (bounds "
+       "the examples of a step at rows x this)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
@@ -227,8 +242,11 @@ const std::vector<Entry>& schema() {
       {KEY(train, steps), ge(1), "optimizer steps"},
       {KEY(train, epochs), ge(0),
        "> 0: passes over data.train instead of train.steps (steps = ceil(epochs x examples / (ranks x "
-       "batch_size x grad_accum)), logged; HF num_train_epochs); 0 = use train.steps"},
-      {KEY(train, batch_size), ge(1), "sequences per rank per micro-step"},
+       "batch_size x grad_accum)), or with data.packing and data.pack_batch = rows ceil(epochs x the "
+       "packed steps of the first epoch), logged; HF num_train_epochs); 0 = use train.steps"},
+      {KEY(train, batch_size), ge(1),
+       "sequences per rank per micro-step (rows of several examples with data.packing and "
+       "data.pack_batch = rows)"},
       {KEY(train, grad_accum), ge(1), "micro-steps per optimizer step"},
       {KEY(train, lr), gt(0), "peak learning rate"},
       {KEY(train, min_lr_ratio), closed(0, 1), "final lr = lr * min_lr_ratio (linear and cosine)"},

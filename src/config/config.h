@@ -83,6 +83,8 @@ struct DataConfig {
   bool group_by_length = false;  // length-grouped batches (Sampler)
   std::string group_order = "longest_first";  // longest_first (HF's order) | shuffled (GroupOrder)
   bool packing = false;        // training micro-batches packed into fewer rows (batches.h pack_rows)
+  std::string pack_batch = "rows";  // with packing, train.batch_size counts rows (PackedSampler) | examples
+  int pack_max_per_row = 16;   // pack_batch = rows: at most this many examples share a row
   int cache_mb = 1024;         // a data file of at most this many MiB (its int32 columns) is held in
                                // memory on each rank; larger ones are read a batch at a time (0 = never)
 };

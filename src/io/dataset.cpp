@@ -319,6 +319,19 @@ std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
     std::iota(out.begin(), out.end(), start);
     return out;
   }
+  order(epoch);
+  if (!lengths_.empty()) {  // rank r: positions r, r + world, ... of the global batch
+    const int64_t g0 = within * static_cast<int64_t>(world_) * B_;
+    for (int i = 0; i < B_; ++i)
+      out[static_cast<size_t>(i)] = perm_[static_cast<size_t>(g0 + rank_ + static_cast<int64_t>(i) * world_)];
+    return out;
+  }
+  std::copy(perm_.begin() + start, perm_.begin() + start + B_, out.begin());
+  return out;
+}
+
+const std::vector<int64_t>& Sampler::order(int64_t epoch) const {
+  if (epoch < 0) throw Error(cat("Sampler: negative epoch ", epoch));
   if (cached_epoch_ != epoch) {
     perm_.resize(static_cast<size_t>(n_));
     std::iota(perm_.begin(), perm_.end(), int64_t{0});
@@ -332,14 +345,7 @@ std::vector<int64_t> Sampler::indices(int64_t global_batch) const {
     if (!lengths_.empty()) group_by_length(epoch);
     cached_epoch_ = epoch;
   }
-  if (!lengths_.empty()) {  // rank r: positions r, r + world, ... of the global batch
-    const int64_t g0 = within * static_cast<int64_t>(world_) * B_;
-    for (int i = 0; i < B_; ++i)
-      out[static_cast<size_t>(i)] = perm_[static_cast<size_t>(g0 + rank_ + static_cast<int64_t>(i) * world_)];
-    return out;
-  }
-  std::copy(perm_.begin() + start, perm_.begin() + start + B_, out.begin());
-  return out;
+  return perm_;
 }
 
 int64_t Sampler::mega_batch_steps() const {

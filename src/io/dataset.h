@@ -132,6 +132,10 @@ class Sampler {
   // Example indices of this rank for global batch number `global_batch` counted from the start
   // of training (epochs roll over automatically).
   std::vector<int64_t> indices(int64_t global_batch) const;
+  // The whole example order of `epoch` (the permutation that indices() slices; length-grouped when
+  // lengths were given): PackedSampler cuts it into steps of packed rows.
+  const std::vector<int64_t>& order(int64_t epoch) const;
+  int64_t size() const { return n_; }
 
  private:
   int64_t n_;

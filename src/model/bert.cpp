@@ -211,9 +211,11 @@ class Bert final : public Model {
   }
 
   LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed) {
-    // packed rows hold more examples than rows: the per-example head tensors ([E,C], [E,NL]) are
-    // carved for capB_ examples, which the trainer reserves as train.batch_size
-    reserve(b.examples(), b.T);
+    // packed rows hold more examples than rows. The per-example head tensors ([E,C], [E,NL]) fit the
+    // [B,T,...] slots (an example has at least one position); ragged attention's state needs
+    // max(B, E) rows, which the trainer reserves as train.batch_size examples (data.pack_batch =
+    // examples). Rows planned by data.pack_batch = rows are not ragged: the arena stays at B rows.
+    reserve(std::max(b.B, b.attention_examples()), b.T);
     ensure_acts(b.B, b.T);
     curE_ = b.examples();
     // first: without the batch's cls_rows, a copy to the device (which on a GPU synchronises)
@@ -231,7 +233,7 @@ class Bert final : public Model {
                           mc_.layer_norm_eps);
     be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
                         drop_rows(T, b.T_key, C, b.token_key));
-    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, b.E, rows);
+    xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, b.attention_examples(), rows);
     return head_forward(b, training, seed);
   }
 
@@ -245,7 +247,7 @@ class Bert final : public Model {
     // the word embedding, at offset 0, which also gets the embedding backward below).
     grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
-                    &grad_ready_, b.token_key, b.E, compact() ? &rows_ : nullptr);
+                    &grad_ready_, b.token_key, b.attention_examples(), compact() ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
     be_.zero(dres_b_, n * f);
     be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
@@ -498,7 +500,7 @@ class Bert final : public Model {
       case Task::Mlm: return 0;
       case Task::Ner: return BT * NL_;
       case Task::Qa: return 2 * BT;
-      default: return size_t(B) * NL_;
+      default: return BT * NL_;  // [E, NL]: packed rows hold up to B*T examples
     }
   }
 

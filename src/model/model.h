@@ -45,6 +45,10 @@ struct DeviceBatch {
   // token_key [B,T]: each token's dropout key, example * T_key + position (backend.h DropRows), so
   // that a packed batch draws the padded batch's masks.
   int E = 0;
+  // Packed: whether attention may take the E examples as ragged sequences (HostBatch::ragged): the
+  // arena must then fit max(B, E) rows. Rows planned by a PackedSampler are not ragged.
+  bool ragged = true;
+  int attention_examples() const { return E > 0 && ragged ? E : 0; }
   const int32_t* pos = nullptr;
   const int32_t* token_key = nullptr;
   const int32_t* first = nullptr;

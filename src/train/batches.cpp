@@ -115,9 +115,10 @@ void trim_to_longest(HostBatch& hb, int multiple) {
   hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
-void pack_rows(HostBatch& hb, int multiple) {
+void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of, int rows) {
   const int B = hb.B, T = hb.T;
   NLP_ASSERT(hb.E == 0 && T > 0);
+  NLP_ASSERT(!rows_of || (static_cast<int>(rows_of->size()) == B && rows >= 1));
   // each example's length: its attention_mask must be ones then zeros, and every target and
   // answer position must lie within the ones
   std::vector<int> len(B);
@@ -166,11 +167,32 @@ void pack_rows(HostBatch& hb, int multiple) {
     }
     return static_cast<int>(fill.size());
   };
+  // Rows given (PackedSampler): each example at the end of its row so far, in index order.
+  auto place_given = [&] {
+    fill.assign(static_cast<size_t>(rows), 0);
+    count.assign(static_cast<size_t>(rows), 0);
+    for (int b = 0; b < B; ++b) {
+      const int r = (*rows_of)[static_cast<size_t>(b)];
+      NLP_ASSERT(r >= 0 && r < rows);
+      row_of[b] = r;
+      off_of[b] = fill[static_cast<size_t>(r)];
+      seg_of[b] = ++count[static_cast<size_t>(r)];
+      fill[static_cast<size_t>(r)] += len[b];
+    }
+    const int longest = *std::max_element(fill.begin(), fill.end());
+    if (longest > T)
+      throw Error(cat("data.packing: a packed row holds ", longest, " tokens, more than the file's ", T,
+                      " (the example lengths changed since the step was planned?)"));
+    return longest;
+  };
   // The row length: the file's, or (multiple > 0) the multiple of `multiple` from the longest example
   // up to T whose rows hold the fewest positions (rows x length; tried shortest first, so the
-  // shortest wins a tie)
+  // shortest wins a tie); with the rows given, the longest row rounded up to `multiple`
   int Tn = T;
-  if (multiple > 0) {
+  if (rows_of) {
+    const int longest = place_given();
+    if (multiple > 0) Tn = std::min(T, std::max(1, (longest + multiple - 1) / multiple * multiple));
+  } else if (multiple > 0) {
     const int shortest = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
     int64_t best = INT64_MAX;
     for (int L = shortest;; L = std::min(T, L + multiple)) {
@@ -178,7 +200,7 @@ void pack_rows(HostBatch& hb, int multiple) {
       if (L == T) break;
     }
   }
-  const int R = place(Tn);
+  const int R = rows_of ? rows : place(Tn);
   const size_t n = size_t(R) * Tn;
   std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0), keys(n, 0);
   const int Tk = key_length(T, hb.T_key);  // dropout keys: the padded batch's layout
@@ -217,6 +239,14 @@ void pack_rows(HostBatch& hb, int multiple) {
   hb.T = Tn;
   hb.T_key = Tk;
   hb.has_padding = true;  // the segment ids always go to attention
+  hb.ragged = rows_of == nullptr;
+}
+
+Sampler train_sampler(const Config& cfg, int64_t num_examples, int B, int A, int rank, int world,
+                      const std::vector<int32_t>* lengths) {
+  const GroupOrder order = cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;
+  return Sampler(num_examples, B, rank, world, cfg.train.seed, cfg.data.shuffle,
+                 cfg.data.group_by_length ? lengths : nullptr, int64_t(world) * B * A, order);
 }
 
 DeviceBatchBuffer::~DeviceBatchBuffer() {
@@ -257,6 +287,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.B = hb.B;
   db.T = hb.T;
   db.T_key = hb.T_key;
+  db.ragged = hb.ragged;
   db.ids = put(hb.ids, n);
   const int32_t* mask = put(hb.mask, n);
   db.mask = hb.has_padding ? mask : nullptr;

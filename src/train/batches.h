@@ -33,6 +33,11 @@ struct HostBatch {
   // start, end stay per example (start/end relative to the example). Unpacked: E = 0, all empty.
   int E = 0;
   std::vector<int32_t> pos, token_key, first, length;
+  // Packed: attention may run the E examples as ragged sequences (cuDNN), which needs the activation
+  // arena carved for max(B, E) rows. False for rows given by a PackedSampler (data.pack_batch = rows):
+  // a fixed B x T for the whole run, whose examples outnumber the rows the arena is carved for; their
+  // block-diagonal mask then serves (one cuDNN graph for the run).
+  bool ragged = true;
   bool has_padding = false;  // any mask value 0 (else the mask is not passed to attention)
   // Number of loss terms (the loss is their mean): target tokens (clm, mlm, ner), labelled
   // sequences (doc_cls, pair_cls), or questions (qa).
@@ -66,7 +71,10 @@ void trim_to_longest(HostBatch& hb, int multiple);
 // (one shape for every step, as CUDA graphs want), else the multiple of `multiple` between the longest
 // example and T that packs into the fewest positions (rows x length). Throws when an example's mask
 // is not ones then zeros, when a target or answer lies in its padding, or when it has no token.
-void pack_rows(HostBatch& hb, int multiple);
+// rows_of (data.pack_batch = rows): the row of each example, in [0, rows), as PackedSampler planned
+// it; the examples go into their rows in index order, there are `rows` rows, of the file's length T
+// (multiple == 0) or of the longest row rounded up to `multiple`, and the batch is not ragged.
+void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of = nullptr, int rows = 0);
 
 // data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
 // with cuDNN's attention, whose graphs are built per batch length (about a second of host time each
@@ -96,6 +104,15 @@ inline int packing_multiple(const Config& cfg, bool cuda) {
   if (cfg.data.padding == "max_length" || packs_full_rows(cfg, cuda)) return 0;
   return std::max(cfg.data.pad_multiple, kPackRowMultiple);
 }
+
+// The training example order of this configuration (the trainer's, and train.epochs' count of
+// packed steps): data.shuffle and train.seed, and with data.group_by_length (lengths non-null)
+// length groups of a whole optimizer step, world x B x A examples, in data.group_order.
+Sampler train_sampler(const Config& cfg, int64_t num_examples, int B, int A, int rank, int world,
+                      const std::vector<int32_t>* lengths);
+
+// data.packing with data.pack_batch = rows (train.batch_size counts rows).
+inline bool packs_by_rows(const Config& cfg) { return cfg.data.packing && cfg.data.pack_batch == "rows"; }
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/packed_sampler.h"
 #include "text/json_min.h"
 #include "train/batches.h"
 #include "train/session.h"
@@ -44,6 +45,15 @@ void sort_longest_first(std::vector<int64_t>& idx, const std::vector<int32_t>& l
 int64_t count_examples(const Config& cfg, const ModelConfig& mc, const std::string& path) {
   if (path.empty()) throw Error("train.epochs needs data.train");
   return TokenDataset(path, dataset_seq_len(cfg, mc, path), mc.vocab_size, DatasetLimits{}).size();
+}
+
+int64_t count_packed_steps(const Config& cfg, const ModelConfig& mc, int world) {
+  const TokenDataset ds(cfg.data.train, dataset_seq_len(cfg, mc, cfg.data.train), mc.vocab_size, DatasetLimits{});
+  const std::vector<int32_t>& lengths = ds.lengths();
+  const int B = cfg.train.batch_size, A = cfg.train.grad_accum;
+  const Sampler order = train_sampler(cfg, ds.size(), B, A, 0, world, &lengths);
+  return PackedSampler(order, lengths, ds.seq_len(), int64_t(world) * B * A, cfg.data.pack_max_per_row)
+      .steps_in_epoch(0);
 }
 
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {

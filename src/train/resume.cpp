@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "train/batches.h"
 #include "train/log.h"
 
 namespace nlp {
@@ -29,6 +30,32 @@ void bcast_floats(Comm& c, std::vector<float>& v) {
   const size_t chunk = size_t(1) << 28;  // 1 GiB per call: MPI counts are int
   for (size_t off = 0; off < v.size(); off += chunk)
     c.broadcast_host(v.data() + off, std::min(chunk, v.size() - off) * sizeof(float), 0);
+}
+
+// data.pack_batch = rows: the batch shape as chosen, the data position left to the trainer (which
+// re-derives it from the packed steps: resume_packed_position), and the shape lines.
+BatchPlan packed_rows_plan(BatchPlan p, const TrainState& st, int world, int64_t G0, int64_t B0, int64_t A0,
+                           int64_t Bc, int64_t Ac) {
+  const int64_t G = world * int64_t(p.batch_size) * p.grad_accum;
+  const std::string now = cat(ranks(world), " x ", p.batch_size, " rows x grad_accum ", p.grad_accum);
+  const std::string was = cat(ranks(st.world_size), " x ", B0, " rows x accum ", A0);
+  p.info.push_back(cat("train.resume: the checkpoint was written by ", ranks(st.world_size), ", this run has ", world,
+                       st.world_size == world ? " (the same) but another batch shape" : ""));
+  if (G == G0)
+    p.info.push_back(cat("packed rows per step ", G, " kept: ", now, ", was ", was,
+                         p.batch_size != Bc || p.grad_accum != Ac ? " (adjusted)" : " (as configured)"));
+  else
+    p.warnings.push_back(cat("warning: packed rows per step change from ", G0, " to ", G, ": ", now, ", was ", was,
+                             " (train.batch_size and train.grad_accum as given for this run, or no adjustment "
+                             "keeps it; the learning rate schedule is unchanged)"));
+  Json j;
+  j.integer("from_world_size", st.world_size).integer("world_size", world)
+      .integer("from_batch_size", B0).integer("from_grad_accum", A0)
+      .integer("batch_size", p.batch_size).integer("grad_accum", p.grad_accum)
+      .integer("from_global_batch", G0).integer("global_batch", G).boolean("global_batch_kept", G == G0)
+      .str("batch_counts", "rows");
+  p.json = j.done();
+  return p;
 }
 
 }  // namespace
@@ -108,6 +135,7 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
     }
   p.batch_size = static_cast<int>(c.b);
   p.grad_accum = static_cast<int>(c.a);
+  if (packs_by_rows(cfg)) return packed_rows_plan(p, st, world, G0, B0, A0, Bc, Ac);
   const int64_t G = world * c.b * c.a, m = world * c.b, bpe = n / m;
   int64_t within = (seen + m - 1) / m;  // round up: an example is never seen twice in an epoch
   const int64_t skipped = std::min(within * m, n) - seen;
@@ -160,6 +188,29 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
   j.integer("epoch", epoch).integer("examples_seen_in_epoch", seen).integer("examples_skipped", skipped);
   p.json = j.done();
   return p;
+}
+
+int64_t packed_resume_position(const TrainState& from, int world, int B, int A, const Config& cfg,
+                               const PackedSampler& now, const std::vector<int32_t>& lengths,
+                               std::vector<std::string>* info) {
+  const int64_t A0 = std::max<int64_t>(1, from.grad_accum), B0 = from.batch_size > 0 ? from.batch_size : B;
+  const int64_t G0 = int64_t(from.world_size) * B0 * A0, G = int64_t(world) * B * A;
+  const int64_t step0 = from.next_batch / A0;  // packed steps taken
+  if (G == G0) {
+    info->push_back(cat("data position: packed step ", step0, " (the same ", G, " rows per step make the same steps)"));
+    return step0 * A;
+  }
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  const Sampler old_order = train_sampler(cfg, n, static_cast<int>(B0), static_cast<int>(A0), 0, from.world_size, &lengths);
+  const PackedSampler old(old_order, lengths, now.row_length(), G0, cfg.data.pack_max_per_row);
+  const auto [epoch, offset] = old.position(step0);
+  const int64_t step = now.step_at(epoch, offset);
+  const auto [e1, o1] = now.position(step);
+  info->push_back(cat("data position: epoch ", epoch, ", ", offset, " of its examples seen (packed step ", step0,
+                      " of ", G0, " rows); with ", G, " rows per step the run continues at packed step ", step,
+                      e1 == epoch ? cat(", skipping ", o1 - offset, " example(s)")
+                                  : cat(", the start of epoch ", e1, " (the rest of epoch ", epoch, " skipped)")));
+  return step * A;
 }
 
 ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/packed_sampler.h"
 #include "train/optimizer.h"
 #include "train/session.h"
 
@@ -46,6 +47,17 @@ struct BatchPlan {
 };
 // Throws an Error (same on every rank) when the global batch cannot be kept and is not given.
 BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t num_examples, const Config& cfg);
+
+// data.pack_batch = rows, resumed with another batch shape: the data position (st.next_batch, in
+// micro-batches of A) of this run. The same rows per step (ranks x batch_size x grad_accum) make the
+// same packed steps, so the step count carries over; other rows per step make other steps, and the
+// run continues at the first step of the new plan that starts at or after the checkpoint's place in
+// its epoch (the examples in between are skipped, none is seen twice). `from`: the checkpoint's
+// state (world size, batch shape, next_batch); `now`: this run's packed steps. Appends log lines to
+// `info`.
+int64_t packed_resume_position(const TrainState& from, int world, int B, int A, const Config& cfg,
+                               const PackedSampler& now, const std::vector<int32_t>& lengths,
+                               std::vector<std::string>* info);
 
 // Loads parameters and AdamW moments into the model and `opt`, and the state into `st`, on every
 // rank. Collective: every rank must call it.

@@ -68,6 +68,9 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
 // Examples (rows, or windows of a 1-D token stream) of the dataset at path as open_dataset cuts it:
 // for train.epochs, before the Session exists.
 int64_t count_examples(const Config& cfg, const ModelConfig& mc, const std::string& path);
+// With data.pack_batch = rows: the packed steps of data.train's first epoch on `world` ranks
+// (PackedSampler; reads every example's length), for train.epochs.
+int64_t count_packed_steps(const Config& cfg, const ModelConfig& mc, int world);
 
 // Each mode calls this once its inputs are open and validated, before it writes anything: it waits
 // for every rank (a rank that found bad input has stopped the run by then) and starts the log, so a

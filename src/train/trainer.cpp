@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
+#include "io/packed_sampler.h"
 #include "io/weights.h"
 #include "train/batches.h"
 #include "train/optimizer.h"
@@ -231,8 +232,11 @@ int run_train(Session& s) {
   // Batch shape: the configured one, or on resume at another world size (or batch shape) the one
   // that keeps the checkpoint's global batch, with the data position re-derived (resume.h).
   int B = tc.batch_size, A = tc.grad_accum;
+  const TrainState from = st;  // as the checkpoint left it (packed steps re-derive their position)
+  bool reshaped = false;
   if (!notes.resumed_from.empty()) {
     const BatchPlan plan = plan_resume_batches(st, world, train.size(), cfg);
+    reshaped = plan.changed;
     if (plan.changed) {
       B = plan.batch_size;
       A = plan.grad_accum;
@@ -268,16 +272,27 @@ int run_train(Session& s) {
   st.world_size = world;
   st.batch_size = B;
   st.grad_accum = A;
-  // data.group_by_length: every rank reads all lengths (the order is global), from the mask only.
-  // (a reference to the dataset's own copy: lengths() keeps what it read)
+  // data.group_by_length and packed steps (data.pack_batch = rows): every rank reads all lengths (the
+  // order is global), from the mask only. (a reference to the dataset's own copy: lengths() keeps
+  // what it read)
+  const bool by_rows = packs_by_rows(cfg);
   const std::vector<int32_t> no_lengths;
-  const std::vector<int32_t>& lengths = cfg.data.group_by_length ? train.lengths() : no_lengths;
+  const std::vector<int32_t>& lengths = cfg.data.group_by_length || by_rows ? train.lengths() : no_lengths;
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
   const GroupOrder group_order =
       cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;
-  Sampler sampler(train.size(), B, rank, world, tc.seed, cfg.data.shuffle,
-                  cfg.data.group_by_length ? &lengths : nullptr, int64_t(world) * B * A, group_order);
+  const Sampler sampler = train_sampler(cfg, train.size(), B, A, rank, world, &lengths);
+  // Packed steps: the data position (st.next_batch) counts micro-batches, A to a step, as unpacked.
+  std::unique_ptr<PackedSampler> packed;
+  if (by_rows) {
+    packed = std::make_unique<PackedSampler>(sampler, lengths, T, int64_t(world) * B * A, cfg.data.pack_max_per_row);
+    if (reshaped) {
+      std::vector<std::string> lines;
+      st.next_batch = packed_resume_position(from, world, B, A, cfg, *packed, lengths, &lines);
+      for (const auto& line : lines) s.log.info(line);
+    }
+  }
   const bool trim = cfg.data.padding == "longest";
   const uint64_t seed = st.seed;
   // Resumed from a checkpoint in that folder: it must stay the same folder.
@@ -293,9 +308,11 @@ int run_train(Session& s) {
                  train.in_memory() ? cat("held in memory, ", train.column_bytes() >> 20, " MiB; ")
                                    : cat("read per batch: ", train.column_bytes() >> 20,
                                          " MiB > data.cache_mb; "),
-                 sampler.batches_per_epoch(), " global batches per epoch); ", tokens_per_step,
-                 " tokens per step (batch ", B, " x accum ", A, " x ranks ", world, ")"));
-  if (!lengths.empty()) {
+                 packed ? cat(packed->steps_in_epoch(0), " packed steps in the first epoch")
+                        : cat(sampler.batches_per_epoch(), " global batches per epoch"),
+                 "); ", tokens_per_step, " tokens per step (", packed ? "rows " : "batch ", B, " x accum ", A,
+                 " x ranks ", world, ")"));
+  if (cfg.data.group_by_length) {
     double sum = 0;
     for (int32_t L : lengths) sum += L;
     s.log.info(cat("data: group_by_length: mega-batches of ", sampler.mega_batch_steps(), " optimizer steps (",
@@ -306,7 +323,17 @@ int run_train(Session& s) {
   }
   const bool pack = cfg.data.packing;
   const int pack_multiple = packing_multiple(cfg, s.be.name() == "cuda");
-  if (pack)
+  if (packed) {
+    const int64_t k = packed->steps_in_epoch(0);
+    s.log.info(cat("data: packing: train.batch_size = ", B, " rows of ", T, " tokens per rank and micro-batch "
+                   "(data.pack_batch = rows): each step takes the next examples of the order that fit its ",
+                   int64_t(world) * B * A, " rows (first-fit, at most data.pack_max_per_row = ",
+                   cfg.data.pack_max_per_row, " to a row; attention within each example, positions restarting)",
+                   pack_multiple > 0 ? cat(", cut to the longest row rounded up to a multiple of ", pack_multiple)
+                                     : std::string(), "; the first epoch: ", k, " steps of ",
+                   std::lround(100.0 * double(train.size()) / double(k)) / 100.0,
+                   " examples on average (the last partial step dropped); evaluation runs unpacked"));
+  } else if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
                    pack_multiple > 0 ? cat("of the length, a multiple of ", pack_multiple, " up to ", T,
@@ -341,11 +368,15 @@ int run_train(Session& s) {
   auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
     StepCounts c{};
     for (int a = 0; a < A; ++a) {
-      auto idx = sampler.indices(first_batch + a);
+      PackedSampler::Micro m;
+      if (packed) m = packed->micro(first_batch / A, a, A, rank, world, B);
+      auto idx = packed ? m.idx : sampler.indices(first_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
-      if (pack)
+      if (packed)
+        pack_rows(out[a], pack_multiple, &m.row, m.rows);
+      else if (pack)
         pack_rows(out[a], pack_multiple);
       else if (trim)
         trim_to_longest(out[a], cfg.data.pad_multiple);
@@ -503,8 +534,9 @@ int run_train(Session& s) {
                     format_duration(elapsed).c_str(), format_duration(eta).c_str());
       std::string line = buf;
       if (pack) {  // examples per computed row this step
-        char ex[64];
-        std::snprintf(ex, sizeof ex, " | %.1f ex/row", counts[4] > 0 ? counts[5] / counts[4] : 0.0);
+        char ex[96];
+        std::snprintf(ex, sizeof ex, " | %.0f examples, %.1f ex/row", counts[5],
+                      counts[4] > 0 ? counts[5] / counts[4] : 0.0);
         line += ex;
       }
       if (!finite)
@@ -517,6 +549,7 @@ int run_train(Session& s) {
     Json rec;
     rec.integer("step", st.step).exact("loss", loss).num("lr", lr).num("grad_norm", norm)
         .num("tokens_per_s", tok_s).num("real_tokens_per_s", real_s).num("step_time_s", dt);
+    if (pack) rec.integer("examples", static_cast<int64_t>(counts[5]));
     if (!finite) rec.boolean("skipped", true);
     if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
     s.log.metrics(rec.done());
@@ -570,8 +603,9 @@ int run_train(Session& s) {
                   100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
     if (pack && notes.rows > 0)
       s.log.info(cat("data: packing held ", std::lround(100 * notes.examples / notes.rows) / 100.0,
-                     " examples per row on average (", int64_t(notes.examples), " examples in ",
-                     int64_t(notes.rows), " rows)"));
+                     " examples per row and ", std::lround(100 * notes.examples / steps_done_here) / 100.0,
+                     " per step on average (", int64_t(notes.examples), " examples in ", int64_t(notes.rows),
+                     " rows)"));
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));

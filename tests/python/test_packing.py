@@ -20,7 +20,17 @@ random length well below the file's T (so several examples fit a row):
    attention) equal the cpu backend's;
 7. on a GPU (skipped without one; ragged also before Hopper): packed rows through cuDNN's fused
    attention, in each of its two layouts, give the unpacked batch's gradients to bf16 rounding.
+Items 3-5 pack train.batch_size examples per micro-batch (data.pack_batch = examples), whose steps
+equal the unpacked run's step by step. data.pack_batch = rows (the default: train.batch_size counts
+rows, each step takes the examples that fill them):
+8. each step holds exactly the examples packed_sampler.h's first-fit over the order puts in it
+   (computed here from the lengths), and the first step's loss and gradient norm equal the unpacked
+   run of those examples, with dropout on;
+9. 1 rank x 4 rows equals 2 ranks x 2 rows and 1 rank x 2 rows x accum 2 (the same examples make each
+   step); resume is bitwise, and resuming on 1 rank what 2 ranks began keeps the steps;
+10. train.epochs counts packed steps; a file too small for one step stops with a clear message.
 """
+import math
 import subprocess
 
 import h5py
@@ -29,7 +39,8 @@ import pytest
 
 import nlp_run as nr
 from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, SHIFT_INVARIANT, T, assert_resume_bitwise,  # noqa: F401
-                          compare_gradients, gradients, losses, max_rel, spread, summary, task_data, write)
+                          compare_gradients, gradients, losses, max_rel, spread, straight_and_resumed, summary, task_data,
+                          write)
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
 SHORT = dict(lo=3, hi=12)
@@ -122,6 +133,10 @@ def test_qa_packed_equals_each_example_alone(tmp_path, report):
     assert worst[top] <= 1e-5, (top, worst[top])
 
 
+# train.batch_size examples per micro-batch, packed into as few rows as they need
+EXAMPLES = ["--data.packing=true", "--data.pack_batch=examples"]
+
+
 def train(task, data, out, extra=(), steps=3):
     nr.run(MODEL + DROPOUT + [f"--run.task={task}", f"--data.train={data}", f"--output.dir={out}",
                               f"--train.batch_size={B}", f"--train.steps={steps}", "--train.seed=7",
@@ -135,9 +150,9 @@ def test_packed_training_equals_unpacked_with_dropout(task, tmp_path, report):
     _, cols, attrs = task_data(task, np.random.default_rng(80 + len(task)), n=4 * B, dynamic_mlm=True,
                                **SHORT)
     data = write(tmp_path / "d.h5", cols, attrs)
-    train(task, data, tmp_path / "packed", ["--data.packing=true"])
+    train(task, data, tmp_path / "packed", EXAMPLES)
     train(task, data, tmp_path / "plain")
-    train(task, data, tmp_path / "seed", ["--data.packing=true", "--train.seed=8"])
+    train(task, data, tmp_path / "seed", EXAMPLES + ["--train.seed=8"])
     lp, lu, ls = losses(tmp_path / "packed"), losses(tmp_path / "plain"), losses(tmp_path / "seed")
     worst = max(abs(a - b) / abs(b) for a, b in zip(lp, lu))
     sp, su = summary(tmp_path / "packed"), summary(tmp_path / "plain")
@@ -156,7 +171,7 @@ def test_packed_training_equals_unpacked_with_dropout(task, tmp_path, report):
     assert sp["padding_fraction"] < su["padding_fraction"]
 
 
-PACKED = ["--data.packing=true", "--data.padding=longest"]
+PACKED = EXAMPLES + ["--data.padding=longest"]
 
 
 def test_packed_one_rank_equals_two_ranks(spread, tmp_path, report):
@@ -182,7 +197,7 @@ def test_packing_errors(tmp_path):
     cols["attention_mask"][3, 1] = 0  # a hole before the row's last real token
     data = write(tmp_path / "d.h5", cols)
     p = nr.run(MODEL + NO_DROPOUT + ["--run.task=doc_cls", f"--data.train={data}", "--train.steps=1",
-                                     f"--train.batch_size={B}", "--data.packing=true", "--data.shuffle=false",
+                                     f"--train.batch_size={B}", *EXAMPLES, "--data.shuffle=false",
                                      f"--output.dir={tmp_path / 'hole'}"], check=False)
     assert p.returncode != 0
     assert "data.packing: example 3 of the batch has padding at position 1" in p.stdout + p.stderr
@@ -249,3 +264,108 @@ def test_cuda_cudnn_packed_gradients_near_unpacked(task, layout, tmp_path, repor
     worst, top = compare_gradients(runs["packed"], runs["unpacked"], report,
                                    f"{task} packed ({layout}) vs unpacked, cuda bf16 + cuDNN attention")
     assert worst[top] <= 5e-2, (top, worst[top])
+
+
+# ---- data.pack_batch = rows ------------------------------------------------------------------------
+
+ROWS = ["--data.packing=true", "--data.pack_batch=rows"]
+
+
+def planned_steps(lengths, file_len, rows, max_per_row=16):
+    """packed_sampler.h's steps of an unshuffled epoch, from its definition: each example in turn to
+    the first row with room and fewer than max_per_row examples; a step ends at the first example
+    that fits in none. Returns the examples of each complete step, as [first, end) of the file."""
+    steps, i, n = [], 0, len(lengths)
+    while True:
+        fill, count, first = [0] * rows, [0] * rows, i
+        while i < n:
+            r = next((r for r in range(rows) if fill[r] + lengths[i] <= file_len and count[r] < max_per_row), None)
+            if r is None:
+                break
+            fill[r] += lengths[i]
+            count[r] += 1
+            i += 1
+        if i == n:
+            return steps
+        steps.append((first, i))
+
+
+def test_rows_steps_hold_the_planned_examples(tmp_path, report):
+    # 300 doc_cls rows of 3..12 tokens in rows of 32, 4 rows a step: about 14 examples a step
+    lengths, cols, _ = task_data("doc_cls", np.random.default_rng(100), n=300, **SHORT)
+    data = write(tmp_path / "d.h5", cols)
+    common = MODEL + DROPOUT + ["--run.task=doc_cls", f"--data.train={data}", "--data.shuffle=false",
+                                "--train.seed=7", "--train.lr=1e-3"]
+    p = nr.run(common + ROWS + ["--train.batch_size=4", "--train.steps=6", f"--output.dir={tmp_path / 'rows'}"])
+    plan = planned_steps([int(x) for x in lengths], T, 4)
+    got = [r["examples"] for r in nr.metrics(tmp_path / "rows")[0]]
+    want = [e - b for b, e in plan[:6]]
+    report(f"rows: examples per step {got}, planned {want}")
+    assert got == want
+    assert f"the first epoch: {len(plan)} steps" in p.stdout, p.stdout
+    s = summary(tmp_path / "rows")
+    assert s["packing"] is True and s["mean_examples_per_row"] == pytest.approx(sum(want) / (6 * 4))
+    # step 1 (before any update) equals the unpacked run of its examples, dropout masks included
+    n1 = want[0]
+    nr.run(common + ["--data.padding=longest", f"--train.batch_size={n1}", "--train.steps=1",
+                     f"--output.dir={tmp_path / 'plain'}"])
+    r_rows, r_plain = nr.metrics(tmp_path / "rows")[0][0], nr.metrics(tmp_path / "plain")[0][0]
+    for k in ("loss", "grad_norm"):
+        rel = abs(r_rows[k] - r_plain[k]) / abs(r_plain[k])
+        report(f"rows step 1 vs the unpacked batch of its {n1} examples: {k} relative difference {rel:.1e}")
+        assert rel <= 1e-5, (k, r_rows[k], r_plain[k])
+    # another batch of examples (one more) is not that step: the comparison can fail
+    nr.run(common + ["--data.padding=longest", f"--train.batch_size={n1 + 1}", "--train.steps=1",
+                     f"--output.dir={tmp_path / 'more'}"])
+    assert abs(nr.metrics(tmp_path / "more")[0][0]["loss"] - r_rows["loss"]) > 1e-5 * abs(r_rows["loss"])
+
+
+def test_rows_split_over_ranks_and_micro_batches(spread, tmp_path, report):
+    # dropout off: its masks are drawn per rank and micro-batch (as unpacked)
+    args = MODEL + NO_DROPOUT + ROWS + ["--run.task=doc_cls", f"--data.train={spread}", "--train.steps=5"]
+    nr.run(args + ["--train.batch_size=4", f"--output.dir={tmp_path / 'one'}"])
+    nr.run(args + ["--train.batch_size=2", f"--output.dir={tmp_path / 'two'}"], ranks=2)
+    nr.run(args + ["--train.batch_size=2", "--train.grad_accum=2", f"--output.dir={tmp_path / 'accum'}"])
+    one = nr.metrics(tmp_path / "one")[0]
+    for name in ("two", "accum"):
+        other = nr.metrics(tmp_path / name)[0]
+        assert [r["examples"] for r in other] == [r["examples"] for r in one]
+        worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(other, one))
+        report(f"rows 1 x 4 vs {name}: max relative loss difference {worst:.2e}")
+        assert len(other) == 5 and worst <= 1e-5
+
+
+def test_rows_resume_is_bitwise(spread, tmp_path):
+    assert_resume_bitwise(ROWS, spread, tmp_path)
+
+
+def test_rows_resume_on_another_world_size(spread, tmp_path, report):
+    # 2 ranks x 2 rows x accum 2, checkpoint at step 3, resumed on 1 rank: the plan keeps the 8 rows
+    # a step (1 x 2 x accum 4), so steps 4-6 take the examples the uninterrupted run took
+    ini = tmp_path / "run.ini"
+    ini.write_text("[train]\nbatch_size = 2\ngrad_accum = 2\n")
+    args = [ini] + MODEL + NO_DROPOUT + ROWS + ["--run.task=doc_cls", f"--data.train={spread}",
+                                                "--train.schedule=constant", "--train.warmup_steps=0",
+                                                "--checkpoint.interval=3"]
+    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=1)
+    assert "packed rows per step 8 kept: 1 rank x 2 rows x grad_accum 4" in log, log
+    assert "data position: packed step 3" in log, log
+    a, b = nr.metrics(straight)[0], nr.metrics(resumed)[0]
+    assert [r["examples"] for r in a] == [r["examples"] for r in b]
+    worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a[3:], b[3:]))
+    report(f"rows resume 2 ranks -> 1 rank: max relative loss difference, steps 4-6 {worst:.2e}")
+    assert len(a) == len(b) == 6 and worst <= 1e-5
+
+
+def test_rows_epochs_and_too_small_a_file(spread, tmp_path):
+    args = MODEL + NO_DROPOUT + ROWS + ["--run.task=doc_cls", f"--data.train={spread}", "--data.shuffle=false"]
+    p = nr.run(args + ["--train.batch_size=4", "--train.epochs=0.5", f"--output.dir={tmp_path / 'ep'}"])
+    with h5py.File(spread, "r") as f:
+        lengths = [int(x) for x in f["attention_mask"][()].sum(axis=1)]
+    steps = len(planned_steps(lengths, 64, 4))
+    assert f"make {steps} packed steps of 4 rows in the first epoch" in p.stdout, p.stdout
+    assert len(nr.metrics(tmp_path / "ep")[0]) == math.ceil(0.5 * steps)
+    # 400 examples of 3..60 tokens (about 12,400) do not fill 256 rows of 64 (16,384)
+    p = nr.run(args + ["--train.batch_size=256", "--train.steps=1", f"--output.dir={tmp_path / 'big'}"], check=False)
+    assert p.returncode != 0
+    assert "do not fill one step of 256 packed rows of 64 tokens" in p.stdout + p.stderr

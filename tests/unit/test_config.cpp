@@ -32,7 +32,8 @@ const std::vector<std::string> kAllKeys = {
     "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
     "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle", "data.padding", "data.pad_multiple",
-    "data.group_by_length", "data.group_order", "data.packing", "data.cache_mb",
+    "data.group_by_length", "data.group_order", "data.packing", "data.pack_batch", "data.pack_max_per_row",
+    "data.cache_mb",
     "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
@@ -109,6 +110,8 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.group_by_length, b.data.group_by_length);
   EXPECT_EQ(a.data.group_order, b.data.group_order);
   EXPECT_EQ(a.data.packing, b.data.packing);
+  EXPECT_EQ(a.data.pack_batch, b.data.pack_batch);
+  EXPECT_EQ(a.data.pack_max_per_row, b.data.pack_max_per_row);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
@@ -472,7 +475,8 @@ TEST(ConfigRanges, OutOfRangeValuesAreRejected) {
       {"run.threads", "-1"},          {"run.log_interval", "0"},     {"train.sample_interval", "-1"},
       {"model.initializer_range", "0"}, {"output.dir", ""},          {"comm.gpu", "mpi"},
       {"comm.bucket_mb", "0"},        {"comm.bucket_mb", "5000"},    {"comm.timeout_s", "-1"},
-      {"run.cpu_gemm", "mkl"},        {"run.cpu_bf16", "fast"}};
+      {"run.cpu_gemm", "mkl"},        {"run.cpu_bf16", "fast"},      {"data.pack_batch", "tokens"},
+      {"data.pack_max_per_row", "0"}};
   for (const auto& [key, value] : bad) {
     const std::string m = error_of({"--data.train=x", "--" + key + "=" + value});
     EXPECT_CONTAINS(m, key);
