@@ -27,17 +27,16 @@
 #           per rank: not runnable on one GPU.
 #   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
 #           reviews, T=128), BERT-base from scratch, bf16, batch 32, lr FT_LR (5e-5), FT_STEPS steps:
-#           nlptrain packed (native attention; FT_SETTINGS adds length-grouped and packed through
-#           cuDNN), HF Trainer length-grouped with SDPA, eager and torch.compile
+#           nlptrain packed (native attention; pack_batch = examples and = rows; FT_SETTINGS adds
+#           length-grouped and packed through cuDNN), HF Trainer length-grouped with SDPA, eager and
+#           torch.compile
 #           -> $OUT/finetune_results.md (real tokens/s, time,
 #           accuracy); at most FT_BUDGET seconds. Then the packed bf16 run (PROFILE_FINETUNE) again:
 #           30 steps with run.profile (-> profile.txt); 8 of its steps under Nsight Compute: the
 #           GPU's busy time per step against the step's wall time (bench/gpu/ncu_busy.py ->
-#           profile.txt), i.e. how launch-bound it is; and 100 steps each with the 8-wide bf16 operand
-#           casts, the scalar ones (losses bitwise equal) and cuBLAS's own conversion (library),
-#           alternating twice (real tokens/s)
+#           profile.txt), i.e. how launch-bound it is (the bf16 cast A/B that stood here measured the
+#           8-wide casts 1.32x the scalar ones, bitwise equal: bench/results/gpu-20261128-h200-248618f)
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16)
-#           (GPT-2 bf16 again with NLPTRAIN_CUDA_BF16_CAST=scalar and =library, logged only)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
@@ -61,7 +60,9 @@ FT_BUDGET=${FT_BUDGET:-240}
 FT_LR=${FT_LR:-5e-5}
 # (nlptrain's length-grouped and packed-cuDNN settings ran on the H200 on 2026-11-28: 13 and 11 ms a
 # step against packed's 10; left out by default so that the step benchmarks' torch.compile runs fit)
-FT_SETTINGS=${FT_SETTINGS:-"nlptrain-packed-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
+# nlptrain-packedrows-bf16: data.pack_batch = rows (train.batch_size counts rows; about 32 examples a
+# step and the same examples seen), not yet run on a GPU
+FT_SETTINGS=${FT_SETTINGS:-"nlptrain-packed-bf16 nlptrain-packedrows-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
 DEADLINE=${DEADLINE:-530}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16"}  # (fp32: no torch peer by default any more)
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
@@ -341,26 +342,6 @@ if want finetune && in_time 150 "finetune"; then
     { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
         --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
   fi
-  # the bf16 operand casts 8 elements a thread (the default since 2026-11-28) against the scalar kernel
-  # of the earlier runs (39% of this step's GPU time on the H200), alternating twice: real tokens/s of
-  # each, and their losses must be bitwise equal (the same rounding). (The fused layer-norm A/B that
-  # stood here gave no measurable difference on the H200: bench/results/gpu-20261128-h200-f7c000e.)
-  # (and cuBLAS converting the fp32 operands itself, NLPTRAIN_CUDA_BF16_CAST=library: an experiment,
-  # its losses only close to the others' unless it rounds to nearest even)
-  if [[ -f $ftp && ${NLPTRAIN_CUDA_BF16_CAST:-vector} == vector ]] && in_time 60 "bf16 cast A/B"; then
-    for i in 1 2; do
-      for v in vector scalar library; do
-        NLPTRAIN_CUDA_BF16_CAST=$v timeout $(tmo 40) $NL "$ftp" --train.steps=100 --output.dir="$W/ab_cast/${v}_$i" \
-            > "$W/ab_cast_${v}_$i.log" 2>&1
-        log "bf16 cast A/B: NLPTRAIN_CUDA_BF16_CAST=$v run $i: exit $? | $(grep -o '"real_tokens_per_s": *[0-9.]*' \
-            "$W/ab_cast/${v}_$i/summary.json" 2>/dev/null)"
-      done
-    done
-    python3 compare.py losses "$W/ab_cast/scalar_1/metrics.jsonl" "$W/ab_cast/vector_1/metrics.jsonl" --within 100:0 2>&1 \
-        | sed 's/^/bf16 cast vector vs scalar: /' | tee -a "$W/run.log"
-    python3 compare.py losses "$W/ab_cast/vector_1/metrics.jsonl" "$W/ab_cast/library_1/metrics.jsonl" --within 100:2e-2 2>&1 \
-        | sed 's/^/bf16 cast library vs vector: /' | tee -a "$W/run.log"
-  fi
 fi
 
 snapshot
@@ -375,15 +356,6 @@ if want bench; then
           --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
       log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
-      # GPT-2 in bf16 again with the scalar casts of the earlier runs (their casts of the activations
-      # and the logits' gradient are most of its conversion traffic); not in results.json
-      # (and with cuBLAS converting them, NLPTRAIN_CUDA_BF16_CAST=library)
-      for cast in scalar library; do
-        [[ $m == gpt2_124m && $prec == bf16 ]] && in_time 50 "bench $m $prec $cast casts" || continue
-        NLPTRAIN_CUDA_BF16_CAST=$cast timeout $(tmo 120) $NL "inputs/$m.ini" --train.precision=$prec "${extra[@]}" \
-            --output.dir="$W/bench_${cast}_cast/$name" > "$W/${name}_${cast}_cast.log" 2>&1
-        log "bench $name NLPTRAIN_CUDA_BF16_CAST=$cast: exit $? | $(grep -E '^done:' "$W/bench_${cast}_cast/$name/log.txt" 2>/dev/null)"
-      done
     done
   done
 fi

@@ -164,7 +164,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
                E2E_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
                TORCH_RUNS="bert:compile:bf16 gpt2:eager:fp32",
                FT_SETTINGS="nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 "
-                           "hf-longest-group-compile-bf16")
+                           "nlptrain-packedrows-bf16 hf-longest-group-compile-bf16")
     p = subprocess.run(["bash", str(gpu / "run.sh")], capture_output=True, text=True, env=env, timeout=900)
     log = (out / "run.log").read_text()
     assert p.returncode == 0, f"run.sh exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -181,16 +181,16 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
     assert len(gpu_logs) == 10, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
-    # (bf16 only by default; GPT-2 three times: then with the scalar casts and with cuBLAS's)
+    # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
-    # the finetune step's profile, its bf16 cast A/B (2 x 3 runs) and its run under ncu (here the
-    # stand-in, whose CSV is read into the log and profile.txt)
-    gpu_logs += [work / "ncu_busy.log"] + sorted(work.glob("ab_cast_*.log"))
+    # the finetune step's profile and its run under ncu (here the stand-in, whose CSV is read into the
+    # log and profile.txt)
+    gpu_logs += [work / "ncu_busy.log"]
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 10 + 4 + 3 + 6 + 3 + 7, gpu_logs
+    assert len(gpu_logs) == 10 + 2 + 3 + 6 + 4 + 1, gpu_logs
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:

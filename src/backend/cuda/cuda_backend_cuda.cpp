@@ -44,21 +44,18 @@ bool fused_layernorm_from_env() {
 // NLPTRAIN_CUDA_BF16_CAST (cuda::Bf16Operands): unset or "vector" = the bf16 GEMM operands rounded 8
 // elements a thread with 16-byte accesses; "scalar" = one element a thread (the kernel every earlier
 // GPU run verified; it reached about 0.5 TB/s, and its casts were 39% of a packed BERT-base step's
-// GPU time on an H200); both round each element the same way. "library" = no copies, cuBLAS's
-// CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands (an experiment: its rounding is undocumented).
+// GPU time on an H200); both round each element the same way.
 cuda::Bf16Operands bf16_operands_from_env() {
   const char* v = std::getenv("NLPTRAIN_CUDA_BF16_CAST");
   if (!v || std::string(v) == "vector") return cuda::Bf16Operands::Vector;
   if (std::string(v) == "scalar") return cuda::Bf16Operands::Scalar;
-  if (std::string(v) == "library") return cuda::Bf16Operands::Library;
-  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector, scalar or library"));
+  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector or scalar"));
 }
 
 const char* bf16_operands_name(cuda::Bf16Operands o) {
   switch (o) {
     case cuda::Bf16Operands::Vector: return "vector";
     case cuda::Bf16Operands::Scalar: return "scalar (NLPTRAIN_CUDA_BF16_CAST)";
-    case cuda::Bf16Operands::Library: return "library (NLPTRAIN_CUDA_BF16_CAST)";
   }
   return "?";
 }

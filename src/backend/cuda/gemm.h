@@ -19,9 +19,10 @@ using GemmMode = Precision;
 // How Bf16 mode gets its bf16 operands (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp):
 //   Vector   our cast kernel into bf16 copies, 8 elements a thread (the default)
 //   Scalar   our one-element-a-thread cast kernel (the one the GPU runs up to 2026-11-28 verified)
-//   Library  no copies: fp32 operands and CUBLAS_COMPUTE_32F_FAST_16BF, cuBLAS converts inside the
-//            GEMM. Its rounding is not documented (CudaOps.Bf16OperandCastsRoundAsTheHost reports it).
-enum class Bf16Operands { Vector, Scalar, Library };
+// (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands, without copies, was 18% faster on the
+// packed BERT-base step on an H200, but its products were not those of bf16-rounded operands, neither
+// to nearest nor by truncation, and its losses left the bf16 run's by 2e-2: removed, bench/NOTES.md.)
+enum class Bf16Operands { Vector, Scalar };
 
 class Gemm {
  public:
@@ -33,8 +34,7 @@ class Gemm {
   // Y[M,P] (row-major, leading dimension P) = opX(X)[M,Q] @ opZ(Z)[Q,P] + beta * Y (+ bias[P]).
   // X is stored [M,Q] (trans_x false) or [Q,M] (true); Z is stored [Q,P] or [P,Q].
   // beta is 0 (overwrite) or 1 (accumulate). Fp32 mode: strict fp32 (CUBLAS_COMPUTE_32F, no TF32);
-  // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer (Bf16Operands::Library:
-  // cuBLAS converts them itself).
+  // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer.
   // bias (nullable) only with beta == 0: the cuBLASLt BIAS epilogue where an algorithm accepts its
   // alignment, else the rows are first filled with the bias and the product accumulated onto them.
   void run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
@@ -63,7 +63,7 @@ class Gemm {
   Plan& plan(const Key& key, const float* bias);
 
   void* bf16_scratch(size_t bytes);
-  bool copies() const { return mode_ == GemmMode::Bf16 && operands_ != Bf16Operands::Library; }
+  bool copies() const { return mode_ == GemmMode::Bf16; }
   cudaDataType_t operand_type() const { return copies() ? CUDA_R_16BF : CUDA_R_32F; }
   cublasComputeType_t compute_type() const;
 

@@ -43,10 +43,7 @@ Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
   ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
   ck_lt(cublasCreate(&blas_), "cublasCreate");
   ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
-  // no TF32; the library conversion's fallback asks for bf16 compute itself, which pedantic math
-  // might override
-  const bool pedantic = !(mode_ == GemmMode::Bf16 && operands_ == Bf16Operands::Library);
-  ck_lt(cublasSetMathMode(blas_, pedantic ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  ck_lt(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");  // no TF32
   ck_rt(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(cuBLASLt workspace)");
   workspace_bytes_ = kWorkspaceBytes;
 }
@@ -209,7 +206,6 @@ void Gemm::run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool 
 
 cublasComputeType_t Gemm::compute_type() const {
   if (mode_ == GemmMode::Tf32) return CUBLAS_COMPUTE_32F_FAST_TF32;
-  if (mode_ == GemmMode::Bf16 && operands_ == Bf16Operands::Library) return CUBLAS_COMPUTE_32F_FAST_16BF;
   return CUBLAS_COMPUTE_32F;
 }
 
