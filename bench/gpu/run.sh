@@ -61,7 +61,8 @@ FT_LR=${FT_LR:-5e-5}
 # (nlptrain's length-grouped and packed-cuDNN settings ran on the H200 on 2026-11-28: 13 and 11 ms a
 # step against packed's 10; left out by default so that the step benchmarks' torch.compile runs fit)
 # nlptrain-packedrows-bf16: data.pack_batch = rows (train.batch_size counts rows; about 32 examples a
-# step and the same examples seen), not yet run on a GPU
+# step and the same examples seen; its speed and accuracy matched pack_batch = examples on the H200 on
+# 2026-11-28, bench/results/gpu-20261128-h200-f206848)
 FT_SETTINGS=${FT_SETTINGS:-"nlptrain-packed-bf16 nlptrain-packedrows-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
 DEADLINE=${DEADLINE:-530}
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16"}  # (fp32: no torch peer by default any more)
@@ -193,7 +194,7 @@ if want tests && in_time 60 "tests"; then
     export NLPTRAIN_CUDA_FUSED_LN=0
     log "tests: the fused layer norm failed its test: NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run"
   fi
-  # likewise the 8-wide bf16 operand casts (new, not yet run on a GPU): the scalar kernel if they fail
+  # likewise the 8-wide bf16 operand casts (passed on the H200 on 2026-11-28): the scalar kernel if they fail
   if grep -qE '^\[  FAILED  \] CudaOps.Bf16OperandCastsRoundAsTheHost' "$W/test_ops_cuda.log"; then
     export NLPTRAIN_CUDA_BF16_CAST=scalar
     log "tests: the vector bf16 casts failed their test: NLPTRAIN_CUDA_BF16_CAST=scalar for the rest of the run"
@@ -227,7 +228,7 @@ if want e2e && in_time 90 "e2e"; then
         --data.packing=true --data.pack_batch=examples --run.sync_check=true
     grep -h "cuDNN\|ragged" "$W/e2e_bert_small_packed_${layout}_cuda.log" 2>/dev/null | head -3 | tee -a "$W/run.log"
   done
-  # Not yet run on a GPU: packed steps (data.pack_batch = rows), fp32 with the native attention, and
+  # Packed steps (data.pack_batch = rows; first run on the H200 on 2026-11-28), fp32 with the native attention, and
   # bf16 through cuDNN (the block-diagonal bias over the run's one 8 x 128 shape: one graph), against
   # the CPU's packed steps (the same plan: the same examples in the same rows)
   e2e_run bert_small_rows_cuda cuda bert_small "${ROWS[@]}" --run.sync_check=true
