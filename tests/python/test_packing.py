@@ -39,7 +39,7 @@ import pytest
 
 import nlp_run as nr
 from test_padding import (B, DROPOUT, MODEL, NL, NO_DROPOUT, SHIFT_INVARIANT, T, assert_resume_bitwise,  # noqa: F401
-                          compare_gradients, gradients, losses, max_rel, spread, straight_and_resumed, summary, task_data,
+                          compare_gradients, gradients, losses, max_rel, resumed_on_one_rank, spread, summary, task_data,
                           write)
 
 # Rows of 3..12 real tokens in rows of 32: about four examples fit a packed row.
@@ -342,12 +342,7 @@ def test_rows_resume_is_bitwise(spread, tmp_path):
 def test_rows_resume_on_another_world_size(spread, tmp_path, report):
     # 2 ranks x 2 rows x accum 2, checkpoint at step 3, resumed on 1 rank: the plan keeps the 8 rows
     # a step (1 x 2 x accum 4), so steps 4-6 take the examples the uninterrupted run took
-    ini = tmp_path / "run.ini"
-    ini.write_text("[train]\nbatch_size = 2\ngrad_accum = 2\n")
-    args = [ini] + MODEL + NO_DROPOUT + ROWS + ["--run.task=doc_cls", f"--data.train={spread}",
-                                                "--train.schedule=constant", "--train.warmup_steps=0",
-                                                "--checkpoint.interval=3"]
-    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=1)
+    straight, resumed, log = resumed_on_one_rank(ROWS, spread, tmp_path, batch=2, accum=2)
     assert "packed rows per step 8 kept: 1 rank x 2 rows x grad_accum 4" in log, log
     assert "data position: packed step 3" in log, log
     a, b = nr.metrics(straight)[0], nr.metrics(resumed)[0]

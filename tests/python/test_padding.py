@@ -327,16 +327,23 @@ def test_group_by_length_resume_is_bitwise(spread, tmp_path):
     assert_resume_bitwise(GROUPED, spread, tmp_path)
 
 
+def resumed_on_one_rank(flags, data, tmp_path, batch, accum):
+    """doc_cls on `data` with `flags`, dropout off (its masks are per rank): 2 ranks x batch x accum for
+    6 steps straight, and 3 steps, a checkpoint, then a resume to 6 on 1 rank. The batch shape is in
+    the INI, as a job would have it, so that the resume plan may adjust it."""
+    ini = tmp_path / "run.ini"
+    ini.write_text(f"[train]\nbatch_size = {batch}\ngrad_accum = {accum}\n")
+    args = [ini] + MODEL + NO_DROPOUT + flags + ["--run.task=doc_cls", f"--data.train={data}",
+                                                 "--train.schedule=constant", "--train.warmup_steps=0",
+                                                 "--checkpoint.interval=3"]
+    return straight_and_resumed(args, tmp_path, resume_ranks=1)
+
+
 def test_group_by_length_resume_on_another_world_size(spread, tmp_path, report):
     # 2 ranks x batch 4 x accum 2, checkpoint at step 3, then resumed on 1 rank: the resume plan keeps
     # the global batch (1 x 4 x accum 4) and the length groups are whole optimizer steps, so steps 4-6
-    # train on the same examples as the uninterrupted 2-rank run. Dropout off (its masks are per rank).
-    ini = tmp_path / "run.ini"  # the batch shape in the INI, as a job would: the resume plan may adjust it
-    ini.write_text("[train]\nbatch_size = 4\ngrad_accum = 2\n")
-    args = [ini] + MODEL + NO_DROPOUT + GROUPED + ["--run.task=doc_cls", f"--data.train={spread}",
-                                                   "--train.schedule=constant", "--train.warmup_steps=0",
-                                                   "--checkpoint.interval=3"]
-    straight, resumed, log = straight_and_resumed(args, tmp_path, resume_ranks=1)
+    # train on the same examples as the uninterrupted 2-rank run.
+    straight, resumed, log = resumed_on_one_rank(GROUPED, spread, tmp_path, batch=4, accum=2)
     assert "global batch 16 kept: 1 rank x batch 4 x grad_accum 4" in log, log
     a, b = losses(straight), losses(resumed)
     worst = max(abs(x - y) / abs(y) for x, y in zip(a[3:], b[3:]))
