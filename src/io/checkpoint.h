@@ -34,6 +34,9 @@ struct TrainState {
   // checkpoints).
   int64_t batch_size = 0;
   int64_t grad_accum = 0;
+  // 1: next_batch counts micro-batches of packed steps (data.pack_batch = rows, train.batch_size in
+  // rows); 0: of train.batch_size examples (and every checkpoint written before packed steps existed).
+  int64_t packed_rows = 0;
 };
 
 // Returns the path written.

@@ -276,6 +276,17 @@ int run_train(Session& s) {
   // order is global), from the mask only. (a reference to the dataset's own copy: lengths() keeps
   // what it read)
   const bool by_rows = packs_by_rows(cfg);
+  if (!notes.resumed_from.empty() && (from.packed_rows != 0) != by_rows) {
+    const std::string w =
+        cat("warning: the checkpoint's data position (micro-batch ", from.next_batch, ") counts ",
+            from.packed_rows ? "packed steps (data.pack_batch = rows)" : "micro-batches of train.batch_size examples",
+            ", this run's ", by_rows ? "packed steps (data.pack_batch = rows)" : "micro-batches of examples",
+            ": it continues at that micro-batch of its own order, so examples of the current epoch may be "
+            "skipped or seen again");
+    s.log.info(w);
+    notes.warnings.push_back(w);
+  }
+  st.packed_rows = by_rows ? 1 : 0;
   const std::vector<int32_t> no_lengths;
   const std::vector<int32_t>& lengths = cfg.data.group_by_length || by_rows ? train.lengths() : no_lengths;
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples

@@ -352,6 +352,17 @@ def test_rows_resume_on_another_world_size(spread, tmp_path, report):
     assert len(a) == len(b) == 6 and worst <= 1e-5
 
 
+def test_resume_with_the_other_pack_batch_warns(spread, tmp_path):
+    args = MODEL + NO_DROPOUT + ["--run.task=doc_cls", f"--data.train={spread}", "--train.batch_size=4",
+                                 "--checkpoint.interval=2", f"--output.dir={tmp_path / 'run'}"]
+    nr.run(args + ROWS + ["--train.steps=2"])
+    p = nr.run(args + EXAMPLES + ["--train.steps=4", "--train.resume=true"])
+    assert "warning: the checkpoint's data position (micro-batch 2) counts packed steps" in p.stdout, p.stdout
+    assert any("counts packed steps" in w for w in summary(tmp_path / "run")["warnings"])
+    p = nr.run(args + ROWS + ["--train.steps=6", "--train.resume=true"])  # written by the examples run
+    assert "counts micro-batches of train.batch_size examples, this run's packed steps" in p.stdout, p.stdout
+
+
 def test_rows_epochs_and_too_small_a_file(spread, tmp_path):
     args = MODEL + NO_DROPOUT + ROWS + ["--run.task=doc_cls", f"--data.train={spread}", "--data.shuffle=false"]
     p = nr.run(args + ["--train.batch_size=4", "--train.epochs=0.5", f"--output.dir={tmp_path / 'ep'}"])

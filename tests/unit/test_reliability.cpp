@@ -246,6 +246,7 @@ TEST_F(Reliability, CheckpointRecordsStateAndRoundTrips) {
   st.optimizer_steps = 4;
   st.nonfinite_skipped = 2;
   st.nonfinite_streak = 1;
+  st.packed_rows = 1;
   const std::string out = p("run");
   const std::string path = nlp::save_checkpoint(out, st, src.params(), src.m(), src.v(), nullptr, 5);
   Tensors dst(0.f);
@@ -254,9 +255,14 @@ TEST_F(Reliability, CheckpointRecordsStateAndRoundTrips) {
   EXPECT_EQ(got.optimizer_steps, 4);
   EXPECT_EQ(got.nonfinite_skipped, 2);
   EXPECT_EQ(got.nonfinite_streak, 1);
+  EXPECT_EQ(got.packed_rows, 1);
   EXPECT_EQ(dst.vb, src.vb);
   File f = File::open_read(path);
   EXPECT_EQ(f.attr_int(nlp::kChecksumCountAttr), 6);  // params and both moments
+  // a run without packed steps writes no such attribute (the files older nlptrain reads and writes)
+  const std::string plain = nlp::save_checkpoint(p("plain"), state_at(6), src.params(), src.m(), src.v(), nullptr, 5);
+  EXPECT_FALSE(File::open_read(plain).has_attr("nlptrain_packed_rows"));
+  EXPECT_EQ(nlp::load_checkpoint(plain, dst.params(), dst.m(), dst.v()).packed_rows, 0);
 }
 
 TEST_F(Reliability, DamagedCheckpointsAreErrorsNamingFileAndReason) {
