@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <utility>
 
 #include "comm/grad_reducer.h"
 #include "core/error.h"
@@ -291,8 +292,6 @@ int run_train(Session& s) {
   const std::vector<int32_t>& lengths = cfg.data.group_by_length || by_rows ? train.lengths() : no_lengths;
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
-  const GroupOrder group_order =
-      cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;
   const Sampler sampler = train_sampler(cfg, train.size(), B, A, rank, world, &lengths);
   // Packed steps: the data position (st.next_batch) counts micro-batches, A to a step, as unpacked.
   std::unique_ptr<PackedSampler> packed;
@@ -328,7 +327,7 @@ int run_train(Session& s) {
     for (int32_t L : lengths) sum += L;
     s.log.info(cat("data: group_by_length: mega-batches of ", sampler.mega_batch_steps(), " optimizer steps (",
                    int64_t(world) * B * A, " examples each) sorted by length, steps in ",
-                   group_order == GroupOrder::Shuffled ? "a shuffled order" : "each mega-batch's order, longest first",
+                   cfg.data.group_order == "shuffled" ? "a shuffled order" : "each mega-batch's order, longest first",
                    " (data.group_order = ", cfg.data.group_order, "); mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }
@@ -381,7 +380,7 @@ int run_train(Session& s) {
     for (int a = 0; a < A; ++a) {
       PackedSampler::Micro m;
       if (packed) m = packed->micro(first_batch / A, a, A, rank, world, B);
-      auto idx = packed ? m.idx : sampler.indices(first_batch + a);
+      const std::vector<int64_t> idx = packed ? std::move(m.idx) : sampler.indices(first_batch + a);
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples

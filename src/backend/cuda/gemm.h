@@ -10,19 +10,20 @@
 #include <tuple>
 
 #include "core/backend.h"
+#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
 
 namespace nlp::cuda {
 
 // Operand arithmetic: train.precision (core/backend.h).
 using GemmMode = Precision;
 
-// How Bf16 mode gets its bf16 operands (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp):
-//   Vector   our cast kernel into bf16 copies, 8 elements a thread (the default)
-//   Scalar   our one-element-a-thread cast kernel (the one the GPU runs up to 2026-11-28 verified)
+// How Bf16 mode gets its bf16 operands (NLPTRAIN_CUDA_BF16_CAST, cuda_backend_cuda.cpp): the cast
+// kernel's choice, kern::Bf16Cast (kernels.cuh): Vector (8 elements a thread, the default) or Scalar
+// (one element a thread, the kernel the earlier GPU runs verified).
 // (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands, without copies, was 18% faster on the
 // packed BERT-base step on an H200, but its products were not those of bf16-rounded operands, neither
 // to nearest nor by truncation, and its losses left the bf16 run's by 2e-2: removed, bench/NOTES.md.)
-enum class Bf16Operands { Vector, Scalar };
+using Bf16Operands = kern::Bf16Cast;
 
 class Gemm {
  public:

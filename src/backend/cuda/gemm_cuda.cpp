@@ -32,10 +32,6 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
-kern::Bf16Cast cast_kernel(Bf16Operands o) {
-  return o == Bf16Operands::Scalar ? kern::Bf16Cast::Scalar : kern::Bf16Cast::Vector;
-}
-
 }  // namespace
 
 Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
@@ -122,7 +118,7 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   kern::Bf16Copies c;  // both operands in one launch
   c.add(buf, Z, nz);
   c.add(buf + off, X, nx);
-  ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(operands_)), "to_bf16");
+  ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
   run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
 }
 
@@ -145,7 +141,7 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
       c.add(buf + al(nd) + al(nx), w, nw);
       z = buf + al(nd) + al(nx);
     }
-    ck_rt(kern::to_bf16_many(c, stream_, cast_kernel(operands_)), "to_bf16");
+    ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
   if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);
