@@ -235,6 +235,10 @@ if want e2e && in_time 90 "e2e"; then
   e2e_run bert_small_rows_bf16_cuda cuda bert_small "${ROWS[@]}" --train.precision=bf16 --model.attention=cudnn \
       --model.attention_probs_dropout_prob=0 --run.sync_check=true
   grep -h "cuDNN attention:" "$W/e2e_bert_small_rows_bf16_cuda.log" 2>/dev/null | tee -a "$W/run.log"
+  # Not yet run on a GPU: the same with data.pack_fixed_examples (the heads at 8 x 16 examples every
+  # micro-batch, the ones after the real examples ignored): the same losses as the CPU's packed steps
+  e2e_run bert_small_rows_fixed_bf16_cuda cuda bert_small "${ROWS[@]}" --data.pack_fixed_examples=true \
+      --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 --run.sync_check=true
   log "e2e: waiting for the CPU references"
   wait $cpu_refs
   for m in gpt2_small bert_small; do
@@ -254,6 +258,8 @@ if want e2e && in_time 90 "e2e"; then
   e2e_compare "packed steps (rows) cuda vs cpu" bert_small_rows_cpu bert_small_rows_cuda --within 20:1e-4 --within 100:1e-3
   e2e_compare "packed steps (rows) bf16 cuda (cuDNN) vs cpu" bert_small_rows_bf16_cpu bert_small_rows_bf16_cuda \
       --within 100:2e-2
+  e2e_compare "packed steps (rows), fixed examples, bf16 cuda (cuDNN) vs cpu" bert_small_rows_bf16_cpu \
+      bert_small_rows_fixed_bf16_cuda --within 100:2e-2
 fi
 
 snapshot

@@ -233,6 +233,14 @@ const std::vector<Entry>& schema() {
       {KEY(data, pack_max_per_row), closed(1, 4096),
        "with data.packing and data.pack_batch = rows: at most this many examples share a row (bounds "
        "the examples of a step at rows x this)"},
+      {KEY(data, pack_fixed_examples), none(),
+       "with data.packing and data.pack_batch = rows: every micro-batch's heads run at rows x "
+       "min(data.pack_max_per_row, row length) examples, those after the real ones ignored (no loss, "
+       "no gradient, not counted in the mean), so that the heads' shapes, like the rows', are the same "
+       "at every step where the rows keep the file's length (cuda with model.attention = cudnn, or "
+       "data.padding = max_length): what a CUDA graph of the step needs. The same losses and gradients "
+       "up to fp32 summation order; the heads compute the ignored examples too (at pack_max_per_row = "
+       "16 often twice the real ones: small beside the encoder)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "
@@ -1108,6 +1116,11 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (c.model.type == "bert" && causal_task)
     throw Error(cat("run.task = clm (", from("run.task"), ") needs model.type = gpt2; with model.type = bert (",
                     from("model.type"), ") use mlm, doc_cls, pair_cls, ner or qa"));
+  if (c.data.pack_fixed_examples && !(c.data.packing && c.data.pack_batch == "rows"))
+    throw Error(cat("data.pack_fixed_examples = true (", from("data.pack_fixed_examples"),
+                    ") pads the examples of packed rows; it needs data.packing = true (now ",
+                    c.data.packing ? "true" : "false", ", ", from("data.packing"),
+                    ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
   if (c.data.packing && causal_task)
     throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
                     "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));

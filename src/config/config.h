@@ -85,6 +85,7 @@ struct DataConfig {
   bool packing = false;        // training micro-batches packed into fewer rows (batches.h pack_rows)
   std::string pack_batch = "rows";  // with packing, train.batch_size counts rows (PackedSampler) | examples
   int pack_max_per_row = 16;   // pack_batch = rows: at most this many examples share a row
+  bool pack_fixed_examples = false;  // pack_batch = rows: heads at rows x pack_max_per_row examples (one shape)
   int cache_mb = 1024;         // a data file of at most this many MiB (its int32 columns) is held in
                                // memory on each rank; larger ones are read a batch at a time (0 = never)
 };

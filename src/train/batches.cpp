@@ -115,7 +115,7 @@ void trim_to_longest(HostBatch& hb, int multiple) {
   hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
-void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of, int rows) {
+void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of, int rows, int fixed_per_row) {
   const int B = hb.B, T = hb.T;
   NLP_ASSERT(hb.E == 0 && T > 0);
   NLP_ASSERT(!rows_of || (static_cast<int>(rows_of->size()) == B && rows >= 1));
@@ -234,7 +234,26 @@ void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of,
         hb.row_targets.push_back(hb.targets[i]);
       }
   }
-  hb.E = B;
+  // Fixed examples: R x min(fixed_per_row, Tn) of them, the real B first; the others are ignored
+  // (label, start, end -100: no loss, no gradient, no loss unit), one position long, each at its own
+  // position where no example starts (the heads gather and scatter-add rows at `first`, and the
+  // scatter needs them distinct). There are enough: R x Tn positions, B of them firsts.
+  int E = B;
+  if (rows_of && fixed_per_row > 0) {
+    E = R * std::min(fixed_per_row, Tn);
+    NLP_ASSERT(E >= B);  // PackedSampler put at most fixed_per_row examples in a row, each a token or more
+    std::vector<char> starts(n, 0);
+    for (int b = 0; b < B; ++b) starts[size_t(hb.first[b])] = 1;
+    size_t at = 0;
+    for (int e = B; e < E; ++e, ++at) {
+      while (starts[at]) ++at;
+      hb.first.push_back(static_cast<int32_t>(at));
+      hb.length.push_back(1);
+    }
+    for (auto* v : {&hb.labels, &hb.start, &hb.end})
+      if (v->size() == size_t(B)) v->resize(size_t(E), kIgnoreIndex);
+  }
+  hb.E = E;
   hb.B = R;
   hb.T = Tn;
   hb.T_key = Tk;

@@ -30,7 +30,8 @@ struct HostBatch {
   // padding), pos the position ids (restarting in each example), token_key the dropout key of each
   // token (example * T_key + position: its place in the padded batch); per example e < E: first[e] =
   // the flat position (row * T + offset) of its first token, length[e] its positions. labels,
-  // start, end stay per example (start/end relative to the example). Unpacked: E = 0, all empty.
+  // start, end stay per example (start/end relative to the example); with pack_rows' fixed_per_row the
+  // examples after the real ones are ignored fillers. Unpacked: E = 0, all empty.
   int E = 0;
   std::vector<int32_t> pos, token_key, first, length;
   // Packed: attention may run the E examples as ragged sequences (cuDNN), which needs the activation
@@ -74,7 +75,12 @@ void trim_to_longest(HostBatch& hb, int multiple);
 // rows_of (data.pack_batch = rows): the row of each example, in [0, rows), as PackedSampler planned
 // it; the examples go into their rows in index order, there are `rows` rows, of the file's length T
 // (multiple == 0) or of the longest row rounded up to `multiple`, and the batch is not ragged.
-void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of = nullptr, int rows = 0);
+// fixed_per_row > 0 (rows given; data.pack_fixed_examples, with data.pack_max_per_row): E is
+// rows x min(fixed_per_row, row length), the examples after the real ones ignored (labels, start,
+// end -100; each one position long, at a position where no example starts), so that the heads run
+// one shape at every step when the rows keep the file's length: the same losses and gradients.
+void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of = nullptr, int rows = 0,
+               int fixed_per_row = 0);
 
 // data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
 // with cuDNN's attention, whose graphs are built per batch length (about a second of host time each

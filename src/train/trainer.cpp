@@ -343,6 +343,12 @@ int run_train(Session& s) {
                                      : std::string(), "; the first epoch: ", k, " steps of ",
                    std::lround(100.0 * double(train.size()) / double(k)) / 100.0,
                    " examples on average (the last partial step dropped); evaluation runs unpacked"));
+    if (cfg.data.pack_fixed_examples)
+      s.log.info(cat("data: packing: the heads run ", B, " x ", std::min(cfg.data.pack_max_per_row, T),
+                     " examples per micro-batch (data.pack_fixed_examples), those after the real ones ignored",
+                     pack_multiple > 0 ? cat("; the rows are cut to their longest, so the count follows the rows' "
+                                             "length below ", std::min(cfg.data.pack_max_per_row, T))
+                                       : std::string()));
   } else if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
@@ -385,7 +391,7 @@ int run_train(Session& s) {
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
       if (packed)
-        pack_rows(out[a], pack_multiple, &m.row, m.rows);
+        pack_rows(out[a], pack_multiple, &m.row, m.rows, cfg.data.pack_fixed_examples ? cfg.data.pack_max_per_row : 0);
       else if (pack)
         pack_rows(out[a], pack_multiple);
       else if (trim)

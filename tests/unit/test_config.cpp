@@ -33,7 +33,7 @@ const std::vector<std::string> kAllKeys = {
     "model.num_labels", "model.pad_token_id", "model.attention",
     "data.train", "data.eval", "data.seq_len", "data.shuffle", "data.padding", "data.pad_multiple",
     "data.group_by_length", "data.group_order", "data.packing", "data.pack_batch", "data.pack_max_per_row",
-    "data.cache_mb",
+    "data.pack_fixed_examples", "data.cache_mb",
     "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
@@ -112,6 +112,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.packing, b.data.packing);
   EXPECT_EQ(a.data.pack_batch, b.data.pack_batch);
   EXPECT_EQ(a.data.pack_max_per_row, b.data.pack_max_per_row);
+  EXPECT_EQ(a.data.pack_fixed_examples, b.data.pack_fixed_examples);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
@@ -534,6 +535,15 @@ TEST(ConfigChoices, AllowedAndRejected) {
   m = error_of({"--data.train=x", "--model.type=bert"});
   EXPECT_CONTAINS(m, "run.task = clm");
   EXPECT_EQ(parse({"--data.train=x", "--model.type=bert", "--run.task=qa"}).config.run.task, "qa");
+  // data.pack_fixed_examples: packed rows planned by data.pack_batch = rows only
+  EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=doc_cls", "--data.packing=true",
+                     "--data.pack_fixed_examples=true"}).config.data.pack_fixed_examples);
+  m = error_of({"--data.train=x", "--model.type=bert", "--run.task=doc_cls", "--data.pack_fixed_examples=true"});
+  EXPECT_CONTAINS(m, "data.pack_fixed_examples = true (command line)");
+  EXPECT_CONTAINS(m, "data.packing = true (now false");
+  m = error_of({"--data.train=x", "--model.type=bert", "--run.task=doc_cls", "--data.packing=true",
+                "--data.pack_batch=examples", "--data.pack_fixed_examples=true"});
+  EXPECT_CONTAINS(m, "data.pack_batch = rows (now examples, command line)");
   // data.packing: bert tasks only
   EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=qa", "--data.packing=true"}).config.data.packing);
   m = error_of({"--data.train=x", "--data.packing=true"});

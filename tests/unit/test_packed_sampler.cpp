@@ -8,7 +8,8 @@
 //    step or where each goes;
 //  - position() and step_at() agree with the steps, across epochs (each epoch's own shuffle);
 //  - pack_rows with the planned rows: the examples at the end of their rows in index order, the
-//    rows' count fixed, the batch not ragged.
+//    rows' count fixed, the batch not ragged; with a fixed number of examples, the same rows and
+//    ignored fillers after the real examples, at distinct positions where no example starts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -216,6 +217,71 @@ TEST(PackedSampler, PackRowsPutsExamplesInTheirPlannedRows) {
   nlp::HostBatch over = hb;
   const std::vector<int32_t> one_row = {0, 0, 0, 0, 0};  // 20 tokens in a row of 16
   EXPECT_THROW(nlp::pack_rows(over, 0, &one_row, 1), nlp::Error);
+}
+
+// data.pack_fixed_examples: the same rows, with the examples padded to rows x min(per_row, row
+// length) by ignored fillers at distinct positions where no example starts (the heads scatter-add
+// their rows there): up to every position of the batch (per_row 20 > rows of 12).
+TEST(PackedSampler, PackRowsWithFixedExamplesAddsIgnoredFillers) {
+  const int T = 16;
+  const std::vector<int> len = {5, 3, 6, 2, 4};
+  nlp::HostBatch hb;
+  hb.B = 5;
+  hb.T = T;
+  hb.ids.assign(5 * T, 0);
+  hb.mask.assign(5 * T, 0);
+  hb.targets.assign(5 * T, -100);
+  hb.type_ids.assign(5 * T, 0);
+  hb.labels = {0, 1, 0, 1, 1};
+  for (int b = 0; b < 5; ++b)
+    for (int t = 0; t < len[b]; ++t) {
+      hb.ids[b * T + t] = 7 + b;
+      hb.mask[b * T + t] = 1;
+    }
+  const std::vector<int32_t> rows = {1, 0, 1, 0, 0};
+  struct Case {
+    int multiple, per_row, E;
+  };
+  for (const Case c : {Case{0, 4, 3 * 4}, Case{4, 4, 3 * 4}, Case{4, 20, 3 * 12}, Case{0, 1, 5 - 2}}) {
+    SCOPED_TRACE(testing::Message() << "multiple " << c.multiple << ", per_row " << c.per_row);
+    nlp::HostBatch plain = hb, fixed = hb;
+    nlp::pack_rows(plain, c.multiple, &rows, 3);
+    if (c.E < 5) {  // fewer fixed examples than the plan holds: a plan of another per-row bound
+      EXPECT_THROW(nlp::pack_rows(fixed, c.multiple, &rows, 3, c.per_row), nlp::Error);
+      continue;
+    }
+    nlp::pack_rows(fixed, c.multiple, &rows, 3, c.per_row);
+    const size_t n = size_t(fixed.B) * fixed.T;
+    EXPECT_EQ(fixed.E, c.E);
+    // the rows are those of the plain packing
+    EXPECT_EQ(fixed.B, plain.B);
+    EXPECT_EQ(fixed.T, plain.T);
+    EXPECT_EQ(fixed.ids, plain.ids);
+    EXPECT_EQ(fixed.mask, plain.mask);
+    EXPECT_EQ(fixed.pos, plain.pos);
+    EXPECT_EQ(fixed.token_key, plain.token_key);
+    ASSERT_EQ(fixed.first.size(), size_t(c.E));
+    ASSERT_EQ(fixed.length.size(), size_t(c.E));
+    ASSERT_EQ(fixed.labels.size(), size_t(c.E));
+    // the real examples first and unchanged, then the fillers: ignored, one position each, at
+    // distinct positions of the batch, none of them where an example starts
+    std::set<int32_t> at;
+    for (int e = 0; e < c.E; ++e) {
+      EXPECT_GE(fixed.first[e], 0);
+      EXPECT_LT(size_t(fixed.first[e]), n);
+      EXPECT_TRUE(at.insert(fixed.first[e]).second) << "example " << e << " at " << fixed.first[e];
+      if (e < 5) {
+        EXPECT_EQ(fixed.first[e], plain.first[e]);
+        EXPECT_EQ(fixed.length[e], len[e]);
+        EXPECT_EQ(fixed.labels[e], hb.labels[e]);
+      } else {
+        EXPECT_EQ(fixed.length[e], 1);
+        EXPECT_EQ(fixed.labels[e], -100);
+      }
+    }
+    EXPECT_EQ(fixed.loss_units(nlp::Task::DocCls), 5);
+    EXPECT_FALSE(fixed.ragged);
+  }
 }
 
 }  // namespace
