@@ -5,6 +5,8 @@
 // Targets outside [0, V) that are not the ignore index are reported through *bad_row (atomicMin of
 // the row index, an integer: the reported row does not depend on timing); such rows are skipped.
 // Block reductions are fixed trees: deterministic.
+// Segments (packed qa): row m is segment m of one vector, at first[m], len[m] wide (a target outside
+// [0, len[m]) is reported like one outside [0, V)).
 // Row statistics: the forward can save each row's max and sum of exp (row_max, row_sumexp), and the
 // backward can take them instead of re-reading the row twice (one read of the logits instead of three):
 // the same numbers, so the same bits as recomputing them.
@@ -33,11 +35,19 @@ __device__ __forceinline__ void row_stats(const float* x, int V, float* mx_out, 
   *se_out = se;
 }
 
+// Row m of the logits: at m * V, V wide; or (seg_first non-null) segment m, at seg_first[m],
+// seg_len[m] wide.
+__device__ __forceinline__ size_t row_at(int m, int V, const int32_t* seg_first) {
+  return seg_first ? (size_t)seg_first[m] : (size_t)m * V;
+}
+
 __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ logits,
                          const int32_t* __restrict__ targets, int V, int* bad_row,
-                         float* __restrict__ row_max, double* __restrict__ row_sumexp) {
+                         float* __restrict__ row_max, double* __restrict__ row_sumexp,
+                         const int32_t* __restrict__ seg_first, const int32_t* __restrict__ seg_len) {
   const int m = blockIdx.x;
   const int32_t t = targets[m];
+  if (seg_len) V = seg_len[m];
   if (t == kIgnore) {
     if (threadIdx.x == 0) losses[m] = 0.f;
     return;
@@ -49,7 +59,7 @@ __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ l
     }
     return;
   }
-  const float* x = logits + (size_t)m * V;
+  const float* x = logits + row_at(m, V, seg_first);
   float mx;
   double se;
   row_stats(x, V, &mx, &se);
@@ -64,16 +74,19 @@ __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ l
 
 __global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ logits,
                          const int32_t* __restrict__ targets, float dloss, int V, int* bad_row,
-                         const float* __restrict__ row_max, const double* __restrict__ row_sumexp) {
+                         const float* __restrict__ row_max, const double* __restrict__ row_sumexp,
+                         const int32_t* __restrict__ seg_first, const int32_t* __restrict__ seg_len) {
   const int m = blockIdx.x;
   const int32_t t = targets[m];
+  if (seg_len) V = seg_len[m];
   if (t == kIgnore) return;
   if (t < 0 || t >= V) {
     if (threadIdx.x == 0) atomicMin(bad_row, m);
     return;
   }
-  const float* x = logits + (size_t)m * V;
-  float* g = dlogits + (size_t)m * V;
+  const size_t at = row_at(m, V, seg_first);
+  const float* x = logits + at;
+  float* g = dlogits + at;
   float mx;
   double se;
   if (row_max) {
@@ -91,6 +104,8 @@ __global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ 
 }
 
 inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >= 64 ? 64 : 32)); }
+// segments are examples' positions in a packed row: up to the row length, a few hundred
+constexpr int kSegmentThreads = 64;
 
 }  // namespace
 
@@ -98,7 +113,8 @@ cudaError_t crossentropy_forward(float* losses, const float* logits, const int32
                                  int M, int V, int* bad_row, float* row_max, double* row_sumexp,
                                  cudaStream_t s) {
   if (M <= 0) return cudaGetLastError();
-  ce_fwd_k<<<M, threads_for(V), 0, s>>>(losses, logits, targets, V, bad_row, row_max, row_sumexp);
+  ce_fwd_k<<<M, threads_for(V), 0, s>>>(losses, logits, targets, V, bad_row, row_max, row_sumexp,
+                                        nullptr, nullptr);
   return cudaGetLastError();
 }
 
@@ -107,7 +123,23 @@ cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int
                                   const double* row_sumexp, cudaStream_t s) {
   if (M <= 0) return cudaGetLastError();
   ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, V, bad_row, row_max,
-                                        row_sumexp);
+                                        row_sumexp, nullptr, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                         const int32_t* len, const int32_t* targets, int E, int* bad_row,
+                                         cudaStream_t s) {
+  if (E <= 0) return cudaGetLastError();
+  ce_fwd_k<<<E, kSegmentThreads, 0, s>>>(losses, x, targets, 0, bad_row, nullptr, nullptr, first, len);
+  return cudaGetLastError();
+}
+
+cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
+                                          const int32_t* len, const int32_t* targets, float dloss, int E,
+                                          int* bad_row, cudaStream_t s) {
+  if (E <= 0) return cudaGetLastError();
+  ce_bwd_k<<<E, kSegmentThreads, 0, s>>>(dx, x, targets, dloss, 0, bad_row, nullptr, nullptr, first, len);
   return cudaGetLastError();
 }
 

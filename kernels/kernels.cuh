@@ -181,6 +181,14 @@ cudaError_t crossentropy_forward(float* losses, const float* logits, const int32
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                   float dloss, int M, int V, int* bad_row, const float* row_max,
                                   const double* row_sumexp, cudaStream_t s);
+// The same over E segments of x (core/backend.h segment_crossentropy_*): segment e at first[e],
+// len[e] wide; *bad_row as above, the first segment whose target is outside [0, len[e]).
+cudaError_t segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                         const int32_t* len, const int32_t* targets, int E, int* bad_row,
+                                         cudaStream_t s);
+cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
+                                          const int32_t* len, const int32_t* targets, float dloss, int E,
+                                          int* bad_row, cudaStream_t s);
 
 // ---- adamw.cu ------------------------------------------------------------------------------------
 // Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).

@@ -240,6 +240,16 @@ class Backend {
   // since (a backend may reuse the forward's row statistics: the CUDA backend does).
   virtual void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                      float dloss, int M, int V) = 0;
+  // The same over E segments of one vector (packed qa: each example's positions in the packed rows).
+  // Segment e is x[first[e] .. first[e] + len[e]) (len >= 1); targets[e] is relative to first[e].
+  // losses[E] = -log softmax(segment)[target] (0 where ignored);
+  // dx[first[e] + j] += (softmax(segment)_j - [j == target]) * dloss (ignored segments untouched).
+  // first, len, targets in backend memory; segments with a target must not overlap.
+  virtual void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                            const int32_t* len, const int32_t* targets, int E) = 0;
+  virtual void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
+                                             const int32_t* len, const int32_t* targets, float dloss,
+                                             int E) = 0;
 
   // ---- reductions and the optimizer ---------------------------------------------------------------
   virtual double sum(const float* x, size_t N) = 0;    // in double precision

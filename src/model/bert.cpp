@@ -271,7 +271,7 @@ class Bert final : public Model {
   std::vector<OutputView> outputs() const override {
     const int B = curB_, T = curT_;
     switch (task_) {
-      case Task::Qa:  // packed: the rows' positions (each example's at first_host/length_host)
+      case Task::Qa:  // packed: the rows' positions (each example's at first/length)
         return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
       case Task::Mlm: return {OutputView{"logits", {mlm_rows_, V_}, mlm_logits_}};
       case Task::Ner:  // training: the labelled rows only (head_rows)
@@ -370,11 +370,8 @@ class Bert final : public Model {
         if (!b.start) return {};
         if (b.E > 0) {  // packed: each example's softmax over its own positions
           const int E = b.E;
-          for (int e = 0; e < E; ++e) {
-            const size_t at = size_t(b.first_host[e]);
-            be_.crossentropy_forward(losses_ + e, start + at, b.start + e, 1, b.length_host[e]);
-            be_.crossentropy_forward(losses_ + E + e, end + at, b.end + e, 1, b.length_host[e]);
-          }
+          be_.segment_crossentropy_forward(losses_, start, b.first, b.length, b.start, E);
+          be_.segment_crossentropy_forward(losses_ + E, end, b.first, b.length, b.end, E);
           return {losses_, 2 * size_t(E), 0.5};
         }
         be_.crossentropy_forward(losses_, start, b.start, B, T);
@@ -449,12 +446,9 @@ class Bert final : public Model {
         float* dend = dlogits_ + size_t(BT);
         be_.zero(dlogits_, 2 * size_t(BT) * f);
         if (b.E > 0) {
-          for (int e = 0; e < b.E; ++e) {
-            const size_t at = size_t(b.first_host[e]);
-            be_.crossentropy_backward(dstart + at, logits_ + at, b.start + e, 0.5f * dloss, 1, b.length_host[e]);
-            be_.crossentropy_backward(dend + at, logits_ + size_t(BT) + at, b.end + e, 0.5f * dloss, 1,
-                                      b.length_host[e]);
-          }
+          be_.segment_crossentropy_backward(dstart, logits_, b.first, b.length, b.start, 0.5f * dloss, b.E);
+          be_.segment_crossentropy_backward(dend, logits_ + size_t(BT), b.first, b.length, b.end, 0.5f * dloss,
+                                            b.E);
         } else {
           be_.crossentropy_backward(dstart, logits_, b.start, 0.5f * dloss, B, T);
           be_.crossentropy_backward(dend, logits_ + size_t(BT), b.end, 0.5f * dloss, B, T);

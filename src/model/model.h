@@ -39,8 +39,8 @@ struct DeviceBatch {
   int nrows = 0;
   // Packed rows (data.packing): E examples in the B rows; mask holds segment ids (0 = padding;
   // attention stays within a segment, backend.h), pos the position ids [B,T], first [E] the flat
-  // position b*T+t of each example's first token ([CLS]); first_host and length_host (host memory,
-  // [E] each) give each example's first position and length, for qa's per-example softmax.
+  // position b*T+t of each example's first token ([CLS]), length [E] its positions (qa's
+  // per-example softmax); first_host: first in host memory.
   // Unpacked: E = 0 (one example per row), pos/first null.
   // token_key [B,T]: each token's dropout key, example * T_key + position (backend.h DropRows), so
   // that a packed batch draws the padded batch's masks.
@@ -52,8 +52,8 @@ struct DeviceBatch {
   const int32_t* pos = nullptr;
   const int32_t* token_key = nullptr;
   const int32_t* first = nullptr;
+  const int32_t* length = nullptr;  // [E] each example's positions (qa's per-example softmax)
   const int32_t* first_host = nullptr;
-  const int32_t* length_host = nullptr;
   // cls_rows [2E]: each example's first flat position (b*T unpacked, first[e] packed), then its
   // dropout key e * T_key, for the heads that read one row per example (doc_cls, pair_cls). Part of
   // the batch's one upload (DeviceBatchBuffer); nullable: the model then copies them itself, which on

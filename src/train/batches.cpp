@@ -277,7 +277,7 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
   const size_t np = hb.pos.size(), nk = hb.token_key.size(), nf = hb.first.size();
-  const size_t need = 4 * n + 5 * b + 3 * r + np + nk + nf;
+  const size_t need = 4 * n + 5 * b + 3 * r + np + nk + 2 * nf;
   if (need > cap_) {
     be_.release(buf_);
     be_.host_release(host_);
@@ -336,8 +336,8 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
     db.pos = put(hb.pos, n);
     db.token_key = put(hb.token_key, n);
     db.first = put(hb.first, b);
+    db.length = put(hb.length, b);
     db.first_host = hb.first.data();
-    db.length_host = hb.length.data();
   }
   be_.to_device(buf_, host_, used * sizeof(int32_t));
   return db;

@@ -1138,6 +1138,83 @@ TEST(CrossEntropy, BackwardReusesForwardStatisticsAndForgetsThemOnWrite) {
   }
 }
 
+// Segments of one vector (packed qa: each example's positions in its row): segment e is
+// x[first[e] .. first[e] + len[e]), its target relative to first[e]. Against float64 and finite
+// differences, bitwise equal to the row op run on each segment alone (the arithmetic the packed qa
+// head used per example before), ignored segments untouched, gradients accumulated; segments of
+// length 1 and the whole vector; bad targets and lengths are errors.
+struct Segments {
+  std::vector<int32_t> first, len, tg;
+};
+Segments qa_segments() {  // 40 positions: segments at 0 (7), 7 (12), 20 (1), 21 (19); 19 unused
+  return {{0, 7, 20, 21, 19}, {7, 12, 1, 19, 1}, {3, 11, 0, nlp::kIgnoreIndex, nlp::kIgnoreIndex}};
+}
+VD segment_ce_ref(const VD& x, const Segments& sg) {
+  VD loss(sg.first.size(), 0.0);
+  for (size_t e = 0; e < sg.first.size(); ++e) {
+    if (sg.tg[e] == nlp::kIgnoreIndex) continue;
+    VD row(x.begin() + sg.first[e], x.begin() + sg.first[e] + sg.len[e]);
+    loss[e] = ce_ref(row, {sg.tg[e]}, 1, sg.len[e])[0];
+  }
+  return loss;
+}
+
+TEST(CrossEntropy, SegmentsMatchFloat64FiniteDifferencesAndTheRowOp) {
+  const Segments sg = qa_segments();
+  const int E = 5, N = 40;
+  const float dloss = 0.41f;
+  VF x = randn(N, 116, 2.0f);
+  VF loss(E, 9.0f);
+  be().segment_crossentropy_forward(loss.data(), x.data(), sg.first.data(), sg.len.data(), sg.tg.data(), E);
+  EXPECT_LE(rel_err(loss, segment_ce_ref(to_d(x), sg)), 1e-6);
+  EXPECT_EQ(loss[2], 0.0f);  // a one-position segment: softmax 1
+  EXPECT_EQ(loss[3], 0.0f);  // ignored
+  EXPECT_EQ(loss[4], 0.0f);
+  VD g = fd_grad(to_d(x), [&](const VD& v) {
+    double s = 0;
+    for (double l : segment_ce_ref(v, sg)) s += l;
+    return s * (double)dloss;
+  });
+  VF d(N);
+  be().segment_crossentropy_backward(d.data(), x.data(), sg.first.data(), sg.len.data(), sg.tg.data(), dloss, E);
+  EXPECT_LE(rel_err(d, g), 1e-5);
+  VF p0 = randn(N, 117), pf = p0, t(N);
+  be().segment_crossentropy_backward(pf.data(), x.data(), sg.first.data(), sg.len.data(), sg.tg.data(), dloss, E);
+  be().segment_crossentropy_backward(t.data(), x.data(), sg.first.data(), sg.len.data(), sg.tg.data(), dloss, E);
+  be().segment_crossentropy_backward(t.data(), x.data(), sg.first.data(), sg.len.data(), sg.tg.data(), dloss, E);
+  expect_accumulates(d, p0, pf, t, "dx");
+  for (int i = 19; i < N; ++i)  // the unused position and the ignored segment: untouched
+    if (i == 19 || i >= 21) EXPECT_EQ(pf[i], p0[i]) << i;
+  // bitwise the row op on each segment alone
+  auto fresh = nlp::make_cpu_backend(2);
+  for (int e = 0; e < E; ++e) {
+    if (sg.tg[e] == nlp::kIgnoreIndex) continue;
+    float l1 = -1.f;
+    VF d1(N, 0.0f), ds(N, 0.0f);
+    fresh->crossentropy_forward(&l1, x.data() + sg.first[e], &sg.tg[e], 1, sg.len[e]);
+    EXPECT_EQ(l1, loss[e]) << e;
+    fresh->crossentropy_backward(d1.data() + sg.first[e], x.data() + sg.first[e], &sg.tg[e], dloss, 1, sg.len[e]);
+    const Segments one{{sg.first[e]}, {sg.len[e]}, {sg.tg[e]}};
+    fresh->segment_crossentropy_backward(ds.data(), x.data(), one.first.data(), one.len.data(), one.tg.data(), dloss, 1);
+    EXPECT_EQ(0, std::memcmp(d1.data(), ds.data(), N * sizeof(float))) << e;
+  }
+  // one segment over the whole vector is the row op on it
+  const Segments all{{0}, {N}, {33}};
+  float la = 0, lr = 0;
+  be().segment_crossentropy_forward(&la, x.data(), all.first.data(), all.len.data(), all.tg.data(), 1);
+  be().crossentropy_forward(&lr, x.data(), all.tg.data(), 1, N);
+  EXPECT_EQ(la, lr);
+  // a target past its segment, or an empty segment, is an error that names the segment
+  for (const Segments& bad : {Segments{{0, 7}, {7, 12}, {3, 12}}, Segments{{0, 7}, {7, 0}, {3, nlp::kIgnoreIndex}}}) {
+    try {
+      be().segment_crossentropy_forward(loss.data(), x.data(), bad.first.data(), bad.len.data(), bad.tg.data(), 2);
+      ADD_FAILURE() << "no error";
+    } catch (const std::exception& ex) {
+      EXPECT_NE(std::string(ex.what()).find("segment 1"), std::string::npos) << ex.what();
+    }
+  }
+}
+
 // ================================================================================================
 // reductions and AdamW
 // ================================================================================================

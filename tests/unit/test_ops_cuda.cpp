@@ -1009,6 +1009,47 @@ TEST_F(CudaOps, CrossEntropyForwardBackward) {
   gpu().synchronize();  // reported once: the backend is usable again
 }
 
+// Segments of one vector (packed qa): the cpu backend's op (itself checked against float64 and the
+// row op), on segments of 1 to 300 positions in a [4 x 384] batch, some ignored; a target past its
+// segment is reported at the next synchronisation.
+TEST_F(CudaOps, SegmentCrossEntropyForwardBackward) {
+  const int N = 4 * 384;
+  VI first, len, tg;
+  VI lens = {1, 37, 300, 2, 128, 45, 250, 9, 384, 64, 17, 100};
+  int at = 0;
+  for (size_t e = 0; e < lens.size() && at + lens[e] <= N; ++e) {
+    first.push_back(at);
+    len.push_back(lens[e]);
+    tg.push_back(e % 4 == 3 ? nlp::kIgnoreIndex : int32_t((7 * e) % lens[e]));
+    at += lens[e] + int(e % 3);  // gaps between some segments
+  }
+  const int E = static_cast<int>(first.size());
+  VF x = randn(N, 1200, 3.0f);
+  VF loss_c(E);
+  cpu().segment_crossentropy_forward(loss_c.data(), x.data(), first.data(), len.data(), tg.data(), E);
+  float* gx = put(x);
+  int32_t *gf = put(first), *gn = put(len), *gt = put(tg);
+  float* gloss = nan_buf(E);
+  gpu().segment_crossentropy_forward(gloss, gx, gf, gn, gt, E);
+  EXPECT_CLOSE(get(gloss, E), loss_c, kOp);
+  VF d0 = randn(N, 1201), d_c = d0;
+  cpu().segment_crossentropy_backward(d_c.data(), x.data(), first.data(), len.data(), tg.data(), 0.5f, E);
+  float* gd = put(d0);
+  gpu().segment_crossentropy_backward(gd, gx, gf, gn, gt, 0.5f, E);
+  EXPECT_CLOSE(get(gd, N), d_c, kOp);
+  VI bad = tg;
+  bad[1] = len[1];  // one past its segment
+  int32_t* gb = put(bad);
+  gpu().segment_crossentropy_forward(gloss, gx, gf, gn, gb, E);
+  try {
+    gpu().synchronize();
+    ADD_FAILURE() << "no error for a target outside its segment";
+  } catch (const nlp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("of segment 1"), std::string::npos) << e.what();
+  }
+  gpu().synchronize();
+}
+
 // ====================================================================================================
 // reductions and AdamW
 // ====================================================================================================

@@ -264,6 +264,14 @@ class CpuBackend final : public Backend {
     cpu::crossentropy_backward(dlogits, logits, targets, dloss, M, V, reuse ? ce_mx_.data() : nullptr,
                                reuse ? ce_se_.data() : nullptr);
   }
+  void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                    const int32_t* len, const int32_t* targets, int E) override {
+    cpu::segment_crossentropy_forward(losses, x, first, len, targets, E);
+  }
+  void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
+                                     const int32_t* targets, float dloss, int E) override {
+    cpu::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E);
+  }
 
   // ---- reductions, optimizer ----
   double sum(const float* x, size_t N) override { return cpu::sum(x, N); }

@@ -88,6 +88,11 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            float dloss, int M, int V, const float* row_mx = nullptr,
                            const double* row_se = nullptr);
+// segments e < E of x: x[first[e] .. first[e] + len[e]), target relative to first[e]
+void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                  const int32_t* len, const int32_t* targets, int E);
+void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
+                                   const int32_t* targets, float dloss, int E);
 
 // optimizer.cpp
 double sum(const float* x, size_t N);

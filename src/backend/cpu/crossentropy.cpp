@@ -1,4 +1,5 @@
-// Fused softmax + cross-entropy over logits[M,V] (max-shifted log-sum-exp; ignore index -100).
+// Fused softmax + cross-entropy over logits[M,V], or over segments of one vector (packed qa: each
+// example's positions), max-shifted log-sum-exp; ignore index -100.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -47,6 +48,33 @@ inline void row_stats(const float* x, int V, float* mx, double* se) {
   *se = row_exp_sum(x, V, *mx);
 }
 
+// One row's loss and gradient (the same arithmetic for rows of logits[M,V] and for segments).
+inline float row_loss(const float* x, int V, int32_t t, float* mx_out, double* se_out) {
+  float mx;
+  double se;
+  row_stats(x, V, &mx, &se);
+  if (mx_out) *mx_out = mx, *se_out = se;
+  return static_cast<float>(std::log(se) + ((double)mx - (double)x[t]));
+}
+inline void row_grad(float* __restrict g, const float* __restrict x, int V, int32_t t, float dloss,
+                     float mx, double se) {
+  const float f = static_cast<float>((double)dloss / se);
+#pragma omp simd
+  for (int v = 0; v < V; ++v) g[v] += exp_nonpositive(x[v] - mx) * f;
+  g[t] -= dloss;
+}
+
+void check_segments(const int32_t* len, const int32_t* targets, int E) {
+  for (int e = 0; e < E; ++e) {
+    if (len[e] < 1)
+      throw Error(cat("crossentropy: segment ", e, " has length ", len[e], " (at least 1)"));
+    const int32_t t = targets[e];
+    if (t != kIgnoreIndex && (t < 0 || t >= len[e]))
+      throw Error(cat("crossentropy: target ", t, " of segment ", e, " is outside its ", len[e],
+                      " positions and is not the ignore index ", kIgnoreIndex));
+  }
+}
+
 }  // namespace
 
 // losses[M] = logsumexp(logits[m,:]) - logits[m, target[m]]; 0 for ignored rows.
@@ -61,12 +89,8 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
       losses[m] = 0.0f;
       continue;
     }
-    const float* x = logits + (size_t)m * V;
-    float mx;
-    double se;
-    row_stats(x, V, &mx, &se);
-    if (row_mx) row_mx[m] = mx, row_se[m] = se;
-    losses[m] = static_cast<float>(std::log(se) + ((double)mx - (double)x[t]));
+    losses[m] = row_loss(logits + (size_t)m * V, V, t, row_mx ? row_mx + m : nullptr,
+                         row_mx ? row_se + m : nullptr);
   }
 }
 
@@ -80,16 +104,36 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
   for (int m = 0; m < M; ++m) {
     const int32_t t = targets[m];
     if (t == kIgnoreIndex) continue;
-    const float* __restrict x = logits + (size_t)m * V;
-    float* __restrict g = dlogits + (size_t)m * V;
+    const float* x = logits + (size_t)m * V;
     float mx;
     double se;
     if (row_mx) mx = row_mx[m], se = row_se[m];
     else row_stats(x, V, &mx, &se);
-    const float f = static_cast<float>((double)dloss / se);
-#pragma omp simd
-    for (int v = 0; v < V; ++v) g[v] += exp_nonpositive(x[v] - mx) * f;
-    g[t] -= dloss;
+    row_grad(dlogits + (size_t)m * V, x, V, t, dloss, mx, se);
+  }
+}
+
+// Segments of x: segment e is x[first[e] .. first[e] + len[e]), its target relative to first[e].
+// losses[E] as above, per segment; dx[segment e] += (softmax - onehot) * dloss (ignored: untouched).
+void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                  const int32_t* len, const int32_t* targets, int E) {
+  check_segments(len, targets, E);
+#pragma omp parallel for schedule(static)
+  for (int e = 0; e < E; ++e)
+    losses[e] = targets[e] == kIgnoreIndex ? 0.0f
+                                           : row_loss(x + first[e], len[e], targets[e], nullptr, nullptr);
+}
+
+void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
+                                   const int32_t* targets, float dloss, int E) {
+  check_segments(len, targets, E);
+#pragma omp parallel for schedule(static)
+  for (int e = 0; e < E; ++e) {
+    if (targets[e] == kIgnoreIndex) continue;
+    float mx;
+    double se;
+    row_stats(x + first[e], len[e], &mx, &se);
+    row_grad(dx + first[e], x + first[e], len[e], targets[e], dloss, mx, se);
   }
 }
 

@@ -379,6 +379,23 @@ class CudaBackend final : public Backend {
        "crossentropy_backward");
     copy_bad_row();
   }
+  // Segments (packed qa): the flag's V = 0 marks them for check_targets' message.
+  void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                    const int32_t* len, const int32_t* targets, int E) override {
+    if (E <= 0) return;
+    op(kern::segment_crossentropy_forward(losses, x, first, len, targets, E,
+                                          bad_row(targets, E, 0), stream_),
+       "crossentropy_forward");
+    copy_bad_row();
+  }
+  void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
+                                     const int32_t* targets, float dloss, int E) override {
+    if (E <= 0) return;
+    op(kern::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E,
+                                           bad_row(targets, E, 0), stream_),
+       "crossentropy_backward");
+    copy_bad_row();
+  }
 
   // ---- reductions, optimizer ----
   double sum(const float* x, size_t N) override { return reduce(x, N, false); }
@@ -573,6 +590,9 @@ class CudaBackend final : public Backend {
     if (row >= 0 && row < ce_.M) {
       int32_t t = 0;
       ck(cudaMemcpy(&t, ce_.targets + row, sizeof t, cudaMemcpyDeviceToHost), "crossentropy (target)");
+      if (ce_.V == 0)  // segments
+        throw Error(cat("crossentropy: target ", t, " of segment ", row,
+                        " is outside its positions and is not the ignore index ", kIgnoreIndex));
       throw Error(cat("crossentropy: target ", t, " at row ", row, " is outside the vocabulary [0, ",
                       ce_.V, ") and is not the ignore index ", kIgnoreIndex));
     }
