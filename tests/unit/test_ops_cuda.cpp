@@ -1048,6 +1048,18 @@ TEST_F(CudaOps, SegmentCrossEntropyForwardBackward) {
     EXPECT_NE(std::string(e.what()).find("of segment 1"), std::string::npos) << e.what();
   }
   gpu().synchronize();
+  // NLPTRAIN_CUDA_SEGMENT_CE=rows: the row op per segment (the path earlier GPU runs verified)
+  ::setenv("NLPTRAIN_CUDA_SEGMENT_CE", "rows", 1);
+  auto rows = nlp::make_cuda_backend(0);
+  ::unsetenv("NLPTRAIN_CUDA_SEGMENT_CE");
+  float* rloss = nan_buf(E);
+  rows->segment_crossentropy_forward(rloss, gx, gf, gn, gt, E);
+  rows->synchronize();  // its own stream: done before this fixture's backend reads the result
+  EXPECT_CLOSE(get(rloss, E), loss_c, kOp);
+  float* rd = put(d0);
+  rows->segment_crossentropy_backward(rd, gx, gf, gn, gt, 0.5f, E);
+  rows->synchronize();
+  EXPECT_CLOSE(get(rd, N), d_c, kOp);
 }
 
 // ====================================================================================================

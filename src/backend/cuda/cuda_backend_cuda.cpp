@@ -52,6 +52,16 @@ cuda::Bf16Operands bf16_operands_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector or scalar"));
 }
 
+// NLPTRAIN_CUDA_SEGMENT_CE: unset or "kernel" = segment cross-entropy in one launch over every
+// segment; "rows" = the row op once per segment (the packed qa path every earlier GPU run verified),
+// its offsets and lengths first copied to the host (a synchronisation per call).
+bool segment_ce_rows_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_SEGMENT_CE");
+  if (!v || std::string(v) == "kernel") return false;
+  if (std::string(v) == "rows") return true;
+  throw Error(cat("NLPTRAIN_CUDA_SEGMENT_CE = '", v, "': expected kernel or rows"));
+}
+
 const char* bf16_operands_name(cuda::Bf16Operands o) {
   switch (o) {
     case cuda::Bf16Operands::Vector: return "vector";
@@ -380,9 +390,21 @@ class CudaBackend final : public Backend {
     copy_bad_row();
   }
   // Segments (packed qa): the flag's V = 0 marks them for check_targets' message.
+  std::pair<std::vector<int32_t>, std::vector<int32_t>> segments_on_host(const int32_t* first,
+                                                                          const int32_t* len, int E) {
+    std::vector<int32_t> f(static_cast<size_t>(E)), n(static_cast<size_t>(E));
+    to_host(f.data(), first, f.size() * sizeof(int32_t));
+    to_host(n.data(), len, n.size() * sizeof(int32_t));
+    return {std::move(f), std::move(n)};
+  }
   void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
                                     const int32_t* len, const int32_t* targets, int E) override {
     if (E <= 0) return;
+    if (segment_ce_rows_) {
+      const auto [f, n] = segments_on_host(first, len, E);
+      for (int e = 0; e < E; ++e) crossentropy_forward(losses + e, x + f[e], targets + e, 1, n[e]);
+      return;
+    }
     op(kern::segment_crossentropy_forward(losses, x, first, len, targets, E,
                                           bad_row(targets, E, 0), stream_),
        "crossentropy_forward");
@@ -391,6 +413,11 @@ class CudaBackend final : public Backend {
   void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
                                      const int32_t* targets, float dloss, int E) override {
     if (E <= 0) return;
+    if (segment_ce_rows_) {
+      const auto [f, n] = segments_on_host(first, len, E);
+      for (int e = 0; e < E; ++e) crossentropy_backward(dx + f[e], x + f[e], targets + e, dloss, 1, n[e]);
+      return;
+    }
     op(kern::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E,
                                            bad_row(targets, E, 0), stream_),
        "crossentropy_backward");
@@ -607,6 +634,7 @@ class CudaBackend final : public Backend {
   bool sync_check_ = false;
   bool fused_ln_ = fused_layernorm_from_env();  // NLPTRAIN_CUDA_FUSED_LN (default 1)
   cuda::Bf16Operands bf16_operands_ = bf16_operands_from_env();  // NLPTRAIN_CUDA_BF16_CAST
+  bool segment_ce_rows_ = segment_ce_rows_from_env();           // NLPTRAIN_CUDA_SEGMENT_CE
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
