@@ -170,11 +170,9 @@ TEST(PackedSampler, RefusesFewerExamplesThanOneStep) {
   EXPECT_THROW(ps.steps_in_epoch(0), nlp::Error);
 }
 
-// pack_rows with planned rows: examples 0..4 of lengths {5, 3, 6, 2, 4} to rows {1, 0, 1, 0, 0} of 3:
-// row 0 holds example 1 at 0, 3 at 3, 4 at 5 (9 tokens); row 1 example 0 at 0, 2 at 5 (11); row 2 none.
-TEST(PackedSampler, PackRowsPutsExamplesInTheirPlannedRows) {
-  const int T = 16;
-  const std::vector<int> len = {5, 3, 6, 2, 4};
+// Five doc_cls examples of lengths {5, 3, 6, 2, 4} in rows of 16, token t of example b = 100 (b+1) + t.
+const std::vector<int> kFiveLengths = {5, 3, 6, 2, 4};
+nlp::HostBatch five_examples(int T) {
   nlp::HostBatch hb;
   hb.B = 5;
   hb.T = T;
@@ -184,10 +182,19 @@ TEST(PackedSampler, PackRowsPutsExamplesInTheirPlannedRows) {
   hb.type_ids.assign(5 * T, 0);
   hb.labels = {0, 1, 0, 1, 1};
   for (int b = 0; b < 5; ++b)
-    for (int t = 0; t < len[b]; ++t) {
+    for (int t = 0; t < kFiveLengths[b]; ++t) {
       hb.ids[b * T + t] = 100 * (b + 1) + t;
       hb.mask[b * T + t] = 1;
     }
+  return hb;
+}
+
+// pack_rows with planned rows: examples 0..4 of lengths {5, 3, 6, 2, 4} to rows {1, 0, 1, 0, 0} of 3:
+// row 0 holds example 1 at 0, 3 at 3, 4 at 5 (9 tokens); row 1 example 0 at 0, 2 at 5 (11); row 2 none.
+TEST(PackedSampler, PackRowsPutsExamplesInTheirPlannedRows) {
+  const int T = 16;
+  const std::vector<int>& len = kFiveLengths;
+  const nlp::HostBatch hb = five_examples(T);
   const std::vector<int32_t> rows = {1, 0, 1, 0, 0};
   nlp::HostBatch cut = hb, full = hb;
   nlp::pack_rows(full, 0, &rows, 3);
@@ -223,21 +230,8 @@ TEST(PackedSampler, PackRowsPutsExamplesInTheirPlannedRows) {
 // length) by ignored fillers at distinct positions where no example starts (the heads scatter-add
 // their rows there): up to every position of the batch (per_row 20 > rows of 12).
 TEST(PackedSampler, PackRowsWithFixedExamplesAddsIgnoredFillers) {
-  const int T = 16;
-  const std::vector<int> len = {5, 3, 6, 2, 4};
-  nlp::HostBatch hb;
-  hb.B = 5;
-  hb.T = T;
-  hb.ids.assign(5 * T, 0);
-  hb.mask.assign(5 * T, 0);
-  hb.targets.assign(5 * T, -100);
-  hb.type_ids.assign(5 * T, 0);
-  hb.labels = {0, 1, 0, 1, 1};
-  for (int b = 0; b < 5; ++b)
-    for (int t = 0; t < len[b]; ++t) {
-      hb.ids[b * T + t] = 7 + b;
-      hb.mask[b * T + t] = 1;
-    }
+  const std::vector<int>& len = kFiveLengths;
+  const nlp::HostBatch hb = five_examples(16);
   const std::vector<int32_t> rows = {1, 0, 1, 0, 0};
   struct Case {
     int multiple, per_row, E;
