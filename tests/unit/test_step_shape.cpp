@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "train/batches.h"
+#include "small_models.h"
 
 namespace {
 
@@ -286,20 +287,7 @@ Backend& cpu() {
   return *b;
 }
 
-nlp::ModelConfig small_bert() {
-  nlp::ModelConfig mc;
-  mc.type = "bert";
-  mc.vocab_size = 97;
-  mc.hidden_size = 32;
-  mc.num_hidden_layers = 2;
-  mc.num_attention_heads = 4;
-  mc.intermediate_size = 48;
-  mc.max_position_embeddings = 64;
-  mc.num_labels = 3;
-  mc.hidden_dropout_prob = 0.2f;
-  mc.attention_probs_dropout_prob = 0.2f;
-  return mc;
-}
+using nlp::test::small_bert;
 
 constexpr int kT = 32, kRows = 4, kPerRow = 8;
 
