@@ -343,12 +343,14 @@ int run_train(Session& s) {
                                      : std::string(), "; the first epoch: ", k, " steps of ",
                    std::lround(100.0 * double(train.size()) / double(k)) / 100.0,
                    " examples on average (the last partial step dropped); evaluation runs unpacked"));
-    if (cfg.data.pack_fixed_examples)
-      s.log.info(cat("data: packing: the heads run ", B, " x ", std::min(cfg.data.pack_max_per_row, T),
+    if (cfg.data.pack_fixed_examples) {
+      const int per_row = std::min(cfg.data.pack_max_per_row, T);  // pack_rows' bound at the file's length
+      s.log.info(cat("data: packing: the heads run ", B, " x ", per_row,
                      " examples per micro-batch (data.pack_fixed_examples), those after the real ones ignored",
                      pack_multiple > 0 ? cat("; the rows are cut to their longest, so the count follows the rows' "
-                                             "length below ", std::min(cfg.data.pack_max_per_row, T))
+                                             "length below ", per_row)
                                        : std::string()));
+    }
   } else if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",

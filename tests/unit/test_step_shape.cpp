@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -134,9 +135,10 @@ class Recorder final : public Backend {
   void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
                                   const float* delta, const float* w, const float* b, int N, int C,
                                   float eps, float p, uint64_t seed, DropRows rows) override {
-    note("residual_layernorm_forward", {word(res), word(out), word(mean), word(rstd), word(x), word(delta),
-                                        word(w), word(b), word(N), word(C), word(eps), word(p), rows_word(rows, 0),
-                                        rows_word(rows, 1), rows_word(rows, 2), rows_word(rows, 3)},
+    note("residual_layernorm_forward",
+         with_rows({word(res), word(out), word(mean), word(rstd), word(x), word(delta), word(w), word(b), word(N),
+                    word(C), word(eps), word(p)},
+                   rows),
          {seed});
     in_.residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
   }
@@ -144,10 +146,10 @@ class Recorder final : public Backend {
                                   const float* dout, const float* inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C, float p, uint64_t seed,
                                   DropRows rows) override {
-    note("layernorm_dropout_backward", {word(dinp), word(ddelta), word(scratch), word(dw), word(db), word(dout),
-                                        word(inp), word(w), word(mean), word(rstd), word(N), word(C), word(p),
-                                        rows_word(rows, 0), rows_word(rows, 1), rows_word(rows, 2),
-                                        rows_word(rows, 3)},
+    note("layernorm_dropout_backward",
+         with_rows({word(dinp), word(ddelta), word(scratch), word(dw), word(db), word(dout), word(inp), word(w),
+                    word(mean), word(rstd), word(N), word(C), word(p)},
+                   rows),
          {seed});
     in_.layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C, p, seed, rows);
   }
@@ -188,14 +190,12 @@ class Recorder final : public Backend {
     in_.rows_scatter_add(dinp, dout, n, C, stride, idx);
   }
   void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, DropRows rows) override {
-    note("dropout_forward", {word(out), word(inp), N, word(p), rows_word(rows, 0), rows_word(rows, 1),
-                             rows_word(rows, 2), rows_word(rows, 3)},
+    note("dropout_forward", with_rows({word(out), word(inp), N, word(p)}, rows),
          {seed});
     in_.dropout_forward(out, inp, N, p, seed, rows);
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed, DropRows rows) override {
-    note("dropout_backward", {word(dinp), word(dout), N, word(p), rows_word(rows, 0), rows_word(rows, 1),
-                              rows_word(rows, 2), rows_word(rows, 3)},
+    note("dropout_backward", with_rows({word(dinp), word(dout), N, word(p)}, rows),
          {seed});
     in_.dropout_backward(dinp, dout, N, p, seed, rows);
   }
@@ -268,13 +268,10 @@ class Recorder final : public Backend {
   }
 
  private:
-  static uint64_t rows_word(const DropRows& r, int field) {
-    switch (field) {
-      case 0: return r.row;
-      case 1: return r.row_key;
-      case 2: return word(r.token_key);
-      default: return r.width;
-    }
+  // the arguments, then the dropout keying's four fields
+  static std::vector<uint64_t> with_rows(std::vector<uint64_t> v, const DropRows& r) {
+    v.insert(v.end(), {r.row, r.row_key, word(r.token_key), r.width});
+    return v;
   }
   void note(const char* op, std::vector<uint64_t> fixed, std::vector<uint64_t> varying = {}) {
     calls.push_back(Call{op, std::move(fixed), std::move(varying)});
@@ -324,7 +321,8 @@ nlp::HostBatch packed(const std::vector<int>& len, const std::string& task, bool
   std::vector<int> fill(kRows, 0), count(kRows, 0);
   for (int b = 0; b < hb.B; ++b) {
     int k = 0;
-    while (fill[k] + len[b] > kT || count[k] == kPerRow) ++k;  // the test's lengths always fit
+    while (k < kRows && (fill[k] + len[b] > kT || count[k] == kPerRow)) ++k;
+    if (k == kRows) throw std::logic_error("test_step_shape: the lengths do not fit the rows");
     fill[k] += len[b];
     ++count[k];
     row_of.push_back(k);
