@@ -52,6 +52,9 @@ struct DropInfo {
   // the example and the positions it gives. nullptr: unpacked.
   const int32_t* token_key = nullptr;
   int Tr = 0;  // the rows' length (token_key's row stride)
+  // nullable: the seed is read from it at run time instead (a replayed CUDA graph's value table)
+  const uint64_t* seed_slot = nullptr;
+  __device__ __forceinline__ uint64_t seed_now() const { return seed_slot ? *seed_slot : seed; }
 };
 
 // The dropout mask index of probability (i, j) of head h in row b (core/backend.h).
@@ -83,6 +86,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 
   const bool a_kfast = A.sc == 1;   // consecutive threads along k
   const bool b_nfast = Bm.sc == 1;  // consecutive threads along n
+  const uint64_t seed = AMODE == kPlain ? 0 : drop.seed_now();
 
   for (int bh = blockIdx.z; bh < BH; bh += gridDim.z) {
     const int b = bh / NH, h = bh % NH;
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(kGemmThreads)
             const int i = AMODE == kDropAtt ? gm : gk;
             const int j = AMODE == kDropAtt ? gk : gm;
             const uint64_t idx = att_drop_index(drop, b, h, NH, i, j);
-            v = (v != 0.f && uniform01(drop.seed, idx) >= drop.p) ? v * drop.scale : 0.f;
+            v = (v != 0.f && uniform01(seed, idx) >= drop.p) ? v * drop.scale : 0.f;
           }
         }
         As[k][m] = v;
@@ -235,6 +239,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const int jend = causal ? i + 1 : T;
   const int h = static_cast<int>(bh % NH);
   const bool drop = p > 0.f;
+  if (drop && dk.seed_slot) seed = *dk.seed_slot;
   float dot = 0.f;
   for (int j = lane; j < jend; j += 32) {
     const float aj = a[j];
@@ -308,8 +313,9 @@ __global__ void __launch_bounds__(128)
 }  // namespace
 
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
-                              bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, int T_key, const int32_t* token_key, cudaStream_t s) {
+                              bool causal, float dropout_p, uint64_t seed,
+                              const uint64_t* seed_slot, int B, int T, int NH, int HS, int T_key,
+                              const int32_t* token_key, cudaStream_t s) {
   const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
@@ -334,21 +340,24 @@ cudaError_t attention_forward(float* out, float* att, const float* qkv, const in
   const KRange kr = causal ? kUpToRow : kAll;
   if (dropout_p > 0.f)
     return head_gemm<kDropAtt>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f,
-                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key, T}, s);
+                               DropInfo{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key,
+                                        T, seed_slot},
+                               s);
   return head_gemm<kPlain>(O, P, Vm, T, HS, T, NH, BH, kr, false, 1.f, nodrop, s);
 }
 
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
-                               float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               int T_key, const int32_t* token_key, cudaStream_t s) {
+                               float dropout_p, uint64_t seed, const uint64_t* seed_slot, int B,
+                               int T, int NH, int HS, int T_key, const int32_t* token_key,
+                               cudaStream_t s) {
   const int Tk = key_length(T, T_key);
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return cudaGetLastError();
   const long long C = (long long)NH * HS, C3 = 3 * C, TT = (long long)T * T;
   const int BH = B * NH;
   const float sc = 1.0f / sqrtf(static_cast<float>(HS));
   const DropInfo nodrop{0.f, 1.f, 0, T};
-  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key, T};
+  const DropInfo drop{dropout_p, dropout_scale(dropout_p), seed, Tk, token_key, T, seed_slot};
   cudaError_t e;
   HMat dO{dout, T * C, HS, C, 1};
   HMat Vt{qkv + 2 * C, T * C3, HS, 1, C3};  // (d, j) -> v[j, d]

@@ -73,10 +73,12 @@ __global__ void ce_fwd_k(float* __restrict__ losses, const float* __restrict__ l
 }
 
 __global__ void ce_bwd_k(float* __restrict__ dlogits, const float* __restrict__ logits,
-                         const int32_t* __restrict__ targets, float dloss, int V, int* bad_row,
+                         const int32_t* __restrict__ targets, float dloss,
+                         const float* __restrict__ dloss_slot, int V, int* bad_row,
                          const float* __restrict__ row_max, const double* __restrict__ row_sumexp,
                          const int32_t* __restrict__ seg_first, const int32_t* __restrict__ seg_len) {
   const int m = blockIdx.x;
+  if (dloss_slot) dloss = *dloss_slot;  // a replayed CUDA graph's value, read at run time
   const int32_t t = targets[m];
   if (seg_len) V = seg_len[m];
   if (t == kIgnore) return;
@@ -119,11 +121,11 @@ cudaError_t crossentropy_forward(float* losses, const float* logits, const int32
 }
 
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                  float dloss, int M, int V, int* bad_row, const float* row_max,
-                                  const double* row_sumexp, cudaStream_t s) {
+                                  float dloss, const float* dloss_slot, int M, int V, int* bad_row,
+                                  const float* row_max, const double* row_sumexp, cudaStream_t s) {
   if (M <= 0) return cudaGetLastError();
-  ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, V, bad_row, row_max,
-                                        row_sumexp, nullptr, nullptr);
+  ce_bwd_k<<<M, threads_for(V), 0, s>>>(dlogits, logits, targets, dloss, dloss_slot, V, bad_row,
+                                        row_max, row_sumexp, nullptr, nullptr);
   return cudaGetLastError();
 }
 
@@ -136,10 +138,12 @@ cudaError_t segment_crossentropy_forward(float* losses, const float* x, const in
 }
 
 cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
-                                          const int32_t* len, const int32_t* targets, float dloss, int E,
-                                          int* bad_row, cudaStream_t s) {
+                                          const int32_t* len, const int32_t* targets, float dloss,
+                                          const float* dloss_slot, int E, int* bad_row,
+                                          cudaStream_t s) {
   if (E <= 0) return cudaGetLastError();
-  ce_bwd_k<<<E, kSegmentThreads, 0, s>>>(dx, x, targets, dloss, 0, bad_row, nullptr, nullptr, first, len);
+  ce_bwd_k<<<E, kSegmentThreads, 0, s>>>(dx, x, targets, dloss, dloss_slot, 0, bad_row, nullptr,
+                                         nullptr, first, len);
   return cudaGetLastError();
 }
 

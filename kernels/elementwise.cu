@@ -62,20 +62,24 @@ __global__ void rows_scatter_add_k(float* __restrict__ dinp, const float* __rest
 }
 
 // out[n] = inp * keep(i) / (1-p)   (out may alias inp)
+// seed_slot (nullable): the seed is read from it at run time (a replayed CUDA graph's value table)
 __global__ void dropout_fwd_k(float* out, const float* inp, size_t n, float p, float sc,
-                              uint64_t seed, size_t row, size_t row_key, const int32_t* token_key,
-                              size_t width) {
+                              uint64_t seed, const uint64_t* seed_slot, size_t row, size_t row_key,
+                              const int32_t* token_key, size_t width) {
+  const uint64_t sd = seed_slot ? *seed_slot : seed;
   GRID_STRIDE(i, n)
-  out[i] = uniform01(seed, drop_key(i, row, row_key, token_key, width)) >= p ? inp[i] * sc : 0.0f;
+  out[i] = uniform01(sd, drop_key(i, row, row_key, token_key, width)) >= p ? inp[i] * sc : 0.0f;
 }
 
 // dinp[n] += dout * keep(i) / (1-p)
 __global__ void dropout_bwd_k(float* __restrict__ dinp, const float* __restrict__ dout, size_t n,
-                              float p, float sc, uint64_t seed, size_t row, size_t row_key,
-                              const int32_t* __restrict__ token_key, size_t width) {
+                              float p, float sc, uint64_t seed, const uint64_t* seed_slot,
+                              size_t row, size_t row_key, const int32_t* __restrict__ token_key,
+                              size_t width) {
+  const uint64_t sd = seed_slot ? *seed_slot : seed;
   // __fmul_rn: no fused multiply-add, so the rounding is the CPU's (its compiler does not contract)
   GRID_STRIDE(i, n)
-  if (uniform01(seed, drop_key(i, row, row_key, token_key, width)) >= p) dinp[i] += __fmul_rn(dout[i], sc);
+  if (uniform01(sd, drop_key(i, row, row_key, token_key, width)) >= p) dinp[i] += __fmul_rn(dout[i], sc);
 }
 
 // out[M,N] = bias[N]
@@ -181,22 +185,24 @@ cudaError_t rows_scatter_add(float* dinp, const float* dout, int rows, int C, si
 }
 
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
-                            size_t row, size_t row_key, const int32_t* token_key, size_t width,
-                            cudaStream_t s) {
+                            const uint64_t* seed_slot, size_t row, size_t row_key,
+                            const int32_t* token_key, size_t width, cudaStream_t s) {
   if (token_key && width == 0) return cudaErrorInvalidValue;
   if (n)
     dropout_fwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n, p, dropout_scale(p),
-                                                             seed, row, row_key, token_key, width);
+                                                             seed, seed_slot, row, row_key,
+                                                             token_key, width);
   return cudaGetLastError();
 }
 
 cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
-                             size_t row, size_t row_key, const int32_t* token_key, size_t width,
-                             cudaStream_t s) {
+                             const uint64_t* seed_slot, size_t row, size_t row_key,
+                             const int32_t* token_key, size_t width, cudaStream_t s) {
   if (token_key && width == 0) return cudaErrorInvalidValue;
   if (n)
     dropout_bwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, n, p, dropout_scale(p),
-                                                             seed, row, row_key, token_key, width);
+                                                             seed, seed_slot, row, row_key,
+                                                             token_key, width);
   return cudaGetLastError();
 }
 

@@ -29,13 +29,16 @@ cudaError_t rows_scatter_add(float* dinp, const float* dout, int n, int C, size_
                              const int32_t* idx, cudaStream_t s);
 // p > 0 only (the caller copies for p <= 0)
 // element i draws its mask at keyed_index(i, row, row_key) (core/rng.h; row = 0: i), or with
-// token_key (packed rows, core/backend.h DropRows) at token_key[i / width] * width + i % width
+// token_key (packed rows, core/backend.h DropRows) at token_key[i / width] * width + i % width.
+// Seed slots: every launcher that takes a `seed` also takes `seed_slot` (nullable, device memory);
+// when set, the kernel reads the seed from *seed_slot when it runs instead (a replayed CUDA graph's
+// value table, Backend::bind_slot), and `seed` is ignored. Likewise `dloss_slot` (a float) for dloss.
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
-                            size_t row, size_t row_key, const int32_t* token_key, size_t width,
-                            cudaStream_t s);
+                            const uint64_t* seed_slot, size_t row, size_t row_key,
+                            const int32_t* token_key, size_t width, cudaStream_t s);
 cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
-                             size_t row, size_t row_key, const int32_t* token_key, size_t width,
-                             cudaStream_t s);
+                             const uint64_t* seed_slot, size_t row, size_t row_key,
+                             const int32_t* token_key, size_t width, cudaStream_t s);
 // out[M,N] = bias[N] broadcast over rows
 cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s);
 // x[n] = v
@@ -93,8 +96,10 @@ cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* 
 // dst[tokens, W] += float(src) (__nv_bfloat16) where mask[token] != 0 (other tokens untouched)
 cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32_t* mask,
                                         size_t tokens, int W, cudaStream_t s);
-// dst[0] = seed, dst[1] = offset (int64, device): cuDNN's Philox dropout arguments
-cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, uint64_t offset, cudaStream_t s);
+// dst[0] = seed_slot ? *seed_slot : seed, dst[1] = offset (int64, device): cuDNN's Philox dropout
+// arguments
+cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, const uint64_t* seed_slot,
+                             uint64_t offset, cudaStream_t s);
 
 // ---- gelu.cu -------------------------------------------------------------------------------------
 cudaError_t gelu_forward(float* out, const float* inp, size_t n, bool tanh_form, cudaStream_t s);
@@ -115,17 +120,18 @@ cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* d
 cudaError_t residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
                                        const float* x, const float* delta, const float* w,
                                        const float* b, int N, int C, float eps, float p,
-                                       uint64_t seed, size_t row, size_t row_key,
-                                       const int32_t* token_key, size_t width, cudaStream_t s);
+                                       uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                       size_t row_key, const int32_t* token_key, size_t width,
+                                       cudaStream_t s);
 // Backend::layernorm_dropout_backward: g = layernorm's input gradient of dout, dinp += g,
 // ddelta = dropout_backward of g (overwritten), dw/db += (nullable; ws of
 // layernorm_backward_ws_bytes). The bits of Backend's default sequence; no scratch.
 cudaError_t layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db,
                                        const float* dout, const float* inp, const float* w,
                                        const float* mean, const float* rstd, int N, int C, float p,
-                                       uint64_t seed, size_t row, size_t row_key,
-                                       const int32_t* token_key, size_t width, void* ws,
-                                       cudaStream_t s);
+                                       uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                       size_t row_key, const int32_t* token_key, size_t width,
+                                       void* ws, cudaStream_t s);
 
 // ---- reductions.cu -------------------------------------------------------------------------------
 size_t colsum_ws_bytes(int M, int N);
@@ -160,12 +166,14 @@ cudaError_t embedding_backward(float* dwte, float* dwpe, float* dwtt, const floa
 // ---- attention.cu --------------------------------------------------------------------------------
 // attn_mask: segment ids (core/backend.h); token_key (nullable, [B,T]): packed rows' dropout keys
 cudaError_t attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
-                              bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                              int HS, int T_key, const int32_t* token_key, cudaStream_t s);
+                              bool causal, float dropout_p, uint64_t seed,
+                              const uint64_t* seed_slot, int B, int T, int NH, int HS, int T_key,
+                              const int32_t* token_key, cudaStream_t s);
 cudaError_t attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                const float* att, const int32_t* attn_mask, bool causal,
-                               float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                               int T_key, const int32_t* token_key, cudaStream_t s);
+                               float dropout_p, uint64_t seed, const uint64_t* seed_slot, int B,
+                               int T, int NH, int HS, int T_key, const int32_t* token_key,
+                               cudaStream_t s);
 size_t attention_decode_ws_bytes(int B, int pos, int NH);
 cudaError_t attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
                              int B, int pos, int Tmax, int NH, int HS, void* ws, cudaStream_t s);
@@ -179,16 +187,17 @@ cudaError_t crossentropy_forward(float* losses, const float* logits, const int32
                                  int M, int V, int* bad_row, float* row_max, double* row_sumexp,
                                  cudaStream_t s);
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                  float dloss, int M, int V, int* bad_row, const float* row_max,
-                                  const double* row_sumexp, cudaStream_t s);
+                                  float dloss, const float* dloss_slot, int M, int V, int* bad_row,
+                                  const float* row_max, const double* row_sumexp, cudaStream_t s);
 // The same over E segments of x (core/backend.h segment_crossentropy_*): segment e at first[e],
 // len[e] wide; *bad_row as above, the first segment whose target is outside [0, len[e]).
 cudaError_t segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
                                          const int32_t* len, const int32_t* targets, int E, int* bad_row,
                                          cudaStream_t s);
 cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
-                                          const int32_t* len, const int32_t* targets, float dloss, int E,
-                                          int* bad_row, cudaStream_t s);
+                                          const int32_t* len, const int32_t* targets, float dloss,
+                                          const float* dloss_slot, int E, int* bad_row,
+                                          cudaStream_t s);
 
 // ---- adamw.cu ------------------------------------------------------------------------------------
 // Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).

@@ -98,15 +98,23 @@ __global__ void __launch_bounds__(256)
 }
 
 // The dropout mask of core/backend.h's DropRows (p > 0: element i kept iff uniform01(seed, key) >= p,
-// scaled by sc = 1/(1-p)); p <= 0 keeps every element unscaled.
+// scaled by sc = 1/(1-p)); p <= 0 keeps every element unscaled. seed_slot (nullable): the seed is
+// read from device memory at run time instead (a replayed CUDA graph's value table): resolved().
 struct Drop {
   float p, sc;
   uint64_t seed;
   size_t row, row_key;
   const int32_t* token_key;
   size_t width;
+  const uint64_t* seed_slot;
   __device__ __forceinline__ bool keep(size_t i) const {
     return uniform01(seed, drop_key(i, row, row_key, token_key, width)) >= p;
+  }
+  // this with the seed read from seed_slot, once per thread (p <= 0 draws nothing: not read)
+  __device__ __forceinline__ Drop resolved() const {
+    Drop d = *this;
+    if (seed_slot && p > 0.f) d.seed = *seed_slot;
+    return d;
   }
 };
 
@@ -117,10 +125,11 @@ __global__ void __launch_bounds__(256)
     res_ln_fwd_k(float* res, float* __restrict__ out, float* __restrict__ mean,
                  float* __restrict__ rstd, const float* x, const float* delta,
                  const float* __restrict__ w, const float* __restrict__ b, int N, int C, float eps,
-                 Drop drop) {
+                 Drop drop_arg) {
   const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
+  const Drop drop = drop_arg.resolved();
   const size_t base = (size_t)row * C;
   for (int c = lane; c < C; c += 32) {
     const size_t i = base + c;
@@ -138,10 +147,11 @@ __global__ void __launch_bounds__(256)
     ln_drop_bwd_k(float* __restrict__ dinp, float* __restrict__ ddelta,
                   const float* __restrict__ dout, const float* __restrict__ inp,
                   const float* __restrict__ w, const float* __restrict__ mean,
-                  const float* __restrict__ rstd, int N, int C, Drop drop) {
+                  const float* __restrict__ rstd, int N, int C, Drop drop_arg) {
   const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
+  const Drop drop = drop_arg.resolved();
   const size_t base = (size_t)row * C;
   const float* x = inp + base;
   const float* dy = dout + base;
@@ -231,33 +241,37 @@ cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* d
 }
 
 namespace {
-Drop make_drop(float p, uint64_t seed, size_t row, size_t row_key, const int32_t* token_key, size_t width) {
-  return Drop{p, dropout_scale(p), seed, row, row_key, token_key, width};
+Drop make_drop(float p, uint64_t seed, const uint64_t* seed_slot, size_t row, size_t row_key,
+               const int32_t* token_key, size_t width) {
+  return Drop{p, dropout_scale(p), seed, row, row_key, token_key, width, seed_slot};
 }
 }  // namespace
 
 cudaError_t residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
                                        const float* x, const float* delta, const float* w,
                                        const float* b, int N, int C, float eps, float p,
-                                       uint64_t seed, size_t row, size_t row_key,
-                                       const int32_t* token_key, size_t width, cudaStream_t s) {
+                                       uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                       size_t row_key, const int32_t* token_key, size_t width,
+                                       cudaStream_t s) {
   if (token_key && width == 0) return cudaErrorInvalidValue;
   if (N <= 0 || C <= 0) return cudaGetLastError();
   res_ln_fwd_k<<<(N + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock, 0, s>>>(
-      res, out, mean, rstd, x, delta, w, b, N, C, eps, make_drop(p, seed, row, row_key, token_key, width));
+      res, out, mean, rstd, x, delta, w, b, N, C, eps,
+      make_drop(p, seed, seed_slot, row, row_key, token_key, width));
   return cudaGetLastError();
 }
 
 cudaError_t layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db,
                                        const float* dout, const float* inp, const float* w,
                                        const float* mean, const float* rstd, int N, int C, float p,
-                                       uint64_t seed, size_t row, size_t row_key,
-                                       const int32_t* token_key, size_t width, void* ws,
-                                       cudaStream_t s) {
+                                       uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                       size_t row_key, const int32_t* token_key, size_t width,
+                                       void* ws, cudaStream_t s) {
   if (token_key && width == 0) return cudaErrorInvalidValue;
   if (N <= 0 || C <= 0) return cudaGetLastError();
   ln_drop_bwd_k<<<(N + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock, 0, s>>>(
-      dinp, ddelta, dout, inp, w, mean, rstd, N, C, make_drop(p, seed, row, row_key, token_key, width));
+      dinp, ddelta, dout, inp, w, mean, rstd, N, C,
+      make_drop(p, seed, seed_slot, row, row_key, token_key, width));
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !(dw || db)) return e;
   return layernorm_backward(nullptr, dw, db, dout, inp, w, mean, rstd, N, C, ws, s);

@@ -135,8 +135,8 @@ __global__ void accumulate_bf16_k(float* __restrict__ dst, const __nv_bfloat16* 
   GRID_STRIDE(i, n) if (live(i / W)) dst[i] += __bfloat162float(src[i]);
 }
 
-__global__ void philox_args_k(int64_t* dst, int64_t seed, int64_t offset) {
-  dst[0] = seed;
+__global__ void philox_args_k(int64_t* dst, int64_t seed, const uint64_t* seed_slot, int64_t offset) {
+  dst[0] = seed_slot ? static_cast<int64_t>(*seed_slot) : seed;
   dst[1] = offset;
 }
 
@@ -198,8 +198,10 @@ cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32
   return cudaGetLastError();
 }
 
-cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, uint64_t offset, cudaStream_t s) {
-  philox_args_k<<<1, 1, 0, s>>>(dst, static_cast<int64_t>(seed), static_cast<int64_t>(offset));
+cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, const uint64_t* seed_slot, uint64_t offset,
+                             cudaStream_t s) {
+  philox_args_k<<<1, 1, 0, s>>>(dst, static_cast<int64_t>(seed), seed_slot,
+                                static_cast<int64_t>(offset));
   return cudaGetLastError();
 }
 

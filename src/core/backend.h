@@ -14,6 +14,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,14 @@ enum class Gelu { Tanh, Erf };  // Tanh: HF "gelu_new" (GPT-2); Erf: exact GELU 
 enum class WLayout { InOut, OutIn };
 
 constexpr int32_t kIgnoreIndex = -100;
+
+// A float as a value-table word (Backend::bind_slot): its bits in the low 32 bits.
+inline uint64_t slot_word(float f) {
+  uint32_t u;
+  static_assert(sizeof u == sizeof f);
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 // Where a dropout op over a [B, T, C] tensor draws element i's mask: rows of `row` = T*C elements
 // (one example) are keyed as if they had `row_key` = T_key*C elements, i.e. at index
@@ -282,6 +291,39 @@ class Backend {
       if (zero_grad) zero(grad + sp.offset, sp.numel * sizeof(float));
     }
   }
+
+  // ---- replayed micro-batches (run.cuda_graph; backend/step_graph.h drives these) ---------------
+  // A backend that can record the ops enqueued between capture_begin() and capture_end() without
+  // running them, and launch the recording later as often as asked (CUDA graphs), says so in
+  // can_capture(); otherwise *why (nullable) says why not, and step_graph.h emulates a recording by
+  // keeping the calls themselves (how the CPU tests check the recording's bookkeeping).
+  // Values that differ between launches of one recording (dropout seeds, the loss scale dloss) come
+  // from the recording's table of `slots` 64-bit words in backend memory: bind_slot(k), k < slots,
+  // before an op that takes a seed (dropout_*, residual_layernorm_forward,
+  // layernorm_dropout_backward, attention_forward/backward) or dloss (crossentropy_backward,
+  // segment_crossentropy_backward) makes that op read it from word k when the recording runs (dloss:
+  // the float's bits in the word's low 32 bits, `slot_word(dloss)`); bind_slot(-1) after the op.
+  // Ops between capture_begin and capture_end must not synchronise, allocate or read back.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+  };
+  virtual bool can_capture(std::string* why) const {
+    if (why) *why = "backend '" + name() + "' records no graphs";
+    return false;
+  }
+  virtual void capture_begin(size_t /*slots*/) {}
+  virtual void bind_slot(int /*k*/) {}
+  // Ends the recording, also after an op threw during it: the recording, or null with the reason in
+  // *why (an op that synchronised, allocated, grew a scratch buffer or failed while recording); the
+  // backend is then as it was at capture_begin.
+  virtual std::shared_ptr<Recording> capture_end(std::string* why) {
+    if (why) *why = "backend '" + name() + "' records no graphs";
+    return nullptr;
+  }
+  // Runs a recording with its table set to values[0 .. n) (n = its slots), enqueued as the recorded
+  // ops would be.
+  virtual void replay(Recording& /*r*/, const uint64_t* /*values*/, size_t /*n*/) {}
 };
 
 // How a backend is built (make_backend); every field has the default of a plain fp32 backend.

@@ -1930,6 +1930,308 @@ TEST_F(CudaOpsCudnn, BertHeadsForwardBackwardMatchCpuBf16) {
     compare_model_fused(fused(), bert_config(), task, 3, 29);
 }
 
+// ====================================================================================================
+// replayed micro-batches: ops recorded into a CUDA graph (Backend::capture_begin .. capture_end) and
+// replayed with per-launch seeds and dloss from the recording's value table
+// ====================================================================================================
+
+// A small micro-batch on one backend's own buffers: embedding dropout, qkv projection, attention with
+// dropout, residual + dropout + layer norm, vocabulary projection, cross-entropy, and their backward.
+class ReplayMicroBatch {
+ public:
+  static constexpr int B = 2, T = 32, NH = 4, HS = 64, C = NH * HS, V = 96, BT = B * T;
+  static constexpr float kP = 0.1f;
+  enum Slot { kEmbDrop, kResDrop, kAttnDrop, kDloss, kSlots };
+
+  explicit ReplayMicroBatch(Backend& be) : be_(be) {
+    const size_t n = size_t(BT) * C;
+    x0_ = in(randn(n, 5100));
+    wqkv_ = in(randn(size_t(C) * 3 * C, 5101, 0.05f));
+    bqkv_ = in(randn(3 * C, 5102, 0.1f));
+    lnw_ = in(randn(C, 5103, 0.1f));
+    lnb_ = in(randn(C, 5104, 0.1f));
+    wo_ = in(randn(size_t(C) * V, 5105, 0.05f));
+    VI mask(BT, 1);
+    for (int t = T - 5; t < T; ++t) mask[size_t(T) + t] = 0;  // row 1 ends in padding
+    mask_ = static_cast<int32_t*>(upload_raw(mask.data(), mask.size() * 4));
+    targets_host_ = randi(BT, 5106, 0, V);
+    targets_host_[3] = nlp::kIgnoreIndex;
+    targets_ = static_cast<int32_t*>(upload_raw(targets_host_.data(), targets_host_.size() * 4));
+    const size_t natt = be.attention_saved_floats(B, T, NH, HS);
+    const size_t nscr = be.attention_scratch_floats(B, T, NH, HS);
+    // forward outputs (NaN before each run) and gradients (zero before each run)
+    outputs_ = {{"h", buf(n)},        {"qkv", buf(3 * n)},     {"ao", buf(n)},
+                {"att", buf(natt)},   {"res", buf(n)},         {"out", buf(n)},
+                {"mean", buf(BT)},    {"rstd", buf(BT)},       {"logits", buf(size_t(BT) * V)},
+                {"losses", buf(BT)},  {"ln_scratch", buf(n)},  {"att_scratch", buf(nscr)}};
+    grads_ = {{"dlogits", buf(size_t(BT) * V)}, {"dout", buf(n)},
+              {"dh", buf(n)},                   {"dao", buf(n)},
+              {"dqkv", buf(3 * n)},             {"dwo", buf(size_t(C) * V)},
+              {"dwqkv", buf(size_t(C) * 3 * C)}, {"dbqkv", buf(3 * C)},
+              {"dlnw", buf(C)},                 {"dlnb", buf(C)},
+              {"dx0", buf(n)}};
+  }
+  ~ReplayMicroBatch() {
+    try {
+      std::string why;
+      be_.capture_end(&why);  // a recording a failed check left open (else nothing)
+      for (void* p : allocs_) be_.release(p);
+      be_.synchronize();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "releasing the micro-batch's buffers: " << e.what();
+    }
+  }
+
+  // Outputs NaN, gradients zero: the state every run starts from (outside any recording).
+  void reset() {
+    for (auto& [name, b] : outputs_) be_.to_device(b.p, VF(b.n, kNan).data(), b.n * sizeof(float));
+    for (auto& [name, b] : grads_) be_.zero(b.p, b.n * sizeof(float));
+  }
+
+  // The ops with values[k] passed by value, or (record) each seeded/dloss op bound to its slot and
+  // given a decoy value that the recording must not use.
+  void ops(const uint64_t* values, bool record) {
+    auto seed = [&](Slot k) {
+      if (record) be_.bind_slot(k);
+      return record ? uint64_t(0xdec0) + k : values[k];
+    };
+    auto unbind = [&] {
+      if (record) be_.bind_slot(-1);
+    };
+    const size_t n = size_t(BT) * C;
+    const nlp::DropRows rows = nlp::drop_rows(T, 0, C);
+    be_.dropout_forward(o("h"), x0_, n, kP, seed(kEmbDrop), rows);
+    unbind();
+    be_.matmul_forward(o("qkv"), o("h"), wqkv_, bqkv_, BT, C, 3 * C, WLayout::InOut);
+    be_.attention_forward(o("ao"), o("att"), o("qkv"), mask_, false, kP, seed(kAttnDrop), B, T, NH, HS);
+    unbind();
+    be_.residual_layernorm_forward(o("res"), o("out"), o("mean"), o("rstd"), o("h"), o("ao"), lnw_, lnb_,
+                                   BT, C, 1e-5f, kP, seed(kResDrop), rows);
+    unbind();
+    be_.matmul_forward(o("logits"), o("out"), wo_, nullptr, BT, C, V, WLayout::InOut);
+    be_.crossentropy_forward(o("losses"), o("logits"), targets_, BT, V);
+    if (record) be_.bind_slot(kDloss);
+    be_.crossentropy_backward(g("dlogits"), o("logits"), targets_,
+                              record ? 1234.0f : word_float(values[kDloss]), BT, V);
+    unbind();
+    be_.matmul_backward(g("dout"), g("dwo"), nullptr, g("dlogits"), o("out"), wo_, BT, C, V, WLayout::InOut);
+    be_.layernorm_dropout_backward(g("dh"), g("dao"), o("ln_scratch"), g("dlnw"), g("dlnb"), g("dout"),
+                                   o("res"), lnw_, o("mean"), o("rstd"), BT, C, kP, seed(kResDrop), rows);
+    unbind();
+    be_.attention_backward(g("dqkv"), o("att_scratch"), g("dao"), o("qkv"), o("att"), mask_, false, kP,
+                           seed(kAttnDrop), B, T, NH, HS);
+    unbind();
+    be_.matmul_backward(g("dh"), g("dwqkv"), g("dbqkv"), g("dqkv"), o("h"), wqkv_, BT, C, 3 * C,
+                        WLayout::InOut);
+    be_.dropout_backward(g("dx0"), g("dh"), n, kP, seed(kEmbDrop), rows);
+    unbind();
+  }
+
+  // The forward outputs come first in results(), then the gradients.
+  size_t output_count() const { return outputs_.size(); }
+
+  // Every output and gradient, by name (reads back: synchronises).
+  std::vector<std::pair<std::string, VF>> results() {
+    std::vector<std::pair<std::string, VF>> r;
+    for (auto* set : {&outputs_, &grads_})
+      for (auto& [name, b] : *set) r.emplace_back(name, download(be_, b.p, b.n));
+    return r;
+  }
+  void set_target(int row, int32_t t) {
+    be_.to_device(targets_ + row, &t, sizeof t);
+  }
+  int32_t target(int row) const { return targets_host_[size_t(row)]; }
+
+  static float word_float(uint64_t w) {
+    const uint32_t u = static_cast<uint32_t>(w);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+
+ private:
+  struct Buf {
+    float* p;
+    size_t n;
+  };
+  static constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  void* upload_raw(const void* h, size_t bytes) {
+    void* p = be_.alloc(bytes);
+    allocs_.push_back(p);
+    be_.to_device(p, h, bytes);
+    return p;
+  }
+  float* in(const VF& h) { return static_cast<float*>(upload_raw(h.data(), h.size() * sizeof(float))); }
+  Buf buf(size_t n) {
+    float* p = static_cast<float*>(be_.alloc(n * sizeof(float)));
+    allocs_.push_back(p);
+    return {p, n};
+  }
+  static float* find(std::vector<std::pair<std::string, Buf>>& v, const char* name) {
+    for (auto& [k, b] : v)
+      if (k == name) return b.p;
+    ADD_FAILURE() << "no buffer " << name;
+    return nullptr;
+  }
+  float* o(const char* name) { return find(outputs_, name); }
+  float* g(const char* name) { return find(grads_, name); }
+
+  Backend& be_;
+  std::vector<void*> allocs_;
+  float *x0_, *wqkv_, *bqkv_, *lnw_, *lnb_, *wo_;
+  int32_t *mask_, *targets_;
+  VI targets_host_;
+  std::vector<std::pair<std::string, Buf>> outputs_, grads_;
+};
+
+void expect_same_results(const std::vector<std::pair<std::string, VF>>& got,
+                         const std::vector<std::pair<std::string, VF>>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k)
+    EXPECT_TRUE(bitwise_equal(got[k].second, want[k].second))
+        << what << ": " << got[k].first << " differs (relative error "
+        << rel_err(got[k].second, want[k].second) << ")";
+}
+
+void check_capture_and_replay(Backend& be) {
+  using MB = ReplayMicroBatch;
+  std::string why;
+  ASSERT_TRUE(be.can_capture(&why)) << why;
+  MB mb(be);
+  const uint64_t values[2][MB::kSlots] = {{101, 202, 303, nlp::slot_word(1.0f / MB::BT)},
+                                          {111, 222, 333, nlp::slot_word(0.5f)}};
+  // eager pass: every scratch buffer grows and every cuDNN / cuBLASLt plan is made here
+  mb.reset();
+  mb.ops(values[0], false);
+  const auto eager0 = mb.results();
+
+  EXPECT_THROW(be.bind_slot(0), nlp::Error) << "bind_slot outside a recording";
+  be.capture_begin(MB::kSlots);
+  mb.ops(nullptr, true);
+  std::shared_ptr<Backend::Recording> rec = be.capture_end(&why);
+  ASSERT_TRUE(rec) << "capture_end: " << why;
+
+  std::vector<std::pair<std::string, VF>> replayed[2];
+  for (int v = 0; v < 2; ++v) {
+    SCOPED_TRACE(testing::Message() << "value set " << v);
+    mb.reset();
+    mb.ops(values[v], false);
+    const auto eager = mb.results();
+    if (v == 0) expect_same_results(eager, eager0, "eager runs");
+    mb.reset();
+    be.replay(*rec, values[v], MB::kSlots);
+    replayed[v] = mb.results();
+    expect_same_results(replayed[v], eager, "replay vs eager");
+  }
+  // the slots really feed the recording: other seeds, another dropout mask and dloss
+  EXPECT_FALSE(bitwise_equal(replayed[0][0].second, replayed[1][0].second)) << "h: same mask";
+  // two replays back to back, no synchronisation between them: the second's values are its own
+  // (its forward outputs are the one-replay ones; the gradients hold both replays' sums)
+  mb.reset();
+  be.replay(*rec, values[1], MB::kSlots);
+  be.replay(*rec, values[0], MB::kSlots);
+  {
+    auto got = mb.results(), want = replayed[0];
+    got.resize(mb.output_count());
+    want.resize(mb.output_count());
+    expect_same_results(got, want, "second of two replays");
+  }
+
+  // the target check sees what a replay's cross-entropy flagged, at the next synchronisation
+  const int32_t t5 = mb.target(5);
+  mb.set_target(5, MB::V + 7);
+  be.replay(*rec, values[0], MB::kSlots);
+  EXPECT_THROW(be.synchronize(), nlp::Error) << "a bad target in a replay went unreported";
+  mb.set_target(5, t5);
+  EXPECT_THROW(be.replay(*rec, values[0], MB::kSlots - 1), nlp::Error) << "wrong number of values";
+
+  // recordings that cannot be made: a buffer that would grow (cross-entropy statistics for 16x the
+  // rows), a read-back; each ends with null and a reason, and the backend goes on as before
+  const int bigM = 16 * MB::BT;
+  float* big_logits = upload(be, randn(size_t(bigM) * MB::V, 5107));
+  float* big_losses = upload(be, VF(bigM, 0.f));
+  VI big_targets_h = randi(bigM, 5108, 0, MB::V);
+  auto* big_targets = static_cast<int32_t*>(be.alloc(big_targets_h.size() * 4));
+  be.to_device(big_targets, big_targets_h.data(), big_targets_h.size() * 4);
+  be.capture_begin(1);
+  EXPECT_THROW(be.crossentropy_forward(big_losses, big_logits, big_targets, bigM, MB::V), nlp::Error);
+  why.clear();
+  EXPECT_FALSE(be.capture_end(&why)) << "a recording whose statistics buffer grew";
+  EXPECT_FALSE(why.empty());
+  std::printf("  (refused as it should be: %s)\n", why.c_str());
+  be.capture_begin(1);
+  be.bind_slot(0);
+  VF host(16);
+  EXPECT_THROW(be.to_host(host.data(), big_logits, host.size() * sizeof(float)), nlp::Error);
+  be.bind_slot(-1);
+  why.clear();
+  EXPECT_FALSE(be.capture_end(&why)) << "a recording that read back";
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(be.capture_end(&why)) << "capture_end without capture_begin";
+  mb.reset();
+  mb.ops(values[0], false);
+  expect_same_results(mb.results(), eager0, "eager after refused recordings");
+  mb.reset();
+  be.replay(*rec, values[0], MB::kSlots);  // nothing grew: the recording is still good
+  expect_same_results(mb.results(), replayed[0], "replay after refused recordings");
+
+  // once a buffer has grown (eagerly), the recording points into freed memory: replay refuses
+  be.crossentropy_forward(big_losses, big_logits, big_targets, bigM, MB::V);
+  EXPECT_THROW(be.replay(*rec, values[0], MB::kSlots), nlp::Error) << "replay after a buffer grew";
+  rec.reset();
+  be.capture_begin(MB::kSlots);
+  mb.ops(nullptr, true);
+  rec = be.capture_end(&why);
+  ASSERT_TRUE(rec) << "capture_end (recorded again): " << why;
+  mb.reset();
+  be.replay(*rec, values[1], MB::kSlots);
+  expect_same_results(mb.results(), replayed[1], "replay recorded again");
+  rec.reset();
+  for (void* p : {static_cast<void*>(big_logits), static_cast<void*>(big_losses),
+                  static_cast<void*>(big_targets)})
+    be.release(p);
+}
+
+// Recorded micro-batches replay bit for bit as the same ops run eagerly with the same values: on the
+// default backend, with NLPTRAIN_CUDA_FUSED_LN=0 (Backend's default sequence of separate ops), and
+// on a bf16 backend with cuDNN's fused attention when built with it. Each backend is fresh, so that
+// its scratch buffers start small.
+TEST_F(CudaOps, CapturedOpsReplayWithTheirSlotValues) {
+  {
+    SCOPED_TRACE("default backend (native attention, fused layer norm)");
+    auto be = nlp::make_cuda_backend(0);
+    check_capture_and_replay(*be);
+  }
+  {
+    SCOPED_TRACE("NLPTRAIN_CUDA_FUSED_LN=0");
+    ::setenv("NLPTRAIN_CUDA_FUSED_LN", "0", 1);
+    std::unique_ptr<Backend> be;
+    try {
+      be = nlp::make_cuda_backend(0);
+    } catch (...) {
+      ::unsetenv("NLPTRAIN_CUDA_FUSED_LN");
+      throw;
+    }
+    ::unsetenv("NLPTRAIN_CUDA_FUSED_LN");
+    check_capture_and_replay(*be);
+  }
+  std::string why;
+  if (!nlp::cuda_fused_attention_available(&why)) {
+    std::printf("  (no cuDNN fused-attention backend to check: %s)\n", why.c_str());
+    return;
+  }
+  {
+    SCOPED_TRACE("bf16 backend with cuDNN fused attention");
+    nlp::BackendOptions o;
+    o.precision = nlp::Precision::Bf16;
+    o.fused_attention = true;
+    auto be = nlp::make_cuda_backend(0, o);
+    ASSERT_NE(be->attention_saved_floats(2, 32, 4, 64), size_t(2) * 4 * 32 * 32)
+        << "cuDNN does not run this shape";
+    check_capture_and_replay(*be);
+  }
+}
+
 // An explicit model.attention = cudnn in a build without cuDNN is an error naming the key (the test
 // binary of a build WITH cuDNN checks that the factory accepts it).
 TEST_F(CudaOps, FusedAttentionFactory) {

@@ -264,13 +264,30 @@ struct CudnnAttention::Impl {
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
   void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
   size_t ws_bytes = 0;
+  long ws_grows = 0;                  // reallocations of ws (grows())
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
+
+  // Whether the stream is being captured into a CUDA graph (the backend's capture_begin): building
+  // a graph or growing ws then would leave the recording pointing into memory freed later (and
+  // cuDNN's plan building may call what a capture forbids), so both refuse with an nlp::Error.
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
 
   // The cached graph of `k`, built on first use; failures are cached (graph == nullptr).
   const Plan& plan(const Key& k, bool is_backward) {
     auto& cache = is_backward ? backward : forward;
     auto it = cache.find(k);
     if (it != cache.end()) return it->second;
+    if (capturing())
+      throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
+                      "): its cuDNN graph would be built while recording a CUDA graph; run the "
+                      "op once before recording"));
     Plan p = timed_build(k, is_backward, /*deterministic=*/is_backward);
     if (is_backward && !p.graph) {  // no deterministic backward for this variant: the other one
       Plan q = timed_build(k, true, false);
@@ -450,6 +467,10 @@ struct CudnnAttention::Impl {
   // The grow-only buffer (stream order makes reuse by the next call safe).
   void* grow(size_t bytes) {
     if (bytes <= ws_bytes) return ws;
+    if (capturing())
+      throw Error(cat("cuDNN attention: the workspace would grow from ", ws_bytes, " to ", bytes,
+                      " bytes while recording a CUDA graph; run the op once before recording"));
+    ++ws_grows;
     if (ws) ck_cuda(cudaFreeAsync(ws, stream), "cudaFreeAsync(workspace)");
     ws = nullptr;
     ws_bytes = 0;
@@ -461,7 +482,8 @@ struct CudnnAttention::Impl {
 
   // Mask bias and first keys (masked calls), ragged offsets and lengths (ragged calls; the rows are
   // B x T tokens), Philox arguments (dropout)
-  void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed, int B) {
+  void prepare(const Key& k, const CallBuffers& cb, const int32_t* mask, uint64_t seed,
+               const uint64_t* seed_slot, int B) {
     if (k.mask == MaskKind::Ragged)
       ck_cuda(kern::sdpa_ragged_offsets(cb.off_qkv, cb.off_o, cb.seqlen, mask, B, k.T, k.E,
                                         k.NH * k.HS, stream),
@@ -470,7 +492,8 @@ struct CudnnAttention::Impl {
       ck_cuda(kern::sdpa_mask_bias(cb.bias, cb.first, mask, k.B, k.T, cb.rows, int(bias_ld(k.T)),
                                    stream),
               "mask bias");
-    if (k.p > 0.f) ck_cuda(kern::sdpa_philox_args(philox, seed, 0, stream), "dropout seed");
+    if (k.p > 0.f)
+      ck_cuda(kern::sdpa_philox_args(philox, seed, seed_slot, 0, stream), "dropout seed");
   }
 
   void execute(const Plan& p, const Key& k, std::unordered_map<int64_t, void*>& pack,
@@ -541,10 +564,13 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   return ok;
 }
 
+long CudnnAttention::grows() const { return impl_->ws_grows; }
+long CudnnAttention::builds() const { return impl_->graphs_built + impl_->graphs_declined; }
+
 // out[B,T,C] = attention(q, k, v); saved <- stats, O, q|k|v (bf16)
 void CudnnAttention::forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask,
                              bool packed, int examples, bool causal, float dropout_p, uint64_t seed,
-                             int B, int T, int NH, int HS) {
+                             const uint64_t* seed_slot, int B, int T, int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
@@ -569,7 +595,7 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
     m.zero_room(qkv16, B, examples, T, 3 * size_t(C), "ragged q|k|v room (zero)");
   }
   ck_cuda(kern::to_bf16(qkv16, qkv, BT * 3 * C, m.stream), "qkv to bf16");
-  m.prepare(k, cb, attn_mask, seed, B);
+  m.prepare(k, cb, attn_mask, seed, seed_slot, B);
   const size_t part = size_t(C) * 2;  // bytes from q to k to v within a row
   std::unordered_map<int64_t, void*> pack = {
       {kQ, qkv16}, {kK, qkv16 + part}, {kV, qkv16 + 2 * part}, {kO, o}, {kStats, stats}};
@@ -585,7 +611,8 @@ void CudnnAttention::forward(float* out, float* saved, const float* qkv, const i
 // dqkv[B,T,3C] += d attention / d qkv, from the saved stats, O and q|k|v
 void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, const float* saved,
                               const int32_t* attn_mask, bool packed, int examples, bool causal,
-                              float dropout_p, uint64_t seed, int B, int T, int NH, int HS) {
+                              float dropout_p, uint64_t seed, const uint64_t* seed_slot, int B,
+                              int T, int NH, int HS) {
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
@@ -606,7 +633,7 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
   if (ragged)  // dO's room past the B x T tokens, as q|k|v's in the forward
     m.zero_room(dout16, B, examples, T, size_t(C), "ragged dO room (zero)");
 
-  m.prepare(k, cb, attn_mask, seed, B);
+  m.prepare(k, cb, attn_mask, seed, seed_slot, B);
   ck_cuda(kern::sdpa_dout_to_bf16(dout16, dout, attn_mask && !ragged ? cb.first : nullptr, causal,
                                   B, T, C, m.stream),
           "dout to bf16");

@@ -49,6 +49,15 @@
 // again in the backward, so both see the same mask. It is NOT the native/CPU mask (core/rng.h index
 // hash): comparisons against the CPU backend need attention dropout 0 or the native attention.
 //
+// Dropout seeds from device memory: forward/backward take `seed_slot` (nullable) after `seed`; when
+// set, the Philox seed is copied from *seed_slot when the launches run (a replayed CUDA graph's value
+// table, Backend::bind_slot) instead of taking `seed`.
+// CUDA graph capture (the backend's capture_begin/capture_end): ops recorded while the backend's
+// stream is capturing must not build a cuDNN graph or grow the workspace; either throws nlp::Error
+// then instead (a recording would point into memory freed later). grows() and builds() count the
+// workspace's reallocations and the graphs built, so the backend can tell whether the memory a
+// recording points to is still current.
+//
 // Graphs (forward, backward) are built once per (B, T, NH, HS, causal, mask layout, dropout p) and
 // cached with their workspace sizes; everything runs on the backend's stream. Which shapes cuDNN runs
 // is decided once per (NH, HS), at the first B and T asked about, before the model sizes its buffers
@@ -132,13 +141,18 @@ class CudnnAttention {
   // sdpa_saved_floats(B, T, NH, HS) floats (any 4-byte alignment); out[B,T,C] fp32.
   // packed: attn_mask holds segment ids; examples: their number of runs (0 = not counted).
   void forward(float* out, float* saved, const float* qkv, const int32_t* attn_mask, bool packed,
-               int examples, bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-               int HS);
+               int examples, bool causal, float dropout_p, uint64_t seed, const uint64_t* seed_slot,
+               int B, int T, int NH, int HS);
   // As Backend::attention_backward: dqkv[B,T,3C] += ...; `saved` as written by forward() with the
   // same arguments; `scratch` holds sdpa_scratch_floats(B, T, NH, HS) floats.
   void backward(float* dqkv, float* scratch, const float* dout, const float* saved,
                 const int32_t* attn_mask, bool packed, int examples, bool causal, float dropout_p,
-                uint64_t seed, int B, int T, int NH, int HS);
+                uint64_t seed, const uint64_t* seed_slot, int B, int T, int NH, int HS);
+
+  // Reallocations of the grow-only workspace so far (a recording made before the last one points
+  // into freed memory), and cuDNN graphs built or declined so far.
+  long grows() const;
+  long builds() const;
 
  private:
   struct Impl;

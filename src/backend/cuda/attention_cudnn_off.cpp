@@ -29,13 +29,16 @@ CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::supports(int, int, int, int) { return false; }
 
 void CudnnAttention::forward(float*, float*, const float*, const int32_t*, bool, int, bool, float,
-                             uint64_t, int, int, int, int) {
+                             uint64_t, const uint64_t*, int, int, int, int) {
   throw Error("cuDNN attention: not compiled in");
 }
 
 void CudnnAttention::backward(float*, float*, const float*, const float*, const int32_t*, bool, int,
-                              bool, float, uint64_t, int, int, int, int) {
+                              bool, float, uint64_t, const uint64_t*, int, int, int, int) {
   throw Error("cuDNN attention: not compiled in");
 }
+
+long CudnnAttention::grows() const { return 0; }
+long CudnnAttention::builds() const { return 0; }
 
 }  // namespace nlp::cuda

@@ -4,14 +4,21 @@
 // (attention_cudnn.h). fp32 throughout but for that attention; no float atomics, so every op
 // is deterministic run to run. Host <-> device copies synchronise the stream, so a host buffer may
 // be reused as soon as to_device returns and is valid as soon as to_host returns.
+// Replayed micro-batches (core/backend.h): the ops between capture_begin and capture_end are
+// recorded into a CUDA graph (stream capture) instead of running; a replay copies the per-launch
+// values (seeds, dloss) into the recording's device table, which the recorded kernels read.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
 #include "backend/cuda/attention_cudnn.h"
@@ -70,6 +77,62 @@ const char* bf16_operands_name(cuda::Bf16Operands o) {
   return "?";
 }
 
+// Row statistics of the last crossentropy_forward (CudaBackend::ce_stats_), and the pending
+// cross-entropy target check (CudaBackend::ce_).
+struct CeStats {
+  const void* logits = nullptr;
+  int M = 0, V = 0;
+  float* mx = nullptr;
+  double* se = nullptr;
+  int cap = 0;
+};
+struct CeFlag {
+  bool armed = false;  // a flag is pending (set since the last check)
+  const int32_t* targets = nullptr;
+  int M = 0, V = 0;
+};
+
+// A recorded micro-batch (Backend::Recording): the instantiated CUDA graph, its value table (device,
+// `slots` words, read by the recorded kernels through their seed/dloss slots) and the pinned staging
+// copy a replay fills, and what the recorded ops do to the backend's host-side state.
+class CudaRecording final : public Backend::Recording {
+ public:
+  CudaRecording(const void* owner, size_t slots) : owner(owner), slots(slots) {}
+  ~CudaRecording() override {
+    // the last table copy and launch must be done before the memory goes
+    if (launched) {
+      cudaEventSynchronize(copied);
+      cudaEventSynchronize(done);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (copied) cudaEventDestroy(copied);
+    if (done) cudaEventDestroy(done);
+    if (table) cudaFree(table);
+    if (staging) cudaFreeHost(staging);
+    cudaGetLastError();  // a destructor reports nothing
+  }
+  CudaRecording(const CudaRecording&) = delete;
+  CudaRecording& operator=(const CudaRecording&) = delete;
+
+  const void* owner;  // the backend that recorded it (replayed only there)
+  size_t slots;
+  uint64_t* table = nullptr;    // device [max(slots, 1)]
+  uint64_t* staging = nullptr;  // pinned host [max(slots, 1)]
+  cudaEvent_t copied = nullptr;  // recorded after the last replay's table copy (staging reusable)
+  cudaEvent_t done = nullptr;    // recorded after the last launch
+  bool launched = false;
+  cudaGraphExec_t exec = nullptr;
+  size_t generation = 0;  // CudaBackend::memory_generation() when recorded
+  // Cross-entropy state after the recorded ops: has_ce = they check targets (ce_flag: the last
+  // op's); stats_set = they ran crossentropy_forward (stats_end: its identity after the rest),
+  // else `written` lists the buffers they wrote (each forgets stats kept for it).
+  bool has_ce = false;
+  CeFlag ce_flag;
+  bool stats_set = false;
+  CeStats stats_end;
+  std::vector<const void*> written;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendOptions& options)
@@ -89,6 +152,13 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    if (cap_) {  // a recording abandoned without capture_end
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+      cap_.reset();
+      cudaGetLastError();
+    }
     cudaStreamSynchronize(stream_);
     fused_.reset();
     gemm_.reset();
@@ -111,6 +181,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
+    no_capture("alloc");
     const size_t n = bytes ? bytes : 256;
     void* p = nullptr;
     cudaError_t e = cudaMallocAsync(&p, n, stream_);
@@ -126,6 +197,7 @@ class CudaBackend final : public Backend {
     return p;
   }
   void release(void* p) override {
+    no_capture("release");
     if (p) ck(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   }
   void zero(void* p, size_t bytes) override {
@@ -133,6 +205,7 @@ class CudaBackend final : public Backend {
     if (bytes) op(cudaMemsetAsync(p, 0, bytes, stream_), "zero");
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
+    no_capture("to_device");
     forget_ce_stats(dst);
     if (!bytes) return;
     op(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
@@ -140,14 +213,17 @@ class CudaBackend final : public Backend {
     after_sync();
   }
   void* host_alloc(size_t bytes) override {
+    no_capture("host_alloc");
     void* p = nullptr;
     ck(cudaMallocHost(&p, bytes), "cudaMallocHost (staging buffer)");
     return p;
   }
   void host_release(void* p) override {
+    no_capture("host_release");
     if (p) cudaFreeHost(p);
   }
   void to_host(void* host_dst, const void* src, size_t bytes) override {
+    no_capture("to_host");
     if (!bytes) return;
     op(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
     ck(cudaStreamSynchronize(stream_), "to_host (synchronize)");
@@ -159,11 +235,13 @@ class CudaBackend final : public Backend {
       op(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
   void synchronize() override {
+    no_capture("synchronize");
     ck(cudaStreamSynchronize(stream_), "synchronize");
     ck(cudaGetLastError(), "synchronize (last error)");
     after_sync();
   }
   void set_profiling(bool on) override {
+    no_capture("set_profiling");
     if (on && !prof_) {
       synchronize();
       prof_ = std::make_unique<cuda::OpProfile>(stream_);
@@ -211,7 +289,7 @@ class CudaBackend final : public Backend {
                        const float* w, int M, int K, int N, WLayout layout) override {
     if (M <= 0 || N <= 0) return;
     if (K > 0 && (dinp || dw)) {
-      gemm_->backward(dinp, dw, dout, inp, w, M, K, N, layout == WLayout::InOut);
+      noted([&] { gemm_->backward(dinp, dw, dout, inp, w, M, K, N, layout == WLayout::InOut); });
       op(cudaSuccess, "matmul_backward (dinp, dW)");
     }
     if (dbias) {
@@ -245,7 +323,7 @@ class CudaBackend final : public Backend {
     }
     forget_ce_stats(res);
     forget_ce_stats(out);
-    op(kern::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed,
+    op(kern::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, slot_,
                                         rows.row, rows.row_key, rows.token_key, rows.width, stream_),
        "residual_layernorm_forward");
   }
@@ -261,7 +339,8 @@ class CudaBackend final : public Backend {
     forget_ce_stats(ddelta);
     void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
     op(kern::layernorm_dropout_backward(dinp, ddelta, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
-                                        rows.row, rows.row_key, rows.token_key, rows.width, ws, stream_),
+                                        slot_, rows.row, rows.row_key, rows.token_key, rows.width, ws,
+                                        stream_),
        "layernorm_dropout_backward");
   }
 
@@ -300,8 +379,8 @@ class CudaBackend final : public Backend {
       copy(out, inp, N * sizeof(float));
       return;
     }
-    op(kern::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width,
-                             stream_),
+    op(kern::dropout_forward(out, inp, N, p, seed, slot_, rows.row, rows.row_key, rows.token_key,
+                             rows.width, stream_),
        "dropout_forward");
   }
   void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
@@ -310,7 +389,7 @@ class CudaBackend final : public Backend {
       accumulate(dinp, dout, N);
       return;
     }
-    op(kern::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, rows.token_key,
+    op(kern::dropout_backward(dinp, dout, N, p, seed, slot_, rows.row, rows.row_key, rows.token_key,
                               rows.width, stream_),
        "dropout_backward");
   }
@@ -334,28 +413,32 @@ class CudaBackend final : public Backend {
     // packed rows (they carry token_key, model.h) take cuDNN's ragged layout or its segment-mask
     // bias (attention_cudnn.h); cuDNN draws its own dropout mask (backend.h): T_key and token_key
     // do not apply to it
-    if (fused(B, T, NH, HS)) {
-      fused_->forward(out, att, qkv, attn_mask, token_key != nullptr, examples, causal, dropout_p,
-                      seed, B, T, NH, HS);
+    if (noted([&] { return fused(B, T, NH, HS); })) {
+      noted([&] {
+        fused_->forward(out, att, qkv, attn_mask, token_key != nullptr, examples, causal, dropout_p,
+                        seed, slot_, B, T, NH, HS);
+      });
       op(cudaGetLastError(), "attention_forward (cuDNN)");
       return;
     }
-    op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
-                               T_key, token_key, stream_),
+    op(kern::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, slot_, B, T, NH,
+                               HS, T_key, token_key, stream_),
        "attention_forward");
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
                           int HS, int T_key, const int32_t* token_key, int examples) override {
-    if (fused(B, T, NH, HS)) {  // q, k, v come from the bf16 copy in att
-      fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, examples, causal,
-                       dropout_p, seed, B, T, NH, HS);
+    if (noted([&] { return fused(B, T, NH, HS); })) {  // q, k, v come from the bf16 copy in att
+      noted([&] {
+        fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, examples, causal,
+                         dropout_p, seed, slot_, B, T, NH, HS);
+      });
       op(cudaGetLastError(), "attention_backward (cuDNN)");
       return;
     }
     op(kern::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed,
-                                B, T, NH, HS, T_key, token_key, stream_),
+                                slot_, B, T, NH, HS, T_key, token_key, stream_),
        "attention_backward");
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
@@ -377,15 +460,16 @@ class CudaBackend final : public Backend {
     ce_stats_.logits = logits;
     ce_stats_.M = M;
     ce_stats_.V = V;
+    if (cap_) cap_->stats_set = true;
     copy_bad_row();
   }
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                              float dloss, int M, int V) override {
     if (M <= 0) return;
     const bool reuse = ce_stats_.logits == logits && ce_stats_.M == M && ce_stats_.V == V;
-    op(kern::crossentropy_backward(dlogits, logits, targets, dloss, M, V, bad_row(targets, M, V),
-                                   reuse ? ce_stats_.mx : nullptr, reuse ? ce_stats_.se : nullptr,
-                                   stream_),
+    op(kern::crossentropy_backward(dlogits, logits, targets, dloss, dloss_slot(), M, V,
+                                   bad_row(targets, M, V), reuse ? ce_stats_.mx : nullptr,
+                                   reuse ? ce_stats_.se : nullptr, stream_),
        "crossentropy_backward");
     copy_bad_row();
   }
@@ -418,7 +502,7 @@ class CudaBackend final : public Backend {
       for (int e = 0; e < E; ++e) crossentropy_backward(dx + f[e], x + f[e], targets + e, dloss, 1, n[e]);
       return;
     }
-    op(kern::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E,
+    op(kern::segment_crossentropy_backward(dx, x, first, len, targets, dloss, dloss_slot(), E,
                                            bad_row(targets, E, 0), stream_),
        "crossentropy_backward");
     copy_bad_row();
@@ -485,7 +569,202 @@ class CudaBackend final : public Backend {
       zero(grad + spans.front().offset, (n_total - spans.front().offset) * sizeof(float));
   }
 
+  // ---- replayed micro-batches (core/backend.h) ----
+  // A recording is a CUDA graph captured from stream_ (cudaStreamCaptureModeThreadLocal). The
+  // recorded kernels hold the device pointers of the moment: every grow-only buffer they use (the
+  // workspace, the cross-entropy statistics, the GEMM's bf16 scratch, cuDNN's workspace) must stay
+  // where it is, so none grows while recording (the op throws instead) and a replay after one grew
+  // throws (memory_generation()). The cross-entropy target check works across replays as across
+  // eager ops: the recorded ops raise the flag, copy it to pinned memory, and leave ce_ pointing at
+  // their targets; replay() arms the flag (outside the graph) when no check is pending.
+  bool can_capture(std::string* why) const override {
+    std::string r;
+    if (prof_)
+      r = "run.profile is on (its per-op timing reads events at every synchronisation)";
+    else if (sync_check_)
+      r = "run.sync_check is on (it synchronises after every op)";
+    else if (segment_ce_rows_)
+      r = "NLPTRAIN_CUDA_SEGMENT_CE=rows (segment cross-entropy copies its offsets to the host at "
+          "every call)";
+    if (why) *why = r;
+    return r.empty();
+  }
+
+  void capture_begin(size_t slots) override {
+    if (cap_) throw Error("cuda backend: capture_begin: a recording is already in progress");
+    std::string why;
+    if (!can_capture(&why)) throw Error(cat("cuda backend: capture_begin: cannot record: ", why));
+    auto rec = std::make_shared<CudaRecording>(this, slots);
+    const size_t words = std::max<size_t>(slots, 1);
+    void *table = nullptr, *staging = nullptr;
+    ck(cudaMalloc(&table, words * sizeof(uint64_t)), "capture_begin (value table)");
+    rec->table = static_cast<uint64_t*>(table);
+    ck(cudaMallocHost(&staging, words * sizeof(uint64_t)), "capture_begin (staging)");
+    rec->staging = static_cast<uint64_t*>(staging);
+    std::memset(rec->staging, 0, words * sizeof(uint64_t));
+    ck(cudaMemsetAsync(rec->table, 0, words * sizeof(uint64_t), stream_), "capture_begin (value table)");
+    ck(cudaEventCreateWithFlags(&rec->copied, cudaEventDisableTiming), "capture_begin (event)");
+    ck(cudaEventCreateWithFlags(&rec->done, cudaEventDisableTiming), "capture_begin (event)");
+    auto c = std::make_unique<Capture>();
+    c->rec = std::move(rec);
+    c->generation = memory_generation();
+    c->builds = cudnn_builds();
+    c->ce = ce_;
+    c->stats = ce_stats_;
+    ck(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capture_begin");
+    cap_ = std::move(c);
+  }
+
+  void bind_slot(int k) override {
+    if (k < 0) {
+      slot_ = nullptr;
+      return;
+    }
+    if (!cap_) throw Error(cat("cuda backend: bind_slot(", k, ") outside a recording"));
+    if (size_t(k) >= cap_->rec->slots) {
+      slot_ = nullptr;
+      const std::string m = cat("cuda backend: bind_slot(", k, "): the recording has ",
+                                cap_->rec->slots, " slot(s)");
+      if (cap_->failure.empty()) cap_->failure = m;
+      throw Error(m);
+    }
+    slot_ = cap_->rec->table + k;
+  }
+
+  std::shared_ptr<Recording> capture_end(std::string* why) override {
+    slot_ = nullptr;
+    if (!cap_) {
+      if (why) *why = "capture_end without capture_begin";
+      return nullptr;
+    }
+    std::unique_ptr<Capture> c = std::move(cap_);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    cudaGetLastError();  // an invalidated capture's error is reported below, not by the next op
+    CudaRecording& r = *c->rec;
+    r.has_ce = c->has_ce;
+    r.ce_flag = ce_;
+    r.stats_set = c->stats_set;
+    r.stats_end = ce_stats_;
+    r.written = std::move(c->written);
+    std::sort(r.written.begin(), r.written.end());
+    r.written.erase(std::unique(r.written.begin(), r.written.end()), r.written.end());
+    // the recorded ops have not run: the host-side state is as at capture_begin
+    ce_ = c->ce;
+    ce_stats_ = c->stats;
+    std::string reason;
+    if (!c->failure.empty()) {
+      reason = cat("an op failed while recording: ", c->failure);
+    } else if (end != cudaSuccess || !graph) {
+      reason = cat("the stream capture failed (", cudaGetErrorName(end), ": ",
+                   cudaGetErrorString(end),
+                   "): an op synchronised, read back or called what a capture forbids");
+    } else if (memory_generation() != c->generation || cudnn_builds() != c->builds) {
+      reason = "a scratch buffer grew or a cuDNN graph was built while recording";
+    } else {
+      const cudaError_t e = cudaGraphInstantiate(&r.exec, graph, 0);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        r.exec = nullptr;
+        reason = cat("cudaGraphInstantiate: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+      }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (!reason.empty()) {
+      if (why) *why = reason;
+      return nullptr;  // c->rec frees the table
+    }
+    r.generation = c->generation;
+    if (why) why->clear();
+    return std::move(c->rec);
+  }
+
+  void replay(Recording& recording, const uint64_t* values, size_t n) override {
+    auto* r = dynamic_cast<CudaRecording*>(&recording);
+    if (!r || r->owner != this || !r->exec)
+      throw Error("cuda backend: replay: not a recording of this backend");
+    if (cap_) throw Error("cuda backend: replay while recording");
+    if (n != r->slots)
+      throw Error(cat("cuda backend: replay: ", n, " value(s) for a recording of ", r->slots,
+                      " slot(s)"));
+    if (memory_generation() != r->generation)
+      throw Error("cuda backend: replay: a scratch buffer was reallocated since the recording was "
+                  "made (the recorded kernels would use freed memory): record it again");
+    // the previous replay's copy must have read the staging buffer before it is overwritten
+    if (r->launched) ck(cudaEventSynchronize(r->copied), "replay (staging)");
+    if (n) std::memcpy(r->staging, values, n * sizeof(uint64_t));
+    if (r->has_ce && !ce_.armed)
+      ck(cudaMemsetAsync(static_cast<char*>(small_) + 64, 0x7f, sizeof(int), stream_),
+         "replay (crossentropy flag)");
+    if (n)
+      ck(cudaMemcpyAsync(r->table, r->staging, n * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                         stream_),
+         "replay (values)");
+    ck(cudaEventRecord(r->copied, stream_), "replay (event)");
+    r->launched = true;
+    const cudaError_t e = cudaGraphLaunch(r->exec, stream_);
+    const cudaError_t d = cudaEventRecord(r->done, stream_);
+    op(e, "replay");
+    ck(d, "replay (event)");
+    // the host-side state the recorded ops leave, applied to the present one
+    if (r->has_ce) ce_ = r->ce_flag;
+    if (r->stats_set) {
+      ce_stats_.logits = r->stats_end.logits;
+      ce_stats_.M = r->stats_end.M;
+      ce_stats_.V = r->stats_end.V;
+    } else if (ce_stats_.logits &&
+               std::binary_search(r->written.begin(), r->written.end(), ce_stats_.logits)) {
+      ce_stats_.logits = nullptr;
+    }
+  }
+
  private:
+  // The recording in progress (capture_begin .. capture_end) and what it must restore.
+  struct Capture {
+    std::shared_ptr<CudaRecording> rec;
+    size_t generation = 0;
+    long builds = 0;
+    CeFlag ce;       // at capture_begin
+    CeStats stats;   // at capture_begin
+    bool has_ce = false;     // a recorded op checks cross-entropy targets
+    bool stats_set = false;  // a recorded crossentropy_forward set ce_stats_
+    std::vector<const void*> written;  // buffers written by recorded ops before stats_set
+    std::string failure;     // the first op that failed or was refused while recording
+  };
+  std::unique_ptr<Capture> cap_;
+  const uint64_t* slot_ = nullptr;  // bind_slot: the word of cap_'s table the next ops read
+  size_t grows_ = 0;                // reallocations of ws_ and ce_stats_
+
+  // Reallocations of every grow-only buffer a recorded kernel may point into.
+  size_t memory_generation() const {
+    return grows_ + gemm_->grows() + (fused_ ? size_t(fused_->grows()) : 0);
+  }
+  long cudnn_builds() const { return fused_ ? fused_->builds() : 0; }
+  // dloss from the bound slot: the float in the word's low 32 bits (little-endian: its first 4 bytes)
+  const float* dloss_slot() const { return reinterpret_cast<const float*>(slot_); }
+
+  // Throws (noting the failure for capture_end) when recording: `what` would synchronise,
+  // allocate, read back or grow a buffer the recording points into.
+  void no_capture(const char* what) {
+    if (!cap_) return;
+    std::string m = cat("cuda backend: ", what, " while recording a CUDA graph (ops between "
+                        "capture_begin and capture_end must not synchronise, allocate, read back "
+                        "or need more scratch than an eager pass before)");
+    if (cap_->failure.empty()) cap_->failure = m;
+    throw Error(m);
+  }
+  // Runs f; while recording, an exception it throws is noted for capture_end first.
+  template <typename F>
+  auto noted(F&& f) -> decltype(f()) {
+    if (!cap_) return f();
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      if (cap_ && cap_->failure.empty()) cap_->failure = e.what();
+      throw;
+    }
+  }
+
   bool same_spans(const std::vector<AdamWSpan>& spans) const {
     if (spans.size() != spans_.size()) return false;
     for (size_t k = 0; k < spans.size(); ++k)
@@ -521,6 +800,8 @@ class CudaBackend final : public Backend {
   // illegal address, a misaligned access) is reported under the op that caused it.
   // With run.profile, also marks the op's end for the per-op timing.
   void op(cudaError_t e, const char* what) {
+    if (e != cudaSuccess && cap_ && cap_->failure.empty())
+      cap_->failure = cat(what, ": ", cudaGetErrorName(e));
     ck(e, what);
     if (prof_) prof_->mark(what);
     if (sync_check_) {
@@ -530,7 +811,7 @@ class CudaBackend final : public Backend {
   }
   void gemm(const char* what, float* Y, const float* X, bool trans_x, const float* Z, bool trans_z,
             int M, int P, int Q, float beta, const float* bias) {
-    gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
+    noted([&] { gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias); });
     op(cudaSuccess, what);
   }
 
@@ -539,6 +820,8 @@ class CudaBackend final : public Backend {
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
   void* workspace(size_t bytes) {
     if (bytes <= ws_bytes_) return ws_;
+    no_capture("the workspace would grow");
+    ++grows_;
     if (ws_) ck(cudaFreeAsync(ws_, stream_), "cudaFreeAsync(workspace)");
     ws_ = nullptr;
     ws_bytes_ = 0;
@@ -549,6 +832,7 @@ class CudaBackend final : public Backend {
   }
 
   double reduce(const float* x, size_t N, bool square) {
+    no_capture(square ? "sumsq (a read-back)" : "sum (a read-back)");
     if (N == 0) return 0.0;
     void* ws = workspace(kern::sum_ws_bytes(N));
     double* d = static_cast<double*>(small_);
@@ -564,18 +848,15 @@ class CudaBackend final : public Backend {
   // crossentropy_backward on the same logits (pointer, M, V): one read of the [M,V] logits instead of
   // three. Forgotten when an op writes that buffer (matmul_forward, copy, zero, to_device): the
   // backend contract (core/backend.h) is that the logits are unchanged in between.
-  struct {
-    const void* logits = nullptr;
-    int M = 0, V = 0;
-    float* mx = nullptr;
-    double* se = nullptr;
-    int cap = 0;
-  } ce_stats_;
+  CeStats ce_stats_;
   void forget_ce_stats(const void* written) {
+    if (cap_ && !cap_->stats_set) cap_->written.push_back(written);
     if (written == ce_stats_.logits) ce_stats_.logits = nullptr;
   }
   void ce_stats_capacity(int M) {
     if (M <= ce_stats_.cap) return;
+    no_capture("the cross-entropy row statistics would grow");
+    ++grows_;
     if (ce_stats_.se) release(ce_stats_.se);
     ce_stats_.se = static_cast<double*>(alloc(size_t(M) * 12 + 64));  // se [M] double | mx [M] float
     ce_stats_.mx = reinterpret_cast<float*>(ce_stats_.se + M);
@@ -594,7 +875,10 @@ class CudaBackend final : public Backend {
   // target is reported there with the CPU backend's message.
   int* bad_row(const int32_t* targets, int M, int V) {
     int* bad = reinterpret_cast<int*>(static_cast<char*>(small_) + 64);
-    if (!ce_.armed) {
+    if (cap_) {  // recorded: replay() arms the flag before a launch when it is not armed then
+      cap_->has_ce = true;
+      ce_.armed = true;
+    } else if (!ce_.armed) {
       ck(cudaMemsetAsync(bad, 0x7f, sizeof(int), stream_), "crossentropy (flag)");  // 0x7f7f7f7f
       ce_.armed = true;
     }
@@ -624,11 +908,7 @@ class CudaBackend final : public Backend {
                       ce_.V, ") and is not the ignore index ", kIgnoreIndex));
     }
   }
-  struct {
-    bool armed = false;  // a flag is pending (set since the last check)
-    const int32_t* targets = nullptr;
-    int M = 0, V = 0;
-  } ce_;
+  CeFlag ce_;
 
   int device_;
   bool sync_check_ = false;

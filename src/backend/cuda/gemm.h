@@ -48,6 +48,11 @@ class Gemm {
   void backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int M,
                 int K, int N, bool inout);
 
+  // Reallocations of the bf16 operand scratch so far: a CUDA graph recorded before the last one
+  // points into freed memory. While the stream is being captured the scratch does not grow: the
+  // call throws nlp::Error instead.
+  size_t grows() const { return bf16_grows_; }
+
  private:
   // Y = opX(X) @ opZ(Z) + beta Y (+ bias) on operands already in operand_type().
   void run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool trans_z, int M, int P,
@@ -73,6 +78,7 @@ class Gemm {
   Bf16Operands operands_;
   void* bf16_ = nullptr;  // bf16 copies of the operands (Bf16 mode)
   size_t bf16_bytes_ = 0;
+  size_t bf16_grows_ = 0;  // grows()
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;

@@ -208,6 +208,12 @@ cublasComputeType_t Gemm::compute_type() const {
 // Grow-only scratch for the bf16 operand copies (stream order makes reuse safe).
 void* Gemm::bf16_scratch(size_t bytes) {
   if (bytes <= bf16_bytes_) return bf16_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ck_rt(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error(cat("cuda backend: the bf16 GEMM operand scratch would grow from ", bf16_bytes_,
+                    " to ", bytes, " bytes while recording a CUDA graph"));
+  ++bf16_grows_;
   if (bf16_) ck_rt(cudaFreeAsync(bf16_, stream_), "cudaFreeAsync(bf16 scratch)");
   bf16_ = nullptr;
   bf16_bytes_ = 0;
