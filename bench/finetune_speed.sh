@@ -26,6 +26,8 @@
 #   nlptrain-packedrows-bf16  ... nlptrain-packedrows with --train.precision=bf16
 #   nlptrain-packedrowsfixed[-bf16]  ... nlptrain-packedrows[-bf16] with --data.pack_fixed_examples=true (the
 #                           heads at rows x 16 examples every step: what the fixed shape costs)
+#   nlptrain-packedrowsgraph-bf16  ... nlptrain-packedrowsfixed-bf16 with --run.cuda_graph=true (GPU only:
+#                           every micro-batch after the second replayed as one CUDA graph; not yet run on a GPU)
 #   nlptrain-longest-groupshuffled-bf16  ... -group-bf16 with --data.group_order=shuffled (the steps' order shuffled)
 #   hf-longest-groupshuffled-bf16        ... -group-bf16 with --shuffle-groups (the same order rule on HF's side)
 #   nlptrain-packed-cudnn-bf16   ... --data.packing=true --train.precision=bf16 --model.attention=cudnn (GPU:
@@ -60,7 +62,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed nlptrain-packedrows hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packedrows-bf16 nlptrain-packedrowsfixed nlptrain-packedrowsfixed-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
+ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed nlptrain-packedrows hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packedrows-bf16 nlptrain-packedrowsfixed nlptrain-packedrowsfixed-bf16 nlptrain-packedrowsgraph-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
@@ -186,8 +188,9 @@ run_nlptrain() {  # run_nlptrain TASK SETTING SEED
   case $s in *-bf16) extra+=("--train.precision=bf16");; esac
   local steps=(--train.steps=$STEPS --train.batch_size=$BATCH)
   case $s in *-packed|*-packed-bf16|*-packed-cudnn-bf16) extra+=("--data.packing=true" "--data.pack_batch=examples");; esac
-  case $s in *-packedrowsfixed|*-packedrowsfixed-bf16) extra+=("--data.pack_fixed_examples=true");; esac
-  case $s in *-packedrows|*-packedrows-bf16|*-packedrowsfixed|*-packedrowsfixed-bf16)
+  case $s in *-packedrowsfixed|*-packedrowsfixed-bf16|*-packedrowsgraph-bf16) extra+=("--data.pack_fixed_examples=true");; esac
+  case $s in *-packedrowsgraph-bf16) extra+=("--run.cuda_graph=true");; esac
+  case $s in *-packedrows|*-packedrows-bf16|*-packedrowsfixed|*-packedrowsfixed-bf16|*-packedrowsgraph-bf16)
     # rows for about BATCH examples a step; epochs for STEPS x BATCH examples seen
     local rows epochs
     read -r rows epochs < <("$PY" -c 'import h5py, sys

@@ -30,8 +30,9 @@ import sys
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
             "nlptrain-packed", "nlptrain-packedrows", "hf-longest-group", "hf-longest-group-compile",
             "nlptrain-longest-group-bf16", "nlptrain-packed-bf16", "nlptrain-packedrows-bf16", "nlptrain-packedrowsfixed",
-            "nlptrain-packedrowsfixed-bf16", "hf-longest-group-bf16", "nlptrain-longest-groupshuffled-bf16",
-            "hf-longest-groupshuffled-bf16", "nlptrain-packed-cudnn-bf16", "hf-longest-group-compile-bf16"]
+            "nlptrain-packedrowsfixed-bf16", "nlptrain-packedrowsgraph-bf16", "hf-longest-group-bf16",
+            "nlptrain-longest-groupshuffled-bf16", "hf-longest-groupshuffled-bf16", "nlptrain-packed-cudnn-bf16",
+            "hf-longest-group-compile-bf16"]
 TASKS = ["doc_cls", "pair_cls", "ner", "qa"]
 CUDNN_BUILDS = re.compile(r"cuDNN attention: (\d+) graph\(s\) built, (\d+) declined, ([0-9.]+) s of host time")
 

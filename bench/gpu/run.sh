@@ -18,7 +18,8 @@
 #   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
 #           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN (at
-#           the file's length and trimmed), and packed through cuDNN in its ragged and bias layouts
+#           the file's length and trimmed), and packed through cuDNN in its ragged and bias layouts;
+#           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
@@ -35,7 +36,9 @@
 #           30 steps with run.profile (-> profile.txt); 8 of its steps under Nsight Compute: the
 #           GPU's busy time per step against the step's wall time (bench/gpu/ncu_busy.py ->
 #           profile.txt), i.e. how launch-bound it is (the bf16 cast A/B that stood here measured the
-#           8-wide casts 1.32x the scalar ones, bitwise equal: bench/results/gpu-20261128-h200-248618f)
+#           8-wide casts 1.32x the scalar ones, bitwise equal: bench/results/gpu-20261128-h200-248618f);
+#           then run.cuda_graph's A/B: that step with pack_batch = rows and fixed examples, eager
+#           against CUDA graphs (GRAPH_AB_STEPS steps, alternating twice; losses bitwise equal)
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
@@ -71,6 +74,8 @@ PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
 PROFILE_FINETUNE=${PROFILE_FINETUNE:-doc_cls_nlptrain-packed-bf16_s1234}  # a finetune run to profile (raw/<name>)
 GPT2_BATCH=${GPT2_BATCH:-16}  # GPT-2 124M sequences per step (both sides); BERT-base: 32
 TORCH_RUNS=${TORCH_RUNS:-"gpt2:compile:bf16 bert:compile:bf16 gpt2:eager:bf16 bert:eager:bf16"}
+GRAPH_AB_STEPS=${GRAPH_AB_STEPS:-200}  # the run.cuda_graph A/B's steps (finetune section)
+GRAPHS=1  # 0: the CUDA graph recording failed its op test (tests section), its runs are skipped
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
 NL="$here/stage/bin/run-on-device.sh $here/stage/bin/nlptrain"
@@ -199,6 +204,11 @@ if want tests && in_time 60 "tests"; then
     export NLPTRAIN_CUDA_BF16_CAST=scalar
     log "tests: the vector bf16 casts failed their test: NLPTRAIN_CUDA_BF16_CAST=scalar for the rest of the run"
   fi
+  # the recording of run.cuda_graph (not yet run on a GPU): its runs below only if its op test passes
+  if grep -qE '^\[  FAILED  \] CudaOps.CapturedOpsReplayWithTheirSlotValues' "$W/test_ops_cuda.log"; then
+    GRAPHS=0
+    log "tests: the CUDA graph recording failed its test: the run.cuda_graph runs are skipped"
+  fi
   # and the segment cross-entropy kernel (packed qa; not yet run on a GPU): the row op per example if it fails
   if grep -qE '^\[  FAILED  \] CudaOps.SegmentCrossEntropy' "$W/test_ops_cuda.log"; then
     export NLPTRAIN_CUDA_SEGMENT_CE=rows
@@ -244,6 +254,16 @@ if want e2e && in_time 90 "e2e"; then
   # micro-batch, the ones after the real examples ignored): the same losses as the CPU's packed steps
   e2e_run bert_small_rows_fixed_bf16_cuda cuda bert_small "${ROWS[@]}" --data.pack_fixed_examples=true \
       --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 --run.sync_check=true
+  # Not yet run on a GPU: run.cuda_graph (each training micro-batch replayed as one CUDA graph with its
+  # own seeds and loss scale): bitwise the eager launches of the same runs above (GPT-2 fp32, the native
+  # attention's dropout on; packed BERT with fixed examples through cuDNN)
+  if [[ $GRAPHS == 1 ]]; then
+    e2e_run gpt2_small_graph_cuda cuda gpt2_small --run.cuda_graph=true
+    e2e_run bert_small_rows_fixed_graph_bf16_cuda cuda bert_small "${ROWS[@]}" --data.pack_fixed_examples=true \
+        --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 --run.cuda_graph=true
+    grep -h "run.cuda_graph: of this" "$W/e2e/gpt2_small_graph_cuda/log.txt" \
+        "$W/e2e/bert_small_rows_fixed_graph_bf16_cuda/log.txt" 2>/dev/null | tee -a "$W/run.log"
+  fi
   log "e2e: waiting for the CPU references"
   wait $cpu_refs
   for m in gpt2_small bert_small; do
@@ -265,6 +285,11 @@ if want e2e && in_time 90 "e2e"; then
       --within 100:2e-2
   e2e_compare "packed steps (rows), fixed examples, bf16 cuda (cuDNN) vs cpu" bert_small_rows_bf16_cpu \
       bert_small_rows_fixed_bf16_cuda --within 100:2e-2
+  if [[ $GRAPHS == 1 ]]; then
+    e2e_compare "gpt2 cuda graphs vs eager launches (bitwise)" gpt2_small_cuda gpt2_small_graph_cuda --within 100:0
+    e2e_compare "packed steps, fixed examples, bf16: cuda graphs vs eager launches (bitwise)" \
+        bert_small_rows_fixed_bf16_cuda bert_small_rows_fixed_graph_bf16_cuda --within 100:0
+  fi
 fi
 
 snapshot
@@ -353,6 +378,24 @@ if want finetune && in_time 150 "finetune"; then
     log "ncu busy: exit $?"
     { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
         --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
+  fi
+  # run.cuda_graph A/B (not yet run on a GPU; skipped when its op test failed): the packed bf16 step as
+  # issue 20's target runs it (data.pack_batch = rows, 5 rows of 128: about 32 NSMC examples) with
+  # data.pack_fixed_examples (one shape: every micro-batch after the second replays), eager launches
+  # against graphs, GRAPH_AB_STEPS steps each, alternating twice: done lines (real tokens/s) and the
+  # losses, which must be bitwise equal
+  if [[ -f $ftp && $GRAPHS == 1 ]] && in_time 60 "graph A/B"; then
+    for round in 1 2; do
+      for g in false true; do
+        timeout $(tmo 60) $NL "$ftp" --train.steps=$GRAPH_AB_STEPS --train.epochs=0 --data.eval= --data.packing=true \
+            --data.pack_batch=rows --train.batch_size=5 --data.pack_fixed_examples=true --run.cuda_graph=$g \
+            --output.dir="$W/graph_ab/${g}_$round" > "$W/graph_ab_${g}_$round.log" 2>&1
+        log "graph A/B run.cuda_graph=$g, round $round: exit $? | $(grep -E '^done:' "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | head -1)"
+        grep -h "run.cuda_graph: of this" "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | tee -a "$W/run.log"
+      done
+    done
+    python3 compare.py losses "$W/graph_ab/false_1/metrics.jsonl" "$W/graph_ab/true_1/metrics.jsonl" \
+        --within "$GRAPH_AB_STEPS:0" 2>&1 | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
   fi
 fi
 

@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/step_graph.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/backend.h"
@@ -223,7 +224,14 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool recompute = cfg.train.recompute == "block";
   MemoryPlan plan;
   if (!check_memory_plan(cfg, comm, mc, *be, T, device, plan)) return 1;
-  auto model = make_model(mc, *be, cfg.run.task);
+  // run.cuda_graph: the model makes its op calls through a StepGraph (backend/step_graph.h), which the
+  // trainer asks to run each training micro-batch as a replayed recording; every other call passes
+  // through to the backend. Destroyed after the model, before the backend.
+  std::unique_ptr<StepGraph> graph;
+  if (cfg.run.cuda_graph && cfg.run.mode == "train")
+    graph = std::make_unique<StepGraph>(*be, /*emulate=*/!cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
+  Backend& model_be = graph ? static_cast<Backend&>(*graph) : *be;
+  auto model = make_model(mc, model_be, cfg.run.task);
   model->set_recompute(recompute);
 
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
@@ -293,7 +301,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   log.info(buf);
   log.info(plan.table());
 
-  Session s{eff, task, dcomm, *be, log, *model, fresh};
+  Session s{eff, task, dcomm, model_be, log, *model, fresh};
   s.memory_plan_json = plan.json();
   if (cfg.run.mode == "train") return run_train(s);
   else if (cfg.run.mode == "eval") run_eval(s);

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -135,6 +136,13 @@ const std::vector<Entry>& schema() {
        "cuda: synchronise and check for errors after every op, so a fault names its op (slow; debugging)"},
       {KEY(run, profile), none(),
        "cuda: time every op with CUDA events from step 2 on and log a per-op table at the end of training"},
+      {KEY(run, cuda_graph), none(),
+       "cuda, run.mode = train: each training micro-batch's forward and backward launch as one CUDA "
+       "graph, recorded at the second micro-batch of a shape and replayed whenever a micro-batch makes "
+       "the same calls (every step with data.pack_fixed_examples, or clm; other shapes launch eagerly, "
+       "up to 8 recordings), with its own dropout seeds and loss scale: the same bits as eager launches. "
+       "The gradient reduction then runs after the backward (comm.overlap does not apply). Not yet run "
+       "on a GPU: off by default until a GPU run has checked it"},
       {KEY(run, memory_limit_gb), ge(0),
        "refuse to start (before allocating) when the memory plan per rank exceeds this many GB (1e9 "
        "bytes); 0 = no limit (the device's free memory is always checked)"},
@@ -1121,6 +1129,19 @@ ParseResult parse_config(int argc, const char* const* argv) {
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),
                     ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
+  if (c.run.cuda_graph) {
+    // NLPTRAIN_STEP_GRAPH_EMULATE=1: the CPU backend emulates the recording (tests of the trainer's
+    // graph path; no gain in speed)
+    const char* emulate = std::getenv("NLPTRAIN_STEP_GRAPH_EMULATE");
+    if (c.run.backend != "cuda" && !(emulate && std::string(emulate) == "1"))
+      throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") needs run.backend = cuda (now ",
+                      c.run.backend, ", ", from("run.backend"), ")"));
+    for (const auto& [key, on] : {std::pair<const char*, bool>{"run.profile", c.run.profile},
+                                  {"run.sync_check", c.run.sync_check}})
+      if (on)
+        throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") cannot be combined with ", key,
+                        " = true (", from(key), "), which needs every op launched on its own"));
+  }
   if (c.data.packing && causal_task)
     throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
                     "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));

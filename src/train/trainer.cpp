@@ -19,6 +19,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/step_graph.h"
 #include "comm/grad_reducer.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -409,8 +410,20 @@ int run_train(Session& s) {
   // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
   // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
   // communication (starting buckets, the final wait, the small host sums): the exposed part.
-  GradReducer reducer(s.comm, ps.grad(), ps.total(), cfg.comm.bucket_floats(), cfg.comm.overlap && world > 1,
-                      zero ? &shards : nullptr);
+  // run.cuda_graph: each micro-batch's forward and backward run through the StepGraph the model
+  // was built on (app/main.cpp), replayed where a recording of their calls exists; the gradients are
+  // then reduced after the backward (a recording holds no communication).
+  StepGraph* graph = dynamic_cast<StepGraph*>(&s.be);
+  if (graph)
+    s.log.info(cat("run.cuda_graph: each training micro-batch launches as one ",
+                   graph->records() && s.be.name() == "cuda" ? "CUDA graph" : "recording (emulated on the cpu)",
+                   " wherever its calls repeat those of an earlier one (recorded at the second micro-batch of a "
+                   "shape, up to 8 shapes), else eagerly",
+                   world > 1 && cfg.comm.overlap ? "; the gradient sums run after the backward (comm.overlap "
+                                                   "does not apply)"
+                                                 : ""));
+  GradReducer reducer(s.comm, ps.grad(), ps.total(), cfg.comm.bucket_floats(),
+                      cfg.comm.overlap && world > 1 && !graph, zero ? &shards : nullptr);
   double t_hook = 0;  // time inside the model's grad-ready hook (bucket starts) during a step
   auto hook = [&](size_t lo) {
     const auto th = Clock::now();
@@ -464,8 +477,16 @@ int run_train(Session& s) {
     for (int a = 0; a < A; ++a) {
       DeviceBatch db = dbuf.upload(micro[a]);
       const uint64_t dseed = derive_seed(seed, step, a, rank);
-      s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
       const bool last_micro = a + 1 == A;  // only the summed gradients are reduced
+      if (graph) {
+        if (last_micro) reducer.begin();
+        graph->run([&] {
+          s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
+          s.model.backward(db, dloss, /*training=*/true, dseed);
+        });
+        continue;
+      }
+      s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
       if (last_micro) {
         reducer.begin();
         s.model.set_grad_ready_hook(hook);
@@ -634,6 +655,22 @@ int run_train(Session& s) {
     const std::string rep = s.be.profile_report();
     s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile")
                            : rep);
+  }
+  if (graph) {
+    const StepGraph::Stats& g = graph->stats();
+    std::string why, why_json;
+    for (const auto& [reason, n] : g.eager_why) {
+      why += cat(why.empty() ? "" : "; ", reason, ": ", n);
+      why_json += cat(why_json.empty() ? "" : ", ", json_string(reason), ": ", n);
+    }
+    s.log.info(cat("run.cuda_graph: of this rank's training micro-batches, ", g.replayed, " replayed a recording, ",
+                   g.recorded, " were recorded, ", g.eager, " ran eagerly", why.empty() ? "" : cat(" (", why, ")"),
+                   g.failed > 0 ? cat("; ", g.failed, " recording(s) failed") : std::string(),
+                   g.dropped > 0 ? cat("; ", g.dropped, " recording(s) dropped after a buffer grew") : std::string()));
+    notes.cuda_graph_json = cat("{\"replayed\": ", g.replayed, ", \"recorded\": ", g.recorded, ", \"eager\": ",
+                                g.eager, ", \"failed_recordings\": ", g.failed, ", \"dropped_recordings\": ", g.dropped,
+                                ", \"eager_reasons\": {", why_json,
+                                "}}");
   }
   notes.nonfinite_skipped = st.nonfinite_skipped;
   write_summary(s, times, tokens_per_step, T, st.step == tc.steps, notes);

@@ -179,7 +179,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
         name = f.stem[len("e2e_"):]
         assert re.search(rf"e2e {name}: exit 0 \| step +3/3", log), f"{name}:\n{f.read_text()[-2000:]}"
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
-    assert len(gpu_logs) == 11, gpu_logs
+    assert len(gpu_logs) == 13, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
@@ -189,8 +189,10 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # the finetune step's profile and its run under ncu (here the stand-in, whose CSV is read into the
     # log and profile.txt)
     gpu_logs += [work / "ncu_busy.log"]
+    # run.cuda_graph's A/B: eager and graphs, two rounds
+    gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 11 + 2 + 3 + 6 + 4 + 1, gpu_logs
+    assert len(gpu_logs) == 13 + 2 + 3 + 6 + 4 + 1 + 4, gpu_logs
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:

@@ -23,7 +23,7 @@ namespace {
 // Every key of config.h, written by hand (section order as in config.h).
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
-    "run.sync_check", "run.profile", "run.memory_limit_gb", "run.cpu_gemm", "run.cpu_bf16",
+    "run.sync_check", "run.profile", "run.cuda_graph", "run.memory_limit_gb", "run.cpu_gemm", "run.cpu_bf16",
     "model.type", "model.weights", "model.preset", "model.reinit_mismatched", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -113,6 +113,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.pack_batch, b.data.pack_batch);
   EXPECT_EQ(a.data.pack_max_per_row, b.data.pack_max_per_row);
   EXPECT_EQ(a.data.pack_fixed_examples, b.data.pack_fixed_examples);
+  EXPECT_EQ(a.run.cuda_graph, b.run.cuda_graph);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
@@ -544,6 +545,19 @@ TEST(ConfigChoices, AllowedAndRejected) {
   m = error_of({"--data.train=x", "--model.type=bert", "--run.task=doc_cls", "--data.packing=true",
                 "--data.pack_batch=examples", "--data.pack_fixed_examples=true"});
   EXPECT_CONTAINS(m, "data.pack_batch = rows (now examples, command line)");
+  // run.cuda_graph: the cuda backend (the cpu only emulates it, for tests), without per-op profiling
+  ::unsetenv("NLPTRAIN_STEP_GRAPH_EMULATE");
+  EXPECT_TRUE(parse({"--data.train=x", "--run.backend=cuda", "--run.cuda_graph=true"}).config.run.cuda_graph);
+  m = error_of({"--data.train=x", "--run.cuda_graph=true"});
+  EXPECT_CONTAINS(m, "run.cuda_graph = true (command line) needs run.backend = cuda (now cpu, default)");
+  ::setenv("NLPTRAIN_STEP_GRAPH_EMULATE", "1", 1);
+  EXPECT_TRUE(parse({"--data.train=x", "--run.cuda_graph=true"}).config.run.cuda_graph);
+  ::unsetenv("NLPTRAIN_STEP_GRAPH_EMULATE");
+  for (const char* key : {"run.profile", "run.sync_check"}) {
+    m = error_of({"--data.train=x", "--run.backend=cuda", "--run.cuda_graph=true", nlp::cat("--", key, "=true")});
+    EXPECT_CONTAINS(m, nlp::cat("run.cuda_graph = true (command line) cannot be combined with ", key,
+                           " = true (command line)"));
+  }
   // data.packing: bert tasks only
   EXPECT_TRUE(parse({"--data.train=x", "--model.type=bert", "--run.task=qa", "--data.packing=true"}).config.data.packing);
   m = error_of({"--data.train=x", "--data.packing=true"});

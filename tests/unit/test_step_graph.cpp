@@ -1,28 +1,36 @@
-// One shape for every packed step: what a replayed CUDA graph of a micro-batch's forward and backward
-// needs (issue 20; the plan in bench/NOTES.md). A recording backend sits between the model and the
-// CPU backend and notes every call of two training micro-batches with different examples: the op,
-// and each argument it takes by value (pointers, sizes, flags, probabilities), apart from the values
-// a graph would read from backend memory at each replay (the dropout seeds and the loss scale dloss,
-// kept separately). For packed rows planned by data.pack_batch = rows with data.pack_fixed_examples:
-//  - doc_cls, pair_cls and qa make the same calls with the same arguments at both steps, and no call
-//    that synchronises or allocates (after a first micro-batch has carved the arenas);
-//  - the seeds and dloss do differ (what the replay must supply);
-//  - without fixed examples the calls differ (the example count sizes the heads and the batch's
-//    upload, so even the embedding's pointers into it move), and ner's differ with them (its
-//    labelled rows, as many as the batch has): the comparison can fail, and says what is not yet one
-//    shape.
+// Replayed micro-batches (backend/step_graph.h; run.cuda_graph; issue 20), checked on the CPU with
+// the recording emulated (the CPU backend records no CUDA graphs: StepGraph keeps the calls and makes
+// them again with each replay's values). What the CUDA path shares with this emulation is all of the
+// bookkeeping: the check of each micro-batch's calls against the recorded ones, the values a
+// replay must supply (every dropout seed and the loss scale dloss, in call order), and when a
+// micro-batch falls back to eager launches. So:
+//  - packed doc_cls, pair_cls and qa steps with data.pack_fixed_examples make one shape: after a
+//    first eager micro-batch of it, one recording serves every later micro-batch, and the gradients
+//    and the loss are bitwise those of eager launches, although every micro-batch has other
+//    examples, dropout seeds and dloss (a replay that kept the recorded values would differ);
+//  - shapes that vary (no fixed examples; ner's labelled rows) never replay, and still give the
+//    eager bits;
+//  - a micro-batch that synchronises or reads back runs eagerly, saying so; a recording whose calls
+//    differ from the check's fails once and is not tried again; values reach the ops they belong to;
+//  - with a backend that records as the CUDA backend does (a CPU stand-in: FakeRecorder), each value
+//    reaches its op through the slot bound to it, a failed capture runs eagerly with the backend's
+//    reason, and a replay the backend refuses (a buffer grew) runs eagerly and is recorded again.
+// tests/unit/test_ops_cuda.cpp (CudaOps.CapturedOpsReplayWithTheirSlotValues) checks the CUDA
+// backend's own recording on a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/step_graph.h"
 #include "core/backend.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "train/batches.h"
@@ -32,252 +40,7 @@ namespace {
 
 using nlp::Backend;
 using nlp::DropRows;
-
-struct Call {
-  std::string op;
-  std::vector<uint64_t> fixed;    // arguments a captured graph keeps
-  std::vector<uint64_t> varying;  // seeds and dloss: a replay would read them from backend memory
-  bool operator==(const Call&) const = default;
-};
-
-template <class T>
-uint64_t word(T v) {
-  if constexpr (std::is_pointer_v<T>) {
-    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(v));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    const double d = v;
-    uint64_t u;
-    std::memcpy(&u, &d, sizeof u);
-    return u;
-  } else {
-    return static_cast<uint64_t>(v);
-  }
-}
-
-// Forwards every call to the CPU backend and notes it.
-class Recorder final : public Backend {
- public:
-  explicit Recorder(Backend& inner) : in_(inner) {}
-  std::vector<Call> calls;
-
-  std::string name() const override { return in_.name(); }
-  void* alloc(size_t bytes) override {
-    note("alloc", {bytes});
-    return in_.alloc(bytes);
-  }
-  void release(void* p) override {
-    note("release", {word(p)});
-    in_.release(p);
-  }
-  void zero(void* p, size_t bytes) override {
-    note("zero", {word(p), bytes});
-    in_.zero(p, bytes);
-  }
-  void to_device(void* dst, const void* src, size_t bytes) override {
-    note("to_device", {word(dst), bytes});
-    in_.to_device(dst, src, bytes);
-  }
-  void to_host(void* dst, const void* src, size_t bytes) override {
-    note("to_host", {word(src), bytes});
-    in_.to_host(dst, src, bytes);
-  }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    note("copy", {word(dst), word(src), bytes});
-    in_.copy(dst, src, bytes);
-  }
-  void* host_alloc(size_t bytes) override {
-    note("host_alloc", {bytes});
-    return in_.host_alloc(bytes);
-  }
-  void host_release(void* p) override { in_.host_release(p); }
-  void synchronize() override {
-    note("synchronize", {});
-    in_.synchronize();
-  }
-
-  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
-                         const int32_t* pos_ids) override {
-    note("embedding_forward", {word(out), word(ids), word(type_ids), word(wte), word(wpe), word(wtt), word(B),
-                               word(T), word(C), word(pos_offset), word(pos_ids)});
-    in_.embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
-  }
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout, const int32_t* ids,
-                          const int32_t* type_ids, int B, int T, int C, int pos_offset,
-                          const int32_t* pos_ids) override {
-    note("embedding_backward", {word(dwte), word(dwpe), word(dwtt), word(dout), word(ids), word(type_ids),
-                                word(B), word(T), word(C), word(pos_offset), word(pos_ids)});
-    in_.embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids);
-  }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K, int N,
-                      nlp::WLayout layout) override {
-    note("matmul_forward", {word(out), word(inp), word(w), word(bias), word(M), word(K), word(N), word(layout)});
-    in_.matmul_forward(out, inp, w, bias, M, K, N, layout);
-  }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int M, int K, int N, nlp::WLayout layout) override {
-    note("matmul_backward", {word(dinp), word(dw), word(dbias), word(dout), word(inp), word(w), word(M),
-                             word(K), word(N), word(layout)});
-    in_.matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout);
-  }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int N, int C, float eps) override {
-    note("layernorm_forward", {word(out), word(mean), word(rstd), word(inp), word(w), word(b), word(N),
-                               word(C), word(eps)});
-    in_.layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
-  }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N, int C) override {
-    note("layernorm_backward", {word(dinp), word(dw), word(db), word(dout), word(inp), word(w), word(mean),
-                                word(rstd), word(N), word(C)});
-    in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-  }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
-                                  const float* delta, const float* w, const float* b, int N, int C,
-                                  float eps, float p, uint64_t seed, DropRows rows) override {
-    note("residual_layernorm_forward",
-         with_rows({word(res), word(out), word(mean), word(rstd), word(x), word(delta), word(w), word(b), word(N),
-                    word(C), word(eps), word(p)},
-                   rows),
-         {seed});
-    in_.residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
-  }
-  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
-                                  const float* dout, const float* inp, const float* w, const float* mean,
-                                  const float* rstd, int N, int C, float p, uint64_t seed,
-                                  DropRows rows) override {
-    note("layernorm_dropout_backward",
-         with_rows({word(dinp), word(ddelta), word(scratch), word(dw), word(db), word(dout), word(inp), word(w),
-                    word(mean), word(rstd), word(N), word(C), word(p)},
-                   rows),
-         {seed});
-    in_.layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C, p, seed, rows);
-  }
-  void gelu_forward(float* out, const float* inp, size_t N, nlp::Gelu form) override {
-    note("gelu_forward", {word(out), word(inp), N, word(form)});
-    in_.gelu_forward(out, inp, N, form);
-  }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, nlp::Gelu form) override {
-    note("gelu_backward", {word(dinp), word(inp), word(dout), N, word(form)});
-    in_.gelu_backward(dinp, inp, dout, N, form);
-  }
-  void add(float* out, const float* a, const float* b, size_t N) override {
-    note("add", {word(out), word(a), word(b), N});
-    in_.add(out, a, b, N);
-  }
-  void accumulate(float* dst, const float* src, size_t N) override {
-    note("accumulate", {word(dst), word(src), N});
-    in_.accumulate(dst, src, N);
-  }
-  void scale(float* x, float s, size_t N) override {
-    note("scale", {word(x), word(s), N});
-    in_.scale(x, s, N);
-  }
-  void tanh_forward(float* out, const float* inp, size_t N) override {
-    note("tanh_forward", {word(out), word(inp), N});
-    in_.tanh_forward(out, inp, N);
-  }
-  void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
-    note("tanh_backward", {word(dinp), word(out), word(dout), N});
-    in_.tanh_backward(dinp, out, dout, N);
-  }
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride, const int32_t* idx) override {
-    note("rows_gather", {word(out), word(inp), word(n), word(C), stride, word(idx)});
-    in_.rows_gather(out, inp, n, C, stride, idx);
-  }
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride, const int32_t* idx) override {
-    note("rows_scatter_add", {word(dinp), word(dout), word(n), word(C), stride, word(idx)});
-    in_.rows_scatter_add(dinp, dout, n, C, stride, idx);
-  }
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, DropRows rows) override {
-    note("dropout_forward", with_rows({word(out), word(inp), N, word(p)}, rows),
-         {seed});
-    in_.dropout_forward(out, inp, N, p, seed, rows);
-  }
-  void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed, DropRows rows) override {
-    note("dropout_backward", with_rows({word(dinp), word(dout), N, word(p)}, rows),
-         {seed});
-    in_.dropout_backward(dinp, dout, N, p, seed, rows);
-  }
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask, bool causal,
-                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS, int T_key,
-                         const int32_t* token_key, int examples) override {
-    note("attention_forward", {word(out), word(att), word(qkv), word(attn_mask), word(causal), word(dropout_p),
-                               word(B), word(T), word(NH), word(HS), word(T_key), word(token_key), word(examples)},
-         {seed});
-    in_.attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key, token_key,
-                          examples);
-  }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                          const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed, int B, int T,
-                          int NH, int HS, int T_key, const int32_t* token_key, int examples) override {
-    note("attention_backward", {word(dqkv), word(scratch), word(dout), word(qkv), word(att), word(attn_mask),
-                                word(causal), word(dropout_p), word(B), word(T), word(NH), word(HS), word(T_key),
-                                word(token_key), word(examples)},
-         {seed});
-    in_.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
-                           token_key, examples);
-  }
-  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
-    return in_.attention_saved_floats(B, T, NH, HS);
-  }
-  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
-    return in_.attention_scratch_floats(B, T, NH, HS);
-  }
-  void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B, int pos, int Tmax,
-                        int NH, int HS) override {
-    note("attention_decode", {});
-    in_.attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS);
-  }
-  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M, int V) override {
-    note("crossentropy_forward", {word(losses), word(logits), word(targets), word(M), word(V)});
-    in_.crossentropy_forward(losses, logits, targets, M, V);
-  }
-  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets, float dloss, int M,
-                             int V) override {
-    note("crossentropy_backward", {word(dlogits), word(logits), word(targets), word(M), word(V)}, {word(dloss)});
-    in_.crossentropy_backward(dlogits, logits, targets, dloss, M, V);
-  }
-  void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first, const int32_t* len,
-                                    const int32_t* targets, int E) override {
-    note("segment_crossentropy_forward", {word(losses), word(x), word(first), word(len), word(targets), word(E)});
-    in_.segment_crossentropy_forward(losses, x, first, len, targets, E);
-  }
-  void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first, const int32_t* len,
-                                     const int32_t* targets, float dloss, int E) override {
-    note("segment_crossentropy_backward", {word(dx), word(x), word(first), word(len), word(targets), word(E)},
-         {word(dloss)});
-    in_.segment_crossentropy_backward(dx, x, first, len, targets, dloss, E);
-  }
-  double sum(const float* x, size_t N) override {
-    note("sum", {word(x), N});
-    return in_.sum(x, N);
-  }
-  double sumsq(const float* x, size_t N) override {
-    note("sumsq", {word(x), N});
-    return in_.sumsq(x, N);
-  }
-  void sum_into(double* acc, const float* x, size_t N, double scale) override {
-    note("sum_into", {word(acc), word(x), N, word(scale)});
-    in_.sum_into(acc, x, N, scale);
-  }
-  void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, float grad_scale, int t) override {
-    note("adamw_update", {});
-    in_.adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-  }
-
- private:
-  // the arguments, then the dropout keying's four fields
-  static std::vector<uint64_t> with_rows(std::vector<uint64_t> v, const DropRows& r) {
-    v.insert(v.end(), {r.row, r.row_key, word(r.token_key), r.width});
-    return v;
-  }
-  void note(const char* op, std::vector<uint64_t> fixed, std::vector<uint64_t> varying = {}) {
-    calls.push_back(Call{op, std::move(fixed), std::move(varying)});
-  }
-  Backend& in_;
-};
+using nlp::StepGraph;
 
 Backend& cpu() {
   static std::unique_ptr<Backend> b = nlp::make_cpu_backend(2);
@@ -331,76 +94,369 @@ nlp::HostBatch packed(const std::vector<int>& len, const std::string& task, bool
   return hb;
 }
 
-// Two micro-batches of different examples, each a training forward_into and backward, recorded;
-// a first micro-batch before them carves the arenas.
-std::pair<std::vector<Call>, std::vector<Call>> two_steps(const std::string& task, bool fixed) {
-  Recorder rec(cpu());
-  auto m = nlp::make_model(small_bert(), rec, task);
+struct Result {
+  std::vector<float> grad;
+  double loss = 0;
+  StepGraph::Stats stats;
+};
+
+// Training micro-batches of `task` (forward_into and backward; each its own examples, seed and
+// dloss) on a fresh model, through an emulating StepGraph when `graph`: the gradient arena and the
+// loss sum after them.
+Result micro_batches(const std::string& task, bool fixed, bool graph) {
+  std::unique_ptr<StepGraph> g = graph ? std::make_unique<StepGraph>(cpu(), /*emulate=*/true) : nullptr;
+  Backend& be = g ? static_cast<Backend&>(*g) : cpu();
+  auto m = nlp::make_model(small_bert(), be, task);
   m->init_weights(3);
-  nlp::DeviceBatchBuffer dbuf(cpu());  // the upload is not part of the step a graph would hold
-  double* acc = static_cast<double*>(cpu().alloc(sizeof(double)));
+  m->reserve(kRows, kT);
+  nlp::DeviceBatchBuffer dbuf(be);  // uploads between micro-batches
+  double* acc = static_cast<double*>(be.alloc(sizeof(double)));
   const std::vector<std::vector<int>> lengths = {
-      {9, 23, 4, 17, 12, 5, 20, 8, 11},           // 9 examples
-      {3, 7, 30, 6, 5, 9, 14, 2, 6, 10, 4, 8},     // 12
-      {12, 12, 12, 12, 12, 12, 12, 5, 5}};         // 9 again, other lengths
-  std::vector<std::vector<Call>> steps;
+      {9, 23, 4, 17, 12, 5, 20, 8, 11},         // 9 examples
+      {3, 7, 30, 6, 5, 9, 14, 2, 6, 10, 4, 8},  // 12
+      {12, 12, 12, 12, 12, 12, 12, 5, 5, 3},    // 10
+      {31, 31, 31, 31},                         // one to a row
+      {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};    // 11
+  // (every micro-batch another example count, and ner another count of labelled positions)
   for (size_t s = 0; s < lengths.size(); ++s) {
     const nlp::HostBatch hb = packed(lengths[s], task, fixed, 40 + s);
     const nlp::DeviceBatch db = dbuf.upload(hb);
-    const float dloss = 1.0f / static_cast<float>(hb.loss_units(nlp::Task::DocCls) + 1);
-    rec.calls.clear();
-    m->forward_into(db, /*training=*/true, nlp::derive_seed(77, s), acc);
-    m->backward(db, dloss * (1 + float(s)), /*training=*/true, nlp::derive_seed(77, s));
-    steps.push_back(rec.calls);
+    const float dloss = 1.0f / static_cast<float>(hb.loss_units(nlp::Task::DocCls) + 1 + s);
+    const uint64_t seed = nlp::derive_seed(77, s);
+    auto body = [&] {
+      m->forward_into(db, /*training=*/true, seed, acc);
+      m->backward(db, dloss, /*training=*/true, seed);
+    };
+    if (g)
+      g->run(body);
+    else
+      body();
   }
-  cpu().release(acc);
-  return {steps[1], steps[2]};
+  Result r;
+  r.grad.resize(m->params().total());
+  be.to_host(r.grad.data(), m->params().grad(), r.grad.size() * sizeof(float));
+  be.to_host(&r.loss, acc, sizeof(double));
+  be.release(acc);
+  if (g) r.stats = g->stats();
+  return r;
 }
 
-bool same_fixed(const std::vector<Call>& a, const std::vector<Call>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].op != b[i].op || a[i].fixed != b[i].fixed) return false;
-  return true;
+bool bitwise(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-const char* first_difference(const std::vector<Call>& a, const std::vector<Call>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    if (a[i].op != b[i].op || a[i].fixed != b[i].fixed) return a[i].op.c_str();
-  return a.size() == b.size() ? "none" : "the call count";
-}
-
-TEST(StepShape, PackedStepsWithFixedExamplesMakeTheSameCalls) {
+TEST(StepGraph, PackedStepsWithFixedExamplesReplayOneRecordingBitwise) {
   for (const std::string task : {"doc_cls", "pair_cls", "qa"}) {
     SCOPED_TRACE(task);
-    const auto [a, b] = two_steps(task, /*fixed=*/true);
-    ASSERT_GT(a.size(), 50u);  // the whole model ran through the recorder
-    EXPECT_TRUE(same_fixed(a, b)) << "first difference at " << first_difference(a, b);
-    // nothing that synchronises or allocates inside the micro-batch
-    for (const Call& c : a)
-      for (const char* bad : {"alloc", "release", "to_device", "to_host", "synchronize", "sum", "sumsq",
-                              "host_alloc"})
-        EXPECT_NE(c.op, bad);
-    // what a replay must supply: the seeds and dloss differ between the steps
-    size_t varying = 0, differ = 0;
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-      varying += !a[i].varying.empty();
-      differ += a[i].varying != b[i].varying;
-    }
-    EXPECT_GT(varying, 10u);
-    EXPECT_EQ(differ, varying);
+    const Result eager = micro_batches(task, /*fixed=*/true, /*graph=*/false);
+    const Result replayed = micro_batches(task, /*fixed=*/true, /*graph=*/true);
+    const StepGraph::Stats& st = replayed.stats;
+    // the first micro-batch of the shape eagerly, the second recorded (and run from the recording),
+    // the other three replayed
+    EXPECT_EQ(st.eager, 1) << st.last_why;
+    EXPECT_EQ(st.recorded, 1);
+    EXPECT_EQ(st.replayed, 3);
+    EXPECT_EQ(st.failed, 0);
+    EXPECT_EQ(st.eager_why.count("the first micro-batch of its shape"), 1u);
+    EXPECT_TRUE(bitwise(eager.grad, replayed.grad));
+    EXPECT_EQ(std::memcmp(&eager.loss, &replayed.loss, sizeof(double)), 0) << eager.loss << " " << replayed.loss;
   }
 }
 
-TEST(StepShape, WithoutFixedExamplesOrWithLabelledRowsTheCallsDiffer) {
-  for (const std::string task : {"doc_cls", "qa"}) {  // the heads' example count
+TEST(StepGraph, ShapesThatVaryRunEagerlyWithTheSameBits) {
+  // without fixed examples the heads' example count changes the calls; ner trains on its labelled
+  // rows, as many as the batch has
+  for (const auto& [task, fixed] : std::vector<std::pair<std::string, bool>>{
+           {"doc_cls", false}, {"qa", false}, {"ner", true}}) {
     SCOPED_TRACE(task);
-    const auto [a, b] = two_steps(task, /*fixed=*/false);
-    EXPECT_FALSE(same_fixed(a, b));
+    const Result eager = micro_batches(task, fixed, /*graph=*/false);
+    const Result g = micro_batches(task, fixed, /*graph=*/true);
+    EXPECT_EQ(g.stats.replayed, 0);
+    EXPECT_EQ(g.stats.recorded, 0);
+    EXPECT_EQ(g.stats.eager, 5);
+    EXPECT_TRUE(bitwise(eager.grad, g.grad));
+    EXPECT_EQ(eager.loss, g.loss);
   }
-  // ner trains on its labelled rows, as many as the batch has: not yet one shape
-  const auto [a, b] = two_steps("ner", /*fixed=*/true);
-  EXPECT_FALSE(same_fixed(a, b));
+}
+
+// A few ops on buffers of n floats, with per-call values: out = dropout(x, seed) * f; grad +=
+// crossentropy_backward(dloss).
+struct Ops {
+  static constexpr int n = 64, V = 8, M = 8;
+  Backend& be;
+  float *x, *out, *logits, *dlogits, *losses;
+  int32_t* targets;
+  explicit Ops(Backend& b) : be(b) {
+    x = static_cast<float*>(be.alloc(n * sizeof(float)));
+    out = static_cast<float*>(be.alloc(n * sizeof(float)));
+    logits = static_cast<float*>(be.alloc(M * V * sizeof(float)));
+    dlogits = static_cast<float*>(be.alloc(M * V * sizeof(float)));
+    losses = static_cast<float*>(be.alloc(M * sizeof(float)));
+    targets = static_cast<int32_t*>(be.alloc(M * sizeof(int32_t)));
+    std::vector<float> h(n);
+    for (int i = 0; i < n; ++i) h[i] = 0.25f + 0.01f * i;
+    be.to_device(x, h.data(), n * sizeof(float));
+    be.to_device(logits, h.data(), M * V * sizeof(float));
+    std::vector<int32_t> t(M);
+    for (int i = 0; i < M; ++i) t[i] = i % V;
+    be.to_device(targets, t.data(), M * sizeof(int32_t));
+  }
+  ~Ops() {
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(out), static_cast<void*>(logits),
+                    static_cast<void*>(dlogits), static_cast<void*>(losses), static_cast<void*>(targets)})
+      be.release(p);
+  }
+  void run(uint64_t seed, float dloss) {
+    be.dropout_forward(out, x, n, 0.5f, seed);
+    be.scale(out, 3.0f, n);
+    be.crossentropy_forward(losses, logits, targets, M, V);
+    be.crossentropy_backward(dlogits, logits, targets, dloss, M, V);
+  }
+  std::vector<float> read() {
+    std::vector<float> r(n + M * V);
+    be.to_host(r.data(), out, n * sizeof(float));
+    be.to_host(r.data() + n, dlogits, M * V * sizeof(float));
+    return r;
+  }
+};
+
+TEST(StepGraph, EachReplayUsesItsOwnValuesInCallOrder) {
+  StepGraph g(cpu(), /*emulate=*/true);
+  Ops ops(g), ref(cpu());
+  const std::vector<std::pair<uint64_t, float>> values = {{11, 0.5f}, {12, 0.25f}, {13, 2.0f}, {14, 1.0f}};
+  std::vector<StepGraph::How> how;
+  for (const auto& [seed, dloss] : values) {
+    how.push_back(g.run([&, seed = seed, dloss = dloss] { ops.run(seed, dloss); }));
+    ref.run(seed, dloss);
+    EXPECT_TRUE(bitwise(ops.read(), ref.read())) << "seed " << seed;
+  }
+  EXPECT_EQ(how, (std::vector<StepGraph::How>{StepGraph::How::Eager, StepGraph::How::Recorded,
+                                              StepGraph::How::Replayed, StepGraph::How::Replayed}));
+  // and the seeds matter: another seed gives another mask
+  ops.run(15, 1.0f);
+  ref.run(11, 1.0f);
+  EXPECT_FALSE(bitwise(ops.read(), ref.read()));
+}
+
+TEST(StepGraph, MicroBatchesThatReadBackRunEagerly) {
+  StepGraph g(cpu(), /*emulate=*/true);
+  Ops ops(g);
+  for (int i = 0; i < 3; ++i) {
+    double s = 0;
+    EXPECT_EQ(g.run([&] {
+                ops.run(1, 1.0f);
+                s = g.sum(ops.out, Ops::n);
+              }),
+              StepGraph::How::Eager);
+    EXPECT_NE(s, 0.0);  // the eager run's sum
+  }
+  EXPECT_EQ(g.stats().eager_why.at("the micro-batch calls sum"), 3);
+}
+
+TEST(StepGraph, ARecordingThatDiffersFromItsCheckFailsOnceAndIsNotRetried) {
+  StepGraph g(cpu(), /*emulate=*/true);
+  Ops ops(g), ref(cpu());
+  int calls = 0;
+  // the fourth invocation of the body (the recording's, after the first micro-batch's eager run and
+  // the second one's check) scales by another factor
+  auto body = [&] {
+    ++calls;
+    ops.run(5, 1.0f);
+    g.scale(ops.out, calls == 4 ? 2.0f : 1.0f, Ops::n);
+  };
+  EXPECT_EQ(g.run(body), StepGraph::How::Eager);  // check, then eager (first of its shape)
+  EXPECT_EQ(g.run(body), StepGraph::How::Eager);  // check, record (differs), then eager
+  EXPECT_EQ(g.stats().failed, 1);
+  EXPECT_NE(g.stats().last_why.find("recording failed: the recorded calls differ"), std::string::npos)
+      << g.stats().last_why;
+  EXPECT_EQ(g.run(body), StepGraph::How::Eager);  // not tried again
+  EXPECT_EQ(g.stats().last_why, "its shape's recording failed");
+  EXPECT_EQ(g.stats().recorded, 0);
+}
+
+TEST(StepGraph, ABackendThatCannotRecordPassesEverythingThrough) {
+  StepGraph g(cpu(), /*emulate=*/false);
+  EXPECT_FALSE(g.records());
+  Ops ops(g), ref(cpu());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(g.run([&] { ops.run(7, 0.5f); }), StepGraph::How::Eager);
+    ref.run(7, 0.5f);
+  }
+  EXPECT_TRUE(bitwise(ops.read(), ref.read()));
+  EXPECT_EQ(g.stats().last_why, "the backend records no graphs");
+}
+
+// A backend that records as the CUDA backend does, but on the CPU: between capture_begin and
+// capture_end it keeps each call instead of making it, with the slot bound to it, and a replay
+// makes the calls with the table's values. Only the ops of Ops are implemented. Knobs make a
+// capture fail or a replay be refused, as the CUDA backend does when a buffer grew.
+class FakeRecorder final : public Backend {
+ public:
+  bool fail_capture = false, refuse_replay = false;
+  std::vector<int> bound;  // every bind_slot while recording
+
+  std::string name() const override { return "fake"; }
+  void* alloc(size_t bytes) override { return cpu().alloc(bytes); }
+  void release(void* p) override { cpu().release(p); }
+  void zero(void* p, size_t bytes) override { keep([=](uint64_t) { cpu().zero(p, bytes); }); }
+  void to_device(void* d, const void* s, size_t n) override { cpu().to_device(d, s, n); }
+  void to_host(void* d, const void* s, size_t n) override { cpu().to_host(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { keep([=](uint64_t) { cpu().copy(d, s, n); }); }
+  void scale(float* x, float f, size_t N) override { keep([=](uint64_t) { cpu().scale(x, f, N); }); }
+  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, DropRows r) override {
+    keep([=](uint64_t s) { cpu().dropout_forward(out, inp, N, p, s, r); }, seed);
+  }
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* t, int M, int V) override {
+    keep([=](uint64_t) { cpu().crossentropy_forward(losses, logits, t, M, V); });
+  }
+  void crossentropy_backward(float* dl, const float* logits, const int32_t* t, float dloss, int M, int V) override {
+    keep([=](uint64_t v) {
+      float f;
+      const uint32_t u = static_cast<uint32_t>(v);
+      std::memcpy(&f, &u, sizeof f);
+      cpu().crossentropy_backward(dl, logits, t, f, M, V);
+    }, nlp::slot_word(dloss));
+  }
+
+  bool can_capture(std::string*) const override { return true; }
+  void capture_begin(size_t slots) override {
+    capturing_ = true;
+    slots_ = slots;
+    calls_.clear();
+  }
+  void bind_slot(int k) override {
+    ASSERT_TRUE(capturing_);
+    ASSERT_LT(k, static_cast<int>(slots_));
+    bound.push_back(k);
+    slot_ = k;
+  }
+  std::shared_ptr<Recording> capture_end(std::string* why) override {
+    capturing_ = false;
+    if (fail_capture) {
+      *why = "fake: the capture failed";
+      return nullptr;
+    }
+    auto r = std::make_shared<Rec>();
+    r->calls = std::move(calls_);
+    r->slots = slots_;
+    return r;
+  }
+  void replay(Recording& rec, const uint64_t* values, size_t n) override {
+    if (refuse_replay) throw nlp::Error("fake: a buffer grew");
+    auto& r = dynamic_cast<Rec&>(rec);
+    EXPECT_EQ(n, r.slots);
+    for (const auto& [call, k] : r.calls) call(k >= 0 ? values[k] : 0);
+  }
+
+#define NLP_UNUSED(...) \
+  { ADD_FAILURE() << "FakeRecorder: an op Ops does not make"; }
+  void embedding_forward(float*, const int32_t*, const int32_t*, const float*, const float*, const float*, int, int,
+                         int, int, const int32_t*) override NLP_UNUSED()
+  void embedding_backward(float*, float*, float*, const float*, const int32_t*, const int32_t*, int, int, int, int,
+                          const int32_t*) override NLP_UNUSED()
+  void matmul_forward(float*, const float*, const float*, const float*, int, int, int, nlp::WLayout) override
+      NLP_UNUSED()
+  void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int,
+                       nlp::WLayout) override NLP_UNUSED()
+  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int, float) override
+      NLP_UNUSED()
+  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+                          const float*, int, int) override NLP_UNUSED()
+  void gelu_forward(float*, const float*, size_t, nlp::Gelu) override NLP_UNUSED()
+  void gelu_backward(float*, const float*, const float*, size_t, nlp::Gelu) override NLP_UNUSED()
+  void add(float*, const float*, const float*, size_t) override NLP_UNUSED()
+  void accumulate(float*, const float*, size_t) override NLP_UNUSED()
+  void tanh_forward(float*, const float*, size_t) override NLP_UNUSED()
+  void tanh_backward(float*, const float*, const float*, size_t) override NLP_UNUSED()
+  void rows_gather(float*, const float*, int, int, size_t, const int32_t*) override NLP_UNUSED()
+  void rows_scatter_add(float*, const float*, int, int, size_t, const int32_t*) override NLP_UNUSED()
+  void dropout_backward(float*, const float*, size_t, float, uint64_t, DropRows) override NLP_UNUSED()
+  void attention_forward(float*, float*, const float*, const int32_t*, bool, float, uint64_t, int, int, int, int, int,
+                         const int32_t*, int) override NLP_UNUSED()
+  void attention_backward(float*, float*, const float*, const float*, const float*, const int32_t*, bool, float,
+                          uint64_t, int, int, int, int, int, const int32_t*, int) override NLP_UNUSED()
+  void attention_decode(float*, const float*, float*, float*, int, int, int, int, int) override NLP_UNUSED()
+  void segment_crossentropy_forward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, int) override
+      NLP_UNUSED()
+  void segment_crossentropy_backward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, float,
+                                     int) override NLP_UNUSED()
+  double sum(const float*, size_t) override { NLP_UNUSED() return 0; }
+  double sumsq(const float*, size_t) override { NLP_UNUSED() return 0; }
+  void sum_into(double*, const float*, size_t, double) override NLP_UNUSED()
+  void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float, float, float,
+                    int) override NLP_UNUSED()
+#undef NLP_UNUSED
+
+ private:
+  struct Rec final : Recording {
+    std::vector<std::pair<std::function<void(uint64_t)>, int>> calls;
+    size_t slots = 0;
+  };
+  // makes the call now, or keeps it with the bound slot while recording
+  void keep(std::function<void(uint64_t)> f, uint64_t value = 0) {
+    if (!capturing_) {
+      f(value);
+      return;
+    }
+    calls_.emplace_back(std::move(f), slot_);
+  }
+  bool capturing_ = false;
+  size_t slots_ = 0;
+  int slot_ = -1;
+  std::vector<std::pair<std::function<void(uint64_t)>, int>> calls_;
+};
+
+TEST(StepGraph, ARecordingBackendReadsEachValueFromItsSlot) {
+  FakeRecorder fake;
+  StepGraph g(fake, /*emulate=*/false);
+  ASSERT_TRUE(g.records());
+  Ops ops(g), ref(cpu());
+  std::vector<StepGraph::How> how;
+  for (const auto& [seed, dloss] : std::vector<std::pair<uint64_t, float>>{{21, 0.5f}, {22, 0.25f}, {23, 4.0f}}) {
+    how.push_back(g.run([&, seed = seed, dloss = dloss] { ops.run(seed, dloss); }));
+    ref.run(seed, dloss);
+    EXPECT_TRUE(bitwise(ops.read(), ref.read())) << "seed " << seed;
+  }
+  EXPECT_EQ(how, (std::vector<StepGraph::How>{StepGraph::How::Eager, StepGraph::How::Recorded,
+                                              StepGraph::How::Replayed}));
+  // the seed of the dropout to slot 0, the loss scale to slot 1, each unbound after its op
+  EXPECT_EQ(fake.bound, (std::vector<int>{0, -1, 1, -1}));
+}
+
+TEST(StepGraph, ARefusedReplayRunsEagerlyAndIsRecordedAgain) {
+  FakeRecorder fake;
+  StepGraph g(fake, /*emulate=*/false);
+  Ops ops(g), ref(cpu());
+  auto step = [&](uint64_t seed) {
+    const StepGraph::How h = g.run([&] { ops.run(seed, 0.5f); });
+    ref.run(seed, 0.5f);
+    EXPECT_TRUE(bitwise(ops.read(), ref.read())) << "seed " << seed;
+    return h;
+  };
+  EXPECT_EQ(step(1), StepGraph::How::Eager);
+  EXPECT_EQ(step(2), StepGraph::How::Recorded);
+  fake.refuse_replay = true;
+  EXPECT_EQ(step(3), StepGraph::How::Eager);
+  EXPECT_EQ(g.stats().last_why, "its recording was dropped: fake: a buffer grew");
+  EXPECT_EQ(g.stats().dropped, 1);
+  fake.refuse_replay = false;
+  EXPECT_EQ(step(4), StepGraph::How::Recorded);
+  EXPECT_EQ(step(5), StepGraph::How::Replayed);
+}
+
+TEST(StepGraph, AFailedCaptureRunsEagerlyWithTheBackendsReason) {
+  FakeRecorder fake;
+  fake.fail_capture = true;
+  StepGraph g(fake, /*emulate=*/false);
+  Ops ops(g), ref(cpu());
+  for (uint64_t seed : {1, 2, 3}) {
+    EXPECT_EQ(g.run([&] { ops.run(seed, 2.0f); }), StepGraph::How::Eager);
+    ref.run(seed, 2.0f);
+    EXPECT_TRUE(bitwise(ops.read(), ref.read()));
+  }
+  EXPECT_EQ(g.stats().failed, 1);
+  EXPECT_EQ(g.stats().eager_why.at("recording failed: fake: the capture failed"), 1);
+  EXPECT_EQ(g.stats().eager_why.at("its shape's recording failed"), 1);
 }
 
 }  // namespace
