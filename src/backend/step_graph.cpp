@@ -126,9 +126,9 @@ StepGraph::How StepGraph::run(const std::function<void()>& body) {
   calls_.clear();
   slot_ = 0;
   std::string fail;
-  mode_ = Mode::Record;
-  if (native_) in_.capture_begin(e->slots);
   try {
+    if (native_) in_.capture_begin(e->slots);
+    mode_ = Mode::Record;
     body();
   } catch (const std::exception& ex) {
     fail = ex.what();
