@@ -56,6 +56,25 @@ def test_replayed_micro_batches_train_bitwise_as_eager(task, accum, ranks, emula
            f"{g['replayed']} of {n} micro-batches replayed, losses and gradient norms bitwise the eager run's")
 
 
+@pytest.mark.parametrize("name,extra,ranks", [
+    ("recompute", ["--train.recompute=block"], 1),
+    ("eval", ["--eval.interval=2", "--eval.batches=2"], 1),
+    ("zero", ["--train.zero=1", "--train.clip=0.01"], 2),
+    ("checkpoint", ["--checkpoint.interval=2"], 1)])
+def test_replays_with_recompute_evaluation_zero_and_checkpoints(name, extra, ranks, emulate, tmp_path):
+    # what runs between micro-batches (evaluation, checkpoints, ZeRO's sharded update and gather,
+    # clipping) passes through; block recompute is part of the recorded backward
+    _, cols, attrs = task_data("doc_cls", np.random.default_rng(155), n=240, **SHORT)
+    data = write(tmp_path / "d.h5", cols, attrs)
+    if name == "eval":
+        extra = extra + [f"--data.eval={data}"]
+    for g in ("false", "true"):
+        nr.run(MODEL + DROPOUT + ["--run.task=doc_cls", f"--data.train={data}", f"--output.dir={tmp_path / g}",
+                                  "--train.steps=6", *FIXED, *extra, f"--run.cuda_graph={g}"], ranks=ranks)
+    assert curves(tmp_path / "true") == curves(tmp_path / "false")
+    assert summary(tmp_path / "true")["cuda_graph"]["replayed"] == 4
+
+
 def test_shapes_that_vary_run_eagerly(emulate, tmp_path):
     # without fixed examples the heads' example count changes with each micro-batch
     _, cols, attrs = task_data("doc_cls", np.random.default_rng(160), n=240, **SHORT)
