@@ -2,6 +2,7 @@
 // and hands the call itself to op() or, for ops with a per-replay value, op_with_value().
 #include "backend/step_graph.h"
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <type_traits>
@@ -82,6 +83,7 @@ StepGraph::How StepGraph::run(const std::function<void()>& body) {
   if (native_ && !in_.can_capture(&why)) return eager(body, why);
 
   // 1. the check: the signature and the values, nothing run
+  const auto t0 = std::chrono::steady_clock::now();
   mode_ = Mode::Check;
   sig_.clear();
   values_.clear();
@@ -93,8 +95,10 @@ StepGraph::How StepGraph::run(const std::function<void()>& body) {
     throw;
   }
   mode_ = Mode::Pass;
-  if (!unsafe_.empty()) return eager(body, cat("the micro-batch calls ", unsafe_));
   const uint64_t h = hash_words(sig_);
+  ++stats_.checks;
+  stats_.check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!unsafe_.empty()) return eager(body, cat("the micro-batch calls ", unsafe_));
 
   // 2. a recording of this signature: replay it with this micro-batch's values
   if (auto it = recordings_.find(h); it != recordings_.end()) {

@@ -44,6 +44,8 @@ class StepGraph final : public Backend {
     long dropped = 0;        // recordings the backend refused to replay (recorded again later)
     std::string last_why;    // why the last micro-batch ran eagerly, or the last recording failed
     std::map<std::string, long> eager_why;  // micro-batches run eagerly, by reason
+    long checks = 0;            // check passes (the host's walk of a micro-batch's calls, step 1)
+    double check_seconds = 0;   // their host time, in total (the GPU waits for it before a replay)
   };
 
   // inner: the backend that runs the ops. emulate: record by keeping the calls when inner cannot

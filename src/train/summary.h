@@ -48,8 +48,8 @@ struct RunNotes {
   int batch_size = 0, grad_accum = 0;
   std::string resume_world_json;
   // run.cuda_graph: summary.json's "cuda_graph" object, this rank's micro-batches {"replayed",
-  // "recorded", "eager", "failed_recordings", "dropped_recordings", "eager_reasons": {reason:
-  // count}} ("" = null: off).
+  // "recorded", "eager", "failed_recordings", "dropped_recordings", "check_us" (the host time of a
+  // micro-batch's check, mean), "eager_reasons": {reason: count}} ("" = null: off).
   std::string cuda_graph_json;
   std::vector<std::pair<std::string, std::string>> damaged_checkpoints;  // (file, reason), newest first
   int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume

@@ -666,9 +666,13 @@ int run_train(Session& s) {
     s.log.info(cat("run.cuda_graph: of this rank's training micro-batches, ", g.replayed, " replayed a recording, ",
                    g.recorded, " were recorded, ", g.eager, " ran eagerly", why.empty() ? "" : cat(" (", why, ")"),
                    g.failed > 0 ? cat("; ", g.failed, " recording(s) failed") : std::string(),
-                   g.dropped > 0 ? cat("; ", g.dropped, " recording(s) dropped after a buffer grew") : std::string()));
+                   g.dropped > 0 ? cat("; ", g.dropped, " recording(s) dropped after a buffer grew") : std::string(),
+                   g.checks > 0 ? cat("; checking a micro-batch's calls took ",
+                                      std::lround(1e6 * g.check_seconds / double(g.checks)), " us on the host")
+                                : std::string()));
     notes.cuda_graph_json = cat("{\"replayed\": ", g.replayed, ", \"recorded\": ", g.recorded, ", \"eager\": ",
                                 g.eager, ", \"failed_recordings\": ", g.failed, ", \"dropped_recordings\": ", g.dropped,
+                                ", \"check_us\": ", g.checks > 0 ? 1e6 * g.check_seconds / double(g.checks) : 0.0,
                                 ", \"eager_reasons\": {", why_json,
                                 "}}");
   }

@@ -49,8 +49,10 @@ def test_replayed_micro_batches_train_bitwise_as_eager(task, accum, ranks, emula
     g = summary(tmp_path / "graph")["cuda_graph"]
     n = 5 * accum
     # the first micro-batch of the shape eagerly, the second recorded, every later one replayed
+    assert g.pop("check_us") > 0, g
     assert g == {"replayed": n - 2, "recorded": 1, "eager": 1, "failed_recordings": 0,
                  "dropped_recordings": 0, "eager_reasons": {"the first micro-batch of its shape": 1}}, g
+    assert "us on the host" in p.stdout
     assert summary(tmp_path / "eager")["cuda_graph"] is None
     report(f"{task} packed rows with fixed examples, {ranks} rank(s) x accum {accum}, 5 steps: "
            f"{g['replayed']} of {n} micro-batches replayed, losses and gradient norms bitwise the eager run's")
