@@ -139,7 +139,8 @@ const std::vector<Entry>& schema() {
       {KEY(run, cuda_graph), none(),
        "cuda, run.mode = train: each training micro-batch's forward and backward launch as one CUDA "
        "graph, recorded at the second micro-batch of a shape and replayed whenever a micro-batch makes "
-       "the same calls (every step with data.pack_fixed_examples, or clm; other shapes launch eagerly, "
+       "the same calls (every step of doc_cls, pair_cls, ner and qa with data.pack_fixed_examples, and of "
+       "clm; mlm's masked positions vary; other shapes launch eagerly, "
        "up to 8 recordings), with its own dropout seeds and loss scale: the same bits as eager launches. "
        "The gradient reduction then runs after the backward (comm.overlap does not apply). Not yet run "
        "on a GPU: off by default until a GPU run has checked it"},
@@ -246,9 +247,11 @@ const std::vector<Entry>& schema() {
        "min(data.pack_max_per_row, row length) examples, those after the real ones ignored (no loss, "
        "no gradient, not counted in the mean), so that the heads' shapes, like the rows', are the same "
        "at every step where the rows keep the file's length (cuda with model.attention = cudnn, or "
-       "data.padding = max_length): what a CUDA graph of the step needs. The same losses and gradients "
-       "up to fp32 summation order; the heads compute the ignored examples too (at pack_max_per_row = "
-       "16 often twice the real ones: small beside the encoder)"},
+       "data.padding = max_length): what a CUDA graph of the step needs (run.cuda_graph); ner's head "
+       "then scores every position of the rows, those without a label ignored, instead of the "
+       "labelled ones only. The same losses and gradients up to fp32 summation order; the heads compute "
+       "the ignored examples too (at pack_max_per_row = 16 often twice the real ones: small beside the "
+       "encoder)"},
       {KEY(data, cache_mb), ge(0),
        "a dataset whose columns take at most this many MiB is read into memory once, on each rank, and "
        "batches are copied from there (a random row read from HDF5 costs a chunk read); larger files "

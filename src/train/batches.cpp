@@ -261,6 +261,11 @@ void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of,
   hb.ragged = rows_of == nullptr;
 }
 
+void score_every_position(HostBatch& hb) {
+  hb.rows.clear();
+  hb.row_targets.clear();
+}
+
 Sampler train_sampler(const Config& cfg, int64_t num_examples, int B, int A, int rank, int world,
                       const std::vector<int32_t>* lengths) {
   const GroupOrder order = cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;

@@ -82,6 +82,12 @@ void trim_to_longest(HostBatch& hb, int multiple);
 void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of = nullptr, int rows = 0,
                int fixed_per_row = 0);
 
+// ner with data.pack_fixed_examples: the head scores every position of the rows (those without a
+// label ignored, as in evaluation) instead of the labelled positions only (rows, row_targets
+// cleared), so that the step's shape does not follow its count of labelled tokens: the same loss and
+// gradient (the same dropout keys; fp32 rounding of the last block's other row count at most).
+void score_every_position(HostBatch& hb);
+
 // data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
 // with cuDNN's attention, whose graphs are built per batch length (about a second of host time each
 // on an H100, where a fine-tuning step takes milliseconds: two lengths at T = 128 instead of

@@ -346,11 +346,12 @@ int run_train(Session& s) {
                    " examples on average (the last partial step dropped); evaluation runs unpacked"));
     if (cfg.data.pack_fixed_examples) {
       const int per_row = std::min(cfg.data.pack_max_per_row, T);  // pack_rows' bound at the file's length
-      s.log.info(cat("data: packing: the heads run ", B, " x ", per_row,
-                     " examples per micro-batch (data.pack_fixed_examples), those after the real ones ignored",
-                     pack_multiple > 0 ? cat("; the rows are cut to their longest, so the count follows the rows' "
-                                             "length below ", per_row)
-                                       : std::string()));
+      std::string line = cat("data: packing: the heads run ", B, " x ", per_row,
+                             " examples per micro-batch (data.pack_fixed_examples), those after the real ones ignored");
+      if (pack_multiple > 0)
+        line += cat("; the rows are cut to their longest, so the count follows the rows' length below ", per_row);
+      if (s.task == Task::Ner) line += "; ner scores every position of the rows, those without a label ignored";
+      s.log.info(line);
     }
   } else if (pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
@@ -393,8 +394,10 @@ int run_train(Session& s) {
       train.read(idx.data(), static_cast<int>(idx.size()), tb);
       out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
       c[5] += out[a].B;  // examples
-      if (packed)
+      if (packed) {
         pack_rows(out[a], pack_multiple, &m.row, m.rows, cfg.data.pack_fixed_examples ? cfg.data.pack_max_per_row : 0);
+        if (cfg.data.pack_fixed_examples && s.task == Task::Ner) score_every_position(out[a]);
+      }
       else if (pack)
         pack_rows(out[a], pack_multiple);
       else if (trim)

@@ -32,7 +32,7 @@ def curves(out):
     return [(r["loss"], r["grad_norm"], r["examples"]) for r in rows]
 
 
-@pytest.mark.parametrize("task,accum,ranks", [("doc_cls", 2, 1), ("qa", 1, 1), ("pair_cls", 1, 2)])
+@pytest.mark.parametrize("task,accum,ranks", [("doc_cls", 2, 1), ("qa", 1, 1), ("pair_cls", 1, 2), ("ner", 1, 1)])
 def test_replayed_micro_batches_train_bitwise_as_eager(task, accum, ranks, emulate, tmp_path, report):
     _, cols, attrs = task_data(task, np.random.default_rng(150 + len(task)), n=240, **SHORT)
     data = write(tmp_path / "d.h5", cols, attrs)
