@@ -29,13 +29,6 @@ uint64_t w(T v) {
   }
 }
 
-float word_float(uint64_t v) {  // the inverse of slot_word(float)
-  const uint32_t u = static_cast<uint32_t>(v);
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 uint64_t hash_words(const std::vector<uint64_t>& v) {
   uint64_t h = mix64(v.size());
   for (uint64_t x : v) h = mix64(h ^ x);
@@ -54,7 +47,7 @@ struct StepGraph::Entry {
 StepGraph::StepGraph(Backend& inner, bool emulate, size_t max_recordings)
     : in_(inner),
       native_(inner.can_capture(nullptr)),
-      emulate_(emulate && !inner.can_capture(nullptr)),
+      emulate_(emulate && !native_),
       max_recordings_(max_recordings) {}
 
 StepGraph::~StepGraph() = default;
@@ -397,7 +390,7 @@ void StepGraph::crossentropy_backward(float* dlogits, const float* logits, const
                                       float dloss, int M, int V) {
   op_with_value("crossentropy_backward", {w(dlogits), w(logits), w(targets), w(M), w(V)}, slot_word(dloss),
                 [=](Backend& b, uint64_t v) {
-                  b.crossentropy_backward(dlogits, logits, targets, word_float(v), M, V);
+                  b.crossentropy_backward(dlogits, logits, targets, slot_float(v), M, V);
                 });
 }
 void StepGraph::segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
@@ -410,7 +403,7 @@ void StepGraph::segment_crossentropy_backward(float* dx, const float* x, const i
                                               int E) {
   op_with_value("segment_crossentropy_backward", {w(dx), w(x), w(first), w(len), w(targets), w(E)},
                 slot_word(dloss), [=](Backend& b, uint64_t v) {
-                  b.segment_crossentropy_backward(dx, x, first, len, targets, word_float(v), E);
+                  b.segment_crossentropy_backward(dx, x, first, len, targets, slot_float(v), E);
                 });
 }
 

@@ -31,12 +31,19 @@ enum class WLayout { InOut, OutIn };
 
 constexpr int32_t kIgnoreIndex = -100;
 
-// A float as a value-table word (Backend::bind_slot): its bits in the low 32 bits.
+// A float as a value-table word (Backend::bind_slot): its bits in the low 32 bits; slot_float is
+// the inverse.
 inline uint64_t slot_word(float f) {
   uint32_t u;
   static_assert(sizeof u == sizeof f);
   std::memcpy(&u, &f, sizeof u);
   return u;
+}
+inline float slot_float(uint64_t word) {
+  const uint32_t u = static_cast<uint32_t>(word);
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 // Where a dropout op over a [B, T, C] tensor draws element i's mask: rows of `row` = T*C elements

@@ -2012,7 +2012,7 @@ class ReplayMicroBatch {
     be_.crossentropy_forward(o("losses"), o("logits"), targets_, BT, V);
     if (record) be_.bind_slot(kDloss);
     be_.crossentropy_backward(g("dlogits"), o("logits"), targets_,
-                              record ? 1234.0f : word_float(values[kDloss]), BT, V);
+                              record ? 1234.0f : nlp::slot_float(values[kDloss]), BT, V);
     unbind();
     be_.matmul_backward(g("dout"), g("dwo"), nullptr, g("dlogits"), o("out"), wo_, BT, C, V, WLayout::InOut);
     be_.layernorm_dropout_backward(g("dh"), g("dao"), o("ln_scratch"), g("dlnw"), g("dlnb"), g("dout"),
@@ -2041,13 +2041,6 @@ class ReplayMicroBatch {
     be_.to_device(targets_ + row, &t, sizeof t);
   }
   int32_t target(int row) const { return targets_host_[size_t(row)]; }
-
-  static float word_float(uint64_t w) {
-    const uint32_t u = static_cast<uint32_t>(w);
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
 
  private:
   struct Buf {

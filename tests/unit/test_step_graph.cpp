@@ -311,12 +311,8 @@ class FakeRecorder final : public Backend {
     keep([=](uint64_t) { cpu().crossentropy_forward(losses, logits, t, M, V); });
   }
   void crossentropy_backward(float* dl, const float* logits, const int32_t* t, float dloss, int M, int V) override {
-    keep([=](uint64_t v) {
-      float f;
-      const uint32_t u = static_cast<uint32_t>(v);
-      std::memcpy(&f, &u, sizeof f);
-      cpu().crossentropy_backward(dl, logits, t, f, M, V);
-    }, nlp::slot_word(dloss));
+    keep([=](uint64_t v) { cpu().crossentropy_backward(dl, logits, t, nlp::slot_float(v), M, V); },
+         nlp::slot_word(dloss));
   }
 
   bool can_capture(std::string*) const override { return true; }
