@@ -42,6 +42,11 @@ Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
   ck_lt(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");  // no TF32
   ck_rt(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(cuBLASLt workspace)");
   workspace_bytes_ = kWorkspaceBytes;
+  // The cublasGemmEx fallback shares cuBLASLt's workspace (one stream: the two never overlap).
+  // Without it cuBLAS takes workspace from its own pool, which may allocate on first use, and an
+  // allocation while a CUDA graph is being recorded (run.cuda_graph) would end up inside the graph.
+  // Set after cublasSetStream, which resets a handle's workspace to the pool.
+  ck_lt(cublasSetWorkspace(blas_, workspace_, workspace_bytes_), "cublasSetWorkspace");
 }
 
 Gemm::~Gemm() {
