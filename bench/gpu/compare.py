@@ -8,6 +8,10 @@
       a run that stopped and resumed against one that never stopped: the losses of every step that
       both logged are bitwise equal (17 significant digits in metrics.jsonl) and every dataset of
       checkpoints/step_<step>.h5 is bitwise equal (needs h5py)
+  compare.py steps NAME=RUN_DIR ... --skip 20
+      no check, a measurement: each run's median step time (metrics.jsonl's step_time_s, logged every
+      step) over the steps after the first SKIP (recordings, cuDNN graph builds and other first-step
+      costs left out), and each run's ratio to the first NAME's; prints INFO lines
 """
 from __future__ import annotations
 
@@ -88,6 +92,37 @@ def cmd_resume(a) -> int:
     return 1 if bad else 0
 
 
+def step_times(path: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "split" not in r and "step_time_s" in r:
+                out[int(r["step"])] = float(r["step_time_s"])
+    return out
+
+
+def cmd_steps(a) -> int:
+    first = None
+    for spec in a.runs:
+        name, _, d = spec.partition("=")
+        path = os.path.join(d, "metrics.jsonl")
+        if not os.path.exists(path):
+            print(f"INFO steps {name}: no {path}")
+            continue
+        t = step_times(path)
+        after = sorted(v for k, v in t.items() if k > a.skip)
+        if not after:
+            print(f"INFO steps {name}: no step after {a.skip} logged ({len(t)} in all)")
+            continue
+        n = len(after)
+        med = after[n // 2] if n % 2 else 0.5 * (after[n // 2 - 1] + after[n // 2])
+        first = first if first is not None else med
+        print(f"INFO steps {name}: median step {1e3 * med:.3f} ms over steps {a.skip + 1}..{max(t)} ({n} steps; "
+              f"fastest {1e3 * after[0]:.3f}, slowest {1e3 * after[-1]:.3f}); {med / first:.3f}x the first run's")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -99,9 +134,12 @@ def main() -> int:
     p.add_argument("straight")
     p.add_argument("resumed")
     p.add_argument("--step", type=int, required=True)
+    p = sub.add_parser("steps")
+    p.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
+    p.add_argument("--skip", type=int, default=20)
     a = ap.parse_args()
     try:
-        return cmd_losses(a) if a.cmd == "losses" else cmd_resume(a)
+        return {"losses": cmd_losses, "resume": cmd_resume, "steps": cmd_steps}[a.cmd](a)
     except (OSError, ValueError, KeyError) as e:
         print(f"FAIL {a.cmd}: {e}")
         return 1

@@ -392,6 +392,10 @@ if want finetune && in_time 150 "finetune"; then
     done
     python3 compare.py losses "$W/graph_ab/false_1/metrics.jsonl" "$W/graph_ab/true_1/metrics.jsonl" \
         --within "$GRAPH_AB_STEPS:0" 2>&1 | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
+    # the steady step (after the first 20: recordings and cuDNN graph builds left out), each run
+    python3 compare.py steps eager_1="$W/graph_ab/false_1" graphs_1="$W/graph_ab/true_1" \
+        eager_2="$W/graph_ab/false_2" graphs_2="$W/graph_ab/true_2" --skip 20 2>&1 \
+        | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
   fi
 fi
 

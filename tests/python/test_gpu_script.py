@@ -148,6 +148,28 @@ os.execvp(args[0], args)
 """
 
 
+def test_compare_steps_gives_the_median_after_the_skipped_steps(tmp_path):
+    # the A/B's measurement: step times of two runs, the first SKIP steps slow (recording, builds)
+    import json
+    for name, times in {"a": [9.0, 9.0, 0.010, 0.012, 0.011], "b": [7.0, 7.0, 0.006, 0.004, 0.005, 0.003]}.items():
+        (tmp_path / name).mkdir()
+        with open(tmp_path / name / "metrics.jsonl", "w") as f:
+            for i, t in enumerate(times, 1):
+                f.write(json.dumps({"step": i, "loss": 1.0, "step_time_s": t}) + "\n")
+            f.write(json.dumps({"step": len(times), "split": "eval", "loss": 1.0}) + "\n")
+    p = subprocess.run(["python3", str(SOURCE_DIR / "bench" / "gpu" / "compare.py"), "steps",
+                        f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}", f"c={tmp_path / 'none'}", "--skip", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    # a: median of 10, 12, 11 ms; b: median of 6, 4, 5, 3 ms = 4.5 ms, 0.409x a's
+    assert lines[0].startswith("INFO steps a: median step 11.000 ms over steps 3..5 (3 steps;"), lines
+    assert lines[0].endswith("1.000x the first run's"), lines
+    assert lines[1].startswith("INFO steps b: median step 4.500 ms over steps 3..6 (4 steps; fastest 3.000,"), lines
+    assert lines[1].endswith("0.409x the first run's"), lines
+    assert lines[2].startswith("INFO steps c: no "), lines
+
+
 def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu = make_tree(tmp_path / "repo")
     out = tmp_path / "out"
@@ -194,6 +216,9 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
     assert len(gpu_logs) == 13 + 2 + 3 + 6 + 4 + 1 + 4, gpu_logs
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
+    # the A/B's steady-step line for each of its four runs (here each says it has no metrics)
+    for run in ("eager_1", "graphs_1", "eager_2", "graphs_2"):
+        assert f"graph A/B: INFO steps {run}:" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in (out / "profile.txt").read_text()
     for f in gpu_logs:
         text = f.read_text()
