@@ -19,7 +19,10 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import sys
+
+from ncu_busy import wall_times  # beside this script
 
 
 def train_losses(path: str) -> dict[int, float]:
@@ -92,16 +95,6 @@ def cmd_resume(a) -> int:
     return 1 if bad else 0
 
 
-def step_times(path: str) -> dict[int, float]:
-    out: dict[int, float] = {}
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if "split" not in r and "step_time_s" in r:
-                out[int(r["step"])] = float(r["step_time_s"])
-    return out
-
-
 def cmd_steps(a) -> int:
     first = None
     for spec in a.runs:
@@ -110,13 +103,13 @@ def cmd_steps(a) -> int:
         if not os.path.exists(path):
             print(f"INFO steps {name}: no {path}")
             continue
-        t = step_times(path)
+        t = wall_times(path)  # step -> step_time_s, as ncu_busy.py reads it
         after = sorted(v for k, v in t.items() if k > a.skip)
         if not after:
             print(f"INFO steps {name}: no step after {a.skip} logged ({len(t)} in all)")
             continue
         n = len(after)
-        med = after[n // 2] if n % 2 else 0.5 * (after[n // 2 - 1] + after[n // 2])
+        med = statistics.median(after)
         first = first if first is not None else med
         print(f"INFO steps {name}: median step {1e3 * med:.3f} ms over steps {a.skip + 1}..{max(t)} ({n} steps; "
               f"fastest {1e3 * after[0]:.3f}, slowest {1e3 * after[-1]:.3f}); {med / first:.3f}x the first run's")
