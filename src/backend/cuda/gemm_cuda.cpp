@@ -59,9 +59,9 @@ Gemm::~Gemm() {
   cudaStreamSynchronize(stream_);
   if (bf16_) cudaFreeAsync(bf16_, stream_);
   cudaStreamSynchronize(stream_);
-  if (workspace_) cudaFree(workspace_);
-  if (blas_) cublasDestroy(blas_);
+  if (blas_) cublasDestroy(blas_);  // before the workspace it was given
   if (lt_) cublasLtDestroy(lt_);
+  if (workspace_) cudaFree(workspace_);
 }
 
 Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
