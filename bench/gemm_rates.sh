@@ -2,7 +2,7 @@
 # GEMM rates at the models' shapes: nlptrain's CPU GEMM libraries (build/gemm_rates: OpenBLAS, oneDNN
 # fp32, oneDNN bf16 with and without the operand conversion) and PyTorch's (torch.mm fp32 and bf16, the
 # same shapes, the same threads), into bench/results/gemm-rates-<date>-<commit>.txt. The table behind
-# run.cpu_gemm's and run.cpu_bf16's defaults (bench/NOTES.md, "GEMM library").
+# run.cpu_gemm's and run.cpu_bf16's defaults (docs/performance.md, "CPU GEMM libraries").
 #   bash bench/gemm_rates.sh [threads, default 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
