@@ -120,7 +120,7 @@ const std::vector<Entry>& schema() {
        "else the node's CPUs / ranks on this node (a rank bound to 1 CPU of a larger node, or more "
        "threads than its mask, gets a warning with the launch fix)"},
       {KEY(run, cpu_gemm), one_of(kCpuGemm),
-       "cpu: the GEMM library: onednn or openblas (bench/NOTES.md \"GEMM library\"); auto = onednn "
+       "cpu: the GEMM library: onednn or openblas (docs/performance.md \"CPU GEMM libraries\"); auto = onednn "
        "when nlptrain was built with it (libdnnl-dev), except on CPUs without AVX-512 where OpenBLAS "
        "has AVX2 kernels for the core: there the weight gradients go to OpenBLAS (measured 2x "
        "faster on a Zen 3); without oneDNN, openblas. The log line 'backend cpu: GEMMs' says which"},
@@ -213,7 +213,7 @@ const std::vector<Entry>& schema() {
        "with data.group_by_length: longest_first = each mega-batch's steps run from its longest to its "
        "shortest examples, mega-batch after mega-batch (HF's LengthGroupedSampler order); shuffled = "
        "the epoch's steps in a seeded random order (no cycling of lengths; nlptrain's KorQuAD F1 was "
-       "lower with it, by 0.4 over 8 seeds, HF's was not: bench/NOTES.md)"},
+       "lower with it, by 0.4 over 8 seeds, HF's was not: docs/performance.md)"},
       {KEY(data, packing), none(),
        "training: several examples share each row, with a segment id per token: attention stays "
        "within each example, positions restart, and each keeps its own [CLS] pooling, labels or answer "
