@@ -984,7 +984,7 @@ std::vector<int64_t> parse_step_list(const std::string& text) {
 
 std::string config_help() {
   std::ostringstream os;
-  os << "usage: nlptrain [--help] [--version] [input.ini] [--section.key=value ...]\n"
+  os << "usage: nlptrain [--help] [--version] [--check] [input.ini] [--section.key=value ...]\n"
         "\n"
         "Reads input.ini (optional), then applies the command-line overrides, which win.\n"
         "Each key below is written `key = value` under its [section] in the INI file, or given on\n"
@@ -992,6 +992,8 @@ std::string config_help() {
         "Without an INI file the defaults are used. INI comments start with # or ;.\n"
         "  --help      print this help and exit\n"
         "  --version   print the version and exit\n"
+        "  --check     read and validate input.ini and the overrides (keys, types, ranges, combinations),\n"
+        "              print the effective configuration and exit; no dataset or weights file is opened\n"
         "Types: int, uint64, float, bool (true/false, 1/0, yes/no, on/off), string (surrounding\n"
         "double quotes optional).\n";
   const Config defaults;
@@ -1034,7 +1036,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
   }
 
   po::options_description desc = key_options();
-  desc.add_options()("help,h", "")("version", "")("ini-file", po::value<std::vector<std::string>>(), "");
+  desc.add_options()("help,h", "")("version", "")("check", "")("ini-file", po::value<std::vector<std::string>>(), "");
   po::positional_options_description pos;
   pos.add("ini-file", -1);
   const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
@@ -1058,6 +1060,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
   for (const auto& opt : parsed.options) {
     if (opt.string_key == "help") result.help = true;
     else if (opt.string_key == "version") result.version = true;
+    else if (opt.string_key == "check") result.check = true;
     else if (opt.string_key == "ini-file") inis.insert(inis.end(), opt.value.begin(), opt.value.end());
     else overrides.push_back(&opt);
   }
