@@ -18,6 +18,9 @@ import config_reference  # noqa: E402
 
 SRC = nr.SOURCE_DIR
 DOCS = [SRC / "README.md"] + sorted((SRC / "docs").glob("*.md"))
+# Other documents whose links are checked too (the paths they name are relative to their folder).
+LINKED = [SRC / "src/backend/cuda/README.md", SRC / "tests/fuzz/README.md", SRC / "jobscripts/README.md",
+          SRC / "bench/README.md", SRC / "bench/results/README.md"]
 # A path named in a document is checked when it starts with one of these (the tree's own folders);
 # paths under runs/, build/, models/, data/ are what a user makes and are not checked.
 TREE = ("src/", "tools/", "tests/", "bench/", "inputs/", "jobscripts/", "kernels/", "docs/", ".ci/")
@@ -139,7 +142,7 @@ def test_the_checkers_find_what_is_broken(tmp_path):
     assert anchors("# A b\n## A b\n```\n# not a heading\n```\n## `code` (x)\n") == {"a-b", "a-b-1", "code-x"}
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(SRC)))
+@pytest.mark.parametrize("doc", DOCS + [p for p in LINKED if p.exists()], ids=lambda p: str(p.relative_to(SRC)))
 def test_relative_links_resolve(doc):
     bad = broken_links(doc, doc.read_text(encoding="utf-8"))
     assert not bad, f"{doc.relative_to(SRC)}: broken links:\n  " + "\n  ".join(bad)
