@@ -1,4 +1,4 @@
-// Allreduce microbenchmark for the alpha-beta scaling model (issue 10, item 7).
+// Allreduce microbenchmark for the alpha-beta scaling model.
 //
 // Times MPI_Allreduce(MPI_IN_PLACE, float, MPI_SUM, MPI_COMM_WORLD), the call nlptrain's CPU
 // communicator makes for the gradients (src/comm/comm_mpi.cpp), over message sizes from --min-bytes

@@ -1,6 +1,6 @@
 // CPU attention forward and backward time at one shape (best of N calls), for comparing versions of
 // src/backend/cpu/attention.cpp: build this file against another attention.cpp object to compare (see
-// bench/NOTES.md, "CPU attention"). The checksum must not change between versions that claim the same
+// docs/performance.md, "CPU attention"). The checksum must not change between versions that claim the same
 // numerics.
 //   cpu_attention [B T NH HS threads]   (default: KorQuAD's fine-tuning shape 32 256 4 64, 2 threads)
 #include <omp.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-op CPU profile of nlptrain's training step (issue 22): `perf record` samples of one rank (2 threads,
+# Per-op CPU profile of nlptrain's training step: `perf record` samples of one rank (2 threads,
 # no mpirun) grouped by op, each op against its floor, for the CPU benchmark shapes:
 #   gpt2a  GPT-2 4 x 128, vocabulary 50257, B=4, T=64          (bench/cpu_train_step.sh shape a)
 #   gpt2b  GPT-2 124M (12 x 768), B=2, T=256                   (shape b)
@@ -11,7 +11,7 @@
 #   bash bench/cpu_profile.sh bert nsmc       # some
 #
 # Environment: NLPTRAIN_BIN (build/nlptrain), THREADS (2), WORK (runs/cpu_profile), OUT
-# (bench/results/cpu-profile-YYYYMMDD-<commit>), PYTHON (python3), SHARED (../shared/data).
+# (bench/results/cpu-profile-DATE-HARDWARE-COMMIT, bench/result_dir.sh), PYTHON (python3), SHARED (../shared/data).
 # Writes OUT/<shape>.perf.txt (perf report: self samples per library and symbol), OUT/<shape>.metrics.jsonl, and
 # OUT/README.md (bench/cpu_profile_report.py: per op, share of samples, ms per step, floor, and the
 # measured GEMM rate and memory bandwidth the floors use).
@@ -22,7 +22,7 @@ THREADS=${THREADS:-2}
 PY=${PYTHON:-python3}
 WORK=${WORK:-runs/cpu_profile}
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo nocommit)
-OUT=${OUT:-bench/results/cpu-profile-$(date -u +%Y%m%d)-$COMMIT}
+OUT=${OUT:-$(. bench/result_dir.sh && result_dir cpu-profile)}
 SHARED=${SHARED:-../shared/data}
 SHAPES=("$@")
 [ ${#SHAPES[@]} -eq 0 ] && SHAPES=(gpt2a gpt2b bert nsmc)

@@ -26,7 +26,7 @@
 #   2. the whole command (start-up, weight initialisation, data loading included), with /usr/bin/time:
 #      nlptrain and torch run in turn (A B A B ...), the ratio taken pair by pair, the median quoted.
 # Writes a table on stdout and everything (machine, versions, command lines, every step) to
-# bench/results/cpu-<date>-<shortcommit>.txt.
+# bench/results/cpu-step-DATE-HARDWARE-COMMIT/cpu-<date>-<time>-<shortcommit>.txt (bench/result_dir.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -54,12 +54,15 @@ if [ ! -x "$BIN" ]; then
 fi
 [ -x /usr/bin/time ] || { echo "cpu_train_step: /usr/bin/time is needed (apt-get install time)" >&2; exit 1; }
 
-mkdir -p "$WORK" bench/results
+mkdir -p "$WORK"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo nocommit)
 if [ "$COMMIT" != nocommit ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   COMMIT="$COMMIT-dirty"
 fi
-OUTFILE=bench/results/cpu-$(date -u +%Y%m%d-%H%M%S)-$COMMIT.txt
+. bench/result_dir.sh
+OUTDIR=$(result_dir cpu-step)
+mkdir -p "$OUTDIR"
+OUTFILE=$OUTDIR/cpu-$(date -u +%Y%m%d-%H%M%S)-$COMMIT.txt
 export OMP_NUM_THREADS=$THREADS OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} TRANSFORMERS_VERBOSITY=error
 

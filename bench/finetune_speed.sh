@@ -44,7 +44,8 @@
 #   TASKS=ner STEPS=5 LIMIT=300 bash bench/finetune_speed.sh       # a smoke run
 #
 # Environment (defaults): TASKS ("doc_cls pair_cls ner qa"), STEPS (200), SEEDS ("1234"), SETTINGS (the
-#   six above; a subset restricts), RES (bench/results/finetune-speed-YYYYMMDD), WORK
+#   six above; a subset restricts), RES (bench/results/finetune-speed-DATE-HARDWARE-COMMIT,
+#   bench/result_dir.sh), WORK
 #   (bench/finetune_speed_work: data and run folders, not for committing), LR (3e-4), WARMUP (STEPS/10),
 #   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
 #   DOC_STRIDE (64), EVAL_N (500: NSMC test / XNLI dev examples evaluated), EVAL_FRAC (0.1: the
@@ -67,7 +68,7 @@ TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
 SETTINGS=${SETTINGS:-$ALL_SETTINGS}
-RES=${RES:-bench/results/finetune-speed-$(date +%Y%m%d)}
+RES=${RES:-$(. bench/result_dir.sh && result_dir finetune-speed "${DEVICE:-cpu}")}
 WORK=${WORK:-bench/finetune_speed_work}
 LR=${LR:-3e-4}
 WARMUP=${WARMUP:-$((STEPS / 10))}

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Median over several fine-tuning benchmark runs (bench/finetune_speed.sh result folders) of nlptrain's
-fastest setting against HF Trainer's fastest, per task: the figure on the README's first screen.
+fastest setting against HF Trainer's fastest, per task: the figure docs/performance.md quotes.
 
   python3 bench/finetune_speed_medians.py bench/results/finetune-speed-20261126-*/
 

@@ -4,7 +4,7 @@
 // Row-major out[M,N] = x[M,K] W[N,K]^T (nn.Linear), the input gradient dx[M,K] = dout W and the weight
 // gradient dW[N,K] = dout^T x: the three GEMMs of a linear layer's training step.
 // The library choice of run.cpu_gemm and the bf16 path of run.cpu_bf16 rest on this table
-// (bench/NOTES.md, "GEMM library"). Run by bench/gemm_rates.sh, which adds PyTorch's rates.
+// (docs/performance.md, "CPU GEMM libraries"). Run by bench/gemm_rates.sh, which adds PyTorch's rates.
 //   gemm_rates [threads]
 #include <omp.h>
 

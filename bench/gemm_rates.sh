@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # GEMM rates at the models' shapes: nlptrain's CPU GEMM libraries (build/gemm_rates: OpenBLAS, oneDNN
 # fp32, oneDNN bf16 with and without the operand conversion) and PyTorch's (torch.mm fp32 and bf16, the
-# same shapes, the same threads), into bench/results/gemm-rates-<date>-<commit>.txt. The table behind
-# run.cpu_gemm's and run.cpu_bf16's defaults (bench/NOTES.md, "GEMM library").
+# same shapes, the same threads), into bench/results/gemm-rates-DATE-HARDWARE-COMMIT/gemm-rates-<date>-<commit>.txt
+# (bench/result_dir.sh). The table behind
+# run.cpu_gemm's and run.cpu_bf16's defaults (docs/performance.md, "CPU GEMM libraries").
 #   bash bench/gemm_rates.sh [threads, default 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TH=${1:-2}
 B=${BUILD_DIR:-build}
 cmake --build "$B" --target gemm_rates -j"$(nproc)" >/dev/null
-mkdir -p bench/results
-OUT=bench/results/gemm-rates-$(date -u +%Y%m%d)-$(git rev-parse --short HEAD).txt
+. bench/result_dir.sh
+OUTDIR=$(result_dir gemm-rates)
+mkdir -p "$OUTDIR"
+OUT=$OUTDIR/gemm-rates-$(date -u +%Y%m%d)-$(git rev-parse --short HEAD).txt
 {
   echo "# date $(date -u -Is) | commit $(git rev-parse --short HEAD) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# cpu flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|amx_bf16|avx2|fma)$' | tr '\n' ' ')"

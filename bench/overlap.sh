@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Exposed gradient communication with and without comm.overlap on CPU ranks (issue 10, item 2).
+# Exposed gradient communication with and without comm.overlap on CPU ranks.
 # GPT-2 12 layers / 768 wide / vocab 256 (86M parameters), one thread per rank, the same per-rank
 # batch; for each rank count, runs comm.overlap = false then true (and again, ROUNDS times, in turn),
 # and prints every run's summary.json (comm_s = exposed communication per step, rank 0;

@@ -17,7 +17,7 @@
 # fp32. Times: the whole process (/usr/bin/time) and the prediction loop alone (nlptrain's log line;
 # hf_predict.py's seconds around Trainer.predict).
 # Environment (defaults): N (all), ROUNDS (1), TRAIN_STEPS (200), BATCH (32), THREADS (2), WORK (bench/predict_speed_work),
-# RES (bench/results/predict-speed-YYYYMMDD-<commit>), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3),
+# RES (bench/results/predict-speed-DATE-HARDWARE-COMMIT, bench/result_dir.sh), NLPTRAIN_BIN (build/nlptrain), PYTHON (python3),
 # SHARED (../shared/data), HF_COMPILE (set: HF also with torch_compile=True).
 # Output in RES: command.txt, environment.txt, raw/ (logs, nlptrain's metrics.jsonl, HF's result.json)
 # and results.md (the table and the agreement of nlptrain's labels with HF's).
@@ -38,7 +38,7 @@ NLPTRAIN_BIN=${NLPTRAIN_BIN:-build/nlptrain}
 PYTHON=${PYTHON:-python3}
 SHARED=${SHARED:-../shared/data}
 commit=$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty || true)
-RES=${RES:-bench/results/predict-speed-$(date +%Y%m%d)-$commit}
+RES=${RES:-$(. bench/result_dir.sh && result_dir predict-speed)}
 SRC="$SHARED/nsmc/nsmc_from_raw_test.tsv"
 VOCAB="$SHARED/vocab/kcbert-base/vocab.txt"
 for f in "$SRC" "$VOCAB" "$NLPTRAIN_BIN"; do

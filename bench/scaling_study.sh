@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scaling study on the local two-node SLURM cluster (issue 10, item 7): strong and weak sweeps at 1, 2
+# Scaling study on the local two-node SLURM cluster: strong and weak sweeps at 1, 2
 # and 4 ranks with comm.overlap and train.zero on and off, through jobscripts/scaling_sweep.sh; the
 # allreduce microbenchmark (bench/allreduce_bench) under the same launcher, placement and Open MPI
 # settings; its alpha-beta fit (tools/comm_fit.py); and one tools/scaling_report per variant with

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # Pack the shared libraries that nlptrain and the test binaries need on a machine WITHOUT MPI or
-# HDF5 (the lent GPU machine: CUDA 13 toolkit, cuDNN/NCCL in its PyTorch install, no network).
+# HDF5 (a GPU node with the CUDA 13 toolkit, cuDNN/NCCL in its PyTorch install, and no network).
 #
 #   tools/pack_for_device.sh [--tar] [BUILD_DIR]        (BUILD_DIR defaults to build)
 #
 # Writes
 #   BUILD_DIR/device-libs/            every library the binaries resolve through ldd here, except the
 #                                     C/C++ runtime (libc, libm, libstdc++, libgcc_s, ld-linux, ...)
-#                                     and the CUDA libraries the device has (libcuda, libcudart,
+#                                     and the CUDA libraries the GPU node has (libcuda, libcudart,
 #                                     libcublas*, libcudnn*, libnccl*, ...);
 #   BUILD_DIR/device-libs/openmpi/    Open MPI's plugins (those that need no InfiniBand/UCX/OFI/PSM
 #                                     stack), their dependencies, help files and MCA parameter file,
 #                                     for a relocated Open MPI;
 #   BUILD_DIR/run-on-device.sh        the wrapper: LD_LIBRARY_PATH (packed libraries first, then the
 #                                     device's CUDA libraries), OPAL_* relocation, then runs "$@";
-#   BUILD_DIR/device-libs.tar.xz      with --tar: the same folder compressed (the device tool carries at
-#                                     most 64 MiB; libopenblas alone is ~36 MiB); the wrapper unpacks
+#   BUILD_DIR/device-libs.tar.xz      with --tar: the same folder compressed, for a copy to the node
+#                                     (libopenblas alone is ~36 MiB uncompressed); the wrapper unpacks
 #                                     it next to itself when device-libs/ is missing.
 #
-# On the device, run the binaries WITHOUT mpirun for one rank (an Open MPI "singleton": MPI_Init in a
+# On the GPU node, run the binaries WITHOUT mpirun for one rank (an Open MPI "singleton": MPI_Init in a
 # process not started by mpirun gives a one-rank MPI_COMM_WORLD; the wrapper selects Open MPI's isolated
 # singleton mode so that no orted daemon is needed), or through the packed mpirun for several ranks
 # sharing the one GPU (comm.gpu = staged):
@@ -46,9 +46,9 @@ for t in "$build"/tests/test_*; do
 done
 ((${#bins[@]})) || { echo "pack_for_device: no nlptrain or tests/test_* binaries in $build" >&2; exit 2; }
 
-# Libraries never copied: the C/C++ runtime of the device and the CUDA libraries it has.
+# Libraries never copied: the C/C++ runtime of the GPU node and the CUDA libraries it has.
 skip_re='^(linux-vdso|linux-gate|ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn.*|libnccl|libnvrtc.*|libnvJitLink|libcufft|libcurand|libcusolver|libcusparse|libnvidia-.*)\.so'
-# Open MPI plugins that need a network stack the device does not have are left out.
+# Open MPI plugins that need a network stack the GPU node does not have are left out.
 plugin_skip_re='lib(ucp|ucs|uct|fabric|psm_infinipath|psm2|ibverbs|rdmacm|ucm)\.so'
 
 rm -rf "$out" "$build/device-libs.tar.xz"  # no stale archive: --tar writes a fresh one
@@ -132,7 +132,7 @@ if [[ ! -d "$libs" && -f "$here/device-libs.tar.xz" ]]; then
 fi
 [[ -d "$libs" ]] || { echo "run-on-device: no $libs (run tools/pack_for_device.sh first)" >&2; exit 2; }
 
-# The device's CUDA 13 libraries: the toolkit, then the NVIDIA wheels of its PyTorch install.
+# The GPU node's CUDA 13 libraries: the toolkit, then the NVIDIA wheels of its PyTorch install.
 cuda_path=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib \

@@ -4,7 +4,7 @@
 # (tools/hf_export.py); HF (d) from scratch. Same settings as run.sh's doc_cls. Outputs in $RES/control_*.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-WORK=${WORK:-bench/bert_accuracy/work}; RES=${RES:-bench/results/bert-accuracy-$(date +%Y%m%d)}
+WORK=${WORK:-bench/bert_accuracy/work}; RES=${RES:-$(. bench/result_dir.sh && result_dir bert-accuracy)}
 BIN=${NLPTRAIN_BIN:-build-acc/nlptrain}; D=$WORK/data; S=$WORK/swap
 FT_STEPS=${FT_STEPS:-100}; FT_LR=${FT_LR:-1e-3}; W=$((FT_STEPS / 10))
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1

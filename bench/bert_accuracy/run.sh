@@ -7,13 +7,13 @@
 #   PARALLEL=1 bash bench/bert_accuracy/run.sh     # the two sides of each task at the same time (default: one after the other)
 #   ONLY=hf bash bench/bert_accuracy/run.sh         # one side only (nlptrain|hf)
 #   TASKS="doc_cls ner" bash bench/bert_accuracy/run.sh   # skip MLM (reuse), run these tasks
-# Settings (environment): WORK (bench/bert_accuracy/work), RES (bench/results/bert-accuracy-YYYYMMDD),
+# Settings (environment): WORK (bench/bert_accuracy/work), RES (bench/results/bert-accuracy-DATE-HARDWARE-COMMIT),
 #   NLPTRAIN_BIN (build-acc/nlptrain), HIDDEN LAYERS HEADS INTER (128 2 4 512), MLM_STEPS (60), MLM_LR (1e-3),
 #   FT_STEPS (100), FT_LR (1e-3), SEED (1234), MLM_EVAL (0).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-bench/bert_accuracy/work}
-RES=${RES:-bench/results/bert-accuracy-$(date +%Y%m%d)}
+RES=${RES:-$(. bench/result_dir.sh && result_dir bert-accuracy)}
 BIN=${NLPTRAIN_BIN:-build-acc/nlptrain}
 PY=${PYTHON:-python3}
 HIDDEN=${HIDDEN:-128}; LAYERS=${LAYERS:-2}; HEADS=${HEADS:-4}; INTER=${INTER:-512}; MAXPOS=${MAXPOS:-256}

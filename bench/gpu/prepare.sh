@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build machine side of a GPU run: build nlptrain with CUDA, pack what a bare GPU machine lacks, and
-# make the datasets, all into bench/gpu/stage/ (git-ignored; the device tool carries it).
+# make the datasets, all into bench/gpu/stage/ (git-ignored; copy it to the GPU node with the tree).
 #
 #   bash bench/gpu/prepare.sh [SHARED_DATA_DIR]      (default ../shared/data beside the checkout)
 #
-# Then on the GPU machine (device tool: carry bench/gpu/stage):
+# Then on the GPU node, with bench/gpu/stage beside the tree:
 #   bash bench/gpu/run.sh                            (see there; writes everything under $OUT)
 #
 # stage/bin/   nlptrain, test_ops_cuda, run-on-device.sh + device-libs.tar.xz (Open MPI, HDF5,
@@ -58,7 +58,7 @@ mkdir -p "$S/data/ft"
 mv "$ft/work/data/doc_cls" "$S/data/ft/doc_cls"
 rm -rf "$ft"
 # gzip every dataset (nlptrain's HDF5 and h5py read them unchanged): the data shrink from 24 MB to
-# about 3 MB of the 64 MiB that the device tool carries with the tree
+# about 3 MB, small enough to copy with the tree
 if command -v h5repack >/dev/null; then
   find "$S/data" -name '*.h5' | while read -r f; do h5repack -f GZIP=4 "$f" "$f.tmp" && mv "$f.tmp" "$f"; done
 else

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One command for a whole GPU run, on the GPU machine (no MPI, no HDF5, no network there):
+# One command for a whole GPU run, on a GPU node (no MPI, no HDF5, no network needed there):
 #
 #   bash bench/gpu/prepare.sh                        # here: build with CUDA, pack, make the data
-#   # device tool, carry ["bench/gpu/stage"], timeout_s 590:
+#   # on the GPU node, with bench/gpu/stage copied beside the tree, in a job of up to 590 s:
 #   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
-# A task's device time is 15 minutes, start-up included, so the defaults fit one call: the sections
-# run in the order of what a GPU session is for (correctness of what has never run on a GPU, then
-# issue 20's fine-tuning comparison, then the step benchmarks), and those after DEADLINE are skipped
-# (resume and comm came last until the H200 run of 2026-11-28, whose deadline skipped them).
+# The defaults fit one job of about ten minutes: the sections run in order of importance (correctness
+# of what has never run on a GPU, then the fine-tuning comparison with HF Trainer, then the step
+# benchmarks), and those after DEADLINE are skipped (resume and comm run early: last, the deadline
+# skipped them on one H200 on 2026-11-28).
 # The e2e section's CPU reference runs start at once in the background, beside the tests and the GPU
 # runs; they are done before anything is timed.
 #
@@ -26,7 +26,7 @@
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
 #           per rank: not runnable on one GPU.
-#   finetune  issue 20's GPU comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
+#   finetune  the GPU fine-tuning comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
 #           reviews, T=128), BERT-base from scratch, bf16, batch 32, lr FT_LR (5e-5), FT_STEPS steps:
 #           nlptrain packed (native attention; pack_batch = examples and = rows; FT_SETTINGS adds
 #           length-grouped and packed through cuDNN), HF Trainer length-grouped with SDPA, eager and
@@ -43,12 +43,12 @@
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
-# What comes back (the device tool returns at most 8 files): results.json (one record per benchmark
+# What comes back (8 files or fewer, each under 16 MiB): results.json (one record per benchmark
 # and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
 # finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
 # DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), and
 # every command's timeout is cut so that it ends by DEADLINE + 40 s (tmo), so the files come back
-# inside the device tool's 600 s limit even when a section started late or a run hangs.
+# inside a 600 s job limit even when a section started late or a run hangs.
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -82,7 +82,7 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 log() { echo "[run.sh $(elapsed)s] $*" | tee -a "$W/run.log"; }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 # tmo SECONDS: a command's timeout, cut so that it ends by DEADLINE + 40 s whenever it starts (the
-# device call's limit is about 60 s past DEADLINE, and finish() needs a few to pack the results)
+# job's limit is about 60 s past DEADLINE, and finish() needs a few to pack the results)
 tmo() {
   local left=$(( DEADLINE + 40 - $(elapsed) ))
   (( left < 5 )) && left=5
@@ -122,7 +122,7 @@ finish() {
   python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
       > "$OUT/summary.txt" 2> "$W/collect.err" || echo "collect.py failed: $(tail -3 "$W/collect.err")" >> "$OUT/summary.txt"
   cp "$W/run.log" "$OUT/run.log" 2>/dev/null
-  # every log and metrics file, no checkpoints (the device tool brings back at most 16 MiB a file)
+  # every log and metrics file, no checkpoints (the archive stays under 16 MiB)
   tar -czf "$OUT/gpu-run.tar.gz" -C "$W" --exclude='*.h5' --exclude='*.trace' . 2>/dev/null
   cp "$W/test_ops_cuda.log" "$OUT/" 2>/dev/null
   cat "$OUT/summary.txt"
@@ -205,7 +205,7 @@ if want tests && in_time 60 "tests"; then
   fi
   # the recording of run.cuda_graph (not yet run on a GPU): its runs below go ahead even if its op
   # test fails, since a recording that fails falls back to eager launches (its log says why) and the
-  # bitwise comparisons catch a replay that runs wrong: one device call then shows how far it works
+  # bitwise comparisons catch a replay that runs wrong: one run then shows how far it works
   if grep -qE '^\[  FAILED  \] CudaOps.CapturedOpsReplayWithTheirSlotValues' "$W/test_ops_cuda.log"; then
     log "tests: the CUDA graph recording failed its op test: the run.cuda_graph runs below still run, for their logs"
   fi
@@ -220,7 +220,7 @@ snapshot
 if want e2e && in_time 90 "e2e"; then
   E2E_THREADS=2
   for m in gpt2_small bert_small; do e2e_run ${m}_cuda cuda $m; done
-  # Not yet run on a GPU (issue 20): batches trimmed to their longest row (multiple of 64) with length
+  # Passed on one H200 (2026-11-28): batches trimmed to their longest row (multiple of 64) with length
   # grouping, after the verified fixed-length path above, under run.sync_check so that a fault names
   # its op. The same losses as the padded run on each backend (dropout keyed by the untrimmed layout),
   # and cuda equal to cpu.
@@ -233,7 +233,7 @@ if want e2e && in_time 90 "e2e"; then
   # per length and variant), against the padded bf16 CPU run; the graphs' count and host time
   e2e_run bert_small_trim_bf16_cuda cuda bert_small "${TRIM[@]}" "${BF16[@]}" "${NO_ATTN_DROPOUT[bert_small]}"
   grep -h "cuDNN attention:" "$W/e2e_bert_small_trim_bf16_cuda.log" 2>/dev/null | tee -a "$W/run.log"
-  # Not yet run on a GPU (issue 20): packed rows of the file's length through cuDNN, in each layout
+  # Passed on one H200 (2026-11-28): packed rows of the file's length through cuDNN, in each layout
   # (ragged: every example its own cuDNN sequence, one graph for the run; bias: block-diagonal), under
   # run.sync_check, against the unpacked bf16 CPU run (hidden dropout keyed per example, so the
   # same masks; attention dropout off)
@@ -346,7 +346,7 @@ if want finetune && in_time 150 "finetune"; then
   cp "$W/finetune/results.md" "$OUT/finetune_results.md" 2>/dev/null
   log "finetune: exit $rc | $(grep -l '"rc": 0' "$W"/finetune/raw/*.time 2>/dev/null | wc -l) of $(ls "$W"/finetune/raw/*.time 2>/dev/null | wc -l) runs ok"
   sed -n '/^| setup/,/^$/p' "$W/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
-  # where issue 20's own step spends its GPU time: the packed run again from its effective config,
+  # where the fine-tuning comparison's step spends its GPU time: the packed run again from its effective config,
   # 30 steps with run.profile -> profile.txt (first, before the benchmark models' profiles)
   # (FT_PROFILE_INI: another INI in its place, for the CPU-only check of this script, where the
   # finetune runs stop at the device check before they write their config.ini)
@@ -376,7 +376,7 @@ if want finetune && in_time 150 "finetune"; then
         --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
   fi
   # run.cuda_graph A/B (not yet run on a GPU; it runs even when its op test failed): the packed bf16 step as
-  # issue 20's target runs it (data.pack_batch = rows, 5 rows of 128: about 32 NSMC examples) with
+  # the fine-tuning comparison runs it (data.pack_batch = rows, 5 rows of 128: about 32 NSMC examples) with
   # data.pack_fixed_examples (one shape: every micro-batch after the second replays), eager launches
   # against graphs, GRAPH_AB_STEPS steps each, alternating twice: done lines (real tokens/s) and the
   # losses, which must be bitwise equal

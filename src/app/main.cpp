@@ -478,6 +478,11 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  if (pr.check) {  // --check: the configuration is valid; print it and run nothing
+    if (rank == 0) std::printf("%s", pr.config.to_ini().c_str());
+    MPI_Finalize();
+    return 0;
+  }
 
   std::unique_ptr<nlp::Comm> comm;
   int code = 0;

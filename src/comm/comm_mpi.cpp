@@ -138,7 +138,8 @@ class MpiComm final : public Comm {
   // of the bucket, moved to its place when complete. Runs like the allreduce buckets (the worker
   // thread, with comm.timeout_s, where threads are supported). (Not one MPI_Ireduce per owner: Open
   // MPI's libnbc runs a large MPI_Ireduce as a chain of small segments, 520 ms for 25 MB between two
-  // ranks on one host against 33 ms for this: bench/results/overlap-zero-20261123.md.)
+  // ranks on one host against 33 ms for this:
+  // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md.)
   void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) override {
     if (size_ == 1 || n == 0) return;
     NLP_ASSERT(sh.ranks() == size_ && lo + n <= sh.total);

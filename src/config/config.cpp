@@ -120,7 +120,7 @@ const std::vector<Entry>& schema() {
        "else the node's CPUs / ranks on this node (a rank bound to 1 CPU of a larger node, or more "
        "threads than its mask, gets a warning with the launch fix)"},
       {KEY(run, cpu_gemm), one_of(kCpuGemm),
-       "cpu: the GEMM library: onednn or openblas (bench/NOTES.md \"GEMM library\"); auto = onednn "
+       "cpu: the GEMM library: onednn or openblas (docs/performance.md \"CPU GEMM libraries\"); auto = onednn "
        "when nlptrain was built with it (libdnnl-dev), except on CPUs without AVX-512 where OpenBLAS "
        "has AVX2 kernels for the core: there the weight gradients go to OpenBLAS (measured 2x "
        "faster on a Zen 3); without oneDNN, openblas. The log line 'backend cpu: GEMMs' says which"},
@@ -213,7 +213,7 @@ const std::vector<Entry>& schema() {
        "with data.group_by_length: longest_first = each mega-batch's steps run from its longest to its "
        "shortest examples, mega-batch after mega-batch (HF's LengthGroupedSampler order); shuffled = "
        "the epoch's steps in a seeded random order (no cycling of lengths; nlptrain's KorQuAD F1 was "
-       "lower with it, by 0.4 over 8 seeds, HF's was not: bench/NOTES.md)"},
+       "lower with it, by 0.4 over 8 seeds, HF's was not: docs/performance.md)"},
       {KEY(data, packing), none(),
        "training: several examples share each row, with a segment id per token: attention stays "
        "within each example, positions restart, and each keeps its own [CLS] pooling, labels or answer "
@@ -984,7 +984,7 @@ std::vector<int64_t> parse_step_list(const std::string& text) {
 
 std::string config_help() {
   std::ostringstream os;
-  os << "usage: nlptrain [--help] [--version] [input.ini] [--section.key=value ...]\n"
+  os << "usage: nlptrain [--help] [--version] [--check] [input.ini] [--section.key=value ...]\n"
         "\n"
         "Reads input.ini (optional), then applies the command-line overrides, which win.\n"
         "Each key below is written `key = value` under its [section] in the INI file, or given on\n"
@@ -992,6 +992,8 @@ std::string config_help() {
         "Without an INI file the defaults are used. INI comments start with # or ;.\n"
         "  --help      print this help and exit\n"
         "  --version   print the version and exit\n"
+        "  --check     read and validate input.ini and the overrides (keys, types, ranges, combinations),\n"
+        "              print the effective configuration and exit; no dataset or weights file is opened\n"
         "Types: int, uint64, float, bool (true/false, 1/0, yes/no, on/off), string (surrounding\n"
         "double quotes optional).\n";
   const Config defaults;
@@ -1034,7 +1036,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
   }
 
   po::options_description desc = key_options();
-  desc.add_options()("help,h", "")("version", "")("ini-file", po::value<std::vector<std::string>>(), "");
+  desc.add_options()("help,h", "")("version", "")("check", "")("ini-file", po::value<std::vector<std::string>>(), "");
   po::positional_options_description pos;
   pos.add("ini-file", -1);
   const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
@@ -1058,6 +1060,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
   for (const auto& opt : parsed.options) {
     if (opt.string_key == "help") result.help = true;
     else if (opt.string_key == "version") result.version = true;
+    else if (opt.string_key == "check") result.check = true;
     else if (opt.string_key == "ini-file") inis.insert(inis.end(), opt.value.begin(), opt.value.end());
     else overrides.push_back(&opt);
   }

@@ -196,11 +196,12 @@ struct Config {
 struct ParseResult {
   bool help = false;        // --help was given: help_text holds the usage
   bool version = false;     // --version was given
+  bool check = false;       // --check was given: parse and validate only (no file but the INI is read)
   std::string help_text;
   Config config;
 };
 
-// argv: nlptrain [options] [input.ini] [--section.key=value ...]
+// argv: nlptrain [--help | --version | --check] [input.ini] [--section.key=value ...]
 // Throws nlp::Error with the file, key and value on unknown keys, wrong types, out-of-range values
 // and inconsistent combinations (e.g. n_embd not divisible by n_head).
 ParseResult parse_config(int argc, const char* const* argv);

@@ -38,7 +38,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // Host buffers that live in the same memory as the arenas, at the peak; they never coincide, so
     // the largest counts. Outside training: the host copy of the parameters that initialisation and
     // weights files go through. In training that copy is freed before the first step touches the
-    // optimizer state and the activations (measured: bench/results/overlap-zero-20261123.md), and
+    // optimizer state and the activations (measured:
+    // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md), and
     // what can sit beside a full step is rank 0's parameters + m + v while it writes a checkpoint
     // (or reads one to resume), and MPI's temporary buffers for the gradient sum: about one bucket
     // with comm.overlap, up to the whole arena for one blocking collective.

@@ -306,7 +306,8 @@ TEST(CpuGemm, MixedLibrarySendsTransposedAToOpenBlas) {
 }
 
 // run.cpu_gemm = auto: OpenBLAS without oneDNN; oneDNN on AVX-512 CPUs or where OpenBLAS lacks AVX2
-// kernels for the core; else oneDNN with OpenBLAS's weight gradients (bench/NOTES.md)
+// kernels for the core; else oneDNN with OpenBLAS's weight gradients (docs/performance.md,
+// "CPU GEMM libraries")
 TEST(CpuGemm, AutoLibraryRule) {
   using nlp::cpu::auto_gemm_lib;
   EXPECT_EQ(auto_gemm_lib(false, false, "Zen"), GemmLib::OpenBlas);

@@ -1,7 +1,7 @@
-// The CPU backend's GEMM libraries behind one call, chosen by measurement (bench/NOTES.md, "GEMM
-// library"): OpenBLAS (Debian's OpenMP build) or oneDNN (Debian's libdnnl, OpenMP runtime: both share
-// nlptrain's OpenMP threads). oneDNN also multiplies bf16 operands natively (AMX or AVX512-BF16),
-// accumulating in fp32, which OpenBLAS 0.3.21 cannot (no sbgemm export).
+// The CPU backend's GEMM libraries behind one call, chosen by measurement (docs/performance.md,
+// "CPU GEMM libraries"): OpenBLAS (Debian's OpenMP build) or oneDNN (Debian's libdnnl, OpenMP
+// runtime: both share nlptrain's OpenMP threads). oneDNN also multiplies bf16 operands natively
+// (AMX or AVX512-BF16), accumulating in fp32, which OpenBLAS 0.3.21 cannot (no sbgemm export).
 //
 // Every call is row-major:  C[M,N] = beta * C + op(A) @ op(B)
 //   op(A) [M,K]: A stored [M,K] (ta = false, lda >= K) or [K,M] (ta = true, lda >= M)
@@ -17,7 +17,7 @@ namespace nlp::cpu {
 // dW = inp^T dout), which go to OpenBLAS: what run.cpu_gemm = auto picks on CPUs without AVX-512 where
 // OpenBLAS has kernels for the core (auto_gemm_lib). On a Zen 3 (AVX2) oneDNN 2.6's transposed-A
 // sgemm ran at half OpenBLAS's rate at BERT 4 x 256's shapes, its other products as fast or faster
-// (bench/NOTES.md, "An AVX2 CPU").
+// (docs/performance.md, "CPU GEMM libraries").
 enum class GemmLib { OpenBlas, OneDnn, OneDnnOpenBlasTA };
 
 // The library run.cpu_gemm = auto picks: OpenBLAS in a build without oneDNN; oneDNN on CPUs with

@@ -22,7 +22,8 @@ using GemmMode = Precision;
 // (one element a thread, the kernel the earlier GPU runs verified).
 // (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands, without copies, was 18% faster on the
 // packed BERT-base step on an H200, but its products were not those of bf16-rounded operands, neither
-// to nearest nor by truncation, and its losses left the bf16 run's by 2e-2: removed, bench/NOTES.md.)
+// to nearest nor by truncation, and its losses left the bf16 run's by 2e-2: removed, docs/performance.md,
+// "Tried and dropped".)
 using Bf16Operands = kern::Bf16Cast;
 
 class Gemm {
