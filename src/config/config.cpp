@@ -195,8 +195,8 @@ const std::vector<Entry>& schema() {
        "vocab_size] logits in memory; the loss, dlogits in place, then the input and embedding "
        "gradients); on = in run.mode = train and eval (other modes keep the logits); auto = off"},
       {KEY(model, head_chunk), ge(0),
-       "gpt2 with model.fused_head = on: rows per chunk of the fused head; 0 = auto (about 256 MiB "
-       "of fp32 logits per chunk)"},
+       "gpt2 with model.fused_head = on: rows per chunk of the fused head; 0 = auto (at most about 1 GiB "
+       "of fp32 logits per chunk, the rows split evenly)"},
       {KEY(model, pad_vocab), one_of(kPadVocab),
        "gpt2 with model.fused_head = on: the head's GEMMs run over the vocabulary padded to a multiple "
        "of 128 (zero rows; the padding reaches no loss or gradient; weights, checkpoints and exports "

@@ -361,14 +361,18 @@ TEST(LmHead, ConfigurationResolves) {
   }
   nlp::ModelConfig bad = gpt2("maybe", "off");
   EXPECT_THROW(nlp::resolve_lm_head(bad, "cpu", "train"), nlp::Error);
-  // the plan: chunk clamped to the rows, auto chunk about 256 MiB of logits in multiples of 128 rows
+  // the plan: chunk clamped to the rows; auto: at most ~1 GiB of fp32 logits a chunk, the rows split
+  // evenly in multiples of 128
   nlp::ModelConfig mc = gpt2("on", "128");
   mc.head_chunk = 0;
   mc.vocab_size = 50257;
   const nlp::LmHeadPlan p = nlp::lm_head_plan(mc, "cuda", 50257, 16384);
   EXPECT_TRUE(p.fused);
   EXPECT_EQ(p.Vp, 50304);
-  EXPECT_EQ(p.chunk, 1280);
+  EXPECT_EQ(p.chunk, 4096);
+  EXPECT_EQ(nlp::lm_head_plan(mc, "cuda", 50257, 8 * 1024).chunk, 4096);  // 2 chunks
+  EXPECT_EQ(nlp::lm_head_plan(mc, "cuda", 50257, 6000).chunk, 3072);       // 2 chunks, even
+  EXPECT_EQ(nlp::lm_head_plan(mc, "cuda", 50257, 5000).chunk, 5000);       // 1 chunk
   EXPECT_EQ(nlp::lm_head_plan(mc, "cuda", 50257, 100).chunk, 100);
 }
 
