@@ -128,11 +128,21 @@ class Gpt2 final : public Model {
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
     return loss_sum(be_, run_forward(b, training, seed));
   }
+  // The trainer's forward. With the fused head in training, the head waits for the backward, which
+  // computes the losses with their gradient in one pass over each chunk's logits (no second logits
+  // GEMM) and adds their sum to loss_acc then: the trainer always runs the backward of a training
+  // micro-batch before it reads the sum, and the sums are added in the same order and arithmetic.
   void forward_into(const DeviceBatch& b, bool training, uint64_t seed, double* loss_acc) override {
+    if (head_plan(b.B, b.T).fused && training && b.targets) {
+      run_forward(b, training, seed, /*defer_head=*/true);
+      pending_loss_ = loss_acc;
+      return;
+    }
     add_loss_sum(be_, loss_acc, run_forward(b, training, seed));
   }
 
-  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed) {
+  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed, bool defer_head = false) {
+    pending_loss_ = nullptr;
     ensure_acts(b.B, b.T);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(T <= mc_.n_positions);
@@ -147,6 +157,7 @@ class Gpt2 final : public Model {
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
                           mc_.layer_norm_epsilon);
     if (head_.fused) {
+      if (defer_head) return {};  // forward_into: the backward computes the losses
       // losses[BT] by chunks of rows; no logits kept (lm_head.h)
       if (!b.targets)
         throw Error("model.fused_head = on keeps no logits: a forward without targets needs it off");
@@ -169,6 +180,8 @@ class Gpt2 final : public Model {
       be_.zero(dlnf_, n * f);
       be_.lm_head_crossentropy(losses_, dlnf_, ps_.g(wte_), lnf_, ps_.p(wte_), b.targets, dloss, BT,
                                C, V_, head_.Vp, head_.chunk, head_scratch_);
+      if (pending_loss_) add_loss_sum(be_, pending_loss_, {losses_, size_t(BT)});
+      pending_loss_ = nullptr;
     } else {
       be_.zero(dlogits_, size_t(BT) * V_ * f);
       be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
@@ -283,6 +296,7 @@ class Gpt2 final : public Model {
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
   LmHeadPlan head_;                 // how the LM head runs (lm_head.h), set when carving
   float* head_scratch_ = nullptr;  // the fused head's chunk (and padded copies)
+  double* pending_loss_ = nullptr;  // forward_into's sum, added by the backward (fused head)
   float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
 };
 

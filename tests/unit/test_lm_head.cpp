@@ -5,8 +5,9 @@
 //    bf16 operands (the bf16 backend's unfused ops; both within the bf16 tolerance of fp32);
 //  - finite differences of the summed loss with respect to x and w on a tiny case;
 //  - the padded row stride (Vp = 384 for V = 300) bitwise equal to Vp = V, for every chunking;
-//  - a whole GPT-2 (V = 300) trained a few AdamW steps: the fused head's losses and weights against the
-//    unfused head's (relative 1e-6; the chunks only reorder dW's sum), and pad_vocab = 128 bitwise
+//  - a whole GPT-2 (V = 300) trained a few AdamW steps as the trainer runs them (forward_into, whose
+//    loss the fused head adds in the backward; the same as forward()'s): the fused head's losses and
+//    weights against the unfused head's (relative 1e-6; the chunks only reorder dW's sum), and pad_vocab = 128 bitwise
 //    equal to off (losses, gradients, updated weights); the activation arena drops the [B*T, V]
 //    logits and their gradient for one chunk;
 //  - the configuration: auto resolves to off (fused) and 128 / off (pad) per backend, and to off in
@@ -288,9 +289,17 @@ TrainRun train(const nlp::ModelConfig& mc, int steps) {
     nlp::DeviceBatchBuffer dbuf(be());
     const nlp::DeviceBatch db = dbuf.upload(hb);
     be().zero(ps.grad(), P * sizeof(float));
-    const double loss = m->forward(db, /*training=*/true, 900 + s);
-    r.losses.push_back(loss);
+    // as the trainer runs a micro-batch: the loss sum added in backend memory, read after the
+    // backward (the fused head adds it in the backward); forward() gives the same sum at once
+    const double eager = m->forward(db, /*training=*/true, 900 + s);
+    auto* acc = static_cast<double*>(be().alloc(sizeof(double)));
+    m->forward_into(db, /*training=*/true, 900 + s, acc);
     m->backward(db, 1.0f / float(B * T), /*training=*/true, 900 + s);
+    double loss = 0;
+    be().to_host(&loss, acc, sizeof loss);
+    be().release(acc);
+    EXPECT_EQ(loss, eager) << "step " << s;
+    r.losses.push_back(loss);
     r.grads.assign(ps.grad(), ps.grad() + P);
     be().adamw_update(ps.data(), ps.grad(), mom.data(), var.data(), P, 1e-2f, 0.9f, 0.999f, 1e-8f,
                       0.01f, 1.0f, s + 1);
