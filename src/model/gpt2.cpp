@@ -124,6 +124,10 @@ class Gpt2 final : public Model {
   size_t activation_bytes(int B, int T) const override {
     return acts_numel(B, T) * sizeof(float) + 3 * size_t(B) * T * sizeof(int32_t);
   }
+  size_t lm_head_bytes(int B, int T, bool* fused) const override {
+    if (fused) *fused = head_plan(B, T).fused;
+    return head_numel(B, T) * sizeof(float);
+  }
 
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
     return loss_sum(be_, run_forward(b, training, seed));

@@ -126,6 +126,11 @@ def test_padded_vocabulary_changes_nothing_and_fused_head_matches_unfused(tmp_pa
     # the logits and their gradient [B*T, V] replaced by one chunk [CHUNK, Vp]
     assert activations(unfused) - activations(pad) == (2 * B * T * V - CHUNK * 384) * 4
     assert activations(unfused) - activations(nopad) == (2 * B * T * V - CHUNK * V) * 4
+    plan = json.loads((pad / "summary.json").read_text())["memory_plan"]
+    assert plan["lm_head_bytes"] == CHUNK * 384 * 4 and plan["lm_head_fused"] is True
+    plan = json.loads((unfused / "summary.json").read_text())["memory_plan"]
+    assert plan["lm_head_bytes"] == 2 * B * T * V * 4 and plan["lm_head_fused"] is False
+    assert "fused LM head's chunk 0.0)" in (pad / "log.txt").read_text()
     report(f"\n[lm_head] fused vs unfused: max rel loss diff {worst:.2e} over {len(lf)} losses; "
            f"activations {activations(unfused)} -> {activations(pad)} bytes; "
            f"padded (V={V} -> 384) bitwise equal to unpadded: losses, checkpoint, best.h5, export")
