@@ -189,6 +189,12 @@ cudaError_t crossentropy_forward(float* losses, const float* logits, const int32
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                   float dloss, const float* dloss_slot, int M, int V, int* bad_row,
                                   const float* row_max, const double* row_sumexp, cudaStream_t s);
+// lm_head.cu: the fused head's loss over a chunk's logits[M, ld] (V real columns): losses[M], and with
+// grad the rows' dlogits written over the logits (columns V..ld and ignored rows: 0). A bad target
+// lowers *bad_row to row_base + its row.
+cudaError_t lm_head_crossentropy(float* losses, float* logits, int ld, const int32_t* targets,
+                                 float dloss, const float* dloss_slot, int M, int V, int row_base,
+                                 int* bad_row, bool grad, cudaStream_t s);
 // The same over E segments of x (core/backend.h segment_crossentropy_*): segment e at first[e],
 // len[e] wide; *bad_row as above, the first segment whose target is outside [0, len[e]).
 cudaError_t segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,

@@ -39,7 +39,8 @@
 #           8-wide casts 1.32x the scalar ones, bitwise equal: bench/results/gpu-20261128-h200-248618f);
 #           then run.cuda_graph's A/B: that step with pack_batch = rows and fixed examples, eager
 #           against CUDA graphs (GRAPH_AB_STEPS steps, alternating twice; losses bitwise equal)
-#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16)
+#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
+#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
 #   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
@@ -413,6 +414,26 @@ if want bench; then
       [[ -f "$W/bench/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
     done
   done
+fi
+
+# Not yet run on a GPU: GPT-2 124M at the benchmark's batch in bf16 with the LM head fused with its
+# loss (model.fused_head: no [B*T, V] fp32 logits) and the vocabulary padded to a multiple of 128 in
+# the head's GEMMs (model.pad_vocab: 50257 -> 50304), 20 steps under run.sync_check (a fault names
+# its op), after the verified runs above; first the fused head's op tests against the CPU. Its step
+# time is not a benchmark (sync_check synchronises after every op); the losses and the peak memory
+# are what it shows. About 40 s.
+if want bench && in_time 60 "fused head"; then
+  timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
+      --gtest_filter='*LmHead*:*FusedHead*' > "$W/test_lm_head_cuda.log" 2>&1
+  log "fused head: op tests exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_lm_head_cuda.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$W/test_lm_head_cuda.log" | head -10 | tee -a "$W/run.log"
+  name=fused_head_gpt2_124m_bf16
+  mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=$GPT2_BATCH \
+      --train.steps=20 --model.fused_head=on --model.pad_vocab=128 --run.sync_check=true \
+      --output.dir="$W/fused_head/$name" > "$W/$name.log" 2>&1
+  log "fused head $name: exit $? | $(grep -E '^step +20/' "$W/fused_head/$name/log.txt" 2>/dev/null | head -1) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+  grep -h "memory plan" "$W/fused_head/$name/log.txt" 2>/dev/null | head -1 | tee -a "$W/run.log"
+  [[ -f "$W/fused_head/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
 fi
 
 snapshot

@@ -393,6 +393,21 @@ void StepGraph::crossentropy_backward(float* dlogits, const float* logits, const
                   b.crossentropy_backward(dlogits, logits, targets, slot_float(v), M, V);
                 });
 }
+void StepGraph::lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x,
+                                     const float* wt, const int32_t* targets, float dloss, int M,
+                                     int C, int V, int Vp, int chunk, float* scratch) {
+  auto f = [=](Backend& b, uint64_t v) {
+    b.lm_head_crossentropy(losses, dx, dw, x, wt, targets, slot_float(v), M, C, V, Vp, chunk, scratch);
+  };
+  if (dx || dw)  // the backward reads dloss from the recording's table
+    op_with_value("lm_head_crossentropy", {w(losses), w(dx), w(dw), w(x), w(wt), w(targets), w(M), w(C),
+                                           w(V), w(Vp), w(chunk), w(scratch)},
+                  slot_word(dloss), f);
+  else  // the forward: no dloss
+    op("lm_head_crossentropy", {w(losses), w(dx), w(dw), w(x), w(wt), w(targets), w(M), w(C), w(V),
+                                w(Vp), w(chunk), w(scratch)},
+       [=](Backend& b, uint64_t) { f(b, 0); });
+}
 void StepGraph::segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
                                              const int32_t* len, const int32_t* targets, int E) {
   op("segment_crossentropy_forward", {w(losses), w(x), w(first), w(len), w(targets), w(E)},

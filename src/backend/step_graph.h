@@ -137,6 +137,12 @@ class StepGraph final : public Backend {
   void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
                                      const int32_t* len, const int32_t* targets, float dloss,
                                      int E) override;
+  size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
+    return in_.lm_head_scratch_floats(chunk, C, V, Vp);
+  }
+  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+                            const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                            int chunk, float* scratch) override;
   double sum(const float* x, size_t N) override;
   double sumsq(const float* x, size_t N) override;
   void sum_into(double* acc, const float* x, size_t N, double scale) override;

@@ -47,6 +47,8 @@ const std::vector<std::string> kPrecisions = {"auto", "fp32", "tf32", "bf16"};
 const std::vector<std::string> kCpuGemm = {"auto", "openblas", "onednn"};
 const std::vector<std::string> kCpuBf16 = {"auto", "emulate", "native"};
 const std::vector<std::string> kAttention = {"auto", "cudnn", "native"};
+const std::vector<std::string> kFusedHead = {"auto", "on", "off"};
+const std::vector<std::string> kPadVocab = {"auto", "off", "128"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
@@ -188,6 +190,17 @@ const std::vector<Entry>& schema() {
        "attention kernels: cudnn = cuDNN fused flash attention (bf16, no [T,T] matrix kept), native = "
        "nlptrain's own (fp32; on the cpu no [T,T] matrix kept either: the backward recomputes it); auto = "
        "cudnn on cuda with bf16 precision, else native (cpu: always native)"},
+      {KEY(model, fused_head), one_of(kFusedHead),
+       "gpt2: the LM head fused with the cross-entropy, by chunks of rows (no [batch x seq_len, "
+       "vocab_size] logits in memory; the loss, dlogits in place, then the input and embedding "
+       "gradients); on = in run.mode = train and eval (other modes keep the logits); auto = off"},
+      {KEY(model, head_chunk), ge(0),
+       "gpt2 with model.fused_head = on: rows per chunk of the fused head; 0 = auto (at most about 1 GiB "
+       "of fp32 logits per chunk, the rows split evenly)"},
+      {KEY(model, pad_vocab), one_of(kPadVocab),
+       "gpt2 with model.fused_head = on: the head's GEMMs run over the vocabulary padded to a multiple "
+       "of 128 (zero rows; the padding reaches no loss or gradient; weights, checkpoints and exports "
+       "keep vocab_size); auto = 128 on cpu (bitwise the same results), off on cuda"},
       // [data]
       {KEY(data, train), none(), "HDF5 dataset for training (and gradients mode)"},
       {KEY(data, eval), none(), "HDF5 dataset for evaluation; empty = no evaluation"},
@@ -950,7 +963,8 @@ std::string Config::where(const std::string& key) const {
 std::string key_model_type(const std::string& key) {
   static const std::set<std::string> gpt2 = {
       "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.embd_pdrop",
-      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval"};
+      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval",
+      "model.fused_head", "model.head_chunk", "model.pad_vocab"};
   static const std::set<std::string> bert = {
       "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
       "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",

@@ -71,6 +71,14 @@ struct ModelConfig {
   // the cuda backend when train.precision resolves to bf16, native otherwise; the cpu backend is
   // always native.
   std::string attention = "auto";
+  // GPT-2's LM head fused with its cross-entropy (Backend::lm_head_crossentropy): auto | on | off.
+  // on: training and evaluation losses by chunks of rows, no [B*T, V] logits; auto = off (both
+  // backends, until the fused path has run on a GPU); resolved to off outside run.mode = train | eval.
+  std::string fused_head = "auto";
+  int head_chunk = 0;          // rows per chunk of the fused head; 0 = auto (<= ~1 GiB of logits)
+  // The fused head's vocabulary padded to a multiple of 128 in its GEMMs: auto | off | 128.
+  // auto = 128 on cpu (bitwise the same results), off on cuda (not yet run on a GPU).
+  std::string pad_vocab = "auto";
 };
 
 struct DataConfig {

@@ -267,6 +267,44 @@ class Backend {
                                              const int32_t* len, const int32_t* targets, float dloss,
                                              int E) = 0;
 
+  // ---- the tied LM head fused with its cross-entropy (model.fused_head) ---------------------------
+  // Rows x[M,C], the embedding w[V,C] (the head's weight, OutIn), targets[M]; by chunks of at most
+  // `chunk` rows, so that no [M,V] tensor exists: for each chunk of rows r,
+  //   logits[r, 0..V) = x[r] @ w^T                   (fp32 accumulation; operands per train.precision)
+  //   losses[r] = -log softmax(logits[r])[target]    (0 where ignored; as crossentropy_forward)
+  // and with dx or dw non-null (the backward; both null: the losses only):
+  //   dlogits[r] = (softmax(logits[r]) - onehot(target)) * dloss, written over the chunk's logits in
+  //   place (rows with an ignored target: 0), then dx[r,C] += dlogits @ w, dw[V,C] += dlogits^T @ x[r].
+  // Vp >= V (model.pad_vocab): the chunk's logits are stored with row stride Vp, and a backend may run
+  // the GEMMs over Vp rows of a copy of w whose rows V..Vp are zero; columns V..Vp never reach the
+  // loss or a gradient, so the results do not depend on Vp (bitwise on the CPU). scratch:
+  // lm_head_scratch_floats(chunk, C, V, Vp) floats of backend memory (contents undefined after).
+  // The default composes the unfused ops (matmul_forward, crossentropy_forward/backward,
+  // matmul_backward) over a chunk's [rows, V] logits and dlogits.
+  virtual size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) {
+    (void)C, (void)Vp;
+    return 2 * size_t(chunk) * V;
+  }
+  virtual void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x,
+                                    const float* w, const int32_t* targets, float dloss, int M,
+                                    int C, int V, int Vp, int chunk, float* scratch) {
+    (void)Vp;
+    const bool bwd = dx || dw;
+    for (int r0 = 0; r0 < M; r0 += chunk) {
+      const int rows = M - r0 < chunk ? M - r0 : chunk;
+      float* logits = scratch;
+      float* dlogits = scratch + size_t(chunk) * V;
+      const float* xr = x + size_t(r0) * C;
+      matmul_forward(logits, xr, w, nullptr, rows, C, V, WLayout::OutIn);
+      crossentropy_forward(losses + r0, logits, targets + r0, rows, V);
+      if (!bwd) continue;
+      zero(dlogits, size_t(rows) * V * sizeof(float));
+      crossentropy_backward(dlogits, logits, targets + r0, dloss, rows, V);
+      matmul_backward(dx ? dx + size_t(r0) * C : nullptr, dw, nullptr, dlogits, xr, w, rows, C, V,
+                      WLayout::OutIn);
+    }
+  }
+
   // ---- reductions and the optimizer ---------------------------------------------------------------
   virtual double sum(const float* x, size_t N) = 0;    // in double precision
   virtual double sumsq(const float* x, size_t N) = 0;  // in double precision

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "model/block.h"
 #include "model/carver.h"
+#include "model/lm_head.h"
 #include "model/model.h"
 
 namespace nlp {
@@ -123,15 +124,29 @@ class Gpt2 final : public Model {
   size_t activation_bytes(int B, int T) const override {
     return acts_numel(B, T) * sizeof(float) + 3 * size_t(B) * T * sizeof(int32_t);
   }
+  size_t lm_head_bytes(int B, int T, bool* fused) const override {
+    if (fused) *fused = head_plan(B, T).fused;
+    return head_numel(B, T) * sizeof(float);
+  }
 
   double forward(const DeviceBatch& b, bool training, uint64_t seed) override {
     return loss_sum(be_, run_forward(b, training, seed));
   }
+  // The trainer's forward. With the fused head in training, the head waits for the backward, which
+  // computes the losses with their gradient in one pass over each chunk's logits (no second logits
+  // GEMM) and adds their sum to loss_acc then: the trainer always runs the backward of a training
+  // micro-batch before it reads the sum, and the sums are added in the same order and arithmetic.
   void forward_into(const DeviceBatch& b, bool training, uint64_t seed, double* loss_acc) override {
+    if (head_plan(b.B, b.T).fused && training && b.targets) {
+      run_forward(b, training, seed, /*defer_head=*/true);
+      pending_loss_ = loss_acc;
+      return;
+    }
     add_loss_sum(be_, loss_acc, run_forward(b, training, seed));
   }
 
-  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed) {
+  LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed, bool defer_head = false) {
+    pending_loss_ = nullptr;
     ensure_acts(b.B, b.T);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(T <= mc_.n_positions);
@@ -145,6 +160,15 @@ class Gpt2 final : public Model {
     // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
                           mc_.layer_norm_epsilon);
+    if (head_.fused) {
+      if (defer_head) return {};  // forward_into: the backward computes the losses
+      // losses[BT] by chunks of rows; no logits kept (lm_head.h)
+      if (!b.targets)
+        throw Error("model.fused_head = on keeps no logits: a forward without targets needs it off");
+      be_.lm_head_crossentropy(losses_, nullptr, nullptr, lnf_, ps_.p(wte_), b.targets, 0.0f, BT, C,
+                               V_, head_.Vp, head_.chunk, head_scratch_);
+      return {losses_, size_t(BT)};
+    }
     be_.matmul_forward(logits_, lnf_, ps_.p(wte_), nullptr, BT, C, V_, WLayout::OutIn);
     if (!b.targets) return {};
     be_.crossentropy_forward(losses_, logits_, b.targets, BT, V_);
@@ -155,11 +179,20 @@ class Gpt2 final : public Model {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(B == curB_ && T == curT_ && b.targets);
     const size_t n = size_t(BT) * C, f = sizeof(float);
-    be_.zero(dlogits_, size_t(BT) * V_ * f);
-    be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
-    be_.zero(dlnf_, n * f);
-    be_.matmul_backward(dlnf_, ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
-                        WLayout::OutIn);
+    if (head_.fused) {
+      // the head's logits again, chunk by chunk, their gradient in place, then dlnf and dwte
+      be_.zero(dlnf_, n * f);
+      be_.lm_head_crossentropy(losses_, dlnf_, ps_.g(wte_), lnf_, ps_.p(wte_), b.targets, dloss, BT,
+                               C, V_, head_.Vp, head_.chunk, head_scratch_);
+      if (pending_loss_) add_loss_sum(be_, pending_loss_, {losses_, size_t(BT)});
+      pending_loss_ = nullptr;
+    } else {
+      be_.zero(dlogits_, size_t(BT) * V_ * f);
+      be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
+      be_.zero(dlnf_, n * f);
+      be_.matmul_backward(dlnf_, ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
+                          WLayout::OutIn);
+    }
     be_.zero(dres_a_, n * f);
     be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);
@@ -175,8 +208,10 @@ class Gpt2 final : public Model {
     grads_ready(0);
   }
 
-  const float* logits() const override { return logits_; }
+  // null / none with the fused head, which keeps no logits
+  const float* logits() const override { return head_.fused ? nullptr : logits_; }
   std::vector<OutputView> outputs() const override {
+    if (head_.fused) return {};
     return {OutputView{"logits", {curB_, curT_, V_}, logits_}};
   }
 
@@ -191,12 +226,19 @@ class Gpt2 final : public Model {
 
  private:
   static uint64_t seed_embd(uint64_t seed) { return derive_seed(seed, 0xE3B); }
+  LmHeadPlan head_plan(int B, int T) const { return lm_head_plan(mc_, be_.name(), V_, B * T); }
+  // The head's floats: logits and dlogits [BT, V], or the fused head's scratch (one chunk)
+  size_t head_numel(int B, int T) const {
+    const LmHeadPlan h = head_plan(B, T);
+    if (h.fused) return be_.lm_head_scratch_floats(h.chunk, C_, V_, h.Vp);
+    return 2 * size_t(B) * T * size_t(V_);
+  }
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
     return BT * C                                  // x0
            + stack_.numel(be_, B, T)
            + BT * C + 2 * BT                       // lnf, mean, rstd
-           + 2 * BT * size_t(V_)                   // logits, dlogits
+           + head_numel(B, T)                      // logits, dlogits (fused: one chunk)
            + BT                                    // losses
            + 3 * BT * C;                           // dlnf, dres_a, dres_b
   }
@@ -226,8 +268,15 @@ class Gpt2 final : public Model {
     lnf_ = take(BT * C);
     lnf_mean_ = take(BT);
     lnf_rstd_ = take(BT);
-    logits_ = take(BT * V_);
-    dlogits_ = take(BT * V_);
+    head_ = head_plan(B, T);
+    if (head_.fused) {
+      logits_ = dlogits_ = nullptr;
+      head_scratch_ = take(head_numel(B, T));
+    } else {
+      logits_ = take(BT * V_);
+      dlogits_ = take(BT * V_);
+      head_scratch_ = nullptr;
+    }
     losses_ = take(BT);
     dlnf_ = take(BT * C);
     dres_a_ = take(BT * C);
@@ -249,6 +298,9 @@ class Gpt2 final : public Model {
   const float* xL_ = nullptr;  // the last block's output
   float *x0_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
+  LmHeadPlan head_;                 // how the LM head runs (lm_head.h), set when carving
+  float* head_scratch_ = nullptr;  // the fused head's chunk (and padded copies)
+  double* pending_loss_ = nullptr;  // forward_into's sum, added by the backward (fused head)
   float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
 };
 

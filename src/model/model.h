@@ -137,6 +137,13 @@ class Model {
   virtual void reserve(int B, int T) = 0;
   // Bytes of activations needed for a batch of B x T (for the memory report), as set_recompute says.
   virtual size_t activation_bytes(int B, int T) const = 0;
+  // The part of activation_bytes that the LM head's logits take (GPT-2: [B*T, V] logits and their
+  // gradient, or the fused head's chunk), and whether the head is fused; 0 for a model without one.
+  virtual size_t lm_head_bytes(int B, int T, bool* fused) const {
+    (void)B, (void)T;
+    if (fused) *fused = false;
+    return 0;
+  }
   // Training FLOPs per token at sequence length T: 6 x (parameters used in matrix products, i.e. not
   // the embedding tables, except a tied output head) + 12 x layers x T x width for attention.
   virtual double flops_per_token(int T) const = 0;

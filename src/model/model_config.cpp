@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/h5.h"
+#include "model/lm_head.h"
 #include "model/model.h"
 #include "text/json_min.h"
 
@@ -194,6 +195,7 @@ void check_not_hub_layout(const Config& cfg) {
 
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
+  resolve_lm_head(mc, cfg.run.backend, cfg.run.mode);
   if (mc.weights.empty()) return mc;
   check_not_hub_layout(cfg);
   h5::File f = h5::File::open_read(mc.weights);

@@ -32,6 +32,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   // the largest shard (comm/shard.h), what the rank that holds it allocates
   p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
   p.activations = m.activation_bytes(p.B, T);
+  p.lm_head = m.lm_head_bytes(p.B, T, &p.lm_head_fused);
   // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
   p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
   if (cfg.run.backend == "cpu") {
@@ -54,12 +55,16 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
 }
 
 std::string MemoryPlan::table() const {
-  char buf[640];
+  char buf[768];
+  char head[96] = "";  // the part of the activations the LM head's logits take
+  if (lm_head)
+    std::snprintf(head, sizeof head, "; %s %.1f", lm_head_fused ? "fused LM head's chunk" : "LM head's logits",
+                  mib(lm_head));
   std::snprintf(buf, sizeof buf,
                 "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v%s %.1f | "
-                "activations (B=%d, T=%d, recompute %s) %.1f | workspace %.1f | total %.1f",
+                "activations (B=%d, T=%d, recompute %s%s) %.1f | workspace %.1f | total %.1f",
                 mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
-                mib(optimizer), B, T, recompute ? "block" : "none",
+                mib(optimizer), B, T, recompute ? "block" : "none", head,
                 mib(activations), mib(workspace), mib(total()));
   return buf;
 }
@@ -68,6 +73,7 @@ std::string MemoryPlan::json() const {
   std::ostringstream o;
   o << "{\"weights_bytes\":" << weights << ",\"gradients_bytes\":" << grads
     << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
+    << ",\"lm_head_bytes\":" << lm_head << ",\"lm_head_fused\":" << (lm_head_fused ? "true" : "false")
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
     << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none")
     << "\",\"zero\":" << zero << ",\"optimizer_shards\":" << ranks << "}";

@@ -16,6 +16,8 @@ struct MemoryPlan {
   size_t grads = 0;        // their gradients (every mode allocates them)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
   size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
+  size_t lm_head = 0;      // of which the LM head's logits (Model::lm_head_bytes: GPT-2's [B*T, V]
+  bool lm_head_fused = false;  // logits and gradient, or one chunk of the fused head)
   size_t workspace = 0;    // batch buffers; cpu: the largest host buffer beside the arenas (outside
                            // training the parameters' host copy; in training the checkpoint's
                            // parameters, m and v, or MPI's buffers for the gradient sum)

@@ -218,7 +218,10 @@ def without_key_bias(name, x):
 # per step (data.shuffle = false), so one torch reference serves all. With labels, the rows keep
 # different numbers of targets: the loss must be normalised by the global count of the step
 # (all micro-batches, all ranks), not averaged per micro-batch or per rank.
-TRAIN_VARIANTS = [("1rank", 1, 1, False), ("2ranks_labels", 2, 1, True), ("accum2_labels", 1, 2, True)]
+# fused_head_labels: the LM head fused with the loss (model.fused_head = on, chunks of 24 of the 64
+# rows, the vocabulary 1000 padded to 1024), against the same torch loop and tolerances.
+TRAIN_VARIANTS = [("1rank", 1, 1, False), ("2ranks_labels", 2, 1, True), ("accum2_labels", 1, 2, True),
+                  ("fused_head_labels", 1, 1, True)]
 
 
 @pytest.mark.parametrize("name,ranks,accum,with_labels", TRAIN_VARIANTS, ids=[v[0] for v in TRAIN_VARIANTS])
@@ -243,7 +246,8 @@ def test_train_steps(tmp_path, report, name, ranks, accum, with_labels):
     ini = H.write_ini(d / "train.ini", {
         "run": {"mode": "train", "backend": "cpu", "threads": 0, "log_interval": 1},
         "model": {"type": "gpt2", "weights": weights, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                  "resid_pdrop": 0.0},
+                  "resid_pdrop": 0.0,
+                  **({"fused_head": "on", "head_chunk": 24, "pad_vocab": "128"} if "fused" in name else {})},
         "data": {"train": data, "shuffle": False, "seq_len": T},  # explicit: must match the file
         "train": {"steps": steps, "batch_size": batch // (ranks * accum), "grad_accum": accum, "lr": lr,
                   "warmup_steps": warmup, "schedule": "linear", "min_lr_ratio": 0.0,
@@ -253,6 +257,8 @@ def test_train_steps(tmp_path, report, name, ranks, accum, with_labels):
         "output": {"dir": d / "out"},
     })
     H.run_nlptrain(ini, cwd=d, ranks=ranks)
+    if "fused" in name:  # the effective configuration says the fused head ran
+        assert "fused_head = on" in (d / "out" / "config.ini").read_text()
     rows = H.read_metrics(d / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
 

@@ -206,6 +206,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
+    # the fused LM head's GPT-2 124M run (after the benchmarks)
+    gpu_logs += [work / "fused_head_gpt2_124m_bf16.log"]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
     # the finetune step's profile and its run under ncu (here the stand-in, whose CSV is read into the
@@ -214,7 +216,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 13 + 2 + 3 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 13 + 2 + 3 + 1 + 6 + 4 + 1 + 4, gpu_logs
+    assert "fused head: op tests exit" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     # the A/B's steady-step line for each of its four runs (here each says it has no metrics)
     for run in ("eager_1", "graphs_1", "eager_2", "graphs_2"):

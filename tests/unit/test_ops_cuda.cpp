@@ -1012,6 +1012,64 @@ TEST_F(CudaOps, CrossEntropyForwardBackward) {
 // Segments of one vector (packed qa): the cpu backend's op (itself checked against float64 and the
 // row op), on segments of 1 to 300 positions in a [4 x 384] batch, some ignored; a target past its
 // segment is reported at the next synchronisation.
+// The LM head fused with its loss (lm_head_crossentropy; kernels/lm_head.cu): the GPU's losses, dx
+// and dW against the CPU reference's, with the vocabulary padded (Vp > V: the GPU's GEMMs then run
+// over a zero-padded copy of w) and not, chunks that divide the rows and that do not, ignored rows;
+// the forward alone gives the same losses. fp32: kOp. bf16 operands (a second backend) against the
+// CPU's bf16 emulation: 1e-3 (the same rounded operands; a dlogit whose fp32 value differs in the
+// last bits between the backends may round to a neighbouring bf16).
+TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
+  struct Shape { int M, C, V, chunk; };
+  const Shape shapes[] = {{37, 24, 300, 16}, {64, 64, 50257, 24}, {5, 8, 7, 5}};
+  uint64_t seed = 2000;
+  auto bf = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+  for (const Shape& sh : shapes)
+    for (int pad : {0, 128}) {
+      const int M = sh.M, C = sh.C, V = sh.V, Vp = pad ? (V + pad - 1) / pad * pad : V;
+      SCOPED_TRACE(testing::Message() << "M=" << M << " C=" << C << " V=" << V << " Vp=" << Vp);
+      const VF x = randn(size_t(M) * C, ++seed), w = randn(size_t(V) * C, ++seed, 0.3f);
+      const VF dx0 = randn(x.size(), ++seed, 0.1f), dw0 = randn(w.size(), ++seed, 0.1f);
+      VI tg = randi(M, ++seed, 0, V);
+      for (int m = 1; m < M; m += 4) tg[m] = nlp::kIgnoreIndex;
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+        Backend& c = bf16 ? cpu_bf16() : cpu();
+        Backend& g = bf16 ? *bf : gpu();
+        const double tol = bf16 ? 1e-3 : kOp;
+        VF loss_c(M), dx_c = dx0, dw_c = dw0, scr_c(c.lm_head_scratch_floats(sh.chunk, C, V, Vp));
+        c.lm_head_crossentropy(loss_c.data(), dx_c.data(), dw_c.data(), x.data(), w.data(), tg.data(),
+                               0.37f, M, C, V, Vp, sh.chunk, scr_c.data());
+        const size_t ns = g.lm_head_scratch_floats(sh.chunk, C, V, Vp);
+        float *gx = upload(g, x), *gw = upload(g, w), *gdx = upload(g, dx0), *gdw = upload(g, dw0);
+        float *gl = upload(g, VF(M, NAN)), *gs = upload(g, VF(ns, NAN));
+        auto* gt = static_cast<int32_t*>(g.alloc(tg.size() * sizeof(int32_t)));
+        g.to_device(gt, tg.data(), tg.size() * sizeof(int32_t));
+        g.lm_head_crossentropy(gl, gdx, gdw, gx, gw, gt, 0.37f, M, C, V, Vp, sh.chunk, gs);
+        EXPECT_LE(rel_err(download(g, gl, M), loss_c), tol);
+        EXPECT_LE(rel_err(download(g, gdx, x.size()), dx_c), tol);
+        EXPECT_LE(rel_err(download(g, gdw, w.size()), dw_c), tol);
+        float* gl2 = upload(g, VF(M, NAN));
+        g.lm_head_crossentropy(gl2, nullptr, nullptr, gx, gw, gt, 0.f, M, C, V, Vp, sh.chunk, gs);
+        EXPECT_EQ(download(g, gl2, M), download(g, gl, M));
+        for (float* p : {gx, gw, gdx, gdw, gl, gs, gl2}) g.release(p);
+        g.release(gt);
+        g.synchronize();
+      }
+    }
+  // a target outside the vocabulary: reported at the next synchronisation with its row
+  const VF x = randn(6 * 4, 2100), w = randn(10 * 4, 2101);
+  const VI tg = {1, 2, 3, 4, 12, 5};
+  float *gx = put(x), *gw = put(w), *gl = nan_buf(6), *gs = nan_buf(gpu().lm_head_scratch_floats(4, 4, 10, 128));
+  int32_t* gt = put(tg);
+  gpu().lm_head_crossentropy(gl, nullptr, nullptr, gx, gw, gt, 0.f, 6, 4, 10, 128, 4, gs);
+  try {
+    gpu().synchronize();
+    ADD_FAILURE() << "no error for target 12 outside [0, 10)";
+  } catch (const nlp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 12 at row 4"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CudaOps, SegmentCrossEntropyForwardBackward) {
   const int N = 4 * 384;
   VI first, len, tg;
@@ -1519,6 +1577,17 @@ void compare_training(Backend& g, const nlp::ModelConfig& mc, const std::string&
 }
 
 TEST_F(CudaOps, Gpt2TenAdamWStepsMatchCpu) { compare_training(gpu(), gpt2_config(), "clm", 4, 32); }
+
+// GPT-2 with the fused head (model.fused_head = on, the vocabulary 101 padded to 128, chunks of 40
+// rows over 128) on both backends: the CPU's fused head equals its unfused head to ~1e-6
+// (test_lm_head.cpp), so the same tolerances as the unfused run.
+TEST_F(CudaOps, Gpt2FusedHeadTenAdamWStepsMatchCpu) {
+  nlp::ModelConfig mc = gpt2_config();
+  mc.fused_head = "on";
+  mc.pad_vocab = "128";
+  mc.head_chunk = 40;
+  compare_training(gpu(), mc, "clm", 4, 32);
+}
 
 TEST_F(CudaOps, BertTenAdamWStepsMatchCpu) {
   compare_training(gpu(), bert_config(), "mlm", 4, 24);

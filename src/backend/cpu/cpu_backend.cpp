@@ -273,6 +273,54 @@ class CpuBackend final : public Backend {
     cpu::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E);
   }
 
+  // ---- the LM head fused with its loss ----
+  // The chunk's logits live in scratch [chunk, Vp]; every GEMM runs over the V real columns with
+  // leading dimension Vp, so the padding changes strides only: the same products, the same bits
+  // as Vp = V. The operands are rounded (or converted to bf16) once per call, as matmul_* round them.
+  size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
+    (void)C, (void)V;
+    return size_t(chunk) * Vp;
+  }
+  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+                            const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                            int chunk, float* scratch) override {
+    NLP_ASSERT(Vp >= V && chunk > 0);
+    if (M <= 0) return;
+    forget_ce_stats(scratch);
+    const bool bwd = dx || dw;
+    const size_t nx = size_t(M) * C, nw = size_t(V) * C;
+    const float *xf = x, *wf = w;
+    const cpu::bf16 *xb = nullptr, *wb = nullptr;
+    if (native_bf16_) {
+      xb = to_bf16(1, x, nx);
+      wb = to_bf16(2, w, nw);
+    } else if (precision_ != Precision::Fp32) {
+      xf = rounded(1, x, nx);
+      wf = rounded(2, w, nw);
+    }
+    for (int r0 = 0; r0 < M; r0 += chunk) {
+      const int rows = std::min(chunk, M - r0);
+      const size_t xo = size_t(r0) * C;
+      // logits[rows, V] (row stride Vp) = x[r0.., C] @ w[V, C]^T
+      if (native_bf16_)
+        cpu::gemm(lib_, false, true, rows, V, C, xb + xo, C, wb, C, 0.0f, scratch, Vp);
+      else
+        cpu::gemm(lib_, false, true, rows, V, C, xf + xo, C, wf, C, 0.0f, scratch, Vp);
+      cpu::crossentropy_rows(losses + r0, scratch, Vp, targets + r0, dloss, rows, V, bwd);
+      if (!bwd) continue;
+      // dx[rows, C] += dlogits @ w;  dw[V, C] += dlogits^T @ x (matmul_backward's OutIn products)
+      if (native_bf16_) {
+        const cpu::bf16* db = to_bf16(0, scratch, size_t(rows) * Vp);
+        if (dx) cpu::gemm(lib_, false, false, rows, C, V, db, Vp, wb, C, 1.0f, dx + xo, C);
+        if (dw) cpu::gemm(lib_, true, false, V, C, rows, db, Vp, xb + xo, C, 1.0f, dw, C);
+      } else {
+        const float* d = precision_ == Precision::Fp32 ? scratch : rounded(0, scratch, size_t(rows) * Vp);
+        if (dx) cpu::gemm(lib_, false, false, rows, C, V, d, Vp, wf, C, 1.0f, dx + xo, C);
+        if (dw) cpu::gemm(lib_, true, false, V, C, rows, d, Vp, xf + xo, C, 1.0f, dw, C);
+      }
+    }
+  }
+
   // ---- reductions, optimizer ----
   double sum(const float* x, size_t N) override { return cpu::sum(x, N); }
   double sumsq(const float* x, size_t N) override { return cpu::sumsq(x, N); }

@@ -88,6 +88,10 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            float dloss, int M, int V, const float* row_mx = nullptr,
                            const double* row_se = nullptr);
+// The fused head's in-place loss over logits[M, ld] (V real columns); grad: the row's dlogits
+// written over it
+void crossentropy_rows(float* losses, float* logits, int ld, const int32_t* targets, float dloss,
+                       int M, int V, bool grad);
 // segments e < E of x: x[first[e] .. first[e] + len[e]), target relative to first[e]
 void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
                                   const int32_t* len, const int32_t* targets, int E);

@@ -113,6 +113,33 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
   }
 }
 
+// The fused head's loss (lm_head_crossentropy): rows of logits[M, ld] (V real columns), each row's
+// loss as crossentropy_forward, and with `grad` the row's (softmax - onehot) * dloss written over its
+// V columns (ignored rows: 0), the same arithmetic as crossentropy_backward onto a zeroed buffer
+// (0 + a == a), so the same bits. Columns V..ld are neither read nor written.
+void crossentropy_rows(float* losses, float* logits, int ld, const int32_t* targets, float dloss,
+                       int M, int V, bool grad) {
+  check_targets(targets, M, V);
+#pragma omp parallel for schedule(static)
+  for (int m = 0; m < M; ++m) {
+    float* x = logits + (size_t)m * ld;
+    const int32_t t = targets[m];
+    if (t == kIgnoreIndex) {
+      losses[m] = 0.0f;
+      if (grad) std::memset(x, 0, sizeof(float) * (size_t)V);
+      continue;
+    }
+    float mx;
+    double se;
+    losses[m] = row_loss(x, V, t, &mx, &se);
+    if (!grad) continue;
+    const float f = static_cast<float>((double)dloss / se);
+#pragma omp simd
+    for (int v = 0; v < V; ++v) x[v] = 0.0f + exp_nonpositive(x[v] - mx) * f;
+    x[t] -= dloss;
+  }
+}
+
 // Segments of x: segment e is x[first[e] .. first[e] + len[e]), its target relative to first[e].
 // losses[E] as above, per segment; dx[segment e] += (softmax - onehot) * dloss (ignored: untouched).
 void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,

@@ -473,6 +473,51 @@ class CudaBackend final : public Backend {
        "crossentropy_backward");
     copy_bad_row();
   }
+  // The LM head fused with its loss (core/backend.h). Padding (Vp > V) lives in scratch only: a copy
+  // of w with rows V..Vp zero, so that the head's GEMMs run Vp wide (a multiple of 128: whole tiles,
+  // 16-byte aligned rows), and with dw a padded [Vp, C] gradient whose first V rows are added to dw
+  // at the end (the padded rows' gradient is dropped). The parameters, their gradients, the optimizer,
+  // checkpoints and exports keep V rows. Not yet run on a GPU: model.fused_head and model.pad_vocab
+  // are off by default on this backend.
+  size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
+    return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0);
+  }
+  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+                            const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                            int chunk, float* scratch) override {
+    NLP_ASSERT(Vp >= V && chunk > 0);
+    if (M <= 0) return;
+    const bool bwd = dx || dw;
+    const int N = Vp;  // the GEMMs' width and the logits' row stride
+    float* logits = scratch;
+    const float* wg = w;
+    float* dwg = dw;
+    if (Vp > V) {
+      float* wp = scratch + size_t(chunk) * Vp;
+      copy(wp, w, size_t(V) * C * sizeof(float));
+      zero(wp + size_t(V) * C, size_t(Vp - V) * C * sizeof(float));
+      wg = wp;
+      if (dw) {
+        dwg = wp + size_t(Vp) * C;
+        zero(dwg, size_t(Vp) * C * sizeof(float));
+      }
+    }
+    int* bad = bad_row(targets, M, V);
+    for (int r0 = 0; r0 < M; r0 += chunk) {
+      const int rows = std::min(chunk, M - r0);
+      const float* xr = x + size_t(r0) * C;
+      gemm("lm_head_crossentropy (logits)", logits, xr, false, wg, true, rows, N, C, 0.0f, nullptr);
+      op(kern::lm_head_crossentropy(losses + r0, logits, N, targets + r0, dloss,
+                                    bwd ? dloss_slot() : nullptr, rows, V, r0, bad, bwd, stream_),
+         "lm_head_crossentropy");
+      if (!bwd) continue;
+      noted([&] { gemm_->backward(dx ? dx + size_t(r0) * C : nullptr, dwg, logits, xr, wg, rows, C, N, false); });
+      op(cudaSuccess, "lm_head_crossentropy (dx, dW)");
+    }
+    if (dw && dwg != dw) accumulate(dw, dwg, size_t(V) * C);
+    copy_bad_row();
+  }
+
   // Segments (packed qa): the flag's V = 0 marks them for check_targets' message.
   std::pair<std::vector<int32_t>, std::vector<int32_t>> segments_on_host(const int32_t* first,
                                                                           const int32_t* len, int E) {
