@@ -97,6 +97,21 @@ size_t available_memory(const Config& cfg, int device, int local_ranks, std::str
   return 0;
 }
 
+BatchSuggestion suggest_batch(int batch, int accum, int largest_fit) {
+  const int64_t target = int64_t(batch) * accum;
+  const int top = int(std::min<int64_t>(largest_fit, target));
+  if (top < 1) return {};
+  BatchSuggestion exact, near;
+  for (int b = top; b >= 1 && (exact.batch_size == 0 || near.batch_size == 0); --b) {
+    // the grad_accum nearest to target / b (rounded half up; at least 1)
+    const int64_t a = std::max<int64_t>(1, (target + b / 2) / b);
+    const int64_t diff = a * b - target;
+    if (exact.batch_size == 0 && diff == 0) exact = {b, int(a)};
+    if (near.batch_size == 0 && diff >= -1 && diff <= 1) near = {b, int(a)};
+  }
+  return 2 * exact.batch_size >= top ? exact : near;
+}
+
 size_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

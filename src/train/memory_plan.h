@@ -4,6 +4,7 @@
 // memory or run.memory_limit_gb). Logged as a table at the start and written to summary.json.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "config/config.h"
@@ -34,6 +35,18 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 // Memory this rank may use: cpu: MemAvailable of /proc/meminfo divided by the ranks on this node;
 // cuda: cudaMemGetInfo's free bytes of `device`. 0 when unknown; `what` says where it came from.
 size_t available_memory(const Config& cfg, int device, int local_ranks, std::string* what);
+
+// A smaller micro-batch that keeps the optimizer step's batch: given train.batch_size = batch and
+// train.grad_accum = accum (per rank: batch x accum sequences a step) and the largest batch_size that
+// fits (largest_fit < batch), a batch_size <= largest_fit and a grad_accum whose product is within
+// one sequence of batch x accum: the exact product with the largest such batch_size, unless that is
+// below half of largest_fit, then the largest batch_size whose product is within one (8 x 1 with 7
+// fitting: 4 x 2; 7 x 1 with 6 fitting: 6 x 1).
+struct BatchSuggestion {
+  int batch_size = 0, grad_accum = 0;
+  int64_t product() const { return int64_t(batch_size) * grad_accum; }
+};
+BatchSuggestion suggest_batch(int batch, int accum, int largest_fit);
 
 // The peak resident set of this process so far (getrusage ru_maxrss), bytes.
 size_t peak_rss_bytes();
