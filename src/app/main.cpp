@@ -1,6 +1,8 @@
 // nlptrain: parse the configuration, bootstrap MPI, build the backend and the model, run the mode.
 // The only file that knows every layer. Errors: a message naming the file/key/value on stderr and a
-// non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
+// non-zero exit on every rank: configuration and input-file errors are agreed on by every rank and
+// printed once before MPI_Finalize; a later error calls MPI_Abort when more than one rank is
+// running, so nothing hangs.
 #include <mpi.h>
 
 #include <algorithm>
@@ -28,9 +30,11 @@
 #include "model/model.h"
 #include "model/task.h"
 #include "train/batches.h"
+#include "train/input_check.h"
 #include "train/log.h"
 #include "train/memory_plan.h"
 #include "train/run_lock.h"
+#include "train/schedule.h"
 #include "train/session.h"
 #include "train/signals.h"
 
@@ -74,11 +78,14 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
     c2.train.batch_size = b;
     if (double(plan_memory(c2, *shell, T, comm.size()).total()) <= budget) fit_b = b;
   }
-  if (fit_b > 0)
-    hints += cat("train.batch_size = ", fit_b, " fits (with train.grad_accum = ",
-                 (cfg.train.batch_size * cfg.train.grad_accum + fit_b - 1) / fit_b,
-                 " for about the same global batch)");
-  else
+  if (fit_b > 0) {
+    const BatchSuggestion sb = suggest_batch(cfg.train.batch_size, cfg.train.grad_accum, fit_b);
+    const int64_t now = int64_t(cfg.train.batch_size) * cfg.train.grad_accum;
+    hints += cat("train.batch_size = ", sb.batch_size, " with train.grad_accum = ", sb.grad_accum, " fits: ",
+                 sb.batch_size, " x ", sb.grad_accum, " = ", sb.product(), " sequences per rank and step (now ",
+                 cfg.train.batch_size, " x ", cfg.train.grad_accum, " = ", now, sb.product() == now ? ", the same"
+                 : "", "; train.batch_size up to ", fit_b, " fits)");
+  } else
     hints += "no train.batch_size fits (train.grad_accum does not reduce memory by itself: it only keeps "
              "the global batch when train.batch_size is lowered)";
   if (!recompute) {
@@ -118,6 +125,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool append = cfg.run.mode != "train" || cfg.train.resume;
   // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
   log.open(cfg.output.dir, append, cfg.to_ini());
+  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
 
   // CPU threads from the CPUs the launcher gave this rank (core/cpu_affinity.h)
   const CpuSet cpus = current_cpu_set();
@@ -206,6 +214,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
               global, " (", comm.size(), " ranks x batch_size ", cfg.train.batch_size, " x grad_accum ",
               cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
   }
+  const std::string warmup =
+      cfg.run.mode == "train"
+          ? warmup_warning(cfg.train.schedule, cfg.train.lr, cfg.train.min_lr_ratio, cfg.train.warmup_steps,
+                           cfg.where("train.warmup_steps"), eff.train.steps,
+                           cfg.train.epochs > 0 ? "from train.epochs" : cfg.where("train.steps"))
+          : std::string();
   const char* config_name = cfg.run.mode == "train" ? "config.ini"
                             : cfg.run.mode == "eval" ? "config.eval.ini"
                             : cfg.run.mode == "predict" ? "config.predict.ini"
@@ -262,8 +276,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
              "not yet checked on a GPU)");
   for (const std::string& w : vocab_warnings) log.info(w);
   if (!epochs_line.empty()) log.info(epochs_line);
-  log.info("effective configuration:");
-  log.info(eff.to_ini());
+  if (!warmup.empty()) log.info(warmup);
+  if (cfg.run.verbose) {  // always written to config.ini (the log names it once the inputs are checked)
+    log.info("effective configuration:");
+    log.info(eff.to_ini());
+  }
 
   const size_t nparams = model->params().total();
   std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
@@ -291,13 +308,17 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;
-  char buf[320];
+  char buf[384];
+  // What this mode allocates (the memory plan's figures): every mode holds the weights and their
+  // gradient arena; only training holds AdamW's m and v (this rank's shard with train.zero = 1).
+  const bool train_mode = cfg.run.mode == "train";
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
-                "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d, recompute %s) %.1f MiB",
+                "memory per rank: %s %.1f MiB, activations (B=%d, T=%d, recompute %s) %.1f MiB",
                 mc.type.c_str(), layers, heads, width, mc.vocab_size, nparams, nparams / 1e6,
-                mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T, cfg.train.recompute.c_str(),
-                mib(model->activation_bytes(cfg.train.batch_size, T)));
+                train_mode ? "weights+grads+AdamW" : "weights+grads (no AdamW outside training)",
+                mib(plan.weights + plan.grads + plan.optimizer), cfg.train.batch_size, T,
+                cfg.train.recompute.c_str(), mib(plan.activations));
   log.info(buf);
   log.info(plan.table());
 
@@ -410,6 +431,40 @@ bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
   return false;
 }
 
+// The input files (data.train, data.eval, model.weights: train/input_check.h), checked on every rank
+// before any collective work, so that a missing or bad file ends the job through MPI_Finalize and an
+// exit code instead of MPI_Abort (whose banner mpirun prints after the message, and which can leave
+// Open MPI's ORTE_ERROR_LOG lines that look like the real error). The message is printed once: by
+// the lowest failing rank, and by another failing rank only when its message differs (each node
+// reads its own copy). Returns false (every rank) when any rank failed.
+bool inputs_readable_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
+  const std::string error = nlp::check_input_files(cfg);
+  if (size == 1) {
+    if (error.empty()) return true;
+    std::fprintf(stderr, "nlptrain: error: %s\n", error.c_str());
+    std::fflush(stderr);
+    return false;
+  }
+  int first = error.empty() ? size : rank, first_all = size;
+  int failed = error.empty() ? 0 : 1, failed_all = 0;
+  MPI_Allreduce(&first, &first_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&failed, &failed_all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (failed_all == 0) return true;
+  std::string reported = error;
+  uint64_t len = reported.size();
+  MPI_Bcast(&len, 1, MPI_UINT64_T, first_all, MPI_COMM_WORLD);
+  reported.resize(len);
+  MPI_Bcast(reported.data(), static_cast<int>(len), MPI_CHAR, first_all, MPI_COMM_WORLD);
+  if (!error.empty() && (rank == first_all || error != reported)) {
+    if (failed_all == size && error == reported)
+      std::fprintf(stderr, "nlptrain: error: %s\n", error.c_str());
+    else
+      std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, error.c_str());
+    std::fflush(stderr);
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -477,6 +532,10 @@ int main(int argc, char** argv) {
   if (!same_config_on_all_ranks(pr.config, rank, size)) {
     MPI_Finalize();
     return 2;
+  }
+  if (!inputs_readable_on_all_ranks(pr.config, rank, size)) {
+    MPI_Finalize();
+    return 1;
   }
 
   std::unique_ptr<nlp::Comm> comm;
