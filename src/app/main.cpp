@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/step_graph.h"
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/backend.h"
@@ -543,6 +544,10 @@ int main(int argc, char** argv) {
   try {
     comm = nlp::make_mpi_comm(pr.config.comm.timeout_s);
     code = run(pr.config, *comm);
+  } catch (const nlp::ReportedError&) {  // printed once already; every rank is here (comm/agree.h)
+    comm.reset();
+    MPI_Finalize();
+    return 1;
   } catch (const std::exception& e) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
     else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/packed_sampler.h"
@@ -56,7 +58,9 @@ int64_t count_packed_steps(const Config& cfg, const ModelConfig& mc, int world) 
       .steps_in_epoch(0);
 }
 
-TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
+namespace {
+
+TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
   const bool bert = mc.type == "bert";
@@ -80,18 +84,35 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
   // Reading and checking every value takes seconds on a large file: say so before and after.
   s.log.info(cat(key, ": reading and checking '", path, "' (", ds.size(), " examples of ", ds.seq_len(),
                  " tokens) ..."));
-  const auto t0 = std::chrono::steady_clock::now();
   ds.hold_in_memory(size_t(s.cfg.data.cache_mb) << 20);
   ds.validate(s.comm.rank(), s.comm.size());
-  char took[32];
-  std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  s.log.info(cat(key, ": ", ds.size(), " examples checked in ", took, " s"));
   // The label names evaluation reads (TaskEval, at the first evaluation): read them here as well, so
   // that a malformed or damaged id2label attribute stops the run before anything is written to
   // output.dir.
   if (ds.file().has_attr("id2label"))
     (void)text::parse_string_array(ds.file().attr_string("id2label"), path + ":id2label");
   return ds;
+}
+
+}  // namespace
+
+TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
+  // Every rank reaches this point together: a bad file (found by one rank in its share of the rows,
+  // or by all) is printed once, naming its key, and every rank ends without MPI_Abort.
+  std::optional<TokenDataset> ds;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ds.emplace(open_and_check(s, path, key));
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.find(key) == std::string::npos) error = cat(key, " = '", path, "': ", error);
+  }
+  agree_on_error(s.comm, error);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  s.log.info(cat(key, ": ", ds->size(), " examples checked in ", took, " s"));
+  return std::move(*ds);
 }
 
 void begin_output(Session& s) {

@@ -127,6 +127,24 @@ def test_missing_data_file_named_once_with_its_key_without_abort_banner(tmp_path
     assert "MPI_ABORT" not in p.stderr
 
 
+def test_bad_value_in_data_named_once_with_its_key_without_abort_banner(tmp_path):
+    bad = tmp_path / "bad.h5"
+    ids = np.random.default_rng(0).integers(0, V, size=(N, T))
+    ids[N - 1, 5] = V  # the last row: rank 1 checks it
+    nr.write_rows(bad, ids)
+    cmd = ["mpirun", "-np", "2", nr.binary()] + GPT + [f"--data.train={bad}", "--train.batch_size=2",
+                                                       f"--output.dir={tmp_path / 'o'}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=nr.mpi_env())
+    assert p.returncode != 0
+    message = (f"nlptrain: error [rank 1 of 2]: data.train = '{bad}': file '{bad}': input_ids[row 7, pos 5] = {V} "
+               f"is out of range for vocab_size {V}")
+    assert p.stderr.count(message) == 1 and p.stderr.count("nlptrain: error") == 1, p.stderr
+    for banner in ("MPI_ABORT", "MPI_Abort", "ORTE_ERROR_LOG", "PRTE_ERROR_LOG"):
+        assert banner not in p.stderr, p.stderr
+    assert "examples checked" not in p.stdout  # nothing claims the check passed
+    assert not (tmp_path / "o" / "log.txt").exists()
+
+
 def test_configuration_goes_to_config_ini_with_a_pointer(tmp_path, data):
     out = tmp_path / "out"
     p = nr.run(GPT + [f"--data.train={data}", "--train.steps=1", f"--output.dir={out}"])
