@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <csignal>
@@ -74,7 +75,8 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
   std::string hints;
   int fit_b = 0;
-  for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0; --b) {
+  const bool generate = cfg.run.mode == "generate";  // one sequence at a time: no batch to lower
+  for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0 && !generate; --b) {
     Config c2 = cfg;
     c2.train.batch_size = b;
     if (double(plan_memory(c2, *shell, T, comm.size()).total()) <= budget) fit_b = b;
@@ -86,10 +88,13 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                  sb.batch_size, " x ", sb.grad_accum, " = ", sb.product(), " sequences per rank and step (now ",
                  cfg.train.batch_size, " x ", cfg.train.grad_accum, " = ", now, sb.product() == now ? ", the same"
                  : "", "; train.batch_size up to ", fit_b, " fits)");
-  } else
+  } else if (generate)
+    hints += "generation holds the weights and one sequence's KV cache: a smaller model, or a node with "
+             "more memory";
+  else
     hints += "no train.batch_size fits (train.grad_accum does not reduce memory by itself: it only keeps "
              "the global batch when train.batch_size is lowered)";
-  if (!recompute) {
+  if (!recompute && !generate) {
     shell->set_recompute(true);
     const MemoryPlan with = plan_memory(cfg, *shell, T, comm.size());
     hints += cat("; train.recompute = block needs ", cat(std::lround(mib(with.total()))), " MiB (",
@@ -105,14 +110,19 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                        comm.size(), "; ", double(with.total()) <= budget ? "fits" : "does not fit by itself", ")")
                  : std::string("; train.zero = 1 shards the AdamW state over more ranks (one rank now)");
   }
+  char acts_mib[32];
+  std::snprintf(acts_mib, sizeof acts_mib, "%.1f", mib(plan.activations));
+  const std::string acts = plan.decoder ? cat(plan.activations_label(), " ", acts_mib)
+                                        : cat("activations ", acts_mib, " for train.batch_size = ", plan.B, ", T = ",
+                                              plan.T, ", train.recompute = ", cfg.train.recompute);
   std::fprintf(stderr,
                "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
-               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), activations %.1f for train.batch_size = %d, "
-               "T = %d, train.recompute = %s, workspace %.1f MiB) exceeds %s; stopped before allocating. "
-               "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: %s\n",
+               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), %s, workspace %.1f MiB) "
+               "exceeds %s; stopped before allocating. %s%s\n",
                comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
-               mib(plan.optimizer), cfg.train.zero, mib(plan.activations), plan.B, plan.T, cfg.train.recompute.c_str(),
-               mib(plan.workspace), why.c_str(), hints.c_str());
+               mib(plan.optimizer), cfg.train.zero, acts.c_str(), mib(plan.workspace), why.c_str(),
+               generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: ",
+               hints.c_str());
   std::fflush(stderr);
   return false;
 }
@@ -289,17 +299,27 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // head keeps this initialisation).
   bool any_new = mc.weights.empty();
   for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
+  // A large model takes seconds to initialise and load: say so before, and how long it took after.
+  if (nparams >= size_t(50) * 1000 * 1000)
+    log.info(cat("model: ", any_new ? "initialising" : "", any_new && !mc.weights.empty() ? " and " : "",
+                 mc.weights.empty() ? "" : cat("loading '", mc.weights, "'"), " (", nparams, " parameters) ..."));
+  const auto t_model = std::chrono::steady_clock::now();
+  auto model_seconds = [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count());
+    return std::string(b);
+  };
   if (any_new) model->init_weights(cfg.train.seed);
   if (!num_labels_source.empty())
     log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
   if (mc.weights.empty()) {
-    log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
+    log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ") in ", model_seconds(), " s"));
   } else {
     std::vector<std::string> unused;
     std::string note;
     std::vector<std::string> reinit;
     load_model_weights(*model, mc.weights, &unused, &fresh, &note, mc.reinit_mismatched ? &reinit : nullptr);
-    log.info(cat("model: loaded '", mc.weights, "'"));
+    log.info(cat("model: loaded '", mc.weights, "' in ", model_seconds(), " s"));
     if (!note.empty()) log.info(cat("model: ", note));
     for (auto& n : reinit) log.info(cat("model: initialised anew (model.reinit_mismatched): ", n));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
@@ -315,11 +335,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool train_mode = cfg.run.mode == "train";
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
-                "memory per rank: %s %.1f MiB, activations (B=%d, T=%d, recompute %s) %.1f MiB",
+                "memory per rank: %s %.1f MiB, %s %.1f MiB",
                 mc.type.c_str(), layers, heads, width, mc.vocab_size, nparams, nparams / 1e6,
                 train_mode ? "weights+grads+AdamW" : "weights+grads (no AdamW outside training)",
-                mib(plan.weights + plan.grads + plan.optimizer), cfg.train.batch_size, T,
-                cfg.train.recompute.c_str(), mib(plan.activations));
+                mib(plan.weights + plan.grads + plan.optimizer), plan.activations_label().c_str(),
+                mib(plan.activations));
   log.info(buf);
   log.info(plan.table());
 

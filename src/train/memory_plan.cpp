@@ -31,9 +31,18 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
   // the largest shard (comm/shard.h), what the rank that holds it allocates
   p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
-  p.activations = m.activation_bytes(p.B, T);
-  // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
-  p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
+  if (cfg.run.mode == "generate") {
+    // generation runs no batch forward: one sequence at a time through the KV-cache decoder
+    // (make_decoder(m, be, 1)), whose cache spans the model's positions
+    p.decoder = true;
+    p.B = 1;
+    p.T = m.config().n_positions;
+    p.activations = decoder_bytes(m, 1);
+  } else {
+    p.activations = m.activation_bytes(p.B, T);
+    // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
+    p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
+  }
   if (cfg.run.backend == "cpu") {
     // Host buffers that live in the same memory as the arenas, at the peak; they never coincide, so
     // the largest counts. Outside training: the host copy of the parameters that initialisation and
@@ -56,11 +65,15 @@ std::string MemoryPlan::table() const {
   char buf[640];
   std::snprintf(buf, sizeof buf,
                 "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v%s %.1f | "
-                "activations (B=%d, T=%d, recompute %s) %.1f | workspace %.1f | total %.1f",
+                "%s %.1f | workspace %.1f | total %.1f",
                 mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
-                mib(optimizer), B, T, recompute ? "block" : "none",
-                mib(activations), mib(workspace), mib(total()));
+                mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
   return buf;
+}
+
+std::string MemoryPlan::activations_label() const {
+  if (decoder) return cat("KV cache (", B, " sequence, T=", T, ")");
+  return cat("activations (B=", B, ", T=", T, ", recompute ", recompute ? "block" : "none", ")");
 }
 
 std::string MemoryPlan::json() const {

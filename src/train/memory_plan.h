@@ -14,17 +14,21 @@ namespace nlp {
 
 struct MemoryPlan {
   size_t weights = 0;      // parameters (fp32)
-  size_t grads = 0;        // their gradients (every mode allocates them)
+  size_t grads = 0;        // their gradients (every mode allocates the arena: model/params.cpp)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
-  size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
+  size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation; generate:
+                           // the KV-cache decoder's buffers (decoder_bytes, one sequence)
   size_t workspace = 0;    // batch buffers; cpu: the largest host buffer beside the arenas (outside
                            // training the parameters' host copy; in training the checkpoint's
                            // parameters, m and v, or MPI's buffers for the gradient sum)
   int B = 0, T = 0;
   bool recompute = false;
+  bool decoder = false;     // run.mode = generate: activations are the decoder's (B = 1, T = n_positions)
   int zero = 0, ranks = 1;  // train.zero and the ranks the optimizer state is sharded over
   size_t total() const { return weights + grads + optimizer + activations + workspace; }
   std::string table() const;  // a few log lines
+  // "activations (B=8, T=128, recompute none)", or for generate "KV cache (1 sequence, T=1024)"
+  std::string activations_label() const;
   std::string json() const;   // a JSON object (bytes), for summary.json
 };
 

@@ -196,10 +196,12 @@ def test_generate_memory_line_counts_what_it_allocates(tmp_path, data):
     p = nr.run(GPT + ["--run.mode=generate", "--generate.max_new_tokens=2", f"--output.dir={out}"])
     w, g, adamw = plan_weights_grads(p.stdout)
     assert adamw == 0
-    m = re.search(r"memory per rank: weights\+grads \(no AdamW outside training\) ([\d.]+) MiB", p.stdout)
+    m = re.search(r"memory per rank: weights\+grads \(no AdamW outside training\) ([\d.]+) MiB, "
+                  rf"KV cache \(1 sequence, T={T}\) [\d.]+ MiB", p.stdout)
     assert m, p.stdout
     assert float(m[1]) == pytest.approx(w + g, abs=0.11)
     assert "weights+grads+AdamW" not in p.stdout
+    assert f"| KV cache (1 sequence, T={T}) " in p.stdout  # the plan: the decoder, not train.batch_size x T
     # training: AdamW's m and v are counted
     p = nr.run(GPT + [f"--data.train={data}", "--train.steps=1", f"--output.dir={tmp_path / 't'}"])
     w, g, adamw = plan_weights_grads(p.stdout)

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "core/backend.h"
+#include "model/model.h"
 #include "train/memory_plan.h"
 
 using nlp::BatchSuggestion;
@@ -65,4 +67,44 @@ TEST(SuggestBatch, MatchesEnumeration) {
         ASSERT_EQ(s.batch_size, expect) << batch << " x " << accum << " fit " << fit;
         if (expect == best_exact) ASSERT_EQ(s.product(), target);
       }
+}
+
+// run.mode = generate: no batch forward runs; the plan counts the KV-cache decoder of one sequence
+// (k and v of every layer at every position dominate), weights and the gradient arena, no AdamW.
+TEST(MemoryPlanGenerate, CountsTheDecoderNotTrainingActivations) {
+  nlp::ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 3;
+  mc.n_head = 4;
+  mc.n_embd = 64;
+  mc.vocab_size = 101;
+  mc.n_positions = 128;
+  auto be = nlp::make_backend("cpu", 1, 0, nlp::BackendOptions{});
+  auto shell = nlp::make_model(mc, *be, "clm", /*allocate=*/false);
+  nlp::Config cfg;
+  cfg.model = mc;
+  cfg.run.mode = "generate";
+  cfg.train.batch_size = 8;
+  const nlp::MemoryPlan g = nlp::plan_memory(cfg, *shell, 128, 1);
+  const size_t P = shell->params().total() * sizeof(float);
+  const size_t kv = size_t(2) * mc.n_layer * mc.n_positions * mc.n_embd * sizeof(float);
+  EXPECT_TRUE(g.decoder);
+  EXPECT_EQ(g.B, 1);
+  EXPECT_EQ(g.T, mc.n_positions);
+  EXPECT_EQ(g.weights, P);
+  EXPECT_EQ(g.grads, P);
+  EXPECT_EQ(g.optimizer, 0u);
+  EXPECT_EQ(g.activations, nlp::decoder_bytes(*shell, 1));
+  // the cache plus one position's buffers and logits (a few rows of width C, one of V)
+  EXPECT_GE(g.activations, kv);
+  EXPECT_LE(g.activations, kv + (64 * mc.n_embd + 2 * mc.vocab_size) * sizeof(float));
+  EXPECT_LT(g.activations, shell->activation_bytes(8, 128));
+  EXPECT_EQ(g.workspace, P);  // cpu: the parameters' host copy; no batch buffers
+  EXPECT_NE(g.table().find("KV cache (1 sequence, T=128)"), std::string::npos) << g.table();
+  // training the same model plans its activations for train.batch_size x T
+  cfg.run.mode = "train";
+  const nlp::MemoryPlan t = nlp::plan_memory(cfg, *shell, 128, 1);
+  EXPECT_FALSE(t.decoder);
+  EXPECT_EQ(t.activations, shell->activation_bytes(8, 128));
+  EXPECT_EQ(t.optimizer, 2 * P);
 }
