@@ -452,40 +452,6 @@ bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
   return false;
 }
 
-// The input files (data.train, data.eval, model.weights: train/input_check.h), checked on every rank
-// before any collective work, so that a missing or bad file ends the job through MPI_Finalize and an
-// exit code instead of MPI_Abort (whose banner mpirun prints after the message, and which can leave
-// Open MPI's ORTE_ERROR_LOG lines that look like the real error). The message is printed once: by
-// the lowest failing rank, and by another failing rank only when its message differs (each node
-// reads its own copy). Returns false (every rank) when any rank failed.
-bool inputs_readable_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
-  const std::string error = nlp::check_input_files(cfg);
-  if (size == 1) {
-    if (error.empty()) return true;
-    std::fprintf(stderr, "nlptrain: error: %s\n", error.c_str());
-    std::fflush(stderr);
-    return false;
-  }
-  int first = error.empty() ? size : rank, first_all = size;
-  int failed = error.empty() ? 0 : 1, failed_all = 0;
-  MPI_Allreduce(&first, &first_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&failed, &failed_all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (failed_all == 0) return true;
-  std::string reported = error;
-  uint64_t len = reported.size();
-  MPI_Bcast(&len, 1, MPI_UINT64_T, first_all, MPI_COMM_WORLD);
-  reported.resize(len);
-  MPI_Bcast(reported.data(), static_cast<int>(len), MPI_CHAR, first_all, MPI_COMM_WORLD);
-  if (!error.empty() && (rank == first_all || error != reported)) {
-    if (failed_all == size && error == reported)
-      std::fprintf(stderr, "nlptrain: error: %s\n", error.c_str());
-    else
-      std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, error.c_str());
-    std::fflush(stderr);
-  }
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -554,15 +520,13 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (!inputs_readable_on_all_ranks(pr.config, rank, size)) {
-    MPI_Finalize();
-    return 1;
-  }
 
   std::unique_ptr<nlp::Comm> comm;
   int code = 0;
   try {
     comm = nlp::make_mpi_comm(pr.config.comm.timeout_s);
+    // The input files, before any other collective work: a problem is printed once (comm/agree.h)
+    nlp::agree_on_error(*comm, nlp::check_input_files(pr.config));
     code = run(pr.config, *comm);
   } catch (const nlp::ReportedError&) {  // printed once already; every rank is here (comm/agree.h)
     comm.reset();
