@@ -2,7 +2,9 @@
 tools/plot_run.py.
 
 metrics.jsonl holds one JSON object per line:
-  train step:  {"step":N,"loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"step_time_s":..}
+  train step:  {"step":N,"loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"computed_tokens_per_s":..,
+                "real_tokens_per_s":..,"step_time_s":..}   (tokens_per_s = computed_tokens_per_s: the
+                positions run; real_tokens_per_s: attention mask 1)
   evaluation:  {"step":N,"split":"eval","loss":..,"perplexity":..,<task metrics>}
   eval mode:   {"split":"eval","loss":..,...,"tokens":..}   (no step: not a curve, skipped)
 

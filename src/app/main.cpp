@@ -1,9 +1,12 @@
 // nlptrain: parse the configuration, bootstrap MPI, build the backend and the model, run the mode.
 // The only file that knows every layer. Errors: a message naming the file/key/value on stderr and a
-// non-zero exit on every rank (MPI_Abort when more than one rank is running, so nothing hangs).
+// non-zero exit on every rank: configuration and input-file errors are agreed on by every rank and
+// printed once before MPI_Finalize; a later error calls MPI_Abort when more than one rank is
+// running, so nothing hangs.
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <csignal>
@@ -18,6 +21,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/step_graph.h"
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/backend.h"
@@ -28,9 +32,11 @@
 #include "model/model.h"
 #include "model/task.h"
 #include "train/batches.h"
+#include "train/input_check.h"
 #include "train/log.h"
 #include "train/memory_plan.h"
 #include "train/run_lock.h"
+#include "train/schedule.h"
 #include "train/session.h"
 #include "train/signals.h"
 
@@ -69,19 +75,26 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
   std::string hints;
   int fit_b = 0;
-  for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0; --b) {
+  const bool generate = cfg.run.mode == "generate";  // one sequence at a time: no batch to lower
+  for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0 && !generate; --b) {
     Config c2 = cfg;
     c2.train.batch_size = b;
     if (double(plan_memory(c2, *shell, T, comm.size()).total()) <= budget) fit_b = b;
   }
-  if (fit_b > 0)
-    hints += cat("train.batch_size = ", fit_b, " fits (with train.grad_accum = ",
-                 (cfg.train.batch_size * cfg.train.grad_accum + fit_b - 1) / fit_b,
-                 " for about the same global batch)");
+  if (fit_b > 0) {
+    const BatchSuggestion sb = suggest_batch(cfg.train.batch_size, cfg.train.grad_accum, fit_b);
+    const int64_t now = int64_t(cfg.train.batch_size) * cfg.train.grad_accum;
+    hints += cat("train.batch_size = ", sb.batch_size, " with train.grad_accum = ", sb.grad_accum, " fits: ",
+                 sb.batch_size, " x ", sb.grad_accum, " = ", sb.product(), " sequences per rank and step (now ",
+                 cfg.train.batch_size, " x ", cfg.train.grad_accum, " = ", now, sb.product() == now ? ", the same"
+                 : "", "; train.batch_size up to ", fit_b, " fits)");
+  } else if (generate)
+    hints += "generation holds the weights and one sequence's KV cache: a smaller model, or a node with "
+             "more memory";
   else
     hints += "no train.batch_size fits (train.grad_accum does not reduce memory by itself: it only keeps "
              "the global batch when train.batch_size is lowered)";
-  if (!recompute) {
+  if (!recompute && !generate) {
     shell->set_recompute(true);
     const MemoryPlan with = plan_memory(cfg, *shell, T, comm.size());
     hints += cat("; train.recompute = block needs ", cat(std::lround(mib(with.total()))), " MiB (",
@@ -97,14 +110,19 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                        comm.size(), "; ", double(with.total()) <= budget ? "fits" : "does not fit by itself", ")")
                  : std::string("; train.zero = 1 shards the AdamW state over more ranks (one rank now)");
   }
+  char acts_mib[32];
+  std::snprintf(acts_mib, sizeof acts_mib, "%.1f", mib(plan.activations));
+  const std::string acts = plan.decoder ? cat(plan.activations_label(), " ", acts_mib)
+                                        : cat("activations ", acts_mib, " for train.batch_size = ", plan.B, ", T = ",
+                                              plan.T, ", train.recompute = ", cfg.train.recompute);
   std::fprintf(stderr,
                "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
-               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), activations %.1f for train.batch_size = %d, "
-               "T = %d, train.recompute = %s, workspace %.1f MiB) exceeds %s; stopped before allocating. "
-               "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: %s\n",
+               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), %s, workspace %.1f MiB) "
+               "exceeds %s; stopped before allocating. %s%s\n",
                comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
-               mib(plan.optimizer), cfg.train.zero, mib(plan.activations), plan.B, plan.T, cfg.train.recompute.c_str(),
-               mib(plan.workspace), why.c_str(), hints.c_str());
+               mib(plan.optimizer), cfg.train.zero, acts.c_str(), mib(plan.workspace), why.c_str(),
+               generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: ",
+               hints.c_str());
   std::fflush(stderr);
   return false;
 }
@@ -118,6 +136,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const bool append = cfg.run.mode != "train" || cfg.train.resume;
   // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
   log.open(cfg.output.dir, append, cfg.to_ini());
+  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
 
   // CPU threads from the CPUs the launcher gave this rank (core/cpu_affinity.h)
   const CpuSet cpus = current_cpu_set();
@@ -206,6 +225,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
               global, " (", comm.size(), " ranks x batch_size ", cfg.train.batch_size, " x grad_accum ",
               cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
   }
+  const std::string warmup =
+      cfg.run.mode == "train"
+          ? warmup_warning(cfg.train.schedule, cfg.train.lr, cfg.train.min_lr_ratio, cfg.train.warmup_steps,
+                           cfg.where("train.warmup_steps"), eff.train.steps,
+                           cfg.train.epochs > 0 ? "from train.epochs" : cfg.where("train.steps"))
+          : std::string();
   const char* config_name = cfg.run.mode == "train" ? "config.ini"
                             : cfg.run.mode == "eval" ? "config.eval.ini"
                             : cfg.run.mode == "predict" ? "config.predict.ini"
@@ -262,8 +287,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
              "not yet checked on a GPU)");
   for (const std::string& w : vocab_warnings) log.info(w);
   if (!epochs_line.empty()) log.info(epochs_line);
-  log.info("effective configuration:");
-  log.info(eff.to_ini());
+  if (!warmup.empty()) log.info(warmup);
+  if (cfg.run.verbose) {  // always written to config.ini (the log names it once the inputs are checked)
+    log.info("effective configuration:");
+    log.info(eff.to_ini());
+  }
 
   const size_t nparams = model->params().total();
   std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
@@ -271,17 +299,27 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // head keeps this initialisation).
   bool any_new = mc.weights.empty();
   for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
+  // A large model takes seconds to initialise and load: say so before, and how long it took after.
+  if (nparams >= size_t(50) * 1000 * 1000)
+    log.info(cat("model: ", any_new ? "initialising" : "", any_new && !mc.weights.empty() ? " and " : "",
+                 mc.weights.empty() ? "" : cat("loading '", mc.weights, "'"), " (", nparams, " parameters) ..."));
+  const auto t_model = std::chrono::steady_clock::now();
+  auto model_seconds = [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count());
+    return std::string(b);
+  };
   if (any_new) model->init_weights(cfg.train.seed);
   if (!num_labels_source.empty())
     log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
   if (mc.weights.empty()) {
-    log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ")"));
+    log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ") in ", model_seconds(), " s"));
   } else {
     std::vector<std::string> unused;
     std::string note;
     std::vector<std::string> reinit;
     load_model_weights(*model, mc.weights, &unused, &fresh, &note, mc.reinit_mismatched ? &reinit : nullptr);
-    log.info(cat("model: loaded '", mc.weights, "'"));
+    log.info(cat("model: loaded '", mc.weights, "' in ", model_seconds(), " s"));
     if (!note.empty()) log.info(cat("model: ", note));
     for (auto& n : reinit) log.info(cat("model: initialised anew (model.reinit_mismatched): ", n));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
@@ -291,13 +329,17 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;
-  char buf[320];
+  char buf[384];
+  // What this mode allocates (the memory plan's figures): every mode holds the weights and their
+  // gradient arena; only training holds AdamW's m and v (this rank's shard with train.zero = 1).
+  const bool train_mode = cfg.run.mode == "train";
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
-                "memory per rank: weights+grads+AdamW %.1f MiB, activations (B=%d, T=%d, recompute %s) %.1f MiB",
+                "memory per rank: %s %.1f MiB, %s %.1f MiB",
                 mc.type.c_str(), layers, heads, width, mc.vocab_size, nparams, nparams / 1e6,
-                mib(4 * nparams * sizeof(float)), cfg.train.batch_size, T, cfg.train.recompute.c_str(),
-                mib(model->activation_bytes(cfg.train.batch_size, T)));
+                train_mode ? "weights+grads+AdamW" : "weights+grads (no AdamW outside training)",
+                mib(plan.weights + plan.grads + plan.optimizer), plan.activations_label().c_str(),
+                mib(plan.activations));
   log.info(buf);
   log.info(plan.table());
 
@@ -488,7 +530,13 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     comm = nlp::make_mpi_comm(pr.config.comm.timeout_s);
+    // The input files, before any other collective work: a problem is printed once (comm/agree.h)
+    nlp::agree_on_error(*comm, nlp::check_input_files(pr.config));
     code = run(pr.config, *comm);
+  } catch (const nlp::ReportedError&) {  // printed once already; every rank is here (comm/agree.h)
+    comm.reset();
+    MPI_Finalize();
+    return 1;
   } catch (const std::exception& e) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
     else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());

@@ -3,7 +3,9 @@
 //
 // Parsing order: the INI file (optional, first positional argument) is read, then command-line
 // overrides `--section.key=value` / `--section.key value` are applied (they win; on the command line
-// the last occurrence of a key wins, in the INI a duplicate key is an error). Type errors are reported
+// the last occurrence of a key wins, in the INI a duplicate key is an error), then model.preset
+// fills the shape keys set nowhere else. A command-line key replaces its alternative from the INI
+// (resolve_alternatives). Type errors are reported
 // where the text was read; range, choice and cross-key checks run on the final values and name where
 // each value came from (INI file and line, command line, or default).
 #include "config/config.h"
@@ -132,6 +134,9 @@ const std::vector<Entry>& schema() {
        "to bf16 and multiplied in fp32 (the reference the GPU is compared with); auto = native where "
        "the CPU has it, else emulate, with a warning: slower than fp32 there (the log says which)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
+      {KEY(run, verbose), none(),
+       "the log also lists the full effective configuration (every key); it is always written to "
+       "config.ini (config.<mode>.ini outside training) in output.dir, which the log names"},
       {KEY(run, peak_tflops), ge(0),
        "peak TFLOP/s of one rank's device, for the MFU in summary.json; 0 = unknown (MFU not reported)"},
       {KEY(run, sync_check), none(),
@@ -905,6 +910,53 @@ void apply_preset(Config& c, std::map<std::string, Origin>& origins) {
   }
 }
 
+// Keys that are alternatives to each other: train.steps or train.epochs, generate.prompt or
+// generate.prompts_file, and model.type or a model.preset of another type. When both are given and
+// one came from the command line, the other from the INI file, the command line wins (precedence:
+// command line > INI file > model.preset > default): the INI's key goes back to its default, and
+// Config::notes gets one line saying so. Both from the same source stay an error (parse_config's
+// cross-key checks, apply_preset).
+void resolve_alternatives(Config& c, std::map<std::string, Origin>& origins) {
+  struct Pair {
+    const char* a;
+    const char* b;
+    bool (*conflict)(const Config&);
+  };
+  static const Pair pairs[] = {
+      {"train.steps", "train.epochs",
+       [](const Config& k) { return k.is_set("train.steps") && k.train.epochs > 0; }},
+      {"generate.prompt", "generate.prompts_file",
+       [](const Config& k) {
+         return k.is_set("generate.prompt") && !k.generate.prompt.empty() &&
+                k.generate.prompt != GenerateConfig{}.prompt && !k.generate.prompts_file.empty();
+       }},
+      {"model.type", "model.preset",
+       [](const Config& k) {
+         const std::string& p = k.model.preset;
+         return k.is_set("model.type") && !p.empty() &&
+                std::find(kPresets.begin(), kPresets.end(), p) != kPresets.end() &&
+                k.model.type != (p.rfind("bert", 0) == 0 ? "bert" : "gpt2");
+       }},
+  };
+  const Config defaults;
+  for (const Pair& pair : pairs) {
+    if (!pair.conflict(c)) continue;
+    const bool a_cli = c.set_on_command_line.count(pair.a) > 0;
+    const bool b_cli = c.set_on_command_line.count(pair.b) > 0;
+    if (a_cli == b_cli) continue;  // the same source: an error below
+    const std::string won = a_cli ? pair.a : pair.b, lost = a_cli ? pair.b : pair.a;
+    const Entry& w = *find_entry(won);
+    const Entry& l = *find_entry(lost);
+    const std::string lost_text = value_text(l, c);
+    const std::string lost_where = origins.count(lost) ? origins[lost].where : c.where(lost);
+    assign(l, c, value_text(l, defaults), Origin{"default", ""});
+    origins.erase(lost);
+    c.explicitly_set.erase(lost);
+    c.notes.push_back(cat(won, " = ", value_text(w, c), " (command line) replaces ", lost, " = ", lost_text,
+                          " (", lost_where, "): the command line wins over the INI file"));
+  }
+}
+
 // A key set explicitly that the model type does not use is an error (a GPT-2 key given to BERT
 // would otherwise be silently ignored), naming BERT's or GPT-2's name for it.
 void check_model_type_keys(const Config& c) {
@@ -1000,7 +1052,11 @@ std::string config_help() {
   std::ostringstream os;
   os << "usage: nlptrain [--help] [--version] [--check] [input.ini] [--section.key=value ...]\n"
         "\n"
-        "Reads input.ini (optional), then applies the command-line overrides, which win.\n"
+        "Reads input.ini (optional), then applies the command-line overrides. Precedence: command\n"
+        "line > INI file > model.preset > default. A key given on the command line replaces its\n"
+        "alternative from the INI file (train.steps for train.epochs and back, generate.prompt for\n"
+        "generate.prompts_file and back, model.type for a model.preset of the other type), with a\n"
+        "line in the log; both in the same place are an error.\n"
         "Each key below is written `key = value` under its [section] in the INI file, or given on\n"
         "the command line as --section.key=value or --section.key value (the last one wins).\n"
         "Without an INI file the defaults are used. INI comments start with # or ;.\n"
@@ -1114,6 +1170,7 @@ ParseResult parse_config(int argc, const char* const* argv) {
     c.set_on_command_line.insert(e.name);
   }
 
+  resolve_alternatives(c, origins);
   apply_preset(c, origins);
   auto origin = [&](const std::string& name) {
     auto it = origins.find(name);

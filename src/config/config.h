@@ -25,6 +25,7 @@ struct RunConfig {
   float memory_limit_gb = 0.f; // refuse to start when the memory plan exceeds this (GB = 1e9 bytes); 0 = no limit
   std::string cpu_gemm = "auto";  // cpu: GEMM library, auto | openblas | onednn (auto: backend/cpu/gemm.h auto_gemm_lib)
   std::string cpu_bf16 = "auto";  // cpu, train.precision = bf16: auto | emulate | native
+  bool verbose = false;        // the log also holds the full effective configuration (always in config.ini)
 };
 
 struct ModelConfig {
@@ -191,6 +192,9 @@ struct Config {
   // (preset keys: "model.preset = P").
   std::string where(const std::string& key) const;
   std::map<std::string, std::string> preset_keys;  // key -> preset that set it
+  // Lines for the log: a key given on the command line that replaced its alternative from the INI
+  // file (train.steps for train.epochs, ...; see parse_config).
+  std::vector<std::string> notes;
 
   // The datasets run.mode reads: data.train (train, gradients) and data.eval (train, eval, predict).
   bool reads_train() const { return run.mode == "train" || run.mode == "gradients"; }

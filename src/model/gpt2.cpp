@@ -304,6 +304,15 @@ class Gpt2 final : public Model {
   float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
 };
 
+// Floats of a decoder's arena for B sequences: k and v caches [B,NH,Tmax,HS] per layer, x, y, ln
+// [B,C], mean and rstd [B], logits [B,V] and the blocks' decode scratch.
+size_t decoder_numel(const ModelConfig& mc, const BlockConfig& bc, int n_layer, int B) {
+  const size_t C = mc.n_embd, V = mc.vocab_size;
+  const size_t cache = size_t(B) * mc.n_positions * C;
+  return 2 * cache * n_layer + 2 * size_t(B) * C + size_t(B) * C + 2 * size_t(B) + size_t(B) * V +
+         block_decode_scratch_numel(bc, B);
+}
+
 // KV-cache decoding: one position at a time through the same weights; the cost of a new token is
 // independent of the prefix length except for the attention over the cache.
 class Gpt2Decoder final : public Decoder {
@@ -314,8 +323,7 @@ class Gpt2Decoder final : public Decoder {
     Tmax_ = mc.n_positions;
     const size_t C = mc.n_embd, V = mc.vocab_size;
     const size_t cache = size_t(B) * Tmax_ * C;  // [B,NH,Tmax,HS] per layer, k and v
-    const size_t total = 2 * cache * m.n_layer() + 2 * size_t(B) * C + size_t(B) * C + 2 * size_t(B) +
-                         size_t(B) * V + block_decode_scratch_numel(bc, B);
+    const size_t total = decoder_numel(mc, bc, m.n_layer(), B);
     arena_ = static_cast<float*>(be.alloc(total * sizeof(float)));
     Carver take(arena_, total);
     for (int l = 0; l < m.n_layer(); ++l) {
@@ -376,6 +384,12 @@ class Gpt2Decoder final : public Decoder {
 
 std::unique_ptr<Model> make_gpt2(const ModelConfig& mc, Backend& be, bool allocate) {
   return std::make_unique<Gpt2>(mc, be, allocate);
+}
+
+size_t decoder_bytes(const Model& m, int B) {
+  const auto* g = dynamic_cast<const Gpt2*>(&m);
+  if (!g) return 0;
+  return decoder_numel(g->config(), g->block_config(), g->n_layer(), B) * sizeof(float) + size_t(B) * sizeof(int32_t);
 }
 
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B) {

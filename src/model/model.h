@@ -201,6 +201,8 @@ std::vector<std::string> resolve_label_names(const Config& cfg, const ModelConfi
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task = "clm",
                                   bool allocate = true);
 std::unique_ptr<Decoder> make_decoder(Model& m, Backend& be, int B);
+// Bytes make_decoder(m, be, B) allocates (its KV cache and buffers); 0 for a model without a decoder.
+size_t decoder_bytes(const Model& m, int B);
 
 }  // namespace nlp
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/packed_sampler.h"
@@ -56,7 +58,9 @@ int64_t count_packed_steps(const Config& cfg, const ModelConfig& mc, int world) 
       .steps_in_epoch(0);
 }
 
-TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
+namespace {
+
+TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
   const bool bert = mc.type == "bert";
@@ -77,6 +81,9 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
   if (s.task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
+  // Reading and checking every value takes seconds on a large file: say so before and after.
+  s.log.info(cat(key, ": reading and checking '", path, "' (", ds.size(), " examples of ", ds.seq_len(),
+                 " tokens) ..."));
   ds.hold_in_memory(size_t(s.cfg.data.cache_mb) << 20);
   ds.validate(s.comm.rank(), s.comm.size());
   // The label names evaluation reads (TaskEval, at the first evaluation): read them here as well, so
@@ -85,6 +92,27 @@ TokenDataset open_dataset(const Session& s, const std::string& path, const std::
   if (ds.file().has_attr("id2label"))
     (void)text::parse_string_array(ds.file().attr_string("id2label"), path + ":id2label");
   return ds;
+}
+
+}  // namespace
+
+TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key) {
+  // Every rank reaches this point together: a bad file (found by one rank in its share of the rows,
+  // or by all) is printed once, naming its key, and every rank ends without MPI_Abort.
+  std::optional<TokenDataset> ds;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ds.emplace(open_and_check(s, path, key));
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.find(key) == std::string::npos) error = cat(key, " = '", path, "': ", error);
+  }
+  agree_on_error(s.comm, error);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  s.log.info(cat(key, ": ", ds->size(), " examples checked in ", took, " s"));
+  return std::move(*ds);
 }
 
 void begin_output(Session& s) {
@@ -144,17 +172,21 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
 }
 
 std::string format_eval(const EvalResult& r) {
-  std::string line = cat("loss ", r.loss);
+  // No loss terms: unlabelled data (predict with the prep tools' --no-labels), no loss to report.
+  std::string line = r.tokens > 0 ? cat("loss ", r.loss) : std::string("no labels: no loss");
   for (const auto& [k, v] : r.metrics) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, " | %s %.4f", k.c_str(), v);
+    if (k == "questions")  // a count, not a rate
+      std::snprintf(buf, sizeof buf, " | %s %.0f", k.c_str(), v);
+    else
+      std::snprintf(buf, sizeof buf, " | %s %.4f", k.c_str(), v);
     line += buf;
   }
   char tail[160];
   std::snprintf(tail, sizeof tail, " | padding %.1f%% of %.0f positions | %.1f s, %.0f examples/s, %.0f real tokens/s",
                 100 * r.padding_fraction(), r.positions, r.seconds, r.seconds > 0 ? r.examples / r.seconds : 0.0,
                 r.seconds > 0 ? r.real_tokens / r.seconds : 0.0);
-  return line + cat(" | ", r.tokens, " loss terms") + tail;
+  return line + (r.tokens > 0 ? cat(" | ", r.tokens, " loss terms") : std::string()) + tail;
 }
 
 void eval_json(Json& j, const EvalResult& r) {

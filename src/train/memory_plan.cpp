@@ -31,10 +31,19 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
   // the largest shard (comm/shard.h), what the rank that holds it allocates
   p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
-  p.activations = m.activation_bytes(p.B, T);
-  p.lm_head = m.lm_head_bytes(p.B, T, &p.lm_head_fused);
-  // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
-  p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
+  if (cfg.run.mode == "generate") {
+    // generation runs no batch forward: one sequence at a time through the KV-cache decoder
+    // (make_decoder(m, be, 1)), whose cache spans the model's positions
+    p.decoder = true;
+    p.B = 1;
+    p.T = m.config().n_positions;
+    p.activations = decoder_bytes(m, 1);
+  } else {
+    p.activations = m.activation_bytes(p.B, T);
+    p.lm_head = m.lm_head_bytes(p.B, T, &p.lm_head_fused);
+    // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
+    p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
+  }
   if (cfg.run.backend == "cpu") {
     // Host buffers that live in the same memory as the arenas, at the peak; they never coincide, so
     // the largest counts. Outside training: the host copy of the parameters that initialisation and
@@ -56,17 +65,25 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
 
 std::string MemoryPlan::table() const {
   char buf[768];
-  char head[96] = "";  // the part of the activations the LM head's logits take
-  if (lm_head)
-    std::snprintf(head, sizeof head, "; %s %.1f", lm_head_fused ? "fused LM head's chunk" : "LM head's logits",
-                  mib(lm_head));
   std::snprintf(buf, sizeof buf,
                 "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v%s %.1f | "
-                "activations (B=%d, T=%d, recompute %s%s) %.1f | workspace %.1f | total %.1f",
+                "%s %.1f | workspace %.1f | total %.1f",
                 mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
-                mib(optimizer), B, T, recompute ? "block" : "none", head,
-                mib(activations), mib(workspace), mib(total()));
+                mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
   return buf;
+}
+
+std::string MemoryPlan::activations_label() const {
+  if (decoder) return cat("KV cache (", B, " sequence, T=", T, ")");
+  // the part of the activations the LM head's logits take (GPT-2), or the fused head's chunk
+  std::string head;
+  if (lm_head) {
+    char h[96];
+    std::snprintf(h, sizeof h, "; %s %.1f", lm_head_fused ? "fused LM head's chunk" : "LM head's logits",
+                  mib(lm_head));
+    head = h;
+  }
+  return cat("activations (B=", B, ", T=", T, ", recompute ", recompute ? "block" : "none", head, ")");
 }
 
 std::string MemoryPlan::json() const {
@@ -102,6 +119,21 @@ size_t available_memory(const Config& cfg, int device, int local_ranks, std::str
     }
   }
   return 0;
+}
+
+BatchSuggestion suggest_batch(int batch, int accum, int largest_fit) {
+  const int64_t target = int64_t(batch) * accum;
+  const int top = int(std::min<int64_t>(largest_fit, target));
+  if (top < 1) return {};
+  BatchSuggestion exact, near;
+  for (int b = top; b >= 1 && (exact.batch_size == 0 || near.batch_size == 0); --b) {
+    // the grad_accum nearest to target / b (rounded half up; at least 1)
+    const int64_t a = std::max<int64_t>(1, (target + b / 2) / b);
+    const int64_t diff = a * b - target;
+    if (exact.batch_size == 0 && diff == 0) exact = {b, int(a)};
+    if (near.batch_size == 0 && diff >= -1 && diff <= 1) near = {b, int(a)};
+  }
+  return 2 * exact.batch_size >= top ? exact : near;
 }
 
 size_t peak_rss_bytes() {

@@ -4,6 +4,7 @@
 // memory or run.memory_limit_gb). Logged as a table at the start and written to summary.json.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "config/config.h"
@@ -13,9 +14,10 @@ namespace nlp {
 
 struct MemoryPlan {
   size_t weights = 0;      // parameters (fp32)
-  size_t grads = 0;        // their gradients (every mode allocates them)
+  size_t grads = 0;        // their gradients (every mode allocates the arena: model/params.cpp)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
-  size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation
+  size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation; generate:
+                           // the KV-cache decoder's buffers (decoder_bytes, one sequence)
   size_t lm_head = 0;      // of which the LM head's logits (Model::lm_head_bytes: GPT-2's [B*T, V]
   bool lm_head_fused = false;  // logits and gradient, or one chunk of the fused head)
   size_t workspace = 0;    // batch buffers; cpu: the largest host buffer beside the arenas (outside
@@ -23,9 +25,12 @@ struct MemoryPlan {
                            // parameters, m and v, or MPI's buffers for the gradient sum)
   int B = 0, T = 0;
   bool recompute = false;
+  bool decoder = false;     // run.mode = generate: activations are the decoder's (B = 1, T = n_positions)
   int zero = 0, ranks = 1;  // train.zero and the ranks the optimizer state is sharded over
   size_t total() const { return weights + grads + optimizer + activations + workspace; }
   std::string table() const;  // a few log lines
+  // "activations (B=8, T=128, recompute none)", or for generate "KV cache (1 sequence, T=1024)"
+  std::string activations_label() const;
   std::string json() const;   // a JSON object (bytes), for summary.json
 };
 
@@ -36,6 +41,18 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 // Memory this rank may use: cpu: MemAvailable of /proc/meminfo divided by the ranks on this node;
 // cuda: cudaMemGetInfo's free bytes of `device`. 0 when unknown; `what` says where it came from.
 size_t available_memory(const Config& cfg, int device, int local_ranks, std::string* what);
+
+// A smaller micro-batch that keeps the optimizer step's batch: given train.batch_size = batch and
+// train.grad_accum = accum (per rank: batch x accum sequences a step) and the largest batch_size that
+// fits (largest_fit < batch), a batch_size <= largest_fit and a grad_accum whose product is within
+// one sequence of batch x accum: the exact product with the largest such batch_size, unless that is
+// below half of largest_fit, then the largest batch_size whose product is within one (8 x 1 with 7
+// fitting: 4 x 2; 7 x 1 with 6 fitting: 6 x 1).
+struct BatchSuggestion {
+  int batch_size = 0, grad_accum = 0;
+  int64_t product() const { return int64_t(batch_size) * grad_accum; }
+};
+BatchSuggestion suggest_batch(int batch, int accum, int largest_fit);
 
 // The peak resident set of this process so far (getrusage ru_maxrss), bytes.
 size_t peak_rss_bytes();

@@ -23,4 +23,16 @@ float learning_rate(const std::string& schedule, float lr, float min_lr_ratio, i
   throw Error(cat("train.schedule: unknown schedule '", schedule, "'"));
 }
 
+std::string warmup_warning(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,
+                           const std::string& warmup_where, int steps, const std::string& steps_where) {
+  if (warmup_steps < steps || steps < 1) return "";
+  const float last = learning_rate(schedule, lr, min_lr_ratio, warmup_steps, steps, steps - 1);
+  return cat("warning: train.warmup_steps = ", warmup_steps, " (", warmup_where, ") >= train.steps = ", steps,
+             " (", steps_where, "): the learning rate rises linearly during all ", steps, " steps and reaches ",
+             last, warmup_steps == steps ? " (train.lr)" : cat(" (train.lr = ", lr, " x ", steps, "/", warmup_steps, ")"),
+             " only at the last step; the ", schedule, " schedule after the warmup never starts. "
+             "Lower train.warmup_steps below train.steps (HF's warmup_ratio 0.1 would be ",
+             steps / 10, ")");
+}
+
 }  // namespace nlp

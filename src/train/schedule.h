@@ -8,4 +8,10 @@ namespace nlp {
 float learning_rate(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,
                     int total_steps, int step);
 
+// The warning for train.warmup_steps >= train.steps (the schedule never leaves its warmup), saying
+// what the schedule will do; "" when warmup_steps < steps. `*_where` name where each value came from
+// (Config::where, or "from train.epochs").
+std::string warmup_warning(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,
+                           const std::string& warmup_where, int steps, const std::string& steps_where);
+
 }  // namespace nlp

@@ -30,6 +30,16 @@ std::string cpu_model_name() {
 
 }  // namespace
 
+Throughput throughput(const StepTimes& times, int64_t tokens_per_step) {
+  Throughput t;
+  t.steps = times.steps;
+  if (times.total <= 0) return t;
+  t.padded = double(tokens_per_step) * times.steps / times.total;
+  t.computed = times.computed_tokens / times.total;
+  t.real = times.real_tokens / times.total;
+  return t;
+}
+
 void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, int T,
                    bool completed, const RunNotes& notes) {
   // Nodes: ranks that are local rank 0 of their node.
@@ -63,10 +73,8 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   const double step_s = n ? times.total / n : 0;
   const double data_s = n ? times.data / n : 0;
   const double comm_s = n ? times.comm / n : 0;
-  const double tok_s = step_s > 0 ? tokens_per_step / step_s : 0;
-  // Positions actually computed per second (below tok_s when batches are trimmed) and real tokens.
-  const double computed_s = times.total > 0 ? times.computed_tokens / times.total : 0;
-  const double real_s = times.total > 0 ? times.real_tokens / times.total : 0;
+  const Throughput tp = throughput(times, tokens_per_step);
+  const double computed_s = tp.computed;
   const double mean_len = notes.micro_batches > 0 ? notes.batch_len_sum / notes.micro_batches : T;
   const double fpt = s.model.flops_per_token(static_cast<int>(std::lround(mean_len)));
   const double achieved = computed_s * fpt;  // FLOP/s over all ranks
@@ -101,9 +109,10 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("comm_s_min_step", comm_min_step)
       .boolean("comm_overlap", s.cfg.comm.overlap && s.comm.size() > 1)
       .num("data_s", data_s)
-      .num("tokens_per_s", tok_s)
-      .num("computed_tokens_per_s", computed_s)
-      .num("real_tokens_per_s", real_s)
+      .num("padded_tokens_per_s", tp.padded)
+      .num("computed_tokens_per_s", tp.computed)
+      .num("real_tokens_per_s", tp.real)
+      .num("tokens_per_s", tp.padded)  // = padded_tokens_per_s, under the name older readers use
       .str("padding", s.cfg.data.padding)
       .integer("pad_multiple", s.cfg.data.pad_multiple)
       .boolean("group_by_length", s.cfg.data.group_by_length)

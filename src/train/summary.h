@@ -36,6 +36,20 @@ struct StepTimes {
   }
 };
 
+// Throughput of the timed steps (every step after the first, whose one-time set-up would skew it;
+// zero when only one ran), over all ranks, in tokens per second of three kinds:
+//   padded:   tokens_per_step / step time: every position of the global batch at the file's length,
+//             padding included (what the run would compute without data.padding = longest);
+//   computed: the positions computed (each micro-batch at its length after trimming: the log's tok/s);
+//   real:     the tokens with attention mask 1 (no padding).
+// The log's "done" line and summary.json (padded_tokens_per_s, computed_tokens_per_s,
+// real_tokens_per_s) give these same numbers.
+struct Throughput {
+  double padded = 0, computed = 0, real = 0;
+  int steps = 0;  // the steps they are averaged over
+};
+Throughput throughput(const StepTimes& times, int64_t tokens_per_step);
+
 // What happened to the run besides its timing: resume and non-finite steps (see the README's
 // "Reliability" section). Written as summary.json's "resumed_from", "resumed_step",
 // "damaged_checkpoints" ([{"file", "reason"}]), "metrics_dropped", "nonfinite_skipped", "warnings".

@@ -590,7 +590,8 @@ int run_train(Session& s) {
     }
     Json rec;
     rec.integer("step", st.step).exact("loss", loss).num("lr", lr).num("grad_norm", norm)
-        .num("tokens_per_s", tok_s).num("real_tokens_per_s", real_s).num("step_time_s", dt);
+        .num("tokens_per_s", tok_s).num("computed_tokens_per_s", tok_s).num("real_tokens_per_s", real_s)
+        .num("step_time_s", dt);
     if (pack) rec.integer("examples", static_cast<int64_t>(counts[5]));
     if (!finite) rec.boolean("skipped", true);
     if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
@@ -636,12 +637,21 @@ int run_train(Session& s) {
     }
   }
   if (steps_done_here > 0) {
-    char buf[256];
+    // The throughput summary.json reports (summary.h throughput), in its words.
+    const Throughput tp = throughput(times, tokens_per_step);
+    char rates[320];
+    if (tp.steps > 0)
+      std::snprintf(rates, sizeof rates,
+                    "over the last %d steps %.0f padded tokens/s (global batch at the file's length), %.0f "
+                    "computed tokens/s (positions run), %.0f real tokens/s (no padding)",
+                    tp.steps, tp.padded, tp.computed, tp.real);
+    else
+      std::snprintf(rates, sizeof rates, "no throughput: it is timed from the second step on");
+    char buf[640];
     std::snprintf(buf, sizeof buf,
-                  "done: %d steps in %s, %.0f tokens/s on average (%.0f real tokens/s; padding computed "
-                  "%.1f%% of the positions, %.1f%% at the file's length)",
-                  steps_done_here, format_duration(train_seconds).c_str(),
-                  notes.computed_tokens / train_seconds, notes.real_tokens / train_seconds,
+                  "done: %d steps in %s, %s; padding computed %.1f%% of the positions, %.1f%% at the "
+                  "file's length",
+                  steps_done_here, format_duration(train_seconds).c_str(), rates,
                   100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
     if (pack && notes.rows > 0)
       s.log.info(cat("data: packing held ", std::lround(100 * notes.examples / notes.rows) / 100.0,

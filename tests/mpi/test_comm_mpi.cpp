@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/grad_reducer.h"
 #include "core/backend.h"
@@ -238,6 +240,24 @@ TEST(StagedComm, ZeroBucketsEqualTheAllreduce) {
 }
 
 }  // namespace
+
+// comm/agree.h: no error anywhere returns on every rank; an error on the last rank only (or on every
+// rank) makes every rank throw ReportedError, carrying its own message where it has one.
+TEST(AgreeOnError, EveryRankThrowsWhenAnyRankFails) {
+  Comm& c = *g_mpi;
+  EXPECT_NO_THROW(agree_on_error(c, ""));
+  const bool last = c.rank() == c.size() - 1;
+  try {
+    agree_on_error(c, last ? "data.train = 'x.h5': test error of the last rank" : "");
+    ADD_FAILURE() << "no ReportedError on rank " << c.rank();
+  } catch (const ReportedError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m, last ? "data.train = 'x.h5': test error of the last rank"
+                      : "reported by rank " + std::to_string(c.size() - 1));
+  }
+  EXPECT_THROW(agree_on_error(c, "test error of every rank"), ReportedError);
+  EXPECT_NO_THROW(agree_on_error(c, ""));  // the ranks are still in step
+}
 
 int main(int argc, char** argv) {
   int provided = 0;

@@ -24,6 +24,7 @@ namespace {
 const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
     "run.sync_check", "run.profile", "run.cuda_graph", "run.memory_limit_gb", "run.cpu_gemm", "run.cpu_bf16",
+    "run.verbose",
     "model.type", "model.weights", "model.preset", "model.reinit_mismatched", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
@@ -701,7 +702,15 @@ TEST_F(ConfigTest, PromptsFile) {
   EXPECT_CONTAINS(m, "both");
   // An empty --generate.prompt= clears an INI's prompt, so that a prompts file can be given
   const std::string with_prompt = write("prompt.ini", "[run]\nmode = generate\n[generate]\nprompt = \"Once\"\n");
-  EXPECT_CONTAINS(error_of({with_prompt, "--generate.prompts_file=" + p}), "both");
+  // A prompts file on the command line replaces the INI's prompt (the command line wins)
+  const Config over = parse({with_prompt, "--generate.prompts_file=" + p}).config;
+  EXPECT_EQ(over.generate.prompts_file, p);
+  EXPECT_EQ(over.generate.prompt, nlp::GenerateConfig{}.prompt);
+  ASSERT_EQ(over.notes.size(), 1u);
+  EXPECT_CONTAINS(over.notes[0], "generate.prompts_file = " + p + " (command line) replaces generate.prompt = \"Once\"");
+  // both in the INI: an error
+  const std::string both = write("both.ini", "[run]\nmode = generate\n[generate]\nprompt = \"Once\"\nprompts_file = " + p + "\n");
+  EXPECT_CONTAINS(error_of({both}), "both");
   EXPECT_EQ(parse({with_prompt, "--generate.prompt=", "--generate.prompts_file=" + p}).config.generate.prompt, "");
   // The config.ini a prompts_file run writes (every key, prompt at its default) parses again.
   Config c = parse({"--run.mode=generate", "--generate.prompts_file=" + p}).config;
@@ -928,6 +937,64 @@ TEST_F(ConfigTest, EpochsAndStepsConflictAndIdsNeedAPromptsFile) {
   m = error_of({"--run.mode=generate", "--generate.tokenizer=ids"});
   EXPECT_CONTAINS(m, "generate.prompts_file");
   EXPECT_CONTAINS(m, "tools/encode_prompts.py");
+}
+
+// Precedence: command line > INI file > model.preset > default. A key on the command line replaces
+// its alternative from the INI file; both in one source are an error.
+TEST_F(ConfigTest, CommandLineReplacesAlternativeFromIni) {
+  const std::string ini = write("job.ini", "[data]\ntrain = x.h5\n[train]\nwarmup_steps = 4\nepochs = 3\n");
+  Config c = parse({ini, "--train.steps=10"}).config;
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.epochs, 0.f);
+  EXPECT_FALSE(c.is_set("train.epochs"));
+  EXPECT_EQ(c.where("train.epochs"), "default");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0], "train.steps = 10 (command line) replaces train.epochs = 3 (config file '" + ini +
+                            "', line 5): the command line wins over the INI file");
+  // the written configuration reads back to the same run (steps, no epochs)
+  const Config back = parse({write("back.ini", c.to_ini())}).config;
+  EXPECT_EQ(back.train.steps, 10);
+  EXPECT_EQ(back.train.epochs, 0.f);
+  EXPECT_TRUE(back.notes.empty());
+  // and the other way round: epochs on the command line replaces the INI's steps
+  const std::string ini2 = write("steps.ini", "[data]\ntrain = x.h5\n[train]\nsteps = 500\n");
+  c = parse({ini2, "--train.epochs=2"}).config;
+  EXPECT_EQ(c.train.epochs, 2.f);
+  EXPECT_FALSE(c.is_set("train.steps"));
+  EXPECT_EQ(c.train.steps, nlp::TrainConfig{}.steps);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "train.epochs = 2 (command line) replaces train.steps = 500 (config file '" + ini2 + "', line 4)");
+  // no conflict, no note
+  EXPECT_TRUE(parse({ini2, "--train.steps=7"}).config.notes.empty());
+  // both in the INI, or both on the command line: an error naming both
+  const std::string both = write("both.ini", "[data]\ntrain = x.h5\n[train]\nsteps = 5\nepochs = 3\n");
+  std::string m = error_of({both});
+  EXPECT_CONTAINS(m, "train.epochs = 3 (config file '" + both + "', line 5) and train.steps = 5 (config file '" + both + "', line 4) are both set");
+  m = error_of({ini, "--train.steps=10", "--train.epochs=1"});
+  EXPECT_CONTAINS(m, "train.epochs = 1 (command line) and train.steps = 10 (command line) are both set");
+}
+
+TEST_F(ConfigTest, ModelTypeOnTheCommandLineReplacesPresetOfTheIni) {
+  // the INI's preset is a gpt2; --model.type=bert replaces it (its shape keys are not applied)
+  const std::string ini = write("p.ini", "[model]\npreset = gpt2\n[data]\ntrain = x.h5\n");
+  Config c = parse({ini, "--model.type=bert", "--run.task=mlm"}).config;
+  EXPECT_EQ(c.model.type, "bert");
+  EXPECT_EQ(c.model.preset, "");
+  EXPECT_EQ(c.model.hidden_size, nlp::ModelConfig{}.hidden_size);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "model.type = bert (command line) replaces model.preset = gpt2 (config file '" + ini + "', line 2)");
+  // a preset on the command line replaces the INI's model.type of the other architecture
+  const std::string ini2 = write("t.ini", "[model]\ntype = gpt2\n[run]\ntask = mlm\n[data]\ntrain = x.h5\n");
+  c = parse({ini2, "--model.preset=bert-base"}).config;
+  EXPECT_EQ(c.model.type, "bert");
+  EXPECT_EQ(c.model.hidden_size, 768);
+  EXPECT_EQ(c.where("model.type"), "model.preset = bert-base");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "model.preset = bert-base (command line) replaces model.type = gpt2");
+  // the same architecture: no conflict; both in one source: the error stays
+  EXPECT_TRUE(parse({ini, "--model.type=gpt2"}).config.notes.empty());
+  EXPECT_CONTAINS(error_of({"--data.train=x.h5", "--model.preset=gpt2", "--model.type=bert", "--run.task=mlm"}),
+                  "is a gpt2 architecture but model.type = bert");
 }
 
 // ---- reliability keys -----------------------------------------------------------------------------

@@ -1,0 +1,38 @@
+// Tests of the learning-rate schedule (train/schedule.h): warmup, decay ends, and the warning for a
+// warmup that covers the whole run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "train/schedule.h"
+
+using nlp::learning_rate;
+using nlp::warmup_warning;
+
+TEST(Schedule, WarmupThenDecay) {
+  // warmup 4 of 10: (step + 1) / 4 x lr, then cosine from lr to lr x min_lr_ratio
+  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 0), 0.25e-3f);
+  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 3), 1e-3f);
+  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 4), 1e-3f);
+  EXPECT_NEAR(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 7), 1e-3 * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-9);
+  EXPECT_NEAR(learning_rate("linear", 1e-3f, 0.1f, 0, 10, 5), 1e-4 + 9e-4 * 0.5, 1e-9);
+  EXPECT_FLOAT_EQ(learning_rate("constant", 1e-3f, 0.f, 0, 10, 9), 1e-3f);
+}
+
+TEST(Schedule, WarmupCoveringTheRunWarns) {
+  EXPECT_EQ(warmup_warning("cosine", 5e-5f, 0.f, 39, "config file 'a.ini', line 3", 40, "command line"), "");
+  // 40 steps of a 100-step warmup: the lr reaches 40/100 of train.lr at the last step
+  const std::string w = warmup_warning("linear", 5e-5f, 0.f, 100, "config file 'a.ini', line 3", 40, "command line");
+  EXPECT_NE(w.find("warning: train.warmup_steps = 100 (config file 'a.ini', line 3) >= train.steps = 40 "
+                   "(command line): the learning rate rises linearly during all 40 steps and reaches 2e-05 "
+                   "(train.lr = 5e-05 x 40/100) only at the last step; the linear schedule after the warmup "
+                   "never starts"),
+            std::string::npos)
+      << w;
+  EXPECT_NEAR(learning_rate("linear", 5e-5f, 0.f, 100, 40, 39), 2e-5, 1e-12);
+  // equal: the peak is reached at the last step
+  const std::string eq = warmup_warning("cosine", 1e-3f, 0.f, 10, "default", 10, "from train.epochs");
+  EXPECT_NE(eq.find("reaches 0.001 (train.lr) only at the last step"), std::string::npos) << eq;
+  EXPECT_NE(eq.find("(from train.epochs)"), std::string::npos) << eq;
+}
