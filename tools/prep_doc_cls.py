@@ -88,7 +88,10 @@ def main(argv=None):
         if names is None and not a.no_labels:
             names = ["negative", "positive"]
         tok = pc.load_tokenizer(a, PROG)
-        ex_ids, texts, labels = read_examples(a, names)
+        try:
+            ex_ids, texts, labels = read_examples(a, names)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "doc_cls", e) from None
         T = a.max_seq_len
         for split, idx, path in pc.parts(a, len(texts)):
             w = outs.open(path)

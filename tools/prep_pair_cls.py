@@ -92,7 +92,10 @@ def main(argv=None):
         if names is None and not a.no_labels:
             names = LABELS
         tok = pc.load_tokenizer(a, PROG)
-        ex_ids, first, second, labels = read_examples(a, names)
+        try:
+            ex_ids, first, second, labels = read_examples(a, names)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "pair_cls", e) from None
         T = a.max_seq_len
         for split, idx, path in pc.parts(a, len(first)):
             w = outs.open(path)
