@@ -15,7 +15,7 @@ Hub dataset files (tools/hub_datasets.py): a .parquet, .jsonl/.json (JSON Lines)
 row by row, its --text-column (default text) one example per row, tokenised on its own as above (with
 the special tokens of a PATH tokenizer's post-processor) and concatenated: the ids of run_clm's
 `--train_file` (or `--dataset_name`) with that column. A downloaded dataset folder (`hf download
---repo-type dataset Salesforce/wikitext --local-dir data/wikitext`) is read with --config (its
+--repo-type dataset Salesforce/wikitext --local-dir datasets/wikitext`) is read with --config (its
 sub-folder, e.g. wikitext-2-raw-v1) and --split (train, validation or test: the files whose names say
 so, e.g. train-00000-of-00001.parquet, shards in name order).
 
@@ -64,7 +64,7 @@ Examples
   make_dataset.py --tokenizer byte --layout rows --seq-len 256 --pad --out rows.h5 a.txt b.txt
   make_dataset.py --tokenizer models/ko-gpt2 --out train.h5 corpus.txt   # folder with tokenizer.json
   make_dataset.py --tokenizer models/gpt2 --config wikitext-2-raw-v1 --split validation \\
-      --out valid.h5 data/wikitext                                          # a dataset folder
+      --out valid.h5 datasets/wikitext                                      # a dataset folder
   make_dataset.py --tokenizer models/gpt2 --text-column content --out train.h5 train.jsonl
 """
 from __future__ import annotations
