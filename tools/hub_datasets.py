@@ -49,9 +49,9 @@ def _text(value, path: str, row: int, column: str) -> str:
     raise DataError(f"'{path}' row {row}: column '{column}' is {what}, not text")
 
 
-def _no_column(path: str, column: str, columns) -> DataError:
+def _no_column(path: str, column: str, columns, option: str = "--text-column") -> DataError:
     return DataError(f"'{path}' has no column '{column}' (its columns: {', '.join(map(str, columns)) or 'none'}); "
-                     f"name the text column with --text-column")
+                     f"name the column with {option}")
 
 
 def iter_texts(path: str, column: str, batch_rows: int = 4096) -> Iterator[str]:
@@ -193,3 +193,69 @@ def split_files(folder: str, split: str, config: Optional[str] = None) -> List[s
         raise DataError(f"dataset folder '{root}': the {name} split has files of several formats "
                         f"({', '.join(kinds)}); give the files themselves")
     return [os.path.join(root, f) for f in mine]
+
+
+COLUMN_OPTIONS = "the --*-column options"
+
+
+def read_columns(path: str, columns, optional=()) -> list:
+    """[(row, [values of `columns`, then of `optional` (None where the file lacks the column)])] of a
+    parquet, JSON Lines or CSV file, for the task tools: a missing required column is an error naming
+    the file and the columns it has. Values are as stored (int labels stay int; CSV gives strings)."""
+    fmt = table_format(path)
+    want = list(columns) + list(optional)
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet as pq
+            pf = pq.ParquetFile(path)
+        except ImportError:
+            raise DataError(f"reading '{path}' needs the Python package pyarrow (pip install pyarrow)") from None
+        except Exception as e:
+            raise DataError(f"cannot read '{path}' as parquet: {e}") from None
+        names = pf.schema_arrow.names
+        for c in columns:
+            if c not in names:
+                raise _no_column(path, c, names, COLUMN_OPTIONS)
+        have = [c for c in want if c in names]
+        cols = {c: [] for c in have}
+        for batch in pf.iter_batches(batch_size=4096, columns=have):
+            for c, arr in zip(have, batch.columns):
+                cols[c].extend(arr.to_pylist())
+        n = len(cols[have[0]]) if have else 0
+        return [(r, [cols[c][r] if c in cols else None for c in want]) for r in range(n)]
+    if fmt == "csv":
+        with open(path, "r", encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None) or []
+            if header and header[0].startswith("\ufeff"):
+                header[0] = header[0][1:]
+            for c in columns:
+                if c not in header:
+                    raise _no_column(path, c, header, COLUMN_OPTIONS)
+            idx = [header.index(c) if c in header else None for c in want]
+            out = []
+            for r, fields in enumerate(reader):
+                if len(fields) != len(header):
+                    raise DataError(f"'{path}' row {r} (line {reader.line_num}): {len(fields)} fields, "
+                                    f"the header has {len(header)}")
+                out.append((r, [fields[i] if i is not None else None for i in idx]))
+            return out
+    if fmt == "json":
+        out = []
+        with open(path, "r", encoding="utf-8") as f:
+            head = f.read(4096).lstrip("\ufeff \t\r\n")
+            f.seek(0)
+            try:
+                objs = json.load(f) if head.startswith("[") else [json.loads(l) for l in f if l.strip()]
+            except ValueError as e:
+                raise DataError(f"'{path}' is not JSON Lines (one object per line): {e}") from None
+        for r, obj in enumerate(objs):
+            if not isinstance(obj, dict):
+                raise DataError(f"'{path}' row {r}: a {type(obj).__name__}, not a JSON object")
+            for c in columns:
+                if c not in obj:
+                    raise (_no_column(path, c, obj.keys(), COLUMN_OPTIONS) if r == 0 else
+                           DataError(f"'{path}' row {r}: no '{c}' field"))
+            out.append((r, [obj.get(c) for c in want]))
+        return out
+    raise DataError(f"'{path}' is not a parquet, JSON Lines or CSV file")

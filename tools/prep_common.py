@@ -334,6 +334,33 @@ def read_tsv(path: str, columns: Sequence[str], optional: Sequence[str] = ()) ->
     return out
 
 
+def read_table(path: str, columns: Sequence[str], optional: Sequence[str] = ()) -> List[Tuple[int, List[Optional[str]]]]:
+    """Rows of a Hub table file (parquet, JSON Lines or CSV: tools/hub_datasets.py) in read_tsv's form:
+    (row number from 0, [values of `columns`, then of `optional`]). Integer values (labels) become their
+    digits; a null or any other type in a column is a DataError naming the file, row and column."""
+    import hub_datasets as hd
+    names = list(columns) + list(optional)
+    out = []
+    for r, vals in hd.read_columns(path, columns, optional):
+        row = []
+        for c, v in zip(names, vals):
+            if v is None and c in optional:
+                row.append(None)
+            elif isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)):
+                row.append(str(v))
+            else:
+                raise DataError(f"'{path}' row {r}: column '{c}' is "
+                                f"{'null' if v is None else 'a ' + type(v).__name__}, not text or an integer")
+        out.append((r, row))
+    return out
+
+
+def is_table(path: str) -> bool:
+    """A Hub table file (.parquet, .jsonl, .json, .csv), read by its column names."""
+    import hub_datasets as hd
+    return hd.table_format(path) is not None
+
+
 def read_plain_lines(path: str, fields: int) -> List[Tuple[int, List[str]]]:
     """(line number, [the `fields` tab-separated fields]) of each non-blank line of a text file
     (--input-format lines: one document, or one tab-separated pair, per line; no header)."""

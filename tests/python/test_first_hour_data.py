@@ -184,7 +184,7 @@ def test_jsonl_json_and_csv_give_the_parquet_ids(rows, gpt2_folder, tmp_path):
     # the default column is `text`, and a missing one is named with the columns the file has
     r = tool("make_dataset.py", "--tokenizer", gpt2_folder, "--out", tmp_path / "x.h5", tmp_path / "t.parquet", check=False)
     assert r.returncode == 1
-    assert f"'{tmp_path / 't.parquet'}' has no column 'text' (its columns: id, content); name the text column " \
+    assert f"'{tmp_path / 't.parquet'}' has no column 'text' (its columns: id, content); name the column " \
            f"with --text-column" in r.stderr
     r = tool("make_dataset.py", "--tokenizer", gpt2_folder, "--out", tmp_path / "x.h5", tmp_path / "t.csv", check=False)
     assert "has no column 'text' (its columns: id, content)" in r.stderr
@@ -318,3 +318,43 @@ def test_predict_text_names_gpt2_weights(tmp_path):
     assert (f"predict_text.py: error: weights '{weights}' are a gpt2 model (model_type = gpt2), and run.task = "
             f"doc_cls ('{SOURCE / 'inputs' / 'doc_cls_nsmc.ini'}') needs a BERT") in r.stderr
     assert "pad" not in r.stderr and not (tmp_path / "predict").exists()
+
+
+# ---- the task tools on the Hub's files -------------------------------------------------------------
+
+def test_prep_tools_read_hub_files_as_their_tsv(tmp_path):
+    """prep_doc_cls.py and prep_pair_cls.py on parquet and JSON Lines files (NSMC's columns with integer
+    labels; KLUE NLI's premise/hypothesis with integer labels) give the rows and labels of the TSV."""
+    nsmc, nli = SHARED / "nsmc" / "nsmc_from_raw_test.tsv", SHARED / "kornli" / "xnli.dev.ko.tsv"
+    if not nsmc.is_file() or not nli.is_file() or not BERT_VOCAB.is_file():
+        pytest.skip("shared data absent (nsmc, kornli, kcbert-base vocabulary)")
+    lines = nsmc.read_text(encoding="utf-8").splitlines()[1:61]
+    recs = [dict(id=l.split("\t")[0], document=l.split("\t")[1], label=int(l.split("\t")[2])) for l in lines]
+    pa = pytest.importorskip("pyarrow", reason="python package 'pyarrow' is not installed")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": [r["id"] for r in recs], "document": [r["document"] for r in recs],
+                             "label": [r["label"] for r in recs]}), str(tmp_path / "nsmc.parquet"))
+    with open(tmp_path / "nsmc.jsonl", "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    (tmp_path / "nsmc.tsv").write_text("id\tdocument\tlabel\n" + "".join(l + "\n" for l in lines), encoding="utf-8")
+    tool("prep_doc_cls.py", "--vocab", BERT_VOCAB, "--input", tmp_path / "nsmc.tsv", "--out", tmp_path / "ref.h5")
+    for name in ("nsmc.parquet", "nsmc.jsonl"):
+        out = tmp_path / (name + ".h5")
+        tool("prep_doc_cls.py", "--vocab", BERT_VOCAB, "--input", tmp_path / name, "--out", out)
+        for ds in ("input_ids", "attention_mask", "labels", "example_id"):
+            assert np.array_equal(read(out, ds), read(tmp_path / "ref.h5", ds)), (name, ds)
+    r = tool("prep_doc_cls.py", "--vocab", BERT_VOCAB, "--input", tmp_path / "nsmc.parquet", "--label-column", "y",
+             "--out", tmp_path / "x.h5", check=False)
+    assert r.returncode == 1 and ("has no column 'y' (its columns: id, document, label); name the column with "
+                                  "the --*-column options") in r.stderr
+    names = ["entailment", "neutral", "contradiction"]
+    pairs = [l.split("\t") for l in nli.read_text(encoding="utf-8").splitlines()[1:61]]
+    pq.write_table(pa.table({"premise": [p[0] for p in pairs], "hypothesis": [p[1] for p in pairs],
+                             "label": [names.index(p[2]) for p in pairs]}), str(tmp_path / "nli.parquet"))
+    tool("prep_pair_cls.py", "--vocab", BERT_VOCAB, "--input", nli, "--limit", 60, "--out", tmp_path / "nref.h5")
+    tool("prep_pair_cls.py", "--vocab", BERT_VOCAB, "--input", tmp_path / "nli.parquet", "--first-column", "premise",
+         "--second-column", "hypothesis", "--label-column", "label", "--out", tmp_path / "nli.h5")
+    for ds in ("input_ids", "token_type_ids", "labels"):
+        assert np.array_equal(read(tmp_path / "nli.h5", ds), read(tmp_path / "nref.h5", ds)), ds
+    assert not (tmp_path / "x.h5").exists()
