@@ -10,11 +10,12 @@ itself and its commands are run in order, in one scratch folder holding `build/`
   from a tiny random model saved by transformers: BERT with the kcbert-base vocabulary (vocab.txt and
   tokenizer.json), GPT-2 with the GPT-2 BPE, and a Korean GPT-2 folder with only config.json,
   model.safetensors and tokenizer.json (a byte-fallback BPE trained here on NSMC text);
-- `hf download --repo-type dataset Salesforce/wikitext --local-dir DIR` makes the Hub's parquet layout
-  (DIR/wikitext-2-raw-v1/{train,validation,test}-00000-of-00001.parquet with a `text` column, one row
-  per line with its "\n" and an empty row before each heading, as the Hub's files have; wikitext-2-v1
-  beside it from the tokenised files; README.md; .cache/huggingface/) from the shared WikiText-2, whose
-  only raw split is the test split: the three splits are slices of it;
+- `hf download --repo-type dataset Salesforce/wikitext [--include GLOB] --local-dir DIR` makes the Hub's
+  parquet layout (DIR/wikitext-2-raw-v1/{train,validation,test}-00000-of-00001.parquet with a `text`
+  column, one row per line with its "\n" and an empty row before each heading, as the Hub's files have;
+  wikitext-2-v1 beside it from the tokenised files unless --include leaves it out; README.md;
+  .cache/huggingface/) from the shared WikiText-2, whose only raw split is the test split: the three
+  splits are slices of it;
 - nlptrain runs get tiny overrides (steps, batch, threads; a small shape for GPT-2 small from scratch);
 - `bash tools/prep_task_data.sh` gets PREP_LIMIT (the first examples of each corpus);
 - `sbatch ... jobscripts/X.sh INI ARGS` (job 7) runs the same INI and arguments on 2 CPU ranks.
@@ -120,17 +121,21 @@ def hub_rows(lines):
     return rows
 
 
-def hub_wikitext(folder):
-    """Salesforce/wikitext's layout, two of its configurations, from the shared WikiText-2 files."""
+def hub_wikitext(folder, include=None):
+    """Salesforce/wikitext's layout, two of its configurations (those `include` matches), from the shared
+    WikiText-2 files."""
+    import fnmatch
     import pyarrow as pa
     import pyarrow.parquet as pq
     raw = (DATA / "wikitext2" / "wiki.test.raw").read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
     tokens = (DATA / "wikitext2" / "wiki.test.tokens.txt").read_text(encoding="utf-8").split("\n")
     for config, lines in (("wikitext-2-raw-v1", raw), ("wikitext-2-v1", tokens)):
         rows = hub_rows(lines[:500])
-        (folder / config).mkdir()
         for split, part in (("train", rows[:330]), ("validation", rows[330:440]), ("test", rows[440:])):
-            pq.write_table(pa.table({"text": part}), folder / config / f"{split}-00000-of-00001.parquet")
+            name = f"{config}/{split}-00000-of-00001.parquet"
+            if include is None or fnmatch.fnmatch(name, include):
+                (folder / config).mkdir(exist_ok=True)
+                pq.write_table(pa.table({"text": part}), folder / name)
     (folder / "README.md").write_text("---\nconfigs:\n- config_name: wikitext-2-raw-v1\n---\n", encoding="utf-8")
     (folder / ".cache" / "huggingface").mkdir(parents=True)
     (folder / ".cache" / "huggingface" / ".gitignore").write_text("*\n", encoding="utf-8")
@@ -140,7 +145,7 @@ HUB_DATASETS = {"Salesforce/wikitext": hub_wikitext}
 
 
 def hf_download(args, work):
-    """`hf download [--repo-type dataset] NAME --local-dir DIR`: DIR as the Hub would fill it."""
+    """`hf download [--repo-type dataset] [--include GLOB] NAME --local-dir DIR`: DIR as the Hub would fill it."""
     rest, opts = args[2:], {}
     names = []
     while rest:
@@ -149,11 +154,14 @@ def hf_download(args, work):
             opts[a] = rest.pop(0)
         else:
             names.append(a)
-    assert len(names) == 1 and set(opts) <= {"--local-dir", "--repo-type"}, args
+    assert len(names) == 1 and set(opts) <= {"--local-dir", "--repo-type", "--include"}, args
     folder = work / opts["--local-dir"]
     folder.mkdir(parents=True, exist_ok=True)
-    table = HUB_DATASETS if opts.get("--repo-type") == "dataset" else HUB
-    table[names[0]](folder)
+    if opts.get("--repo-type") == "dataset":
+        HUB_DATASETS[names[0]](folder, opts.get("--include"))
+    else:
+        assert "--include" not in opts, args
+        HUB[names[0]](folder)
 
 
 # ---- the scratch folder ------------------------------------------------------------------------------
