@@ -13,7 +13,9 @@
 #SBATCH --job-name=nlptrain-generate
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
-#SBATCH --cpus-per-task=4
+#   2 CPUs fit the smallest node; ask for more with sbatch --cpus-per-task=N: the one rank runs unbound
+#   (mpirun --bind-to none) with a thread per CPU of the allocation.
+#SBATCH --cpus-per-task=2
 #SBATCH --time=00:30:00
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail

@@ -9,7 +9,7 @@ APT_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-de
           gdb)  # backtraces of a crashed rank's core in the SLURM test's diagnostics
 # pip name, or pip-name:import-name when they differ. nvidia-cudnn-frontend: the header-only cuDNN
 # frontend (include/cudnn_frontend.h in the interpreter's purelib) for the CUDA backend's fused attention.
-PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate tensorboard
+PY_PKGS=(numpy h5py tokenizers transformers safetensors torch pytest matplotlib seqeval accelerate tensorboard pyarrow
          nvidia-cudnn-frontend:cudnn)
 
 missing=()

@@ -79,6 +79,10 @@ def run(prog, cmd):
 
 
 def nlptrain(ranks, args):
-    """mpirun -np RANKS nlptrain ARGS: the binary is $NLPTRAIN_BIN, else build/nlptrain."""
+    """mpirun -np RANKS nlptrain ARGS: the binary is $NLPTRAIN_BIN, else build/nlptrain. One rank runs
+    with --bind-to none: Open MPI would bind it to one core, and its threads (run.threads defaults to
+    the CPUs of the process's affinity mask) then share that core; unbound, it keeps the CPUs this
+    process was given (a SLURM job's allocation, or the whole machine)."""
     binary = os.environ.get("NLPTRAIN_BIN") or str(ROOT / "build" / "nlptrain")
-    return ["mpirun", "-np", str(ranks)] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + [binary] + args
+    return (["mpirun", "-np", str(ranks)] + (["--bind-to", "none"] if ranks == 1 else [])
+            + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + [binary] + args)

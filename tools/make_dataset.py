@@ -11,6 +11,22 @@ Tokenizers (--tokenizer, see tools/hub_tokenizer.py)
           the special tokens its post-processor adds (none for GPT-2; BOS for a Llama-style
           template), then concatenated. EOS for --eos-between-files is the tokenizer's eos token.
 
+Hub dataset files (tools/hub_datasets.py): a .parquet, .jsonl/.json (JSON Lines) or .csv input is read
+row by row, its --text-column (default text) one example per row, tokenised on its own as above (with
+the special tokens of a PATH tokenizer's post-processor) and concatenated: the ids of run_clm's
+`--train_file` (or `--dataset_name`) with that column. A downloaded dataset folder (`hf download
+--repo-type dataset Salesforce/wikitext --local-dir datasets/wikitext`) is read with --config (its
+sub-folder, e.g. wikitext-2-raw-v1) and --split (train, validation or test: the files whose names say
+so, e.g. train-00000-of-00001.parquet, shards in name order).
+
+run_clm's blocks: run_clm cuts the concatenation into block_size blocks and drops the remainder, per
+map batch of 1000 examples. `--layout rows --seq-len T --group-rows 1000` writes exactly those blocks
+(input_ids equal to run_clm's). Without --group-rows the rows are cut from one concatenation of all
+examples (the first 1000 examples' blocks are the same; later ones shift by what run_clm drops, and
+fewer tokens are lost). The stream layout keeps every token; the trainer's window i is tokens
+[i*T, i*T+T+1): its inputs are block i, and it also predicts block i+1's first token, which run_clm's
+block i does not.
+
 --eos-between-lines (gpt2 and PATH): one example per line (reviews, sentences, documents): each line is
 tokenized without its line ending and blank lines are skipped, and the tokenizer's EOS token goes between
 consecutive examples (and between files), so a causal LM learns where an example ends and the next
@@ -35,7 +51,7 @@ Root attributes: tokenizer ("byte"/"gpt2"/"hub"), vocab_size (256/50257/the Hub 
 tokens included), source (input paths, one per line), num_tokens (stream tokens stored in this file;
 for rows the unpadded positions), layout, eos_id (-1 when there is none), bos_id and pad_id (when
 defined), split ("train"/"val" when --val-fraction is used), seq_len and num_rows (rows), vocab_dir
-(gpt2), keep_cr (0/1), and the tokenizer fingerprints tokenizer_files, tokenizer_sha256,
+(gpt2), keep_cr (0/1), text_column (table inputs), and the tokenizer fingerprints tokenizer_files, tokenizer_sha256,
 vocab_sha256 (defined in tools/hub_tokenizer.py). Rows are padded with pad_id, else eos_id, else 0.
 
 Outputs are written to a temporary file in the target folder and renamed into place only when
@@ -47,6 +63,9 @@ Examples
       --val-fraction 0.1 --val-out val.h5 input.txt
   make_dataset.py --tokenizer byte --layout rows --seq-len 256 --pad --out rows.h5 a.txt b.txt
   make_dataset.py --tokenizer models/ko-gpt2 --out train.h5 corpus.txt   # folder with tokenizer.json
+  make_dataset.py --tokenizer models/gpt2 --config wikitext-2-raw-v1 --split validation \\
+      --out valid.h5 datasets/wikitext                                      # a dataset folder
+  make_dataset.py --tokenizer models/gpt2 --text-column content --out train.h5 train.jsonl
 """
 from __future__ import annotations
 
@@ -56,6 +75,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hub_datasets as hd  # noqa: E402
 import hub_tokenizer as ht  # noqa: E402
 import nlptrain_data as nd  # noqa: E402
 
@@ -67,7 +87,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="+", metavar="TEXT_FILE", help="input text file(s) (UTF-8 unless byte)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="input text file(s) (UTF-8 unless byte); parquet, .jsonl/.json or .csv files (their "
+                        "--text-column); or one downloaded dataset folder (with --split, --config)")
     p.add_argument("--tokenizer", required=True, metavar="byte|gpt2|PATH",
                    help="byte, gpt2 (with --vocab-dir) or a Hugging Face tokenizer folder/file "
                         "(tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, vocab.txt)")
@@ -84,12 +106,56 @@ def parse_args(argv):
                         "tokenizer's EOS token between consecutive lines (and files); gpt2 and PATH tokenizers")
     p.add_argument("--keep-cr", action="store_true",
                    help="keep CR bytes (default: CRLF and lone CR line endings are read as LF)")
+    p.add_argument("--text-column", metavar="NAME",
+                   help="the text column of parquet, JSON Lines and CSV inputs (default text; run_clm's "
+                        "--text_column_name)")
+    p.add_argument("--split", metavar="NAME",
+                   help="dataset folder: the split to read (train, validation or test; default train)")
+    p.add_argument("--config", metavar="NAME",
+                   help="dataset folder: the configuration's sub-folder (e.g. wikitext-2-raw-v1)")
+    p.add_argument("--group-rows", type=int, default=0, metavar="N",
+                   help="rows layout: concatenate and cut each N consecutive examples on their own, dropping "
+                        "each group's remainder, as run_clm's group_texts under datasets' map(batched=True) "
+                        "does (N = 1000 there); default 0: one concatenation of all examples")
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                    help="fraction of the stream (its tail) to write to --val-out (0 <= F < 1)")
     p.add_argument("--val-out", metavar="FILE.h5", help="validation output file (with --val-fraction)")
     p.add_argument("--chunk-chars", type=int, default=1 << 18, help=argparse.SUPPRESS)  # tokenizer piece size
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p.parse_args(argv)
+
+
+def resolve_inputs(a):
+    """A dataset folder becomes its split's files; --split/--config/--text-column are checked against
+    what the inputs are."""
+    folders = [p for p in a.inputs if os.path.isdir(p)]
+    if folders:
+        if len(a.inputs) > 1:
+            raise nd.DataError(f"a dataset folder ('{folders[0]}') must be the only input")
+        a.folder = folders[0]
+        a.inputs = hd.split_files(a.folder, a.split or "train", a.config)
+    else:
+        a.folder = None
+        for flag, v in (("--split", a.split), ("--config", a.config)):
+            if v is not None:
+                raise nd.DataError(f"{flag} applies to a dataset folder; the input{'s are' if len(a.inputs) > 1 else ' is a'} "
+                                   f"file{'s' if len(a.inputs) > 1 else ''}")
+    tables = [p for p in a.inputs if hd.table_format(p)]
+    if a.text_column is not None and not tables:
+        raise nd.DataError("--text-column applies to parquet, JSON Lines and CSV inputs; "
+                           "the inputs are text files (one example per line)")
+    a.text_column = a.text_column or "text"
+    if a.group_rows:
+        if a.group_rows < 1:
+            raise nd.DataError(f"--group-rows must be >= 1, got {a.group_rows}")
+        if a.layout != "rows":
+            raise nd.DataError("--group-rows needs --layout rows (the blocks of --seq-len tokens it groups)")
+        if a.eos_between_lines or a.eos_between_files:
+            raise nd.DataError("--group-rows reproduces run_clm, which puts no EOS between examples: "
+                               "drop --eos-between-lines/--eos-between-files")
+        if len(tables) != len(a.inputs) and a.tokenizer in ("byte", "gpt2"):
+            raise nd.DataError(f"--group-rows counts examples: text files have them (one per line) with a "
+                               f"tokenizer folder, not with --tokenizer {a.tokenizer}")
 
 
 def check_args(a):
@@ -136,12 +202,31 @@ def tokenize_to_file(a, tok, raw):
     import numpy as np
 
     total = 0
+    a.group_ends = []  # with --group-rows: the stream length after every group of examples
+    n_examples = 0
 
     def put(ids):
         nonlocal total
         arr = np.asarray(ids, dtype=np.int32)
         arr.tofile(raw)
         total += arr.size
+
+    def put_examples(texts):
+        """Examples (rows, or lines with a tokenizer folder), each tokenised on its own as run_clm does."""
+        nonlocal n_examples
+        if not texts:
+            return
+        for ids in tok.ids(texts, add_special_tokens=True) if tok.name == "hub" else tok.ids(texts):
+            put(ids)
+            n_examples += 1
+            if a.group_rows and n_examples % a.group_rows == 0:
+                a.group_ends.append(total)
+
+    def finish():
+        raw.flush()
+        if a.group_rows and (not a.group_ends or a.group_ends[-1] != total):
+            a.group_ends.append(total)
+        return total
 
     if a.eos_between_lines:  # one example per line, EOS between them (and between files)
         first = True
@@ -157,19 +242,28 @@ def tokenize_to_file(a, tok, raw):
                     first = False
                 batch.clear()
 
-            for line in nd.read_text_lines(path, keep_cr=a.keep_cr):
+            lines = (hd.iter_texts(path, a.text_column) if hd.table_format(path)
+                     else nd.read_text_lines(path, keep_cr=a.keep_cr))
+            for line in lines:
                 line = line.rstrip("\n")
                 if line.strip():
                     batch.append(line)
                 if len(batch) >= 4096:
                     flush()
             flush()
-        raw.flush()
-        return total
+        return finish()
     for k, path in enumerate(a.inputs):
         if k > 0 and a.eos_between_files:
             put([tok.eos_id])
-        if tok.name == "byte":
+        if hd.table_format(path):  # one example per row of the text column
+            batch = []
+            for text in hd.iter_texts(path, a.text_column):
+                batch.append(text)
+                if len(batch) >= 4096:
+                    put_examples(batch)
+                    batch = []
+            put_examples(batch)
+        elif tok.name == "byte":
             for block in nd.read_byte_blocks(path, keep_cr=a.keep_cr):
                 put(np.frombuffer(block, dtype=np.uint8))
         elif tok.name == "hub":
@@ -177,12 +271,9 @@ def tokenize_to_file(a, tok, raw):
             for line in nd.read_text_lines(path, keep_cr=a.keep_cr):
                 batch.append(line)
                 if len(batch) >= 4096:
-                    for ids in tok.ids(batch, add_special_tokens=True):
-                        put(ids)
+                    put_examples(batch)
                     batch = []
-            if batch:
-                for ids in tok.ids(batch, add_special_tokens=True):
-                    put(ids)
+            put_examples(batch)
         else:
             batch = []
             for piece in nd.read_text_pieces(path, piece_chars=a.chunk_chars, keep_cr=a.keep_cr):
@@ -194,8 +285,7 @@ def tokenize_to_file(a, tok, raw):
             if batch:
                 for ids in tok.ids(batch):
                     put(ids)
-    raw.flush()
-    return total
+    return finish()
 
 
 def write_h5(path, stream, a, tok, split):
@@ -216,6 +306,8 @@ def write_h5(path, stream, a, tok, split):
             f.attrs["layout"] = a.layout
             f.attrs["eos_id"] = np.int64(tok.eos_id)
             f.attrs["keep_cr"] = np.int64(int(a.keep_cr))
+            if any(hd.table_format(p) for p in a.inputs):
+                f.attrs["text_column"] = a.text_column
             if split:
                 f.attrs["split"] = split
             if tok.name == "gpt2":
@@ -291,6 +383,7 @@ def main(argv=None):
     a = parse_args(argv)
     temps = []
     try:
+        resolve_inputs(a)
         check_args(a)
         if a.vocab_dir and a.tokenizer != "gpt2":
             raise nd.DataError(f"--vocab-dir applies to --tokenizer gpt2 only (got --tokenizer {a.tokenizer})")
@@ -308,6 +401,23 @@ def main(argv=None):
         if L == 0:
             raise nd.DataError("the inputs contain no text (0 tokens): " + ", ".join(f"'{p}'" for p in a.inputs))
         stream = np.memmap(raw_path, dtype=np.int32, mode="r", shape=(L,))
+        if a.group_rows:  # run_clm's group_texts per map batch: each group cut to whole blocks on its own
+            fd, kept_path = tempfile.mkstemp(dir=out_dir, prefix="." + os.path.basename(a.out) + ".", suffix=".kept.tmp")
+            temps.append(kept_path)
+            start, kept = 0, 0
+            with os.fdopen(fd, "wb") as f:
+                for end in a.group_ends:
+                    n = (end - start) // a.seq_len * a.seq_len
+                    for s0 in range(start, start + n, IO_BLOCK):
+                        np.asarray(stream[s0:min(start + n, s0 + IO_BLOCK)], dtype=np.int32).tofile(f)
+                    kept += n
+                    start = end
+            del stream
+            if kept == 0:
+                raise nd.DataError(f"--group-rows {a.group_rows}: no group of examples has --seq-len {a.seq_len} tokens")
+            a.group_dropped = L - kept
+            L = kept
+            stream = np.memmap(kept_path, dtype=np.int32, mode="r", shape=(L,))
         n_val = int(round(a.val_fraction * L)) if a.val_fraction > 0 else 0
         n_train = L - n_val
         if a.val_fraction > 0 and (n_val == 0 or n_train == 0):
@@ -330,6 +440,9 @@ def main(argv=None):
         if not a.quiet:
             for _, final, s in done:
                 print(f"{PROG}: wrote {final}: {s}, tokenizer {tok.name}", file=sys.stderr)
+            if a.group_rows:
+                print(f"{PROG}: --group-rows {a.group_rows}: {a.group_dropped} tokens dropped at the ends of "
+                      f"{len(a.group_ends)} groups", file=sys.stderr)
         return 0
     except nd.DataError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

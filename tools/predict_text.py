@@ -50,6 +50,11 @@ def main(argv=None) -> int:
         weights = Path(a.weights)
         if not weights.is_file():
             raise Fail(f"weights '{weights}' not found")
+        kind = h5_attr(weights, "model_type")
+        if kind and kind != "bert":
+            raise Fail(f"weights '{weights}' are a {kind} model (model_type = {kind}), and run.task = {task} "
+                       f"('{a.ini}') needs a BERT: give a BERT fine-tuned for {task} (the job's best.h5); "
+                       f"text from a {kind}: tools/generate_text.py")
         if not Path(a.text).is_file():
             raise Fail(f"text file '{a.text}' not found")
         tok = a.tokenizer or tokenizer_of(weights)

@@ -334,6 +334,33 @@ def read_tsv(path: str, columns: Sequence[str], optional: Sequence[str] = ()) ->
     return out
 
 
+def read_table(path: str, columns: Sequence[str], optional: Sequence[str] = ()) -> List[Tuple[int, List[Optional[str]]]]:
+    """Rows of a Hub table file (parquet, JSON Lines or CSV: tools/hub_datasets.py) in read_tsv's form:
+    (row number from 0, [values of `columns`, then of `optional`]). Integer values (labels) become their
+    digits; a null or any other type in a column is a DataError naming the file, row and column."""
+    import hub_datasets as hd
+    names = list(columns) + list(optional)
+    out = []
+    for r, vals in hd.read_columns(path, columns, optional):
+        row = []
+        for c, v in zip(names, vals):
+            if v is None and c in optional:
+                row.append(None)
+            elif isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)):
+                row.append(str(v))
+            else:
+                raise DataError(f"'{path}' row {r}: column '{c}' is "
+                                f"{'null' if v is None else 'a ' + type(v).__name__}, not text or an integer")
+        out.append((r, row))
+    return out
+
+
+def is_table(path: str) -> bool:
+    """A Hub table file (.parquet, .jsonl, .json, .csv), read by its column names."""
+    import hub_datasets as hd
+    return hd.table_format(path) is not None
+
+
 def read_plain_lines(path: str, fields: int) -> List[Tuple[int, List[str]]]:
     """(line number, [the `fields` tab-separated fields]) of each non-blank line of a text file
     (--input-format lines: one document, or one tab-separated pair, per line; no header)."""
@@ -346,6 +373,45 @@ def read_plain_lines(path: str, fields: int) -> List[Tuple[int, List[str]]]:
             raise DataError(f"{path}:{n}: expected {fields} tab-separated fields, got {len(parts)}")
         out.append((n, parts))
     return out
+
+
+TASK_INPUTS = {"doc_cls": "a TSV with a document column", "pair_cls": "a TSV with sentence1 and sentence2 columns",
+               "ner": "char<TAB>tag lines with BIO tags", "qa": "SQuAD/KorQuAD JSON with data[].paragraphs"}
+
+
+def sniff_task(path: str) -> Optional[str]:
+    """The task whose input a file clearly is (by its first 64 KiB), or None."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16).lstrip("\ufeff \t\r\n")
+    except OSError:
+        return None
+    if head.startswith("{"):
+        return "qa" if '"paragraphs"' in head else None
+    lines = [ln.rstrip("\r") for ln in head.split("\n")]
+    header = lines[0].split("\t")
+    if "sentence1" in header and "sentence2" in header:
+        return "pair_cls"
+    if "document" in header:
+        return "doc_cls"
+    body = [ln for ln in lines[:-1] if ln.strip() and not ln.startswith("##")][:50]
+    import re
+    if body and all(len(ln.split("\t")) == 2 and re.fullmatch(r"O|[BI]-[A-Za-z_]+", ln.split("\t")[1])
+                    for ln in body):
+        return "ner"
+    return None
+
+
+def task_mismatch(path: str, task: str, err: Exception) -> Exception:
+    """For an input that failed to read: a DataError naming the task it is data of when that is another
+    task's, else err itself."""
+    other = sniff_task(path)
+    if other is None or other == task:
+        return err
+    why = str(err)
+    why = why if len(why) <= 200 else why[:200] + " ..."
+    return DataError(f"'{path}' is {other} data ({TASK_INPUTS[other]}), not {task} data: use "
+                     f"tools/prep_{other}.py (reading it as {task} data: {why})")
 
 
 # ---- splits ---------------------------------------------------------------------------------------
@@ -433,6 +499,38 @@ def check_common(a, inputs: Sequence[str], min_seq_len: int = 3) -> None:
             raise DataError(f"output '{o}' is also an input")
 
 
+# Hub model types that generate text (decoder-only): their tokenizers have no [CLS]/[SEP] or pad token.
+DECODER_TYPES = ("gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "llama", "mistral", "mixtral", "opt",
+                 "bloom", "falcon", "qwen2", "gemma", "gemma2", "phi", "phi3")
+
+
+def model_type_beside(path: str) -> Optional[str]:
+    """model_type of the config.json in a tokenizer's folder (or beside a tokenizer file), if any."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        with open(os.path.join(folder, "config.json"), "r", encoding="utf-8") as f:
+            v = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) else None
+
+
+def check_encoder_tokenizer(hub, spec: str, prog: str) -> None:
+    """A decoder-only model's tokenizer (GPT-2 and the like) given to a BERT task tool: say so, by name."""
+    prog = prog or "prep"
+    task = prog[len("prep_"):-len(".py")] if prog.startswith("prep_") and prog.endswith(".py") else "BERT"
+    mt = model_type_beside(spec)
+    if mt in DECODER_TYPES:
+        raise DataError(f"--tokenizer {spec}: the folder is a {mt} model (config.json model_type = {mt}), which "
+                        f"generates text; {prog} makes {task} rows for a BERT-style encoder ([CLS] text [SEP]). "
+                        f"Give a BERT's folder (e.g. beomi/kcbert-base); text for a GPT-2 goes through "
+                        f"tools/make_dataset.py")
+    if mt is None and hub.cls_id < 0 and hub.sep_id < 0 and hub.pad_id < 0:
+        raise DataError(f"--tokenizer {spec}: a GPT-2-style tokenizer (no [CLS], [SEP] or pad token), as text "
+                        f"generators have; {prog} makes {task} rows for a BERT-style encoder: give a BERT's "
+                        f"tokenizer; text for a GPT-2 goes through tools/make_dataset.py")
+
+
 def load_tokenizer(a, prog: str = ""):
     """WordPiece for --vocab, HubRows for --tokenizer."""
     if a.tokenizer:
@@ -440,6 +538,7 @@ def load_tokenizer(a, prog: str = ""):
         if hub.kind != "hub":
             raise DataError(f"--tokenizer {a.tokenizer}: the BERT tools need a tokenizer folder or file, "
                             f"not the built-in '{hub.kind}'")
+        check_encoder_tokenizer(hub, a.tokenizer, prog)
         tok = HubRows(hub)
         for what, limit in (("model_max_length", hub.model_max_length), ("max_position_embeddings", hub.max_positions)):
             if limit is not None and a.max_seq_len > limit:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Document classification data (NSMC-style TSV) -> nlptrain HDF5 (task doc_cls).
 
-Input: a TSV file with a header line naming the columns (NSMC: id<TAB>document<TAB>label); the
+Input: a TSV file with a header line naming the columns (NSMC: id<TAB>document<TAB>label), or a file
+as the Hugging Face Hub ships datasets (.parquet, .jsonl/.json JSON Lines, .csv; ids FILE:ROW, rows
+from 0; integer labels as they are); the
 text column (--text-column, default document) and the label column (--label-column, default label)
 are found by name. Labels are integers 0 .. num_labels-1; --label-names gives their names, in id
 order (default negative,positive: NSMC's 0 = negative, 1 = positive). Any other label value is an
@@ -53,12 +55,13 @@ def parse_args(argv):
 def read_examples(a, names):
     """(example ids, texts, labels or None)."""
     base = os.path.basename(a.input)
+    read = pc.read_table if pc.is_table(a.input) else pc.read_tsv  # the Hub's parquet/JSON Lines/CSV files
     if a.input_format == "lines":
         rows = [(n, [t, None, None]) for n, (t,) in pc.read_plain_lines(a.input, 1)]
     elif a.no_labels:
-        rows = [(n, [t, None, i]) for n, (t, i) in pc.read_tsv(a.input, [a.text_column], [a.id_column])]
+        rows = [(n, [t, None, i]) for n, (t, i) in read(a.input, [a.text_column], [a.id_column])]
     else:
-        rows = pc.read_tsv(a.input, [a.text_column, a.label_column], [a.id_column])
+        rows = read(a.input, [a.text_column, a.label_column], [a.id_column])
     if a.limit is not None:
         rows = rows[:a.limit]
     if not rows:
@@ -88,7 +91,10 @@ def main(argv=None):
         if names is None and not a.no_labels:
             names = ["negative", "positive"]
         tok = pc.load_tokenizer(a, PROG)
-        ex_ids, texts, labels = read_examples(a, names)
+        try:
+            ex_ids, texts, labels = read_examples(a, names)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "doc_cls", e) from None
         T = a.max_seq_len
         for split, idx, path in pc.parts(a, len(texts)):
             w = outs.open(path)

@@ -282,7 +282,10 @@ def main(argv=None):
                 raise pc.DataError(f"--label-names applies to --no-labels only (labelled input uses {','.join(ID2LABEL)})")
             names = ID2LABEL
         tok = pc.load_tokenizer(a, PROG)
-        sents = parse_lines(a.input) if a.input_format == "lines" else parse_klue_ner(a.input, a.no_labels)
+        try:
+            sents = parse_lines(a.input) if a.input_format == "lines" else parse_klue_ner(a.input, a.no_labels)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "ner", e) from None
         if a.limit is not None:
             sents = sents[:a.limit]
         if not sents:

@@ -2,8 +2,11 @@
 """Sentence-pair classification data (KorNLI/XNLI-style TSV) -> nlptrain HDF5 (task pair_cls).
 
 Input: a TSV file with a header line naming the columns (KorNLI: sentence1<TAB>sentence2<TAB>
-gold_label); the columns are found by name (--first-column, --second-column, --label-column).
-Labels are names: entailment = 0, neutral = 1, contradiction = 2 (id2label). Any other label (e.g.
+gold_label), or a file as the Hugging Face Hub ships datasets (.parquet, .jsonl/.json JSON Lines, .csv;
+ids FILE:ROW, rows from 0); the columns are found by name (--first-column, --second-column, --label-column;
+KLUE NLI's Hub files: --first-column premise --second-column hypothesis).
+Labels are names: entailment = 0, neutral = 1, contradiction = 2 (id2label); in a Hub file an integer
+label is the id itself. Any other label (e.g.
 SNLI's '-') is an error naming the file and line. No quoting: a field is everything between tabs.
 KorNLI's dev and test files are converted by one call each. The example id is the --id-column column
 (default id) when the header has it, else FILE:LINE.
@@ -56,13 +59,15 @@ def parse_args(argv):
 def read_examples(a, names):
     """(example ids, first texts, second texts, labels or None)."""
     base = os.path.basename(a.input)
+    table = pc.is_table(a.input)
+    read = pc.read_table if table else pc.read_tsv  # the Hub's parquet/JSON Lines/CSV files
     if a.input_format == "lines":
         rows = [(n, [x, y, None, None]) for n, (x, y) in pc.read_plain_lines(a.input, 2)]
     elif a.no_labels:
         rows = [(n, [x, y, None, i]) for n, (x, y, i) in
-                pc.read_tsv(a.input, [a.first_column, a.second_column], [a.id_column])]
+                read(a.input, [a.first_column, a.second_column], [a.id_column])]
     else:
-        rows = pc.read_tsv(a.input, [a.first_column, a.second_column, a.label_column], [a.id_column])
+        rows = read(a.input, [a.first_column, a.second_column, a.label_column], [a.id_column])
     if a.limit is not None:
         rows = rows[:a.limit]
     if not rows:
@@ -72,6 +77,8 @@ def read_examples(a, names):
     for line, (s1, s2, lab, eid) in rows:
         if not a.no_labels:
             v = ids.get(lab.strip())
+            if v is None and table and lab.strip().isdigit() and int(lab) < len(names):
+                v = int(lab)  # the Hub's integer class labels, in id order
             if v is None:
                 raise pc.DataError(f"{a.input}:{line}: unknown label '{lab}' (expected one of {', '.join(names)})")
             labels.append(v)
@@ -92,7 +99,10 @@ def main(argv=None):
         if names is None and not a.no_labels:
             names = LABELS
         tok = pc.load_tokenizer(a, PROG)
-        ex_ids, first, second, labels = read_examples(a, names)
+        try:
+            ex_ids, first, second, labels = read_examples(a, names)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "pair_cls", e) from None
         T = a.max_seq_len
         for split, idx, path in pc.parts(a, len(first)):
             w = outs.open(path)

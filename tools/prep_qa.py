@@ -238,7 +238,10 @@ def main(argv=None):
             raise pc.DataError(f"--max-seq-len {a.max_seq_len} leaves {a.max_seq_len - 3 - a.max_query_len} context "
                                f"tokens after a {a.max_query_len}-token question, not more than --doc-stride {a.doc_stride}")
         tok = pc.load_tokenizer(a, PROG)
-        examples, contexts, n_articles = parse_squad(a.input, a.limit, a.no_labels)
+        try:
+            examples, contexts, n_articles = parse_squad(a.input, a.limit, a.no_labels)
+        except pc.DataError as e:
+            raise pc.task_mismatch(a.input, "qa", e) from None
         if not examples:
             raise pc.DataError(f"{a.input}: no questions")
         T = a.max_seq_len

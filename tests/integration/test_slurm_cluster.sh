@@ -12,7 +12,9 @@
 #       from the copy-back on both nodes), (c2) mpirun + output.dir on shared storage;
 #   (d) jobscripts/scaling_sweep.sh --max-nodes 2: 1- and 2-node runs with their summary.json;
 #   (e) a rank that dies (SIGKILL, before MPI_Init: the other rank would wait in MPI for ever) ends the
-#       job within SRUN_WAIT s: FAILED, not requeued, "nlptrain failed" in its output, scratch removed.
+#       job within SRUN_WAIT s: FAILED, not requeued, "nlptrain failed" in its output, scratch removed;
+#   (f) every sbatch line of README.md and jobscripts/README.md, scaled to this cluster, on tiny INIs of
+#       the names they give: COMPLETED 0:0 with its results; generate.sh's text written.
 # The jobs run with SRUN_WAIT=10, so every job above also shows that srun --wait cuts neither a normal
 # exit nor the exit code 75 short. A rank that crashes leaves a core file when the system allows one;
 # a failure then prints its threads' backtraces (gdb).
@@ -311,6 +313,124 @@ done
 check_results "$SUB/results/c1" "$JC1" 2 2 1 $LONG 1
 check_results "$SUB/results/c2" "$JC2" 2 2 1 $LONG 1
 say "(c) pass: SIGUSR1 -> checkpoint, exit 75, requeue, resume, COMPLETED (srun+scratch, mpirun+shared)"
+
+# ---- (f) every sbatch line of README.md and jobscripts/README.md, at this cluster's size
+# The lines are read from the two READMEs; their sizes are scaled to the cluster (at most 2 nodes,
+# ranks x CPUs per node <= 2, no GPUs, the CUDA backend replaced by the CPU's), and each INI they name
+# (and my.ini) is replaced by a tiny GPT-2 INI with that INI's name, on data tokenised with a small
+# Hub-style tokenizer folder (tokenizer.json, trained here on the sources), so that generate.sh finds
+# the model's tokenizer as a user's job would. What runs is each line's jobscript, at each line's
+# node/rank/CPU shape, through sbatch; the generate.sh lines run on the model of the gen_nsmc line.
+say "(f) the READMEs' sbatch lines, scaled to 2 nodes x 2 CPUs"
+mkdir -p f/tok
+ln -sfn "$SRC/jobscripts" "$SUB/jobscripts"
+ln -sfn "$SRC/tools" "$SUB/tools"
+python3 - "$SRC" "${texts[@]}" >f/lines.tsv <<'PYEOF' || fail "(f) could not read the READMEs' sbatch lines"
+import os, re, shlex, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+src, texts = sys.argv[1], sys.argv[2:]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+tok.train(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
+                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.save("f/tok/tokenizer.json")
+lines, seen = [], set()
+for readme in ("README.md", "jobscripts/README.md"):
+    text = open(os.path.join(src, readme), encoding="utf-8").read().replace("\\\n", " ")
+    for m in re.finditer(r"(?:^|`)\s*(sbatch [^`\n]*)", text, re.M):
+        line = re.sub(r"\s+", " ", m.group(1).split(" #")[0]).strip()
+        if "..." in line or line in seen:
+            continue
+        seen.add(line)
+        lines.append((readme, line))
+for k, (readme, line) in enumerate(lines):
+    args = shlex.split(line)[1:]
+    i = next(j for j, a in enumerate(args) if a.startswith("jobscripts/"))
+    opts, script, rest = args[:i], args[i], args[i + 1:]
+    o, j = {}, 0
+    while j < len(opts):
+        if opts[j] == "-N":
+            o["--nodes"], j = opts[j + 1], j + 2
+            continue
+        key, _, v = opts[j].partition("=")
+        o[key], j = v, j + 1
+    cpt = min(int(o.get("--cpus-per-task", "1")), 2)
+    scaled = [f"--cpus-per-task={cpt}"] if "--cpus-per-task" in o else []  # else the jobscript's header
+    if "--nodes" in o:
+        scaled.append(f"--nodes={min(int(o['--nodes']), 2)}")
+    if "--ntasks-per-node" in o:
+        scaled.append(f"--ntasks-per-node={max(1, min(int(o['--ntasks-per-node']), 2 // cpt))}")
+    rest = ["--run.backend=cpu" if a == "--run.backend=cuda" else a for a in rest]
+    if script != "jobscripts/generate.sh":
+        rest.append(f"--output.dir=results/f{k}")
+    print(k, readme, line, script, shlex.join(["sbatch", "--parsable"] + scaled + [script] + rest), sep="\t")
+PYEOF
+VOCAB=$(python3 -c 'import json; print(len(json.load(open("f/tok/tokenizer.json"))["model"]["vocab"]))')
+python3 "$SRC/tools/make_dataset.py" --tokenizer f/tok --out data/f.h5 "${texts[@]}" >f/make_dataset.log 2>&1 ||
+  { cat f/make_dataset.log; fail "(f) make_dataset.py with the tokenizer folder failed"; }
+while IFS=$'\t' read -r _ _ line _ _; do
+  for ini in $(grep -o '[^ ]*\.ini' <<<"$line"); do
+    mkdir -p "$(dirname "$ini")"
+    cat >"$ini" <<INIEOF
+# a tiny stand-in for $ini (tests/integration/test_slurm_cluster.sh (f))
+[run]
+log_interval = 1
+[model]
+type = gpt2
+vocab_size = $VOCAB
+n_layer = 1
+n_head = 2
+n_embd = 32
+n_positions = 64
+[data]
+train = data/f.h5
+eval = data/f.h5
+seq_len = 32
+[train]
+batch_size = 2
+steps = 4
+[eval]
+interval = 2
+batches = 1
+[generate]
+max_new_tokens = 4
+num_samples = 1
+INIEOF
+  done
+done <f/lines.tsv
+printf 'int main\nreturn\n' >prompts.txt
+declare -A FJOB
+gen_k=""
+while IFS=$'\t' read -r k readme line script cmd; do
+  [ "$script" != jobscripts/generate.sh ] || continue
+  FJOB[$k]=$(eval "$cmd") || fail "(f) $readme: '$line' could not be submitted ($cmd)"
+  say "(f) $readme: $line -> $cmd: job ${FJOB[$k]}"
+  [[ -n $gen_k || $line != *gen_nsmc.ini* ]] || gen_k=$k
+done <f/lines.tsv
+while IFS=$'\t' read -r k readme line script cmd; do
+  [ "$script" != jobscripts/generate.sh ] || continue
+  wait_done "${FJOB[$k]}" 300
+  check_completed "${FJOB[$k]}" "$st" "(f) $readme: $line"
+  [ -f "results/f$k/summary.json" ] || fail "(f) $readme: '$line' wrote no results/f$k/summary.json" "${FJOB[$k]}"
+  check_scratch_clean "${FJOB[$k]}"
+done <f/lines.tsv
+[ -n "$gen_k" ] && [ -f "results/f$gen_k/best.h5" ] || fail "(f) no gen_nsmc line with a best.h5 for generate.sh"
+mkdir -p runs/gen_nsmc && cp "results/f$gen_k/best.h5" runs/gen_nsmc/best.h5
+while IFS=$'\t' read -r k readme line script cmd; do
+  [ "$script" = jobscripts/generate.sh ] || continue
+  rm -rf runs/gen_nsmc/generate runs/gen_nsmc/generate_job
+  j=$(NLPTRAIN_BIN=$BIN eval "$cmd") || fail "(f) $readme: '$line' could not be submitted ($cmd)"
+  say "(f) $readme: $line -> $cmd: job $j"
+  wait_done "$j" 300
+  check_completed "$j" "$st" "(f) $readme: $line"
+  out=runs/gen_nsmc/generate
+  [[ $line != *"--out "* ]] || out=$(sed 's/.*--out \([^ ]*\).*/\1/' <<<"$line")
+  [ -s "$out/generated.txt" ] || fail "(f) $readme: '$line' wrote no $out/generated.txt" "$j"
+  grep -q -- "--bind-to none" "$SUB/slurm-nlptrain-generate-$j.out" ||
+    fail "(f) $readme: '$line': generate_text.py did not run its rank unbound" "$j"
+done <f/lines.tsv
+say "(f) pass: $(wc -l <f/lines.tsv) sbatch lines of the READMEs COMPLETED at the cluster's size"
 
 [ -z "$(squeue -h -o %i)" ] || fail "jobs left in the queue: $(squeue -h -o %i | tr '\n' ' ')"
 say "PASS (results in $SUB; sweep: $SUB/sweep/nodes_1/summary.json, $SUB/sweep/nodes_2/summary.json)"

@@ -3,14 +3,19 @@ from the program (issue 21).
 
 Every ```sh block after a `<!-- walkthrough: NAME -->` marker in README.md is read from the README
 itself and its commands are run in order, in one scratch folder holding `build/`, `tools/`, `inputs/`,
-`jobscripts/` (links to the checkout), `data/` (the shared corpora; WikiText-2's train and valid files
-are slices of its test split, the only raw split here) and the files a user brings (`my_reviews.txt`,
-`my_pairs.txt`, `prompts.txt`). What changes, and only this:
+`jobscripts/` (links to the checkout), `data/` (the shared corpora) and the files a user brings
+(`my_reviews.txt`, `my_pairs.txt`, `prompts.txt`). What changes, and only this:
 
-- `huggingface-cli download NAME --local-dir DIR` (no network here) makes DIR as the Hub would have it,
+- `hf download NAME --local-dir DIR` (no network here) makes DIR as the Hub would have it,
   from a tiny random model saved by transformers: BERT with the kcbert-base vocabulary (vocab.txt and
   tokenizer.json), GPT-2 with the GPT-2 BPE, and a Korean GPT-2 folder with only config.json,
   model.safetensors and tokenizer.json (a byte-fallback BPE trained here on NSMC text);
+- `hf download --repo-type dataset Salesforce/wikitext [--include GLOB] --local-dir DIR` makes the Hub's
+  parquet layout (DIR/wikitext-2-raw-v1/{train,validation,test}-00000-of-00001.parquet with a `text`
+  column, one row per line with its "\n" and an empty row before each heading, as the Hub's files have;
+  wikitext-2-v1 beside it from the tokenised files unless --include leaves it out; README.md;
+  .cache/huggingface/) from the shared WikiText-2, whose only raw split is the test split: the three
+  splits are slices of it;
 - nlptrain runs get tiny overrides (steps, batch, threads; a small shape for GPT-2 small from scratch);
 - `bash tools/prep_task_data.sh` gets PREP_LIMIT (the first examples of each corpus);
 - `sbatch ... jobscripts/X.sh INI ARGS` (job 7) runs the same INI and arguments on 2 CPU ranks.
@@ -34,7 +39,8 @@ DATA = nr.shared_data()
 README = nr.SOURCE_DIR / "README.md"
 NEEDED = ["nsmc/nsmc_from_raw_train.tsv", "nsmc/nsmc_from_raw_test.tsv", "kornli/xnli.test.ko.tsv",
           "kornli/xnli.dev.ko.tsv", "klue-ner/klue-ner-v1.1_dev.tsv", "korquad/KorQuAD_v1.0_dev.json",
-          "wikitext2/wiki.test.raw", "vocab/kcbert-base/vocab.txt", "vocab/gpt2/encoder.json"]
+          "wikitext2/wiki.test.raw", "wikitext2/wiki.test.tokens.txt", "vocab/kcbert-base/vocab.txt",
+          "vocab/gpt2/encoder.json"]
 
 
 def walkthroughs():
@@ -103,6 +109,61 @@ def hub_korean_gpt2(folder):
 HUB = {"beomi/kcbert-base": hub_bert, "gpt2": hub_gpt2, "skt/kogpt2-base-v2": hub_korean_gpt2}
 
 
+def hub_rows(lines):
+    """Lines of a WikiText file as the Hub's parquet rows: each with its "\n", "" before a heading."""
+    rows = []
+    for ln in lines:
+        if not ln.strip():
+            continue
+        if ln.lstrip().startswith("= ") and rows:
+            rows.append("")
+        rows.append(ln + "\n")
+    return rows
+
+
+def hub_wikitext(folder, include=None):
+    """Salesforce/wikitext's layout, two of its configurations (those `include` matches), from the shared
+    WikiText-2 files."""
+    import fnmatch
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    raw = (DATA / "wikitext2" / "wiki.test.raw").read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
+    tokens = (DATA / "wikitext2" / "wiki.test.tokens.txt").read_text(encoding="utf-8").split("\n")
+    for config, lines in (("wikitext-2-raw-v1", raw), ("wikitext-2-v1", tokens)):
+        rows = hub_rows(lines[:500])
+        for split, part in (("train", rows[:330]), ("validation", rows[330:440]), ("test", rows[440:])):
+            name = f"{config}/{split}-00000-of-00001.parquet"
+            if include is None or fnmatch.fnmatch(name, include):
+                (folder / config).mkdir(exist_ok=True)
+                pq.write_table(pa.table({"text": part}), folder / name)
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: wikitext-2-raw-v1\n---\n", encoding="utf-8")
+    (folder / ".cache" / "huggingface").mkdir(parents=True)
+    (folder / ".cache" / "huggingface" / ".gitignore").write_text("*\n", encoding="utf-8")
+
+
+HUB_DATASETS = {"Salesforce/wikitext": hub_wikitext}
+
+
+def hf_download(args, work):
+    """`hf download [--repo-type dataset] [--include GLOB] NAME --local-dir DIR`: DIR as the Hub would fill it."""
+    rest, opts = args[2:], {}
+    names = []
+    while rest:
+        a = rest.pop(0)
+        if a.startswith("--"):
+            opts[a] = rest.pop(0)
+        else:
+            names.append(a)
+    assert len(names) == 1 and set(opts) <= {"--local-dir", "--repo-type", "--include"}, args
+    folder = work / opts["--local-dir"]
+    folder.mkdir(parents=True, exist_ok=True)
+    if opts.get("--repo-type") == "dataset":
+        HUB_DATASETS[names[0]](folder, opts.get("--include"))
+    else:
+        assert "--include" not in opts, args
+        HUB[names[0]](folder)
+
+
 # ---- the scratch folder ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -115,12 +176,9 @@ def work(tmp_path_factory):
     (w / "build" / "nlptrain").symlink_to(nr.binary())
     for d in ("tools", "inputs", "jobscripts"):
         (w / d).symlink_to(nr.SOURCE_DIR / d)
-    (w / "data" / "wikitext2").mkdir(parents=True)
-    for d in ("nsmc", "kornli", "klue-ner", "korquad"):
+    (w / "data").mkdir()
+    for d in ("nsmc", "kornli", "klue-ner", "korquad", "wikitext2"):
         (w / "data" / d).symlink_to(DATA / d)
-    raw = (DATA / "wikitext2" / "wiki.test.raw").read_bytes().split(b"\r\n")
-    (w / "data" / "wikitext2" / "wiki.train.raw").write_bytes(b"\r\n".join(raw[:300]) + b"\r\n")
-    (w / "data" / "wikitext2" / "wiki.valid.raw").write_bytes(b"\r\n".join(raw[300:400]) + b"\r\n")
     test = (DATA / "nsmc" / "nsmc_from_raw_test.tsv").read_text(encoding="utf-8").splitlines()[1:21]
     (w / "my_reviews.txt").write_text("".join(l.split("\t")[1] + "\n" for l in test), encoding="utf-8")
     nli = (DATA / "kornli" / "xnli.dev.ko.tsv").read_text(encoding="utf-8").splitlines()[1:21]
@@ -158,10 +216,9 @@ def tiny(args, work):
 def run_line(line, work, report):
     args = shlex.split(line)
     env = nr.mpi_env(threads=1)
-    if args[:2] == ["huggingface-cli", "download"]:
-        folder = work / args[args.index("--local-dir") + 1]
-        folder.mkdir(parents=True, exist_ok=True)
-        HUB[args[2]](folder)
+    if args[:2] == ["hf", "download"]:
+        report(f"$ {line}  (a stand-in for the Hub's files)")
+        hf_download(args, work)
         return
     if args[0] == "sbatch":
         script = next(i for i, a in enumerate(args) if a.startswith("jobscripts/"))
@@ -171,7 +228,7 @@ def run_line(line, work, report):
             args = ["bash", args[script]] + rest + ([] if "--" in rest else ["--"]) + [
                 "--run.backend=cpu", "--run.threads=1", "--generate.max_new_tokens=4", "--generate.num_samples=1"]
         else:  # job 7 on 2 CPU ranks: the jobscript's INI and arguments
-            args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu", "--train.precision=fp32"]
+            args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu"]
     if "build/nlptrain" in args:
         args = args + tiny(args, work)
     if args[:2] == ["bash", "tools/prep_task_data.sh"]:
@@ -267,6 +324,11 @@ def check_qa(w):
 
 
 def check_clm(w):
+    import h5py
+    for name, split in (("train", "train"), ("valid", "validation")):
+        with h5py.File(w / f"runs/data/wikitext2_{name}.h5", "r") as f:  # the Hub's parquet file of the split
+            assert f.attrs["source"] == str(w / f"datasets/wikitext/wikitext-2-raw-v1/{split}-00000-of-00001.parquet")
+            assert f.attrs["text_column"] == "text" and f.attrs["num_tokens"] > 1000
     ev = nr.metrics(w / "runs/clm_wikitext2")[1][-1]
     assert ev["perplexity"] > 1
     check_exported(w / "runs/clm_wikitext2_ft/hf", "AutoModelForCausalLM", w / "models/gpt2")
