@@ -23,6 +23,7 @@ void ParamStore::allocate(Backend& be) {
   be_ = &be;
   params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
   grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  be.register_weights(params_, total_);  // the persistent bf16 copy, where the backend keeps one
 }
 
 ParamStore::~ParamStore() {

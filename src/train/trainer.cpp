@@ -543,6 +543,9 @@ int run_train(Session& s) {
       if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
         tp = Clock::now();
         s.comm.all_gather(ps.data(), shards);
+        // the other ranks' shards were written by the collective: their bf16 copy (core/backend.h)
+        s.be.weights_written(ps.data(), opt.lo());
+        s.be.weights_written(ps.data() + opt.hi(), ps.total() - opt.hi());
         s.be.synchronize();
         t_comm += seconds_since(tp);
       }
