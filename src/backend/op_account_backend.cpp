@@ -70,7 +70,8 @@ auto AccountBackend::op(const char* label, const char* family, const Cost& c, F&
 
 void AccountBackend::register_weights(const float* arena, size_t n) {
   in_.register_weights(arena, n);
-  arena_ = arena;
+  if (n == 0 && arena != arena_) return;
+  arena_ = n ? arena : nullptr;
   arena_n_ = n;
 }
 

@@ -121,7 +121,8 @@ class Backend {
   // into the arena round the part they wrote again; a write from outside the backend (a collective:
   // the ZeRO all-gather) must be followed by weights_written over what it wrote.
   // Off (the default, and any other precision): these do nothing and bf16_weights() is null.
-  virtual void register_weights(const float* /*arena*/, size_t /*n*/) {}  // once, before any write
+  // Once, before any write; (arena, 0) forgets that arena (its owner frees it).
+  virtual void register_weights(const float* /*arena*/, size_t /*n*/) {}
   virtual void weights_written(const float* /*p*/, size_t /*n*/) {}
   // The copy (backend memory, the bf16 bit patterns of the n arena elements), or null when off.
   virtual const uint16_t* bf16_weights() const { return nullptr; }

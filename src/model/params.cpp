@@ -28,6 +28,7 @@ void ParamStore::allocate(Backend& be) {
 
 ParamStore::~ParamStore() {
   if (be_) {
+    be_->register_weights(params_, 0);  // no bf16 copy outlives its weights
     be_->release(params_);
     be_->release(grads_);
   }

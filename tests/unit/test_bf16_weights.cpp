@@ -221,3 +221,21 @@ TEST(Bf16Weights, GemmReadsTheCopy) {
   be->matmul_forward(y3.data(), x.data(), ps.p(0), nullptr, 4, 8, 8, WLayout::InOut);
   for (size_t i = 0; i < y3.size(); ++i) EXPECT_EQ(y3[i], 2.f * y1[i]) << i;  // exact: scaling by 2
 }
+
+// The copy goes with its weights: a ParamStore destroyed unregisters its arena (a later buffer at the
+// same address is not read from a stale copy), and another arena can be registered after it.
+TEST(Bf16Weights, ForgottenWithItsArena) {
+  auto be = bf16_backend();
+  {
+    ParamStore ps;
+    add_tensors(ps);
+    ps.allocate(*be);
+    ASSERT_NE(be->bf16_weights(), nullptr);
+  }
+  EXPECT_EQ(be->bf16_weights(), nullptr);
+  ParamStore again;
+  add_tensors(again);
+  again.allocate(*be);
+  again.upload(random_host(again.total(), 12));
+  EXPECT_TRUE(copy_matches(*be, again));
+}

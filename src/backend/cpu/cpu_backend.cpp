@@ -78,6 +78,7 @@ class CpuBackend final : public Backend {
     zero_bytes(p, bytes);
     weights_written(static_cast<const float*>(p), bytes / sizeof(float));
   }
+  // (zero's memset, in parallel pieces)
   void zero_bytes(void* p, size_t bytes) {
     // large buffers (the gradient arena, every step) in parallel chunks: one core cannot fill
     // the memory bandwidth of the node
@@ -124,6 +125,10 @@ class CpuBackend final : public Backend {
   // ---- the persistent bf16 copy of the weights (core/backend.h) ----
   void register_weights(const float* arena, size_t n) override {
     if (!wcopy_on_) return;
+    if (n == 0) {
+      if (arena == warena_) warena_ = nullptr, wn_ = 0, wcopy_ = {};
+      return;
+    }
     warena_ = arena;
     wn_ = n;
     wcopy_.assign(n, cpu::bf16{});

@@ -247,11 +247,13 @@ class CudaBackend final : public Backend {
 
   // ---- the persistent bf16 copy of the weights (core/backend.h) ----
   void register_weights(const float* arena, size_t n) override {
-    if (!wcopy_on_) return;
+    if (!wcopy_on_ || (n == 0 && arena != warena_)) return;
     no_capture("register_weights");
     if (wcopy_) release(wcopy_);
     wcopy_ = nullptr;
     warena_ = nullptr;
+    wn_ = 0;
+    if (n == 0) return;
     wcopy_ = static_cast<uint16_t*>(alloc(std::max<size_t>(n, 1) * sizeof(uint16_t)));
     warena_ = arena;
     wn_ = n;
