@@ -110,6 +110,7 @@ void AccountBackend::copy(void* dst, const void* src, size_t bytes) {
 void AccountBackend::embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
                                        const float* wte, const float* wpe, const float* wtt, int B, int T,
                                        int C, int pos_offset, const int32_t* pos_ids) {
+  wte_ = wte;
   op("embedding_forward", "embedding", ac::embedding_forward(int64_t(B) * T, C),
      [&] { in_.embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids); });
 }
@@ -126,20 +127,20 @@ void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, c
 // ---- dense layer: operands at the GEMM's precision; in bf16 the casts apart ----
 void AccountBackend::matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                                     int M, int K, int N, WLayout layout) {
-  const char* label = head(K, N) ? "gemm lm head (forward)" : "gemm blocks (forward)";
+  const char* label = head(w, N) ? "gemm lm head (forward)" : "gemm blocks (forward)";
   const DType t = bf16_ ? DType::BF16 : DType::F32;
   if (bf16_ && on_) {
     const bool copy = has_copy(w, size_t(K) * N);
     cast_cost(label, int64_t(M) * K + (copy ? 0 : int64_t(K) * N));
   }
-  op(label, head(K, N) ? "gemm (lm head)" : "gemm (blocks)",
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)",
      ac::gemm(M, N, K, t, t, DType::F32, false, bias != nullptr),
      [&] { in_.matmul_forward(out, inp, w, bias, M, K, N, layout); });
 }
 void AccountBackend::matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                                      const float* inp, const float* w, int M, int K, int N,
                                      WLayout layout) {
-  const char* label = head(K, N) ? "gemm lm head (backward)" : "gemm blocks (backward)";
+  const char* label = head(w, N) ? "gemm lm head (backward)" : "gemm blocks (backward)";
   const DType t = bf16_ ? DType::BF16 : DType::F32;
   Cost c;
   if (dinp) c += ac::gemm(M, K, N, t, t, DType::F32, true);  // dinp[M,K] += dout[M,N] W^T
@@ -152,7 +153,7 @@ void AccountBackend::matmul_backward(float* dinp, float* dw, float* dbias, const
     const bool copy = has_copy(w, size_t(K) * N);
     cast_cost(label, int64_t(M) * N + (dw ? int64_t(M) * K : 0) + (dinp && !copy ? int64_t(K) * N : 0));
   }
-  op(label, head(K, N) ? "gemm (lm head)" : "gemm (blocks)", c,
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)", c,
      [&] { in_.matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout); });
 }
 

@@ -18,7 +18,8 @@ namespace nlp {
 
 class AccountBackend final : public Backend {
  public:
-  // vocab: the model's vocabulary size (a GEMM with that output or input width is the LM head's);
+  // vocab: the model's vocabulary size (a GEMM with that output width counts as the LM head's until
+  // an embedding call names the token embedding, whose GEMMs are then the head's);
   // precision: the GEMM arithmetic of `inner` (bf16 operands and their casts when Bf16).
   AccountBackend(Backend& inner, int vocab, Precision precision);
 
@@ -125,8 +126,10 @@ class AccountBackend final : public Backend {
   // One call: its label and family, its cost; f runs it on the inner backend under the label.
   template <class F>
   auto op(const char* label, const char* family, const account::Cost& c, F&& f) -> decltype(f());
-  // The GEMM labels of a dense layer of output width N and input width K.
-  bool head(int K, int N) const { return vocab_ > 0 && (N == vocab_ || K == vocab_); }
+  // Whether a dense layer with weight w and output width N is the LM head: its weight is the token
+  // embedding (tied: GPT-2, and BERT's MLM decoder), the wte of the last embedding_forward; before
+  // any embedding call, a layer whose output is the vocabulary.
+  bool head(const float* w, int N) const { return wte_ ? w == wte_ : vocab_ > 0 && N == vocab_; }
   bool has_copy(const float* w, size_t n) const;
   void cast_cost(const char* gemm_label, int64_t n);
 
@@ -139,6 +142,7 @@ class AccountBackend final : public Backend {
   account::Rates rates_;
   const float* arena_ = nullptr;
   size_t arena_n_ = 0;
+  const float* wte_ = nullptr;  // the token embedding of the last embedding_forward
 };
 
 }  // namespace nlp

@@ -199,3 +199,30 @@ TEST(OpAccount, BackendLabelsHeadBlocksAndCasts) {
     EXPECT_NE(js.find("\"families\""), std::string::npos);
   }
 }
+
+// Once an embedding call names the token embedding, the head is the layer that reads it, whatever the
+// widths: a block layer as wide as the vocabulary (a toy model with n_embd = vocab_size) is not.
+TEST(OpAccount, HeadIsTheLayerOfTheTokenEmbedding) {
+  const int V = 16, C = 16, M = 4;
+  auto cpu = make_cpu_backend(1);
+  AccountBackend be(*cpu, V, Precision::Fp32);
+  ParamStore ps;
+  ps.add("wte", {V, C}, true);
+  ps.add("wpe", {M, C}, true);
+  ps.add("proj", {C, C}, true);
+  ps.allocate(be);
+  be.start(size_t(1) << 20, 32);
+  std::vector<int32_t> ids(M, 1);
+  std::vector<float> x(size_t(M) * C), y(size_t(M) * C), logits(size_t(M) * V);
+  be.embedding_forward(x.data(), ids.data(), nullptr, ps.p(0), ps.p(1), nullptr, 1, M, C, 0, nullptr);
+  be.matmul_forward(y.data(), x.data(), ps.p(2), nullptr, M, C, C, WLayout::InOut);  // N == V, a block
+  be.matmul_forward(logits.data(), y.data(), ps.p(0), nullptr, M, C, V, WLayout::OutIn);
+  be.report(1, 0, nullptr);
+  long head = 0, blocks = 0;
+  for (const Row& r : be.account().rows()) {
+    if (r.label == "gemm lm head (forward)") head = r.calls;
+    if (r.label == "gemm blocks (forward)") blocks = r.calls;
+  }
+  EXPECT_EQ(head, 1);
+  EXPECT_EQ(blocks, 1);
+}
