@@ -1252,31 +1252,49 @@ TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
   // per-tensor kernel
   const VF grad = randn(g.total(), 1620, 0.1f);
   be->to_device(g.grad(), grad.data(), grad.size() * sizeof(float));
-  float* m = put(VF(g.total(), 0.f));
-  float* v = put(VF(g.total(), 0.f));
+  float* m = upload(*be, VF(g.total(), 0.f));
+  float* v = upload(*be, VF(g.total(), 0.f));
   be->adamw_update(g.p(2), g.g(2), m, v, g.specs()[2].numel, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.f, 1);
   std::copy(grad.begin(), grad.end(), c.grad());
   VF mc(g.total(), 0.f), vc(g.total(), 0.f);
   cpu_be->adamw_update(c.p(2), c.g(2), mc.data(), vc.data(), c.specs()[2].numel, 1e-2f, 0.9f, 0.999f,
                        1e-8f, 0.1f, 1.f, 1);
   check("after adamw_update on one tensor");
-  // a GEMM that reads the copy gives the bits of the per-call cast on an equal fp32 weight
+  be->release(m);
+  be->release(v);
+  // a GEMM that reads the copy gives the bits of the per-call cast on an equal fp32 weight: a.weight
+  // at the copy's start (256-byte aligned, as the cast's scratch) and b.weight inside it (32-byte
+  // aligned: cuBLASLt's plan is keyed by the operands' alignment and must compute the same bits)
   auto plain = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
-  const int M = 29, K = 70, N = 50;
-  const VF x = randn(size_t(M) * K, 1630);
   std::vector<float> w;
   g.download(w);
-  float* xg = upload(*be, x);
-  float* yg = static_cast<float*>(be->alloc(size_t(M) * N * sizeof(float)));
-  // (no bias: its alignment is part of the plan's key, and the two biases would differ in it)
-  be->matmul_forward(yg, xg, g.p(0), nullptr, M, K, N, nlp::WLayout::InOut);
-  float* xp = upload(*plain, x);
-  float* wp = upload(*plain, VF(w.begin() + g.specs()[0].offset, w.begin() + g.specs()[0].offset + size_t(K) * N));
-  float* yp = static_cast<float*>(plain->alloc(size_t(M) * N * sizeof(float)));
-  plain->matmul_forward(yp, xp, wp, nullptr, M, K, N, nlp::WLayout::InOut);
-  EXPECT_TRUE(bitwise_equal(download(*be, yg, size_t(M) * N), download(*plain, yp, size_t(M) * N)));
-  for (float* p : {xg, yg}) be->release(p);
-  for (float* p : {xp, wp, yp}) plain->release(p);
+  for (int t : {0, 2}) {
+    const int M = 29, K = int(g.specs()[t].shape[0]), N = int(g.specs()[t].shape[1]);
+    const size_t off = g.specs()[t].offset;
+    const VF x = randn(size_t(M) * K, 1630 + t);
+    float* xg = upload(*be, x);
+    float* yg = static_cast<float*>(be->alloc(size_t(M) * N * sizeof(float)));
+    // (no bias: its alignment is part of the plan's key too)
+    be->matmul_forward(yg, xg, g.p(t), nullptr, M, K, N, nlp::WLayout::InOut);
+    float* xp = upload(*plain, x);
+    float* wp = upload(*plain, VF(w.begin() + off, w.begin() + off + size_t(K) * N));
+    float* yp = static_cast<float*>(plain->alloc(size_t(M) * N * sizeof(float)));
+    plain->matmul_forward(yp, xp, wp, nullptr, M, K, N, nlp::WLayout::InOut);
+    EXPECT_TRUE(bitwise_equal(download(*be, yg, size_t(M) * N), download(*plain, yp, size_t(M) * N)))
+        << g.specs()[t].name;
+    // and the backward's dinp (the copy as W), dW from the cast activations
+    const VF dy = randn(size_t(M) * N, 1640 + t);
+    float* dyg = upload(*be, dy);
+    float* dxg = static_cast<float*>(be->alloc(size_t(M) * K * sizeof(float)));
+    be->matmul_backward(dxg, nullptr, nullptr, dyg, xg, g.p(t), M, K, N, nlp::WLayout::InOut);
+    float* dyp = upload(*plain, dy);
+    float* dxp = static_cast<float*>(plain->alloc(size_t(M) * K * sizeof(float)));
+    plain->matmul_backward(dxp, nullptr, nullptr, dyp, xp, wp, M, K, N, nlp::WLayout::InOut);
+    EXPECT_TRUE(bitwise_equal(download(*be, dxg, size_t(M) * K), download(*plain, dxp, size_t(M) * K)))
+        << g.specs()[t].name;
+    for (float* p : {xg, yg, dyg, dxg}) be->release(p);
+    for (float* p : {xp, wp, yp, dyp, dxp}) plain->release(p);
+  }
 }
 
 // ====================================================================================================
