@@ -41,6 +41,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/round.h"
+#include "backend/op_account_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "config/config.h"
@@ -1295,6 +1296,40 @@ TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
     for (float* p : {xg, yg, dyg, dxg}) be->release(p);
     for (float* p : {xp, wp, yp, dyp, dxp}) plain->release(p);
   }
+}
+
+// run.profile's account on the GPU: the rates measured by a copy and a GEMM are plausible for a data-
+// centre GPU, and the CUDA events time each GEMM and its bf16 operand casts under their own labels.
+TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
+  auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+  nlp::AccountBackend acct(*be, 64, nlp::Precision::Bf16);
+  nlp::ParamStore ps;
+  ps.add("w", {256, 512}, true);
+  ps.allocate(acct);
+  acct.start(size_t(256) << 20, 4096);
+  EXPECT_GT(acct.rates().bytes_per_s, 1e11) << acct.rates().how;  // > 100 GB/s
+  EXPECT_GT(acct.rates().flops_per_s, 1e13) << acct.rates().how;  // > 10 TFLOP/s
+  const int M = 1024, K = 256, N = 512;
+  float* x = upload(*be, randn(size_t(M) * K, 1700));
+  float* y = static_cast<float*>(be->alloc(size_t(M) * N * sizeof(float)));
+  for (int k = 0; k < 3; ++k) acct.matmul_forward(y, x, ps.p(0), nullptr, M, K, N, nlp::WLayout::InOut);
+  acct.zero(y, size_t(M) * N * sizeof(float));
+  std::string js;
+  const std::string table = acct.report(3, 0, &js);
+  long gemm = 0, cast = 0, memset = 0;
+  double gemm_ms = 0, cast_ms = 0;
+  for (const nlp::account::Row& r : acct.account().rows()) {
+    if (r.label == "gemm blocks (forward)") gemm = r.timed, gemm_ms = r.ms;
+    if (r.label == "cast: gemm blocks (forward)") cast = r.timed, cast_ms = r.ms;
+    if (r.label == "memset") memset = r.timed;
+  }
+  EXPECT_EQ(gemm, 3) << table;
+  EXPECT_EQ(cast, 3) << table;
+  EXPECT_EQ(memset, 1) << table;
+  EXPECT_GT(gemm_ms, 0) << table;
+  EXPECT_GT(cast_ms, 0) << table;
+  be->release(x);
+  be->release(y);
 }
 
 // ====================================================================================================
