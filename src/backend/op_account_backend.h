@@ -3,8 +3,8 @@
 // the bf16 operand casts apart from their GEMMs, the cross-entropy, the memsets) with its cost worked
 // out from its shapes and dtypes. A backend that times ops itself (Backend::profile_times: the CUDA
 // backend's events, stream order) supplies the times per label; for any other (the CPU, whose ops
-// are synchronous) each call is timed on the host, the casts inside its GEMMs included in the GEMM's
-// time (their cost is counted under their own label, untimed).
+// are synchronous) each call is timed on the host, and the casts inside its GEMMs, which the CPU
+// backend times under "cast: <label>", are taken out of the GEMM's time.
 #pragma once
 #include <chrono>
 #include <cstdint>

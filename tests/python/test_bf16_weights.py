@@ -118,6 +118,7 @@ def test_profile_account_in_log_and_summary(data, tmp_path):
     # with the copy, the head's forward casts only its activation: 32 x 32 elements, 4 + 2 bytes each
     assert ops["cast: gemm lm head (forward)"]["bytes"] == 32 * 32 * 6
     assert p["predicted_step_ms"] > 0 and p["measured_ops_ms"] > 0
+    assert fams["cast (bf16 operands)"]["ms"] > 0  # the CPU times the casts apart from their GEMMs
     r = subprocess.run(["python3", str(nr.SOURCE_DIR / "bench" / "gpu" / "account.py"), f"cpu={out / 'summary.json'}"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "gemm (lm head)" in r.stdout and "predicted step" in r.stdout, r.stdout + r.stderr

@@ -1,8 +1,8 @@
 // run.profile's account (backend/op_account.h): the bytes and FLOPs of each op kind from its shapes and
 // dtypes against values worked out by hand for small shapes, the floor, the aggregation into families
 // and the report; the rates measured on the CPU backend; and the accounting backend's labels (the LM
-// head's GEMMs apart from the blocks', the bf16 casts apart, fewer casts with the persistent weight
-// copy) on a CPU run of a few ops.
+// head's GEMMs apart from the blocks', the bf16 casts apart and timed apart, fewer casts with the
+// persistent weight copy) on a CPU run of a few ops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -190,6 +190,10 @@ TEST(OpAccount, BackendLabelsHeadBlocksAndCasts) {
     EXPECT_EQ(cb->family, "cast (bf16 operands)");
     EXPECT_EQ(cb->cost.written, 2.0 * (M * C + (copy ? 0 : C * H))) << copy;
     EXPECT_EQ(cbh->cost.written, 2.0 * (M * V + M * C + (copy ? 0 : V * C))) << copy;
+    // timed apart by the CPU backend and taken out of the GEMM's host time
+    EXPECT_GT(cb->timed, 0);
+    EXPECT_GT(cb->ms, 0.0);
+    EXPECT_GE(blocks->ms, 0.0);
     const Row* ce = find("crossentropy_forward");
     ASSERT_TRUE(ce);
     EXPECT_EQ(ce->cost.read, crossentropy_forward(M, V).read);

@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +122,12 @@ class CpuBackend final : public Backend {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
     weights_written(static_cast<const float*>(dst), bytes / sizeof(float));
   }
+
+  // ---- run.profile's account (backend/op_account_backend.h): the GEMMs' operand casts timed apart ----
+  void profile_label(const char* label) override {
+    cast_label_ = label ? cat("cast: ", label) : std::string();
+  }
+  std::vector<ProfileTime> profile_times() override { return cast_times_; }
 
   // ---- the persistent bf16 copy of the weights (core/backend.h) ----
   void register_weights(const float* arena, size_t n) override {
@@ -333,6 +340,25 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // With a profile label set, an operand cast's host time is added to "cast: <label>".
+  struct CastTimer {
+    CpuBackend& b;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    explicit CastTimer(CpuBackend& be) : b(be) {}
+    ~CastTimer() {
+      if (b.cast_label_.empty()) return;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (ProfileTime& t : b.cast_times_)
+        if (t.label == b.cast_label_) {
+          t.ms += ms;
+          t.calls += 1;
+          return;
+        }
+      b.cast_times_.push_back(ProfileTime{b.cast_label_, ms, 1});
+    }
+  };
+
   // The persistent copy of the weight w[n] when w lies inside the registered arena, else null.
   const cpu::bf16* persistent(const float* w, size_t n) const {
     if (!warena_ || w < warena_ || w + n > warena_ + wn_) return nullptr;
@@ -344,6 +370,7 @@ class CpuBackend final : public Backend {
   // x[n] (bf16) widened to fp32 (exact) in scratch slot `slot`: the values rounded() gives for the
   // fp32 weights x was rounded from (round_mantissa and to_bf16_bits round finite values alike).
   const float* widened(int slot, const cpu::bf16* x, size_t n) {
+    CastTimer timer(*this);
     std::vector<float>& buf = round_buf_[slot];
     if (buf.size() < n) buf.resize(n);
     float* r = buf.data();
@@ -357,6 +384,7 @@ class CpuBackend final : public Backend {
 
   // A copy of x[n] rounded to this backend's operand precision, in scratch slot `slot` (0..2).
   const float* rounded(int slot, const float* x, size_t n) {
+    CastTimer timer(*this);
     std::vector<float>& buf = round_buf_[slot];
     if (buf.size() < n) buf.resize(n);
     float* r = buf.data();
@@ -368,6 +396,7 @@ class CpuBackend final : public Backend {
 
   // A bf16 copy of x[n] (rounded to nearest even, as rounded()), in scratch slot `slot` (0..2).
   const cpu::bf16* to_bf16(int slot, const float* x, size_t n) {
+    CastTimer timer(*this);
     std::vector<cpu::bf16>& buf = bf16_buf_[slot];
     if (buf.size() < n) buf.resize(n);
     cpu::bf16* r = buf.data();
@@ -411,6 +440,8 @@ class CpuBackend final : public Backend {
   const float* warena_ = nullptr;     // the registered weights (register_weights)
   size_t wn_ = 0;
   std::vector<cpu::bf16> wcopy_;      // their bf16 rounding
+  std::string cast_label_;                  // run.profile: "cast: <label>" of the op running
+  std::vector<ProfileTime> cast_times_;     // the casts' time per such label
 };
 
 }  // namespace
