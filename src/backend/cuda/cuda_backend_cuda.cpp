@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -286,10 +287,22 @@ class CudaBackend final : public Backend {
   }
   std::string profile_report() override { return prof_ ? prof_->report() : std::string(); }
   // run.profile's account (backend/op_account.h): ops are marked under the label, the GEMMs' bf16
-  // operand casts under "cast: <label>" (labels interned: the profile keeps their pointers).
+  // operand casts under "cast: <label>" (labels interned: the profile keeps their pointers; looked up
+  // by the caller's pointer first, so that a label costs the host no string work after its first op).
   void profile_label(const char* label) override {
-    label_ = label ? labels_.insert(label).first->c_str() : nullptr;
-    cast_label_ = label ? labels_.insert(cat("cast: ", label)).first->c_str() : "cast: bf16 operands";
+    if (!label) {
+      label_ = nullptr;
+      cast_label_ = "cast: bf16 operands";
+      return;
+    }
+    auto it = label_ptrs_.find(label);
+    if (it == label_ptrs_.end() || std::strcmp(it->second.first, label) != 0) {
+      const char* l = labels_.insert(label).first->c_str();
+      const char* c = labels_.insert(cat("cast: ", label)).first->c_str();
+      it = label_ptrs_.insert_or_assign(label, std::make_pair(l, c)).first;
+    }
+    label_ = it->second.first;
+    cast_label_ = it->second.second;
   }
   std::vector<ProfileTime> profile_times() override {
     std::vector<ProfileTime> v;
@@ -975,6 +988,7 @@ class CudaBackend final : public Backend {
   const char* label_ = nullptr;            // profile_label
   const char* cast_label_ = "cast: bf16 operands";
   std::set<std::string> labels_;
+  std::map<const char*, std::pair<const char*, const char*>> label_ptrs_;  // caller's -> interned
   bool wcopy_on_ = false;          // run.bf16_weights with Precision::Bf16
   const float* warena_ = nullptr;  // the registered weights (register_weights)
   size_t wn_ = 0;
