@@ -209,7 +209,9 @@ cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32
 // Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).
 cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
                          float step_size, float bc2_sqrt, float decay, float beta1, float beta2,
-                         float eps, float grad_scale, cudaStream_t s);
+                         float eps, float grad_scale, cudaStream_t s, void* bf16_param = nullptr);
+// bf16_param (both; nullable): __nv_bfloat16[n] beside param that receives each updated weight
+// rounded to nearest even in the same pass (the persistent bf16 copy of the weights).
 // The same over the spans of one arena in one launch: span k is [start[k], end[k]) with decay
 // factor decay_on when decays[k] != 0, else decay_off (starts ascending, spans disjoint); elements
 // outside every span are not touched. n_total = end of the last span.
@@ -217,7 +219,8 @@ cudaError_t adamw_update_spans(float* param, const float* grad, float* m, float*
                                const uint64_t* start, const uint64_t* end, const uint8_t* decays,
                                int nspans, size_t n_total, float step_size, float bc2_sqrt,
                                float decay_on, float decay_off, float beta1, float beta2,
-                               float eps, float grad_scale, cudaStream_t s);
+                               float eps, float grad_scale, cudaStream_t s,
+                               void* bf16_param = nullptr);
 
 }  // namespace kern
 }  // namespace nlp

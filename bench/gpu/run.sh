@@ -43,7 +43,13 @@
 #           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
-#   profile nlptrain with run.profile (per-op GPU time) on the two benchmark models -> $OUT/profile.txt
+#   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
+#           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
+#           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
+#           copy, not yet run on a GPU) 4 steps under run.sync_check, losses bitwise against the
+#           verified run's, and 12 steps profiled; bench/gpu/account.py prints both accounts per op
+#           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
+#   profile nlptrain with run.profile (per-op account) on the two benchmark models -> $OUT/profile.txt
 # What comes back (8 files or fewer, each under 16 MiB): results.json (one record per benchmark
 # and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
 # finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
@@ -56,7 +62,7 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpurun.XXXXXX")
-SECTIONS=${SECTIONS:-"info tests e2e resume comm finetune bench torch profile"}
+SECTIONS=${SECTIONS:-"info tests e2e resume comm finetune bench torch account profile"}
 FT_STEPS=${FT_STEPS:-300}
 FT_BUDGET=${FT_BUDGET:-240}
 # 5e-5: at 1e-4 bf16 BERT-base from scratch stayed at the majority class on both sides for some seeds
@@ -356,7 +362,7 @@ if want finetune && in_time 150 "finetune"; then
     timeout $(tmo 60) $NL "$ftp" --train.steps=30 --run.profile=true --output.dir="$W/profile_finetune" \
         > "$W/profile_finetune.log" 2>&1
     log "profile $PROFILE_FINETUNE: exit $?"
-    { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' \
+    { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
         "$W/profile_finetune/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   fi
   # (before the A/B below: if the deadline allows only one, this decides what to build next)
@@ -456,6 +462,28 @@ if want torch; then
 fi
 
 snapshot
+if want account && in_time 75 "account"; then
+  acct=(inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=$GPT2_BATCH)
+  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --output.dir="$W/account/verified" \
+      > "$W/account_verified.log" 2>&1
+  log "account verified: exit $? | $(grep -E '^done:' "$W/account/verified/log.txt" 2>/dev/null)"
+  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=4 --run.bf16_weights=true --run.sync_check=true \
+      --output.dir="$W/account/bf16_weights_check" > "$W/account_bf16_weights_check.log" 2>&1
+  log "account run.bf16_weights under run.sync_check: exit $?"
+  python3 compare.py losses "$W/account/verified/metrics.jsonl" "$W/account/bf16_weights_check/metrics.jsonl" \
+      --within 4:0 2>&1 | sed 's/^/account run.bf16_weights: /' | tee -a "$W/run.log"
+  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --run.bf16_weights=true \
+      --output.dir="$W/account/bf16_weights" > "$W/account_bf16_weights.log" 2>&1
+  log "account run.bf16_weights: exit $? | $(grep -E '^done:' "$W/account/bf16_weights/log.txt" 2>/dev/null)"
+  for r in verified bf16_weights; do
+    { echo "== account gpt2_124m bf16 ($r)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
+        "$W/account/$r/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
+  done
+  python3 account.py verified="$W/account/verified/summary.json" bf16_weights="$W/account/bf16_weights/summary.json" \
+      2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
+fi
+
+snapshot
 if want profile; then
   for m in $PROFILE_MODELS; do
     in_time 40 "profile $m" || continue
@@ -465,7 +493,7 @@ if want profile; then
     timeout $(tmo 120) $NL "inputs/$m.ini" --train.precision=$PROFILE_PRECISION --train.steps=12 --run.profile=true "${extra[@]}" \
         --output.dir="$W/$name" > "$W/$name.log" 2>&1
     log "profile $name: exit $?"
-    { echo "== $name"; sed -n '/profile (run.profile)/,/^ *total [ 0-9]/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
+    { echo "== $name"; sed -n '/profile account (run.profile)/,/predicted step/p' "$W/$name/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   done
 fi
 

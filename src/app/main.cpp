@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/op_account_backend.h"
 #include "backend/step_graph.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
@@ -148,6 +149,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   bopts.sync_check = cfg.run.sync_check;
   bopts.cpu_gemm = cfg.run.cpu_gemm;
   bopts.cpu_bf16 = cfg.run.cpu_bf16;
+  bopts.bf16_weights = cfg.run.bf16_weights;
   bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
   // error of make_backend instead
@@ -252,10 +254,15 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // run.cuda_graph: the model makes its op calls through a StepGraph (backend/step_graph.h), which the
   // trainer asks to run each training micro-batch as a replayed recording; every other call passes
   // through to the backend. Destroyed after the model, before the backend.
+  // run.profile: the per-op account (backend/op_account_backend.h) between them and the backend.
+  std::unique_ptr<AccountBackend> account;
+  if (cfg.run.profile)
+    account = std::make_unique<AccountBackend>(*be, mc.vocab_size, precision);
+  Backend& base_be = account ? static_cast<Backend&>(*account) : *be;
   std::unique_ptr<StepGraph> graph;
   if (cfg.run.cuda_graph && cfg.run.mode == "train")
-    graph = std::make_unique<StepGraph>(*be, /*emulate=*/!cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
-  Backend& model_be = graph ? static_cast<Backend&>(*graph) : *be;
+    graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
+  Backend& model_be = graph ? static_cast<Backend&>(*graph) : base_be;
   auto model = make_model(mc, model_be, cfg.run.task);
   model->set_recompute(recompute);
 

@@ -74,6 +74,11 @@ class StepGraph final : public Backend {
   void synchronize() override;
   void set_profiling(bool on) override { in_.set_profiling(on); }
   std::string profile_report() override { return in_.profile_report(); }
+  void profile_label(const char* label) override { in_.profile_label(label); }
+  std::vector<ProfileTime> profile_times() override { return in_.profile_times(); }
+  void register_weights(const float* arena, size_t n) override { in_.register_weights(arena, n); }
+  void weights_written(const float* p, size_t n) override { in_.weights_written(p, n); }
+  const uint16_t* bf16_weights() const override { return in_.bf16_weights(); }
 
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,

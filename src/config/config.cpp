@@ -133,6 +133,12 @@ const std::vector<Entry>& schema() {
        "AMX-BF16 / AVX512-BF16; fp32 accumulation, fp32 master weights), emulate = operands rounded "
        "to bf16 and multiplied in fp32 (the reference the GPU is compared with); auto = native where "
        "the CPU has it, else emulate, with a warning: slower than fp32 there (the log says which)"},
+      {KEY(run, bf16_weights), none(),
+       "with train.precision = bf16: keep a bf16 copy of the weights (2 bytes a parameter, in the memory "
+       "plan), written by the AdamW update in the same pass and refreshed after loading, resume and "
+       "the ZeRO all-gather, which the dense-layer GEMMs read instead of rounding each weight at every "
+       "call; the same bits as without it. Not yet run on a GPU: off by default until a GPU run has "
+       "checked it"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, verbose), none(),
        "the log also lists the full effective configuration (every key); it is always written to "
@@ -142,7 +148,10 @@ const std::vector<Entry>& schema() {
       {KEY(run, sync_check), none(),
        "cuda: synchronise and check for errors after every op, so a fault names its op (slow; debugging)"},
       {KEY(run, profile), none(),
-       "cuda: time every op with CUDA events from step 2 on and log a per-op table at the end of training"},
+       "time every op from step 2 on (cuda: CUDA events; cpu: the host clock) and log, and write to "
+       "summary.json's \"profile\", an account of the step: per op and op family the bytes moved and "
+       "FLOPs from the shapes, the floor at the bandwidth and GEMM rate measured at that point (a large "
+       "copy and GEMM), the measured time and their ratio, and the step the floors predict"},
       {KEY(run, cuda_graph), none(),
        "cuda, run.mode = train: each training micro-batch's forward and backward launch as one CUDA "
        "graph, recorded at the second micro-batch of a shape and replayed whenever a micro-batch makes "

@@ -20,12 +20,13 @@ struct RunConfig {
   int log_interval = 1;        // log a line every N steps
   float peak_tflops = 0.f;     // peak TFLOP/s per rank (for MFU); 0 = unknown
   bool sync_check = false;     // cuda: synchronise and check for errors after every op (debugging)
-  bool profile = false;        // cuda: per-op GPU time (CUDA events) logged at the end of training
+  bool profile = false;        // per-op account (time, bytes, FLOPs, floor) logged at the end of training
   bool cuda_graph = false;     // cuda: replay each training micro-batch as a CUDA graph (backend/step_graph.h)
   float memory_limit_gb = 0.f; // refuse to start when the memory plan exceeds this (GB = 1e9 bytes); 0 = no limit
   std::string cpu_gemm = "auto";  // cpu: GEMM library, auto | openblas | onednn (auto: backend/cpu/gemm.h auto_gemm_lib)
   std::string cpu_bf16 = "auto";  // cpu, train.precision = bf16: auto | emulate | native
   bool verbose = false;        // the log also holds the full effective configuration (always in config.ini)
+  bool bf16_weights = false;      // train.precision = bf16: GEMMs read a persistent bf16 copy of the weights
 };
 
 struct ModelConfig {

@@ -36,7 +36,8 @@ bool parse_fused_attention(const std::string& value, const std::string& backend,
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank,
                                       const BackendOptions& options) {
   if (name == "cpu")
-    return make_cpu_backend(threads, options.precision, options.cpu_gemm, options.cpu_bf16);
+    return make_cpu_backend(threads, options.precision, options.cpu_gemm, options.cpu_bf16,
+                            options.bf16_weights);
   if (name == "cuda") {
     std::string why;
     int n = cuda_device_count(&why);

@@ -102,6 +102,30 @@ class Backend {
   // run.profile: time every op (CUDA events; no extra synchronisation) and report a per-op table.
   virtual void set_profiling(bool /*on*/) {}
   virtual std::string profile_report() { return {}; }
+  // run.profile's account (backend/op_account.h): ops enqueued from now on are timed under `label`
+  // (null: under their own names); a backend that splits an op (the bf16 operand casts of a GEMM)
+  // times the parts under "<label>" and "cast: <label>". profile_times: the time so far per label.
+  virtual void profile_label(const char* /*label*/) {}
+  struct ProfileTime {
+    std::string label;
+    double ms = 0;
+    long calls = 0;
+  };
+  virtual std::vector<ProfileTime> profile_times() { return {}; }
+
+  // ---- the persistent bf16 copy of the weights (BackendOptions::bf16_weights) -------------------
+  // With the option on and Precision::Bf16, the dense-layer GEMMs read a weight that lies inside the
+  // registered arena from a bf16 copy kept beside it (2 bytes an element) instead of rounding it at
+  // every call. The copy is the round-to-nearest-even of the fp32 weights at every op: adamw_update
+  // and adamw_update_spans write the weight and its rounding in one pass; to_device, copy and zero
+  // into the arena round the part they wrote again; a write from outside the backend (a collective:
+  // the ZeRO all-gather) must be followed by weights_written over what it wrote.
+  // Off (the default, and any other precision): these do nothing and bf16_weights() is null.
+  // Once, before any write; (arena, 0) forgets that arena (its owner frees it).
+  virtual void register_weights(const float* /*arena*/, size_t /*n*/) {}
+  virtual void weights_written(const float* /*p*/, size_t /*n*/) {}
+  // The copy (backend memory, the bf16 bit patterns of the n arena elements), or null when off.
+  virtual const uint16_t* bf16_weights() const { return nullptr; }
 
   // ---- embeddings --------------------------------------------------------------------------------
   // out[B,T,C] = wte[ids[b,t]] + wpe[p(b,t)] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null),
@@ -378,6 +402,7 @@ struct BackendOptions {
   bool fused_attention = false;  // cuda: attention through cuDNN's fused SDPA (model.attention)
   std::string cpu_gemm = "auto";     // cpu: run.cpu_gemm (auto | openblas | onednn)
   std::string cpu_bf16 = "emulate";  // cpu, train.precision = bf16: run.cpu_bf16 (auto | emulate | native)
+  bool bf16_weights = false;  // run.bf16_weights: the persistent bf16 copy of the weights (Bf16 only)
 };
 
 // Factory: "cpu" or "cuda". Throws nlp::Error naming the backend when it is unavailable.

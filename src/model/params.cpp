@@ -23,10 +23,12 @@ void ParamStore::allocate(Backend& be) {
   be_ = &be;
   params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
   grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  be.register_weights(params_, total_);  // the persistent bf16 copy, where the backend keeps one
 }
 
 ParamStore::~ParamStore() {
   if (be_) {
+    be_->register_weights(params_, 0);  // no bf16 copy outlives its weights
     be_->release(params_);
     be_->release(grads_);
   }

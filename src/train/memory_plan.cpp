@@ -10,6 +10,7 @@
 
 #include "backend/cuda/device.h"
 #include "comm/shard.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace nlp {
@@ -26,6 +27,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.T = T;
   p.recompute = cfg.train.recompute == "block";
   p.weights = P;
+  // run.bf16_weights: the persistent bf16 copy beside the fp32 weights (core/backend.h), 2 bytes each
+  if (cfg.run.bf16_weights && parse_precision(cfg.train.precision, cfg.run.backend) == Precision::Bf16)
+    p.bf16_copy = mm.params().total() * 2;
+  p.weights += p.bf16_copy;
   p.grads = P;
   p.zero = cfg.train.zero;
   p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
@@ -66,8 +71,9 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
 std::string MemoryPlan::table() const {
   char buf[768];
   std::snprintf(buf, sizeof buf,
-                "memory plan per rank (MiB): weights %.1f | gradients %.1f | AdamW m+v%s %.1f | "
+                "memory plan per rank (MiB): weights%s %.1f | gradients %.1f | AdamW m+v%s %.1f | "
                 "%s %.1f | workspace %.1f | total %.1f",
+                bf16_copy ? cat(" (with the bf16 copy ", cat(bf16_copy >> 20), " MiB)").c_str() : "",
                 mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
                 mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
   return buf;
@@ -88,7 +94,8 @@ std::string MemoryPlan::activations_label() const {
 
 std::string MemoryPlan::json() const {
   std::ostringstream o;
-  o << "{\"weights_bytes\":" << weights << ",\"gradients_bytes\":" << grads
+  o << "{\"weights_bytes\":" << weights << ",\"bf16_weights_bytes\":" << bf16_copy
+    << ",\"gradients_bytes\":" << grads
     << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
     << ",\"lm_head_bytes\":" << lm_head << ",\"lm_head_fused\":" << (lm_head_fused ? "true" : "false")
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B

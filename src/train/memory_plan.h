@@ -13,7 +13,8 @@
 namespace nlp {
 
 struct MemoryPlan {
-  size_t weights = 0;      // parameters (fp32)
+  size_t weights = 0;      // parameters (fp32), and their bf16 copy when there is one
+  size_t bf16_copy = 0;    // of which the persistent bf16 copy (run.bf16_weights)
   size_t grads = 0;        // their gradients (every mode allocates the arena: model/params.cpp)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
   size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation; generate:

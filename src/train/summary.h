@@ -65,6 +65,8 @@ struct RunNotes {
   // "recorded", "eager", "failed_recordings", "dropped_recordings", "check_us" (the host time of a
   // micro-batch's check, mean), "eager_reasons": {reason: count}} ("" = null: off).
   std::string cuda_graph_json;
+  // run.profile: summary.json's "profile" object, the per-op account (backend/op_account.h); "" = null.
+  std::string profile_json;
   std::vector<std::pair<std::string, std::string>> damaged_checkpoints;  // (file, reason), newest first
   int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume
   int64_t nonfinite_skipped = 0;  // steps whose update was skipped (train.nonfinite = skip)

@@ -19,6 +19,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/op_account_backend.h"
 #include "backend/step_graph.h"
 #include "comm/grad_reducer.h"
 #include "core/error.h"
@@ -543,6 +544,9 @@ int run_train(Session& s) {
       if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
         tp = Clock::now();
         s.comm.all_gather(ps.data(), shards);
+        // the other ranks' shards were written by the collective: their bf16 copy (core/backend.h)
+        s.be.weights_written(ps.data(), opt.lo());
+        s.be.weights_written(ps.data() + opt.hi(), ps.total() - opt.hi());
         s.be.synchronize();
         t_comm += seconds_since(tp);
       }
@@ -665,7 +669,11 @@ int run_train(Session& s) {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
   }
   if (cfg.run.profile) {
-    const std::string rep = s.be.profile_report();
+    // the account (app/main.cpp puts it between the model and the backend), over the timed steps
+    auto* acct = dynamic_cast<AccountBackend*>(graph ? &graph->inner() : &s.be);
+    const std::string rep = acct ? acct->report(times.steps, times.steps > 0 ? 1e3 * times.total / times.steps : 0,
+                                                &notes.profile_json)
+                                 : s.be.profile_report();
     s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile")
                            : rep);
   }

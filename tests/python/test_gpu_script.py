@@ -170,6 +170,43 @@ def test_compare_steps_gives_the_median_after_the_skipped_steps(tmp_path):
     assert lines[2].startswith("INFO steps c: no "), lines
 
 
+def synthetic_profile(head_ms, blocks_ms, step_s):
+    # floors worked out by hand: the head's GEMMs 2 ms, the blocks' 4 ms, the casts 1 ms (7 ms a step)
+    fam = [{"family": "gemm (lm head)", "bytes": 0, "flops": 2e12, "floor_ms": 2.0, "ms": head_ms, "ratio": None,
+            "calls": 3},
+           {"family": "gemm (blocks)", "bytes": 0, "flops": 4e12, "floor_ms": 4.0, "ms": blocks_ms, "ratio": None,
+            "calls": 48},
+           {"family": "cast (bf16 operands)", "bytes": 1e9, "flops": 0, "floor_ms": 1.0, "ms": None, "ratio": None,
+            "calls": 49}]
+    return {"step_time_s": step_s,
+            "profile": {"steps": 5, "rates": "copy ...: 1000.0 GB/s; GEMM: 1000.0 TFLOP/s",
+                        "predicted_step_ms": 7.0, "measured_ops_ms": head_ms + blocks_ms, "families": fam,
+                        "ops": []}}
+
+
+def test_account_prints_families_floors_and_the_predicted_step(tmp_path):
+    import json
+    (tmp_path / "a.json").write_text(json.dumps(synthetic_profile(8.0, 4.8, 0.014)))
+    (tmp_path / "b.json").write_text(json.dumps(synthetic_profile(2.4, 4.8, 0.0075)))
+    (tmp_path / "none.json").write_text(json.dumps({"step_time_s": 0.01, "profile": None}))
+    p = subprocess.run(["python3", str(SOURCE_DIR / "bench" / "gpu" / "account.py"), f"verified={tmp_path / 'a.json'}",
+                        f"copy={tmp_path / 'b.json'}", f"none={tmp_path / 'none.json'}"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr  # the run without a profile
+    out = p.stdout
+    assert out.startswith("INFO account verified: copy ...: 1000.0 GB/s"), out
+    # the head: 8 ms against a floor of 2 (4x, marked); the blocks 4.8 against 4 (1.2x, within 25%)
+    assert re.search(r"^  gemm \(lm head\) +2\.000 +8\.000 +4\.00 +- +> floor \+ 25%$", out, re.M), out
+    assert re.search(r"^  gemm \(blocks\) +4\.000 +4\.800 +1\.20 +-$", out, re.M), out
+    assert re.search(r"^  cast \(bf16 operands\) +1\.000 +- +- +-$", out, re.M), out
+    assert "predicted step (sum of floors) 7.000 ms | measured step 14.000 ms (2.00x the prediction) | " \
+           "measured ops 12.800 ms" in out, out
+    # the second run against the first: the head 0.30x, within 25% of its floor (2.4 / 2 = 1.2)
+    assert re.search(r"^  gemm \(lm head\) +2\.000 +2\.400 +1\.20 +0\.30$", out, re.M), out
+    assert "measured step 7.500 ms (1.07x the prediction)" in out, out
+    assert "FAIL account none: no summary.json with a \"profile\" section" in out, out
+
+
 def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu = make_tree(tmp_path / "repo")
     out = tmp_path / "out"

@@ -41,6 +41,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/round.h"
+#include "backend/op_account_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "config/config.h"
@@ -1254,6 +1255,139 @@ TEST_F(CudaOps, AdamWMatchesCpuOverThreeSteps) {
   EXPECT_CLOSE(get(gp, n), p, kOp);
   EXPECT_CLOSE(get(gm, n), m, kOp);
   EXPECT_CLOSE(get(gv, n), v, kOp);
+}
+
+// run.bf16_weights: the AdamW kernel writes each updated weight's bf16 rounding beside it (spans and
+// per-tensor kernels, a ZeRO-style shard), the refresh after an upload rounds the same way, and both
+// equal the host's round-to-nearest-even of the GPU's fp32 weights bitwise; the fp32 weights match
+// the CPU's AdamW to kOp. The GEMMs that read the copy give the bits of the per-call casts.
+TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
+  nlp::BackendOptions o;
+  o.precision = nlp::Precision::Bf16;
+  o.bf16_weights = true;
+  auto be = nlp::make_cuda_backend(0, o);
+  auto cpu_be = nlp::make_cpu_backend(1, nlp::Precision::Bf16, "auto", "emulate", true);
+  auto add = [](nlp::ParamStore& ps) {
+    ps.add("a.weight", {70, 50}, true);
+    ps.add("a.bias", {50}, false);
+    ps.add("b.weight", {333, 3}, true);
+    ps.add("ln.weight", {17}, false);
+  };
+  nlp::ParamStore g, c;
+  add(g);
+  add(c);
+  g.allocate(*be);
+  c.allocate(*cpu_be);
+  const VF w0 = randn(g.total(), 1600);
+  g.upload(w0);
+  c.upload(w0);
+  auto check = [&](const char* when) {
+    std::vector<float> w;
+    g.download(w);
+    std::vector<uint16_t> copy(g.total());
+    ASSERT_NE(be->bf16_weights(), nullptr);
+    be->to_host(copy.data(), be->bf16_weights(), copy.size() * sizeof(uint16_t));
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_EQ(copy[i], nlp::cpu::to_bf16_bits(w[i])) << when << ": element " << i;
+    EXPECT_CLOSE(w, VF(c.data(), c.data() + c.total()), kOp) << when;
+  };
+  check("after upload");
+  nlp::TrainConfig tc;
+  tc.weight_decay = 0.1f;
+  const nlp::ShardLayout sh = nlp::ShardLayout::even(g.total(), 2);
+  nlp::AdamW whole(g, *be, tc, 0, g.total()), cw(c, *cpu_be, tc, 0, c.total());
+  nlp::AdamW shard(g, *be, tc, sh.lo(1), sh.hi(1)), cs(c, *cpu_be, tc, sh.lo(1), sh.hi(1));
+  for (int t = 1; t <= 3; ++t) {
+    const VF grad = randn(g.total(), 1610 + t, 0.1f);
+    be->to_device(g.grad(), grad.data(), grad.size() * sizeof(float));
+    std::copy(grad.begin(), grad.end(), c.grad());
+    whole.step(1e-2f, 0.7f, t, false);
+    cw.step(1e-2f, 0.7f, t, false);
+    check("after an AdamW step over the arena");
+    shard.step(1e-2f, 0.7f, t, false);
+    cs.step(1e-2f, 0.7f, t, false);
+    check("after an AdamW step over a shard");
+  }
+  // per-tensor kernel
+  const VF grad = randn(g.total(), 1620, 0.1f);
+  be->to_device(g.grad(), grad.data(), grad.size() * sizeof(float));
+  float* m = upload(*be, VF(g.total(), 0.f));
+  float* v = upload(*be, VF(g.total(), 0.f));
+  be->adamw_update(g.p(2), g.g(2), m, v, g.specs()[2].numel, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.f, 1);
+  std::copy(grad.begin(), grad.end(), c.grad());
+  VF mc(g.total(), 0.f), vc(g.total(), 0.f);
+  cpu_be->adamw_update(c.p(2), c.g(2), mc.data(), vc.data(), c.specs()[2].numel, 1e-2f, 0.9f, 0.999f,
+                       1e-8f, 0.1f, 1.f, 1);
+  check("after adamw_update on one tensor");
+  be->release(m);
+  be->release(v);
+  // a GEMM that reads the copy gives the bits of the per-call cast on an equal fp32 weight: a.weight
+  // at the copy's start (256-byte aligned, as the cast's scratch) and b.weight inside it (32-byte
+  // aligned: cuBLASLt's plan is keyed by the operands' alignment and must compute the same bits)
+  auto plain = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+  std::vector<float> w;
+  g.download(w);
+  for (int t : {0, 2}) {
+    const int M = 29, K = int(g.specs()[t].shape[0]), N = int(g.specs()[t].shape[1]);
+    const size_t off = g.specs()[t].offset;
+    const VF x = randn(size_t(M) * K, 1630 + t);
+    float* xg = upload(*be, x);
+    float* yg = static_cast<float*>(be->alloc(size_t(M) * N * sizeof(float)));
+    // (no bias: its alignment is part of the plan's key too)
+    be->matmul_forward(yg, xg, g.p(t), nullptr, M, K, N, nlp::WLayout::InOut);
+    float* xp = upload(*plain, x);
+    float* wp = upload(*plain, VF(w.begin() + off, w.begin() + off + size_t(K) * N));
+    float* yp = static_cast<float*>(plain->alloc(size_t(M) * N * sizeof(float)));
+    plain->matmul_forward(yp, xp, wp, nullptr, M, K, N, nlp::WLayout::InOut);
+    EXPECT_TRUE(bitwise_equal(download(*be, yg, size_t(M) * N), download(*plain, yp, size_t(M) * N)))
+        << g.specs()[t].name;
+    // and the backward's dinp (the copy as W), dW from the cast activations
+    const VF dy = randn(size_t(M) * N, 1640 + t);
+    float* dyg = upload(*be, dy);
+    float* dxg = static_cast<float*>(be->alloc(size_t(M) * K * sizeof(float)));
+    be->matmul_backward(dxg, nullptr, nullptr, dyg, xg, g.p(t), M, K, N, nlp::WLayout::InOut);
+    float* dyp = upload(*plain, dy);
+    float* dxp = static_cast<float*>(plain->alloc(size_t(M) * K * sizeof(float)));
+    plain->matmul_backward(dxp, nullptr, nullptr, dyp, xp, wp, M, K, N, nlp::WLayout::InOut);
+    EXPECT_TRUE(bitwise_equal(download(*be, dxg, size_t(M) * K), download(*plain, dxp, size_t(M) * K)))
+        << g.specs()[t].name;
+    for (float* p : {xg, yg, dyg, dxg}) be->release(p);
+    for (float* p : {xp, wp, yp, dyp, dxp}) plain->release(p);
+  }
+}
+
+// run.profile's account on the GPU: the rates measured by a copy and a GEMM are plausible for a data-
+// centre GPU, and the CUDA events time each GEMM and its bf16 operand casts under their own labels.
+TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
+  auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+  nlp::AccountBackend acct(*be, 64, nlp::Precision::Bf16);
+  nlp::ParamStore ps;
+  ps.add("w", {256, 512}, true);
+  ps.allocate(acct);
+  acct.start(size_t(256) << 20, 4096);
+  EXPECT_GT(acct.rates().bytes_per_s, 1e11) << acct.rates().how;  // > 100 GB/s
+  EXPECT_GT(acct.rates().flops_per_s, 1e13) << acct.rates().how;  // > 10 TFLOP/s
+  const int M = 1024, K = 256, N = 512;
+  float* x = upload(*be, randn(size_t(M) * K, 1700));
+  float* y = static_cast<float*>(be->alloc(size_t(M) * N * sizeof(float)));
+  for (int k = 0; k < 3; ++k) acct.matmul_forward(y, x, ps.p(0), nullptr, M, K, N, nlp::WLayout::InOut);
+  acct.zero(y, size_t(M) * N * sizeof(float));
+  std::string js;
+  const std::string table = acct.report(3, 0, &js);
+  long gemm = 0, cast = 0, memset = 0;
+  double gemm_ms = 0, cast_ms = 0;
+  for (const nlp::account::Row& r : acct.account().rows()) {
+    if (r.label == "gemm blocks (forward)") gemm = r.timed, gemm_ms = r.ms;
+    if (r.label == "cast: gemm blocks (forward)") cast = r.timed, cast_ms = r.ms;
+    if (r.label == "memset") memset = r.timed;
+  }
+  EXPECT_EQ(gemm, 3) << table;
+  EXPECT_EQ(cast, 3) << table;
+  EXPECT_EQ(memset, 1) << table;
+  EXPECT_GT(gemm_ms, 0) << table;
+  EXPECT_GT(cast_ms, 0) << table;
+  be->release(x);
+  be->release(y);
 }
 
 // ====================================================================================================

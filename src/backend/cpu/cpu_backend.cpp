@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +28,9 @@ constexpr size_t kAlign = 64;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, Precision precision, const std::string& gemm, const std::string& bf16)
-      : precision_(precision) {
+  CpuBackend(int threads, Precision precision, const std::string& gemm, const std::string& bf16,
+             bool bf16_weights)
+      : precision_(precision), wcopy_on_(bf16_weights && precision == Precision::Bf16) {
     if (threads > 0) {
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
@@ -58,6 +60,7 @@ class CpuBackend final : public Backend {
     if (precision_ == Precision::Bf16)
       d += native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
                         : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)");
+    if (wcopy_on_) d += " | weights: persistent bf16 copy (run.bf16_weights)";
     return d;
   }
 
@@ -73,6 +76,11 @@ class CpuBackend final : public Backend {
   void release(void* p) override { std::free(p); }
   void zero(void* p, size_t bytes) override {
     forget_ce_stats(p);
+    zero_bytes(p, bytes);
+    weights_written(static_cast<const float*>(p), bytes / sizeof(float));
+  }
+  // (zero's memset, in parallel pieces)
+  void zero_bytes(void* p, size_t bytes) {
     // large buffers (the gradient arena, every step) in parallel chunks: one core cannot fill
     // the memory bandwidth of the node
     constexpr size_t kChunk = size_t(1) << 20;
@@ -104,6 +112,7 @@ class CpuBackend final : public Backend {
   void to_device(void* dst, const void* host_src, size_t bytes) override {
     forget_ce_stats(dst);
     if (bytes && dst != host_src) std::memmove(dst, host_src, bytes);
+    weights_written(static_cast<const float*>(dst), bytes / sizeof(float));
   }
   void to_host(void* host_dst, const void* src, size_t bytes) override {
     if (bytes && host_dst != src) std::memmove(host_dst, src, bytes);
@@ -111,6 +120,38 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     forget_ce_stats(dst);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
+    weights_written(static_cast<const float*>(dst), bytes / sizeof(float));
+  }
+
+  // ---- run.profile's account (backend/op_account_backend.h): the GEMMs' operand casts timed apart ----
+  void profile_label(const char* label) override {
+    cast_label_ = label ? cat("cast: ", label) : std::string();
+  }
+  std::vector<ProfileTime> profile_times() override { return cast_times_; }
+
+  // ---- the persistent bf16 copy of the weights (core/backend.h) ----
+  void register_weights(const float* arena, size_t n) override {
+    if (!wcopy_on_) return;
+    if (n == 0) {
+      if (arena == warena_) warena_ = nullptr, wn_ = 0, wcopy_ = {};
+      return;
+    }
+    warena_ = arena;
+    wn_ = n;
+    wcopy_.assign(n, cpu::bf16{});
+    weights_written(arena, n);
+  }
+  void weights_written(const float* p, size_t n) override {
+    if (!warena_ || !n || p + n <= warena_ || p >= warena_ + wn_) return;
+    const size_t lo = p > warena_ ? size_t(p - warena_) : 0;
+    const size_t hi = std::min(wn_, size_t(p + n - warena_));
+    const float* src = warena_;
+    cpu::bf16* dst = wcopy_.data();
+#pragma omp parallel for schedule(static) if (hi - lo >= 16384)
+    for (size_t i = lo; i < hi; ++i) dst[i].bits = cpu::to_bf16_bits(src[i]);
+  }
+  const uint16_t* bf16_weights() const override {
+    return warena_ ? reinterpret_cast<const uint16_t*>(wcopy_.data()) : nullptr;
   }
 
   // ---- embeddings ----
@@ -132,14 +173,16 @@ class CpuBackend final : public Backend {
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
                       int K, int N, WLayout layout) override {
     forget_ce_stats(out);
+    const cpu::bf16* w16 = persistent(w, size_t(K) * N);
     if (native_bf16_) {
-      cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K), to_bf16(1, w, size_t(K) * N),
-                          bias, M, K, N, layout);
+      cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K),
+                          w16 ? w16 : to_bf16(1, w, size_t(K) * N), bias, M, K, N, layout);
     } else if (precision_ == Precision::Fp32) {
       cpu::matmul_forward(lib_, out, inp, w, bias, M, K, N, layout);
     } else {
-      cpu::matmul_forward(lib_, out, rounded(0, inp, size_t(M) * K), rounded(1, w, size_t(K) * N),
-                          bias, M, K, N, layout);
+      cpu::matmul_forward(lib_, out, rounded(0, inp, size_t(M) * K),
+                          w16 ? widened(1, w16, size_t(K) * N) : rounded(1, w, size_t(K) * N), bias,
+                          M, K, N, layout);
     }
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
@@ -147,14 +190,16 @@ class CpuBackend final : public Backend {
     if (native_bf16_) {
       const cpu::bf16* bd = to_bf16(0, dout, size_t(M) * N);
       const cpu::bf16* bi = dw ? to_bf16(1, inp, size_t(M) * K) : nullptr;
-      const cpu::bf16* bw = dinp ? to_bf16(2, w, size_t(K) * N) : nullptr;
+      const cpu::bf16* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+      const cpu::bf16* bw = w16 ? w16 : dinp ? to_bf16(2, w, size_t(K) * N) : nullptr;
       cpu::matmul_backward(lib_, dinp, dw, bd, bi, bw, M, K, N, layout);
     } else if (precision_ == Precision::Fp32) {
       cpu::matmul_backward(lib_, dinp, dw, dout, inp, w, M, K, N, layout);
     } else {
       const float* rd = rounded(0, dout, size_t(M) * N);
       const float* ri = dw ? rounded(1, inp, size_t(M) * K) : nullptr;
-      const float* rw = dinp ? rounded(2, w, size_t(K) * N) : nullptr;
+      const cpu::bf16* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+      const float* rw = w16 ? widened(2, w16, size_t(K) * N) : dinp ? rounded(2, w, size_t(K) * N) : nullptr;
       cpu::matmul_backward(lib_, dinp, dw, rd, ri, rw, M, K, N, layout);
     }
     if (dbias) cpu::matmul_dbias(dbias, dout, M, N);
@@ -330,19 +375,64 @@ class CpuBackend final : public Backend {
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                     int t) override {
-    cpu::adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+    cpu::adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t,
+                      nullptr, copy_of(param, N));
   }
   void adamw_update_spans(float* param, float* grad, float* m, float* v, const std::vector<AdamWSpan>& spans,
                           float lr, float beta1, float beta2, float eps, float grad_scale, int t,
                           bool zero_grad) override {
     for (const AdamWSpan& sp : spans)
       cpu::adamw_update(param + sp.offset, grad + sp.offset, m + sp.offset, v + sp.offset, sp.numel, lr, beta1,
-                        beta2, eps, sp.weight_decay, grad_scale, t, zero_grad ? grad + sp.offset : nullptr);
+                        beta2, eps, sp.weight_decay, grad_scale, t, zero_grad ? grad + sp.offset : nullptr,
+                        copy_of(param + sp.offset, sp.numel));
   }
 
  private:
+  // With a profile label set, an operand cast's host time is added to "cast: <label>".
+  struct CastTimer {
+    CpuBackend& b;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    explicit CastTimer(CpuBackend& be) : b(be) {}
+    ~CastTimer() {
+      if (b.cast_label_.empty()) return;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (ProfileTime& t : b.cast_times_)
+        if (t.label == b.cast_label_) {
+          t.ms += ms;
+          t.calls += 1;
+          return;
+        }
+      b.cast_times_.push_back(ProfileTime{b.cast_label_, ms, 1});
+    }
+  };
+
+  // The persistent copy of the weight w[n] when w lies inside the registered arena, else null.
+  const cpu::bf16* persistent(const float* w, size_t n) const {
+    if (!warena_ || w < warena_ || w + n > warena_ + wn_) return nullptr;
+    return wcopy_.data() + (w - warena_);
+  }
+  uint16_t* copy_of(const float* p, size_t n) {
+    return reinterpret_cast<uint16_t*>(const_cast<cpu::bf16*>(persistent(p, n)));
+  }
+  // x[n] (bf16) widened to fp32 (exact) in scratch slot `slot`: the values rounded() gives for the
+  // fp32 weights x was rounded from (round_mantissa and to_bf16_bits round finite values alike).
+  const float* widened(int slot, const cpu::bf16* x, size_t n) {
+    CastTimer timer(*this);
+    std::vector<float>& buf = round_buf_[slot];
+    if (buf.size() < n) buf.resize(n);
+    float* r = buf.data();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(x[i].bits) << 16;
+      std::memcpy(&r[i], &u, sizeof u);
+    }
+    return r;
+  }
+
   // A copy of x[n] rounded to this backend's operand precision, in scratch slot `slot` (0..2).
   const float* rounded(int slot, const float* x, size_t n) {
+    CastTimer timer(*this);
     std::vector<float>& buf = round_buf_[slot];
     if (buf.size() < n) buf.resize(n);
     float* r = buf.data();
@@ -354,6 +444,7 @@ class CpuBackend final : public Backend {
 
   // A bf16 copy of x[n] (rounded to nearest even, as rounded()), in scratch slot `slot` (0..2).
   const cpu::bf16* to_bf16(int slot, const float* x, size_t n) {
+    CastTimer timer(*this);
     std::vector<cpu::bf16>& buf = bf16_buf_[slot];
     if (buf.size() < n) buf.resize(n);
     cpu::bf16* r = buf.data();
@@ -393,6 +484,12 @@ class CpuBackend final : public Backend {
   std::string bf16_isa_;
   std::vector<float> round_buf_[3];
   std::vector<cpu::bf16> bf16_buf_[3];
+  bool wcopy_on_ = false;             // run.bf16_weights with Precision::Bf16
+  const float* warena_ = nullptr;     // the registered weights (register_weights)
+  size_t wn_ = 0;
+  std::vector<cpu::bf16> wcopy_;      // their bf16 rounding
+  std::string cast_label_;                  // run.profile: "cast: <label>" of the op running
+  std::vector<ProfileTime> cast_times_;     // the casts' time per such label
 };
 
 }  // namespace
@@ -400,8 +497,9 @@ class CpuBackend final : public Backend {
 bool cpu_native_bf16(std::string* why) { return cpu::native_bf16_available(why); }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision,
-                                          const std::string& gemm, const std::string& bf16) {
-  return std::make_unique<CpuBackend>(threads, precision, gemm, bf16);
+                                          const std::string& gemm, const std::string& bf16,
+                                          bool bf16_weights) {
+  return std::make_unique<CpuBackend>(threads, precision, gemm, bf16, bf16_weights);
 }
 
 }  // namespace nlp

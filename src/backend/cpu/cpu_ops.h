@@ -102,8 +102,10 @@ void segment_crossentropy_backward(float* dx, const float* x, const int32_t* fir
 double sum(const float* x, size_t N);
 double sumsq(const float* x, size_t N);
 // zero_grad: nullptr, or grad itself (writable), whose elements are set to 0 as they are read.
+// bf16_param: nullptr, or N bf16 patterns that receive the updated weights rounded (to_bf16_bits).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int t, float* zero_grad = nullptr);
+                  int t, float* zero_grad = nullptr,
+                  uint16_t* bf16_param = nullptr);
 
 }  // namespace nlp::cpu

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/round.h"
 #include "backend/cpu/vmath.h"
 #include "core/error.h"
 
@@ -49,9 +50,11 @@ struct AdamWScalars {
 // kZero: write 0 over the gradient element once it is read, in the same pass (the gradient's cache
 // line is already there; a separate zeroing pass would stream the whole gradient again). Every
 // pointer is restrict (the gradient is read and zeroed through the same one), so the loop vectorises.
-template <bool kZero>
+// kBf16: also write the updated weight's bf16 rounding (to_bf16_bits) to p16, in the same pass
+// (the persistent bf16 copy of the weights, Backend::register_weights).
+template <bool kZero, bool kBf16>
 void adamw_loop(float* __restrict param, float* __restrict grad, float* __restrict m, float* __restrict v,
-                size_t N, const AdamWScalars s) {
+                uint16_t* __restrict p16, size_t N, const AdamWScalars s) {
 #pragma omp parallel for schedule(static) if (N >= 16384)
   for (size_t i = 0; i < N; ++i) {
     const float g = grad[i] * s.grad_scale;
@@ -64,6 +67,7 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
     const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
     p -= s.step_size * (mi / denom);
     param[i] = p;
+    if constexpr (kBf16) p16[i] = to_bf16_bits(p);
   }
 }
 
@@ -75,15 +79,18 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
 // Bias corrections in double as torch does (python floats), the per-element update in float.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int t, float* zero_grad) {
+                  int t, float* zero_grad, uint16_t* bf16_param) {
   const double bc1 = 1.0 - std::pow((double)beta1, t);
   const double bc2 = 1.0 - std::pow((double)beta2, t);
   const AdamWScalars s{static_cast<float>((double)lr / bc1), static_cast<float>(std::sqrt(bc2)),
                        1.0f - lr * weight_decay, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
                        grad_scale};
   NLP_ASSERT(zero_grad == nullptr || zero_grad == grad);
-  if (zero_grad) adamw_loop<true>(param, zero_grad, m, v, N, s);
-  else adamw_loop<false>(param, const_cast<float*>(grad), m, v, N, s);  // read only
+  float* g = zero_grad ? zero_grad : const_cast<float*>(grad);  // read only unless zero_grad
+  if (zero_grad && bf16_param) adamw_loop<true, true>(param, g, m, v, bf16_param, N, s);
+  else if (zero_grad) adamw_loop<true, false>(param, g, m, v, nullptr, N, s);
+  else if (bf16_param) adamw_loop<false, true>(param, g, m, v, bf16_param, N, s);
+  else adamw_loop<false, false>(param, g, m, v, nullptr, N, s);
 }
 
 }  // namespace nlp::cpu

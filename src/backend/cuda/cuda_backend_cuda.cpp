@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -136,7 +138,8 @@ class CudaRecording final : public Backend::Recording {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendOptions& options)
-      : device_(device), sync_check_(options.sync_check) {
+      : device_(device), sync_check_(options.sync_check),
+        wcopy_on_(options.bf16_weights && options.precision == Precision::Bf16) {
     ck(cudaSetDevice(device_), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
@@ -146,6 +149,9 @@ class CudaBackend final : public Backend {
     ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
        "cudaMemPoolSetAttribute");
     gemm_ = std::make_unique<cuda::Gemm>(stream_, options.precision, bf16_operands_);
+    gemm_->set_after_cast([this] {
+      if (prof_) prof_->mark(cast_label_);
+    });
     if (options.fused_attention) fused_ = std::make_unique<cuda::CudnnAttention>(stream_);
     ck(cudaMalloc(&small_, 256), "cudaMalloc(small)");
     ck(cudaMallocHost(&host_small_, 256), "cudaMallocHost");
@@ -162,6 +168,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     fused_.reset();
     gemm_.reset();
+    if (wcopy_) cudaFreeAsync(wcopy_, stream_);
     if (ws_) cudaFreeAsync(ws_, stream_);
     if (span_start_) cudaFreeAsync(span_start_, stream_);
     if (ce_stats_.se) cudaFreeAsync(ce_stats_.se, stream_);
@@ -175,7 +182,8 @@ class CudaBackend final : public Backend {
   std::string details() const override {
     return cat("GPU ", device_, " | residual + layer norm: ",
                fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)",
-               " | bf16 operand casts: ", bf16_operands_name(bf16_operands_));
+               " | bf16 operand casts: ", bf16_operands_name(bf16_operands_),
+               wcopy_on_ ? " | weights: persistent bf16 copy (run.bf16_weights)" : "");
   }
   cudaStream_t stream() const { return stream_; }
 
@@ -203,12 +211,14 @@ class CudaBackend final : public Backend {
   void zero(void* p, size_t bytes) override {
     forget_ce_stats(p);
     if (bytes) op(cudaMemsetAsync(p, 0, bytes, stream_), "zero");
+    weights_written(static_cast<const float*>(p), bytes / sizeof(float));
   }
   void to_device(void* dst, const void* host_src, size_t bytes) override {
     no_capture("to_device");
     forget_ce_stats(dst);
     if (!bytes) return;
     op(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
+    weights_written(static_cast<const float*>(dst), bytes / sizeof(float));
     ck(cudaStreamSynchronize(stream_), "to_device (synchronize)");
     after_sync();
   }
@@ -233,7 +243,32 @@ class CudaBackend final : public Backend {
     forget_ce_stats(dst);
     if (bytes && dst != src)
       op(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+    if (dst != src) weights_written(static_cast<const float*>(dst), bytes / sizeof(float));
   }
+
+  // ---- the persistent bf16 copy of the weights (core/backend.h) ----
+  void register_weights(const float* arena, size_t n) override {
+    if (!wcopy_on_ || (n == 0 && arena != warena_)) return;
+    no_capture("register_weights");
+    if (wcopy_) release(wcopy_);
+    wcopy_ = nullptr;
+    warena_ = nullptr;
+    wn_ = 0;
+    if (n == 0) return;
+    wcopy_ = static_cast<uint16_t*>(alloc(std::max<size_t>(n, 1) * sizeof(uint16_t)));
+    warena_ = arena;
+    wn_ = n;
+    weights_written(arena, n);
+  }
+  // Rounds the part of [p, p + n) inside the arena again (kern::to_bf16: round to nearest even, the
+  // rounding of the GEMM's operand casts and of the AdamW kernel).
+  void weights_written(const float* p, size_t n) override {
+    if (!warena_ || !n || p + n <= warena_ || p >= warena_ + wn_) return;
+    const size_t lo = p > warena_ ? size_t(p - warena_) : 0;
+    const size_t hi = std::min(wn_, size_t(p + n - warena_));
+    op(kern::to_bf16(wcopy_ + lo, warena_ + lo, hi - lo, stream_), "cast: weights (bf16 copy)");
+  }
+  const uint16_t* bf16_weights() const override { return warena_ ? wcopy_ : nullptr; }
   void synchronize() override {
     no_capture("synchronize");
     ck(cudaStreamSynchronize(stream_), "synchronize");
@@ -251,6 +286,30 @@ class CudaBackend final : public Backend {
     }
   }
   std::string profile_report() override { return prof_ ? prof_->report() : std::string(); }
+  // run.profile's account (backend/op_account.h): ops are marked under the label, the GEMMs' bf16
+  // operand casts under "cast: <label>" (labels interned: the profile keeps their pointers; looked up
+  // by the caller's pointer first, so that a label costs the host no string work after its first op).
+  void profile_label(const char* label) override {
+    if (!label) {
+      label_ = nullptr;
+      cast_label_ = "cast: bf16 operands";
+      return;
+    }
+    auto it = label_ptrs_.find(label);
+    if (it == label_ptrs_.end() || std::strcmp(it->second.first, label) != 0) {
+      const char* l = labels_.insert(label).first->c_str();
+      const char* c = labels_.insert(cat("cast: ", label)).first->c_str();
+      it = label_ptrs_.insert_or_assign(label, std::make_pair(l, c)).first;
+    }
+    label_ = it->second.first;
+    cast_label_ = it->second.second;
+  }
+  std::vector<ProfileTime> profile_times() override {
+    std::vector<ProfileTime> v;
+    if (prof_)
+      for (const auto& [k, t] : prof_->times()) v.push_back(ProfileTime{k, t.first, t.second});
+    return v;
+  }
 
   // ---- embeddings ----
   void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
@@ -282,14 +341,16 @@ class CudaBackend final : public Backend {
       return;
     }
     forget_ce_stats(out);
-    gemm("matmul_forward", out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias);
+    gemm("matmul_forward", out, inp, false, w, layout == WLayout::OutIn, M, N, K, 0.0f, bias,
+         persistent(w, size_t(K) * N));
   }
   // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int M, int K, int N, WLayout layout) override {
     if (M <= 0 || N <= 0) return;
     if (K > 0 && (dinp || dw)) {
-      noted([&] { gemm_->backward(dinp, dw, dout, inp, w, M, K, N, layout == WLayout::InOut); });
+      const void* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+      noted([&] { gemm_->backward(dinp, dw, dout, inp, w, M, K, N, layout == WLayout::InOut, w16); });
       op(cudaSuccess, "matmul_backward (dinp, dW)");
     }
     if (dbias) {
@@ -574,7 +635,7 @@ class CudaBackend final : public Backend {
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     const float decay = 1.0f - lr * weight_decay;
     op(kern::adamw_update(param, grad, m, v, N, step_size, bc2_sqrt, decay, beta1, beta2, eps,
-                          grad_scale, stream_),
+                          grad_scale, stream_, copy_of(param, N)),
        "adamw_update");
   }
 
@@ -608,7 +669,8 @@ class CudaBackend final : public Backend {
     const size_t n_total = spans.back().offset + spans.back().numel;
     op(kern::adamw_update_spans(param, grad, m, v, span_start_, span_end_, span_decay_,
                                 int(spans.size()), n_total, step_size, bc2_sqrt, decay_on,
-                                decay_off, beta1, beta2, eps, grad_scale, stream_),
+                                decay_off, beta1, beta2, eps, grad_scale, stream_,
+                                copy_of(param, n_total)),
        "adamw_update");
     if (zero_grad)
       zero(grad + spans.front().offset, (n_total - spans.front().offset) * sizeof(float));
@@ -848,17 +910,24 @@ class CudaBackend final : public Backend {
     if (e != cudaSuccess && cap_ && cap_->failure.empty())
       cap_->failure = cat(what, ": ", cudaGetErrorName(e));
     ck(e, what);
-    if (prof_) prof_->mark(what);
+    if (prof_) prof_->mark(label_ ? label_ : what);
     if (sync_check_) {
       ck(cudaStreamSynchronize(stream_), what);
       ck(cudaGetLastError(), what);
     }
   }
   void gemm(const char* what, float* Y, const float* X, bool trans_x, const float* Z, bool trans_z,
-            int M, int P, int Q, float beta, const float* bias) {
-    noted([&] { gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias); });
+            int M, int P, int Q, float beta, const float* bias, const void* z16 = nullptr) {
+    noted([&] { gemm_->run(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias, z16); });
     op(cudaSuccess, what);
   }
+
+  // The persistent copy of w[n] (register_weights) when w lies inside the arena, else null.
+  const uint16_t* persistent(const float* w, size_t n) const {
+    if (!warena_ || w < warena_ || w + n > warena_ + wn_) return nullptr;
+    return wcopy_ + (w - warena_);
+  }
+  void* copy_of(const float* p, size_t n) { return const_cast<uint16_t*>(persistent(p, n)); }
 
   bool fused(int B, int T, int NH, int HS) { return fused_ && fused_->supports(B, T, NH, HS); }
 
@@ -961,6 +1030,14 @@ class CudaBackend final : public Backend {
   cuda::Bf16Operands bf16_operands_ = bf16_operands_from_env();  // NLPTRAIN_CUDA_BF16_CAST
   bool segment_ce_rows_ = segment_ce_rows_from_env();           // NLPTRAIN_CUDA_SEGMENT_CE
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
+  const char* label_ = nullptr;            // profile_label
+  const char* cast_label_ = "cast: bf16 operands";
+  std::set<std::string> labels_;
+  std::map<const char*, std::pair<const char*, const char*>> label_ptrs_;  // caller's -> interned
+  bool wcopy_on_ = false;          // run.bf16_weights with Precision::Bf16
+  const float* warena_ = nullptr;  // the registered weights (register_weights)
+  size_t wn_ = 0;
+  uint16_t* wcopy_ = nullptr;      // their bf16 rounding (device)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> fused_;  // BackendOptions::fused_attention

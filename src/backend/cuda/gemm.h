@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -39,20 +40,25 @@ class Gemm {
   // Bf16 mode: X and Z are first rounded to bf16 copies in a scratch buffer.
   // bias (nullable) only with beta == 0: the cuBLASLt BIAS epilogue where an algorithm accepts its
   // alignment, else the rows are first filled with the bias and the product accumulated onto them.
+  // z16 (nullable, Bf16 mode): Z's bf16 rounding already in memory (the persistent copy of the
+  // weights), read instead of casting Z.
   void run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
-           float beta, const float* bias);
+           float beta, const float* bias, const void* z16 = nullptr);
 
   // The dense layer's two backward products, accumulated (beta = 1), with each operand rounded once
   // in Bf16 mode (dout feeds both products):
   //   dinp[M,K] += dout[M,N] @ W^T   (skipped when dinp is null)
   //   dW += inp^T @ dout in W's layout: inout ? [K,N] : [N,K]   (skipped when dw is null)
+  // w16 (nullable, Bf16 mode): W's bf16 rounding already in memory, read instead of casting W.
   void backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int M,
-                int K, int N, bool inout);
+                int K, int N, bool inout, const void* w16 = nullptr);
 
   // Reallocations of the bf16 operand scratch so far: a CUDA graph recorded before the last one
   // points into freed memory. While the stream is being captured the scratch does not grow: the
   // call throws nlp::Error instead.
   size_t grows() const { return bf16_grows_; }
+  // Called after each launch of the bf16 operand casts (run.profile times them apart); null = none.
+  void set_after_cast(std::function<void()> f) { after_cast_ = std::move(f); }
 
  private:
   // Y = opX(X) @ opZ(Z) + beta Y (+ bias) on operands already in operand_type().
@@ -85,6 +91,7 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
+  std::function<void()> after_cast_;
 };
 
 }  // namespace nlp::cuda

@@ -111,29 +111,31 @@ Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
 }
 
 void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool trans_z, int M, int P,
-               int Q, float beta, const float* bias) {
+               int Q, float beta, const float* bias, const void* z16) {
   if (M <= 0 || P <= 0 || Q <= 0) return;
   if (!copies()) {
     run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias);
     return;
   }
-  const size_t nz = size_t(P) * Q, nx = size_t(M) * Q;
+  const size_t nz = z16 ? 0 : size_t(P) * Q, nx = size_t(M) * Q;
   const size_t off = (nz * 2 + 255) / 256 * 256;
   char* buf = static_cast<char*>(bf16_scratch(off + nx * 2));
   kern::Bf16Copies c;  // both operands in one launch
-  c.add(buf, Z, nz);
+  if (!z16) c.add(buf, Z, nz);
   c.add(buf + off, X, nx);
   ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
-  run_typed(Y, buf + off, trans_x, buf, trans_z, M, P, Q, beta, bias);
+  if (after_cast_) after_cast_();
+  run_typed(Y, buf + off, trans_x, z16 ? z16 : buf, trans_z, M, P, Q, beta, bias);
 }
 
 void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                    int M, int K, int N, bool inout) {
+                    int M, int K, int N, bool inout, const void* w16) {
   if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dw)) return;
   const void *d = dout, *x = inp, *z = w;
   if (copies()) {
     auto al = [](size_t elems) { return (elems * 2 + 255) / 256 * 256; };
-    const size_t nd = size_t(M) * N, nx = dw ? size_t(M) * K : 0, nw = dinp ? size_t(K) * N : 0;
+    const size_t nd = size_t(M) * N, nx = dw ? size_t(M) * K : 0;
+    const size_t nw = dinp && !w16 ? size_t(K) * N : 0;
     char* buf = static_cast<char*>(bf16_scratch(al(nd) + al(nx) + al(nw)));
     kern::Bf16Copies c;  // the operands the two products read, in one launch
     c.add(buf, dout, nd);
@@ -142,11 +144,14 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
       c.add(buf + al(nd), inp, nx);
       x = buf + al(nd);
     }
-    if (dinp) {
+    if (dinp && w16) {
+      z = w16;
+    } else if (dinp) {
       c.add(buf + al(nd) + al(nx), w, nw);
       z = buf + al(nd) + al(nx);
     }
     ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
+    if (after_cast_) after_cast_();
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
   if (dinp) run_typed(dinp, d, false, z, inout, M, K, N, 1.0f, nullptr);

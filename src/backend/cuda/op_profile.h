@@ -26,6 +26,8 @@ class OpProfile {
   void collect();
   // Table of ops by total time: total ms, share, calls, mean us per call; empty when nothing ran.
   std::string report();
+  // Total ms and calls per op name so far (synchronises the stream first): run.profile's account.
+  std::vector<std::pair<std::string, std::pair<double, long>>> times();
 
  private:
   struct Stat {

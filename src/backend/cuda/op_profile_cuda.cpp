@@ -46,6 +46,14 @@ void OpProfile::collect() {
   pending_.clear();
 }
 
+std::vector<std::pair<std::string, std::pair<double, long>>> OpProfile::times() {
+  cudaStreamSynchronize(stream_);
+  collect();
+  std::vector<std::pair<std::string, std::pair<double, long>>> v;
+  for (const auto& [k, s] : stats_) v.push_back({k, {s.ms, s.calls}});
+  return v;
+}
+
 std::string OpProfile::report() {
   cudaStreamSynchronize(stream_);
   collect();
