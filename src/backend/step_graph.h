@@ -1,4 +1,4 @@
-// Replayed micro-batches (run.cuda_graph; issue 20): a Backend that sits between the model and the
+// Replayed micro-batches (run.cuda_graph): a Backend that sits between the model and the
 // real backend and runs each training micro-batch's forward and backward as one recorded graph
 // whenever the micro-batch makes the same op calls as one recorded before.
 //

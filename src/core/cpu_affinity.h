@@ -1,6 +1,6 @@
 // CPU threads per rank from the CPU set the launcher gave the process (sched_getaffinity), not from
 // the node's core count: Open MPI binds each rank to one core by default for 2 ranks or fewer, and
-// threads sized by the node then pile onto that core (issue 22's measurement: 147.8 ms per GPT-2 step
+// threads sized by the node then pile onto that core (measured: 147.8 ms per GPT-2 step
 // under `mpirun -np 1` against 79.6 ms unbound, 2 threads on the 2-core development machine).
 #pragma once
 #include <string>

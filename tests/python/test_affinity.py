@@ -1,4 +1,4 @@
-"""CPU threads from the CPUs a rank was given (issue 22 item 1): under Open MPI's default binding (one
+"""CPU threads from the CPUs a rank was given: under Open MPI's default binding (one
 core per rank for up to 2 ranks), under --bind-to none and under taskset, the thread count and the
 warning are as the README says."""
 import os

@@ -1,4 +1,4 @@
-"""Bad-input matrix (issue 12, item 4): every case is a run that must stop with
+"""Bad-input matrix: every case is a run that must stop with
   * a non-zero exit status (mpirun's, so at least one rank failed and the others were taken down),
   * within 30 s (a hang fails the test),
   * a message on stderr naming the file, key or value at fault,

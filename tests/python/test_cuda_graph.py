@@ -1,4 +1,4 @@
-"""run.cuda_graph (issue 20): each training micro-batch's forward and backward launch as one CUDA graph
+"""run.cuda_graph: each training micro-batch's forward and backward launch as one CUDA graph
 wherever its calls repeat an earlier micro-batch's (backend/step_graph.h).
 
 On the CPU the recording is emulated (NLPTRAIN_STEP_GRAPH_EMULATE=1: the calls are kept and made again

@@ -1,6 +1,6 @@
-"""bench/gpu/run.sh, the one command of a GPU session, checked on a machine without a GPU.
+"""bench/gpu/run.sh, the one command of a GPU node's benchmark job, checked on a machine without a GPU.
 
-A task is lent a GPU for 15 minutes at most, and rarely, so an error in the script costs a session's
+A GPU node is held for minutes at a time, so an error in the script costs a whole run's
 checks. Here the script runs whole on a scratch copy (its own stage of small synthetic data, the
 binary of this build, a run-on-device.sh that only executes its arguments). Every nlptrain command
 that it sends to the GPU must fail for the one reason this machine gives, no CUDA device: that is

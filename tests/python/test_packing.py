@@ -1,4 +1,4 @@
-"""data.packing (issue 20, item 3): the examples of a micro-batch share rows of the file's length,
+"""data.packing: the examples of a micro-batch share rows of the file's length,
 several to a row, with a segment id per token (attention stays within each example, positions
 restart, each example keeps its own [CLS] pooling, labels or answer span). On synthetic rows of
 random length well below the file's T (so several examples fit a row):

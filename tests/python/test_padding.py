@@ -1,4 +1,4 @@
-"""data.padding (issue 20): `longest` (the default) runs each micro-batch at its longest row rounded up
+"""data.padding: `longest` (the default) runs each micro-batch at its longest row rounded up
 to data.pad_multiple, `max_length` at the file's length; data.group_by_length batches examples of
 similar length. On synthetic rows of random length well below the file's T (so trimming happens):
 

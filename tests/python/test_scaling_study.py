@@ -1,4 +1,4 @@
-"""Tests of the scaling-study pieces (issue 10 item 7): tools/comm_fit.py (the alpha-beta fit of the
+"""Tests of the scaling-study pieces: tools/comm_fit.py (the alpha-beta fit of the
 allreduce microbenchmark), tools/scaling_report --comm-fit (measured vs modelled efficiency),
 jobscripts/scaling_sweep.sh --sizes / --global-batch (dry run), bench/allreduce_bench under mpirun,
 and bench/scaling_study.sh end to end on a two-node SLURM started on this host (skipped, with the

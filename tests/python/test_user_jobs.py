@@ -1,4 +1,4 @@
-"""What users arriving with a Hugging Face model and a job need from the binary (issue 21), on small
+"""What users arriving with a Hugging Face model and a job need from the binary, on small
 synthetic data (no shared data needed):
 
 1. model.reinit_mismatched: a 2-label classifier checkpoint starts a 3-label task (a new head, named

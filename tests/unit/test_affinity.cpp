@@ -1,5 +1,5 @@
 // plan_threads (core/cpu_affinity.h): the thread count from the affinity mask and the warnings with
-// their fixes, for the launch situations of issue 22 (bound to one core, unbound, bound to several,
+// their fixes, for the launch situations users meet (bound to one core, unbound, bound to several,
 // run.threads above the mask).
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Replayed micro-batches (backend/step_graph.h; run.cuda_graph; issue 20), checked on the CPU with
+// Replayed micro-batches (backend/step_graph.h; run.cuda_graph), checked on the CPU with
 // the recording emulated (the CPU backend records no CUDA graphs: StepGraph keeps the calls and makes
 // them again with each replay's values). What the CUDA path shares with this emulation is all of the
 // bookkeeping: the check of each micro-batch's calls against the recorded ones, the values a
