@@ -79,8 +79,12 @@ void Log::info(const std::string& line) {
   }
 }
 
-void Log::metrics(const std::string& json_line) {
+void Log::metrics(const std::string& record) {
   if (rank_ != 0) return;
+  const std::string json_line = run_id_.empty() || record.size() < 2 || record[0] != '{'
+                                    ? record
+                                    : cat("{\"run_id\":", json_string(run_id_), record.size() > 2 ? "," : "",
+                                          record.substr(1));
   if (!started_) pending_metrics_.push_back(json_line);
   if (!metrics_) return;
   std::fprintf(metrics_, "%s\n", json_line.c_str());
