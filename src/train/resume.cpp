@@ -9,22 +9,11 @@
 
 #include "core/error.h"
 #include "train/batches.h"
-#include "io/h5.h"
 #include "train/log.h"
 #include "train/run_folder.h"
 
 namespace nlp {
 namespace {
-
-// A file HDF5 can open (a checkpoint that cannot be opened does not tell its run id).
-bool readable_checkpoint(const std::string& path) {
-  try {
-    (void)h5::File::open_read(path);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 // "1 rank", "4 ranks"
 std::string ranks(int64_t n) { return cat(n, n == 1 ? " rank" : " ranks"); }
@@ -240,8 +229,9 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
     const std::string& want = s.log.run_id();  // the run this folder holds ("" = not recorded)
     for (const auto& file : checkpoint_files(s.cfg.output.dir)) {
       const std::string id = checkpoint_run_id(file);
-      // A damaged file may not tell its id: it is tried, and load_checkpoint reports the damage.
-      if (!want.empty() && id != want && !(id.empty() && !readable_checkpoint(file))) {
+      // A file that records no run id (damaged, not a checkpoint, or written before run ids) is
+      // tried: load_checkpoint reports what is wrong with it.
+      if (!want.empty() && !id.empty() && id != want) {
         out.other_runs.emplace_back(file, id);
         continue;
       }

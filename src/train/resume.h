@@ -25,7 +25,7 @@ struct ResumeOutcome {
   std::vector<std::pair<std::string, std::string>> damaged;  // (file, reason), newest first
   std::vector<std::string> moved_to;  // per damaged file: where it was moved ("" = not moved)
   // Checkpoints not used because they record another run id than the run resumed (Log::run_id(),
-  // from <output.dir>/run_id): (file, its run id or "" for none), newest first.
+  // from <output.dir>/run_id): (file, its run id), newest first. A file that records none is tried.
   std::vector<std::pair<std::string, std::string>> other_runs;
   std::string run_id;  // the run id the chosen checkpoint records ("" = none, or no checkpoint)
 };

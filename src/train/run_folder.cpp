@@ -141,6 +141,24 @@ std::string checkpoint_run_id(const std::string& path) {
   }
 }
 
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const fs::path& d : {fs::path(dir), fs::path(dir) / "checkpoints"}) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const size_t at = name.rfind(".tmp.");
+      if (at == std::string::npos || at == 0) continue;
+      const std::string pid = name.substr(at + 5);
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::error_code ec2;
+      if (it->is_regular_file(ec2) && fs::remove(it->path(), ec2)) out.push_back(it->path().string());
+    }
+  }
+  return out;
+}
+
 void write_run_id(const std::string& dir, const std::string& id) {
   write_text_atomically((fs::path(dir) / kRunIdFile).string(), id + "\n");
 }
@@ -149,9 +167,11 @@ void claim_run_folder(Comm& comm, const Config& cfg, Log& log) {
   if (cfg.run.mode != "train") return;
   const std::string& dir = cfg.output.dir;
   std::string error, id, moved, old_id;
+  std::vector<std::string> removed;
   if (comm.rank() == 0) {
     try {
       const RunFolder f = inspect_run_folder(dir);
+      removed = remove_stale_temporaries(dir);
       if (cfg.train.resume) {
         id = f.run_id;
       } else {
@@ -172,6 +192,12 @@ void claim_run_folder(Comm& comm, const Config& cfg, Log& log) {
   if (!error.empty()) throw Error(error);
   bcast_string(comm, id);
   log.set_run_id(id);
+  if (!removed.empty()) {
+    std::string list;
+    for (const auto& r : removed) list += cat(list.empty() ? "" : ", ", r);
+    log.info(cat("output.dir: removed ", removed.size(), " temporary file(s) of an unfinished write by a run that was "
+                 "killed: ", list));
+  }
   if (!moved.empty())
     log.info(cat("output.overwrite: the earlier run's files (",
                  old_id.empty() ? std::string("no run id recorded") : cat("run ", old_id), ") were moved to '", moved,

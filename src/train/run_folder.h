@@ -61,11 +61,17 @@ std::string move_run_aside(const std::string& dir, const std::string& old_id);
 // The run id a checkpoint file records ("" when it records none or cannot be read).
 std::string checkpoint_run_id(const std::string& path);
 
+// Removes the temporary files of atomic writes (<name>.tmp.<pid>, io/atomic_file.h) in <dir> and
+// <dir>/checkpoints: left by a run that was killed mid-write (SIGKILL). Only while holding the
+// folder's lock (no other writer). Returns the paths removed.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir);
+
 // Writes <dir>/run_id atomically.
 void write_run_id(const std::string& dir, const std::string& id);
 
 // Collective, before anything else is written to output.dir (after RunLock::acquire): for a
-// training run, refuses a used folder or moves its run aside (output.overwrite), and sets the run id
+// training run, removes stale temporary files, refuses a used folder or moves its run aside
+// (output.overwrite), and sets the run id
 // on `log` (every rank): a new one for a fresh run, the folder's for a resume ("" when the folder
 // has none: the resume sets it from the checkpoint it takes). Other modes: nothing. Log lines go to
 // `log` (kept until it starts). Throws the same Error on every rank when the folder is refused.

@@ -147,3 +147,19 @@ TEST(AtomicFile, PendingTemporariesAreRemovedAndTheFinalNameNeverHalfWritten) {
   in >> text;
   EXPECT_EQ(text, "whole");
 }
+
+TEST(RunFolder, StaleTemporariesOfAKilledWriteAreRemovedAndNothingElse) {
+  TempDir t;
+  touch(t.path / "checkpoints" / "step_00000014.h5.tmp.29408", "half");
+  touch(t.path / "checkpoints" / "step_00000013.h5", "whole");
+  touch(t.path / "summary.json.tmp.7", "half");
+  touch(t.path / "notes.tmp.txt", "user file");
+  touch(t.path / "previous" / "R" / "metrics.jsonl.tmp.5", "an earlier run's: left alone");
+  const std::vector<std::string> removed = nlp::remove_stale_temporaries(t.path.string());
+  EXPECT_EQ(std::set<std::string>(removed.begin(), removed.end()),
+            (std::set<std::string>{(t.path / "checkpoints" / "step_00000014.h5.tmp.29408").string(),
+                                   (t.path / "summary.json.tmp.7").string()}));
+  EXPECT_TRUE(fs::exists(t.path / "checkpoints" / "step_00000013.h5"));
+  EXPECT_TRUE(fs::exists(t.path / "notes.tmp.txt"));
+  EXPECT_TRUE(fs::exists(t.path / "previous" / "R" / "metrics.jsonl.tmp.5"));
+}
