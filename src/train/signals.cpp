@@ -62,8 +62,8 @@ std::string from_launcher(const siginfo_t& si) {
   if (c != "mpirun" && c != "orterun" && c != "mpiexec" && c != "orted" && c != "prterun" && c != "prted") return "";
   return " from " + c + " (pid " + std::to_string(si.si_pid) +
          ", which on Ctrl-C or SIGTERM ends the job: SIGTERM to every rank, SIGKILL "
-         "odls_base_sigkill_timeout seconds later (1 by default), exit code 1, no more of the ranks' output "
-         "shown (log.txt has it); kill -USR1 <mpirun pid> stops with a checkpoint and exit code 75)";
+         "odls_base_sigkill_timeout seconds later (1 by default), exit code 1, the ranks' output "
+         "possibly cut short (log.txt has it all); kill -USR1 <mpirun pid> stops with a checkpoint and exit code 75)";
 }
 
 void first_signal(int sig, const siginfo_t& si) {
