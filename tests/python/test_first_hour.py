@@ -170,8 +170,14 @@ def wait_unlocked(out, timeout=30):
     wait_for(free, "the ranks to end", timeout)
 
 
-def mpirun(run_args):
-    return start(["mpirun", "-np", "2", nr.binary()] + run_args)
+def mpirun(run_args, sigkill_timeout=None):
+    """2 ranks under mpirun; sigkill_timeout: Open MPI's odls_base_sigkill_timeout (default 1 s), the
+    time between the Ctrl-C and the ranks' SIGTERM and between that and their SIGKILL."""
+    env = nr.mpi_env()
+    if sigkill_timeout is not None:
+        env["OMPI_MCA_odls_base_sigkill_timeout"] = str(sigkill_timeout)
+    return subprocess.Popen(["mpirun", "-np", "2", nr.binary()] + run_args, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
 def no_half_written_files(out, temporaries_allowed=False):
@@ -208,7 +214,9 @@ def test_ctrl_c_during_start_up_under_mpirun(stream, tmp_path):
 
 def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, tmp_path):
     out = tmp_path / "out"
-    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]))
+    # 3 s instead of 1 between SIGTERM and SIGKILL: room for the step's end and the checkpoint on a
+    # loaded machine (the 300 ms step and the write take well under 1 s when the machine is idle)
+    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]), sigkill_timeout=3)
     wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
     os.killpg(job.pid, signal.SIGINT)
     rc, stdout, stderr = finish(job)
