@@ -1,7 +1,7 @@
 """A new user's first hour, end to end: one training run per output folder (a fresh run into a used
 folder is refused with the ways on; output.overwrite moves the old run to previous/<run id>; resume
 never crosses runs; checkpoint.keep counts every checkpoint in the folder), and stopping a run at any
-moment with SIGINT (Ctrl-C) on 2 ranks under mpirun, during start-up, mid-step and twice, with the
+moment with SIGINT (Ctrl-C) on 2 ranks under mpirun (and 1), during start-up, mid-step and twice, with the
 exit code, the message and what is left on disk.
 
 Under Open MPI's mpirun (4.1.4 measured here) a Ctrl-C reaches mpirun only (each rank runs in a
@@ -170,13 +170,13 @@ def wait_unlocked(out, timeout=30):
     wait_for(free, "the ranks to end", timeout)
 
 
-def mpirun(run_args, sigkill_timeout=None):
+def mpirun(run_args, sigkill_timeout=None, ranks=2):
     """2 ranks under mpirun; sigkill_timeout: Open MPI's odls_base_sigkill_timeout (default 1 s), the
     time between the Ctrl-C and the ranks' SIGTERM and between that and their SIGKILL."""
     env = nr.mpi_env()
     if sigkill_timeout is not None:
         env["OMPI_MCA_odls_base_sigkill_timeout"] = str(sigkill_timeout)
-    return subprocess.Popen(["mpirun", "-np", "2", nr.binary()] + run_args, stdout=subprocess.PIPE,
+    return subprocess.Popen(["mpirun", "-np", str(ranks), nr.binary()] + run_args, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
@@ -212,11 +212,13 @@ def test_ctrl_c_during_start_up_under_mpirun(stream, tmp_path):
     nr.run(args(stream, out, 2))
 
 
-def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, tmp_path, ranks):
     out = tmp_path / "out"
     # 3 s instead of 1 between SIGTERM and SIGKILL: room for the step's end and the checkpoint on a
     # loaded machine (the 300 ms step and the write take well under 1 s when the machine is idle)
-    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]), sigkill_timeout=3)
+    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]), sigkill_timeout=3,
+                 ranks=ranks)
     wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
     os.killpg(job.pid, signal.SIGINT)
     rc, stdout, stderr = finish(job)
@@ -233,7 +235,7 @@ def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, 
     assert ckpt_run_id(ckpt(out, step)) == run_id(out)
     assert records(out)[-1]["step"] == step
     no_half_written_files(out)
-    p = nr.run(args(stream, out, step + 2, ["--train.resume=true", "--checkpoint.interval=0"]), ranks=2)
+    p = nr.run(args(stream, out, step + 2, ["--train.resume=true", "--checkpoint.interval=0"]), ranks=ranks)
     assert f"resumed from '{ckpt(out, step)}' at step {step}" in p.stdout
     assert [r["step"] for r in records(out)] == list(range(1, step + 3))
 
@@ -262,9 +264,10 @@ def test_ctrl_c_twice_under_mpirun_ends_the_job_with_nothing_half_written(stream
     no_half_written_files(out)
 
 
-def test_sigusr1_to_mpirun_stops_with_a_checkpoint_and_exit_code_75(stream, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigusr1_to_mpirun_stops_with_a_checkpoint_and_exit_code_75(stream, tmp_path, ranks):
     out = tmp_path / "out"
-    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=100", "--checkpoint.interval=0"]))
+    job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=100", "--checkpoint.interval=0"]), ranks=ranks)
     wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
     os.kill(job.pid, signal.SIGUSR1)  # Open MPI forwards SIGUSR1 to every rank
     rc, stdout, stderr = finish(job)
