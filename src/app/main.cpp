@@ -496,6 +496,7 @@ int main(int argc, char** argv) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
     else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
     std::fflush(stderr);
+    nlp::ignore_stop_signals();  // mpirun's SIGTERM after the abort is no stop to report
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     comm.reset();
     MPI_Finalize();

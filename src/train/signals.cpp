@@ -20,6 +20,7 @@ namespace {
 std::atomic<int> g_signal{0};  // lock-free: safe to store from a signal handler
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<int> g_rank{0};
+std::atomic<bool> g_ignore{false};  // the process is ending on an error: signals change nothing
 std::mutex g_step_mutex;  // orders a signal's arrival against stop_check()
 int64_t g_next_step = 0;  // the step after which a signal now stops the run; 0 = start-up
 
@@ -55,15 +56,24 @@ void say(const std::string& text) {
   (void)ignored;
 }
 
-// Who sent it, when it was Open MPI's launcher: that explains the SIGTERM the user did not send.
-std::string from_launcher(const siginfo_t& si) {
+// The launcher (Open MPI's mpirun or orted, PRRTE) when it sent the signal, else "".
+std::string launcher_of(const siginfo_t& si) {
   if (si.si_pid <= 0 || si.si_pid != ::getppid()) return "";
   const std::string c = comm_of(si.si_pid);
   if (c != "mpirun" && c != "orterun" && c != "mpiexec" && c != "orted" && c != "prterun" && c != "prted") return "";
-  return " from " + c + " (pid " + std::to_string(si.si_pid) +
-         ", which on Ctrl-C or SIGTERM ends the job: SIGTERM to every rank, SIGKILL "
-         "odls_base_sigkill_timeout seconds later (1 by default), exit code 1, the ranks' output "
-         "possibly cut short (log.txt has it all); kill -USR1 <mpirun pid> stops with a checkpoint and exit code 75)";
+  return c;
+}
+
+// Who sent it, when it was the launcher: a SIGTERM from it explains itself (the user did not send it).
+std::string from_launcher(int sig, const siginfo_t& si) {
+  const std::string c = launcher_of(si);
+  if (c.empty()) return "";
+  std::string s = " from " + c + " (pid " + std::to_string(si.si_pid);
+  if (sig == SIGTERM)
+    s += "; mpirun ends a job so on Ctrl-C, on SIGTERM or when a rank fails: SIGKILL follows "
+         "odls_base_sigkill_timeout seconds later (1 by default), mpirun exits with code 1 and may cut the ranks' "
+         "output short (log.txt has it all); kill -USR1 <mpirun pid> stops with a checkpoint and exit code 75";
+  return s + ")";
 }
 
 void first_signal(int sig, const siginfo_t& si) {
@@ -74,7 +84,7 @@ void first_signal(int sig, const siginfo_t& si) {
     g_signal.compare_exchange_strong(none, sig, std::memory_order_relaxed);
     next = g_next_step;
   }
-  const std::string what = std::string(name(sig)) + " received" + from_launcher(si);
+  const std::string what = std::string(name(sig)) + " received" + from_launcher(sig, si);
   if (next <= 0) {
     // Start-up: nothing is computed yet and nothing but whole files (atomic writes) is on disk.
     remove_pending_temporaries();
@@ -119,11 +129,11 @@ void install_stop_handlers() {
     for (;;) {
       siginfo_t si{};
       const int sig = sigwaitinfo(&set, &si);
-      if (sig <= 0) continue;
-      // Open MPI's launcher sends its SIGTERM to the rank and to the rank's process group, so a
-      // rank gets it twice, and again before its SIGKILL: those repeat the first; the user's
-      // second signal (another Ctrl-C, kill) ends the process now.
-      const bool launcher = !from_launcher(si).empty();
+      if (sig <= 0 || g_ignore.load()) continue;
+      // Open MPI's launcher sends its SIGTERM to the rank's process group, possibly more than once
+      // before its SIGKILL: those repeat the first; the user's second signal (another Ctrl-C, kill)
+      // ends the process now.
+      const bool launcher = sig == SIGTERM && !launcher_of(si).empty();
       if (taken++ == 0 && g_signal.load(std::memory_order_relaxed) == 0) first_signal(sig, si);
       else if (!launcher) second_signal(sig);
     }
@@ -131,6 +141,8 @@ void install_stop_handlers() {
 }
 
 void set_stop_rank(int rank) { g_rank.store(rank); }
+
+void ignore_stop_signals() { g_ignore.store(true); }
 
 int stop_signal() { return g_signal.load(std::memory_order_relaxed); }
 

@@ -2,11 +2,12 @@
 // scancel): the first one makes the trainer finish the step in progress, every rank agrees at the
 // step boundary, a checkpoint is written and the run exits with kExitRequeue (75), which jobscripts
 // turn into `scontrol requeue`; the requeued job runs with train.resume = true and continues from
-// that checkpoint. A first signal during start-up (before the first step) ends the run at the end of
-// start-up with code 75 and no checkpoint. A second signal ends the process at once with code
-// 128 + signal, after removing the temporary files of writes in flight (io/atomic_file.h): a
-// checkpoint is either complete under its final name or absent. Each signal is reported at once
-// on stderr (rank 0; another rank when the signal came to it alone is reported at the step boundary).
+// that checkpoint. A first signal during start-up (before the first step; in eval, predict, generate
+// and gradients mode: at any time) ends the process at once with code 75 and no checkpoint. A second
+// signal (not a SIGTERM repeated by the MPI launcher) ends the process at once with code 128 +
+// signal, after removing the temporary files of writes in flight (io/atomic_file.h): a checkpoint
+// is either complete under its final name or absent. Each signal is reported at once on stderr by
+// rank 0 (a signal that reached another rank alone shows in the log at the step boundary).
 //
 // Under Open MPI's mpirun (4.1.4 measured), Ctrl-C reaches mpirun only: the ranks run in process
 // groups of their own. mpirun then waits odls_base_sigkill_timeout seconds (1 by default), sends
@@ -34,6 +35,9 @@ void block_stop_signals();     // SIGINT, SIGUSR1 and SIGTERM blocked in this th
 void install_stop_handlers();  // the stop signals set the stop flag (taken by a thread of their own)
 void set_stop_rank(int rank);  // rank 0 reports signals on stderr as they come
 int stop_signal();             // the signal received (0 = none)
+// From now on the stop signals change nothing (the process is ending on an error: MPI_Abort, whose
+// SIGTERM to the other ranks is not a stop to report).
+void ignore_stop_signals();
 
 // At a step boundary (and once before the first step, with next_step = the first step): the signal
 // received so far (0 = none); when none, records that a signal from now on stops the run after step
