@@ -49,6 +49,11 @@ void Log::set_config(const std::string& file_name, const std::string& config_ini
 
 void Log::start() {
   if (rank_ != 0 || started_) return;
+  if (before_start_) {
+    auto fn = std::move(before_start_);
+    before_start_ = nullptr;
+    fn();
+  }
   started_ = true;
   if (dir_.empty()) return;  // never opened (tests)
   if (!config_ini_.empty()) write_text_atomically(dir_ + "/" + config_name_, config_ini_);

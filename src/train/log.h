@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ class Log {
   void metrics(const std::string& json_line);  // "run_id" is added first when the run has one
   // The training run's id (train/run_folder.h), the same on every rank; "" = none (other modes).
   void set_run_id(const std::string& id) { run_id_ = id; }
+  // Run by start() on rank 0 before it writes anything (output.overwrite moves the earlier run
+  // aside there, once every input has been validated).
+  void set_before_start(std::function<void()> fn) { before_start_ = std::move(fn); }
   const std::string& run_id() const { return run_id_; }
   // Resume: removes from metrics.jsonl every record of a step after `step` (written by an interrupted
   // run after its last checkpoint; the resumed run writes them again) and any line that is not a
@@ -44,6 +48,7 @@ class Log {
   std::string dir_, config_ini_, config_name_ = "config.ini", run_id_;
   bool append_ = false, started_ = false;
   std::vector<std::string> pending_, pending_metrics_;  // logged before start()
+  std::function<void()> before_start_;
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
 };

@@ -165,23 +165,18 @@ void write_run_id(const std::string& dir, const std::string& id) {
 
 void claim_run_folder(Comm& comm, const Config& cfg, Log& log) {
   if (cfg.run.mode != "train") return;
-  const std::string& dir = cfg.output.dir;
-  std::string error, id, moved, old_id;
-  std::vector<std::string> removed;
+  const std::string dir = cfg.output.dir;
+  std::string error, id;
+  bool move = false;
   if (comm.rank() == 0) {
     try {
       const RunFolder f = inspect_run_folder(dir);
-      removed = remove_stale_temporaries(dir);
       if (cfg.train.resume) {
         id = f.run_id;
       } else {
         if (f.used() && !cfg.output.overwrite) throw Error(used_folder_message(dir, f));
-        if (f.used()) {
-          old_id = f.run_id;
-          moved = move_run_aside(dir, f.run_id);
-        }
+        move = f.used();
         id = new_run_id();
-        write_run_id(dir, id);
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -192,17 +187,27 @@ void claim_run_folder(Comm& comm, const Config& cfg, Log& log) {
   if (!error.empty()) throw Error(error);
   bcast_string(comm, id);
   log.set_run_id(id);
-  if (!removed.empty()) {
-    std::string list;
-    for (const auto& r : removed) list += cat(list.empty() ? "" : ", ", r);
-    log.info(cat("output.dir: removed ", removed.size(), " temporary file(s) of an unfinished write by a run that was "
-                 "killed: ", list));
-  }
-  if (!moved.empty())
-    log.info(cat("output.overwrite: the earlier run's files (",
-                 old_id.empty() ? std::string("no run id recorded") : cat("run ", old_id), ") were moved to '", moved,
-                 "'"));
   if (!cfg.train.resume) log.info(cat("run id ", id, " (a new run in '", dir, "')"));
+  // What changes the folder waits until every input has been validated (Log::start): a run stopped
+  // by bad input leaves the earlier run where it was.
+  const bool fresh = !cfg.train.resume;
+  log.set_before_start([&log, dir, id, move, fresh] {
+    const std::vector<std::string> removed = remove_stale_temporaries(dir);
+    if (!removed.empty()) {
+      std::string list;
+      for (const auto& r : removed) list += cat(list.empty() ? "" : ", ", r);
+      log.info(cat("output.dir: removed ", removed.size(), " temporary file(s) of an unfinished write by a run that "
+                   "was killed: ", list));
+    }
+    if (move) {
+      const RunFolder f = inspect_run_folder(dir);  // as it is now (the lock kept other runs out)
+      const std::string moved = move_run_aside(dir, f.run_id);
+      log.info(cat("output.overwrite: the earlier run's files (",
+                   f.run_id.empty() ? std::string("no run id recorded") : cat("run ", f.run_id), ") were moved to '",
+                   moved, "'"));
+    }
+    if (fresh) write_run_id(dir, id);
+  });
 }
 
 }  // namespace nlp

@@ -7,9 +7,10 @@
 //
 // A training run without train.resume refuses an output.dir that holds another run's files
 // (checkpoints/step_*.h5, or metrics.jsonl with at least one record), naming what is there and the
-// ways on (train.resume = true, output.overwrite = true, another output.dir). With output.overwrite
-// = true it moves every entry of the folder except nlptrain.lock and previous/ into
-// <output.dir>/previous/<old run id>/ by rename(2) before anything else is written: nothing is
+// ways on (train.resume = true, output.overwrite = true, another output.dir), before it writes
+// anything. With output.overwrite = true it moves every entry of the folder except nlptrain.lock and
+// previous/ into <output.dir>/previous/<old run id>/ by rename(2) once every input has been validated,
+// right before the run's first write (Log::start; bad input leaves the folder as it was): nothing is
 // copied or deleted, the run keeps holding the folder's lock (run_lock.h) all the while, and an
 // interruption leaves each entry either where it was or moved whole.
 //
@@ -70,11 +71,12 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 void write_run_id(const std::string& dir, const std::string& id);
 
 // Collective, before anything else is written to output.dir (after RunLock::acquire): for a
-// training run, removes stale temporary files, refuses a used folder or moves its run aside
-// (output.overwrite), and sets the run id
+// training run, refuses a used folder and sets the run id
 // on `log` (every rank): a new one for a fresh run, the folder's for a resume ("" when the folder
-// has none: the resume sets it from the checkpoint it takes). Other modes: nothing. Log lines go to
-// `log` (kept until it starts). Throws the same Error on every rank when the folder is refused.
+// has none: the resume sets it from the checkpoint it takes). Leaves to `log`'s start (rank 0, once the
+// inputs are validated) what changes the folder: removing stale temporary files, moving the earlier
+// run aside (output.overwrite) and writing <dir>/run_id. Other modes: nothing. Throws the same Error
+// on every rank when the folder is refused.
 void claim_run_folder(Comm& comm, const Config& cfg, Log& log);
 
 }  // namespace nlp
