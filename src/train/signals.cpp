@@ -130,12 +130,13 @@ void install_stop_handlers() {
       siginfo_t si{};
       const int sig = sigwaitinfo(&set, &si);
       if (sig <= 0 || g_ignore.load()) continue;
-      // Open MPI's launcher sends its SIGTERM to the rank's process group, possibly more than once
-      // before its SIGKILL: those repeat the first; the user's second signal (another Ctrl-C, kill)
-      // ends the process now.
-      const bool launcher = sig == SIGTERM && !launcher_of(si).empty();
+      // A second SIGINT or SIGTERM (another Ctrl-C, kill) ends the process now. Not a repeated
+      // SIGUSR1 (the jobscripts re-send it every NLP_RESIGNAL_S seconds until the ranks have
+      // stopped), nor a SIGTERM from Open MPI's launcher (sent to the rank's process group, possibly
+      // more than once before its SIGKILL): those repeat the first.
+      const bool repeat = sig == SIGUSR1 || (sig == SIGTERM && !launcher_of(si).empty());
       if (taken++ == 0 && g_signal.load(std::memory_order_relaxed) == 0) first_signal(sig, si);
-      else if (!launcher) second_signal(sig);
+      else if (!repeat) second_signal(sig);
     }
   }).detach();
 }

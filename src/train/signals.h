@@ -4,7 +4,8 @@
 // turn into `scontrol requeue`; the requeued job runs with train.resume = true and continues from
 // that checkpoint. A first signal during start-up (before the first step; in eval, predict, generate
 // and gradients mode: at any time) ends the process at once with code 75 and no checkpoint. A second
-// signal (not a SIGTERM repeated by the MPI launcher) ends the process at once with code 128 +
+// SIGINT or SIGTERM (not a SIGTERM repeated by the MPI launcher; a repeated SIGUSR1 changes nothing:
+// the jobscripts re-send it until the ranks have stopped) ends the process at once with code 128 +
 // signal, after removing the temporary files of writes in flight (io/atomic_file.h): a checkpoint
 // is either complete under its final name or absent. Each signal is reported at once on stderr by
 // rank 0 (a signal that reached another rank alone shows in the log at the step boundary).

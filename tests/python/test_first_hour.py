@@ -306,3 +306,19 @@ def test_sigint_to_nlptrain_checkpoints_and_exits_75_and_a_second_exits_at_once(
     assert "done:" not in stdout and "stop signal received" not in stdout
     assert checkpoints(out) == [] if (out / "checkpoints").exists() else True
     no_half_written_files(out)
+
+
+def test_a_repeated_sigusr1_is_no_second_signal(stream, tmp_path):
+    """The jobscripts re-send SIGUSR1 every NLP_RESIGNAL_S seconds until the ranks have stopped: a long
+    step still ends in its checkpoint and exit code 75."""
+    out = tmp_path / "out"
+    job = start([nr.binary()] + args(stream, out, 1000, ["--debug.step_sleep_ms=1000", "--checkpoint.interval=0"]))
+    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
+    os.kill(job.pid, signal.SIGUSR1)
+    time.sleep(0.3)
+    os.kill(job.pid, signal.SIGUSR1)
+    rc, stdout, stderr = finish(job)
+    assert rc == 75, f"{rc}\n{stderr[-2000:]}"
+    m = re.search(r"stop signal received: checkpoint '(\S+)' written at step (\d+)", stdout)
+    assert m and Path(m.group(1)).exists(), stdout[-2000:]
+    assert "received again" not in stderr
