@@ -24,8 +24,11 @@
 #     is not requeued: outputs are copied back and the script exits 143. After a cancellation SLURM
 #     refuses new job steps, so only the first node's scratch is removed then; the other nodes'
 #     scratch is left to the site's epilog / job_container (it is removed in every other case).
-#  4. Every run passes `--train.resume=true` (RESUME=false to not): nlptrain continues from the newest
-#     checkpoint in output.dir, or starts from step 0 when there is none. The requeued run finds the
+#  4. A requeued run (SLURM_RESTART_COUNT > 0) passes `--train.resume=true`: nlptrain continues this
+#     job's run from its newest checkpoint in output.dir, or starts it from step 0 when there is none.
+#     A first run passes `--train.resume=false`, so a results dir holding another run's checkpoints or
+#     metrics (an earlier job, an interactive run) is refused by nlptrain, which names the ways on
+#     (RESUME=true to continue that run, --output.overwrite=true to move it to output.dir/previous/). The requeued run finds the
 #     checkpoint because output.dir is on shared storage (OUTPUT_ON=shared) or restored to every
 #     node's scratch from the copy-back (OUTPUT_ON=scratch, the default). SLURM_RESTART_COUNT (> 0 after
 #     a requeue) is printed.
@@ -55,7 +58,8 @@
 #                   against node crashes (checkpoints are on shared storage as soon as written).
 #  RESULTS_DIR      the results dir: default the configured output.dir (INI or overrides, default "out"),
 #                   relative to the submit dir. The outputs always end up there.
-#  RESUME           true (default) | false: passed as --train.resume
+#  RESUME           auto (default): true on a requeue of this job (SLURM_RESTART_COUNT > 0), else false |
+#                   true | false: passed as --train.resume
 #  REQUEUE          1 (default) | 0: requeue on exit code 75
 #  NLP_RESIGNAL_S   seconds between SIGUSR1 re-sends while the ranks are stopping (default 15)
 #  SRUN_WAIT        LAUNCHER=srun: seconds srun waits after the first rank has exited before it ends
@@ -201,7 +205,12 @@ nlp_setup() {
   OUTPUT_ON=${OUTPUT_ON:-scratch}
   case $OUTPUT_ON in scratch | shared) ;; *) nlp_die "OUTPUT_ON=$OUTPUT_ON: use scratch or shared" ;; esac
   STAGE=${STAGE:-1}
-  RESUME=${RESUME:-true}
+  RESUME=${RESUME:-auto}
+  case $RESUME in
+    auto) if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then RESUME=true; else RESUME=false; fi ;;
+    true | false) ;;
+    *) nlp_die "RESUME=$RESUME: use auto, true or false" ;;
+  esac
   REQUEUE=${REQUEUE:-1}
   NLP_RESIGNAL_S=${NLP_RESIGNAL_S:-15}
   SRUN_WAIT=${SRUN_WAIT:-60}
@@ -237,7 +246,7 @@ nlp_setup() {
 
 # ---- staging: input files to every node's scratch; restore the outputs there for a resume -----------
 nlp_stage() {
-  NLP_ARGS=()
+  NLP_ARGS=() NLP_STAGED=()
   local key src name pairs=()
   for key in data.train data.eval model.weights; do
     src=$(nlp_cfg "$key" "")
@@ -248,6 +257,7 @@ nlp_stage() {
       name="$key-$(basename "$src")"
       pairs+=("$src" "$name")
       NLP_ARGS+=("--$key=__NODE_SCRATCH__/data/$name")
+      NLP_STAGED+=("$NLP_SCRATCH/data/$name" "$src")
     else
       NLP_ARGS+=("--$key=$src")
     fi
@@ -359,8 +369,26 @@ nlp_copy_back() {
     rsync -a --delete "$src/checkpoints/" "$RESULTS_DIR/checkpoints/" || ok=0
   fi
   rsync -a --exclude=/checkpoints "$src/" "$RESULTS_DIR/" || ok=0
+  ((!ok)) || nlp_unscratch_paths || ok=0
   if ((ok)); then nlp_log "copied $src back to $RESULTS_DIR"
   else nlp_log "copy-back of $src to $RESULTS_DIR FAILED (scratch kept)"; NLP_CLEANED=1; return 1; fi
+}
+
+# The copied-back config*.ini, log.txt and summary.json name the paths the user reads: the staged
+# inputs' own paths and the results dir instead of this job's node-local scratch.
+nlp_unscratch_paths() {
+  local f i expr=() esc_from esc_to
+  nlp_sed_escape() { printf '%s' "$1" | sed 's/[][\\.*^$|/&]/\\&/g'; }
+  for ((i = 0; i < ${#NLP_STAGED[@]}; i += 2)); do
+    esc_from=$(nlp_sed_escape "${NLP_STAGED[i]}"); esc_to=$(nlp_sed_escape "${NLP_STAGED[i + 1]}")
+    expr+=(-e "s|$esc_from|$esc_to|g")
+  done
+  esc_from=$(nlp_sed_escape "$NLP_SCRATCH/output"); esc_to=$(nlp_sed_escape "$RESULTS_DIR")
+  expr+=(-e "s|$esc_from|$esc_to|g")
+  for f in "$RESULTS_DIR"/config*.ini "$RESULTS_DIR"/log.txt "$RESULTS_DIR"/summary.json; do
+    [ -f "$f" ] || continue
+    sed -i "${expr[@]}" "$f" || return 1
+  done
 }
 
 nlp_cleanup() {

@@ -11,7 +11,8 @@
 #   1. stages data.train / data.eval / model.weights (from the INI or the overrides) to node-local scratch
 #      (${SCRATCH_ROOT:-${SLURM_TMPDIR:-${TMPDIR:-/tmp}}}/nlptrain.$SLURM_JOB_ID) on every node with rsync;
 #   2. runs nlptrain with output.dir on that scratch (OUTPUT_ON=scratch, default; restored from the results
-#      dir first, for a resume) or on shared storage (OUTPUT_ON=shared), always with --train.resume=true;
+#      dir first, for a resume) or on shared storage (OUTPUT_ON=shared), with --train.resume=true only on a
+#      requeue of this job (a first run into a results dir of another run is refused: RESUME=true continues it);
 #   3. copies the outputs back to the results dir (the configured output.dir, relative to the submit dir;
 #      RESULTS_DIR overrides) and removes the scratch on every node (also on errors: trap EXIT);
 #   4. on exit code 75 (nlptrain stopped on SIGUSR1 with a checkpoint): scontrol requeue, exit 0.

@@ -16,11 +16,13 @@ common=(--data.train=$D/nsmc_train.h5 --data.eval=$D/nsmc_eval.h5 --train.steps=
         --run.threads=1 --run.log_interval=10)
 for c in ${CONTROLS:-scratch hfenc nlenc_hf hf_scratch}; do
   case $c in
-    scratch) mpirun -np 2 "$BIN" inputs/doc_cls_nsmc.ini --model.weights= --model.vocab_size=30000 --model.hidden_size=128 \
+    scratch) rm -rf $WORK/control_scratch  # a rerun starts afresh (nlptrain refuses a folder of another run)
+             mpirun -np 2 "$BIN" inputs/doc_cls_nsmc.ini --model.weights= --model.vocab_size=30000 --model.hidden_size=128 \
                --model.num_hidden_layers=2 --model.num_attention_heads=4 --model.intermediate_size=512 \
                --model.max_position_embeddings=256 "${common[@]}" --output.dir=$WORK/control_scratch > $RES/control_nl_scratch.log 2>&1
              cp $WORK/control_scratch/metrics.jsonl $RES/control_nl_scratch.metrics.jsonl ;;
-    hfenc)   mpirun -np 2 "$BIN" inputs/doc_cls_nsmc.ini --model.weights=$S/hf_mlm.h5 "${common[@]}" \
+    hfenc)   rm -rf $WORK/control_hfenc
+             mpirun -np 2 "$BIN" inputs/doc_cls_nsmc.ini --model.weights=$S/hf_mlm.h5 "${common[@]}" \
                --output.dir=$WORK/control_hfenc > $RES/control_nl_from_hf_encoder.log 2>&1
              cp $WORK/control_hfenc/metrics.jsonl $RES/control_nl_from_hf_encoder.metrics.jsonl ;;
     nlenc_hf) python3 bench/bert_accuracy/hf_trainer.py --task doc_cls --init $S/nl_mlm_hf --train $D/nsmc_train.h5 \

@@ -36,6 +36,7 @@
 #include "train/input_check.h"
 #include "train/log.h"
 #include "train/memory_plan.h"
+#include "train/run_folder.h"
 #include "train/run_lock.h"
 #include "train/schedule.h"
 #include "train/session.h"
@@ -134,6 +135,8 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
   // Before anything is written to output.dir: a second run on the same folder is refused here.
   RunLock lock = RunLock::acquire(comm, cfg.output.dir);
   Log log(rank);
+  // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
+  claim_run_folder(comm, cfg, log);
   const bool append = cfg.run.mode != "train" || cfg.train.resume;
   // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
   log.open(cfg.output.dir, append, cfg.to_ini());
@@ -475,10 +478,15 @@ int main(int argc, char** argv) {
   // A write past RLIMIT_FSIZE (ulimit -f, a quota-like limit) must fail with EFBIG, so that the
   // writer removes its temporary file and reports the path, instead of the process dying of SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  // When mpirun ends a job (Ctrl-C, SIGTERM to it), it closes the ranks' stdout and stderr before
+  // their SIGTERM: a log line must then fail with EPIPE, not kill the rank that is writing its
+  // checkpoint (log.txt still gets every line).
+  std::signal(SIGPIPE, SIG_IGN);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   nlp::set_crash_report_rank(rank);
+  nlp::set_stop_rank(rank);
 
   // Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
   // reports its error, and another rank reports its own only when it differs from rank 0's (the
@@ -548,6 +556,7 @@ int main(int argc, char** argv) {
     if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
     else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
     std::fflush(stderr);
+    nlp::ignore_stop_signals();  // mpirun's SIGTERM after the abort is no stop to report
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     comm.reset();
     MPI_Finalize();

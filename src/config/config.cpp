@@ -353,6 +353,10 @@ const std::vector<Entry>& schema() {
        "0 = wait forever"},
       // [output]
       {KEY(output, dir), nonempty(), "folder for logs, metrics.jsonl, config, checkpoints, gradients"},
+      {KEY(output, overwrite), none(),
+       "a training run without train.resume refuses an output.dir that holds another run's checkpoints "
+       "or metrics; true moves that run's files (all but nlptrain.lock) into output.dir/previous/<its run "
+       "id>/ by renames before anything is written, and the log says where"},
       // [generate]
       {KEY(generate, prompt), none(), "prompt text (escapes \\n \\t \\r \\\\ \\\" \\xHH understood)", true},
       {KEY(generate, prompts_file), none(),
@@ -376,6 +380,12 @@ const std::vector<Entry>& schema() {
        "testing: make the gradient NaN at these steps (1-based, comma-separated, e.g. 3,7); empty = never"},
       {KEY(debug, kill_at_step), ge(0),
        "testing: rank 0 kills itself with SIGKILL right after writing step N's metrics (a crash); 0 = never"},
+      {KEY(debug, startup_sleep_ms), ge(0),
+       "testing: training start-up ends with a sleep of this many milliseconds before the first step (a "
+       "long start-up, to stop in it); 0 = never"},
+      {KEY(debug, step_sleep_ms), ge(0),
+       "testing: every training step sleeps this many milliseconds after its backward (a long step, to "
+       "stop mid-step); 0 = never"},
   };
   return table;
 }

@@ -150,6 +150,7 @@ struct CommConfig {
 
 struct OutputConfig {
   std::string dir = "out";     // logs, metrics.jsonl, config, checkpoints, gradients
+  bool overwrite = false;      // a fresh training run moves an earlier run's files to dir/previous/<run id>
 };
 
 struct GenerateConfig {
@@ -171,6 +172,8 @@ struct GenerateConfig {
 struct DebugConfig {
   std::string inject_nonfinite_step;  // "3,7": NaN gradient at these (1-based) steps; "" = none
   int kill_at_step = 0;               // rank 0 SIGKILLs itself after step N's metrics; 0 = never
+  int startup_sleep_ms = 0;           // testing: start-up ends with a sleep this long
+  int step_sleep_ms = 0;              // testing: every training step sleeps this long after its backward
 };
 
 struct Config {

@@ -14,6 +14,11 @@ void atomic_commit(const std::string& tmp_path, const std::string& path);
 // Removes the temporary file (no error when it is already gone).
 void atomic_abort(const std::string& tmp_path);
 
+// The temporary files begun and neither committed nor aborted yet (in this process), removed by
+// remove_pending_temporaries(): an immediate exit (a second stop signal, train/signals.h) leaves no
+// temporary file behind. The final names are never touched: they hold a complete file or none.
+void remove_pending_temporaries();
+
 // Replaces the text file `path` by `text` atomically; throws nlp::Error naming the path and the
 // reason (and leaves no temporary file) when it cannot.
 void write_text_atomically(const std::string& path, const std::string& text);

@@ -116,18 +116,32 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
     if (write_model_attrs) write_model_attrs(f);
   });
 
-  // Retention: keep the newest `keep` checkpoints (keep <= 0: keep all); never the one just written.
+  // Retention: `keep` checkpoints in the folder, the one just written among them (keep <= 0: all).
   if (keep > 0) {
-    auto all = list_checkpoints(dir);
-    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
-      if (fs::path(all[i].second) == fs::path(path)) continue;
+    std::vector<std::string> newest_first;
+    for (auto& [step, p] : list_checkpoints(dir)) newest_first.push_back(p);
+    for (const auto& old : checkpoints_to_remove(newest_first, path, keep)) {
       std::error_code ec;
-      fs::remove(all[i].second, ec);
-      if (ec)
-        throw Error(cat("cannot remove old checkpoint '", all[i].second, "': ", ec.message()));
+      fs::remove(old, ec);
+      if (ec) throw Error(cat("cannot remove old checkpoint '", old, "': ", ec.message()));
     }
   }
   return path;
+}
+
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& newest_first,
+                                               const std::string& written, int keep) {
+  std::vector<std::string> out;
+  if (keep <= 0) return out;
+  const bool present = std::any_of(newest_first.begin(), newest_first.end(),
+                                   [&](const std::string& p) { return fs::path(p) == fs::path(written); });
+  size_t kept = present ? 1 : 0;  // the one just written always stays
+  for (const auto& p : newest_first) {
+    if (fs::path(p) == fs::path(written)) continue;
+    if (kept < static_cast<size_t>(keep)) ++kept;
+    else out.push_back(p);
+  }
+  return out;
 }
 
 std::string latest_checkpoint(const std::string& output_dir) {

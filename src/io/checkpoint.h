@@ -46,6 +46,13 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
                             const std::vector<NamedTensor>& exp_avg_sq,
                             const std::function<void(h5::File&)>& write_model_attrs, int keep);
 
+// Retention (checkpoint.keep = keep > 0): of the checkpoint files in a folder, given as paths newest
+// (highest step) first, the ones to remove so that `keep` remain, counting every file in the folder:
+// the one just written (`written`) and the newest keep - 1 others stay, even when `written` is not
+// among the newest steps (a file of a higher step left by something else). keep <= 0: none.
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& newest_first,
+                                               const std::string& written, int keep);
+
 // Newest checkpoint in <output_dir>/checkpoints, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
 

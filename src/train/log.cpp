@@ -49,6 +49,11 @@ void Log::set_config(const std::string& file_name, const std::string& config_ini
 
 void Log::start() {
   if (rank_ != 0 || started_) return;
+  if (before_start_) {
+    auto fn = std::move(before_start_);
+    before_start_ = nullptr;
+    fn();
+  }
   started_ = true;
   if (dir_.empty()) return;  // never opened (tests)
   if (!config_ini_.empty()) write_text_atomically(dir_ + "/" + config_name_, config_ini_);
@@ -79,8 +84,12 @@ void Log::info(const std::string& line) {
   }
 }
 
-void Log::metrics(const std::string& json_line) {
+void Log::metrics(const std::string& record) {
   if (rank_ != 0) return;
+  const std::string json_line = run_id_.empty() || record.size() < 2 || record[0] != '{'
+                                    ? record
+                                    : cat("{\"run_id\":", json_string(run_id_), record.size() > 2 ? "," : "",
+                                          record.substr(1));
   if (!started_) pending_metrics_.push_back(json_line);
   if (!metrics_) return;
   std::fprintf(metrics_, "%s\n", json_line.c_str());

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,13 @@ class Log {
   bool started() const { return started_; }
   bool is_root() const { return rank_ == 0; }
   void info(const std::string& line);   // one line, newline added
-  void metrics(const std::string& json_line);
+  void metrics(const std::string& json_line);  // "run_id" is added first when the run has one
+  // The training run's id (train/run_folder.h), the same on every rank; "" = none (other modes).
+  void set_run_id(const std::string& id) { run_id_ = id; }
+  // Run by start() on rank 0 before it writes anything (output.overwrite moves the earlier run
+  // aside there, once every input has been validated).
+  void set_before_start(std::function<void()> fn) { before_start_ = std::move(fn); }
+  const std::string& run_id() const { return run_id_; }
   // Resume: removes from metrics.jsonl every record of a step after `step` (written by an interrupted
   // run after its last checkpoint; the resumed run writes them again) and any line that is not a
   // complete record (a write cut off by a kill). The file is rewritten atomically. Returns the number
@@ -38,9 +45,10 @@ class Log {
 
  private:
   int rank_;
-  std::string dir_, config_ini_, config_name_ = "config.ini";
+  std::string dir_, config_ini_, config_name_ = "config.ini", run_id_;
   bool append_ = false, started_ = false;
   std::vector<std::string> pending_, pending_metrics_;  // logged before start()
+  std::function<void()> before_start_;
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
 };

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "train/batches.h"
 #include "train/log.h"
+#include "train/run_folder.h"
 
 namespace nlp {
 namespace {
@@ -225,9 +226,18 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
     auto pv = ps.host_views(hp);
     auto mv = ps.host_views(hm);
     auto vv = ps.host_views(hv);
+    const std::string& want = s.log.run_id();  // the run this folder holds ("" = not recorded)
     for (const auto& file : checkpoint_files(s.cfg.output.dir)) {
+      const std::string id = checkpoint_run_id(file);
+      // A file that records no run id (damaged, not a checkpoint, or written before run ids) is
+      // tried: load_checkpoint reports what is wrong with it.
+      if (!want.empty() && !id.empty() && id != want) {
+        out.other_runs.emplace_back(file, id);
+        continue;
+      }
       try {
         loaded = load_checkpoint(file, pv, mv, vv);
+        out.run_id = id;
         out.path = file;
         status = kLoaded;
         break;
@@ -247,6 +257,14 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
 
   s.comm.broadcast_host(&status, sizeof status, 0);
   bcast_string(s.comm, out.path);
+  bcast_string(s.comm, out.run_id);
+  uint64_t n_other = out.other_runs.size();
+  s.comm.broadcast_host(&n_other, sizeof n_other, 0);
+  out.other_runs.resize(n_other);
+  for (auto& [file, id] : out.other_runs) {
+    bcast_string(s.comm, file);
+    bcast_string(s.comm, id);
+  }
   uint64_t n_damaged = out.damaged.size();
   s.comm.broadcast_host(&n_damaged, sizeof n_damaged, 0);
   out.damaged.resize(n_damaged);

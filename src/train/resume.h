@@ -24,6 +24,10 @@ struct ResumeOutcome {
   std::string path;  // the checkpoint resumed from; "" = there was none (start from step 0)
   std::vector<std::pair<std::string, std::string>> damaged;  // (file, reason), newest first
   std::vector<std::string> moved_to;  // per damaged file: where it was moved ("" = not moved)
+  // Checkpoints not used because they record another run id than the run resumed (Log::run_id(),
+  // from <output.dir>/run_id): (file, its run id), newest first. A file that records none is tried.
+  std::vector<std::pair<std::string, std::string>> other_runs;
+  std::string run_id;  // the run id the chosen checkpoint records ("" = none, or no checkpoint)
 };
 
 // Resume at another world size (or batch shape): how training continues from a checkpoint written

@@ -126,6 +126,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
       .num("achieved_tflops", achieved / 1e12);
   j.num("mfu", peak > 0 ? achieved / peak : NAN);  // null when run.peak_tflops is not set
   j.boolean("completed", completed);
+  j.str("run_id", s.log.run_id());
   j.raw("memory_plan", s.memory_plan_json.empty() ? "null" : s.memory_plan_json);
   j.integer("peak_rss_bytes", static_cast<long long>(peak_rss_bytes()));  // this rank's (rank 0), getrusage
   j.integer("zero", notes.zero);

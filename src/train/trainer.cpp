@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "backend/op_account_backend.h"
@@ -30,6 +31,7 @@
 #include "train/batches.h"
 #include "train/optimizer.h"
 #include "train/resume.h"
+#include "train/run_folder.h"
 #include "train/schedule.h"
 #include "train/session.h"
 #include "train/signals.h"
@@ -107,7 +109,11 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
     auto m = s.model.params().host_views(hm);
     auto v = s.model.params().host_views(hv);
     path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
-                           [&](h5::File& f) { s.model.write_attrs(f); }, s.cfg.checkpoint.keep);
+                           [&](h5::File& f) {
+                             s.model.write_attrs(f);
+                             if (!s.log.run_id().empty()) f.set_attr(kRunIdAttr, s.log.run_id());
+                           },
+                           s.cfg.checkpoint.keep);
     // The first checkpoint fixes the folder; it must still be there right after the write (a removal
     // between the write and this point would otherwise let the next write start a new folder).
     if (!dir_id.known) {
@@ -138,8 +144,18 @@ void resume(Session& s, AdamW& opt, TrainState& st, RunNotes& notes) {
     notes.warnings.push_back(w);
     notes.damaged_checkpoints.emplace_back(file, reason);
   }
+  for (const auto& [file, id] : r.other_runs)
+    s.log.info(cat("train.resume: not using '", file, "': it belongs to ",
+                   id.empty() ? std::string("no recorded run") : cat("run ", id), ", not to run ", s.log.run_id(),
+                   " that '", cfg.output.dir, "' holds (", kRunIdFile, ")"));
+  // The run continued keeps its id; a folder written before run ids takes the checkpoint's or a new one.
+  if (s.log.run_id().empty()) {
+    s.log.set_run_id(r.run_id.empty() ? new_run_id() : r.run_id);
+    if (s.comm.rank() == 0) write_run_id(cfg.output.dir, s.log.run_id());
+  }
   if (r.path.empty()) {
-    s.log.info(cat("train.resume: no checkpoint in '", cfg.output.dir, "/checkpoints', starting from step 0"));
+    s.log.info(cat("train.resume: no checkpoint of run ", s.log.run_id(), " in '", cfg.output.dir,
+                   "/checkpoints', starting from step 0"));
   } else {
     if (!r.damaged.empty()) {
       const std::string w = cat("warning: resuming from the older checkpoint '", r.path, "' (step ", st.step,
@@ -150,7 +166,8 @@ void resume(Session& s, AdamW& opt, TrainState& st, RunNotes& notes) {
     if (st.seed != cfg.train.seed)
       s.log.info(cat("warning: checkpoint was written with train.seed = ", st.seed,
                      "; continuing with its seed"));
-    s.log.info(cat("resumed from '", r.path, "' at step ", st.step, " (data position ", st.next_batch, ")"));
+    s.log.info(cat("resumed from '", r.path, "' at step ", st.step, " (data position ", st.next_batch, "), run ",
+                   s.log.run_id()));
     notes.resumed_from = r.path;
     notes.resumed_step = st.step;
   }
@@ -441,6 +458,22 @@ int run_train(Session& s) {
   // The gradient arena is known to be all zero: the last update zeroed it as it read it (not with
   // train.zero = 1, where each rank updates only its shard, nor after a skipped step).
   bool grads_zero = false;
+  if (cfg.debug.startup_sleep_ms > 0)  // debug.startup_sleep_ms: a long start-up
+    std::this_thread::sleep_for(std::chrono::milliseconds(cfg.debug.startup_sleep_ms));
+  // A stop signal during start-up ends the process at once (signals.h); one taken by the handler
+  // instead of the signal thread, on any rank, ends the run here, before its first step.
+  {
+    double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
+    s.comm.allreduce_sum_host(sig, 1);
+    if (sig[0] > 0 && st.step < tc.steps) {
+      s.log.info(cat("stop signal received during start-up: stopping before step ", st.step + 1,
+                     ", no checkpoint written; exiting with code ", kExitRequeue,
+                     st.step > 0 ? " (train.resume = true continues from the checkpoint resumed from)"
+                                 : " (run again to train)"));
+      return kExitRequeue;
+    }
+  }
+  bool stopped = false;
   for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
     const auto t0 = Clock::now();
     double t_data = 0, t_comm = 0;
@@ -499,6 +532,8 @@ int run_train(Session& s) {
       if (last_micro) s.model.set_grad_ready_hook(nullptr);
     }
     t_comm += t_hook;
+    if (cfg.debug.step_sleep_ms > 0)  // debug.step_sleep_ms: a long step
+      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.debug.step_sleep_ms));
     if (step + 1 < tc.steps) {  // read ahead while the GPU works
       next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + A, next_micro);
       have_next = true;
@@ -631,16 +666,19 @@ int run_train(Session& s) {
       log_sample(s, static_cast<int>(st.step));
 
     // A stop signal on any rank stops every rank at the same step boundary.
-    double sig[1] = {static_cast<double>(stop_signal())};
+    double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
     s.comm.allreduce_sum_host(sig, 1);
     if (sig[0] > 0 && !last) {
+      stopped = true;
       const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, shards, st, ckpt_dir_id);
       s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
                      "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
       break;
     }
   }
-  if (steps_done_here > 0) {
+  if (stopped) {
+    // no "done" line: the run is not done
+  } else if (steps_done_here > 0) {
     // The throughput summary.json reports (summary.h throughput), in its words.
     const Throughput tp = throughput(times, tokens_per_step);
     char rates[320];

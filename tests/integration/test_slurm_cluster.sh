@@ -15,6 +15,8 @@
 #       job within SRUN_WAIT s: FAILED, not requeued, "nlptrain failed" in its output, scratch removed;
 #   (f) every sbatch line of README.md and jobscripts/README.md, scaled to this cluster, on tiny INIs of
 #       the names they give: COMPLETED 0:0 with its results; generate.sh's text written.
+#   (g) a new sbatch into (a)'s results dir (not a requeue, so no resume) is refused naming (a)'s run.
+# The copied-back config.ini, log.txt and summary.json name the results dir and the inputs' own paths.
 # The jobs run with SRUN_WAIT=10, so every job above also shows that srun --wait cuts neither a normal
 # exit nor the exit code 75 short. A rank that crashes leaves a core file when the system allows one;
 # a failure then prints its threads' backtraces (gdb).
@@ -251,10 +253,26 @@ done
 wait_done "$JA"
 check_completed "$JA" "$st" "(a) train_multinode 2x1"
 check_results "$SUB/results/a" "$JA" 2 2 1 20
-grep -q "data/data.train-train.h5" "$SUB/results/a/config.ini" || fail "(a) data.train was not staged to scratch" "$JA"
 grep -q "staged 1 input file(s) to 2 node(s)" "$SUB/slurm-nlptrain-multinode-$JA.out" || fail "(a) no staging to 2 nodes" "$JA"
+# The copied-back files name the paths the user reads, not the job's node scratch.
+! grep -l "nlptrain\.$JA/" "$SUB/results/a/config.ini" "$SUB/results/a/log.txt" "$SUB/results/a/summary.json" ||
+  fail "(a) node scratch paths in the copied-back files" "$JA"
+grep -qx "dir = $SUB/results/a" "$SUB/results/a/config.ini" || fail "(a) config.ini: output.dir is not results/a" "$JA"
+grep -qx "train = $SUB/data/train.h5" "$SUB/results/a/config.ini" || fail "(a) config.ini: data.train is not data/train.h5" "$JA"
 check_scratch_clean "$JA"
 say "(a) pass: 2 nodes x 1 rank COMPLETED 0:0, results copied back to results/a, scratch removed"
+
+# ---- (g) a new sbatch into (a)'s results dir is not a requeue: refused, (a)'s run left as it was
+a_metrics=$(md5sum < "$SUB/results/a/metrics.jsonl")
+JF=$(sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini --output.dir=results/a) ||
+  fail "sbatch (g) failed"
+wait_done "$JF" 240
+[ "$st" = FAILED ] || fail "(g) job $JF into a used results dir: ended $st, expected FAILED" "$JF"
+grep -q "holds another training run (run $(cat "$SUB/results/a/run_id"))" "$SUB/slurm-nlptrain-multinode-$JF.out" ||
+  fail "(g) job $JF: no refusal naming (a)'s run" "$JF"
+[ "$(md5sum < "$SUB/results/a/metrics.jsonl")" = "$a_metrics" ] || fail "(g) job $JF changed (a)'s metrics.jsonl" "$JF"
+check_scratch_clean "$JF"
+say "(g) pass: a fresh sbatch into (a)'s results dir was refused, (a)'s files unchanged"
 
 # ---- (b)
 wait_done "$JB"

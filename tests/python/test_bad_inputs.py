@@ -84,10 +84,14 @@ class Case:
 def run_case(case, out=None, previous=None, during=None):
     """Runs the case, checks exit status, time and messages; with `out` and `previous`, output.dir is
     seeded with the earlier run and must be unchanged afterwards. Returns the CompletedProcess."""
-    if out is not None and previous is not None and case.keep_output:
+    seeded = out is not None and previous is not None and case.keep_output
+    if seeded:
         shutil.copytree(previous, out)
     before = snapshot(out) if out is not None else {}
-    cmd = case.launcher + ["mpirun", "-np", str(case.ranks)] + (case.wrapper or []) + [nr.binary()] + case.args
+    # Into the earlier run's folder a new run needs output.overwrite (else it is refused for that):
+    # the bad input must stop it before the earlier run is moved aside.
+    cmd = case.launcher + ["mpirun", "-np", str(case.ranks)] + (case.wrapper or []) + [nr.binary()] + case.args + (
+        ["--output.overwrite=true"] if seeded else [])
     env = nr.mpi_env()
     env.update(case.env)
     t0 = time.monotonic()

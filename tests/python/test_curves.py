@@ -43,7 +43,8 @@ def expected_of(recs):
             continue
         split = r.get("split", "train")
         for k, v in r.items():
-            if k not in ("step", "split"):
+            # numbers only: strings ("run_id") and bools are no scalars (tools/run_metrics.py)
+            if k not in ("step", "split") and isinstance(v, (int, float)) and not isinstance(v, bool):
                 out.setdefault(f"{split}/{k}", {})[r["step"]] = v
     return out
 

@@ -227,8 +227,11 @@ def run_line(line, work, report):
         if args[script] == "jobscripts/generate.sh":  # runs as is outside SLURM
             args = ["bash", args[script]] + rest + ([] if "--" in rest else ["--"]) + [
                 "--run.backend=cpu", "--run.threads=1", "--generate.max_new_tokens=4", "--generate.num_samples=1"]
-        else:  # job 7 on 2 CPU ranks: the jobscript's INI and arguments
-            args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu"]
+        else:  # job 7 on 2 CPU ranks: the jobscript's INI and arguments. Its GPU and CPU lines are
+            # alternatives writing one results dir: each starts afresh there, as a first sbatch would
+            # into a folder of its own (a new run refuses another run's folder).
+            args = ["mpirun", "-np", "2", "build/nlptrain"] + rest + ["--run.backend=cpu", "--train.precision=fp32",
+                                                                      "--output.overwrite=true"]
     if "build/nlptrain" in args:
         args = args + tiny(args, work)
     if args[:2] == ["bash", "tools/prep_task_data.sh"]:

@@ -44,11 +44,11 @@ const std::vector<std::string> kAllKeys = {
     "eval.interval", "eval.batches", "eval.sort_by_length",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",
-    "output.dir",
+    "output.dir", "output.overwrite",
     "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
     "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
     "generate.vocab_dir", "generate.prompts_file",
-    "debug.inject_nonfinite_step", "debug.kill_at_step"};
+    "debug.inject_nonfinite_step", "debug.kill_at_step", "debug.startup_sleep_ms", "debug.step_sleep_ms"};
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "nlptrain");
