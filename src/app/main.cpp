@@ -129,69 +129,101 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   return false;
 }
 
-int run(const nlp::Config& cfg, nlp::Comm& comm) {
-  using namespace nlp;
-  const int rank = comm.rank();
-  // Before anything is written to output.dir: a second run on the same folder is refused here.
-  RunLock lock = RunLock::acquire(comm, cfg.output.dir);
-  Log log(rank);
-  // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
-  claim_run_folder(comm, cfg, log);
-  const bool append = cfg.run.mode != "train" || cfg.train.resume;
-  // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
-  log.open(cfg.output.dir, append, cfg.to_ini());
-  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
+// ---- The backend ----------------------------------------------------------------------------------
 
+// What the backend is built with: threads, precision, attention kernels, and on several ranks what
+// sums the gradients (gpu_comm) and the device of this rank.
+struct BackendChoice {
+  nlp::CpuSet cpus;
+  nlp::ThreadPlan tplan;
+  nlp::Precision precision;
+  nlp::BackendOptions bopts;
+  std::string no_cudnn;             // why cuDNN's attention is not in this build
+  bool auto_without_cudnn = false;  // model.attention = auto without cuDNN: the native kernels
+  bool packed_native = false;       // model.attention = auto with data.packing: the native kernels
+  bool cuda = false;
+  std::string gpu_comm = "mpi";  // what sums the gradients
+  int device = 0;
+};
+
+BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
+  using namespace nlp;
+  BackendChoice c;
   // CPU threads from the CPUs the launcher gave this rank (core/cpu_affinity.h)
-  const CpuSet cpus = current_cpu_set();
-  const ThreadPlan tplan = plan_threads(cfg.run.threads, comm.local_size(), cpus);
-  const int threads = tplan.threads;
-  const Precision precision = parse_precision(cfg.train.precision, cfg.run.backend);
-  BackendOptions bopts;
-  bopts.precision = precision;
+  c.cpus = current_cpu_set();
+  c.tplan = plan_threads(cfg.run.threads, comm.local_size(), c.cpus);
+  c.precision = parse_precision(cfg.train.precision, cfg.run.backend);
+  BackendOptions& bopts = c.bopts;
+  bopts.precision = c.precision;
   bopts.sync_check = cfg.run.sync_check;
   bopts.cpu_gemm = cfg.run.cpu_gemm;
   bopts.cpu_bf16 = cfg.run.cpu_bf16;
   bopts.bf16_weights = cfg.run.bf16_weights;
-  bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, precision);
+  bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, c.precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
   // error of make_backend instead
-  std::string no_cudnn;
-  const bool auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
-                                  !cuda_fused_attention_available(&no_cudnn);
-  if (auto_without_cudnn) bopts.fused_attention = false;
+  c.auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
+                         !cuda_fused_attention_available(&c.no_cudnn);
+  if (c.auto_without_cudnn) bopts.fused_attention = false;
   // data.packing: auto keeps packed rows on the native kernels; cuDNN's paths for them (ragged
   // sequences, or a block-diagonal bias: attention_cudnn.h) are selected by model.attention = cudnn
   // alone until a GPU run has checked them (CudaOpsCudnn.PackedRowsMatchCpu*)
-  const bool packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
-  if (packed_native) bopts.fused_attention = false;
+  c.packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
+  if (c.packed_native) bopts.fused_attention = false;
   // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
   // devices round-robin; NCCL needs a GPU per rank.
-  const bool cuda = cfg.run.backend == "cuda";
-  const int ndev = cuda ? cuda_device_count() : 0;
+  c.cuda = cfg.run.backend == "cuda";
+  const int ndev = c.cuda ? cuda_device_count() : 0;
   std::string no_nccl;
   const bool have_nccl = nccl_available(&no_nccl);
-  std::string gpu_comm = "mpi";  // what sums the gradients
-  if (cuda && comm.size() > 1) {
-    gpu_comm = cfg.comm.gpu;
-    if (gpu_comm == "auto") gpu_comm = have_nccl && comm.local_size() <= std::max(ndev, 1) ? "nccl" : "staged";
-    if (gpu_comm == "nccl" && !have_nccl)
+  if (c.cuda && comm.size() > 1) {
+    c.gpu_comm = cfg.comm.gpu;
+    if (c.gpu_comm == "auto") c.gpu_comm = have_nccl && comm.local_size() <= std::max(ndev, 1) ? "nccl" : "staged";
+    if (c.gpu_comm == "nccl" && !have_nccl)
       throw Error(cat("comm.gpu = nccl: nlptrain was built without NCCL (", no_nccl,
                       "); use comm.gpu = staged or auto"));
-  } else if (!cuda && comm.size() > 1 && cfg.comm.gpu == "staged") {
-    gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
-  } else if (!cuda && cfg.comm.gpu == "nccl") {
+  } else if (!c.cuda && comm.size() > 1 && cfg.comm.gpu == "staged") {
+    c.gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
+  } else if (!c.cuda && cfg.comm.gpu == "nccl") {
     throw Error("comm.gpu = nccl needs run.backend = cuda (NCCL sums GPU buffers)");
   }
-  int device = comm.local_rank();
-  if (cuda && gpu_comm == "staged" && ndev > 0) device = comm.local_rank() % ndev;
-  auto be = make_backend(cfg.run.backend, threads, device, bopts);
-  // Declared after the backend, so destroyed before it: the GPU communicators use the backend.
-  std::unique_ptr<Comm> gpu;
-  if (gpu_comm == "staged") gpu = make_staged_comm(comm, *be);
-  else if (gpu_comm == "nccl") gpu = make_nccl_comm(comm, *be, cfg.comm.timeout_s);
-  Comm& dcomm = gpu ? *gpu : comm;
+  c.device = comm.local_rank();
+  if (c.cuda && c.gpu_comm == "staged" && ndev > 0) c.device = comm.local_rank() % ndev;
+  return c;
+}
 
+// The backend and the communicator the model's gradients are summed with.
+struct Devices {
+  std::unique_ptr<nlp::Backend> be;
+  // Declared after the backend, so destroyed before it: the GPU communicators use the backend.
+  std::unique_ptr<nlp::Comm> gpu;
+  nlp::Comm* dcomm = nullptr;  // gpu, or the MPI communicator
+};
+
+Devices make_devices(const nlp::Config& cfg, nlp::Comm& comm, const BackendChoice& c) {
+  using namespace nlp;
+  Devices d;
+  d.be = make_backend(cfg.run.backend, c.tplan.threads, c.device, c.bopts);
+  if (c.gpu_comm == "staged") d.gpu = make_staged_comm(comm, *d.be);
+  else if (c.gpu_comm == "nccl") d.gpu = make_nccl_comm(comm, *d.be, cfg.comm.timeout_s);
+  d.dcomm = d.gpu ? d.gpu.get() : &comm;
+  return d;
+}
+
+// ---- The model's configuration --------------------------------------------------------------------
+
+// The effective configuration: the model as loaded (shape from model.weights, num_labels resolved)
+// and train.steps from train.epochs, with the log lines that say where its values came from.
+struct Resolved {
+  nlp::Config eff;
+  nlp::Task task;
+  std::string num_labels_source;
+  std::vector<std::string> vocab_warnings;
+  std::string epochs_line, warmup;
+};
+
+Resolved resolve_config(const nlp::Config& cfg, nlp::Comm& comm, const BackendChoice& c) {
+  using namespace nlp;
   ModelConfig mc = resolve_model_config(cfg);
   const Task task = parse_task(cfg.run.task);
   std::string num_labels_source;
@@ -203,12 +235,11 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     mc.id2label = resolve_label_names(cfg, mc, &names_source);
     if (!mc.id2label.empty()) num_labels_source += cat("; label names from ", names_source);
   }
-  const std::vector<std::string> vocab_warnings = resolve_tokenizer(cfg, mc);
-  // The effective configuration: the model as loaded (shape from model.weights, num_labels resolved)
-  // and train.steps from train.epochs. Everything after this point reads it.
+  std::vector<std::string> vocab_warnings = resolve_tokenizer(cfg, mc);
+  // Everything after this point reads the effective configuration.
   Config eff = cfg;
   eff.model = mc;
-  if (eff.data.pad_multiple == 0) eff.data.pad_multiple = auto_pad_multiple(cuda, bopts.fused_attention);
+  if (eff.data.pad_multiple == 0) eff.data.pad_multiple = auto_pad_multiple(c.cuda, c.bopts.fused_attention);
   std::string epochs_line;
   if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
     const int64_t n = count_examples(cfg, mc, cfg.data.train);
@@ -236,79 +267,114 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                            cfg.where("train.warmup_steps"), eff.train.steps,
                            cfg.train.epochs > 0 ? "from train.epochs" : cfg.where("train.steps"))
           : std::string();
-  const char* config_name = cfg.run.mode == "train" ? "config.ini"
-                            : cfg.run.mode == "eval" ? "config.eval.ini"
-                            : cfg.run.mode == "predict" ? "config.predict.ini"
-                            : cfg.run.mode == "generate" ? "config.generate.ini"
-                                                         : "config.gradients.ini";
-  log.set_config(config_name, eff.to_ini());
-  // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
+  return Resolved{std::move(eff), task, std::move(num_labels_source), std::move(vocab_warnings),
+                  std::move(epochs_line), warmup};
+}
+
+// The name of the effective configuration's copy in output.dir, by mode.
+const char* config_file_name(const std::string& mode) {
+  return mode == "train" ? "config.ini"
+         : mode == "eval" ? "config.eval.ini"
+         : mode == "predict" ? "config.predict.ini"
+         : mode == "generate" ? "config.generate.ini"
+                              : "config.gradients.ini";
+}
+
+// ---- The memory plan ------------------------------------------------------------------------------
+
+// T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
+int plan_length(const nlp::Config& cfg, const nlp::ModelConfig& mc) {
   const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
   int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
   const std::string rows_file = cfg.reads_train() ? cfg.data.train : cfg.reads_eval() ? cfg.data.eval : "";
   if (cfg.data.seq_len == 0 && !rows_file.empty()) {
-    h5::File f = h5::File::open_read(rows_file);
+    nlp::h5::File f = nlp::h5::File::open_read(rows_file);
     if (f.has("input_ids") && f.shape("input_ids").size() == 2) T = static_cast<int>(f.shape("input_ids")[1]);
   }
-  // The memory plan, before the model's arenas exist: stop here when it does not fit.
-  const bool recompute = cfg.train.recompute == "block";
-  MemoryPlan plan;
-  if (!check_memory_plan(cfg, comm, mc, *be, T, device, plan)) return 1;
-  // run.cuda_graph: the model makes its op calls through a StepGraph (backend/step_graph.h), which the
-  // trainer asks to run each training micro-batch as a replayed recording; every other call passes
-  // through to the backend. Destroyed after the model, before the backend.
-  // run.profile: the per-op account (backend/op_account_backend.h) between them and the backend.
-  std::unique_ptr<AccountBackend> account;
-  if (cfg.run.profile)
-    account = std::make_unique<AccountBackend>(*be, mc.vocab_size, precision);
-  Backend& base_be = account ? static_cast<Backend&>(*account) : *be;
-  std::unique_ptr<StepGraph> graph;
-  if (cfg.run.cuda_graph && cfg.run.mode == "train")
-    graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
-  Backend& model_be = graph ? static_cast<Backend&>(*graph) : base_be;
-  auto model = make_model(mc, model_be, cfg.run.task);
-  model->set_recompute(recompute);
+  return T;
+}
 
+// ---- The model ------------------------------------------------------------------------------------
+
+// The model and the backends it calls through, declared in the order they are destroyed in reverse:
+// the model first, then the StepGraph, then the account, all before the backend (Devices).
+// run.cuda_graph: the model makes its op calls through a StepGraph (backend/step_graph.h), which the
+// trainer asks to run each training micro-batch as a replayed recording; every other call passes
+// through to the backend.
+// run.profile: the per-op account (backend/op_account_backend.h) between them and the backend.
+struct ModelStack {
+  std::unique_ptr<nlp::AccountBackend> account;
+  std::unique_ptr<nlp::StepGraph> graph;
+  nlp::Backend* model_be = nullptr;  // what the model calls: the graph, the account or the backend
+  std::unique_ptr<nlp::Model> model;
+};
+
+ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Backend& be,
+                       const BackendChoice& c) {
+  using namespace nlp;
+  ModelStack m;
+  if (cfg.run.profile)
+    m.account = std::make_unique<AccountBackend>(be, mc.vocab_size, c.precision);
+  Backend& base_be = m.account ? static_cast<Backend&>(*m.account) : be;
+  if (cfg.run.cuda_graph && cfg.run.mode == "train")
+    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
+  m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
+  m.model = make_model(mc, *m.model_be, cfg.run.task);
+  m.model->set_recompute(cfg.train.recompute == "block");
+  return m;
+}
+
+// The run's first log lines: version, mode, ranks, backend, precision, attention, threads; then the
+// warnings about the configuration and, with run.verbose, the effective configuration.
+void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp::Backend& be,
+                    const BackendChoice& c, const Resolved& r) {
+  using namespace nlp;
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
-               " | ", comm.size(), " rank(s) | backend ", be->name(),
-               comm.size() > 1 ? cat(" (gradients: ", gpu_comm,
+               " | ", comm.size(), " rank(s) | backend ", be.name(),
+               comm.size() > 1 ? cat(" (gradients: ", c.gpu_comm,
                                      cfg.train.zero == 1 ? ", ZeRO-1" : "", cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
                " | precision ",
-               precision_name(precision), " | attention ",
-               bopts.fused_attention ? "cudnn" : "native", " | ", threads, " thread(s) per rank on ",
-               cpus.allowed, " CPU(s) (", cpus.list, ")"));
-  if (const std::string d = be->details(); !d.empty()) log.info(cat("backend ", be->name(), ": ", d));
-  if (std::string no_bf16; cfg.run.backend == "cpu" && precision == Precision::Bf16 && cfg.run.cpu_bf16 == "auto" &&
+               precision_name(c.precision), " | attention ",
+               c.bopts.fused_attention ? "cudnn" : "native", " | ", c.tplan.threads, " thread(s) per rank on ",
+               c.cpus.allowed, " CPU(s) (", c.cpus.list, ")"));
+  if (const std::string d = be.details(); !d.empty()) log.info(cat("backend ", be.name(), ": ", d));
+  if (std::string no_bf16; cfg.run.backend == "cpu" && c.precision == Precision::Bf16 && cfg.run.cpu_bf16 == "auto" &&
                            !cpu_native_bf16(&no_bf16))
     log.info(cat("warning: train.precision = bf16 is emulated on this CPU: ", no_bf16, ". The GEMMs run in "
                  "fp32 on bf16-rounded operands, slower than fp32: for speed here use train.precision = fp32. "
                  "(run.cpu_bf16 = emulate asks for the emulation, the reference a GPU's bf16 is checked "
                  "against, without this warning.)"));
   if (cfg.run.backend == "cpu")
-    for (const std::string& w : tplan.warnings) log.info(w);
+    for (const std::string& w : c.tplan.warnings) log.info(w);
   if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")
     log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
                  " backend: it has only the native attention"));
-  if (auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", no_cudnn, ")"));
-  if (packed_native)
+  if (c.auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", c.no_cudnn, ")"));
+  if (c.packed_native)
     log.info("model.attention = auto: native attention for data.packing (model.attention = cudnn runs packed "
              "rows through cuDNN, each example a ragged sequence or under a block-diagonal mask bias, "
              "not yet checked on a GPU)");
-  for (const std::string& w : vocab_warnings) log.info(w);
-  if (!epochs_line.empty()) log.info(epochs_line);
-  if (!warmup.empty()) log.info(warmup);
+  for (const std::string& w : r.vocab_warnings) log.info(w);
+  if (!r.epochs_line.empty()) log.info(r.epochs_line);
+  if (!r.warmup.empty()) log.info(r.warmup);
   if (cfg.run.verbose) {  // always written to config.ini (the log names it once the inputs are checked)
     log.info("effective configuration:");
-    log.info(eff.to_ini());
+    log.info(r.eff.to_ini());
   }
+}
 
-  const size_t nparams = model->params().total();
+// The model's weights: initialised, loaded from model.weights, or both (a fine-tuned encoder's new
+// head). Returns the parameters initialised because model.weights lacks them.
+std::vector<std::string> init_or_load_weights(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Model& model,
+                                              nlp::Log& log, const std::string& num_labels_source) {
+  using namespace nlp;
+  const size_t nparams = model.params().total();
   std::vector<std::string> fresh;  // parameters initialised because model.weights lacks them
   // Initialise unless every parameter will come from the weights file (a fine-tuned encoder's new
   // head keeps this initialisation).
   bool any_new = mc.weights.empty();
-  for (const auto& sp : model->params().specs()) any_new = any_new || model->may_be_new(sp.name);
+  for (const auto& sp : model.params().specs()) any_new = any_new || model.may_be_new(sp.name);
   // A large model takes seconds to initialise and load: say so before, and how long it took after.
   if (nparams >= size_t(50) * 1000 * 1000)
     log.info(cat("model: ", any_new ? "initialising" : "", any_new && !mc.weights.empty() ? " and " : "",
@@ -319,7 +385,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     std::snprintf(b, sizeof b, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count());
     return std::string(b);
   };
-  if (any_new) model->init_weights(cfg.train.seed);
+  if (any_new) model.init_weights(cfg.train.seed);
   if (!num_labels_source.empty())
     log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
   if (mc.weights.empty()) {
@@ -328,20 +394,27 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     std::vector<std::string> unused;
     std::string note;
     std::vector<std::string> reinit;
-    load_model_weights(*model, mc.weights, &unused, &fresh, &note, mc.reinit_mismatched ? &reinit : nullptr);
+    load_model_weights(model, mc.weights, &unused, &fresh, &note, mc.reinit_mismatched ? &reinit : nullptr);
     log.info(cat("model: loaded '", mc.weights, "' in ", model_seconds(), " s"));
     if (!note.empty()) log.info(cat("model: ", note));
     for (auto& n : reinit) log.info(cat("model: initialised anew (model.reinit_mismatched): ", n));
     for (auto& n : fresh) log.info(cat("model: new tensor, not in the weights file (initialised): ", n));
     for (auto& n : unused) log.info(cat("model: unused tensor in the weights file: ", n));
   }
+  return fresh;
+}
+
+// The model's shape and what this mode allocates (the memory plan's figures): every mode holds the
+// weights and their gradient arena; only training holds AdamW's m and v (this rank's shard with
+// train.zero = 1).
+void log_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Model& model, nlp::Log& log,
+               const nlp::MemoryPlan& plan) {
+  const size_t nparams = model.params().total();
   const bool bert = mc.type == "bert";
   const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;
   char buf[384];
-  // What this mode allocates (the memory plan's figures): every mode holds the weights and their
-  // gradient arena; only training holds AdamW's m and v (this rank's shard with train.zero = 1).
   const bool train_mode = cfg.run.mode == "train";
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
@@ -352,16 +425,55 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
                 mib(plan.activations));
   log.info(buf);
   log.info(plan.table());
+}
 
-  Session s{eff, task, dcomm, model_be, log, *model, fresh};
-  s.memory_plan_json = plan.json();
-  if (cfg.run.mode == "train") return run_train(s);
-  else if (cfg.run.mode == "eval") run_eval(s);
-  else if (cfg.run.mode == "predict") run_predict(s);
-  else if (cfg.run.mode == "generate") run_generate(s);
-  else if (cfg.run.mode == "gradients") run_gradients(s);
-  else throw Error(cat("run.mode: unknown mode '", cfg.run.mode, "'"));
+// ---- The mode -------------------------------------------------------------------------------------
+
+int run_mode(nlp::Session& s) {
+  using namespace nlp;
+  const std::string& mode = s.cfg.run.mode;
+  if (mode == "train") return run_train(s);
+  else if (mode == "eval") run_eval(s);
+  else if (mode == "predict") run_predict(s);
+  else if (mode == "generate") run_generate(s);
+  else if (mode == "gradients") run_gradients(s);
+  else throw Error(cat("run.mode: unknown mode '", mode, "'"));
   return 0;
+}
+
+// One run, in its phases; returns the exit code.
+int run(const nlp::Config& cfg, nlp::Comm& comm) {
+  using namespace nlp;
+  // Before anything is written to output.dir: a second run on the same folder is refused here.
+  RunLock lock = RunLock::acquire(comm, cfg.output.dir);
+  Log log(comm.rank());
+  // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
+  claim_run_folder(comm, cfg, log);
+  const bool append = cfg.run.mode != "train" || cfg.train.resume;
+  // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
+  log.open(cfg.output.dir, append, cfg.to_ini());
+  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
+
+  // The backend, the gradient communicator, and the effective configuration.
+  const BackendChoice choice = choose_backend(cfg, comm);
+  Devices dev = make_devices(cfg, comm, choice);
+  const Resolved r = resolve_config(cfg, comm, choice);
+  const ModelConfig& mc = r.eff.model;
+  log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
+
+  // The memory plan, before the model's arenas exist: stop here when it does not fit.
+  MemoryPlan plan;
+  if (!check_memory_plan(cfg, comm, mc, *dev.be, plan_length(cfg, mc), choice.device, plan)) return 1;
+
+  // The model, its weights, and what it holds.
+  ModelStack m = build_model(cfg, mc, *dev.be, choice);
+  log_run_header(cfg, comm, log, *dev.be, choice, r);
+  std::vector<std::string> fresh = init_or_load_weights(cfg, mc, *m.model, log, r.num_labels_source);
+  log_model(cfg, mc, *m.model, log, plan);
+
+  Session s{r.eff, r.task, *dev.dcomm, *m.model_be, log, *m.model, std::move(fresh)};
+  s.memory_plan_json = plan.json();
+  return run_mode(s);
 }
 
 // Lines "key = value" of an effective configuration (Config::to_ini() without its header comment),
@@ -462,6 +574,65 @@ bool same_config_on_all_ranks(const nlp::Config& cfg, int rank, int size) {
   return false;
 }
 
+// Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
+// reports its error, and another rank reports its own only when it differs from rank 0's (the
+// ranks read different files), so identical errors are printed once. Returns false on every rank
+// when any rank failed.
+bool parse_on_every_rank(int argc, char** argv, int rank, int size, nlp::ParseResult& pr) {
+  std::string parse_error;
+  int parsed_ok = 1;
+  try {
+    pr = nlp::parse_config(argc, argv);
+  } catch (const std::exception& e) {
+    parse_error = e.what();
+    parsed_ok = 0;
+  }
+  int all_ok = parsed_ok;
+  if (size > 1) MPI_Allreduce(&parsed_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (all_ok) return true;
+  std::string root_error = parse_error;
+  if (size > 1) {
+    uint64_t len = root_error.size();
+    MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    root_error.resize(len);
+    MPI_Bcast(root_error.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+  if (rank == 0 && parsed_ok)
+    std::fprintf(stderr, "nlptrain: error [rank 0 of %d]: the configuration could not be read on "
+                         "other ranks (see their messages); every rank must see the same INI file\n",
+                 size);
+  else if (!parsed_ok && rank == 0)
+    std::fprintf(stderr, "nlptrain: error: %s\n", parse_error.c_str());
+  else if (!parsed_ok && parse_error != root_error)
+    std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, parse_error.c_str());
+  std::fflush(stderr);
+  return false;
+}
+
+// The MPI communicator, the input files, then the run; returns the exit code. An error after the
+// configuration was read: reported on every rank, or once where the ranks agreed on it, and with
+// more than one rank MPI_Abort, so nothing hangs.
+int run_with_comm(const nlp::Config& cfg, int rank, int size) {
+  std::unique_ptr<nlp::Comm> comm;
+  int code = 0;
+  try {
+    comm = nlp::make_mpi_comm(cfg.comm.timeout_s);
+    // The input files, before any other collective work: a problem is printed once (comm/agree.h)
+    nlp::agree_on_error(*comm, nlp::check_input_files(cfg));
+    code = run(cfg, *comm);
+  } catch (const nlp::ReportedError&) {  // printed once already; every rank is here (comm/agree.h)
+    return 1;
+  } catch (const std::exception& e) {
+    if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
+    else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    nlp::ignore_stop_signals();  // mpirun's SIGTERM after the abort is no stop to report
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -488,37 +659,8 @@ int main(int argc, char** argv) {
   nlp::set_crash_report_rank(rank);
   nlp::set_stop_rank(rank);
 
-  // Configuration errors: every rank parses; if any rank fails, every rank exits with 2. Rank 0
-  // reports its error, and another rank reports its own only when it differs from rank 0's (the
-  // ranks read different files), so identical errors are printed once.
   nlp::ParseResult pr;
-  std::string parse_error;
-  int parsed_ok = 1;
-  try {
-    pr = nlp::parse_config(argc, argv);
-  } catch (const std::exception& e) {
-    parse_error = e.what();
-    parsed_ok = 0;
-  }
-  int all_ok = parsed_ok;
-  if (size > 1) MPI_Allreduce(&parsed_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!all_ok) {
-    std::string root_error = parse_error;
-    if (size > 1) {
-      uint64_t len = root_error.size();
-      MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-      root_error.resize(len);
-      MPI_Bcast(root_error.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
-    }
-    if (rank == 0 && parsed_ok)
-      std::fprintf(stderr, "nlptrain: error [rank 0 of %d]: the configuration could not be read on "
-                           "other ranks (see their messages); every rank must see the same INI file\n",
-                   size);
-    else if (!parsed_ok && rank == 0)
-      std::fprintf(stderr, "nlptrain: error: %s\n", parse_error.c_str());
-    else if (!parsed_ok && parse_error != root_error)
-      std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, parse_error.c_str());
-    std::fflush(stderr);
+  if (!parse_on_every_rank(argc, argv, rank, size, pr)) {
     MPI_Finalize();
     return 2;
   }
@@ -540,29 +682,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
   }
-
-  std::unique_ptr<nlp::Comm> comm;
-  int code = 0;
-  try {
-    comm = nlp::make_mpi_comm(pr.config.comm.timeout_s);
-    // The input files, before any other collective work: a problem is printed once (comm/agree.h)
-    nlp::agree_on_error(*comm, nlp::check_input_files(pr.config));
-    code = run(pr.config, *comm);
-  } catch (const nlp::ReportedError&) {  // printed once already; every rank is here (comm/agree.h)
-    comm.reset();
-    MPI_Finalize();
-    return 1;
-  } catch (const std::exception& e) {
-    if (size > 1) std::fprintf(stderr, "nlptrain: error [rank %d of %d]: %s\n", rank, size, e.what());
-    else std::fprintf(stderr, "nlptrain: error: %s\n", e.what());
-    std::fflush(stderr);
-    nlp::ignore_stop_signals();  // mpirun's SIGTERM after the abort is no stop to report
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    comm.reset();
-    MPI_Finalize();
-    return 1;
-  }
-  comm.reset();
+  const int code = run_with_comm(pr.config, rank, size);  // the communicator is gone on return
   MPI_Finalize();
   return code;
 }

@@ -218,48 +218,66 @@ void log_sample(Session& s, int step) {
   s.log.info(cat("sample step ", step, ":\n", text, "\n--- end of sample ---"));
 }
 
-}  // namespace
+// ---- Set-up ---------------------------------------------------------------------------------------
 
-int run_train(Session& s) {
+// What the run reads: data.train (with its MLM masking spec where the file holds no labels) and
+// data.eval, opened and validated on every rank.
+struct TrainData {
+  TokenDataset train;
+  std::unique_ptr<TokenDataset> eval;
+  std::unique_ptr<MlmSpec> mlm;
+  int T = 0;  // data.train's window length
+};
+
+TrainData open_train_data(Session& s) {
   const Config& cfg = s.cfg;
   const TrainConfig& tc = cfg.train;
-  const int rank = s.comm.rank(), world = s.comm.size();
-  TokenDataset train = open_dataset(s, cfg.data.train, "data.train");
+  const int world = s.comm.size();
+  TrainData d{open_dataset(s, cfg.data.train, "data.train"), nullptr, nullptr, 0};
   if (tc.sample_interval > 0) check_sample_tokenizer(s);
-  std::unique_ptr<MlmSpec> mlm;
-  if (s.task == Task::Mlm && !train.has_token_labels())
-    mlm = std::make_unique<MlmSpec>(read_mlm_spec(train, s.model.config().vocab_size));
-  const int T = train.seq_len();
-  if (train.size() < static_cast<int64_t>(world) * tc.batch_size)
-    throw Error(cat("data.train = '", cfg.data.train, "' has ", train.size(), " examples, fewer than one "
+  if (s.task == Task::Mlm && !d.train.has_token_labels())
+    d.mlm = std::make_unique<MlmSpec>(read_mlm_spec(d.train, s.model.config().vocab_size));
+  d.T = d.train.seq_len();
+  if (d.train.size() < static_cast<int64_t>(world) * tc.batch_size)
+    throw Error(cat("data.train = '", cfg.data.train, "' has ", d.train.size(), " examples, fewer than one "
                     "global batch of ", static_cast<int64_t>(world) * tc.batch_size, " (", world, " ranks x "
                     "train.batch_size = ", tc.batch_size, "): use fewer ranks or a smaller train.batch_size"));
-  std::unique_ptr<TokenDataset> eval;
-  if (!cfg.data.eval.empty()) eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
+  if (!cfg.data.eval.empty()) d.eval = std::make_unique<TokenDataset>(open_dataset(s, cfg.data.eval, "data.eval"));
+  return d;
+}
 
-  ParamStore& ps = s.model.params();
-  // train.zero = 1: this rank keeps AdamW state for, and updates, only its shard of the arena.
-  const bool zero = tc.zero == 1 && world > 1;
-  const ShardLayout shards = ShardLayout::even(ps.total(), zero ? world : 1);
-  AdamW opt(ps, s.be, tc, shards.lo(zero ? rank : 0), shards.hi(zero ? rank : 0));
-  TrainState st;
-  st.seed = tc.seed;
-  st.world_size = world;
-  st.best_metric = NAN;  // none yet
+// The AdamW optimizer and its sharding. train.zero = 1: this rank keeps AdamW state for, and updates,
+// only its shard of the arena.
+struct Optimizer {
+  bool zero;
+  ShardLayout shards;
+  AdamW opt;
+  Optimizer(Session& s, bool zero_)
+      : zero(zero_),
+        shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
+        opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
+            shards.hi(zero ? s.comm.rank() : 0)) {}
+};
 
-  RunNotes notes;
-  if (tc.resume) resume(s, opt, st, notes);
-  // Batch shape: the configured one, or on resume at another world size (or batch shape) the one
-  // that keeps the checkpoint's global batch, with the data position re-derived (resume.h).
-  int B = tc.batch_size, A = tc.grad_accum;
-  const TrainState from = st;  // as the checkpoint left it (packed steps re-derive their position)
+// ---- Resume ---------------------------------------------------------------------------------------
+
+// The batch shape: the configured one, or on resume at another world size (or batch shape) the one
+// that keeps the checkpoint's global batch, with the data position re-derived (resume.h).
+struct BatchShape {
+  int B = 0, A = 0;     // examples (rows) per rank and micro-batch; micro-batches per step
+  TrainState from;      // as the checkpoint left it (packed steps re-derive their position)
   bool reshaped = false;
+};
+
+BatchShape resume_batch_shape(Session& s, const TrainData& d, TrainState& st, RunNotes& notes) {
+  const TrainConfig& tc = s.cfg.train;
+  BatchShape b{tc.batch_size, tc.grad_accum, st, false};
   if (!notes.resumed_from.empty()) {
-    const BatchPlan plan = plan_resume_batches(st, world, train.size(), cfg);
-    reshaped = plan.changed;
+    const BatchPlan plan = plan_resume_batches(st, s.comm.size(), d.train.size(), s.cfg);
+    b.reshaped = plan.changed;
     if (plan.changed) {
-      B = plan.batch_size;
-      A = plan.grad_accum;
+      b.B = plan.batch_size;
+      b.A = plan.grad_accum;
       st.next_batch = plan.next_batch;
       for (const auto& line : plan.info) s.log.info(line);
       for (const auto& w : plan.warnings) {
@@ -269,91 +287,124 @@ int run_train(Session& s) {
       notes.resume_world_json = plan.json;
     }
   }
-  notes.batch_size = B;
-  notes.grad_accum = A;
-  notes.zero = zero ? 1 : 0;
+  return b;
+}
+
+// summary.json's batch and optimizer fields, and the log line of the optimizer state's size.
+void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNotes& notes) {
+  const TrainConfig& tc = s.cfg.train;
+  const int world = s.comm.size();
+  const AdamW& opt = o.opt;
+  const size_t total = s.model.params().total();
+  notes.batch_size = b.B;
+  notes.grad_accum = b.A;
+  notes.zero = o.zero ? 1 : 0;
   notes.optimizer_bytes = static_cast<int64_t>(opt.state_bytes());
-  notes.optimizer_bytes_total = static_cast<int64_t>(2 * ps.total() * sizeof(float));
-  {
-    const double mib = 1024.0 * 1024.0;
-    char buf[320];
-    if (zero)
-      std::snprintf(buf, sizeof buf,
-                    "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = 1: shard [%zu, %zu) of %zu "
-                    "parameters, 1/%d of the %.1f MiB every rank holds with train.zero = 0)",
-                    double(opt.state_bytes()) / mib, opt.lo(), opt.hi(), ps.total(), world,
-                    double(notes.optimizer_bytes_total) / mib);
-    else
-      std::snprintf(buf, sizeof buf, "optimizer: AdamW m+v %.1f MiB per rank (train.zero = %d%s)",
-                    double(opt.state_bytes()) / mib, tc.zero,
-                    tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
-    s.log.info(buf);
-  }
+  notes.optimizer_bytes_total = static_cast<int64_t>(2 * total * sizeof(float));
+  const double mib = 1024.0 * 1024.0;
+  char buf[320];
+  if (o.zero)
+    std::snprintf(buf, sizeof buf,
+                  "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = 1: shard [%zu, %zu) of %zu "
+                  "parameters, 1/%d of the %.1f MiB every rank holds with train.zero = 0)",
+                  double(opt.state_bytes()) / mib, opt.lo(), opt.hi(), total, world,
+                  double(notes.optimizer_bytes_total) / mib);
+  else
+    std::snprintf(buf, sizeof buf, "optimizer: AdamW m+v %.1f MiB per rank (train.zero = %d%s)",
+                  double(opt.state_bytes()) / mib, tc.zero,
+                  tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
+  s.log.info(buf);
+}
+
+// The example order of the run and how its micro-batches are shaped (trimmed, packed).
+struct TrainOrder {
+  int B = 0, A = 0;
+  bool by_rows = false;  // packed steps (data.pack_batch = rows)
+  bool pack = false;     // data.packing
+  bool trim = false;     // data.padding = longest
+  int pack_multiple = 0;
+  int64_t tokens_per_step = 0;  // global batch at the file's length
+  // data.group_by_length and packed steps: every example's length (the dataset's own copy), else empty
+  const std::vector<int32_t>* lengths = nullptr;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<PackedSampler> packed;  // data.pack_batch = rows
+};
+
+TrainOrder example_order(Session& s, const TrainData& d, const BatchShape& b, TrainState& st, RunNotes& notes) {
+  static const std::vector<int32_t> no_lengths;
+  const Config& cfg = s.cfg;
+  const int rank = s.comm.rank(), world = s.comm.size();
+  const int B = b.B, A = b.A;
+  TrainOrder o;
+  o.B = B;
+  o.A = A;
   st.world_size = world;
   st.batch_size = B;
   st.grad_accum = A;
   // data.group_by_length and packed steps (data.pack_batch = rows): every rank reads all lengths (the
   // order is global), from the mask only. (a reference to the dataset's own copy: lengths() keeps
   // what it read)
-  const bool by_rows = packs_by_rows(cfg);
-  if (!notes.resumed_from.empty() && (from.packed_rows != 0) != by_rows) {
+  o.by_rows = packs_by_rows(cfg);
+  const TrainState& from = b.from;
+  if (!notes.resumed_from.empty() && (from.packed_rows != 0) != o.by_rows) {
     const std::string w =
         cat("warning: the checkpoint's data position (micro-batch ", from.next_batch, ") counts ",
             from.packed_rows ? "packed steps (data.pack_batch = rows)" : "micro-batches of train.batch_size examples",
-            ", this run's ", by_rows ? "packed steps (data.pack_batch = rows)" : "micro-batches of examples",
+            ", this run's ", o.by_rows ? "packed steps (data.pack_batch = rows)" : "micro-batches of examples",
             ": it continues at that micro-batch of its own order, so examples of the current epoch may be "
             "skipped or seen again");
     s.log.info(w);
     notes.warnings.push_back(w);
   }
-  st.packed_rows = by_rows ? 1 : 0;
-  const std::vector<int32_t> no_lengths;
-  const std::vector<int32_t>& lengths = cfg.data.group_by_length || by_rows ? train.lengths() : no_lengths;
+  st.packed_rows = o.by_rows ? 1 : 0;
+  o.lengths = cfg.data.group_by_length || o.by_rows ? &d.train.lengths() : &no_lengths;
   // Length groups are whole optimizer steps (world x B x A examples): the same sets of examples
   // at any world size that keeps the global batch (a resume at another world size does).
-  const Sampler sampler = train_sampler(cfg, train.size(), B, A, rank, world, &lengths);
+  o.sampler = std::make_unique<Sampler>(train_sampler(cfg, d.train.size(), B, A, rank, world, o.lengths));
   // Packed steps: the data position (st.next_batch) counts micro-batches, A to a step, as unpacked.
-  std::unique_ptr<PackedSampler> packed;
-  if (by_rows) {
-    packed = std::make_unique<PackedSampler>(sampler, lengths, T, int64_t(world) * B * A, cfg.data.pack_max_per_row);
-    if (reshaped) {
+  if (o.by_rows) {
+    o.packed = std::make_unique<PackedSampler>(*o.sampler, *o.lengths, d.T, int64_t(world) * B * A,
+                                               cfg.data.pack_max_per_row);
+    if (b.reshaped) {
       std::vector<std::string> lines;
-      st.next_batch = packed_resume_position(from, world, B, A, cfg, *packed, lengths, &lines);
+      st.next_batch = packed_resume_position(from, world, B, A, cfg, *o.packed, *o.lengths, &lines);
       for (const auto& line : lines) s.log.info(line);
     }
   }
-  const bool trim = cfg.data.padding == "longest";
-  const uint64_t seed = st.seed;
-  // Resumed from a checkpoint in that folder: it must stay the same folder.
-  CheckpointDir ckpt_dir_id = st.step > 0 ? identify(cfg.output.dir + "/checkpoints") : CheckpointDir{};
-  begin_output(s);
-  if (eval) log_eval_order(s);
-  if (tc.resume) drop_metrics_after_resume(s, st, notes);
-  const std::vector<int64_t> inject_nonfinite = parse_step_list(cfg.debug.inject_nonfinite_step);
-  const bool skip_nonfinite = tc.nonfinite == "skip";
+  o.trim = cfg.data.padding == "longest";
+  o.pack = cfg.data.packing;
+  o.pack_multiple = packing_multiple(cfg, s.be.name() == "cuda");
+  o.tokens_per_step = int64_t(B) * d.T * A * world;
+  return o;
+}
 
-  const int64_t tokens_per_step = int64_t(B) * T * A * world;
+// The log lines that say what the run reads and how its batches are shaped.
+void log_data_plan(Session& s, const TrainData& d, const TrainOrder& o) {
+  const Config& cfg = s.cfg;
+  const int world = s.comm.size();
+  const int B = o.B, A = o.A, T = d.T;
+  const TokenDataset& train = d.train;
+  const std::vector<int32_t>& lengths = *o.lengths;
+  const int pack_multiple = o.pack_multiple;
   s.log.info(cat("train: ", train.size(), " examples of ", T, " tokens in '", cfg.data.train, "' (",
                  train.in_memory() ? cat("held in memory, ", train.column_bytes() >> 20, " MiB; ")
                                    : cat("read per batch: ", train.column_bytes() >> 20,
                                          " MiB > data.cache_mb; "),
-                 packed ? cat(packed->steps_in_epoch(0), " packed steps in the first epoch")
-                        : cat(sampler.batches_per_epoch(), " global batches per epoch"),
-                 "); ", tokens_per_step, " tokens per step (", packed ? "rows " : "batch ", B, " x accum ", A,
+                 o.packed ? cat(o.packed->steps_in_epoch(0), " packed steps in the first epoch")
+                          : cat(o.sampler->batches_per_epoch(), " global batches per epoch"),
+                 "); ", o.tokens_per_step, " tokens per step (", o.packed ? "rows " : "batch ", B, " x accum ", A,
                  " x ranks ", world, ")"));
   if (cfg.data.group_by_length) {
     double sum = 0;
     for (int32_t L : lengths) sum += L;
-    s.log.info(cat("data: group_by_length: mega-batches of ", sampler.mega_batch_steps(), " optimizer steps (",
+    s.log.info(cat("data: group_by_length: mega-batches of ", o.sampler->mega_batch_steps(), " optimizer steps (",
                    int64_t(world) * B * A, " examples each) sorted by length, steps in ",
                    cfg.data.group_order == "shuffled" ? "a shuffled order" : "each mega-batch's order, longest first",
                    " (data.group_order = ", cfg.data.group_order, "); mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }
-  const bool pack = cfg.data.packing;
-  const int pack_multiple = packing_multiple(cfg, s.be.name() == "cuda");
-  if (packed) {
-    const int64_t k = packed->steps_in_epoch(0);
+  if (o.packed) {
+    const int64_t k = o.packed->steps_in_epoch(0);
     s.log.info(cat("data: packing: train.batch_size = ", B, " rows of ", T, " tokens per rank and micro-batch "
                    "(data.pack_batch = rows): each step takes the next examples of the order that fit its ",
                    int64_t(world) * B * A, " rows (first-fit, at most data.pack_max_per_row = ",
@@ -371,316 +422,432 @@ int run_train(Session& s) {
       if (s.task == Task::Ner) line += "; ner scores every position of the rows, those without a label ignored";
       s.log.info(line);
     }
-  } else if (pack)
+  } else if (o.pack)
     s.log.info(cat("data: packing: the ", B, " examples of each micro-batch share rows (first-fit, longest "
                    "first; attention within each example, positions restarting) ",
                    pack_multiple > 0 ? cat("of the length, a multiple of ", pack_multiple, " up to ", T,
                                            ", that needs the fewest positions")
-                   : trim ? cat("of ", T, " positions (cuDNN's attention: one row length, one graph for the "
-                                "run; data.pad_multiple = N packs into multiples of N)")
-                          : cat("of ", T, " positions (data.padding = max_length)"),
+                   : o.trim ? cat("of ", T, " positions (cuDNN's attention: one row length, one graph for the "
+                                  "run; data.pad_multiple = N packs into multiples of N)")
+                            : cat("of ", T, " positions (data.padding = max_length)"),
                    "; evaluation runs unpacked"));
   else
-    s.log.info(trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
-                          "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
-                    : cat("data: padding = max_length: every row runs at ", T, " positions"));
-  s.model.reserve(B, T);  // the activation arena, once, at the largest batch
+    s.log.info(o.trim ? cat("data: padding = longest: each micro-batch runs at its longest row rounded up to a "
+                            "multiple of ", cfg.data.pad_multiple, " (at most ", T, ")")
+                      : cat("data: padding = max_length: every row runs at ", T, " positions"));
+}
 
-  DeviceBatchBuffer dbuf(s.be);
+// counts of a step on this rank: loss units, computed positions, real tokens, the sum of the
+// micro-batches' lengths, rows and examples (summed over ranks with the loss units: one host sum
+// per step)
+using StepCounts = std::array<double, 6>;
+
+// What the steps share, set up once before the first: the batches, the buffers, the gradient
+// reducer, the timers and the checkpoint folder's identity.
+struct StepLoop {
+  Session& s;
+  const Config& cfg;
+  const TrainConfig& tc;
+  const TrainData& data;
+  const TrainOrder& order;
+  Optimizer& optim;
+  TrainState& st;
+  RunNotes& notes;
+  const int rank, world, A;
+  const uint64_t seed;
+  const std::vector<int64_t> inject_nonfinite;  // debug.inject_nonfinite_step
+  const bool skip_nonfinite;                    // train.nonfinite = skip
+  CheckpointDir ckpt_dir_id;
+
+  DeviceBatchBuffer dbuf;
   // a step's loss sum, added up in backend memory by the forwards (Model::forward_into) and read once
   // after the backward: on a GPU no micro-batch waits for its forward before the backward is queued
-  std::unique_ptr<double, std::function<void(double*)>> loss_dev(
-      static_cast<double*>(s.be.alloc(sizeof(double))), [&be = s.be](double* p) { be.release(p); });
+  std::unique_ptr<double, std::function<void(double*)>> loss_dev;
   TokenBatch tb;
   // The micro-batches of a step, read on the host. Those of the next step are read while the GPU
   // runs this step's backward (the ops are queued asynchronously), so the data read is hidden
   // behind the compute; the batches depend only on (seed, step, data position), so reading ahead
   // changes no result, and a run that stops discards them.
-  std::vector<HostBatch> micro(A), next_micro(A);
-  // counts of a step on this rank: loss units, computed positions, real tokens, the sum of the
-  // micro-batches' lengths, rows and examples (summed over ranks with the loss units: one host sum
-  // per step)
-  using StepCounts = std::array<double, 6>;
+  std::vector<HostBatch> micro, next_micro;
   StepCounts next_count{};
   bool have_next = false;
-  auto read_step = [&](int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
-    StepCounts c{};
-    for (int a = 0; a < A; ++a) {
-      PackedSampler::Micro m;
-      if (packed) m = packed->micro(first_batch / A, a, A, rank, world, B);
-      const std::vector<int64_t> idx = packed ? std::move(m.idx) : sampler.indices(first_batch + a);
-      train.read(idx.data(), static_cast<int>(idx.size()), tb);
-      out[a] = make_batch(s.task, tb, mlm.get(), derive_seed(seed, step_no, a, 1000 + rank));
-      c[5] += out[a].B;  // examples
-      if (packed) {
-        pack_rows(out[a], pack_multiple, &m.row, m.rows, cfg.data.pack_fixed_examples ? cfg.data.pack_max_per_row : 0);
-        if (cfg.data.pack_fixed_examples && s.task == Task::Ner) score_every_position(out[a]);
-      }
-      else if (pack)
-        pack_rows(out[a], pack_multiple);
-      else if (trim)
-        trim_to_longest(out[a], cfg.data.pad_multiple);
-      c[0] += static_cast<double>(out[a].loss_units(s.task));
-      c[1] += static_cast<double>(out[a].B) * out[a].T;
-      c[2] += static_cast<double>(out[a].real_tokens);
-      c[3] += out[a].T;
-      c[4] += out[a].B;  // rows
-    }
-    return c;
-  };
-  // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
-  // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
-  // communication (starting buckets, the final wait, the small host sums): the exposed part.
   // run.cuda_graph: each micro-batch's forward and backward run through the StepGraph the model
   // was built on (app/main.cpp), replayed where a recording of their calls exists; the gradients are
   // then reduced after the backward (a recording holds no communication).
-  StepGraph* graph = dynamic_cast<StepGraph*>(&s.be);
-  if (graph)
-    s.log.info(cat("run.cuda_graph: each training micro-batch launches as one ",
-                   graph->records() && s.be.name() == "cuda" ? "CUDA graph" : "recording (emulated on the cpu)",
-                   " wherever its calls repeat those of an earlier one (recorded at the second micro-batch of a "
-                   "shape, up to 8 shapes), else eagerly",
-                   world > 1 && cfg.comm.overlap ? "; the gradient sums run after the backward (comm.overlap "
-                                                   "does not apply)"
-                                                 : ""));
-  GradReducer reducer(s.comm, ps.grad(), ps.total(), cfg.comm.bucket_floats(),
-                      cfg.comm.overlap && world > 1 && !graph, zero ? &shards : nullptr);
+  StepGraph* graph;
+  // Gradient sums: in buckets of comm.bucket_mb during the last micro-batch's backward
+  // (comm.overlap), waited for before clipping. t_comm counts only time this thread is blocked in
+  // communication (starting buckets, the final wait, the small host sums): the exposed part.
+  GradReducer reducer;
   double t_hook = 0;  // time inside the model's grad-ready hook (bucket starts) during a step
-  auto hook = [&](size_t lo) {
-    const auto th = Clock::now();
-    reducer.ready(lo);
-    t_hook += seconds_since(th);
-  };
-  const auto t_start = Clock::now();
+  Clock::time_point t_start;
   int steps_done_here = 0;
   double train_seconds = 0;
   StepTimes times;  // summed over steps after the first (which includes one-time allocation)
   // The gradient arena is known to be all zero: the last update zeroed it as it read it (not with
   // train.zero = 1, where each rank updates only its shard, nor after a skipped step).
   bool grads_zero = false;
-  if (cfg.debug.startup_sleep_ms > 0)  // debug.startup_sleep_ms: a long start-up
-    std::this_thread::sleep_for(std::chrono::milliseconds(cfg.debug.startup_sleep_ms));
-  // A stop signal during start-up ends the process at once (signals.h); one taken by the handler
-  // instead of the signal thread, on any rank, ends the run here, before its first step.
-  {
-    double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
-    s.comm.allreduce_sum_host(sig, 1);
-    if (sig[0] > 0 && st.step < tc.steps) {
-      s.log.info(cat("stop signal received during start-up: stopping before step ", st.step + 1,
-                     ", no checkpoint written; exiting with code ", kExitRequeue,
-                     st.step > 0 ? " (train.resume = true continues from the checkpoint resumed from)"
-                                 : " (run again to train)"));
-      return kExitRequeue;
+
+  StepLoop(Session& s_, const TrainData& d, const TrainOrder& o, Optimizer& opt, TrainState& st_, RunNotes& n,
+           CheckpointDir dir_id)
+      : s(s_), cfg(s_.cfg), tc(s_.cfg.train), data(d), order(o), optim(opt), st(st_), notes(n),
+        rank(s_.comm.rank()), world(s_.comm.size()), A(o.A), seed(st_.seed),
+        inject_nonfinite(parse_step_list(s_.cfg.debug.inject_nonfinite_step)),
+        skip_nonfinite(s_.cfg.train.nonfinite == "skip"), ckpt_dir_id(dir_id), dbuf(s_.be),
+        loss_dev(static_cast<double*>(s_.be.alloc(sizeof(double))), [&be = s_.be](double* p) { be.release(p); }),
+        micro(o.A), next_micro(o.A), graph(dynamic_cast<StepGraph*>(&s_.be)),
+        reducer(s_.comm, s_.model.params().grad(), s_.model.params().total(), s_.cfg.comm.bucket_floats(),
+                s_.cfg.comm.overlap && world > 1 && !graph, opt.zero ? &opt.shards : nullptr) {
+    if (graph)
+      s.log.info(cat("run.cuda_graph: each training micro-batch launches as one ",
+                     graph->records() && s.be.name() == "cuda" ? "CUDA graph" : "recording (emulated on the cpu)",
+                     " wherever its calls repeat those of an earlier one (recorded at the second micro-batch of a "
+                     "shape, up to 8 shapes), else eagerly",
+                     world > 1 && cfg.comm.overlap ? "; the gradient sums run after the backward (comm.overlap "
+                                                     "does not apply)"
+                                                   : ""));
+    t_start = Clock::now();
+  }
+};
+
+// A stop signal during start-up ends the process at once (signals.h); one taken by the handler
+// instead of the signal thread, on any rank, ends the run here, before its first step.
+bool stopped_during_startup(Session& s, const TrainState& st) {
+  if (s.cfg.debug.startup_sleep_ms > 0)  // debug.startup_sleep_ms: a long start-up
+    std::this_thread::sleep_for(std::chrono::milliseconds(s.cfg.debug.startup_sleep_ms));
+  double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
+  s.comm.allreduce_sum_host(sig, 1);
+  if (sig[0] > 0 && st.step < s.cfg.train.steps) {
+    s.log.info(cat("stop signal received during start-up: stopping before step ", st.step + 1,
+                   ", no checkpoint written; exiting with code ", kExitRequeue,
+                   st.step > 0 ? " (train.resume = true continues from the checkpoint resumed from)"
+                               : " (run again to train)"));
+    return true;
+  }
+  return false;
+}
+
+// ---- One optimizer step ---------------------------------------------------------------------------
+
+// The A micro-batches of a step on this rank, read from data position first_batch into out.
+StepCounts read_step(StepLoop& L, int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
+  const Config& cfg = L.cfg;
+  const TrainOrder& o = L.order;
+  const int A = L.A;
+  StepCounts c{};
+  for (int a = 0; a < A; ++a) {
+    PackedSampler::Micro m;
+    if (o.packed) m = o.packed->micro(first_batch / A, a, A, L.rank, L.world, o.B);
+    const std::vector<int64_t> idx = o.packed ? std::move(m.idx) : o.sampler->indices(first_batch + a);
+    L.data.train.read(idx.data(), static_cast<int>(idx.size()), L.tb);
+    out[a] = make_batch(L.s.task, L.tb, L.data.mlm.get(), derive_seed(L.seed, step_no, a, 1000 + L.rank));
+    c[5] += out[a].B;  // examples
+    if (o.packed) {
+      pack_rows(out[a], o.pack_multiple, &m.row, m.rows, cfg.data.pack_fixed_examples ? cfg.data.pack_max_per_row : 0);
+      if (cfg.data.pack_fixed_examples && L.s.task == Task::Ner) score_every_position(out[a]);
+    }
+    else if (o.pack)
+      pack_rows(out[a], o.pack_multiple);
+    else if (o.trim)
+      trim_to_longest(out[a], cfg.data.pad_multiple);
+    c[0] += static_cast<double>(out[a].loss_units(L.s.task));
+    c[1] += static_cast<double>(out[a].B) * out[a].T;
+    c[2] += static_cast<double>(out[a].real_tokens);
+    c[3] += out[a].T;
+    c[4] += out[a].B;  // rows
+  }
+  return c;
+}
+
+// What one step did, for its log line and metrics record.
+struct StepResult {
+  int step = 0;  // 0-based: the step just taken is step + 1
+  float lr = 0;
+  double loss = 0, norm = 0, dt = 0;
+  bool finite = true;
+  StepCounts counts{};
+};
+
+// Every micro-batch before the first forward: the global target count normalises the loss.
+// t_data counts only a read that was not done ahead (the exposed data wait).
+StepCounts take_step_batches(StepLoop& L, int step, double& t_data, double& t_comm) {
+  StepCounts counts{};
+  auto tp = Clock::now();
+  if (L.have_next) {
+    std::swap(L.micro, L.next_micro);
+    counts = L.next_count;
+    L.have_next = false;
+  } else {
+    counts = read_step(L, step, static_cast<int64_t>(L.st.next_batch), L.micro);
+    t_data += seconds_since(tp);
+  }
+  tp = Clock::now();
+  L.s.comm.allreduce_sum_host(counts.data(), counts.size());
+  RunNotes& notes = L.notes;
+  notes.micro_batches += double(L.A) * L.world;
+  notes.batch_len_sum += counts[3];
+  notes.file_tokens += double(L.order.tokens_per_step);
+  notes.computed_tokens += counts[1];
+  notes.real_tokens += counts[2];
+  notes.rows += counts[4];
+  notes.examples += counts[5];
+  t_comm += seconds_since(tp);
+  if (counts[0] <= 0)
+    throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
+                    L.cfg.data.train, "'"));
+  return counts;
+}
+
+// The forwards and backwards of the step's micro-batches; the last one starts the gradient sums.
+void forward_backward(StepLoop& L, int step, float dloss) {
+  Session& s = L.s;
+  s.be.zero(L.loss_dev.get(), sizeof(double));
+  L.t_hook = 0;
+  auto hook = [&L](size_t lo) {
+    const auto th = Clock::now();
+    L.reducer.ready(lo);
+    L.t_hook += seconds_since(th);
+  };
+  for (int a = 0; a < L.A; ++a) {
+    DeviceBatch db = L.dbuf.upload(L.micro[a]);
+    const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
+    const bool last_micro = a + 1 == L.A;  // only the summed gradients are reduced
+    if (L.graph) {
+      if (last_micro) L.reducer.begin();
+      L.graph->run([&] {
+        s.model.forward_into(db, /*training=*/true, dseed, L.loss_dev.get());
+        s.model.backward(db, dloss, /*training=*/true, dseed);
+      });
+      continue;
+    }
+    s.model.forward_into(db, /*training=*/true, dseed, L.loss_dev.get());
+    if (last_micro) {
+      L.reducer.begin();
+      s.model.set_grad_ready_hook(hook);
+    }
+    s.model.backward(db, dloss, /*training=*/true, dseed);
+    if (last_micro) s.model.set_grad_ready_hook(nullptr);
+  }
+}
+
+// Reads the next step's batches while the GPU works, then waits for the gradient sums.
+void finish_gradients(StepLoop& L, int step, double& t_comm) {
+  Session& s = L.s;
+  if (L.cfg.debug.step_sleep_ms > 0)  // debug.step_sleep_ms: a long step
+    std::this_thread::sleep_for(std::chrono::milliseconds(L.cfg.debug.step_sleep_ms));
+  if (step + 1 < L.tc.steps) {  // read ahead while the GPU works
+    L.next_count = read_step(L, step + 1, static_cast<int64_t>(L.st.next_batch) + L.A, L.next_micro);
+    L.have_next = true;
+  }
+  s.be.synchronize();
+  const auto tp = Clock::now();
+  L.reducer.finish();
+  // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
+  static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
+  if (trace)
+    std::fprintf(stderr, "[trace rank %d] step %d: hooks %.1f ms, finish %.1f ms, at %.3f\n", L.rank, step + 1,
+                 L.t_hook * 1e3, seconds_since(tp) * 1e3,
+                 std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+  if (listed(L.inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    s.be.to_device(s.model.params().grad(), &nan, sizeof nan);
+  }
+  t_comm += seconds_since(tp);
+}
+
+// The loss, and with train.zero = 1 the squared norm of this rank's shard (the gradient is summed
+// only there), summed over ranks in one host call: the global norm for clipping. Every rank holds the
+// same loss and norm (summed), so every rank decides the same.
+void loss_and_norm(StepLoop& L, double loss_units, StepResult& r, double& t_comm) {
+  Session& s = L.s;
+  ParamStore& ps = s.model.params();
+  const AdamW& opt = L.optim.opt;
+  const bool zero = L.optim.zero;
+  double loss_sum = 0;
+  s.be.to_host(&loss_sum, L.loss_dev.get(), sizeof loss_sum);
+  double host_sums[2] = {loss_sum, zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
+  const auto tp = Clock::now();
+  s.comm.allreduce_sum_host(host_sums, 2);
+  s.be.synchronize();
+  t_comm += seconds_since(tp);
+  r.loss = host_sums[0] / loss_units;
+  r.norm = std::sqrt(zero ? host_sums[1] : s.be.sumsq(ps.grad(), ps.total()));
+  r.finite = std::isfinite(r.loss) && std::isfinite(r.norm);
+  if (!r.finite && !L.skip_nonfinite)
+    throw Error(cat("step ", r.step + 1, ": loss or gradient norm is not finite (loss ", r.loss,
+                    ", grad norm ", r.norm, "); lower train.lr or raise train.warmup_steps, or set "
+                    "train.nonfinite = skip to drop such steps"));
+}
+
+// The AdamW update of a finite step (clipped by the global norm), or train.nonfinite = skip's count.
+void apply_update(StepLoop& L, const StepResult& r, double& t_comm) {
+  Session& s = L.s;
+  ParamStore& ps = s.model.params();
+  AdamW& opt = L.optim.opt;
+  const bool zero = L.optim.zero;
+  TrainState& st = L.st;
+  if (r.finite) {
+    // torch.nn.utils.clip_grad_norm_: scale by clip/(norm + 1e-6) when the norm exceeds clip.
+    const float grad_scale =
+        (L.tc.clip > 0 && r.norm > L.tc.clip) ? static_cast<float>(L.tc.clip / (r.norm + 1e-6)) : 1.f;
+    // AdamW's bias correction counts the updates applied, not the steps taken.
+    opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), /*zero_grad=*/!zero);
+    L.grads_zero = !zero;
+    if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
+      const auto tp = Clock::now();
+      s.comm.all_gather(ps.data(), L.optim.shards);
+      // the other ranks' shards were written by the collective: their bf16 copy (core/backend.h)
+      s.be.weights_written(ps.data(), opt.lo());
+      s.be.weights_written(ps.data() + opt.hi(), ps.total() - opt.hi());
+      s.be.synchronize();
+      t_comm += seconds_since(tp);
+    }
+    ++st.optimizer_steps;
+    st.nonfinite_streak = 0;
+  } else {
+    // train.nonfinite = skip: no update and no AdamW step; the step still consumes its batches,
+    // its dropout seeds and its place in the lr schedule, so the run stays aligned with train.steps.
+    ++st.nonfinite_skipped;
+    ++st.nonfinite_streak;
+  }
+  s.be.synchronize();
+}
+
+// One optimizer step (0-based `step`): read, forward and backward every micro-batch, sum the
+// gradients, clip and update; the training state then points past it.
+StepResult optimizer_step(StepLoop& L, int step) {
+  Session& s = L.s;
+  const TrainConfig& tc = L.tc;
+  const auto t0 = Clock::now();
+  double t_data = 0, t_comm = 0;
+  StepResult r;
+  r.step = step;
+  r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
+  if (!L.grads_zero) s.be.zero(s.model.params().grad(), s.model.params().total() * sizeof(float));
+  L.grads_zero = false;
+
+  r.counts = take_step_batches(L, step, t_data, t_comm);
+  forward_backward(L, step, static_cast<float>(1.0 / r.counts[0]));
+  t_comm += L.t_hook;
+  finish_gradients(L, step, t_comm);
+  loss_and_norm(L, r.counts[0], r, t_comm);
+  apply_update(L, r, t_comm);
+
+  L.st.step = step + 1;
+  L.st.next_batch += L.A;
+  r.dt = seconds_since(t0);
+  L.train_seconds += r.dt;
+  ++L.steps_done_here;
+  if (L.steps_done_here > 1) L.times.add(r.dt, t_data, t_comm, r.counts[1], r.counts[2]);
+  if (L.steps_done_here == 1 && L.cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
+  return r;
+}
+
+// The step's log line (every run.log_interval steps, the first, the last and a skipped one), its
+// metrics.jsonl record, and the stop after train.nonfinite_max skipped steps in a row.
+void report_step(StepLoop& L, const StepResult& r) {
+  Session& s = L.s;
+  const Config& cfg = L.cfg;
+  const TrainConfig& tc = L.tc;
+  const TrainState& st = L.st;
+  const StepCounts& counts = r.counts;
+  const double tok_s = counts[1] / r.dt, real_s = counts[2] / r.dt;  // positions computed; real tokens
+  if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1 || !r.finite) {
+    const double elapsed = seconds_since(L.t_start);
+    const double eta = L.train_seconds / L.steps_done_here * (tc.steps - st.step);
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s (%.0f real, "
+                  "len %.0f) | %.3f s/step | elapsed %s | eta %s",
+                  static_cast<long long>(st.step), tc.steps, r.loss, r.lr, r.norm, tok_s, real_s,
+                  counts[3] / (double(L.A) * L.world), r.dt,
+                  format_duration(elapsed).c_str(), format_duration(eta).c_str());
+    std::string line = buf;
+    if (L.order.pack) {  // examples per computed row this step
+      char ex[96];
+      std::snprintf(ex, sizeof ex, " | %.0f examples, %.1f ex/row", counts[5],
+                    counts[4] > 0 ? counts[5] / counts[4] : 0.0);
+      line += ex;
+    }
+    if (!r.finite)
+      line += cat(" | non-finite: update skipped (", st.nonfinite_streak, " in a row, ",
+                  st.nonfinite_skipped, " skipped in total)");
+    else if (st.nonfinite_skipped > 0)
+      line += cat(" | skipped ", st.nonfinite_skipped);
+    s.log.info(line);
+  }
+  Json rec;
+  rec.integer("step", st.step).exact("loss", r.loss).num("lr", r.lr).num("grad_norm", r.norm)
+      .num("tokens_per_s", tok_s).num("computed_tokens_per_s", tok_s).num("real_tokens_per_s", real_s)
+      .num("step_time_s", r.dt);
+  if (L.order.pack) rec.integer("examples", static_cast<int64_t>(counts[5]));
+  if (!r.finite) rec.boolean("skipped", true);
+  if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
+  s.log.metrics(rec.done());
+  if (cfg.debug.kill_at_step > 0 && st.step == cfg.debug.kill_at_step && L.rank == 0)
+    std::raise(SIGKILL);  // debug.kill_at_step: a crash after this step's metrics
+  if (st.nonfinite_streak >= tc.nonfinite_max)
+    throw Error(cat("step ", st.step, ": ", st.nonfinite_streak,
+                    " consecutive steps had a non-finite loss or gradient norm and were skipped "
+                    "(train.nonfinite_max = ", tc.nonfinite_max, "; last: loss ", r.loss, ", grad norm ",
+                    r.norm, ", ", st.nonfinite_skipped, " skipped in total); lower train.lr or raise "
+                    "train.warmup_steps"));
+}
+
+// ---- Evaluation, checkpoint, sample and stop --------------------------------------------------------
+
+// After a step: evaluation (and best.h5), checkpoint and sample where their intervals (or the last
+// step) say, then the stop check. Returns true when a stop signal ends the run here.
+bool evaluate_and_checkpoint(StepLoop& L) {
+  Session& s = L.s;
+  const Config& cfg = L.cfg;
+  TrainState& st = L.st;
+  const bool last = st.step == L.tc.steps;
+  if (L.data.eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
+    EvalResult r = evaluate(s, *L.data.eval, cfg.eval.batches);
+    log_eval(s, static_cast<int>(st.step), r);
+    const bool better = std::isnan(st.best_metric) ||
+                        (r.higher_is_better ? r.primary_value > st.best_metric
+                                            : r.primary_value < st.best_metric);
+    if (better) {
+      st.best_metric = r.primary_value;
+      save_best(s, st, r);
     }
   }
-  bool stopped = false;
-  for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
-    const auto t0 = Clock::now();
-    double t_data = 0, t_comm = 0;
-    const float lr =
-        learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
-    if (!grads_zero) s.be.zero(ps.grad(), ps.total() * sizeof(float));
-    grads_zero = false;
-
-    // Every micro-batch before the first forward: the global target count normalises the loss.
-    // t_data counts only a read that was not done ahead (the exposed data wait).
-    StepCounts counts{};
-    auto tp = Clock::now();
-    if (have_next) {
-      std::swap(micro, next_micro);
-      counts = next_count;
-      have_next = false;
-    } else {
-      counts = read_step(step, static_cast<int64_t>(st.next_batch), micro);
-      t_data += seconds_since(tp);
-    }
-    tp = Clock::now();
-    s.comm.allreduce_sum_host(counts.data(), counts.size());
-    notes.micro_batches += double(A) * world;
-    notes.batch_len_sum += counts[3];
-    notes.file_tokens += double(tokens_per_step);
-    notes.computed_tokens += counts[1];
-    notes.real_tokens += counts[2];
-    notes.rows += counts[4];
-    notes.examples += counts[5];
-    t_comm += seconds_since(tp);
-    if (counts[0] <= 0)
-      throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
-                      cfg.data.train, "'"));
-    const float dloss = static_cast<float>(1.0 / counts[0]);
-
-    s.be.zero(loss_dev.get(), sizeof(double));
-    t_hook = 0;
-    for (int a = 0; a < A; ++a) {
-      DeviceBatch db = dbuf.upload(micro[a]);
-      const uint64_t dseed = derive_seed(seed, step, a, rank);
-      const bool last_micro = a + 1 == A;  // only the summed gradients are reduced
-      if (graph) {
-        if (last_micro) reducer.begin();
-        graph->run([&] {
-          s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
-          s.model.backward(db, dloss, /*training=*/true, dseed);
-        });
-        continue;
-      }
-      s.model.forward_into(db, /*training=*/true, dseed, loss_dev.get());
-      if (last_micro) {
-        reducer.begin();
-        s.model.set_grad_ready_hook(hook);
-      }
-      s.model.backward(db, dloss, /*training=*/true, dseed);
-      if (last_micro) s.model.set_grad_ready_hook(nullptr);
-    }
-    t_comm += t_hook;
-    if (cfg.debug.step_sleep_ms > 0)  // debug.step_sleep_ms: a long step
-      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.debug.step_sleep_ms));
-    if (step + 1 < tc.steps) {  // read ahead while the GPU works
-      next_count = read_step(step + 1, static_cast<int64_t>(st.next_batch) + A, next_micro);
-      have_next = true;
-    }
-    s.be.synchronize();
-    tp = Clock::now();
-    reducer.finish();
-    // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
-    static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
-    if (trace)
-      std::fprintf(stderr, "[trace rank %d] step %d: hooks %.1f ms, finish %.1f ms, at %.3f\n", rank, step + 1,
-                   t_hook * 1e3, seconds_since(tp) * 1e3,
-                   std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
-    if (listed(inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      s.be.to_device(ps.grad(), &nan, sizeof nan);
-    }
-    t_comm += seconds_since(tp);
-    // The loss, and with train.zero = 1 the squared norm of this rank's shard (the gradient is summed
-    // only there), summed over ranks in one host call: the global norm for clipping.
-    double loss_sum = 0;
-    s.be.to_host(&loss_sum, loss_dev.get(), sizeof loss_sum);
-    double host_sums[2] = {loss_sum, zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
-    tp = Clock::now();
-    s.comm.allreduce_sum_host(host_sums, 2);
-    s.be.synchronize();
-    t_comm += seconds_since(tp);
-    const double loss = host_sums[0] / counts[0];
-    const double norm = std::sqrt(zero ? host_sums[1] : s.be.sumsq(ps.grad(), ps.total()));
-    // Every rank holds the same loss and norm (summed), so every rank decides the same.
-    const bool finite = std::isfinite(loss) && std::isfinite(norm);
-    if (!finite && !skip_nonfinite)
-      throw Error(cat("step ", step + 1, ": loss or gradient norm is not finite (loss ", loss,
-                      ", grad norm ", norm, "); lower train.lr or raise train.warmup_steps, or set "
-                      "train.nonfinite = skip to drop such steps"));
-    if (finite) {
-      // torch.nn.utils.clip_grad_norm_: scale by clip/(norm + 1e-6) when the norm exceeds clip.
-      const float grad_scale =
-          (tc.clip > 0 && norm > tc.clip) ? static_cast<float>(tc.clip / (norm + 1e-6)) : 1.f;
-      // AdamW's bias correction counts the updates applied, not the steps taken.
-      opt.step(lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), /*zero_grad=*/!zero);
-      grads_zero = !zero;
-      if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
-        tp = Clock::now();
-        s.comm.all_gather(ps.data(), shards);
-        // the other ranks' shards were written by the collective: their bf16 copy (core/backend.h)
-        s.be.weights_written(ps.data(), opt.lo());
-        s.be.weights_written(ps.data() + opt.hi(), ps.total() - opt.hi());
-        s.be.synchronize();
-        t_comm += seconds_since(tp);
-      }
-      ++st.optimizer_steps;
-      st.nonfinite_streak = 0;
-    } else {
-      // train.nonfinite = skip: no update and no AdamW step; the step still consumes its batches,
-      // its dropout seeds and its place in the lr schedule, so the run stays aligned with train.steps.
-      ++st.nonfinite_skipped;
-      ++st.nonfinite_streak;
-    }
-    s.be.synchronize();
-
-    st.step = step + 1;
-    st.next_batch += A;
-    const double dt = seconds_since(t0);
-    train_seconds += dt;
-    ++steps_done_here;
-    if (steps_done_here > 1) times.add(dt, t_data, t_comm, counts[1], counts[2]);
-    if (steps_done_here == 1 && cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
-    const double tok_s = counts[1] / dt, real_s = counts[2] / dt;  // positions computed; real tokens
-    if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1 || !finite) {
-      const double elapsed = seconds_since(t_start);
-      const double eta = train_seconds / steps_done_here * (tc.steps - st.step);
-      char buf[320];
-      std::snprintf(buf, sizeof buf,
-                    "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s (%.0f real, "
-                    "len %.0f) | %.3f s/step | elapsed %s | eta %s",
-                    static_cast<long long>(st.step), tc.steps, loss, lr, norm, tok_s, real_s,
-                    counts[3] / (double(A) * world), dt,
-                    format_duration(elapsed).c_str(), format_duration(eta).c_str());
-      std::string line = buf;
-      if (pack) {  // examples per computed row this step
-        char ex[96];
-        std::snprintf(ex, sizeof ex, " | %.0f examples, %.1f ex/row", counts[5],
-                      counts[4] > 0 ? counts[5] / counts[4] : 0.0);
-        line += ex;
-      }
-      if (!finite)
-        line += cat(" | non-finite: update skipped (", st.nonfinite_streak, " in a row, ",
-                    st.nonfinite_skipped, " skipped in total)");
-      else if (st.nonfinite_skipped > 0)
-        line += cat(" | skipped ", st.nonfinite_skipped);
-      s.log.info(line);
-    }
-    Json rec;
-    rec.integer("step", st.step).exact("loss", loss).num("lr", lr).num("grad_norm", norm)
-        .num("tokens_per_s", tok_s).num("computed_tokens_per_s", tok_s).num("real_tokens_per_s", real_s)
-        .num("step_time_s", dt);
-    if (pack) rec.integer("examples", static_cast<int64_t>(counts[5]));
-    if (!finite) rec.boolean("skipped", true);
-    if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
-    s.log.metrics(rec.done());
-    if (cfg.debug.kill_at_step > 0 && st.step == cfg.debug.kill_at_step && rank == 0)
-      std::raise(SIGKILL);  // debug.kill_at_step: a crash after this step's metrics
-    if (st.nonfinite_streak >= tc.nonfinite_max)
-      throw Error(cat("step ", st.step, ": ", st.nonfinite_streak,
-                      " consecutive steps had a non-finite loss or gradient norm and were skipped "
-                      "(train.nonfinite_max = ", tc.nonfinite_max, "; last: loss ", loss, ", grad norm ",
-                      norm, ", ", st.nonfinite_skipped, " skipped in total); lower train.lr or raise "
-                      "train.warmup_steps"));
-
-    const bool last = st.step == tc.steps;
-    if (eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
-      EvalResult r = evaluate(s, *eval, cfg.eval.batches);
-      log_eval(s, static_cast<int>(st.step), r);
-      const bool better = std::isnan(st.best_metric) ||
-                          (r.higher_is_better ? r.primary_value > st.best_metric
-                                              : r.primary_value < st.best_metric);
-      if (better) {
-        st.best_metric = r.primary_value;
-        save_best(s, st, r);
-      }
-    }
-    bool checkpointed = false;
-    if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
-      const std::string path = checkpoint_now(s, opt, shards, st, ckpt_dir_id);
-      s.log.info(cat("checkpoint: ", path));
-      checkpointed = true;
-    }
-    if (tc.sample_interval > 0 && (st.step % tc.sample_interval == 0 || last))
-      log_sample(s, static_cast<int>(st.step));
-
-    // A stop signal on any rank stops every rank at the same step boundary.
-    double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
-    s.comm.allreduce_sum_host(sig, 1);
-    if (sig[0] > 0 && !last) {
-      stopped = true;
-      const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : checkpoint_now(s, opt, shards, st, ckpt_dir_id);
-      s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
-                     "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
-      break;
-    }
+  bool checkpointed = false;
+  if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
+    const std::string path = checkpoint_now(s, L.optim.opt, L.optim.shards, st, L.ckpt_dir_id);
+    s.log.info(cat("checkpoint: ", path));
+    checkpointed = true;
   }
+  if (L.tc.sample_interval > 0 && (st.step % L.tc.sample_interval == 0 || last))
+    log_sample(s, static_cast<int>(st.step));
+
+  // A stop signal on any rank stops every rank at the same step boundary.
+  double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
+  s.comm.allreduce_sum_host(sig, 1);
+  if (sig[0] > 0 && !last) {
+    const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir)
+                                          : checkpoint_now(s, L.optim.opt, L.optim.shards, st, L.ckpt_dir_id);
+    s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
+                   "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
+    return true;
+  }
+  return false;
+}
+
+// ---- The end of the run ---------------------------------------------------------------------------
+
+// The "done" line (steps, time, throughput, padding), or "nothing to do"; none after a stop.
+void log_done(StepLoop& L, bool stopped) {
+  Session& s = L.s;
+  const RunNotes& notes = L.notes;
+  const TrainState& st = L.st;
   if (stopped) {
     // no "done" line: the run is not done
-  } else if (steps_done_here > 0) {
+  } else if (L.steps_done_here > 0) {
     // The throughput summary.json reports (summary.h throughput), in its words.
-    const Throughput tp = throughput(times, tokens_per_step);
+    const Throughput tp = throughput(L.times, L.order.tokens_per_step);
     char rates[320];
     if (tp.steps > 0)
       std::snprintf(rates, sizeof rates,
@@ -693,51 +860,108 @@ int run_train(Session& s) {
     std::snprintf(buf, sizeof buf,
                   "done: %d steps in %s, %s; padding computed %.1f%% of the positions, %.1f%% at the "
                   "file's length",
-                  steps_done_here, format_duration(train_seconds).c_str(), rates,
+                  L.steps_done_here, format_duration(L.train_seconds).c_str(), rates,
                   100.0 * notes.padding_fraction(), 100.0 * notes.padding_fraction_untrimmed());
-    if (pack && notes.rows > 0)
+    if (L.order.pack && notes.rows > 0)
       s.log.info(cat("data: packing held ", std::lround(100 * notes.examples / notes.rows) / 100.0,
-                     " examples per row and ", std::lround(100 * notes.examples / steps_done_here) / 100.0,
+                     " examples per row and ", std::lround(100 * notes.examples / L.steps_done_here) / 100.0,
                      " per step on average (", int64_t(notes.examples), " examples in ", int64_t(notes.rows),
                      " rows)"));
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));
   } else {
-    s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", tc.steps));
+    s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", L.tc.steps));
   }
-  if (cfg.run.profile) {
-    // the account (app/main.cpp puts it between the model and the backend), over the timed steps
-    auto* acct = dynamic_cast<AccountBackend*>(graph ? &graph->inner() : &s.be);
-    const std::string rep = acct ? acct->report(times.steps, times.steps > 0 ? 1e3 * times.total / times.steps : 0,
-                                                &notes.profile_json)
-                                 : s.be.profile_report();
-    s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile")
-                           : rep);
+}
+
+// run.profile: the per-op account (app/main.cpp puts it between the model and the backend), over
+// the timed steps.
+void log_profile(StepLoop& L) {
+  Session& s = L.s;
+  auto* acct = dynamic_cast<AccountBackend*>(L.graph ? &L.graph->inner() : &s.be);
+  const std::string rep =
+      acct ? acct->report(L.times.steps, L.times.steps > 0 ? 1e3 * L.times.total / L.times.steps : 0,
+                          &L.notes.profile_json)
+           : s.be.profile_report();
+  s.log.info(rep.empty() ? cat("run.profile: the ", s.be.name(), " backend has no per-op profile") : rep);
+}
+
+// run.cuda_graph: how this rank's micro-batches ran (replayed, recorded, eager), in the log and
+// summary.json.
+void log_cuda_graph(StepLoop& L) {
+  const StepGraph::Stats& g = L.graph->stats();
+  std::string why, why_json;
+  for (const auto& [reason, n] : g.eager_why) {
+    why += cat(why.empty() ? "" : "; ", reason, ": ", n);
+    why_json += cat(why_json.empty() ? "" : ", ", json_string(reason), ": ", n);
   }
-  if (graph) {
-    const StepGraph::Stats& g = graph->stats();
-    std::string why, why_json;
-    for (const auto& [reason, n] : g.eager_why) {
-      why += cat(why.empty() ? "" : "; ", reason, ": ", n);
-      why_json += cat(why_json.empty() ? "" : ", ", json_string(reason), ": ", n);
-    }
-    s.log.info(cat("run.cuda_graph: of this rank's training micro-batches, ", g.replayed, " replayed a recording, ",
+  L.s.log.info(cat("run.cuda_graph: of this rank's training micro-batches, ", g.replayed, " replayed a recording, ",
                    g.recorded, " were recorded, ", g.eager, " ran eagerly", why.empty() ? "" : cat(" (", why, ")"),
                    g.failed > 0 ? cat("; ", g.failed, " recording(s) failed") : std::string(),
                    g.dropped > 0 ? cat("; ", g.dropped, " recording(s) dropped after a buffer grew") : std::string(),
                    g.checks > 0 ? cat("; checking a micro-batch's calls took ",
                                       std::lround(1e6 * g.check_seconds / double(g.checks)), " us on the host")
                                 : std::string()));
-    notes.cuda_graph_json = cat("{\"replayed\": ", g.replayed, ", \"recorded\": ", g.recorded, ", \"eager\": ",
+  L.notes.cuda_graph_json = cat("{\"replayed\": ", g.replayed, ", \"recorded\": ", g.recorded, ", \"eager\": ",
                                 g.eager, ", \"failed_recordings\": ", g.failed, ", \"dropped_recordings\": ", g.dropped,
                                 ", \"check_us\": ", g.checks > 0 ? 1e6 * g.check_seconds / double(g.checks) : 0.0,
                                 ", \"eager_reasons\": {", why_json,
                                 "}}");
+}
+
+// The end of the run: its closing log lines and summary.json; the exit code (0 once train.steps
+// are done, else kExitRequeue).
+int finish_run(StepLoop& L, bool stopped) {
+  log_done(L, stopped);
+  if (L.cfg.run.profile) log_profile(L);
+  if (L.graph) log_cuda_graph(L);
+  L.notes.nonfinite_skipped = L.st.nonfinite_skipped;
+  write_summary(L.s, L.times, L.order.tokens_per_step, L.data.T, L.st.step == L.tc.steps, L.notes);
+  return L.st.step == L.tc.steps ? 0 : kExitRequeue;
+}
+
+}  // namespace
+
+// The outline of a training run; each phase is a function above.
+int run_train(Session& s) {
+  const TrainConfig& tc = s.cfg.train;
+  // Set-up: the data, the optimizer (sharded with train.zero = 1) and the state a checkpoint holds.
+  const TrainData data = open_train_data(s);
+  Optimizer optim(s, tc.zero == 1 && s.comm.size() > 1);
+  TrainState st;
+  st.seed = tc.seed;
+  st.world_size = s.comm.size();
+  st.best_metric = NAN;  // none yet
+
+  // Resume: the newest intact checkpoint, the batch shape that keeps its global batch, the data
+  // position in this run's example order.
+  RunNotes notes;
+  if (tc.resume) resume(s, optim.opt, st, notes);
+  const BatchShape shape = resume_batch_shape(s, data, st, notes);
+  note_optimizer(s, optim, shape, notes);
+  const TrainOrder order = example_order(s, data, shape, st, notes);
+  // Resumed from a checkpoint in that folder: it must stay the same folder.
+  const CheckpointDir ckpt_dir_id = st.step > 0 ? identify(s.cfg.output.dir + "/checkpoints") : CheckpointDir{};
+
+  // The output starts here (every rank's input is valid by now).
+  begin_output(s);
+  if (data.eval) log_eval_order(s);
+  if (tc.resume) drop_metrics_after_resume(s, st, notes);
+  log_data_plan(s, data, order);
+  s.model.reserve(order.B, data.T);  // the activation arena, once, at the largest batch
+  StepLoop loop(s, data, order, optim, st, notes, ckpt_dir_id);
+  if (stopped_during_startup(s, st)) return kExitRequeue;
+
+  // The steps: each one optimizer step, its report, then evaluation, checkpoint and the stop check.
+  bool stopped = false;
+  for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
+    const StepResult r = optimizer_step(loop, step);
+    report_step(loop, r);
+    stopped = evaluate_and_checkpoint(loop);
+    if (stopped) break;
   }
-  notes.nonfinite_skipped = st.nonfinite_skipped;
-  write_summary(s, times, tokens_per_step, T, st.step == tc.steps, notes);
-  return st.step == tc.steps ? 0 : kExitRequeue;
+  return finish_run(loop, stopped);
 }
 
 }  // namespace nlp
