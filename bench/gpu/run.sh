@@ -6,9 +6,9 @@
 #   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
 # The defaults fit one job of about ten minutes: the sections run in order of importance (correctness
-# of what has never run on a GPU, then the fine-tuning comparison with HF Trainer, then the step
-# benchmarks), and those after DEADLINE are skipped (resume and comm run early: last, the deadline
-# skipped them on one H200 on 2026-11-28).
+# of what has never run on a GPU, then GPT-2 and BERT-base steps against PyTorch in the same run and
+# the per-op account of the GPT-2 step, then the two-rank and fine-tuning comparisons), and those
+# after DEADLINE are skipped (the fine-tuning comparison, about 4 minutes, is the first to go).
 # The e2e section's CPU reference runs start at once in the background, beside the tests and the GPU
 # runs; they are done before anything is timed.
 #
@@ -22,6 +22,18 @@
 #           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
+#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
+#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
+#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
+#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check)
+#   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
+#           only by default, the benchmarks' precision that matters)
+#   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
+#           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
+#           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
+#           copy, not yet run on a GPU) 4 steps under run.sync_check, losses bitwise against the
+#           verified run's, and 12 steps profiled; bench/gpu/account.py prints both accounts per op
+#           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
@@ -39,16 +51,6 @@
 #           8-wide casts 1.32x the scalar ones, bitwise equal: bench/results/gpu-20261128-h200-248618f);
 #           then run.cuda_graph's A/B: that step with pack_batch = rows and fixed examples, eager
 #           against CUDA graphs (GRAPH_AB_STEPS steps, alternating twice; losses bitwise equal)
-#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
-#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check)
-#   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
-#           only by default, the benchmarks' precision that matters)
-#   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
-#           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
-#           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
-#           copy, not yet run on a GPU) 4 steps under run.sync_check, losses bitwise against the
-#           verified run's, and 12 steps profiled; bench/gpu/account.py prints both accounts per op
-#           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
 #   profile nlptrain with run.profile (per-op account) on the two benchmark models -> $OUT/profile.txt
 # What comes back (8 files or fewer, each under 16 MiB): results.json (one record per benchmark
 # and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
@@ -62,7 +64,7 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpurun.XXXXXX")
-SECTIONS=${SECTIONS:-"info tests e2e resume comm finetune bench torch account profile"}
+SECTIONS=${SECTIONS:-"info tests e2e resume faults bench torch account comm finetune profile"}
 FT_STEPS=${FT_STEPS:-300}
 FT_BUDGET=${FT_BUDGET:-240}
 # 5e-5: at 1e-4 bf16 BERT-base from scratch stayed at the majority class on both sides for some seeds
@@ -319,94 +321,30 @@ if want resume && in_time 60 "resume"; then
 fi
 
 snapshot
-if want comm && in_time 70 "comm"; then
-  C=$W/comm
+# Two faults on the GPU, each a few seconds: (1) two ranks sharing the GPU (comm.gpu = staged), rank 0
+# killed with SIGKILL after step 5 (debug.kill_at_step): the job must end within 30 s with a message
+# naming the dead rank, no rank left waiting; (2) GPT-2 124M at a batch far beyond the GPU's memory:
+# the memory plan must refuse it before allocating, naming the sizes and the keys that would fit.
+if want faults && in_time 45 "faults"; then
+  F=$W/faults
   MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
-  for run in "cuda 0" "cuda 1" "cpu 0"; do
-    read -r be z <<< "$run"
-    timeout $(tmo 150) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
-        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.zero=$z --train.steps=20 \
-        --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
-    log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"
-    [[ -f "$C/${be}_zero$z/log.txt" ]] || tail -5 "$W/comm_${be}_zero$z.log" | tee -a "$W/run.log"
-  done
-  grep -h "optimizer:" "$C/cuda_zero1/log.txt" 2>/dev/null | tee -a "$W/run.log"
-  python3 compare.py losses "$C/cpu_zero0/metrics.jsonl" "$C/cuda_zero0/metrics.jsonl" --within 20:1e-4 2>&1 \
-      | sed 's/^/comm cpu vs cuda: /' | tee "$W/comm_compare.log" | tee -a "$W/run.log"
-  python3 compare.py losses "$C/cuda_zero0/metrics.jsonl" "$C/cuda_zero1/metrics.jsonl" --within 20:1e-6 2>&1 \
-      | sed 's/^/comm zero 0 vs 1: /' | tee -a "$W/comm_compare.log" | tee -a "$W/run.log"
-fi
-snapshot
-# nothing is timed while the CPU references run
-[[ -n ${cpu_refs:-} ]] && wait "$cpu_refs" 2>/dev/null
-if want finetune && in_time 150 "finetune"; then
-  # data made by prepare.sh (the device has no tokenizer data); finetune_speed.sh reuses it (same key)
-  mkdir -p "$W/ftwork/data" && cp -r stage/data/ft/doc_cls "$W/ftwork/data/"
-  DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=$FT_LR BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
-      HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$W/finetune" \
-      LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
-      timeout $(tmo $FT_BUDGET) bash ../finetune_speed.sh > "$W/finetune.log" 2>&1
+  t0=$SECONDS
+  timeout $(tmo 60) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=cuda \
+      --comm.gpu=staged --train.steps=50 --debug.kill_at_step=5 --checkpoint.interval=0 \
+      --output.dir="$F/kill" > "$W/faults_kill.log" 2>&1
   rc=$?
-  # stopped at its budget: the table of the runs that finished
-  [[ -f "$W/finetune/results.md" ]] || (cd ../.. && python3 bench/finetune_speed_report.py "$W/finetune") \
-      >> "$W/finetune.log" 2>&1
-  cp "$W/finetune/results.md" "$OUT/finetune_results.md" 2>/dev/null
-  log "finetune: exit $rc | $(grep -l '"rc": 0' "$W"/finetune/raw/*.time 2>/dev/null | wc -l) of $(ls "$W"/finetune/raw/*.time 2>/dev/null | wc -l) runs ok"
-  sed -n '/^| setup/,/^$/p' "$W/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
-  # where the fine-tuning comparison's step spends its GPU time: the packed run again from its effective config,
-  # 30 steps with run.profile -> profile.txt (first, before the benchmark models' profiles)
-  # (FT_PROFILE_INI: another INI in its place, for the CPU-only check of this script, where the
-  # finetune runs stop at the device check before they write their config.ini)
-  ftp=${FT_PROFILE_INI:-$W/finetune/raw/$PROFILE_FINETUNE/config.ini}
-  if [[ -f $ftp ]] && in_time 30 "profile $PROFILE_FINETUNE"; then
-    timeout $(tmo 60) $NL "$ftp" --train.steps=30 --run.profile=true --output.dir="$W/profile_finetune" \
-        > "$W/profile_finetune.log" 2>&1
-    log "profile $PROFILE_FINETUNE: exit $?"
-    { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
-        "$W/profile_finetune/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
-  fi
-  # (before the A/B below: if the deadline allows only one, this decides what to build next)
-  # how much of that step the GPU is busy: every kernel's duration under Nsight Compute (one metric
-  # that needs no replay; caches and clocks left alone), cut into steps at the AdamW kernel, against
-  # the wall time of the same steps in the finetune run (the same seed: the same batches). busy/wall
-  # well under 1: the step waits on the host's launches, which CUDA graphs would remove.
-  NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
-  if [[ -f $ftp && -z $NCU ]]; then
-    log "ncu busy: no ncu on this machine"
-  elif [[ -f $ftp ]] && in_time 60 "ncu busy"; then
-    # (at most 6000 kernels: about 8 BERT-base steps; a step cut short at the end is not counted)
-    timeout $(tmo 90) "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
-        --launch-count 6000 --csv --page details --target-processes all --log-file "$W/ncu_busy.csv" \
-        $NL "$ftp" --train.steps=8 --data.eval= --output.dir="$W/ncu_busy" > "$W/ncu_busy.log" 2>&1
-    log "ncu busy: exit $?"
-    { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
-        --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
-  fi
-  # run.cuda_graph A/B (not yet run on a GPU; it runs even when its op test failed): the packed bf16 step as
-  # the fine-tuning comparison runs it (data.pack_batch = rows, 5 rows of 128: about 32 NSMC examples) with
-  # data.pack_fixed_examples (one shape: every micro-batch after the second replays), eager launches
-  # against graphs, GRAPH_AB_STEPS steps each, alternating twice: done lines (real tokens/s) and the
-  # losses, which must be bitwise equal
-  if [[ -f $ftp ]] && in_time 60 "graph A/B"; then
-    for round in 1 2; do
-      for g in false true; do
-        timeout $(tmo 60) $NL "$ftp" --train.steps=$GRAPH_AB_STEPS --train.epochs=0 --data.eval= --data.packing=true \
-            --data.pack_batch=rows --train.batch_size=5 --data.pack_fixed_examples=true --run.cuda_graph=$g \
-            --output.dir="$W/graph_ab/${g}_$round" > "$W/graph_ab_${g}_$round.log" 2>&1
-        log "graph A/B run.cuda_graph=$g, round $round: exit $? | $(grep -E '^done:' "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | head -1)"
-        grep -h "run.cuda_graph: of this" "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | tee -a "$W/run.log"
-      done
-    done
-    python3 compare.py losses "$W/graph_ab/false_1/metrics.jsonl" "$W/graph_ab/true_1/metrics.jsonl" \
-        --within "$GRAPH_AB_STEPS:0" 2>&1 | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
-    # the steady step (after the first 20: recordings and cuDNN graph builds left out), each run
-    python3 compare.py steps eager_1="$W/graph_ab/false_1" graphs_1="$W/graph_ab/true_1" \
-        eager_2="$W/graph_ab/false_2" graphs_2="$W/graph_ab/true_2" --skip 20 2>&1 \
-        | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
-  fi
+  log "faults kill -9 of rank 0 at step 5 (2 ranks): exit $rc after $((SECONDS - t0)) s (must end within 30 s, non-zero) | $(grep -m1 -iE 'exited on signal|killed|nlptrain: error' "$W/faults_kill.log")"
+  t0=$SECONDS
+  timeout $(tmo 60) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=4096 \
+      --output.dir="$F/too_big" > "$W/faults_too_big.log" 2>&1
+  rc=$?
+  log "faults batch 4096 x 1024 of GPT-2 124M: exit $rc after $((SECONDS - t0)) s (must be refused before allocating) | $(grep -m1 -o 'the memory plan does not fit: [0-9]* MiB per rank' "$W/faults_too_big.log")"
+  [[ -f "$F/too_big/metrics.jsonl" ]] && log "faults too_big: metrics.jsonl written: the plan did not stop it"
 fi
 
 snapshot
+# nothing is timed while the CPU references run
+[[ -n ${cpu_refs:-} ]] && wait "$cpu_refs" 2>/dev/null
 if want bench; then
   for prec in $BENCH_PRECISIONS; do
     for m in gpt2_124m bert_base_doc_cls; do
@@ -482,6 +420,93 @@ if want account && in_time 75 "account"; then
   python3 account.py verified="$W/account/verified/summary.json" bf16_weights="$W/account/bf16_weights/summary.json" \
       2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
 fi
+
+snapshot
+if want comm && in_time 70 "comm"; then
+  C=$W/comm
+  MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
+  for run in "cuda 0" "cuda 1" "cpu 0"; do
+    read -r be z <<< "$run"
+    timeout $(tmo 150) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
+        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.zero=$z --train.steps=20 \
+        --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
+    log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"
+    [[ -f "$C/${be}_zero$z/log.txt" ]] || tail -5 "$W/comm_${be}_zero$z.log" | tee -a "$W/run.log"
+  done
+  grep -h "optimizer:" "$C/cuda_zero1/log.txt" 2>/dev/null | tee -a "$W/run.log"
+  python3 compare.py losses "$C/cpu_zero0/metrics.jsonl" "$C/cuda_zero0/metrics.jsonl" --within 20:1e-4 2>&1 \
+      | sed 's/^/comm cpu vs cuda: /' | tee "$W/comm_compare.log" | tee -a "$W/run.log"
+  python3 compare.py losses "$C/cuda_zero0/metrics.jsonl" "$C/cuda_zero1/metrics.jsonl" --within 20:1e-6 2>&1 \
+      | sed 's/^/comm zero 0 vs 1: /' | tee -a "$W/comm_compare.log" | tee -a "$W/run.log"
+fi
+snapshot
+if want finetune && in_time 150 "finetune"; then
+  # data made by prepare.sh (the device has no tokenizer data); finetune_speed.sh reuses it (same key)
+  mkdir -p "$W/ftwork/data" && cp -r stage/data/ft/doc_cls "$W/ftwork/data/"
+  DEVICE=cuda TASKS=doc_cls STEPS=$FT_STEPS LR=$FT_LR BATCH=32 THREADS=4 SETTINGS="$FT_SETTINGS" \
+      HIDDEN=768 LAYERS=12 HEADS=12 INTER=3072 MAXPOS=512 WORK="$W/ftwork" RES="$W/finetune" \
+      LAUNCH="$here/stage/bin/run-on-device.sh" NLPTRAIN_BIN="$here/stage/bin/nlptrain" \
+      timeout $(tmo $FT_BUDGET) bash ../finetune_speed.sh > "$W/finetune.log" 2>&1
+  rc=$?
+  # stopped at its budget: the table of the runs that finished
+  [[ -f "$W/finetune/results.md" ]] || (cd ../.. && python3 bench/finetune_speed_report.py "$W/finetune") \
+      >> "$W/finetune.log" 2>&1
+  cp "$W/finetune/results.md" "$OUT/finetune_results.md" 2>/dev/null
+  log "finetune: exit $rc | $(grep -l '"rc": 0' "$W"/finetune/raw/*.time 2>/dev/null | wc -l) of $(ls "$W"/finetune/raw/*.time 2>/dev/null | wc -l) runs ok"
+  sed -n '/^| setup/,/^$/p' "$W/finetune/results.md" 2>/dev/null | tee -a "$W/run.log"
+  # where the fine-tuning comparison's step spends its GPU time: the packed run again from its effective config,
+  # 30 steps with run.profile -> profile.txt (first, before the benchmark models' profiles)
+  # (FT_PROFILE_INI: another INI in its place, for the CPU-only check of this script, where the
+  # finetune runs stop at the device check before they write their config.ini)
+  ftp=${FT_PROFILE_INI:-$W/finetune/raw/$PROFILE_FINETUNE/config.ini}
+  if [[ -f $ftp ]] && in_time 30 "profile $PROFILE_FINETUNE"; then
+    timeout $(tmo 60) $NL "$ftp" --train.steps=30 --run.profile=true --output.dir="$W/profile_finetune" \
+        > "$W/profile_finetune.log" 2>&1
+    log "profile $PROFILE_FINETUNE: exit $?"
+    { echo "== profile $PROFILE_FINETUNE (30 steps)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
+        "$W/profile_finetune/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
+  fi
+  # (before the A/B below: if the deadline allows only one, this decides what to build next)
+  # how much of that step the GPU is busy: every kernel's duration under Nsight Compute (one metric
+  # that needs no replay; caches and clocks left alone), cut into steps at the AdamW kernel, against
+  # the wall time of the same steps in the finetune run (the same seed: the same batches). busy/wall
+  # well under 1: the step waits on the host's launches, which CUDA graphs would remove.
+  NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+  if [[ -f $ftp && -z $NCU ]]; then
+    log "ncu busy: no ncu on this machine"
+  elif [[ -f $ftp ]] && in_time 60 "ncu busy"; then
+    # (at most 6000 kernels: about 8 BERT-base steps; a step cut short at the end is not counted)
+    timeout $(tmo 90) "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+        --launch-count 6000 --csv --page details --target-processes all --log-file "$W/ncu_busy.csv" \
+        $NL "$ftp" --train.steps=8 --data.eval= --output.dir="$W/ncu_busy" > "$W/ncu_busy.log" 2>&1
+    log "ncu busy: exit $?"
+    { echo "== ncu busy: $PROFILE_FINETUNE, 8 steps"; python3 ncu_busy.py --csv "$W/ncu_busy.csv" \
+        --metrics "$(dirname "$ftp")/metrics.jsonl" --skip 2 2>&1; } | tee -a "$W/run.log" >> "$OUT/profile.txt"
+  fi
+  # run.cuda_graph A/B (not yet run on a GPU; it runs even when its op test failed): the packed bf16 step as
+  # the fine-tuning comparison runs it (data.pack_batch = rows, 5 rows of 128: about 32 NSMC examples) with
+  # data.pack_fixed_examples (one shape: every micro-batch after the second replays), eager launches
+  # against graphs, GRAPH_AB_STEPS steps each, alternating twice: done lines (real tokens/s) and the
+  # losses, which must be bitwise equal
+  if [[ -f $ftp ]] && in_time 60 "graph A/B"; then
+    for round in 1 2; do
+      for g in false true; do
+        timeout $(tmo 60) $NL "$ftp" --train.steps=$GRAPH_AB_STEPS --train.epochs=0 --data.eval= --data.packing=true \
+            --data.pack_batch=rows --train.batch_size=5 --data.pack_fixed_examples=true --run.cuda_graph=$g \
+            --output.dir="$W/graph_ab/${g}_$round" > "$W/graph_ab_${g}_$round.log" 2>&1
+        log "graph A/B run.cuda_graph=$g, round $round: exit $? | $(grep -E '^done:' "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | head -1)"
+        grep -h "run.cuda_graph: of this" "$W/graph_ab/${g}_$round/log.txt" 2>/dev/null | tee -a "$W/run.log"
+      done
+    done
+    python3 compare.py losses "$W/graph_ab/false_1/metrics.jsonl" "$W/graph_ab/true_1/metrics.jsonl" \
+        --within "$GRAPH_AB_STEPS:0" 2>&1 | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
+    # the steady step (after the first 20: recordings and cuDNN graph builds left out), each run
+    python3 compare.py steps eager_1="$W/graph_ab/false_1" graphs_1="$W/graph_ab/true_1" \
+        eager_2="$W/graph_ab/false_2" graphs_2="$W/graph_ab/true_2" --skip 20 2>&1 \
+        | sed 's/^/graph A\/B: /' | tee -a "$W/run.log"
+  fi
+fi
+
 
 snapshot
 if want profile; then

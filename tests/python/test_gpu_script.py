@@ -218,7 +218,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     ft_ini = tmp_path / "ft_config.ini"
     ft_ini.write_text((gpu / "inputs" / "bert_small.ini").read_text().replace("[run]", "[run]\nbackend = cuda")
                       .replace("stage/data/", str(gpu / "stage" / "data") + "/"))
-    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume profile",
+    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume faults profile",
                NCU=str(fake_ncu), FT_PROFILE_INI=str(ft_ini),
                E2E_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
                TORCH_RUNS="bert:compile:bf16 gpt2:eager:fp32",
@@ -245,6 +245,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # the fused LM head's GPT-2 124M run (after the benchmarks)
     gpu_logs += [work / "fused_head_gpt2_124m_bf16.log"]
+    # the two faults (a rank killed with two ranks on the GPU; a batch beyond its memory)
+    gpu_logs += [work / "faults_kill.log", work / "faults_too_big.log"]
     # finetune: the nlptrain settings' logs
     gpu_logs += [f for f in (work / "finetune" / "raw").glob("doc_cls_nlptrain-*.log")]
     # the finetune step's profile and its run under ncu (here the stand-in, whose CSV is read into the
@@ -253,7 +255,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 13 + 2 + 3 + 1 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 13 + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
+    assert "faults kill -9 of rank 0 at step 5 (2 ranks): exit" in log, log[-3000:]
     assert "fused head: op tests exit" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     # the A/B's steady-step line for each of its four runs (here each says it has no metrics)
