@@ -8,7 +8,7 @@
 # multiplied in fp32, the reference the GPU is compared with; native: oneDNN bf16 where the CPU has it).
 # Only losses and metrics are compared: the machine may be shared, nothing here is a timing.
 #
-#   bash bench/precision_check.sh            # default: about 10 minutes on 2 cores
+#   bash bench/precision_check.sh            # default: 22 minutes on 2 cores shared with other jobs (load 4)
 #   SEEDS="1 2 3" GPT2_STEPS=300 bash bench/precision_check.sh
 #
 # Environment (defaults in brackets):
