@@ -4,7 +4,7 @@
    several low halves and on a million random patterns (NaN: both NaN);
  - a small GPT-2 (2 layers, 128 wide) trained 100 steps on a synthetic Markov stream, and a BERT doc_cls
    model trained 100 steps on an NSMC slice (skipped, saying so, without the shared data): bf16 (and tf32
-   for GPT-2) against fp32 on the same data and seed. The issue's tolerance: the loss within 1e-2 (relative,
+   for GPT-2) against fp32 on the same data and seed. The tolerance: the loss within 1e-2 (relative,
    mean of the last 10 steps) of fp32 after 100 steps; the losses must not be bitwise those of fp32 (the
    rounding is active); the log names the precision; precision = auto on the cpu is fp32, bitwise."""
 import os
@@ -81,7 +81,7 @@ def test_round_bf16_matches_torch(tmp_path):
 
 # ---- training runs ----------------------------------------------------------------------------------
 
-TOL = 1e-2  # the issue's: bf16 loss within 1e-2 of fp32 after 100 steps
+TOL = 1e-2  # bf16 loss within 1e-2 of fp32 after 100 steps
 
 
 def losses(out):
@@ -186,7 +186,7 @@ def test_bert_doc_cls_bf16_tracks_fp32(tmp_path, report):
 def test_gpt2_native_bf16_tracks_the_emulation(markov_stream, tmp_path, report):
     """run.cpu_bf16 = native (oneDNN on AMX-BF16 / AVX512-BF16) against emulate, the reference that the
     GPU's bf16 is compared with: the same operands rounded the same way, fp32 accumulation on both, so
-    the first step's loss agrees to summation order and 100 steps stay within the issue's 1e-2. Skips,
+    the first step's loss agrees to summation order and 100 steps stay within 1e-2. Skips,
     with nlptrain's own reason, where the CPU or the build has no native bf16."""
     common = ["--model.n_layer=2", "--model.n_head=4", "--model.n_embd=128", "--model.vocab_size=64",
               "--model.n_positions=64", "--data.seq_len=64", f"--data.train={markov_stream}",
