@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import h5py
@@ -125,3 +126,13 @@ def damage_global_heap(path) -> int:
     assert damaged > 0, f"{path}: no global heap collection with free space"
     Path(path).write_bytes(bytes(data))
     return damaged
+
+
+def wait_for(pred, what="condition", timeout=60):
+    """Polls pred() every 50 ms until it is true; fails naming `what` after `timeout` seconds."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

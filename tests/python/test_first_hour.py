@@ -134,14 +134,6 @@ def test_checkpoint_keep_counts_every_checkpoint_in_the_folder(stream, tmp_path)
 
 # ---- stopping: SIGINT to the job's process group (a terminal's Ctrl-C), 2 ranks under mpirun -------
 
-def wait_for(pred, what, timeout=60):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def start(cmd):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=nr.mpi_env(),
@@ -167,7 +159,7 @@ def wait_unlocked(out, timeout=30):
                 return True
             except BlockingIOError:
                 return False
-    wait_for(free, "the ranks to end", timeout)
+    nr.wait_for(free, "the ranks to end", timeout)
 
 
 def mpirun(run_args, sigkill_timeout=None, ranks=2):
@@ -194,7 +186,7 @@ def no_half_written_files(out, temporaries_allowed=False):
 def test_ctrl_c_during_start_up_under_mpirun(stream, tmp_path):
     out = tmp_path / "out"
     job = mpirun(args(stream, out, 50, ["--debug.startup_sleep_ms=20000"]))
-    wait_for(lambda: (out / "run_id").exists(), "the run to start")
+    nr.wait_for(lambda: (out / "run_id").exists(), "the run to start")
     os.killpg(job.pid, signal.SIGINT)
     t0 = time.time()
     rc, stdout, stderr = finish(job)
@@ -220,7 +212,7 @@ def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, 
     # loaded machine (the 300 ms step and the write take well under 1 s when the machine is idle)
     job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]), sigkill_timeout=3,
                  ranks=ranks)
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
     os.killpg(job.pid, signal.SIGINT)
     rc, stdout, stderr = finish(job)
     assert rc == 1, f"mpirun's exit code after a Ctrl-C is 1 (Open MPI 4.1): {rc}\n{stderr[-3000:]}"
@@ -244,7 +236,7 @@ def test_ctrl_c_mid_step_under_mpirun_checkpoints_that_step_and_resumes(stream, 
 def test_ctrl_c_twice_under_mpirun_ends_the_job_with_nothing_half_written(stream, tmp_path):
     out = tmp_path / "out"
     job = mpirun(args(stream, out, 1000, ["--checkpoint.interval=1", "--checkpoint.keep=3"]))
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 3, "three steps")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 3, "three steps")
     os.killpg(job.pid, signal.SIGINT)
     time.sleep(0.2)
     os.killpg(job.pid, signal.SIGINT)
@@ -269,7 +261,7 @@ def test_ctrl_c_twice_under_mpirun_ends_the_job_with_nothing_half_written(stream
 def test_sigusr1_to_mpirun_stops_with_a_checkpoint_and_exit_code_75(stream, tmp_path, ranks):
     out = tmp_path / "out"
     job = mpirun(args(stream, out, 1000, ["--debug.step_sleep_ms=100", "--checkpoint.interval=0"]), ranks=ranks)
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 2, "two steps")
     os.kill(job.pid, signal.SIGUSR1)  # Open MPI forwards SIGUSR1 to every rank
     rc, stdout, stderr = finish(job)
     assert rc == 75, f"{rc}\n{stderr[-3000:]}"
@@ -283,7 +275,7 @@ def test_sigusr1_to_mpirun_stops_with_a_checkpoint_and_exit_code_75(stream, tmp_
 def test_sigint_to_nlptrain_checkpoints_and_exits_75_and_a_second_exits_at_once(stream, tmp_path):
     out = tmp_path / "once"
     job = start([nr.binary()] + args(stream, out, 1000, ["--debug.step_sleep_ms=300", "--checkpoint.interval=0"]))
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
     os.killpg(job.pid, signal.SIGINT)
     rc, stdout, stderr = finish(job)
     m = re.search(r"nlptrain: SIGINT received: the run stops after step (\d+) with a checkpoint \(exit code 75\)", stderr)
@@ -294,7 +286,7 @@ def test_sigint_to_nlptrain_checkpoints_and_exits_75_and_a_second_exits_at_once(
 
     out = tmp_path / "twice"
     job = start([nr.binary()] + args(stream, out, 1000, ["--debug.step_sleep_ms=1000", "--checkpoint.interval=0"]))
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
     os.killpg(job.pid, signal.SIGINT)
     time.sleep(0.2)  # within the 1 s step: the first is pending at the step's end
     os.killpg(job.pid, signal.SIGINT)
@@ -313,7 +305,7 @@ def test_a_repeated_sigusr1_is_no_second_signal(stream, tmp_path):
     step still ends in its checkpoint and exit code 75."""
     out = tmp_path / "out"
     job = start([nr.binary()] + args(stream, out, 1000, ["--debug.step_sleep_ms=1000", "--checkpoint.interval=0"]))
-    wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
+    nr.wait_for(lambda: (out / "metrics.jsonl").exists() and len(records(out)) >= 1, "a step")
     os.kill(job.pid, signal.SIGUSR1)
     time.sleep(0.3)
     os.kill(job.pid, signal.SIGUSR1)

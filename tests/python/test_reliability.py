@@ -190,15 +190,6 @@ def test_damaged_best_h5_as_model_weights_is_a_checksum_error(stream, tmp_path):
     assert "fails its checksum" in p.stderr
 
 
-def wait_for(pred, timeout=60, what="condition"):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @contextlib.contextmanager
 def running_job(out, run_args, lines):
     """A 2-rank mpirun run in a session of its own, yielded as (Popen, rank 0's pid) once its
@@ -207,7 +198,7 @@ def running_job(out, run_args, lines):
                            stderr=subprocess.PIPE, text=True, env=nr.mpi_env(), start_new_session=True)
     try:
         metrics = out / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= lines, what="the run's steps")
+        nr.wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= lines, what="the run's steps")
         yield job, int((out / "nlptrain.lock").read_text().split("pid=")[1].split()[0])
     finally:
         if job.poll() is None:
@@ -228,11 +219,11 @@ def test_second_run_on_same_output_dir_is_refused_and_dead_lock_is_no_obstacle(s
         n_before = metrics.read_text().count("\n")
         time.sleep(0.3)
         assert metrics.read_text().count("\n") >= n_before >= 3
-        wait_for(lambda: any((out / "checkpoints").glob("step_*.h5")), what="the first run's checkpoint")
+        nr.wait_for(lambda: any((out / "checkpoints").glob("step_*.h5")), what="the first run's checkpoint")
         # A dead holder (kill -9 of the whole job) leaves a stale lock file but no lock.
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
-        wait_for(lambda: not Path(f"/proc/{pid}").exists() or
+        nr.wait_for(lambda: not Path(f"/proc/{pid}").exists() or
                  Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=30, what="rank 0 to die")
     assert f"pid={pid}" in (out / "nlptrain.lock").read_text()
     # Resume from the killed run's newest checkpoint and run two more steps.
