@@ -139,6 +139,13 @@ const std::vector<Entry>& schema() {
        "the ZeRO all-gather, which the dense-layer GEMMs read instead of rounding each weight at every "
        "call; the same bits as without it. Not yet run on a GPU: off by default until a GPU run has "
        "checked it"},
+      {KEY(run, bf16_activations), none(),
+       "with train.precision = bf16: the transformer's activations and their gradients (the "
+       "embedding output, every block's tensors, the final layer norm's output and the gradients "
+       "flowing back through them) stored in bf16, half the bytes; weights, their gradients, the "
+       "optimizer state, layer-norm statistics, logits and losses stay fp32 and every sum is fp32. "
+       "The cpu rounds at the same stores (the reference). Not yet run on a GPU: off by default "
+       "until a GPU run has checked it (docs/design.md, precision)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, verbose), none(),
        "the log also lists the full effective configuration (every key); it is always written to "

@@ -27,6 +27,7 @@ struct RunConfig {
   std::string cpu_bf16 = "auto";  // cpu, train.precision = bf16: auto | emulate | native
   bool verbose = false;        // the log also holds the full effective configuration (always in config.ini)
   bool bf16_weights = false;      // train.precision = bf16: GEMMs read a persistent bf16 copy of the weights
+  bool bf16_activations = false;  // train.precision = bf16: activations and their gradients stored in bf16
 };
 
 struct ModelConfig {
@@ -81,6 +82,9 @@ struct ModelConfig {
   // The fused head's vocabulary padded to a multiple of 128 in its GEMMs: auto | off | 128.
   // auto = 128 on cpu (bitwise the same results), off on cuda (not yet run on a GPU).
   std::string pad_vocab = "auto";
+  // Not an INI key: how the transformer's activations and their gradients are stored (true: bf16),
+  // run.bf16_activations resolved by resolve_model_config.
+  bool bf16_activations = false;
 };
 
 struct DataConfig {

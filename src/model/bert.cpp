@@ -51,6 +51,7 @@ class Bert final : public Model {
     bc_.ln_eps = mc.layer_norm_eps;
     bc_.attn_pdrop = mc.attention_probs_dropout_prob;
     bc_.resid_pdrop = mc.hidden_dropout_prob;
+    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
 
     const int64_t C = C_, FF = bc_.FF;
     wte_ = ps_.add("bert.embeddings.word_embeddings.weight", {V_, C}, true);
@@ -241,7 +242,7 @@ class Bert final : public Model {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(B == curB_ && T == curT_);
     const size_t n = size_t(BT) * C, f = sizeof(float);
-    be_.zero(dres_a_, n * f);
+    be_.zero_act(dres_a_, n);
     head_backward(b, dloss, training, seed);  // d xL into dres_a_
     // Final from here: the head's own tensors (after the last block; the tied MLM decoder weight is
     // the word embedding, at offset 0, which also gets the embedding backward below).
@@ -249,11 +250,9 @@ class Bert final : public Model {
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
                     &grad_ready_, b.token_key, b.attention_examples(), compact() ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
-    be_.zero(dres_b_, n * f);
-    be_.dropout_backward(dres_b_, dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
+    be_.dropout_backward(overwrite(dres_b_), dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
                          drop_rows(T, b.T_key, C, b.token_key));
-    be_.zero(dres_a_, n * f);
-    be_.layernorm_backward(dres_a_, ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
+    be_.layernorm_backward(overwrite(dres_a_), ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
                            emb_mean_, emb_rstd_, BT, C);
     // transformers' nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to the pad
     // row's gradient (the tied MLM decoder, accumulated above, and earlier micro-steps still do):
@@ -340,7 +339,7 @@ class Bert final : public Model {
         // b.first packed); pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[E,NL]
         const int E = b.examples();
         if (compact())  // xL is [E,C] already
-          be_.copy(h1_, xL_, size_t(E) * C * sizeof(float));
+          be_.copy_view(h1_, xL_, size_t(E) * C);
         else if (b.first)
           be_.rows_gather(h1_, xL_, E, C, C, b.first);
         else
@@ -386,7 +385,7 @@ class Bert final : public Model {
         ensure_mlm_rows(M);
         if (M == 0) return {};
         if (compact())  // xL is [M,C] already
-          be_.copy(h4_, xL_, size_t(M) * C * sizeof(float));
+          be_.copy_view(h4_, xL_, size_t(M) * C);
         else
           be_.rows_gather(h4_, xL_, M, C, C, b.rows);
         be_.matmul_forward(h1_, h4_, ps_.p(tr_w_), ps_.p(tr_b_), M, C, C, WLayout::OutIn);
@@ -499,13 +498,15 @@ class Bert final : public Model {
   }
 
   size_t acts_numel(int B, int T) const {
+    // floats; emb, x0, dres_a, dres_b at bc_.act (Carver, act_floats), the head fp32
     const size_t BT = size_t(B) * T, C = C_;
-    return 2 * BT * C + 2 * BT                    // emb, x0, emb mean/rstd
+    const size_t a = act_floats(BT * C, bc_.act);
+    return 2 * a + 2 * BT                         // emb, x0, emb mean/rstd
            + stack_.numel(be_, B, T)
            + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
-           + 2 * BT * C                           // dres_a, dres_b
+           + 2 * a                                // dres_a, dres_b
            + C;                                   // the pad row's gradient, kept over the lookup
   }
 
@@ -539,8 +540,8 @@ class Bert final : public Model {
     capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
     Carver take(arena_, acts_numel(B, T));
-    emb_ = take(BT * C);
-    x0_ = take(BT * C);
+    emb_ = take.act(BT * C, bc_.act);
+    x0_ = take.act(BT * C, bc_.act);
     emb_mean_ = take(BT);
     emb_rstd_ = take(BT);
     stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
@@ -555,8 +556,8 @@ class Bert final : public Model {
     logits_ = take(logits_numel(B, T));
     dlogits_ = take(logits_numel(B, T));
     losses_ = take(2 * BT);
-    dres_a_ = take(BT * C);
-    dres_b_ = take(BT * C);
+    dres_a_ = take.act(BT * C, bc_.act);
+    dres_b_ = take.act(BT * C, bc_.act);
     pad_save_ = take(C);
     take.done();
   }
@@ -577,12 +578,14 @@ class Bert final : public Model {
   int curE_ = 0;             // and its examples (curB_ unless packed)
   int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
   float* arena_ = nullptr;
-  const float* xL_ = nullptr;
-  float *emb_ = nullptr, *x0_ = nullptr, *emb_mean_ = nullptr, *emb_rstd_ = nullptr;
+  CAct xL_;
+  Act emb_, x0_;  // [BT,C] at bc_.act
+  float *emb_mean_ = nullptr, *emb_rstd_ = nullptr;
   float *h1_ = nullptr, *h2_ = nullptr, *h3_ = nullptr, *h4_ = nullptr, *dh1_ = nullptr, *dh2_ = nullptr;
   float *hmean_ = nullptr, *hrstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
-  float *dres_a_ = nullptr, *dres_b_ = nullptr, *pad_save_ = nullptr;
+  Act dres_a_, dres_b_;  // [BT,C] at bc_.act
+  float* pad_save_ = nullptr;
   float *mlm_logits_ = nullptr, *mlm_dlogits_ = nullptr;  // [mlm_cap_, V] each, one allocation
   int mlm_rows_ = 0, mlm_cap_ = 0;
   // head_rows(): the last block's rows in the last forward (S = 0: every row); for a batch without

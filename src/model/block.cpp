@@ -21,48 +21,51 @@ BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad) {
 
 AttnSizes attn_sizes(Backend& be, const BlockConfig& c, int B, int T) {
   const int HS = c.C / c.NH;
-  return AttnSizes{be.attention_saved_floats(B, T, c.NH, HS),
-                   be.attention_scratch_floats(B, T, c.NH, HS)};
+  return AttnSizes{be.attention_saved_floats(B, T, c.NH, HS, c.act),
+                   be.attention_scratch_floats(B, T, c.NH, HS, c.act)};
 }
 
 size_t block_acts_numel(const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
-  return BT * C          // ln1
-         + 2 * BT        // ln1 mean, rstd
-         + BT * 3 * C    // qkv
-         + att.saved     // att
-         + BT * C        // atty
-         + BT * C        // res1
-         + BT * C        // ln2
-         + 2 * BT        // ln2 mean, rstd
-         + 2 * BT * FF   // fch, fch_gelu
-         + BT * C        // res2
-         + BT * C;       // out
+  auto A = [&](size_t n) { return act_floats(n, c.act); };
+  return A(BT * C)          // ln1
+         + 2 * BT           // ln1 mean, rstd
+         + A(BT * 3 * C)    // qkv
+         + att.saved        // att
+         + A(BT * C)        // atty
+         + A(BT * C)        // res1
+         + A(BT * C)        // ln2
+         + 2 * BT           // ln2 mean, rstd
+         + 2 * A(BT * FF)   // fch, fch_gelu
+         + A(BT * C)        // res2
+         + A(BT * C);       // out
 }
 
 size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T;
-  return 3 * BT * c.C + BT * 3 * c.C + 2 * BT * c.FF + att.scratch;
+  auto A = [&](size_t n) { return act_floats(n, c.act); };
+  return 3 * A(BT * c.C) + A(BT * 3 * c.C) + 2 * A(BT * c.FF) + att.scratch;
 }
 
 BlockActs carve_block_acts(float* p, const BlockConfig& c, const AttnSizes& att, int B, int T) {
   const size_t BT = size_t(B) * T, C = c.C, FF = c.FF;
   BlockActs a{};
   Carver take(p, block_acts_numel(c, att, B, T));
-  a.ln1 = take(BT * C);
+  const DType dt = c.act;
+  a.ln1 = take.act(BT * C, dt);
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
-  a.qkv = take(BT * 3 * C);
+  a.qkv = take.act(BT * 3 * C, dt);
   a.att = take(att.saved);
-  a.atty = take(BT * C);
-  a.res1 = take(BT * C);
-  a.ln2 = take(BT * C);
+  a.atty = take.act(BT * C, dt);
+  a.res1 = take.act(BT * C, dt);
+  a.ln2 = take.act(BT * C, dt);
   a.ln2_mean = take(BT);
   a.ln2_rstd = take(BT);
-  a.fch = take(BT * FF);
-  a.fch_gelu = take(BT * FF);
-  a.res2 = take(BT * C);
-  a.out = take(BT * C);
+  a.fch = take.act(BT * FF, dt);
+  a.fch_gelu = take.act(BT * FF, dt);
+  a.res2 = take.act(BT * C, dt);
+  a.out = take.act(BT * C, dt);
   take.done();
   return a;
 }
@@ -72,12 +75,12 @@ BlockScratch carve_block_scratch(float* p, const BlockConfig& c, const AttnSizes
   const size_t BT = size_t(B) * T;
   BlockScratch s{};
   Carver take(p, block_scratch_numel(c, att, B, T));
-  s.d_res1 = take(BT * c.C);
-  s.d_c1 = take(BT * c.C);
-  s.d_c2 = take(BT * c.C);
-  s.d_qkv = take(BT * 3 * c.C);
-  s.d_ff1 = take(BT * c.FF);
-  s.d_ff2 = take(BT * c.FF);
+  s.d_res1 = take.act(BT * c.C, c.act);
+  s.d_c1 = take.act(BT * c.C, c.act);
+  s.d_c2 = take.act(BT * c.C, c.act);
+  s.d_qkv = take.act(BT * 3 * c.C, c.act);
+  s.d_ff1 = take.act(BT * c.FF, c.act);
+  s.d_ff2 = take.act(BT * c.FF, c.act);
   s.d_att = take(att.scratch);
   take.done();
   return s;
@@ -90,7 +93,7 @@ namespace {
 // out (nullable): everything after the attention runs on the rows out->idx only (OutRows); ln2, which
 // post-LN does not use, keeps the gathered attention rows (the projection's input) for the backward.
 void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
-                     const float* x, const int32_t* attn_mask, float p_attn, float p_resid,
+                     CAct x, const int32_t* attn_mask, float p_attn, float p_resid,
                      BlockSeeds seeds, int B, int T, const OutRows* out) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   be.matmul_forward(a.qkv, x, w.qkv_w, w.qkv_b, BT, C, 3 * C, c.layout);
@@ -98,8 +101,8 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
                        HS, seeds.T_key, seeds.token_key, seeds.examples);
   // N rows from here: all BT, or the S of `out` ([S,C] each, keyed by out->key)
   int N = BT;
-  const float* atty = a.atty;
-  const float* xr = x;
+  CAct atty = a.atty;
+  CAct xr = x;
   DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
   if (out) {
     N = out->S;
@@ -120,45 +123,46 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
 }
 
 void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
-                      const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
-                      const float* dout, const float* x, const int32_t* attn_mask, float p_attn,
+                      const BlockWeights& gw, const BlockActs& a, BlockScratch& s, Act dx,
+                      CAct dout, CAct x, const int32_t* attn_mask, float p_attn,
                       float p_resid, BlockSeeds seeds, int B, int T, const OutRows* out) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
-  const size_t f = sizeof(float);
   // N rows down to the attention: all BT, or the S of `out` (dout is then [S,C])
   const int N = out ? out->S : BT;
-  const size_t n = size_t(N) * C, nff = size_t(N) * FF;
+  const size_t nff = size_t(N) * FF;
   const DropRows rows = out ? DropRows{0, 0, out->key, size_t(C)} : drop_rows(T, seeds.T_key, C, seeds.token_key);
-  float* d_x1 = s.d_res1; // grad of x1 (LN1's output)
+  // Every op that is the first to write a gradient here overwrites it (overwrite(), backend.h):
+  // no zeroing pass. dx: with `out`, only S of its rows get the residual's gradient, so it is
+  // zeroed first and the rest accumulate; else the first op writes all of it.
+  const Act d_x1 = s.d_res1;  // grad of x1 (LN1's output)
   // y = LN2(r2), r2 = x1 + drop(fcp(gelu(fc(x1)))): d_x1 = d_r2 (the residual), d_c1 = drop'(d_r2)
   // (s.d_c2: the default's scratch for d_r2)
-  be.zero(d_x1, n * f);
-  be.layernorm_dropout_backward(d_x1, s.d_c1, s.d_c2, gw.ln2_w, gw.ln2_b, dout, a.res2, w.ln2_w,
-                                a.ln2_mean, a.ln2_rstd, N, C, p_resid, seeds.resid2, rows);
-  be.zero(s.d_ff2, nff * f);
-  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, N, FF, C,
+  be.layernorm_dropout_backward(overwrite(d_x1), s.d_c1, s.d_c2, gw.ln2_w, gw.ln2_b, dout, a.res2,
+                                w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C, p_resid, seeds.resid2, rows);
+  be.matmul_backward(overwrite(s.d_ff2), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, N, FF, C,
                      c.layout);
-  be.zero(s.d_ff1, nff * f);
-  be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
+  be.gelu_backward(overwrite(s.d_ff1), a.fch, s.d_ff2, nff, c.gelu);
   be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, N, C, FF, c.layout);
   // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x)))): dx += d_r1, d_c1 = drop'(d_r1)
   // (out: d_r1 of the S rows in d_qkv, free until the attention, then scattered into dx)
-  float* d_xr = out ? s.d_qkv : dx;
-  if (out) be.zero(d_xr, n * f);
+  if (out && dx.write) {
+    dx.write = false;
+    be.zero(dx.p, size_t(BT) * C * dtype_bytes(dx.dt));
+  }
+  const Act d_xr = out ? overwrite(s.d_qkv) : dx;
   be.layernorm_dropout_backward(d_xr, s.d_c1, s.d_c2, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w,
                                 a.ln1_mean, a.ln1_rstd, N, C, p_resid, seeds.resid1, rows);
+  dx.write = false;  // written: the products below accumulate onto it
   if (out) be.rows_scatter_add(dx, d_xr, N, C, C, out->idx);
-  float* d_atty = s.d_res1;
-  be.zero(d_atty, n * f);
-  be.matmul_backward(d_atty, gw.proj_w, gw.proj_b, s.d_c1, out ? a.ln2 : a.atty, w.proj_w, N, C, C,
-                     c.layout);
+  Act d_atty = s.d_res1;
+  be.matmul_backward(overwrite(d_atty), gw.proj_w, gw.proj_b, s.d_c1, out ? a.ln2 : a.atty, w.proj_w,
+                     N, C, C, c.layout);
   if (out) {  // the attention output's gradient at every position: zero but at the S rows
-    be.zero(s.d_c2, size_t(BT) * C * f);
+    be.zero(s.d_c2.p, size_t(BT) * C * dtype_bytes(s.d_c2.dt));
     be.rows_scatter_add(s.d_c2, d_atty, N, C, C, out->idx);
     d_atty = s.d_c2;
   }
-  be.zero(s.d_qkv, 3 * size_t(BT) * C * f);
-  be.attention_backward(s.d_qkv, s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
                         seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
@@ -166,7 +170,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
 }  // namespace
 
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
-                   const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
+                   CAct x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
                    int B, int T, const OutRows* out_rows) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
@@ -197,14 +201,13 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
 }
 
 void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
-                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
-                    float* dout, const float* x, const int32_t* attn_mask, bool training,
+                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, Act dx,
+                    Act dout, CAct x, const int32_t* attn_mask, bool training,
                     BlockSeeds seeds, int B, int T, const OutRows* out_rows) {
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
   const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
-  const size_t f = sizeof(float);
   if (!c.pre_ln) {
     post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T, out_rows);
     return;
@@ -212,31 +215,31 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   NLP_ASSERT(!out_rows);
   const DropRows rows = drop_rows(T, seeds.T_key, C, seeds.token_key);
 
+  // Every op that is the first to write a gradient overwrites it (overwrite(), backend.h): no
+  // zeroing pass.
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
-  be.copy(s.d_res1, dout, n * f);
-  be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, dout, n, p_resid, seeds.resid2, rows);
-  be.zero(s.d_ff2, nff * f);
-  be.matmul_backward(s.d_ff2, gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
+  be.copy_view(s.d_res1, dout, n);
+  be.dropout_backward(overwrite(s.d_c1), dout, n, p_resid, seeds.resid2, rows);
+  be.matmul_backward(overwrite(s.d_ff2), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
                      c.layout);
-  be.zero(s.d_ff1, nff * f);
-  be.gelu_backward(s.d_ff1, a.fch, s.d_ff2, nff, c.gelu);
-  be.zero(s.d_c2, n * f);
-  be.matmul_backward(s.d_c2, gw.fc_w, gw.fc_b, s.d_ff1, a.ln2, w.fc_w, BT, C, FF, c.layout);
+  be.gelu_backward(overwrite(s.d_ff1), a.fch, s.d_ff2, nff, c.gelu);
+  be.matmul_backward(overwrite(s.d_c2), gw.fc_w, gw.fc_b, s.d_ff1, a.ln2, w.fc_w, BT, C, FF, c.layout);
   be.layernorm_backward(s.d_res1, gw.ln2_w, gw.ln2_b, s.d_c2, a.res1, w.ln2_w, a.ln2_mean,
                         a.ln2_rstd, BT, C);
 
   // res1 = x + drop(proj(attn(LN1(x))))
-  be.accumulate(dx, s.d_res1, n);
-  be.zero(s.d_c1, n * f);
-  be.dropout_backward(s.d_c1, s.d_res1, n, p_resid, seeds.resid1, rows);
-  be.zero(s.d_c2, n * f);
-  be.matmul_backward(s.d_c2, gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C, c.layout);
-  be.zero(s.d_qkv, 3 * n * f);
-  be.attention_backward(s.d_qkv, s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
+  if (dx.write)
+    be.copy_view(dx, s.d_res1, n);
+  else
+    be.accumulate(dx, s.d_res1, n);
+  dx.write = false;  // written: LN1's gradient below accumulates onto it
+  be.dropout_backward(overwrite(s.d_c1), s.d_res1, n, p_resid, seeds.resid1, rows);
+  be.matmul_backward(overwrite(s.d_c2), gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C,
+                     c.layout);
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
                         seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
-  be.zero(s.d_c1, n * f);
-  be.matmul_backward(s.d_c1, gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C, c.layout);
+  be.matmul_backward(overwrite(s.d_c1), gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C,
+                     c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,
                         C);
 }
@@ -245,7 +248,8 @@ size_t BlockStack::numel(Backend& be, int B, int T) const {
   const AttnSizes att = attn_sizes(be, config, B, T);
   const size_t scratch = block_scratch_numel(config, att, B, T);
   if (recompute && !layers.empty())  // one output per block + one shared working set
-    return layers.size() * size_t(B) * T * config.C + block_acts_numel(config, att, B, T) + scratch;
+    return layers.size() * act_floats(size_t(B) * T * config.C, config.act) +
+           block_acts_numel(config, att, B, T) + scratch;
   return layers.size() * block_acts_numel(config, att, B, T) + scratch;
 }
 
@@ -254,14 +258,14 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
   carved_att_ = att;
   acts_.clear();
   if (recompute && !layers.empty()) {
-    const size_t out_n = size_t(B) * T * config.C;
+    const size_t out_n = act_floats(size_t(B) * T * config.C, config.act);
     float* outs = base;
     base += layers.size() * out_n;
     work_ = carve_block_acts(base, config, att, B, T);
     base += block_acts_numel(config, att, B, T);
     for (size_t l = 0; l < layers.size(); ++l) {
       BlockActs a = work_;
-      a.out = outs + l * out_n;  // kept: the input of block l+1 (the stack's output for the last)
+      a.out = Act(outs + l * out_n, config.act);  // kept: the input of block l+1 (the stack's output for the last)
       acts_.push_back(a);
     }
     scratch_ = carve_block_scratch(base, config, att, B, T);
@@ -282,11 +286,11 @@ BlockSeeds keyed(BlockSeeds s, const int32_t* token_key, int examples) {
 }
 }  // namespace
 
-const float* BlockStack::forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
+CAct BlockStack::forward(Backend& be, ParamStore& ps, CAct x0, const int32_t* mask,
                                  bool training, uint64_t seed, int B, int T, int T_key,
                                  const int32_t* token_key, int examples, const OutRows* out_rows) {
   check_fits(be, token_key ? std::max(B, examples) : B, T);
-  const float* x = x0;
+  CAct x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
                   keyed(block_seeds(seed, int(l), T_key), token_key, examples), B, T,
@@ -327,13 +331,12 @@ size_t BlockStack::layer_end(const ParamStore& ps, int l) const {
   return hi;
 }
 
-void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
+void BlockStack::backward(Backend& be, ParamStore& ps, Act& da, Act& db, CAct x0,
                           const int32_t* mask, bool training, uint64_t seed, int B, int T,
                           int T_key, const std::function<void(size_t)>* ready,
                           const int32_t* token_key, int examples, const OutRows* out_rows) {
-  const size_t bytes = size_t(B) * T * config.C * sizeof(float);
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
-    const float* x = l > 0 ? acts_[l - 1].out : x0;
+    const CAct x = l > 0 ? CAct(acts_[l - 1].out) : x0;
     const OutRows* rows = l + 1 == int(layers.size()) ? out_rows : nullptr;
     if (recompute) {
       // Rerun block l's forward into the shared working set (its output into the working set's own
@@ -342,9 +345,8 @@ void BlockStack::backward(Backend& be, ParamStore& ps, float*& da, float*& db, c
       block_forward(be, config, block_weights(ps, layers[l], false), a, x, mask, training,
                     keyed(block_seeds(seed, l, T_key), token_key, examples), B, T, rows);
     }
-    be.zero(db, bytes);
     block_backward(be, config, block_weights(ps, layers[l], false), block_weights(ps, layers[l], true),
-                   acts_[l], scratch_, db, da, x, mask, training,
+                   acts_[l], scratch_, overwrite(db), da, x, mask, training,
                    keyed(block_seeds(seed, l, T_key), token_key, examples),
                    B, T, rows);
     std::swap(da, db);

@@ -21,6 +21,9 @@ struct BlockConfig {
   WLayout layout = WLayout::InOut;
   float ln_eps = 1e-5f;
   float attn_pdrop = 0.f, resid_pdrop = 0.f;
+  // How the block's activations and their gradients are stored (run.bf16_activations: bf16); the
+  // layer-norm statistics and the attention op's saved state stay fp32 whatever this says.
+  DType act = DType::F32;
 };
 
 // Pointers to one block's tensors (parameters, or their gradients: same struct).
@@ -35,25 +38,25 @@ struct BlockWeights {
 
 // Saved activations of one block for B*T rows (owned by the model's activation arena).
 struct BlockActs {
-  float* ln1;               // [BT,C]   LN1 output (pre-LN) or LN1 output = x1 (post-LN)
+  Act ln1;                  // [BT,C]   LN1 output (pre-LN) or LN1 output = x1 (post-LN)
   float *ln1_mean, *ln1_rstd;  // [BT]
-  float* qkv;               // [BT,3C]
+  Act qkv;                  // [BT,3C]
   float* att;               // the attention op's saved state (AttnSizes::saved floats; native CUDA: [B,NH,T,T] probabilities, CPU: 2 per query row)
-  float* atty;              // [BT,C]   attention output before the projection
-  float* res1;              // [BT,C]   x + drop(proj)  (the residual stream after attention)
-  float* ln2;               // [BT,C]
+  Act atty;                 // [BT,C]   attention output before the projection
+  Act res1;                 // [BT,C]   x + drop(proj)  (the residual stream after attention)
+  Act ln2;                  // [BT,C]
   float *ln2_mean, *ln2_rstd;  // [BT]
-  float* fch;               // [BT,FF]  before GELU
-  float* fch_gelu;          // [BT,FF]
-  float* res2;              // [BT,C]   x1 + drop(mlp)  (post-LN: LN2's input)
-  float* out;               // [BT,C]   block output
+  Act fch;                  // [BT,FF]  before GELU
+  Act fch_gelu;             // [BT,FF]
+  Act res2;                 // [BT,C]   x1 + drop(mlp)  (post-LN: LN2's input)
+  Act out;                  // [BT,C]   block output
 };
 
 // Scratch for backward, shared by all blocks (sized for one block).
 struct BlockScratch {
-  float *d_res1, *d_c1, *d_c2;  // [BT,C]
-  float *d_qkv;                 // [BT,3C]
-  float *d_ff1, *d_ff2;         // [BT,FF]
+  Act d_res1, d_c1, d_c2;  // [BT,C]
+  Act d_qkv;               // [BT,3C]
+  Act d_ff1, d_ff2;        // [BT,FF]
   float* d_att;                 // attention backward scratch (AttnSizes::scratch floats; native CUDA: [B,NH,T,T], CPU: none)
 };
 
@@ -65,7 +68,7 @@ struct AttnSizes {
 };
 AttnSizes attn_sizes(Backend& be, const BlockConfig& c, int B, int T);
 
-// Element counts for one block's activations and the shared scratch.
+// Floats (Carver: bf16 activations take about half) of one block's activations and the shared scratch.
 size_t block_acts_numel(const BlockConfig& c, const AttnSizes& att, int B, int T);
 size_t block_scratch_numel(const BlockConfig& c, const AttnSizes& att, int B, int T);
 // Carve BlockActs / BlockScratch out of a buffer of the sizes above.
@@ -107,12 +110,13 @@ BlockWeights block_weights(ParamStore& ps, const BlockParamIdx& i, bool grad);
 // x[BT,C] -> a.out[BT,C] (rows non-null: a.out[S,C], the rows only; post-LN blocks). attn_mask
 // [B,T] nullable. training=false disables dropout.
 void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, BlockActs& a,
-                   const float* x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
+                   CAct x, const int32_t* attn_mask, bool training, BlockSeeds seeds,
                    int B, int T, const OutRows* rows = nullptr);
 // dout[BT,C] (rows: [S,C]; consumed, may be overwritten) -> dx[BT,C] += ..., gw += ...
+// (dx overwrite(): dx = ..., its prior contents ignored; backend.h)
 void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
-                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, float* dx,
-                    float* dout, const float* x, const int32_t* attn_mask, bool training,
+                    const BlockWeights& gw, const BlockActs& a, BlockScratch& s, Act dx,
+                    Act dout, CAct x, const int32_t* attn_mask, bool training,
                     BlockSeeds seeds, int B, int T, const OutRows* rows = nullptr);
 
 // The stack of blocks of a model (GPT-2 and BERT alike): the layers' parameter indices, their saved
@@ -136,14 +140,14 @@ class BlockStack {
   // then the batch's examples (DeviceBatch::E), which may exceed the B rows (the arena must have been
   // carved for max(B, examples) rows).
   // out_rows (nullable; post-LN stacks): the last block computes only these rows, and xL is [S,C].
-  const float* forward(Backend& be, ParamStore& ps, const float* x0, const int32_t* mask,
+  CAct forward(Backend& be, ParamStore& ps, CAct x0, const int32_t* mask,
                        bool training, uint64_t seed, int B, int T, int T_key,
                        const int32_t* token_key = nullptr, int examples = 0,
                        const OutRows* out_rows = nullptr);
   // *da holds d xL on entry (consumed; [S,C] with out_rows, the forward's) and d x0 on return; *db
   // is workspace; both buffers [BT,C].
   // ready (nullable): called with layer_begin(ps, l) after block l's backward (its gradients are final).
-  void backward(Backend& be, ParamStore& ps, float*& da, float*& db, const float* x0,
+  void backward(Backend& be, ParamStore& ps, Act& da, Act& db, CAct x0,
                 const int32_t* mask, bool training, uint64_t seed, int B, int T, int T_key,
                 const std::function<void(size_t)>* ready = nullptr, const int32_t* token_key = nullptr,
                 int examples = 0, const OutRows* out_rows = nullptr);

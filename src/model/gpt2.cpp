@@ -30,6 +30,7 @@ class Gpt2 final : public Model {
     bc_.ln_eps = mc.layer_norm_epsilon;
     bc_.attn_pdrop = mc.attn_pdrop;
     bc_.resid_pdrop = mc.resid_pdrop;
+    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
 
     const int64_t C = C_, FF = bc_.FF;
     wte_ = ps_.add("transformer.wte.weight", {V_, C}, true);
@@ -155,7 +156,7 @@ class Gpt2 final : public Model {
     be_.embedding_forward(x0_, b.ids, nullptr, ps_.p(wte_), ps_.p(wpe_), nullptr, B, T, C, 0);
     be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
                         drop_rows(T, b.T_key, C));
-    const float* x = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key);
+    const CAct x = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key);
     xL_ = x;
     // lnf[BT,C] = LN(x); logits[BT,V] = lnf @ wte^T (tied head); losses[BT]
     be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ps_.p(lnf_w_), ps_.p(lnf_b_), BT, C,
@@ -179,30 +180,27 @@ class Gpt2 final : public Model {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(B == curB_ && T == curT_ && b.targets);
     const size_t n = size_t(BT) * C, f = sizeof(float);
+    // the first writer of each activation gradient overwrites it (overwrite(), backend.h)
     if (head_.fused) {
       // the head's logits again, chunk by chunk, their gradient in place, then dlnf and dwte
-      be_.zero(dlnf_, n * f);
-      be_.lm_head_crossentropy(losses_, dlnf_, ps_.g(wte_), lnf_, ps_.p(wte_), b.targets, dloss, BT,
+      be_.lm_head_crossentropy(losses_, overwrite(dlnf_), ps_.g(wte_), lnf_, ps_.p(wte_), b.targets, dloss, BT,
                                C, V_, head_.Vp, head_.chunk, head_scratch_);
       if (pending_loss_) add_loss_sum(be_, pending_loss_, {losses_, size_t(BT)});
       pending_loss_ = nullptr;
     } else {
       be_.zero(dlogits_, size_t(BT) * V_ * f);
       be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
-      be_.zero(dlnf_, n * f);
-      be_.matmul_backward(dlnf_, ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
-                          WLayout::OutIn);
+      be_.matmul_backward(overwrite(dlnf_), ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C,
+                          V_, WLayout::OutIn);
     }
-    be_.zero(dres_a_, n * f);
-    be_.layernorm_backward(dres_a_, ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
+    be_.layernorm_backward(overwrite(dres_a_), ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);
     // Final from here: ln_f (the tied wte, at offset 0, also gets the embedding backward below).
     grads_ready(ps_.specs()[lnf_w_].offset);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
                     &grad_ready_);
     // dres_a = d x0 (after embedding dropout)
-    be_.zero(dlnf_, n * f);
-    be_.dropout_backward(dlnf_, dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
+    be_.dropout_backward(overwrite(dlnf_), dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
                          drop_rows(T, b.T_key, C));
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), nullptr, dlnf_, b.ids, nullptr, B, T, C, 0);
     grads_ready(0);
@@ -233,14 +231,16 @@ class Gpt2 final : public Model {
     if (h.fused) return be_.lm_head_scratch_floats(h.chunk, C_, V_, h.Vp);
     return 2 * size_t(B) * T * size_t(V_);
   }
+  // Floats of the arena; the activations and their gradients at bc_.act (Carver, act_floats).
   size_t acts_numel(int B, int T) const {
     const size_t BT = size_t(B) * T, C = C_;
-    return BT * C                                  // x0
+    const size_t a = act_floats(BT * C, bc_.act);
+    return a                                       // x0
            + stack_.numel(be_, B, T)
-           + BT * C + 2 * BT                       // lnf, mean, rstd
+           + a + 2 * BT                            // lnf, mean, rstd
            + head_numel(B, T)                      // logits, dlogits (fused: one chunk)
            + BT                                    // losses
-           + 3 * BT * C;                           // dlnf, dres_a, dres_b
+           + 3 * a;                                // dlnf, dres_a, dres_b
   }
 
   void reserve(int B, int T) override {
@@ -263,9 +263,9 @@ class Gpt2 final : public Model {
     capT_ = T;
     const size_t BT = size_t(B) * T, C = C_;
     Carver take(arena_, acts_numel(B, T));
-    x0_ = take(BT * C);
+    x0_ = take.act(BT * C, bc_.act);
     stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
-    lnf_ = take(BT * C);
+    lnf_ = take.act(BT * C, bc_.act);
     lnf_mean_ = take(BT);
     lnf_rstd_ = take(BT);
     head_ = head_plan(B, T);
@@ -278,9 +278,9 @@ class Gpt2 final : public Model {
       head_scratch_ = nullptr;
     }
     losses_ = take(BT);
-    dlnf_ = take(BT * C);
-    dres_a_ = take(BT * C);
-    dres_b_ = take(BT * C);
+    dlnf_ = take.act(BT * C, bc_.act);
+    dres_a_ = take.act(BT * C, bc_.act);
+    dres_b_ = take.act(BT * C, bc_.act);
     take.done();
   }
 
@@ -295,13 +295,14 @@ class Gpt2 final : public Model {
   int curB_ = 0, curT_ = 0;  // the last forward's batch shape
   int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
   float* arena_ = nullptr;  // all activations, carved per (B, T)
-  const float* xL_ = nullptr;  // the last block's output
-  float *x0_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  CAct xL_;  // the last block's output
+  Act x0_, lnf_;  // [BT,C] at bc_.act
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   float *logits_ = nullptr, *dlogits_ = nullptr, *losses_ = nullptr;
   LmHeadPlan head_;                 // how the LM head runs (lm_head.h), set when carving
   float* head_scratch_ = nullptr;  // the fused head's chunk (and padded copies)
   double* pending_loss_ = nullptr;  // forward_into's sum, added by the backward (fused head)
-  float *dlnf_ = nullptr, *dres_a_ = nullptr, *dres_b_ = nullptr;
+  Act dlnf_, dres_a_, dres_b_;  // [BT,C] at bc_.act
 };
 
 // Floats of a decoder's arena for B sequences: k and v caches [B,NH,Tmax,HS] per layer, x, y, ln
