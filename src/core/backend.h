@@ -102,6 +102,8 @@ class Backend {
   virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  // The n elements of a view set to zero (zero() over their bytes).
+  void zero_act(Act a, size_t n) { zero(a.p, n * dtype_bytes(a.dt)); }
   // Host memory for staging copies (page-locked on GPU backends, so copies run at full rate).
   virtual void* host_alloc(size_t bytes) { return ::operator new(bytes); }
   virtual void host_release(void* p) { ::operator delete(p); }
