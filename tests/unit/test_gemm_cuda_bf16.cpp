@@ -1,0 +1,528 @@
+// The typed GEMM of the CUDA backend (src/backend/cuda/gemm.h: Gemm::forward / Gemm::backward on
+// fp32 or bf16 activations, with the cuBLASLt epilogues BIAS, GELU_AUX(_BIAS), DGELU, BGRADA/B and
+// their plain fallbacks) against a CPU reference in double.
+//  - The reference computes from the values the GPU multiplies: bf16 storage as stored, fp32
+//    activations and the weights rounded to bf16 in Bf16 mode (round_bf16, as the operand casts),
+//    fp32 in Fp32 mode. Outputs written with beta 0 are NaN-poisoned first, so an element the GPU
+//    does not write fails; accumulated outputs start from random values.
+//  - Tolerance per element, with S = sum over the K products of |a b| plus |bias| and |prior value|:
+//      acc = (K + 2) * 2^-24 * S                 fp32 accumulation in any order (and fp32 products)
+//      fp32 output:  acc + 2^-24 * (|ref| + acc)
+//      bf16 output:  acc + 2^-8 * (|ref| + acc)   one rounding to nearest of the fp32 result
+//      GELU output:  1.13 acc + 2^-10 |pre| + 2^-8 (|ref| + 1.13 acc)   (|gelu'| <= 1.13; 2^-10 |pre|
+//                    allows the epilogue's own tanh evaluation: an approximate tanh with relative
+//                    error 2^-11 moves 0.5 x tanh by at most 2^-12 |x|)
+//      DGELU output: 1.13 acc + 2^-7 |dh| + 2^-8 (|ref| + 1.13 acc + 2^-7 |dh|)   (dh = dout W^T;
+//                    with |aux| <= 3, gelu' moves by up to 4.8 times the tanh's absolute error)
+//    A transposed operand, a missing bias or GELU, a wrong accumulate/overwrite or a wrong bias
+//    gradient reduction misses these by orders of magnitude (values are O(1), K <= 64).
+//  - Every case runs with the epilogues on (cuBLASLt where an algorithm takes them) and off (the
+//    plain product and kernels/gemm_epilogue.cu); shapes with leading dimensions not divisible by 8
+//    (like GPT-2's vocabulary of 50257) and a bias 4 bytes off alignment take the fallbacks.
+//  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/round.h"
+#include "backend/cuda/device.h"
+#include "core/error.h"
+
+#if NLPTRAIN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/gemm.h"
+#endif
+
+namespace {
+
+#if NLPTRAIN_HAVE_CUDA
+
+using nlp::Precision;
+using nlp::cuda::Gemm;
+using nlp::cuda::GemmEpilogues;
+using nlp::cuda::GemmIn;
+using nlp::cuda::GemmOut;
+using VD = std::vector<double>;
+
+constexpr double kU32 = 0x1p-24;       // fp32 unit roundoff
+constexpr double kU16 = 0x1p-8;        // bf16 unit roundoff (round to nearest)
+constexpr double kGeluApprox = 0x1p-10;  // the epilogue's tanh in gelu, relative to |pre|
+constexpr double kDgeluApprox = 0x1p-7;  // the epilogue's tanh in gelu', relative to |dh|
+constexpr double kGeluSlope = 1.13;    // max |gelu_tanh'|
+constexpr cudaDataType_t F32 = CUDA_R_32F;
+constexpr cudaDataType_t BF16 = CUDA_R_16BF;
+
+const char* tname(cudaDataType_t t) { return t == BF16 ? "bf16" : "fp32"; }
+bool bf16(cudaDataType_t t) { return t == BF16; }
+double rb(double v) { return nlp::cpu::round_bf16(float(v)); }
+
+double gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double dgelu(double x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
+}
+
+void ck(cudaError_t e, const char* what) {
+  ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e);
+}
+
+// A device matrix with its values as stored (exactly representable in its type).
+struct Dev {
+  void* p = nullptr;
+  cudaDataType_t t = F32;
+  size_t n = 0;
+  VD v;  // host copy of the stored values
+};
+
+class GemmBf16 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (nlp::cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+    ck(cudaStreamCreate(&s_), "cudaStreamCreate");
+  }
+  void TearDown() override {
+    if (s_) cudaStreamSynchronize(s_);
+    for (void* p : allocs_) cudaFree(p);
+    if (s_) cudaStreamDestroy(s_);
+  }
+
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes + 256), cudaSuccess);
+    allocs_.push_back(p);
+    return p;
+  }
+  // random values in [-a, a], stored in t; poisoned: the device copy NaN (every byte 0xff)
+  Dev make(size_t n, cudaDataType_t t, double a, bool poisoned = false) {
+    Dev d;
+    d.t = t;
+    d.n = n;
+    d.p = alloc(n * 4);
+    d.v.resize(n);
+    std::uniform_real_distribution<float> u(-float(a), float(a));
+    for (auto& x : d.v) x = bf16(t) ? rb(u(rng_)) : double(u(rng_));
+    if (poisoned) {
+      EXPECT_EQ(cudaMemset(d.p, 0xff, n * (bf16(t) ? 2 : 4)), cudaSuccess);
+    } else {
+      upload(d);
+    }
+    return d;
+  }
+  void upload(const Dev& d) {
+    if (bf16(d.t)) {
+      std::vector<uint16_t> b(d.n);
+      for (size_t i = 0; i < d.n; ++i) b[i] = nlp::cpu::to_bf16_bits(float(d.v[i]));
+      EXPECT_EQ(cudaMemcpy(d.p, b.data(), d.n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    } else {
+      std::vector<float> f(d.v.begin(), d.v.end());
+      EXPECT_EQ(cudaMemcpy(d.p, f.data(), d.n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  // the device values (synchronises)
+  VD get(const void* p, cudaDataType_t t, size_t n) {
+    EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    VD out(n);
+    if (bf16(t)) {
+      std::vector<uint16_t> b(n);
+      EXPECT_EQ(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t u = uint32_t(b[i]) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        out[i] = f;
+      }
+    } else {
+      std::vector<float> f(n);
+      EXPECT_EQ(cudaMemcpy(f.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      out.assign(f.begin(), f.end());
+    }
+    return out;
+  }
+  VD get(const Dev& d) { return get(d.p, d.t, d.n); }
+  std::vector<uint8_t> bytes(const void* p, size_t n) {
+    EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    std::vector<uint8_t> b(n);
+    EXPECT_EQ(cudaMemcpy(b.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return b;
+  }
+
+  cudaStream_t s_ = nullptr;
+  std::mt19937 rng_{1234};
+  std::vector<void*> allocs_;
+};
+
+// The operand value the GEMM multiplies: bf16-rounded in Bf16 mode.
+double op(double v, Precision mode) { return mode == Precision::Bf16 ? rb(v) : double(float(v)); }
+
+// got within tol of ref, element by element (non-finite got fails)
+void expect_close(const VD& got, const VD& ref, const VD& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!std::isfinite(got[i]) || std::abs(got[i] - ref[i]) > tol[i]) {
+      if (!bad) first = i;
+      ++bad;
+    }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " outside; first [" << first
+                     << "] got " << got[first] << " ref " << ref[first] << " tol " << tol[first];
+}
+
+double out_tol(double ref, double acc, cudaDataType_t t) {
+  return acc + (bf16(t) ? kU16 : kU32) * (std::abs(ref) + acc);
+}
+
+// Row-major product reference: R[M,P] = X[M,Q] @ opZ, Z stored [Q,P] (trans_z false) or [P,Q];
+// S[M,P] = sum of |products|. Operands as the GEMM multiplies them in `mode`.
+void product(const VD& X, const VD& Z, bool trans_z, int M, int P, int Q, Precision mode, VD& R,
+             VD& S) {
+  R.assign(size_t(M) * P, 0.0);
+  S.assign(size_t(M) * P, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < P; ++j) {
+      double r = 0, s = 0;
+      for (int k = 0; k < Q; ++k) {
+        const double a = op(X[size_t(i) * Q + k], mode);
+        const double b = op(trans_z ? Z[size_t(j) * Q + k] : Z[size_t(k) * P + j], mode);
+        r += a * b;
+        s += std::abs(a * b);
+      }
+      R[size_t(i) * P + j] = r;
+      S[size_t(i) * P + j] = s;
+    }
+}
+
+struct Shape {
+  int M, K, N;
+};
+// (K, N) = (64, 48): every leading dimension divisible by 8; (50, 61): none (the fallbacks)
+const Shape kShapes[] = {{37, 64, 48}, {33, 50, 61}};
+
+// ---- forward: Y = X @ W (+ bias) (+ beta Y) ----------------------------------------------------------
+
+TEST_F(GemmBf16, Forward) {
+  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+    Gemm g(s_, mode);
+    for (const Shape& sh : kShapes)
+      for (cudaDataType_t xt : {F32, BF16})
+        for (cudaDataType_t yt : {F32, BF16})
+          for (float beta : {0.0f, 1.0f})
+            for (int bias_kind : {0, 1, 2})  // none, 16-byte aligned, 4 bytes off
+              for (bool outin : {false, true})
+                for (bool epi : {true, false}) {
+                  if (bias_kind && beta != 0.0f) continue;
+                  const bool use_z16 = mode == Precision::Bf16 && outin == epi;
+                  const int M = sh.M, K = sh.K, N = sh.N;
+                  const std::string what =
+                      std::string("mode ") + (mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
+                      std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
+                      " X " + tname(xt) + " Y " + tname(yt) + " beta " + std::to_string(int(beta)) +
+                      " bias " + std::to_string(bias_kind) + (outin ? " OutIn" : " InOut") +
+                      (use_z16 ? " z16" : "") + (epi ? " epilogues" : " plain");
+                  SCOPED_TRACE(what);
+                  Dev X = make(size_t(M) * K, xt, 1.0);
+                  Dev W = make(size_t(K) * N, F32, 0.5);
+                  Dev B = make(size_t(N) + 1, F32, 1.0);
+                  Dev Y = make(size_t(M) * N, yt, 2.0, beta == 0.0f);
+                  const float* bias = bias_kind == 0 ? nullptr
+                                      : bias_kind == 1 ? static_cast<const float*>(B.p)
+                                                       : static_cast<const float*>(B.p) + 1;
+                  const double* bv = bias_kind == 2 ? B.v.data() + 1 : B.v.data();
+                  void* z16 = nullptr;
+                  if (use_z16) {
+                    Dev Wb = make(size_t(K) * N, BF16, 0.5);
+                    for (size_t i = 0; i < W.n; ++i) Wb.v[i] = rb(W.v[i]);
+                    upload(Wb);
+                    z16 = Wb.p;
+                  }
+                  GemmEpilogues e;
+                  e.bias = e.gelu_aux = e.dgelu = e.bgrad = epi;
+                  g.set_epilogues(e);
+                  const size_t fused0 = g.fused();
+                  g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
+                            outin, M, N, K, beta, bias, z16);
+                  if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                  VD R, S;
+                  product(X.v, W.v, outin, M, N, K, mode, R, S);
+                  VD ref(R.size()), tol(R.size());
+                  for (int i = 0; i < M; ++i)
+                    for (int j = 0; j < N; ++j) {
+                      const size_t ij = size_t(i) * N + j;
+                      double r = R[ij], sabs = S[ij];
+                      if (bias) r += bv[j], sabs += std::abs(bv[j]);
+                      if (beta != 0.0f) r += Y.v[ij], sabs += std::abs(Y.v[ij]);
+                      ref[ij] = r;
+                      tol[ij] = out_tol(r, (K + 2) * kU32 * sabs, yt);
+                    }
+                  expect_close(get(Y), ref, tol, "Y");
+                }
+  }
+}
+
+// ---- forward with the GELU: Y = gelu_tanh(X @ W + bias), aux = X @ W + bias -------------------------
+
+TEST_F(GemmBf16, ForwardGeluAux) {
+  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+    Gemm g(s_, mode);
+    for (const Shape& sh : kShapes)
+      for (cudaDataType_t xt : {F32, BF16})
+        for (cudaDataType_t yt : {BF16, F32})
+          for (int bias_kind : {0, 1, 2})
+            for (bool outin : {false, true})
+              for (bool epi : {true, false}) {
+                const int M = sh.M, K = sh.K, N = sh.N;
+                const std::string what =
+                    std::string("mode ") + (mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
+                    std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
+                    " X " + tname(xt) + " Y/aux " + tname(yt) + " bias " +
+                    std::to_string(bias_kind) + (outin ? " OutIn" : " InOut") +
+                    (epi ? " epilogues" : " plain");
+                SCOPED_TRACE(what);
+                Dev X = make(size_t(M) * K, xt, 1.0);
+                Dev W = make(size_t(K) * N, F32, 0.5);
+                Dev B = make(size_t(N) + 1, F32, 1.0);
+                Dev Y = make(size_t(M) * N, yt, 1.0, true);
+                Dev A = make(size_t(M) * N, yt, 1.0, true);
+                const float* bias = bias_kind == 0 ? nullptr
+                                    : bias_kind == 1 ? static_cast<const float*>(B.p)
+                                                     : static_cast<const float*>(B.p) + 1;
+                const double* bv = bias_kind == 2 ? B.v.data() + 1 : B.v.data();
+                GemmEpilogues e;
+                e.bias = e.gelu_aux = e.dgelu = e.bgrad = epi;
+                g.set_epilogues(e);
+                const size_t fused0 = g.fused();
+                g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
+                          outin, M, N, K, 0.0f, bias, nullptr, A.p);
+                if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                VD R, S;
+                product(X.v, W.v, outin, M, N, K, mode, R, S);
+                VD pre(R.size()), tpre(R.size()), y(R.size()), ty(R.size());
+                for (int i = 0; i < M; ++i)
+                  for (int j = 0; j < N; ++j) {
+                    const size_t ij = size_t(i) * N + j;
+                    double r = R[ij], sabs = S[ij];
+                    if (bias) r += bv[j], sabs += std::abs(bv[j]);
+                    const double acc = (K + 2) * kU32 * sabs;
+                    pre[ij] = r;
+                    tpre[ij] = out_tol(r, acc, yt);
+                    y[ij] = gelu(r);
+                    const double gacc = kGeluSlope * acc + kGeluApprox * std::abs(r);
+                    ty[ij] = gacc + (bf16(yt) ? kU16 : kU32) * (std::abs(y[ij]) + gacc);
+                  }
+                expect_close(get(A), pre, tpre, "aux (pre-activation)");
+                expect_close(get(Y), y, ty, "Y = gelu(pre)");
+              }
+  }
+}
+
+// ---- backward: dinp = dout @ W^T (+ dinp), dW += inp^T @ dout, dbias += colsum(dout) ---------------
+
+struct BackCase {
+  Precision mode;
+  Shape sh;
+  cudaDataType_t dt, xt, it;  // dout, inp, dinp
+  float beta;
+  bool outin, with_dw, with_dbias, gelu, epi, w16;
+};
+
+std::string describe(const BackCase& c) {
+  return std::string("mode ") + (c.mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
+         std::to_string(c.sh.M) + " K" + std::to_string(c.sh.K) + " N" + std::to_string(c.sh.N) +
+         " dout " + tname(c.dt) + " inp " + tname(c.xt) + " dinp " + tname(c.it) + " beta " +
+         std::to_string(int(c.beta)) + (c.outin ? " OutIn" : " InOut") + (c.with_dw ? " dW" : "") +
+         (c.with_dbias ? " dbias" : "") + (c.gelu ? " DGELU" : "") + (c.w16 ? " w16" : "") +
+         (c.epi ? " epilogues" : " plain");
+}
+
+class GemmBf16Backward : public GemmBf16 {
+ protected:
+  void run(Gemm& g, const BackCase& c) {
+    SCOPED_TRACE(describe(c));
+    const int M = c.sh.M, K = c.sh.K, N = c.sh.N;
+    const Precision mode = c.mode;
+    Dev D = make(size_t(M) * N, c.dt, 1.0);
+    Dev X = make(size_t(M) * K, c.xt, 1.0);
+    Dev W = make(size_t(K) * N, F32, 0.5);  // InOut [K,N], OutIn [N,K]
+    Dev DI = make(size_t(M) * K, c.it, 1.0, c.beta == 0.0f);
+    Dev AUX = make(size_t(M) * K, c.it, 3.0);  // the GELU's pre-activation, in dinp's type
+    Dev DW = make(size_t(K) * N, F32, 1.0);
+    Dev DB = make(size_t(N), F32, 1.0);
+    void* w16 = nullptr;
+    if (c.w16) {
+      Dev Wb = make(size_t(K) * N, BF16, 0.5);
+      for (size_t i = 0; i < W.n; ++i) Wb.v[i] = rb(W.v[i]);
+      upload(Wb);
+      w16 = Wb.p;
+    }
+    GemmEpilogues e;
+    e.bias = e.gelu_aux = e.dgelu = e.bgrad = c.epi;
+    g.set_epilogues(e);
+    const size_t fused0 = g.fused();
+    g.backward(GemmOut{DI.p, c.it}, c.beta, c.with_dw ? static_cast<float*>(DW.p) : nullptr,
+               c.with_dbias ? static_cast<float*>(DB.p) : nullptr, GemmIn{D.p, c.dt},
+               GemmIn{X.p, c.xt}, static_cast<float*>(W.p), M, K, N, !c.outin, w16,
+               c.gelu ? AUX.p : nullptr);
+    if (!c.epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+
+    // dinp[i,k] = sum_n dout[i,n] W(k,n);  W(k,n) = InOut W[k*N+n], OutIn W[n*K+k]
+    VD ref(DI.n), tol(DI.n);
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < K; ++k) {
+        double r = 0, sabs = 0;
+        for (int n = 0; n < N; ++n) {
+          const double a = op(D.v[size_t(i) * N + n], mode);
+          const double b = op(c.outin ? W.v[size_t(n) * K + k] : W.v[size_t(k) * N + n], mode);
+          r += a * b;
+          sabs += std::abs(a * b);
+        }
+        const size_t ik = size_t(i) * K + k;
+        double acc = (N + 2) * kU32 * sabs;
+        if (c.gelu) {
+          const double g1 = dgelu(AUX.v[ik]);
+          const double dacc = kGeluSlope * acc + kDgeluApprox * std::abs(r);
+          ref[ik] = r * g1;
+          tol[ik] = dacc + (bf16(c.it) ? kU16 : kU32) * (std::abs(ref[ik]) + dacc);
+        } else {
+          if (c.beta != 0.0f) r += DI.v[ik], acc += (N + 2) * kU32 * std::abs(DI.v[ik]);
+          ref[ik] = r;
+          tol[ik] = out_tol(r, acc, c.it);
+        }
+      }
+    expect_close(get(DI), ref, tol, c.gelu ? "dinp (DGELU)" : "dinp");
+
+    // dW += inp^T dout in W's layout
+    VD wref(DW.n), wtol(DW.n);
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) {
+        double r = 0, sabs = 0;
+        for (int i = 0; i < M; ++i) {
+          const double a = op(X.v[size_t(i) * K + k], mode);
+          const double b = op(D.v[size_t(i) * N + n], mode);
+          r += a * b;
+          sabs += std::abs(a * b);
+        }
+        const size_t at = c.outin ? size_t(n) * K + k : size_t(k) * N + n;
+        if (!c.with_dw) r = 0, sabs = 0;
+        r += DW.v[at];
+        sabs += std::abs(DW.v[at]);
+        wref[at] = r;
+        wtol[at] = out_tol(r, (M + 2) * kU32 * sabs, F32);
+      }
+    expect_close(get(DW), wref, wtol, c.with_dw ? "dW" : "dW (untouched)");
+
+    // dbias += column sums of dout as stored
+    VD bref(DB.n), btol(DB.n);
+    for (int n = 0; n < N; ++n) {
+      double r = 0, sabs = 0;
+      if (c.with_dbias)
+        for (int i = 0; i < M; ++i) {
+          r += D.v[size_t(i) * N + n];
+          sabs += std::abs(D.v[size_t(i) * N + n]);
+        }
+      r += DB.v[n];
+      sabs += std::abs(DB.v[n]);
+      bref[n] = r;
+      btol[n] = out_tol(r, (M + 2) * kU32 * sabs, F32);
+    }
+    expect_close(get(DB), bref, btol, c.with_dbias ? "dbias" : "dbias (untouched)");
+  }
+};
+
+TEST_F(GemmBf16Backward, Products) {
+  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+    Gemm g(s_, mode);
+    for (const Shape& sh : kShapes)
+      for (cudaDataType_t dt : {BF16, F32})
+        for (cudaDataType_t xt : {BF16, F32})
+          for (cudaDataType_t it : {BF16, F32})
+            for (float beta : {0.0f, 1.0f})
+              for (bool outin : {false, true})
+                for (bool epi : {true, false}) {
+                  BackCase c{mode, sh, dt, xt, it, beta, outin, true, true, false, epi,
+                             mode == Precision::Bf16 && outin == epi};
+                  run(g, c);
+                  // a layer without bias, and a bias gradient without dW (the column sum)
+                  if (dt == xt && xt == it) {
+                    c.with_dbias = false;
+                    run(g, c);
+                    c.with_dbias = true;
+                    c.with_dw = false;
+                    run(g, c);
+                  }
+                }
+  }
+}
+
+TEST_F(GemmBf16Backward, Dgelu) {
+  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+    Gemm g(s_, mode);
+    for (const Shape& sh : kShapes)
+      for (cudaDataType_t dt : {BF16, F32})
+        for (cudaDataType_t it : {BF16, F32})
+          for (bool outin : {false, true})
+            for (bool epi : {true, false}) {
+              BackCase c{mode, sh, dt, dt, it, 0.0f, outin, true, true, true, epi, false};
+              run(g, c);
+            }
+  }
+}
+
+// The bias gradient (BGRADA/B or the column sum) and the other outputs: the same bits on a rerun.
+TEST_F(GemmBf16, BackwardDeterministic) {
+  Gemm g(s_, Precision::Bf16);
+  const int M = 300, K = 64, N = 48;  // M over one column-sum chunk (256 rows)
+  for (bool inout : {true, false}) {
+    SCOPED_TRACE(inout ? "InOut" : "OutIn");
+    Dev D = make(size_t(M) * N, BF16, 1.0);
+    Dev X = make(size_t(M) * K, BF16, 1.0);
+    Dev W = make(size_t(K) * N, F32, 0.5);
+    Dev AUX = make(size_t(M) * K, BF16, 3.0);
+    std::vector<uint8_t> first[3];
+    for (int rep = 0; rep < 2; ++rep) {
+      Dev DI = make(size_t(M) * K, BF16, 1.0, true);
+      Dev DW = make(size_t(K) * N, F32, 0.0);
+      Dev DB = make(size_t(N), F32, 0.0);
+      ASSERT_EQ(cudaMemset(DW.p, 0, DW.n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(DB.p, 0, DB.n * 4), cudaSuccess);
+      g.backward(GemmOut{DI.p, BF16}, 0.0f, static_cast<float*>(DW.p), static_cast<float*>(DB.p),
+                 GemmIn{D.p, BF16}, GemmIn{X.p, BF16}, static_cast<float*>(W.p), M, K, N, inout,
+                 nullptr, AUX.p);
+      std::vector<uint8_t> now[3] = {bytes(DI.p, DI.n * 2), bytes(DW.p, DW.n * 4),
+                                     bytes(DB.p, DB.n * 4)};
+      for (int i = 0; i < 3; ++i) {
+        if (rep == 0)
+          first[i] = now[i];
+        else
+          EXPECT_TRUE(now[i] == first[i]) << "output " << i << " (dinp, dW, dbias) differs on a rerun";
+      }
+    }
+  }
+  std::printf("typed GEMM products with a cuBLASLt epilogue: %zu, with the fallbacks: %zu\n",
+              g.fused(), g.unfused());
+}
+
+// A bad storage type is refused with a message naming it, before anything runs.
+TEST_F(GemmBf16, RejectsOtherTypes) {
+  Gemm g(s_, Precision::Bf16);
+  Dev X = make(16, F32, 1.0), W = make(16, F32, 1.0), Y = make(16, F32, 1.0);
+  EXPECT_THROW(g.forward(GemmOut{Y.p, CUDA_R_16F}, GemmIn{X.p, F32}, false,
+                         static_cast<float*>(W.p), false, 4, 4, 4, 0.0f, nullptr),
+               nlp::Error);
+}
+
+#else  // built without CUDA
+
+TEST(GemmBf16, Skipped) { GTEST_SKIP() << "built without the CUDA backend"; }
+
+#endif
+
+}  // namespace
