@@ -19,12 +19,14 @@
 //  - Every case runs with the epilogues on (cuBLASLt where an algorithm takes them) and off (the
 //    plain product and kernels/gemm_epilogue.cu); shapes with leading dimensions not divisible by 8
 //    (like GPT-2's vocabulary of 50257) and a bias 4 bytes off alignment take the fallbacks.
-//  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason.
+//  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason, except
+//    GemmEpiloguesEnv (the NLPTRAIN_CUDA_GEMM_EPILOGUES values; host only, CUDA builds).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -517,6 +519,39 @@ TEST_F(GemmBf16, RejectsOtherTypes) {
   EXPECT_THROW(g.forward(GemmOut{Y.p, CUDA_R_16F}, GemmIn{X.p, F32}, false,
                          static_cast<float*>(W.p), false, 4, 4, 4, 0.0f, nullptr),
                nlp::Error);
+}
+
+// NLPTRAIN_CUDA_GEMM_EPILOGUES (host only: runs without a GPU)
+TEST(GemmEpiloguesEnv, Values) {
+  const char* old = std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
+  const std::string saved = old ? old : "";
+  auto with = [](const char* v) {
+    if (v)
+      setenv("NLPTRAIN_CUDA_GEMM_EPILOGUES", v, 1);
+    else
+      unsetenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
+    return nlp::cuda::gemm_epilogues_from_env();
+  };
+  for (const char* v : {static_cast<const char*>(nullptr), "bias"}) {
+    const GemmEpilogues e = with(v);
+    EXPECT_TRUE(e.bias);
+    EXPECT_FALSE(e.gelu_aux || e.dgelu || e.bgrad);
+  }
+  GemmEpilogues e = with("all");
+  EXPECT_TRUE(e.bias && e.gelu_aux && e.dgelu && e.bgrad);
+  e = with("none");
+  EXPECT_FALSE(e.bias || e.gelu_aux || e.dgelu || e.bgrad);
+  try {
+    with("fused");
+    ADD_FAILURE() << "no error for an unknown value";
+  } catch (const nlp::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("NLPTRAIN_CUDA_GEMM_EPILOGUES = 'fused'"), std::string::npos)
+        << err.what();
+  }
+  if (old)
+    setenv("NLPTRAIN_CUDA_GEMM_EPILOGUES", saved.c_str(), 1);
+  else
+    unsetenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
 }
 
 #else  // built without CUDA

@@ -48,6 +48,10 @@ struct GemmEpilogues {
   bool dgelu = true;
   bool bgrad = true;
 };
+// NLPTRAIN_CUDA_GEMM_EPILOGUES, read by the Gemm constructor: unset or "bias" = BIAS only (the
+// epilogue the fp32 path runs); "all" = every epilogue above (not yet run on a GPU); "none" = the
+// plain products and separate kernels. Another value throws nlp::Error naming it.
+GemmEpilogues gemm_epilogues_from_env();
 
 class Gemm {
  public:

@@ -5,6 +5,9 @@
 // and pointer alignments; the same plan gives the same bits every call.
 #include "backend/cuda/gemm.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
 
@@ -85,8 +88,20 @@ alignas(256) char kScratchLike[256];
 
 }  // namespace
 
+GemmEpilogues gemm_epilogues_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
+  GemmEpilogues e;
+  const std::string s = v ? v : "bias";
+  if (s == "all") return e;
+  e.gelu_aux = e.dgelu = e.bgrad = false;
+  if (s == "bias") return e;
+  e.bias = false;
+  if (s == "none") return e;
+  throw Error(cat("NLPTRAIN_CUDA_GEMM_EPILOGUES = '", s, "': expected bias, all or none"));
+}
+
 Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
-    : stream_(s), mode_(mode), operands_(operands) {
+    : stream_(s), mode_(mode), operands_(operands), epilogues_(gemm_epilogues_from_env()) {
   ck_lt(cublasLtCreate(&lt_), "cublasLtCreate");
   ck_lt(cublasCreate(&blas_), "cublasCreate");
   ck_lt(cublasSetStream(blas_, stream_), "cublasSetStream");
