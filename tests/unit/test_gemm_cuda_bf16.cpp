@@ -19,6 +19,8 @@
 //  - Every case runs with the epilogues on (cuBLASLt where an algorithm takes them) and off (the
 //    plain product and kernels/gemm_epilogue.cu); shapes with leading dimensions not divisible by 8
 //    (like GPT-2's vocabulary of 50257) and a bias 4 bytes off alignment take the fallbacks.
+//  - CudaBackendBf16Views: the backend's matmul ops on bf16 views (native and staged) against the CPU
+//    backend; tolerances stated there.
 //  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason, except
 //    GemmEpiloguesEnv (the NLPTRAIN_CUDA_GEMM_EPILOGUES values; host only, CUDA builds).
 #include <gtest/gtest.h>
@@ -32,8 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/round.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 #if NLPTRAIN_HAVE_CUDA
@@ -520,6 +525,135 @@ TEST_F(GemmBf16, RejectsOtherTypes) {
   EXPECT_THROW(g.forward(GemmOut{Y.p, CUDA_R_16F}, GemmIn{X.p, F32}, false,
                          static_cast<float*>(W.p), false, 4, 4, 4, 0.0f, nullptr),
                nlp::Error);
+}
+
+// ---- through the backend: matmul_forward / matmul_backward on bf16 views --------------------------
+// The CUDA backend in bf16 precision, native (the typed GEMM, the default) and staged
+// (NLPTRAIN_CUDA_BF16_ACTS=staged: widened, the fp32 op, rounded back), against the CPU backend in
+// bf16 precision on the same views (staged: cpu/staged.h). Both multiply the same bf16 operands with
+// fp32 accumulation; only the summation order differs, so a bf16-stored output may land on the
+// neighbouring bf16 value: norm-wise relative error 2^-7 (one bf16 ulp) on bf16 outputs (out, dinp),
+// 1e-5 on the fp32 ones (dW, dbias: fp32 reordering only).
+
+constexpr double kViewBf16 = 0x1p-7;
+constexpr double kViewF32 = 1e-5;
+
+double rel(const VD& a, const VD& ref) {
+  if (a.size() != ref.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct DenseResult {
+  VD out, dinp_acc, dinp_write, dw, db;
+};
+
+// forward, then the backward twice: accumulating into dinp (and dW, dbias), and overwriting a
+// NaN-filled dinp (overwrite view, no dW/dbias)
+DenseResult dense_on(nlp::Backend& be, const VD& inp, const VD& w, const VD& bias, const VD& dout,
+                     const VD& dinp0, const VD& dw0, const VD& db0, int M, int K, int N,
+                     nlp::WLayout layout) {
+  using nlp::Act;
+  using nlp::CAct;
+  using nlp::DType;
+  std::vector<void*> mem;
+  auto put16 = [&](const VD& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = nlp::cpu::to_bf16_bits(float(v[i]));
+    void* p = be.alloc(b.size() * 2);
+    be.to_device(p, b.data(), b.size() * 2);
+    mem.push_back(p);
+    return p;
+  };
+  auto put32 = [&](const VD& v) {
+    std::vector<float> f(v.begin(), v.end());
+    void* p = be.alloc(f.size() * 4);
+    be.to_device(p, f.data(), f.size() * 4);
+    mem.push_back(p);
+    return static_cast<float*>(p);
+  };
+  auto get16 = [&](const void* p, size_t n) {
+    std::vector<uint16_t> b(n);
+    be.to_host(b.data(), p, n * 2);
+    VD v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(b[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      v[i] = f;
+    }
+    return v;
+  };
+  auto get32 = [&](const float* p, size_t n) {
+    std::vector<float> f(n);
+    be.to_host(f.data(), p, n * 4);
+    return VD(f.begin(), f.end());
+  };
+  void* x = put16(inp);
+  float* wd = put32(w);
+  float* bd = put32(bias);
+  void* out = put16(VD(size_t(M) * N, NAN));
+  void* d = put16(dout);
+  void* di = put16(dinp0);
+  void* di2 = put16(VD(size_t(M) * K, NAN));
+  float* dwd = put32(dw0);
+  float* dbd = put32(db0);
+  be.matmul_forward(Act(out, DType::BF16), CAct(x, DType::BF16), wd, bd, M, K, N, layout);
+  be.matmul_backward(Act(di, DType::BF16), dwd, dbd, CAct(d, DType::BF16), CAct(x, DType::BF16), wd,
+                     M, K, N, layout);
+  be.matmul_backward(nlp::overwrite(Act(di2, DType::BF16)), nullptr, nullptr, CAct(d, DType::BF16),
+                     nullptr, wd, M, K, N, layout);
+  DenseResult r{get16(out, size_t(M) * N), get16(di, size_t(M) * K), get16(di2, size_t(M) * K),
+                get32(dwd, dw0.size()), get32(dbd, db0.size())};
+  for (void* p : mem) be.release(p);
+  return r;
+}
+
+TEST(CudaBackendBf16Views, MatmulMatchesCpu) {
+  std::string why;
+  if (nlp::cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  nlp::BackendOptions o;
+  o.precision = Precision::Bf16;
+  auto cpu = nlp::make_cpu_backend(2, Precision::Bf16);
+  const char* old = std::getenv("NLPTRAIN_CUDA_BF16_ACTS");
+  const std::string saved = old ? old : "";
+  for (const char* acts : {"native", "staged"}) {
+    setenv("NLPTRAIN_CUDA_BF16_ACTS", acts, 1);
+    auto gpu = nlp::make_cuda_backend(0, o);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    auto rnd = [&](size_t n, double a, bool round) {
+      VD v(n);
+      for (auto& x : v) x = round ? rb(a * u(rng)) : double(float(a * u(rng)));
+      return v;
+    };
+    for (const Shape& sh : kShapes)
+      for (nlp::WLayout layout : {nlp::WLayout::InOut, nlp::WLayout::OutIn}) {
+        const int M = sh.M, K = sh.K, N = sh.N;
+        SCOPED_TRACE(std::string(acts) + " M" + std::to_string(M) + " K" + std::to_string(K) + " N" +
+                     std::to_string(N) + (layout == nlp::WLayout::InOut ? " InOut" : " OutIn"));
+        const VD inp = rnd(size_t(M) * K, 1.0, true), w = rnd(size_t(K) * N, 0.5, false);
+        const VD bias = rnd(N, 1.0, false), dout = rnd(size_t(M) * N, 1.0, true);
+        const VD dinp0 = rnd(size_t(M) * K, 1.0, true), dw0 = rnd(size_t(K) * N, 1.0, false);
+        const VD db0 = rnd(N, 1.0, false);
+        const DenseResult g = dense_on(*gpu, inp, w, bias, dout, dinp0, dw0, db0, M, K, N, layout);
+        const DenseResult c = dense_on(*cpu, inp, w, bias, dout, dinp0, dw0, db0, M, K, N, layout);
+        EXPECT_LE(rel(g.out, c.out), kViewBf16) << "out";
+        EXPECT_LE(rel(g.dinp_acc, c.dinp_acc), kViewBf16) << "dinp (accumulated)";
+        EXPECT_LE(rel(g.dinp_write, c.dinp_write), kViewBf16) << "dinp (overwritten)";
+        EXPECT_LE(rel(g.dw, c.dw), kViewF32) << "dW";
+        EXPECT_LE(rel(g.db, c.db), kViewF32) << "dbias";
+      }
+  }
+  if (old)
+    setenv("NLPTRAIN_CUDA_BF16_ACTS", saved.c_str(), 1);
+  else
+    unsetenv("NLPTRAIN_CUDA_BF16_ACTS");
 }
 
 // NLPTRAIN_CUDA_GEMM_EPILOGUES (host only: runs without a GPU)

@@ -37,6 +37,10 @@ struct GemmOut {
   void* p;
   cudaDataType_t t;
 };
+// A view's storage type (core/tensor.h) as cuBLAS names it.
+inline cudaDataType_t gemm_type(DType d) { return d == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+inline GemmIn gemm_in(CAct v) { return GemmIn{v.p, gemm_type(v.dt)}; }
+inline GemmOut gemm_out(Act v) { return GemmOut{v.p, gemm_type(v.dt)}; }
 
 // The cuBLASLt epilogues the typed calls may ask for, each switchable off (then the plain product
 // and separate kernels, kernels/gemm_epilogue.cu, give the same values up to fp32 summation order):
