@@ -21,8 +21,11 @@
 //    (like GPT-2's vocabulary of 50257) and a bias 4 bytes off alignment take the fallbacks.
 //  - CudaBackendBf16Views: the backend's matmul ops on bf16 views (native and staged) against the CPU
 //    backend; tolerances stated there.
+//  - GemmBf16Reference checks the references and tolerances themselves on the host: an emulated
+//    correct kernel passes, results with a transposed weight, a missing bias, GELU or bias gradient,
+//    or an overwrite for an accumulation fail.
 //  - Without a usable GPU (or in a build without CUDA) every test is skipped with the reason, except
-//    GemmEpiloguesEnv (the NLPTRAIN_CUDA_GEMM_EPILOGUES values; host only, CUDA builds).
+//    the host-only GemmBf16Reference and GemmEpiloguesEnv (CUDA builds).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -171,15 +174,23 @@ class GemmBf16 : public ::testing::Test {
 // The operand value the GEMM multiplies: bf16-rounded in Bf16 mode.
 double op(double v, Precision mode) { return mode == Precision::Bf16 ? rb(v) : double(float(v)); }
 
-// got within tol of ref, element by element (non-finite got fails)
-void expect_close(const VD& got, const VD& ref, const VD& tol, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size());
-  size_t bad = 0, first = 0;
+// Elements of got outside ref +- tol (a non-finite got is outside); *first = the first of them.
+size_t outside(const VD& got, const VD& ref, const VD& tol, size_t* first = nullptr) {
+  if (got.size() != ref.size()) return std::max<size_t>(got.size(), 1);
+  size_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i)
     if (!std::isfinite(got[i]) || std::abs(got[i] - ref[i]) > tol[i]) {
-      if (!bad) first = i;
+      if (!bad && first) *first = i;
       ++bad;
     }
+  return bad;
+}
+
+// got within tol of ref, element by element
+void expect_close(const VD& got, const VD& ref, const VD& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t first = 0;
+  const size_t bad = outside(got, ref, tol, &first);
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " outside; first [" << first
                      << "] got " << got[first] << " ref " << ref[first] << " tol " << tol[first];
 }
@@ -213,6 +224,232 @@ struct Shape {
 };
 // (K, N) = (64, 48): every leading dimension divisible by 8; (50, 61): none (the fallbacks)
 const Shape kShapes[] = {{37, 64, 48}, {33, 50, 61}};
+
+// Forward reference of Y[M,N] = X[M,K] @ W (+ bias[N]) (+ Y0), W stored [K,N] (outin false) or
+// [N,K]; with gelu, pre = that sum and y = gelu_tanh(pre). Values and per-element tolerances.
+struct FwdRef {
+  VD y, ty, pre, tpre;
+};
+FwdRef forward_ref(const VD& X, const VD& W, bool outin, const double* bias, const VD* y0, bool gelu_,
+                   int M, int N, int K, Precision mode, cudaDataType_t yt) {
+  VD R, S;
+  product(X, W, outin, M, N, K, mode, R, S);
+  FwdRef f;
+  f.y.resize(R.size());
+  f.ty.resize(R.size());
+  if (gelu_) f.pre = f.tpre = VD(R.size());
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      const size_t ij = size_t(i) * N + j;
+      double r = R[ij], sabs = S[ij];
+      if (bias) r += bias[j], sabs += std::abs(bias[j]);
+      if (y0) r += (*y0)[ij], sabs += std::abs((*y0)[ij]);
+      const double acc = (K + 2) * kU32 * sabs;
+      if (!gelu_) {
+        f.y[ij] = r;
+        f.ty[ij] = out_tol(r, acc, yt);
+        continue;
+      }
+      f.pre[ij] = r;
+      f.tpre[ij] = out_tol(r, acc, yt);
+      f.y[ij] = gelu(r);
+      const double gacc = kGeluSlope * acc + kGeluApprox * std::abs(r);
+      f.ty[ij] = gacc + (bf16(yt) ? kU16 : kU32) * (std::abs(f.y[ij]) + gacc);
+    }
+  return f;
+}
+
+// Backward reference: dinp[M,K] = dout @ W^T (+ beta dinp0), or with aux (DGELU)
+// (dout @ W^T) * gelu_tanh'(aux); dW = dW0 (+ inp^T dout in W's layout); dbias = db0 (+ colsum dout).
+struct BwdRef {
+  VD di, tdi, dw, tdw, db, tdb;
+};
+BwdRef backward_ref(const VD& D, const VD& X, const VD& W, const VD& di0, const VD* aux,
+                    const VD& dw0, const VD& db0, float beta, bool with_dw, bool with_dbias,
+                    bool outin, int M, int K, int N, Precision mode, cudaDataType_t it) {
+  BwdRef b;
+  b.di.resize(size_t(M) * K);
+  b.tdi.resize(b.di.size());
+  for (int i = 0; i < M; ++i)  // W(k,n) = InOut W[k*N+n], OutIn W[n*K+k]
+    for (int k = 0; k < K; ++k) {
+      double r = 0, sabs = 0;
+      for (int n = 0; n < N; ++n) {
+        const double a = op(D[size_t(i) * N + n], mode);
+        const double w = op(outin ? W[size_t(n) * K + k] : W[size_t(k) * N + n], mode);
+        r += a * w;
+        sabs += std::abs(a * w);
+      }
+      const size_t ik = size_t(i) * K + k;
+      double acc = (N + 2) * kU32 * sabs;
+      if (aux) {
+        const double dacc = kGeluSlope * acc + kDgeluApprox * std::abs(r);
+        b.di[ik] = r * dgelu((*aux)[ik]);
+        b.tdi[ik] = dacc + (bf16(it) ? kU16 : kU32) * (std::abs(b.di[ik]) + dacc);
+      } else {
+        if (beta != 0.0f) r += di0[ik], acc += (N + 2) * kU32 * std::abs(di0[ik]);
+        b.di[ik] = r;
+        b.tdi[ik] = out_tol(r, acc, it);
+      }
+    }
+  b.dw.resize(dw0.size());
+  b.tdw.resize(dw0.size());
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n) {
+      double r = 0, sabs = 0;
+      if (with_dw)
+        for (int i = 0; i < M; ++i) {
+          const double a = op(X[size_t(i) * K + k], mode);
+          const double d = op(D[size_t(i) * N + n], mode);
+          r += a * d;
+          sabs += std::abs(a * d);
+        }
+      const size_t at = outin ? size_t(n) * K + k : size_t(k) * N + n;
+      r += dw0[at];
+      sabs += std::abs(dw0[at]);
+      b.dw[at] = r;
+      b.tdw[at] = out_tol(r, (M + 2) * kU32 * sabs, F32);
+    }
+  b.db.resize(db0.size());
+  b.tdb.resize(db0.size());
+  for (int n = 0; n < N; ++n) {  // column sums of dout as stored
+    double r = 0, sabs = 0;
+    if (with_dbias)
+      for (int i = 0; i < M; ++i) {
+        r += D[size_t(i) * N + n];
+        sabs += std::abs(D[size_t(i) * N + n]);
+      }
+    r += db0[n];
+    sabs += std::abs(db0[n]);
+    b.db[n] = r;
+    b.tdb[n] = out_tol(r, (M + 2) * kU32 * sabs, F32);
+  }
+  return b;
+}
+
+// ---- the references and tolerances themselves (host only: runs without a GPU) ----------------------
+// A correct kernel, emulated on the host (fp32 products summed in fp32 in reverse order, one
+// rounding to the output type), lies within the tolerances; results with a transposed weight, a
+// missing bias or GELU, an overwrite for an accumulation, or a missing bias gradient do not.
+
+double store(float v, cudaDataType_t t) { return bf16(t) ? rb(v) : double(v); }
+float gelu_f(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
+
+// Y (gelu_part 0), gelu(Y) (1) or the pre-activation Y (2) as a correct kernel stores it
+VD emulate_forward(const VD& X, const VD& W, bool outin, const double* bias, const VD* y0,
+                   int gelu_part, int M, int N, int K, Precision mode, cudaDataType_t yt) {
+  VD y(size_t(M) * N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = 0.f;
+      for (int k = K - 1; k >= 0; --k)
+        acc += float(op(X[size_t(i) * K + k], mode)) *
+               float(op(outin ? W[size_t(j) * K + k] : W[size_t(k) * N + j], mode));
+      if (bias) acc += float(bias[j]);
+      if (y0) acc += float((*y0)[size_t(i) * N + j]);
+      y[size_t(i) * N + j] = store(gelu_part == 1 ? gelu_f(acc) : acc, yt);
+    }
+  return y;
+}
+
+// dinp (with beta; with aux: times gelu'(aux), written), dW (+= in W's layout), dbias (+= colsum)
+void emulate_backward(const VD& D, const VD& X, const VD& W, const VD& di0, const VD* aux,
+                      const VD& dw0, const VD& db0, float beta, bool outin, int M, int K, int N,
+                      Precision mode, cudaDataType_t it, VD& di, VD& dw, VD& db) {
+  di.assign(size_t(M) * K, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k) {
+      float acc = 0.f;
+      for (int n = N - 1; n >= 0; --n)
+        acc += float(op(D[size_t(i) * N + n], mode)) *
+               float(op(outin ? W[size_t(n) * K + k] : W[size_t(k) * N + n], mode));
+      const size_t ik = size_t(i) * K + k;
+      if (aux) {
+        const float x = float((*aux)[ik]);
+        const float t = std::tanh(0.7978845608f * (x + 0.044715f * x * x * x));
+        acc *= 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * 0.7978845608f * (1.f + 3 * 0.044715f * x * x);
+      } else if (beta != 0.0f) {
+        acc += float(di0[ik]);
+      }
+      di[ik] = store(acc, it);
+    }
+  dw = dw0;
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n) {
+      float acc = 0.f;
+      for (int i = M - 1; i >= 0; --i)
+        acc += float(op(X[size_t(i) * K + k], mode)) * float(op(D[size_t(i) * N + n], mode));
+      const size_t at = outin ? size_t(n) * K + k : size_t(k) * N + n;
+      dw[at] = double(float(dw0[at]) + acc);
+    }
+  db = db0;
+  for (int n = 0; n < N; ++n) {
+    float acc = 0.f;
+    for (int i = M - 1; i >= 0; --i) acc += float(D[size_t(i) * N + n]);
+    db[n] = double(float(db0[n]) + acc);
+  }
+}
+
+TEST(GemmBf16Reference, CorrectResultsPassWrongOnesFail) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto rnd = [&](size_t n, double a, bool round) {
+    VD v(n);
+    for (auto& x : v) x = round ? rb(a * u(rng)) : double(float(a * u(rng)));
+    return v;
+  };
+  for (Precision mode : {Precision::Bf16, Precision::Fp32})
+    for (const Shape& sh : kShapes)
+      for (cudaDataType_t t : {F32, BF16})
+        for (bool outin : {false, true}) {
+          const int M = sh.M, K = sh.K, N = sh.N;
+          SCOPED_TRACE(std::string(mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
+                       std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
+                       " out " + tname(t) + (outin ? " OutIn" : " InOut"));
+          const VD X = rnd(size_t(M) * K, 1.0, true), W = rnd(size_t(K) * N, 0.5, false);
+          const VD B = rnd(N, 1.0, false), Y0 = rnd(size_t(M) * N, 2.0, bf16(t));
+          const double* b = B.data();
+          auto fwd = [&](bool o, const double* bias, const VD* y0, int part) {
+            return emulate_forward(X, W, o, bias, y0, part, M, N, K, mode, t);
+          };
+          const FwdRef f = forward_ref(X, W, outin, b, nullptr, false, M, N, K, mode, t);
+          EXPECT_EQ(outside(fwd(outin, b, nullptr, 0), f.y, f.ty), 0u) << "Y with bias";
+          EXPECT_GT(outside(fwd(!outin, b, nullptr, 0), f.y, f.ty), 0u) << "transposed weights";
+          EXPECT_GT(outside(fwd(outin, nullptr, nullptr, 0), f.y, f.ty), 0u) << "bias missing";
+          const FwdRef f1 = forward_ref(X, W, outin, nullptr, &Y0, false, M, N, K, mode, t);
+          EXPECT_EQ(outside(fwd(outin, nullptr, &Y0, 0), f1.y, f1.ty), 0u) << "Y, beta 1";
+          EXPECT_GT(outside(fwd(outin, nullptr, nullptr, 0), f1.y, f1.ty), 0u) << "overwritten";
+          const FwdRef g = forward_ref(X, W, outin, b, nullptr, true, M, N, K, mode, t);
+          EXPECT_EQ(outside(fwd(outin, b, nullptr, 1), g.y, g.ty), 0u) << "gelu";
+          EXPECT_EQ(outside(fwd(outin, b, nullptr, 2), g.pre, g.tpre), 0u) << "pre-activation";
+          EXPECT_GT(outside(fwd(outin, b, nullptr, 2), g.y, g.ty), 0u) << "gelu missing";
+
+          const VD D = rnd(size_t(M) * N, 1.0, true), DI0 = rnd(size_t(M) * K, 1.0, bf16(t));
+          const VD DW0 = rnd(size_t(K) * N, 1.0, false), DB0 = rnd(N, 1.0, false);
+          const VD AUX = rnd(size_t(M) * K, 3.0, bf16(t));
+          VD di, dw, db;
+          const BwdRef r =
+              backward_ref(D, X, W, DI0, nullptr, DW0, DB0, 1.0f, true, true, outin, M, K, N, mode, t);
+          emulate_backward(D, X, W, DI0, nullptr, DW0, DB0, 1.0f, outin, M, K, N, mode, t, di, dw, db);
+          EXPECT_EQ(outside(di, r.di, r.tdi), 0u) << "dinp";
+          EXPECT_EQ(outside(dw, r.dw, r.tdw), 0u) << "dW";
+          EXPECT_EQ(outside(db, r.db, r.tdb), 0u) << "dbias";
+          EXPECT_GT(outside(DB0, r.db, r.tdb), 0u) << "bias gradient missing";
+          EXPECT_GT(outside(DW0, r.dw, r.tdw), 0u) << "weight gradient missing";
+          emulate_backward(D, X, W, DI0, nullptr, DW0, DB0, 0.0f, !outin, M, K, N, mode, t, di, dw, db);
+          EXPECT_GT(outside(di, r.di, r.tdi), 0u) << "dinp overwritten, transposed";
+          EXPECT_GT(outside(dw, r.dw, r.tdw), 0u) << "dW in the other layout";
+          const BwdRef r0 =
+              backward_ref(D, X, W, DI0, nullptr, DW0, DB0, 0.0f, true, true, outin, M, K, N, mode, t);
+          emulate_backward(D, X, W, DI0, nullptr, DW0, DB0, 1.0f, outin, M, K, N, mode, t, di, dw, db);
+          EXPECT_GT(outside(di, r0.di, r0.tdi), 0u) << "dinp accumulated where overwritten";
+          const BwdRef rg =
+              backward_ref(D, X, W, DI0, &AUX, DW0, DB0, 0.0f, true, true, outin, M, K, N, mode, t);
+          emulate_backward(D, X, W, DI0, &AUX, DW0, DB0, 0.0f, outin, M, K, N, mode, t, di, dw, db);
+          EXPECT_EQ(outside(di, rg.di, rg.tdi), 0u) << "DGELU";
+          emulate_backward(D, X, W, DI0, nullptr, DW0, DB0, 0.0f, outin, M, K, N, mode, t, di, dw, db);
+          EXPECT_GT(outside(di, rg.di, rg.tdi), 0u) << "gelu' missing";
+        }
+}
 
 // ---- forward: Y = X @ W (+ bias) (+ beta Y) ----------------------------------------------------------
 
@@ -258,19 +495,9 @@ TEST_F(GemmBf16, Forward) {
                   g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
                             outin, M, N, K, beta, bias, z16);
                   if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
-                  VD R, S;
-                  product(X.v, W.v, outin, M, N, K, mode, R, S);
-                  VD ref(R.size()), tol(R.size());
-                  for (int i = 0; i < M; ++i)
-                    for (int j = 0; j < N; ++j) {
-                      const size_t ij = size_t(i) * N + j;
-                      double r = R[ij], sabs = S[ij];
-                      if (bias) r += bv[j], sabs += std::abs(bv[j]);
-                      if (beta != 0.0f) r += Y.v[ij], sabs += std::abs(Y.v[ij]);
-                      ref[ij] = r;
-                      tol[ij] = out_tol(r, (K + 2) * kU32 * sabs, yt);
-                    }
-                  expect_close(get(Y), ref, tol, "Y");
+                  const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr,
+                                               beta != 0.0f ? &Y.v : nullptr, false, M, N, K, mode, yt);
+                  expect_close(get(Y), f.y, f.ty, "Y");
                 }
   }
 }
@@ -310,23 +537,10 @@ TEST_F(GemmBf16, ForwardGeluAux) {
                 g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
                           outin, M, N, K, 0.0f, bias, nullptr, A.p);
                 if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
-                VD R, S;
-                product(X.v, W.v, outin, M, N, K, mode, R, S);
-                VD pre(R.size()), tpre(R.size()), y(R.size()), ty(R.size());
-                for (int i = 0; i < M; ++i)
-                  for (int j = 0; j < N; ++j) {
-                    const size_t ij = size_t(i) * N + j;
-                    double r = R[ij], sabs = S[ij];
-                    if (bias) r += bv[j], sabs += std::abs(bv[j]);
-                    const double acc = (K + 2) * kU32 * sabs;
-                    pre[ij] = r;
-                    tpre[ij] = out_tol(r, acc, yt);
-                    y[ij] = gelu(r);
-                    const double gacc = kGeluSlope * acc + kGeluApprox * std::abs(r);
-                    ty[ij] = gacc + (bf16(yt) ? kU16 : kU32) * (std::abs(y[ij]) + gacc);
-                  }
-                expect_close(get(A), pre, tpre, "aux (pre-activation)");
-                expect_close(get(Y), y, ty, "Y = gelu(pre)");
+                const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr, nullptr, true, M,
+                                             N, K, mode, yt);
+                expect_close(get(A), f.pre, f.tpre, "aux (pre-activation)");
+                expect_close(get(Y), f.y, f.ty, "Y = gelu(pre)");
               }
   }
 }
@@ -380,67 +594,11 @@ class GemmBf16Backward : public GemmBf16 {
                c.gelu ? AUX.p : nullptr);
     if (!c.epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
 
-    // dinp[i,k] = sum_n dout[i,n] W(k,n);  W(k,n) = InOut W[k*N+n], OutIn W[n*K+k]
-    VD ref(DI.n), tol(DI.n);
-    for (int i = 0; i < M; ++i)
-      for (int k = 0; k < K; ++k) {
-        double r = 0, sabs = 0;
-        for (int n = 0; n < N; ++n) {
-          const double a = op(D.v[size_t(i) * N + n], mode);
-          const double b = op(c.outin ? W.v[size_t(n) * K + k] : W.v[size_t(k) * N + n], mode);
-          r += a * b;
-          sabs += std::abs(a * b);
-        }
-        const size_t ik = size_t(i) * K + k;
-        double acc = (N + 2) * kU32 * sabs;
-        if (c.gelu) {
-          const double g1 = dgelu(AUX.v[ik]);
-          const double dacc = kGeluSlope * acc + kDgeluApprox * std::abs(r);
-          ref[ik] = r * g1;
-          tol[ik] = dacc + (bf16(c.it) ? kU16 : kU32) * (std::abs(ref[ik]) + dacc);
-        } else {
-          if (c.beta != 0.0f) r += DI.v[ik], acc += (N + 2) * kU32 * std::abs(DI.v[ik]);
-          ref[ik] = r;
-          tol[ik] = out_tol(r, acc, c.it);
-        }
-      }
-    expect_close(get(DI), ref, tol, c.gelu ? "dinp (DGELU)" : "dinp");
-
-    // dW += inp^T dout in W's layout
-    VD wref(DW.n), wtol(DW.n);
-    for (int k = 0; k < K; ++k)
-      for (int n = 0; n < N; ++n) {
-        double r = 0, sabs = 0;
-        for (int i = 0; i < M; ++i) {
-          const double a = op(X.v[size_t(i) * K + k], mode);
-          const double b = op(D.v[size_t(i) * N + n], mode);
-          r += a * b;
-          sabs += std::abs(a * b);
-        }
-        const size_t at = c.outin ? size_t(n) * K + k : size_t(k) * N + n;
-        if (!c.with_dw) r = 0, sabs = 0;
-        r += DW.v[at];
-        sabs += std::abs(DW.v[at]);
-        wref[at] = r;
-        wtol[at] = out_tol(r, (M + 2) * kU32 * sabs, F32);
-      }
-    expect_close(get(DW), wref, wtol, c.with_dw ? "dW" : "dW (untouched)");
-
-    // dbias += column sums of dout as stored
-    VD bref(DB.n), btol(DB.n);
-    for (int n = 0; n < N; ++n) {
-      double r = 0, sabs = 0;
-      if (c.with_dbias)
-        for (int i = 0; i < M; ++i) {
-          r += D.v[size_t(i) * N + n];
-          sabs += std::abs(D.v[size_t(i) * N + n]);
-        }
-      r += DB.v[n];
-      sabs += std::abs(DB.v[n]);
-      bref[n] = r;
-      btol[n] = out_tol(r, (M + 2) * kU32 * sabs, F32);
-    }
-    expect_close(get(DB), bref, btol, c.with_dbias ? "dbias" : "dbias (untouched)");
+    const BwdRef r = backward_ref(D.v, X.v, W.v, DI.v, c.gelu ? &AUX.v : nullptr, DW.v, DB.v, c.beta,
+                                  c.with_dw, c.with_dbias, c.outin, M, K, N, mode, c.it);
+    expect_close(get(DI), r.di, r.tdi, c.gelu ? "dinp (DGELU)" : "dinp");
+    expect_close(get(DW), r.dw, r.tdw, c.with_dw ? "dW" : "dW (untouched)");
+    expect_close(get(DB), r.db, r.tdb, c.with_dbias ? "dbias" : "dbias (untouched)");
   }
 };
 
