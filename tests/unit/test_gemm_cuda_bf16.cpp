@@ -494,7 +494,9 @@ TEST_F(GemmBf16, Forward) {
                   const size_t fused0 = g.fused();
                   g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
                             outin, M, N, K, beta, bias, z16);
-                  if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                  if (!epi) {
+                    EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                  }
                   const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr,
                                                beta != 0.0f ? &Y.v : nullptr, false, M, N, K, mode, yt);
                   expect_close(get(Y), f.y, f.ty, "Y");
@@ -536,7 +538,9 @@ TEST_F(GemmBf16, ForwardGeluAux) {
                 const size_t fused0 = g.fused();
                 g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
                           outin, M, N, K, 0.0f, bias, nullptr, A.p);
-                if (!epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                if (!epi) {
+                  EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+                }
                 const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr, nullptr, true, M,
                                              N, K, mode, yt);
                 expect_close(get(A), f.pre, f.tpre, "aux (pre-activation)");
@@ -592,7 +596,9 @@ class GemmBf16Backward : public GemmBf16 {
                c.with_dbias ? static_cast<float*>(DB.p) : nullptr, GemmIn{D.p, c.dt},
                GemmIn{X.p, c.xt}, static_cast<float*>(W.p), M, K, N, !c.outin, w16,
                c.gelu ? AUX.p : nullptr);
-    if (!c.epi) EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+    if (!c.epi) {
+      EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
+    }
 
     const BwdRef r = backward_ref(D.v, X.v, W.v, DI.v, c.gelu ? &AUX.v : nullptr, DW.v, DB.v, c.beta,
                                   c.with_dw, c.with_dbias, c.outin, M, K, N, mode, c.it);
