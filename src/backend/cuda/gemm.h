@@ -89,6 +89,9 @@ class Gemm {
   // lies; one in the other type is converted into scratch first (fp32 -> bf16 rounds to nearest
   // even, bf16 -> fp32 is exact). The fp32 weights are rounded as in run(), or read from z16/w16.
   // Outputs are stored in their own type, each element rounded once from the fp32 result.
+  // Scratch (run()'s grow-only buffer): the converted operands, plus the fp32 result [M,P] where
+  // cuBLAS does not write the output itself (fp32 operands with a bf16 output, and the fallbacks of
+  // GELU_AUX and DGELU).
 
   // Y[M,P] = opX(X)[M,Q] @ opZ(Z)[Q,P] + beta * Y (+ bias[P]); shapes, transposes and beta as run().
   // bias (fp32, nullable) only with beta == 0.
@@ -103,8 +106,9 @@ class Gemm {
   //     with gelu_aux (dinp's type, [M,K], the GELU's pre-activation; dinp_beta 0):
   //     dinp = (dout @ W^T) * gelu_tanh'(gelu_aux), the gradient at the GELU's input
   //   dW += inp^T @ dout in W's layout (fp32; null: skipped)
-  //   dbias[N] += column sums of dout (fp32; null: skipped), from the dW product's epilogue where
-  //     a cuBLASLt algorithm takes it, else a separate deterministic column sum
+  //   dbias[N] += column sums of dout as stored (fp32; null: skipped), from the dW product's
+  //     epilogue where that product reads dout as stored and a cuBLASLt algorithm takes it, else a
+  //     separate deterministic column sum
   void backward(GemmOut dinp, float dinp_beta, float* dw, float* dbias, GemmIn dout, GemmIn inp,
                 const float* w, int M, int K, int N, bool inout, const void* w16 = nullptr,
                 const void* gelu_aux = nullptr);
@@ -112,7 +116,7 @@ class Gemm {
   void set_epilogues(GemmEpilogues e) { epilogues_ = e; }
   GemmEpilogues epilogues() const { return epilogues_; }
   // Typed calls' products so far that ran with a cuBLASLt epilogue, and that asked for one but
-  // took the plain product and separate kernels (tests and run.profile read them).
+  // took the plain product and separate kernels (the tests print them).
   size_t fused() const { return fused_; }
   size_t unfused() const { return unfused_; }
 
