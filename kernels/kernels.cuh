@@ -205,6 +205,22 @@ cudaError_t segment_crossentropy_backward(float* dx, const float* x, const int32
                                           const float* dloss_slot, int E, int* bad_row,
                                           cudaStream_t s);
 
+// ---- gemm_epilogue.cu (the typed GEMM's epilogue fallbacks, src/backend/cuda/gemm.h) -----------
+// r[n] is the GEMM's fp32 result (scratch); with bf16 true, y, aux and d are __nv_bfloat16[n],
+// else float[n].
+// y (bf16) = bf16(r)  (accumulate false: prior contents ignored)  or  bf16(float(y) + r)  (true)
+cudaError_t gemm_store_bf16(void* y, const float* r, size_t n, bool accumulate,
+                            cudaStream_t s);
+// y = gelu_tanh(r), aux = r (the pre-activation the backward reads), each rounded once
+cudaError_t gemm_gelu_aux_bf16(void* y, void* aux, const float* r, size_t n, bool bf16,
+                               cudaStream_t s);
+// d = r * gelu_tanh'(aux)  (written, not accumulated)
+cudaError_t gemm_dgelu_aux_bf16(void* d, const float* r, const void* aux, size_t n, bool bf16,
+                                cudaStream_t s);
+// dst[N] += column sums of x[M,N] (__nv_bfloat16), fp32, deterministic (two stages, chunks of
+// kColsumChunk rows as colsum_accumulate; ws of colsum_ws_bytes(M, N))
+cudaError_t gemm_colsum_bf16(float* dst, const void* x, int M, int N, void* ws, cudaStream_t s);
+
 // ---- adamw.cu ------------------------------------------------------------------------------------
 // Per-element AdamW with host-computed constants (see CudaBackend::adamw_update).
 cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n,

@@ -357,6 +357,15 @@ class CudaBackend final : public Backend {
   void matmul_forward(Act out, CAct inp, const float* w, const float* bias, int M, int K, int N,
                       WLayout layout) override {
     if (out.f32() && inp.f32()) return matmul_forward_f32(out.fp(), inp.fp(), w, bias, M, K, N, layout);
+    if (native_bf16() && M > 0 && N > 0 && K > 0) {
+      // native: the typed GEMM reads inp and writes out as stored (cuda::Gemm::forward)
+      forget_ce_stats(out.p);
+      noted([&] {
+        gemm_->forward(cuda::gemm_out(out), cuda::gemm_in(inp), false, w, layout == WLayout::OutIn,
+                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N));
+      });
+      return op(cudaSuccess, "matmul_forward (bf16)");
+    }
     Stage st(*this, "matmul_forward (staged)");
     const float* i = st.in(inp, size_t(M) * K);
     matmul_forward_f32(st.out(out, size_t(M) * N), i, w, bias, M, K, N, layout);
@@ -367,6 +376,17 @@ class CudaBackend final : public Backend {
     if (dinp.f32() && dout.f32() && inp.f32()) {
       if (dinp.write) zero(dinp.p, size_t(M) * K * sizeof(float));
       return matmul_backward_f32(dinp.fp(), dw, dbias, dout.fp(), inp.fp(), w, M, K, N, layout);
+    }
+    if (native_bf16() && M > 0 && N > 0 && K > 0) {
+      // native: the typed GEMM reads dout and inp as stored, writes (overwrite) or accumulates
+      // dinp in its type, and adds dout's column sums to dbias (cuda::Gemm::backward)
+      const void* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+      noted([&] {
+        gemm_->backward(cuda::gemm_out(dinp), dinp.write ? 0.0f : 1.0f, dw, dbias,
+                        cuda::gemm_in(dout), cuda::gemm_in(inp), w, M, K, N,
+                        layout == WLayout::InOut, w16);
+      });
+      return op(cudaSuccess, "matmul_backward (bf16)");
     }
     Stage st(*this, "matmul_backward (staged)");
     const float* d = st.in(dout, size_t(M) * N);

@@ -27,6 +27,36 @@ using GemmMode = Precision;
 // "Tried and dropped".)
 using Bf16Operands = kern::Bf16Cast;
 
+// A matrix in device memory and its storage type: CUDA_R_32F (float) or CUDA_R_16BF
+// (__nv_bfloat16). The typed calls below read and write activations in either.
+struct GemmIn {
+  const void* p;
+  cudaDataType_t t;
+};
+struct GemmOut {
+  void* p;
+  cudaDataType_t t;
+};
+// A view's storage type (core/tensor.h) as cuBLAS names it.
+inline cudaDataType_t gemm_type(DType d) { return d == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+inline GemmIn gemm_in(CAct v) { return GemmIn{v.p, gemm_type(v.dt)}; }
+inline GemmOut gemm_out(Act v) { return GemmOut{v.p, gemm_type(v.dt)}; }
+
+// The cuBLASLt epilogues the typed calls may ask for, each switchable off (then the plain product
+// and separate kernels, kernels/gemm_epilogue.cu, give the same values up to fp32 summation order):
+//   bias      BIAS (forward bias)                 gelu_aux  GELU_AUX_BIAS / GELU_AUX (forward)
+//   dgelu     DGELU (backward input gradient)     bgrad     BGRADA / BGRADB (dense bias gradient)
+struct GemmEpilogues {
+  bool bias = true;
+  bool gelu_aux = true;
+  bool dgelu = true;
+  bool bgrad = true;
+};
+// NLPTRAIN_CUDA_GEMM_EPILOGUES, read by the Gemm constructor: unset or "bias" = BIAS only (the
+// epilogue the fp32 path runs); "all" = every epilogue above (not yet run on a GPU); "none" = the
+// plain products and separate kernels. Another value throws nlp::Error naming it.
+GemmEpilogues gemm_epilogues_from_env();
+
 class Gemm {
  public:
   Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands = Bf16Operands::Vector);
@@ -53,6 +83,43 @@ class Gemm {
   void backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int M,
                 int K, int N, bool inout, const void* w16 = nullptr);
 
+  // ---- typed operands (bf16 activations) ----
+  // Operand arithmetic as for run(): bf16 products (fp32 accumulation, CUBLAS_COMPUTE_32F) in Bf16
+  // mode, fp32 (or TF32) otherwise. An activation already in the operand type is read where it
+  // lies; one in the other type is converted into scratch first (fp32 -> bf16 rounds to nearest
+  // even, bf16 -> fp32 is exact). The fp32 weights are rounded as in run(), or read from z16/w16.
+  // Outputs are stored in their own type, each element rounded once from the fp32 result.
+  // Scratch (run()'s grow-only buffer): the converted operands, plus the fp32 result [M,P] where
+  // cuBLAS does not write the output itself (fp32 operands with a bf16 output, and the fallbacks of
+  // GELU_AUX and DGELU).
+
+  // Y[M,P] = opX(X)[M,Q] @ opZ(Z)[Q,P] + beta * Y (+ bias[P]); shapes, transposes and beta as run().
+  // bias (fp32, nullable) only with beta == 0.
+  // gelu_aux (nullable; Y's type, [M,P], beta == 0): the tanh-form GELU layer in one call,
+  //   gelu_aux = X @ Z + bias (the pre-activation, which the backward reads) and
+  //   Y = gelu_tanh(X @ Z + bias) computed from the fp32 pre-activation.
+  void forward(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
+               float beta, const float* bias, const void* z16 = nullptr, void* gelu_aux = nullptr);
+
+  // The dense layer's backward on typed activations (dout [M,N], inp [M,K]; W as backward()):
+  //   dinp[M,K] = dout @ W^T + dinp_beta * dinp     (dinp.p null: skipped; dinp_beta 0 or 1)
+  //     with gelu_aux (dinp's type, [M,K], the GELU's pre-activation; dinp_beta 0):
+  //     dinp = (dout @ W^T) * gelu_tanh'(gelu_aux), the gradient at the GELU's input
+  //   dW += inp^T @ dout in W's layout (fp32; null: skipped)
+  //   dbias[N] += column sums of dout as stored (fp32; null: skipped), from the dW product's
+  //     epilogue where that product reads dout as stored and a cuBLASLt algorithm takes it, else a
+  //     separate deterministic column sum
+  void backward(GemmOut dinp, float dinp_beta, float* dw, float* dbias, GemmIn dout, GemmIn inp,
+                const float* w, int M, int K, int N, bool inout, const void* w16 = nullptr,
+                const void* gelu_aux = nullptr);
+
+  void set_epilogues(GemmEpilogues e) { epilogues_ = e; }
+  GemmEpilogues epilogues() const { return epilogues_; }
+  // Typed calls' products so far that ran with a cuBLASLt epilogue, and that asked for one but
+  // took the plain product and separate kernels (the tests print them).
+  size_t fused() const { return fused_; }
+  size_t unfused() const { return unfused_; }
+
   // Reallocations of the bf16 operand scratch so far: a CUDA graph recorded before the last one
   // points into freed memory. While the stream is being captured the scratch does not grow: the
   // call throws nlp::Error instead.
@@ -75,6 +142,29 @@ class Gemm {
   using Key = std::tuple<int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
   Plan& plan(const Key& key, const float* bias);
 
+  // ---- typed path ----
+  enum class Epi { None, Bias, GeluAux, GeluAuxBias, DGelu, BGradA, BGradB };
+  // opA, opB, m, n, k, A/B type, C/D type, epilogue, alignments of A, B, C, bias, aux
+  using TKey = std::tuple<int, int, int, int, int, int, int, int, uint32_t, uint32_t, uint32_t,
+                          uint32_t, uint32_t>;
+  Plan& typed_plan(const TKey& key, const void* bias, const void* aux);
+  // D (type yt) = opX(X) @ opZ(Z) + beta D through cuBLASLt with `epi` (operands in operand_type();
+  // bias: the BIAS input or the BGRAD output, aux: GELU's pre-activation); false when no algorithm
+  // takes it (nothing was computed).
+  bool lt(void* Y, cudaDataType_t yt, const void* X, bool trans_x, const void* Z, bool trans_z,
+          int M, int P, int Q, float beta, Epi epi, const void* bias, const void* aux,
+          bool probe_only = false);
+  // forward() and backward(); allow_epilogue false: the plain products and separate kernels
+  void forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M, int P,
+                    int Q, float beta, const float* bias, const void* z16, void* gelu_aux,
+                    bool allow_epilogue);
+  void backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias, GemmIn dout,
+                     GemmIn inp, const float* w, int M, int K, int N, bool inout, const void* w16,
+                     const void* gelu_aux, bool allow_epilogue);
+  // The plain product (no epilogue): cuBLASLt, else cublasGemmEx; yt fp32, or bf16 with bf16 operands.
+  void plain(void* Y, cudaDataType_t yt, const void* X, bool trans_x, const void* Z, bool trans_z,
+             int M, int P, int Q, float beta);
+
   void* bf16_scratch(size_t bytes);
   bool copies() const { return mode_ == GemmMode::Bf16; }
   cudaDataType_t operand_type() const { return copies() ? CUDA_R_16BF : CUDA_R_32F; }
@@ -91,6 +181,9 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
+  std::map<TKey, Plan> tplans_;
+  GemmEpilogues epilogues_;
+  size_t fused_ = 0, unfused_ = 0;
   std::function<void()> after_cast_;
 };
 
