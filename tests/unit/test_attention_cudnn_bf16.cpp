@@ -14,6 +14,7 @@
 //    mode's gradient;
 //  - the kernels bitwise against their CPU definitions (copies, zeros, and one fp32 add of two bf16
 //    values, which is exact, rounded once).
+// The CUDA backend's overrides on bf16 views take this path (BackendBf16ViewsTakeTheNativePath).
 // Cases: causal GPT-2-like heads; a key padding mask with a fully masked sequence (not causal) and
 // left padding (causal), both with query rows that see no key; packed rows in the ragged layout with
 // examples <= B (in place) and examples > B (staged), and in the bias layout; dropout with the Philox
@@ -45,6 +46,8 @@
 #include "../../kernels/kernels.cuh"  // the repository root is not an include directory
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
+#include "core/backend.h"
+#include "core/tensor.h"
 
 namespace {
 
@@ -529,6 +532,93 @@ TEST_F(CudnnBf16, DropoutFromSeedSlotMatchesFp32Io) {
   att().forward_bf16(without, nanf(nlp::cuda::sdpa_saved_floats_bf16(R, c.s.T, c.s.NH, c.s.HS)),
                      q16, nullptr, false, 0, true, 0.f, 0, nullptr, c.s.B, c.s.T, c.s.NH, c.s.HS);
   EXPECT_NE(get(with, nout), get(without, nout)) << "dropout 0.1 left the output unchanged";
+}
+
+// The CUDA backend's attention ops on bf16 views (NLPTRAIN_CUDA_BF16_ACTS native, the default) with
+// fused attention: sized with act = BF16 as the bf16-I/O entry points; the output bitwise equal to
+// the fp32 views' (whose cuDNN O is bf16 too); dqkv marked overwrite (NaN before) within 1 bf16 ulp of
+// the gradient the fp32 views add to zeros; dqkv not marked: prior + that gradient within 1 ulp.
+TEST_F(CudnnBf16, BackendBf16ViewsTakeTheNativePath) {
+  const char* env = std::getenv("NLPTRAIN_CUDA_BF16_ACTS");
+  if (env && std::string(env) == "staged") GTEST_SKIP() << "NLPTRAIN_CUDA_BF16_ACTS=staged";
+  nlp::BackendOptions o;
+  o.precision = nlp::Precision::Bf16;
+  o.fused_attention = true;
+  std::unique_ptr<nlp::Backend> be = nlp::make_cuda_backend(0, o);
+  const Shape s{2, 128, 4, 64};
+  const int B = s.B, T = s.T, NH = s.NH, HS = s.HS;
+  const size_t nout = s.BT() * s.C(), nqkv = 3 * nout;
+  const auto BF16 = nlp::DType::BF16;
+  EXPECT_EQ(be->attention_saved_floats(B, T, NH, HS, BF16), nlp::cuda::sdpa_saved_floats_bf16(B, T, NH, HS));
+  EXPECT_EQ(be->attention_scratch_floats(B, T, NH, HS, BF16),
+            nlp::cuda::sdpa_scratch_floats_bf16(B, T, NH, HS));
+  std::vector<void*> mem;
+  auto dev = [&](const void* h, size_t bytes) {
+    void* p = be->alloc(bytes);
+    mem.push_back(p);
+    be->to_device(p, h, bytes);
+    return p;
+  };
+  auto host = [&](const void* p, size_t bytes) {
+    std::vector<char> h(bytes);
+    be->to_host(h.data(), p, bytes);
+    return h;
+  };
+  const VF qkv = randn_bf16(nqkv, 41), dout = randn_bf16(nout, 42), prior = randn_bf16(nqkv, 43);
+  const VF nan32(std::max(nqkv, be->attention_saved_floats(B, T, NH, HS, nlp::DType::F32)),
+                 std::numeric_limits<float>::quiet_NaN());
+  const VB nan16(nqkv, uint16_t(0x7fc0));
+  const VF zeros(nqkv, 0.f);
+
+  // fp32 views
+  float* q32 = static_cast<float*>(dev(qkv.data(), nqkv * 4));
+  float* out32 = static_cast<float*>(dev(nan32.data(), nout * 4));
+  float* att32 = static_cast<float*>(dev(nan32.data(), be->attention_saved_floats(B, T, NH, HS) * 4));
+  float* scr32 = static_cast<float*>(be->alloc(be->attention_scratch_floats(B, T, NH, HS) * 4));
+  mem.push_back(scr32);
+  float* dq32 = static_cast<float*>(dev(zeros.data(), nqkv * 4));
+  be->attention_forward(out32, att32, q32, nullptr, true, 0.f, 0, B, T, NH, HS);
+  be->attention_backward(dq32, scr32, static_cast<float*>(dev(dout.data(), nout * 4)), q32, att32,
+                         nullptr, true, 0.f, 0, B, T, NH, HS);
+  VF out_f(nout), dq_f(nqkv);
+  be->to_host(out_f.data(), out32, nout * 4);
+  be->to_host(dq_f.data(), dq32, nqkv * 4);
+
+  // bf16 views
+  const VB qb = to_bits(qkv), db = to_bits(dout), pb = to_bits(prior);
+  void* q16 = dev(qb.data(), nqkv * 2);
+  void* out16 = dev(nan16.data(), nout * 2);
+  float* att16 = static_cast<float*>(dev(nan32.data(), be->attention_saved_floats(B, T, NH, HS, BF16) * 4));
+  float* scr16 = static_cast<float*>(be->alloc(be->attention_scratch_floats(B, T, NH, HS, BF16) * 4));
+  mem.push_back(scr16);
+  void* d16 = dev(db.data(), nout * 2);
+  void* dq16 = dev(nan16.data(), nqkv * 2);
+  void* acc16 = dev(pb.data(), nqkv * 2);
+  be->attention_forward(nlp::Act(out16, BF16), att16, nlp::CAct(q16, BF16), nullptr, true, 0.f, 0, B,
+                        T, NH, HS);
+  be->attention_backward(nlp::overwrite(nlp::Act(dq16, BF16)), scr16, nlp::CAct(d16, BF16),
+                         nlp::CAct(q16, BF16), att16, nullptr, true, 0.f, 0, B, T, NH, HS);
+  be->attention_backward(nlp::Act(acc16, BF16), scr16, nlp::CAct(d16, BF16), nlp::CAct(q16, BF16),
+                         att16, nullptr, true, 0.f, 0, B, T, NH, HS);
+  VB out_h(nout), dq_h(nqkv), acc_h(nqkv);
+  std::memcpy(out_h.data(), host(out16, nout * 2).data(), nout * 2);
+  std::memcpy(dq_h.data(), host(dq16, nqkv * 2).data(), nqkv * 2);
+  std::memcpy(acc_h.data(), host(acc16, nqkv * 2).data(), nqkv * 2);
+  const VF out_b = to_values(out_h), dq_b = to_values(dq_h), acc_b = to_values(acc_h);
+
+  size_t out_diff = 0, dq_far = 0, acc_far = 0;
+  for (size_t i = 0; i < nout; ++i) out_diff += !(out_b[i] == out_f[i]);
+  for (size_t i = 0; i < nqkv; ++i) {
+    dq_far += !(std::fabs(double(dq_b[i]) - dq_f[i]) <=
+                ulp(std::max(std::fabs(double(dq_b[i])), std::fabs(double(dq_f[i])))));
+    const double want = nlp::cpu::round_bf16(float(double(prior[i]) + dq_f[i]));
+    acc_far += !(std::fabs(acc_b[i] - want) <= ulp(want));
+  }
+  EXPECT_EQ(out_diff, 0u) << "output elements not bitwise equal to the fp32 views'";
+  EXPECT_EQ(dq_far, 0u) << "overwritten dqkv: elements more than 1 bf16 ulp from the fp32 views'";
+  EXPECT_EQ(acc_far, 0u) << "accumulated dqkv: elements more than 1 bf16 ulp from prior + gradient";
+  for (void* p : mem) be->release(p);
+  be->synchronize();
 }
 
 }  // namespace
