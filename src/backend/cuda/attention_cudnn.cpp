@@ -675,12 +675,13 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
 
 namespace {
 
-// cuDNN's operand alignment for buffers bound in place: 16-byte pointers, and heads at 2C-byte steps
+// cuDNN's operand alignment for buffers bound in place: 16-byte pointers, and k and v at 2C and 4C
+// bytes from q (dk, dv likewise) within the fused rows
 void check_bf16_io(const char* what, int C,
                    std::initializer_list<std::pair<const char*, const void*>> buffers) {
   if (C % 8 != 0)
     throw Error(cat("cuDNN attention ", what, " with bf16 I/O: C = ", C,
-                    " is not a multiple of 8 (cuDNN needs every head 16-byte aligned)"));
+                    " is not a multiple of 8 (cuDNN needs k and v 16-byte aligned in the fused rows)"));
   for (const auto& [name, ptr] : buffers)
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       throw Error(cat("cuDNN attention ", what, " with bf16 I/O: ", name, " (", ptr,

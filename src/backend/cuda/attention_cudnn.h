@@ -147,8 +147,8 @@ inline size_t sdpa_scratch_floats(int B, int T, int NH, int HS) {
 // dq|dk|dv are then staged through copies of max(B, examples) x T tokens whose room past the B x T
 // tokens is zeroed (q|k|v, O and the dq|dk|dv staging in the workspace, dO in the scratch), as the
 // fp32-I/O path does.
-// Every bf16 pointer must be 16-byte aligned and C a multiple of 8 (cuDNN's operand alignment: the
-// heads start at 2C-byte steps); a call that breaks this throws nlp::Error naming the buffer.
+// Every bf16 pointer must be 16-byte aligned and C a multiple of 8 (cuDNN's operand alignment: k and
+// v start 2C and 4C bytes after q in each row); a call that breaks this throws nlp::Error naming it.
 // The graphs are those of the fp32-I/O path (cuDNN sees bf16 either way), cached under a key that
 // also holds the I/O type.
 inline size_t sdpa_saved_floats_bf16(int B, int T, int NH, int HS) {
