@@ -78,9 +78,10 @@ const char* mask_name(MaskKind m) {
 }
 
 // What a cached graph computes. Ragged: E sequences of at most T tokens, B = 0 (the graph does not
-// depend on the number of rows they are packed in). bf16_io: the graph of forward_bf16/backward_bf16
-// (cuDNN's tensors are the same as the fp32-I/O path's; the calls bind the caller's buffers instead
-// of converted copies), cached apart from the fp32-I/O graphs.
+// depend on the number of rows they are packed in). bf16_io: the graph of forward_bf16/backward_bf16,
+// cached under its own key; its cuDNN tensors are today those of the fp32-I/O path (the calls bind
+// the caller's bf16 buffers instead of converted copies), so plan() shares one built graph between
+// the two keys of a variant.
 struct Key {
   int B = 0, T = 0, NH = 0, HS = 0;
   bool causal = false;
@@ -293,6 +294,12 @@ struct CudnnAttention::Impl {
     auto& cache = is_backward ? backward : forward;
     auto it = cache.find(k);
     if (it != cache.end()) return it->second;
+    // the other I/O type's graph of the same variant is the same cuDNN graph (Key): shared, so that
+    // a bf16 run builds neither the plain graphs supports() built nor a variant that already failed
+    Key twin = k;
+    twin.bf16_io = !k.bf16_io;
+    auto t = cache.find(twin);
+    if (t != cache.end()) return cache.emplace(k, t->second).first->second;
     if (capturing())
       throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
                       "): its cuDNN graph would be built while recording a CUDA graph; run the "
@@ -397,7 +404,9 @@ struct CudnnAttention::Impl {
     const Plan& f = plan(r, false);
     const Plan& b = f.graph ? plan(r, true) : f;
     if (f.graph && b.graph) return r;
-    if (ragged_refused.insert(r).second)
+    Key reported = r;  // one line per variant, whichever I/O type asked first
+    reported.bf16_io = false;
+    if (ragged_refused.insert(reported).second)
       std::fprintf(stderr,
                    "nlptrain: cuDNN attention (%s): the ragged layout does not build (%s: %s); "
                    "packed rows take a block-diagonal bias instead\n",

@@ -150,7 +150,7 @@ inline size_t sdpa_scratch_floats(int B, int T, int NH, int HS) {
 // Every bf16 pointer must be 16-byte aligned and C a multiple of 8 (cuDNN's operand alignment: k and
 // v start 2C and 4C bytes after q in each row); a call that breaks this throws nlp::Error naming it.
 // The graphs are those of the fp32-I/O path (cuDNN sees bf16 either way), cached under a key that
-// also holds the I/O type.
+// also holds the I/O type; the two keys of a variant share one built graph.
 inline size_t sdpa_saved_floats_bf16(int B, int T, int NH, int HS) {
   (void)HS;
   return (sdpa_align(size_t(B) * T * NH * sizeof(float)) + kSdpaAlign + sizeof(float) - 1) /
