@@ -96,6 +96,17 @@ cudaError_t sdpa_out_from_bf16_tokens(float* out, const void* o, const int32_t* 
 // dst[tokens, W] += float(src) (__nv_bfloat16) where mask[token] != 0 (other tokens untouched)
 cudaError_t sdpa_accumulate_bf16_tokens(float* dst, const void* src, const int32_t* mask,
                                         size_t tokens, int W, cudaStream_t s);
+// bf16 I/O (__nv_bfloat16 buffers; no fp32 copy of the activations):
+// dst[B,T,C] = live(b,t) ? src : 0, live as in sdpa_out_from_bf16 (first nullable: every row live, a
+// copy). dst == src is allowed: the dead rows are zeroed in place, the live ones left as they are.
+cudaError_t sdpa_rows_bf16(void* dst, const void* src, const int32_t* first, bool causal, int B,
+                           int T, int C, cudaStream_t s);
+// Per token of tokens x W (mask nullable: every token live; else live where mask[token] != 0):
+//   accumulate = false: dst = live ? src : 0        (dst == src allowed: zeroes the dead tokens)
+//   accumulate = true:  dst = bf16(float(dst) + float(src)) where live; dead tokens untouched
+// (dst != src when accumulating)
+cudaError_t sdpa_tokens_bf16(void* dst, const void* src, const int32_t* mask, size_t tokens, int W,
+                             bool accumulate, cudaStream_t s);
 // dst[0] = seed_slot ? *seed_slot : seed, dst[1] = offset (int64, device): cuDNN's Philox dropout
 // arguments
 cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, const uint64_t* seed_slot,

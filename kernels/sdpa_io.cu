@@ -12,6 +12,9 @@
 // the segment ids (a run of equal non-zero ids within a row), with its ragged offsets into the
 // token-major q|k|v and o buffers and its length. Padding tokens (id 0) belong to no sequence: cuDNN
 // neither reads nor writes them, so their output is set to 0 here and their gradient left out.
+//
+// bf16 I/O (activations stored in bf16): the same rules applied to bf16 buffers, in place or into a
+// copy, and the add of a bf16 gradient into a bf16 gradient (sdpa_rows_bf16, sdpa_tokens_bf16).
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -135,6 +138,34 @@ __global__ void accumulate_bf16_k(float* __restrict__ dst, const __nv_bfloat16* 
   GRID_STRIDE(i, n) if (live(i / W)) dst[i] += __bfloat162float(src[i]);
 }
 
+// bf16 I/O (attention_cudnn.h forward_bf16/backward_bf16): dst[rows, W] = live(row) ? src : 0, in
+// place when dst == src (then only the dead rows are written)
+template <class Live>
+__global__ void rows_bf16_k(__nv_bfloat16* dst, const __nv_bfloat16* src, Live live, int W,
+                            size_t n) {
+  GRID_STRIDE(i, n) {
+    const bool keep = live(i / W);
+    if (dst != src)
+      dst[i] = keep ? src[i] : __float2bfloat16_rn(0.0f);
+    else if (!keep)
+      dst[i] = __float2bfloat16_rn(0.0f);
+  }
+}
+
+struct AllLive {
+  __device__ bool operator()(size_t) const { return true; }
+};
+
+// dst[rows, W] = bf16(float(dst) + float(src)) on live rows (other rows untouched); fp32 sum, one
+// rounding on store
+template <class Live>
+__global__ void accumulate_rows_bf16_k(__nv_bfloat16* __restrict__ dst,
+                                       const __nv_bfloat16* __restrict__ src, Live live, int W,
+                                       size_t n) {
+  GRID_STRIDE(i, n) if (live(i / W)) dst[i] =
+      __float2bfloat16_rn(__bfloat162float(dst[i]) + __bfloat162float(src[i]));
+}
+
 __global__ void philox_args_k(int64_t* dst, int64_t seed, const uint64_t* seed_slot, int64_t offset) {
   dst[0] = seed_slot ? static_cast<int64_t>(*seed_slot) : seed;
   dst[1] = offset;
@@ -202,6 +233,38 @@ cudaError_t sdpa_philox_args(int64_t* dst, uint64_t seed, const uint64_t* seed_s
                              cudaStream_t s) {
   philox_args_k<<<1, 1, 0, s>>>(dst, static_cast<int64_t>(seed), seed_slot,
                                 static_cast<int64_t>(offset));
+  return cudaGetLastError();
+}
+
+cudaError_t sdpa_rows_bf16(void* dst, const void* src, const int32_t* first, bool causal, int B,
+                           int T, int C, cudaStream_t s) {
+  const size_t n = size_t(B) * T * C;
+  auto* d = static_cast<__nv_bfloat16*>(dst);
+  const auto* x = static_cast<const __nv_bfloat16*>(src);
+  if (n == 0) return cudaSuccess;
+  if (first)
+    rows_bf16_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(d, x, LiveByFirstKey{first, causal, T}, C,
+                                                           n);
+  else if (dst != src)
+    return cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice, s);
+  return cudaGetLastError();
+}
+
+cudaError_t sdpa_tokens_bf16(void* dst, const void* src, const int32_t* mask, size_t tokens, int W,
+                             bool accumulate, cudaStream_t s) {
+  const size_t n = tokens * W;
+  auto* d = static_cast<__nv_bfloat16*>(dst);
+  const auto* x = static_cast<const __nv_bfloat16*>(src);
+  if (n == 0) return cudaSuccess;
+  const unsigned g = grid_for(n, kThreads);
+  if (accumulate && mask)
+    accumulate_rows_bf16_k<<<g, kThreads, 0, s>>>(d, x, LiveBySegment{mask}, W, n);
+  else if (accumulate)
+    accumulate_rows_bf16_k<<<g, kThreads, 0, s>>>(d, x, AllLive{}, W, n);
+  else if (mask)
+    rows_bf16_k<<<g, kThreads, 0, s>>>(d, x, LiveBySegment{mask}, W, n);
+  else if (dst != src)
+    return cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice, s);
   return cudaGetLastError();
 }
 

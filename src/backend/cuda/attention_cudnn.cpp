@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <tuple>
@@ -77,18 +78,26 @@ const char* mask_name(MaskKind m) {
 }
 
 // What a cached graph computes. Ragged: E sequences of at most T tokens, B = 0 (the graph does not
-// depend on the number of rows they are packed in).
+// depend on the number of rows they are packed in). bf16_io: the graph of forward_bf16/backward_bf16,
+// cached under its own key; its cuDNN tensors are today those of the fp32-I/O path (the calls bind
+// the caller's bf16 buffers instead of converted copies), so plan() shares one built graph between
+// the two keys of a variant.
 struct Key {
   int B = 0, T = 0, NH = 0, HS = 0;
   bool causal = false;
   MaskKind mask = MaskKind::None;
   float p = 0.f;  // dropout probability; 0 = no dropout node
   int E = 0;      // Ragged: sequences (examples)
-  auto tie() const { return std::tuple(B, T, NH, HS, causal, int(mask), p, E); }
+  bool bf16_io = false;
+  auto tie() const { return std::tuple(B, T, NH, HS, causal, int(mask), p, E, bf16_io); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
-std::string describe(const Key& k) {
+std::string describe_shape(const Key& k);
+
+std::string describe(const Key& k) { return describe_shape(k) + (k.bf16_io ? ", bf16 I/O" : ""); }
+
+std::string describe_shape(const Key& k) {
   if (k.mask == MaskKind::Ragged)
     return cat("packed rows as ", k.E, " ragged (THD) sequences of at most T=", k.T, " NH=", k.NH,
                " HS=", k.HS, ", ", k.causal ? "causal" : "not causal", ", dropout ", k.p);
@@ -266,6 +275,7 @@ struct CudnnAttention::Impl {
   size_t ws_bytes = 0;
   long ws_grows = 0;                  // reallocations of ws (grows())
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
+  std::unordered_map<const float*, const void*> outputs;  // saved state -> forward_bf16's out
 
   // Whether the stream is being captured into a CUDA graph (the backend's capture_begin): building
   // a graph or growing ws then would leave the recording pointing into memory freed later (and
@@ -284,6 +294,12 @@ struct CudnnAttention::Impl {
     auto& cache = is_backward ? backward : forward;
     auto it = cache.find(k);
     if (it != cache.end()) return it->second;
+    // the other I/O type's graph of the same variant is the same cuDNN graph (Key): shared, so that
+    // a bf16 run builds neither the plain graphs supports() built nor a variant that already failed
+    Key twin = k;
+    twin.bf16_io = !k.bf16_io;
+    auto t = cache.find(twin);
+    if (t != cache.end()) return cache.emplace(k, t->second).first->second;
     if (capturing())
       throw Error(cat("cuDNN attention ", is_backward ? "backward" : "forward", " (", describe(k),
                       "): its cuDNN graph would be built while recording a CUDA graph; run the "
@@ -331,8 +347,9 @@ struct CudnnAttention::Impl {
   // graph builds for that direction, decided once per variant; packed rows take packed_layout()
   // (require() then reports a variant that does not build).
   Key key_of(int B, int T, int NH, int HS, bool causal, bool masked, bool packed, int examples,
-             float p, bool is_backward) {
+             float p, bool is_backward, bool bf16_io = false) {
     Key k{B, T, NH, HS, causal, MaskKind::None, p > 0.f ? p : 0.f};
+    k.bf16_io = bf16_io;
     if (packed) return packed_key(k, examples);
     if (!masked) return k;
     auto& chosen = is_backward ? mask_backward : mask_forward;
@@ -387,7 +404,9 @@ struct CudnnAttention::Impl {
     const Plan& f = plan(r, false);
     const Plan& b = f.graph ? plan(r, true) : f;
     if (f.graph && b.graph) return r;
-    if (ragged_refused.insert(r).second)
+    Key reported = r;  // one line per variant, whichever I/O type asked first
+    reported.bf16_io = false;
+    if (ragged_refused.insert(reported).second)
       std::fprintf(stderr,
                    "nlptrain: cuDNN attention (%s): the ragged layout does not build (%s: %s); "
                    "packed rows take a block-diagonal bias instead\n",
@@ -430,6 +449,7 @@ struct CudnnAttention::Impl {
   // Device scratch for one call: cuDNN's workspace, then (masked calls) the bias [B,rows,ld] bf16
   // and the first unmasked key of each sequence [B] int32, or (ragged calls) the offsets into q|k|v
   // and o [E+1] int64 and the lengths [E] int32.
+  // `extra` bytes (bf16-I/O calls: staging copies, a gradient temporary) follow at cb.extra.
   struct CallBuffers {
     void* workspace = nullptr;
     void* bias = nullptr;
@@ -437,31 +457,41 @@ struct CudnnAttention::Impl {
     int rows = 0;
     int64_t *off_qkv = nullptr, *off_o = nullptr;
     int32_t* seqlen = nullptr;
+    char* extra = nullptr;
   };
-  CallBuffers buffers(const Plan& p, const Key& k) {
+  CallBuffers buffers(const Plan& p, const Key& k, size_t extra = 0) {
     CallBuffers cb;
     const size_t wsb = sdpa_align(size_t(p.workspace));
+    extra = sdpa_align(extra);
     if (k.mask == MaskKind::Ragged) {
       const size_t off = sdpa_align((size_t(k.E) + 1) * sizeof(int64_t));
       const size_t len = sdpa_align(size_t(k.E) * sizeof(int32_t));
-      char* base = static_cast<char*>(grow(wsb + 2 * off + len));
+      char* base = static_cast<char*>(grow(wsb + 2 * off + len + extra));
       cb.workspace = p.workspace > 0 ? base : nullptr;
       cb.off_qkv = reinterpret_cast<int64_t*>(base + wsb);
       cb.off_o = reinterpret_cast<int64_t*>(base + wsb + off);
       cb.seqlen = reinterpret_cast<int32_t*>(base + wsb + 2 * off);
+      if (extra) cb.extra = base + wsb + 2 * off + len;
       return cb;
     }
     cb.rows = k.mask == MaskKind::Full ? k.T : 1;
     const size_t bias_bytes =
         k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * cb.rows * bias_ld(k.T) * 2);
     const size_t first_bytes = k.mask == MaskKind::None ? 0 : sdpa_align(size_t(k.B) * 4);
-    char* base = static_cast<char*>(grow(wsb + bias_bytes + first_bytes));
+    char* base = static_cast<char*>(grow(wsb + bias_bytes + first_bytes + extra));
     cb.workspace = p.workspace > 0 ? base : nullptr;
     if (k.mask != MaskKind::None) {
       cb.bias = base + wsb;
       cb.first = reinterpret_cast<int32_t*>(base + wsb + bias_bytes);
     }
+    if (extra) cb.extra = base + wsb + bias_bytes + first_bytes;
     return cb;
+  }
+
+  // dst[room] = src[used] then zeros (bf16-I/O staging of a ragged call's buffer; used <= room)
+  void stage(char* dst, const void* src, size_t used, size_t room, const char* what) {
+    ck_cuda(cudaMemcpyAsync(dst, src, used, cudaMemcpyDeviceToDevice, stream), what);
+    if (room > used) ck_cuda(cudaMemsetAsync(dst + used, 0, room - used, stream), what);
   }
 
   // The grow-only buffer (stream order makes reuse by the next call safe).
@@ -648,6 +678,147 @@ void CudnnAttention::backward(float* dqkv, float* scratch, const float* dout, co
             "dqkv accumulate");
   else
     ck_cuda(kern::accumulate_bf16(dqkv, dqkv16, BT * 3 * C, m.stream), "dqkv accumulate");
+}
+
+// ---- bf16 I/O -----------------------------------------------------------------------------------------
+
+namespace {
+
+// cuDNN's operand alignment for buffers bound in place: 16-byte pointers, and k and v at 2C and 4C
+// bytes from q (dk, dv likewise) within the fused rows
+void check_bf16_io(const char* what, int C,
+                   std::initializer_list<std::pair<const char*, const void*>> buffers) {
+  if (C % 8 != 0)
+    throw Error(cat("cuDNN attention ", what, " with bf16 I/O: C = ", C,
+                    " is not a multiple of 8 (cuDNN needs k and v 16-byte aligned in the fused rows)"));
+  for (const auto& [name, ptr] : buffers)
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw Error(cat("cuDNN attention ", what, " with bf16 I/O: ", name, " (", ptr,
+                      ") is not 16-byte aligned"));
+}
+
+}  // namespace
+
+const void* CudnnAttention::output_of(const float* saved) const {
+  auto it = impl_->outputs.find(saved);
+  return it == impl_->outputs.end() ? nullptr : it->second;
+}
+
+// out[B,T,C] (bf16) = attention(q, k, v) read from qkv (bf16) in place; saved <- stats
+void CudnnAttention::forward_bf16(void* out, float* saved, const void* qkv,
+                                  const int32_t* attn_mask, bool packed, int examples, bool causal,
+                                  float dropout_p, uint64_t seed, const uint64_t* seed_slot, int B,
+                                  int T, int NH, int HS) {
+  Impl& m = *impl_;
+  const int C = NH * HS;
+  const size_t BT = size_t(B) * T;
+  const int R = std::max(B, examples);
+  float* stats = reinterpret_cast<float*>(align_up(saved));  // [R,NH,T,1]
+  NLP_ASSERT(!packed || attn_mask);
+  check_bf16_io("forward", C, {{"qkv", qkv}, {"out", out}});
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p,
+                         false, /*bf16_io=*/true);
+  const Plan& p = m.require(k, false);
+  const bool ragged = k.mask == MaskKind::Ragged;
+  const bool staged = ragged && examples > B;  // attention_cudnn.h: E x T tokens past the buffers
+  const size_t qkv_room = sdpa_align(size_t(R) * T * 3 * C * 2);
+  const size_t o_room = sdpa_align(size_t(R) * T * C * 2);
+  const Impl::CallBuffers cb = m.buffers(p, k, staged ? qkv_room + o_room : 0);
+  if (packed) count_packed(ragged);
+  m.outputs[saved] = out;
+
+  const char* q = static_cast<const char*>(qkv);
+  char* o = static_cast<char*>(out);
+  if (ragged)  // cuDNN writes the stats of each sequence's own tokens only
+    ck_cuda(cudaMemsetAsync(stats, 0, size_t(R) * NH * T * sizeof(float), m.stream),
+            "ragged stats (zero)");
+  if (staged) {
+    char* q16 = cb.extra;
+    char* o16 = cb.extra + qkv_room;
+    m.stage(q16, qkv, BT * 3 * C * 2, qkv_room, "ragged q|k|v (staged)");
+    ck_cuda(cudaMemsetAsync(o16, 0, o_room, m.stream), "ragged o (zero)");
+    q = q16;
+    o = o16;
+  }
+  m.prepare(k, cb, attn_mask, seed, seed_slot, B);
+  const size_t part = size_t(C) * 2;  // bytes from q to k to v within a row
+  char* qm = const_cast<char*>(q);    // the variant pack takes void*; cuDNN only reads Q, K, V
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, qm}, {kK, qm + part}, {kV, qm + 2 * part}, {kO, o}, {kStats, stats}};
+  m.execute(p, k, pack, cb, "forward");
+  if (ragged)  // padding tokens are in no sequence: 0 (in place, or copied from the staging)
+    ck_cuda(kern::sdpa_tokens_bf16(out, o, attn_mask, BT, C, false, m.stream),
+            "output padding tokens (zero)");
+  else if (attn_mask)  // rows with no visible key: 0, in place
+    ck_cuda(kern::sdpa_rows_bf16(out, out, cb.first, causal, B, T, C, m.stream),
+            "output dead rows (zero)");
+}
+
+// dqkv[B,T,3C] (bf16) = (accumulate: +=) d attention / d qkv, from the stats in saved and the
+// forward's qkv and out (bf16, unchanged since)
+void CudnnAttention::backward_bf16(void* dqkv, bool accumulate, float* scratch, const void* dout,
+                                   const void* qkv, const void* out, const float* saved,
+                                   const int32_t* attn_mask, bool packed, int examples, bool causal,
+                                   float dropout_p, uint64_t seed, const uint64_t* seed_slot, int B,
+                                   int T, int NH, int HS) {
+  Impl& m = *impl_;
+  const int C = NH * HS;
+  const size_t BT = size_t(B) * T;
+  const int R = std::max(B, examples);
+  float* stats = reinterpret_cast<float*>(align_up(saved));
+  char* dout16 = align_up(scratch);  // [R,T,C] bf16: dO with dead rows zeroed, or staged
+  NLP_ASSERT(!packed || attn_mask);
+  check_bf16_io("backward", C, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}});
+  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p,
+                         true, /*bf16_io=*/true);
+  const Plan& p = m.require(k, true);
+  const bool ragged = k.mask == MaskKind::Ragged;
+  const bool staged = ragged && examples > B;
+  const size_t qkv_room = sdpa_align(size_t(R) * T * 3 * C * 2);
+  const size_t o_room = sdpa_align(size_t(R) * T * C * 2);
+  // workspace past cuDNN's: staged q|k|v, O and dq|dk|dv, or the dq|dk|dv temporary of an accumulate
+  const size_t extra = staged ? 2 * qkv_room + o_room : accumulate ? sdpa_align(BT * 3 * C * 2) : 0;
+  const Impl::CallBuffers cb = m.buffers(p, k, extra);
+  if (packed) count_packed(ragged);
+
+  const char* q = static_cast<const char*>(qkv);
+  const char* o = static_cast<const char*>(out);
+  const char* dO = static_cast<const char*>(dout);
+  char* dq = static_cast<char*>(dqkv);
+  if (staged) {
+    char* q16 = cb.extra;
+    char* o16 = q16 + qkv_room;
+    m.stage(q16, qkv, BT * 3 * C * 2, qkv_room, "ragged q|k|v (staged)");
+    m.stage(o16, out, BT * C * 2, o_room, "ragged o (staged)");
+    m.stage(dout16, dout, BT * C * 2, o_room, "ragged dO (staged)");
+    q = q16;
+    o = o16;
+    dO = dout16;
+    dq = o16 + o_room;
+  } else if (accumulate) {
+    dq = cb.extra;
+  }
+  m.prepare(k, cb, attn_mask, seed, seed_slot, B);
+  if (!ragged && attn_mask) {  // rows with no visible key: dO = 0, so they pass no gradient
+    ck_cuda(kern::sdpa_rows_bf16(dout16, dout, cb.first, causal, B, T, C, m.stream),
+            "dout dead rows (zero)");
+    dO = dout16;
+  }
+  const size_t part = size_t(C) * 2;
+  char* qm = const_cast<char*>(q);  // the variant pack takes void*; cuDNN only reads these
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, qm},          {kK, qm + part},    {kV, qm + 2 * part},
+      {kO, const_cast<char*>(o)},            {kStats, stats},
+      {kDO, const_cast<char*>(dO)},          {kDQ, dq},
+      {kDK, dq + part},  {kDV, dq + 2 * part}};
+  m.execute(p, k, pack, cb, "backward");
+  if (staged || accumulate)  // from the staging or the temporary: padding tokens 0 or untouched
+    ck_cuda(kern::sdpa_tokens_bf16(dqkv, dq, ragged ? attn_mask : nullptr, BT, 3 * C, accumulate,
+                                   m.stream),
+            "dqkv");
+  else if (ragged)  // cuDNN wrote no gradient for the padding tokens (in no sequence): 0
+    ck_cuda(kern::sdpa_tokens_bf16(dqkv, dqkv, attn_mask, BT, 3 * C, false, m.stream),
+            "dqkv padding tokens (zero)");
 }
 
 }  // namespace nlp::cuda

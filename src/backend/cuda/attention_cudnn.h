@@ -121,6 +121,46 @@ inline size_t sdpa_scratch_floats(int B, int T, int NH, int HS) {
   return (sdpa_scratch_layout(B, T, NH, HS).total + sizeof(float) - 1) / sizeof(float);
 }
 
+// ---- bf16 I/O (activations stored as bf16: forward_bf16 / backward_bf16) ----------------------------
+// cuDNN reads q|k|v in place from the caller's qkv [B,T,3C] (the strides above), writes O straight into
+// the caller's out [B,T,C], reads dO from dout [B,T,C] and writes dq|dk|dv into dqkv [B,T,3C], all
+// bf16 with those same strides: no conversion, no copy of the activations in the saved state.
+// What the backward needs to stay valid: the caller keeps qkv and out unchanged from the forward to
+// the backward (the model's activation arena does: both are inputs of later ops' backwards).
+// Rows that see no key (sdpa_io.cu) are zeroed in out after cuDNN wrote it; the backward then reads
+// O = 0 on those rows, which changes nothing: their dO is zeroed too, so they contribute no gradient.
+// Saved state: the stats only, fp32 [R,NH,T,1] with R = max(B, examples) (sdpa_saved_floats_bf16).
+// Backward scratch: dO bf16 [R,T,C], used only when dout cannot be read in place:
+//   - a key padding mask or packed rows in the bias layout: the dead rows of dO must be zeroed, and
+//     which rows are dead is known on the device only, so dout is copied with them zeroed;
+//   - packed rows in the ragged layout with examples > B (below).
+//   Plain and causal calls without a mask read dout in place and leave the scratch unused.
+// dqkv: write mode (accumulate = false: the op is dqkv's only writer) has cuDNN write dq|dk|dv into
+// dqkv directly (rows of dead queries and masked keys get exact zeros, since their dO is 0 and their
+// probabilities underflow to 0; ragged padding tokens, which cuDNN does not write, are zeroed after);
+// accumulate = true has cuDNN write into a bf16 temporary in the workspace that a kernel then adds
+// (fp32 sum, one rounding) to dqkv.
+// Packed rows, ragged layout: with examples <= B the E sequences' extent (E x T tokens) lies inside
+// the caller's B x T buffers and everything runs in place (padding tokens of out zeroed after the
+// forward; those of dqkv zeroed in write mode, untouched when accumulating). With examples > B cuDNN's
+// tiles may address up to E x T tokens, past the end of the caller's buffers: q|k|v, O, dO and
+// dq|dk|dv are then staged through copies of max(B, examples) x T tokens whose room past the B x T
+// tokens is zeroed (q|k|v, O and the dq|dk|dv staging in the workspace, dO in the scratch), as the
+// fp32-I/O path does.
+// Every bf16 pointer must be 16-byte aligned and C a multiple of 8 (cuDNN's operand alignment: k and
+// v start 2C and 4C bytes after q in each row); a call that breaks this throws nlp::Error naming it.
+// The graphs are those of the fp32-I/O path (cuDNN sees bf16 either way), cached under a key that
+// also holds the I/O type; the two keys of a variant share one built graph.
+inline size_t sdpa_saved_floats_bf16(int B, int T, int NH, int HS) {
+  (void)HS;
+  return (sdpa_align(size_t(B) * T * NH * sizeof(float)) + kSdpaAlign + sizeof(float) - 1) /
+         sizeof(float);
+}
+inline size_t sdpa_scratch_floats_bf16(int B, int T, int NH, int HS) {
+  const size_t C = size_t(NH) * HS;
+  return (sdpa_align(size_t(B) * T * C * 2) + kSdpaAlign + sizeof(float) - 1) / sizeof(float);
+}
+
 // One per CUDA backend. Not thread-safe (neither is the backend).
 class CudnnAttention {
  public:
@@ -148,6 +188,23 @@ class CudnnAttention {
   void backward(float* dqkv, float* scratch, const float* dout, const float* saved,
                 const int32_t* attn_mask, bool packed, int examples, bool causal, float dropout_p,
                 uint64_t seed, const uint64_t* seed_slot, int B, int T, int NH, int HS);
+
+  // bf16 I/O (see above): qkv [B,T,3C] and out [B,T,C] are __nv_bfloat16 device memory; `saved` holds
+  // sdpa_saved_floats_bf16(max(B, examples), T, NH, HS) floats (any 4-byte alignment). Other
+  // arguments as forward().
+  void forward_bf16(void* out, float* saved, const void* qkv, const int32_t* attn_mask, bool packed,
+                    int examples, bool causal, float dropout_p, uint64_t seed,
+                    const uint64_t* seed_slot, int B, int T, int NH, int HS);
+  // dqkv[B,T,3C] (bf16) = (accumulate: +=) d attention / d qkv. qkv and out: the forward's, unchanged
+  // since; saved: as written by forward_bf16 with the same arguments; dout [B,T,C] bf16; scratch holds
+  // sdpa_scratch_floats_bf16(max(B, examples), T, NH, HS) floats.
+  void backward_bf16(void* dqkv, bool accumulate, float* scratch, const void* dout, const void* qkv,
+                     const void* out, const float* saved, const int32_t* attn_mask, bool packed,
+                     int examples, bool causal, float dropout_p, uint64_t seed,
+                     const uint64_t* seed_slot, int B, int T, int NH, int HS);
+  // The `out` the last forward_bf16 with this saved state wrote (nullptr: none yet): for a caller
+  // whose backward is not handed the forward's output.
+  const void* output_of(const float* saved) const;
 
   // Reallocations of the grow-only workspace so far (a recording made before the last one points
   // into freed memory), and cuDNN graphs built or declined so far.

@@ -38,6 +38,19 @@ void CudnnAttention::backward(float*, float*, const float*, const float*, const 
   throw Error("cuDNN attention: not compiled in");
 }
 
+void CudnnAttention::forward_bf16(void*, float*, const void*, const int32_t*, bool, int, bool, float,
+                                  uint64_t, const uint64_t*, int, int, int, int) {
+  throw Error("cuDNN attention: not compiled in");
+}
+
+void CudnnAttention::backward_bf16(void*, bool, float*, const void*, const void*, const void*,
+                                   const float*, const int32_t*, bool, int, bool, float, uint64_t,
+                                   const uint64_t*, int, int, int, int) {
+  throw Error("cuDNN attention: not compiled in");
+}
+
+const void* CudnnAttention::output_of(const float*) const { return nullptr; }
+
 long CudnnAttention::grows() const { return 0; }
 long CudnnAttention::builds() const { return 0; }
 

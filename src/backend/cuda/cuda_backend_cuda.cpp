@@ -568,6 +568,16 @@ class CudaBackend final : public Backend {
     if (out.f32() && qkv.f32())
       return attention_forward_f32(out.fp(), att, qkv.fp(), attn_mask, causal, dropout_p, seed, B, T,
                                    NH, HS, T_key, token_key, examples);
+    // native: cuDNN reads q|k|v and writes O in bf16 in place (attention_cudnn.h, bf16 I/O); the
+    // saved state is the stats alone (attention_saved_floats with act = BF16)
+    if (native_bf16() && !out.f32() && !qkv.f32() && noted([&] { return fused(B, T, NH, HS); })) {
+      noted([&] {
+        fused_->forward_bf16(out.p, att, qkv.p, attn_mask, token_key != nullptr, examples, causal,
+                             dropout_p, seed, slot_, B, T, NH, HS);
+      });
+      op(cudaGetLastError(), "attention_forward (cuDNN, bf16 I/O)");
+      return;
+    }
     const size_t n = size_t(std::max(B, examples)) * T * NH * HS;
     Stage st(*this, "attention_forward (staged)");
     const float* q = st.in(qkv, 3 * n);
@@ -583,6 +593,25 @@ class CudaBackend final : public Backend {
       if (dqkv.write) zero(dqkv.p, 3 * size_t(B) * T * NH * HS * sizeof(float));
       return attention_backward_f32(dqkv.fp(), scratch, dout.fp(), qkv.fp(), att, attn_mask, causal,
                                     dropout_p, seed, B, T, NH, HS, T_key, token_key, examples);
+    }
+    // native: the forward's bf16-I/O state (stats only; O is the forward's bf16 `out`, which the
+    // interface does not pass here: CudnnAttention remembers it per saved state); dq|dk|dv written
+    // straight into dqkv (overwrite) or added to it
+    if (native_bf16() && !qkv.f32() && noted([&] { return fused(B, T, NH, HS); })) {
+      const void* out = fused_->output_of(att);
+      if (out) {
+        if (dqkv.f32() || dout.f32())
+          throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
+                          "dqkv is ", dtype_name(dqkv.dt), " and dout ", dtype_name(dout.dt),
+                          "; both must be bf16 (or set NLPTRAIN_CUDA_BF16_ACTS=staged)"));
+        noted([&] {
+          fused_->backward_bf16(dqkv.p, !dqkv.write, scratch, dout.p, qkv.p, out, att, attn_mask,
+                                token_key != nullptr, examples, causal, dropout_p, seed, slot_, B, T,
+                                NH, HS);
+        });
+        op(cudaGetLastError(), "attention_backward (cuDNN, bf16 I/O)");
+        return;
+      }
     }
     const size_t n = size_t(B) * T * NH * HS;
     Stage st(*this, "attention_backward (staged)");
@@ -758,14 +787,18 @@ class CudaBackend final : public Backend {
   // sizing and dispatch) runs through cuDNN's SDPA and saves/uses the small state of
   // attention_cudnn.h; any other shape, and every shape without it, runs the native kernels with
   // att[B,NH,T,T] probabilities.
-  // (act: bf16 views are staged through the fp32 path below, which saves the same state)
+  // (act: bf16 views with native_bf16() run cuDNN's bf16-I/O entry points, whose state is the stats
+  // alone and whose scratch is one bf16 dO; staged bf16 views go through the fp32 path below, which
+  // saves the same state as fp32. The fp32 sizes are the larger, so either path fits in them.)
   size_t attention_saved_floats(int B, int T, int NH, int HS, DType act) override {
-    return fused(B, T, NH, HS) ? cuda::sdpa_saved_floats(B, T, NH, HS)
-                               : Backend::attention_saved_floats(B, T, NH, HS, act);
+    if (!fused(B, T, NH, HS)) return Backend::attention_saved_floats(B, T, NH, HS, act);
+    return act == DType::BF16 && native_bf16() ? cuda::sdpa_saved_floats_bf16(B, T, NH, HS)
+                                               : cuda::sdpa_saved_floats(B, T, NH, HS);
   }
   size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act) override {
-    return fused(B, T, NH, HS) ? cuda::sdpa_scratch_floats(B, T, NH, HS)
-                               : Backend::attention_scratch_floats(B, T, NH, HS, act);
+    if (!fused(B, T, NH, HS)) return Backend::attention_scratch_floats(B, T, NH, HS, act);
+    return act == DType::BF16 && native_bf16() ? cuda::sdpa_scratch_floats_bf16(B, T, NH, HS)
+                                               : cuda::sdpa_scratch_floats(B, T, NH, HS);
   }
   void attention_forward_f32(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
