@@ -6,7 +6,7 @@
 namespace nlp {
 
 using account::Cost;
-using account::DType;
+using AD = account::DType;
 namespace ac = account;
 
 namespace {
@@ -14,6 +14,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 constexpr const char* kElem = "elementwise";
+// The cost of an op over activations stored as v's dtype: the account's element costs count fp32
+// arrays, so a bf16 op moves half the bytes (its fp32 statistics and weights, a small part of a
+// layer norm's or an embedding's traffic, are counted at half too).
+Cost at(Cost c, CAct v) {
+  if (v.dt == nlp::DType::BF16) c.read *= 0.5, c.written *= 0.5;
+  return c;
+}
+AD ad(CAct v) { return v.dt == nlp::DType::BF16 ? AD::BF16 : AD::F32; }
 }  // namespace
 
 AccountBackend::AccountBackend(Backend& inner, int vocab, Precision precision)
@@ -91,7 +99,7 @@ void AccountBackend::cast_cost(const char* gemm_label, int64_t n) {
                                       "cast: gemm blocks (forward)", "cast: gemm blocks (backward)"};
   const std::string want = std::string("cast: ") + gemm_label;
   for (const char* nm : names)
-    if (want == nm) acct_.add(nm, "cast (bf16 operands)", ac::cast(n, DType::F32, DType::BF16));
+    if (want == nm) acct_.add(nm, "cast (bf16 operands)", ac::cast(n, AD::F32, AD::BF16));
 }
 
 // ---- memory ----
@@ -111,14 +119,14 @@ void AccountBackend::copy(void* dst, const void* src, size_t bytes) {
 }
 
 // ---- embeddings ----
-void AccountBackend::embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
+void AccountBackend::embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
                                        const float* wte, const float* wpe, const float* wtt, int B, int T,
                                        int C, int pos_offset, const int32_t* pos_ids) {
   wte_ = wte;
   op("embedding_forward", "embedding", ac::embedding_forward(int64_t(B) * T, C),
      [&] { in_.embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids); });
 }
-void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
                                         const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                                         int pos_offset, const int32_t* pos_ids) {
   Cost c = ac::embedding_forward(int64_t(B) * T, C);  // the same rows, read-modify-written
@@ -129,133 +137,142 @@ void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, c
 }
 
 // ---- dense layer: operands at the GEMM's precision; in bf16 the casts apart ----
-void AccountBackend::matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+void AccountBackend::matmul_forward(Act out, CAct inp, const float* w, const float* bias,
                                     int M, int K, int N, WLayout layout) {
   const char* label = head(w, N) ? "gemm lm head (forward)" : "gemm blocks (forward)";
-  const DType t = bf16_ ? DType::BF16 : DType::F32;
-  if (bf16_ && on_) {
+  const AD t = bf16_ ? AD::BF16 : AD::F32;
+  if (bf16_ && on_) {  // the casts: an fp32 activation and a weight without its persistent copy
     const bool copy = has_copy(w, size_t(K) * N);
-    cast_cost(label, int64_t(M) * K + (copy ? 0 : int64_t(K) * N));
+    cast_cost(label, (inp.f32() ? int64_t(M) * K : 0) + (copy ? 0 : int64_t(K) * N));
   }
   op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)",
-     ac::gemm(M, N, K, t, t, DType::F32, false, bias != nullptr),
+     ac::gemm(M, N, K, inp.f32() ? t : AD::BF16, t, ad(out), false, bias != nullptr),
      [&] { in_.matmul_forward(out, inp, w, bias, M, K, N, layout); });
 }
-void AccountBackend::matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                                     const float* inp, const float* w, int M, int K, int N,
+void AccountBackend::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
+                                     CAct inp, const float* w, int M, int K, int N,
                                      WLayout layout) {
   const char* label = head(w, N) ? "gemm lm head (backward)" : "gemm blocks (backward)";
-  const DType t = bf16_ ? DType::BF16 : DType::F32;
+  const AD t = bf16_ ? AD::BF16 : AD::F32;
   Cost c;
-  if (dinp) c += ac::gemm(M, K, N, t, t, DType::F32, true);  // dinp[M,K] += dout[M,N] W^T
-  if (dw) c += ac::gemm(K, N, M, t, t, DType::F32, true);    // dW[K,N] += inp^T dout
+  const AD td = dout.f32() ? t : AD::BF16, ti = inp.f32() ? t : AD::BF16;
+  if (dinp) c += ac::gemm(M, K, N, td, t, ad(dinp), !dinp.write);  // dinp[M,K] += dout[M,N] W^T
+  if (dw) c += ac::gemm(K, N, M, ti, td, AD::F32, true);           // dW[K,N] += inp^T dout
   if (dbias) {  // dbias[N] += colsum(dout)
-    c += ac::elementwise(int64_t(M) * N, 1, 0, 1);
+    c += at(ac::elementwise(int64_t(M) * N, 1, 0, 1), dout);
     c += ac::elementwise(N, 1, 1, 0);
   }
   if (bf16_ && on_ && (dinp || dw)) {
     const bool copy = has_copy(w, size_t(K) * N);
-    cast_cost(label, int64_t(M) * N + (dw ? int64_t(M) * K : 0) + (dinp && !copy ? int64_t(K) * N : 0));
+    cast_cost(label, (dout.f32() ? int64_t(M) * N : 0) + (dw && inp.f32() ? int64_t(M) * K : 0) +
+                         (dinp && !copy ? int64_t(K) * N : 0));
   }
   op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)", c,
      [&] { in_.matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout); });
 }
 
 // ---- layer norm ----
-void AccountBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+void AccountBackend::layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
                                        const float* w, const float* b, int N, int C, float eps) {
-  op("layernorm_forward", "layernorm", ac::layernorm_forward(N, C),
+  op("layernorm_forward", "layernorm", at(ac::layernorm_forward(N, C), out),
      [&] { in_.layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps); });
 }
-void AccountBackend::layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                        const float* inp, const float* w, const float* mean,
+void AccountBackend::layernorm_backward(Act dinp, float* dw, float* db, CAct dout,
+                                        CAct inp, const float* w, const float* mean,
                                         const float* rstd, int N, int C) {
-  op("layernorm_backward", "layernorm", ac::layernorm_backward(N, C),
+  op("layernorm_backward", "layernorm", at(ac::layernorm_backward(N, C), dinp),
      [&] { in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
 }
-void AccountBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                                const float* x, const float* delta, const float* w,
+void AccountBackend::residual_layernorm_forward(Act res, Act out, float* mean, float* rstd,
+                                                CAct x, CAct delta, const float* w,
                                                 const float* b, int N, int C, float eps, float p,
                                                 uint64_t seed, DropRows rows) {
   Cost c = ac::layernorm_forward(N, C);
   c += ac::elementwise(int64_t(N) * C, 2, 0, 2);  // x and delta read; res written by the LN's read
   c.written += 4.0 * double(N) * C;              // res
   c.read -= 4.0 * double(N) * C;                 // the LN reads res from registers, not memory
-  op("residual_layernorm_forward", "layernorm", c, [&] {
+  op("residual_layernorm_forward", "layernorm", at(c, res), [&] {
     in_.residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
   });
 }
-void AccountBackend::layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw,
-                                                float* db, const float* dout, const float* inp,
+void AccountBackend::layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw,
+                                                float* db, CAct dout, CAct inp,
                                                 const float* w, const float* mean, const float* rstd,
                                                 int N, int C, float p, uint64_t seed, DropRows rows) {
   Cost c = ac::layernorm_backward(N, C);
   c.written += 4.0 * double(N) * C;  // ddelta
-  op("layernorm_dropout_backward", "layernorm", c, [&] {
+  op("layernorm_dropout_backward", "layernorm", at(c, dinp), [&] {
     in_.layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
                                    rows);
   });
 }
 
 // ---- elementwise ----
-void AccountBackend::gelu_forward(float* out, const float* inp, size_t N, Gelu form) {
-  op("gelu_forward", kElem, ac::elementwise(int64_t(N), 1, 1, 10), [&] { in_.gelu_forward(out, inp, N, form); });
+void AccountBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
+  op("gelu_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 10), out), [&] { in_.gelu_forward(out, inp, N, form); });
 }
-void AccountBackend::gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form) {
-  op("gelu_backward", kElem, ac::elementwise(int64_t(N), 3, 1, 15),
+void AccountBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
+  op("gelu_backward", kElem, at(ac::elementwise(int64_t(N), 3, 1, 15), dinp),
      [&] { in_.gelu_backward(dinp, inp, dout, N, form); });
 }
-void AccountBackend::add(float* out, const float* a, const float* b, size_t N) {
-  op("add", kElem, ac::elementwise(int64_t(N), 2, 1), [&] { in_.add(out, a, b, N); });
+void AccountBackend::add(Act out, CAct a, CAct b, size_t N) {
+  op("add", kElem, at(ac::elementwise(int64_t(N), 2, 1), out), [&] { in_.add(out, a, b, N); });
 }
-void AccountBackend::accumulate(float* dst, const float* src, size_t N) {
-  op("accumulate", kElem, ac::elementwise(int64_t(N), 2, 1), [&] { in_.accumulate(dst, src, N); });
+void AccountBackend::accumulate(Act dst, CAct src, size_t N) {
+  op("accumulate", kElem, at(ac::elementwise(int64_t(N), 2, 1), dst), [&] { in_.accumulate(dst, src, N); });
 }
-void AccountBackend::scale(float* x, float s, size_t N) {
-  op("scale", kElem, ac::elementwise(int64_t(N), 1, 1), [&] { in_.scale(x, s, N); });
+void AccountBackend::copy_view(Act dst, CAct src, size_t N) {
+  Cost c;
+  c.read = double(N) * double(dtype_bytes(src.dt));
+  c.written = double(N) * double(dtype_bytes(dst.dt));
+  op(dst.dt == src.dt ? "copy" : "convert", dst.dt == src.dt ? "copy" : "cast (activations)", c,
+     [&] { in_.copy_view(dst, src, N); });
 }
-void AccountBackend::tanh_forward(float* out, const float* inp, size_t N) {
-  op("tanh_forward", kElem, ac::elementwise(int64_t(N), 1, 1, 5), [&] { in_.tanh_forward(out, inp, N); });
+void AccountBackend::scale(Act x, float s, size_t N) {
+  op("scale", kElem, at(ac::elementwise(int64_t(N), 1, 1), x), [&] { in_.scale(x, s, N); });
 }
-void AccountBackend::tanh_backward(float* dinp, const float* out, const float* dout, size_t N) {
-  op("tanh_backward", kElem, ac::elementwise(int64_t(N), 3, 1, 3),
+void AccountBackend::tanh_forward(Act out, CAct inp, size_t N) {
+  op("tanh_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 5), out), [&] { in_.tanh_forward(out, inp, N); });
+}
+void AccountBackend::tanh_backward(Act dinp, CAct out, CAct dout, size_t N) {
+  op("tanh_backward", kElem, at(ac::elementwise(int64_t(N), 3, 1, 3), dinp),
      [&] { in_.tanh_backward(dinp, out, dout, N); });
 }
-void AccountBackend::rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+void AccountBackend::rows_gather(Act out, CAct inp, int n, int C, size_t stride,
                                  const int32_t* idx) {
-  op("rows_gather", kElem, ac::elementwise(int64_t(n) * C, 1, 1, 0),
+  op("rows_gather", kElem, at(ac::elementwise(int64_t(n) * C, 1, 1, 0), out),
      [&] { in_.rows_gather(out, inp, n, C, stride, idx); });
 }
-void AccountBackend::rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+void AccountBackend::rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
                                       const int32_t* idx) {
-  op("rows_scatter_add", kElem, ac::elementwise(int64_t(n) * C, 2, 1),
+  op("rows_scatter_add", kElem, at(ac::elementwise(int64_t(n) * C, 2, 1), dinp),
      [&] { in_.rows_scatter_add(dinp, dout, n, C, stride, idx); });
 }
-void AccountBackend::dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+void AccountBackend::dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
                                      DropRows rows) {
-  op("dropout_forward", kElem, ac::elementwise(int64_t(N), 1, 1, 2),
+  op("dropout_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 2), out),
      [&] { in_.dropout_forward(out, inp, N, p, seed, rows); });
 }
-void AccountBackend::dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+void AccountBackend::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                                       DropRows rows) {
-  op("dropout_backward", kElem, ac::elementwise(int64_t(N), 2, 1, 2),
+  op("dropout_backward", kElem, at(ac::elementwise(int64_t(N), 2, 1, 2), dinp),
      [&] { in_.dropout_backward(dinp, dout, N, p, seed, rows); });
 }
 
 // ---- attention ----
-void AccountBackend::attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+void AccountBackend::attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                                        int HS, int T_key, const int32_t* token_key, int examples) {
-  op("attention_forward", "attention", ac::attention_forward(B, T, NH, HS, causal), [&] {
+  op("attention_forward", "attention", at(ac::attention_forward(B, T, NH, HS, causal), out), [&] {
     in_.attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key, token_key,
                           examples);
   });
 }
-void AccountBackend::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
                                         const float* att, const int32_t* attn_mask, bool causal,
                                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                         int T_key, const int32_t* token_key, int examples) {
-  op("attention_backward", "attention", ac::attention_backward(B, T, NH, HS, causal), [&] {
+  op("attention_backward", "attention", at(ac::attention_backward(B, T, NH, HS, causal), dqkv), [&] {
     in_.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
                            T_key, token_key, examples);
   });
@@ -289,16 +306,16 @@ void AccountBackend::segment_crossentropy_backward(float* dx, const float* x, co
      [&] { in_.segment_crossentropy_backward(dx, x, first, len, targets, dloss, E); });
 }
 
-void AccountBackend::lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x,
+void AccountBackend::lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x,
                                           const float* w, const int32_t* targets, float dloss, int M,
                                           int C, int V, int Vp, int chunk, float* scratch) {
-  const DType t = bf16_ ? DType::BF16 : DType::F32;
-  Cost c = ac::gemm(M, V, C, t, t, DType::F32, false);  // logits[M,V] = x[M,C] wte^T
+  const AD t = bf16_ ? AD::BF16 : AD::F32;
+  Cost c = ac::gemm(M, V, C, t, t, AD::F32, false);  // logits[M,V] = x[M,C] wte^T
   c += ac::crossentropy_forward(M, V);
-  if (dx || dw) {
+  if (bool(dx) || dw) {
     c += ac::crossentropy_backward(M, V);
-    if (dx) c += ac::gemm(M, C, V, t, t, DType::F32, true);  // dx[M,C] += dlogits[M,V] wte
-    if (dw) c += ac::gemm(V, C, M, t, t, DType::F32, true);  // dwte[V,C] += dlogits^T x
+    if (dx) c += ac::gemm(M, C, V, t, t, AD::F32, true);  // dx[M,C] += dlogits[M,V] wte
+    if (dw) c += ac::gemm(V, C, M, t, t, AD::F32, true);  // dwte[V,C] += dlogits^T x
   }
   op("lm_head_crossentropy", "gemm (lm head)", c,
      [&] { in_.lm_head_crossentropy(losses, dx, dw, x, w, targets, dloss, M, C, V, Vp, chunk, scratch); });

@@ -51,55 +51,56 @@ class AccountBackend final : public Backend {
   void weights_written(const float* p, size_t n) override { in_.weights_written(p, n); }
   const uint16_t* bf16_weights() const override { return in_.bf16_weights(); }
 
-  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+  void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
                          const int32_t* pos_ids) override;
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+  void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
                           const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                           int pos_offset, const int32_t* pos_ids) override;
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
+  void matmul_forward(Act out, CAct inp, const float* w, const float* bias, int M, int K,
                       int N, WLayout layout) override;
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+  void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
                        const float* w, int M, int K, int N, WLayout layout) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+  void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                          const float* b, int N, int C, float eps) override;
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) override;
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
-                                  const float* delta, const float* w, const float* b, int N, int C,
+  void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x,
+                                  CAct delta, const float* w, const float* b, int N, int C,
                                   float eps, float p, uint64_t seed, DropRows rows) override;
-  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
-                                  const float* dout, const float* inp, const float* w,
+  void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db,
+                                  CAct dout, CAct inp, const float* w,
                                   const float* mean, const float* rstd, int N, int C, float p,
                                   uint64_t seed, DropRows rows) override;
-  void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form) override;
-  void add(float* out, const float* a, const float* b, size_t N) override;
-  void accumulate(float* dst, const float* src, size_t N) override;
-  void scale(float* x, float s, size_t N) override;
-  void tanh_forward(float* out, const float* inp, size_t N) override;
-  void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override;
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+  void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override;
+  void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) override;
+  void add(Act out, CAct a, CAct b, size_t N) override;
+  void accumulate(Act dst, CAct src, size_t N) override;
+  void copy_view(Act dst, CAct src, size_t N) override;
+  void scale(Act x, float s, size_t N) override;
+  void tanh_forward(Act out, CAct inp, size_t N) override;
+  void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override;
+  void rows_gather(Act out, CAct inp, int n, int C, size_t stride,
                    const int32_t* idx) override;
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+  void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
                         const int32_t* idx) override;
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+  void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
                        DropRows rows) override;
-  void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+  void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override;
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+  void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                          int T_key, const int32_t* token_key, int examples) override;
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
                           const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
                           uint64_t seed, int B, int T, int NH, int HS, int T_key,
                           const int32_t* token_key, int examples) override;
-  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
-    return in_.attention_saved_floats(B, T, NH, HS);
+  size_t attention_saved_floats(int B, int T, int NH, int HS, DType act) override {
+    return in_.attention_saved_floats(B, T, NH, HS, act);
   }
-  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
-    return in_.attention_scratch_floats(B, T, NH, HS);
+  size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act) override {
+    return in_.attention_scratch_floats(B, T, NH, HS, act);
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
                         int pos, int Tmax, int NH, int HS) override;
@@ -117,7 +118,7 @@ class AccountBackend final : public Backend {
   }
   // GPT-2's LM head fused with its loss (model.fused_head): one call, its GEMMs, loss and dlogits
   // counted together under "gemm (lm head)"; the bf16 operand casts inside it are in its time
-  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+  void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp, int chunk,
                             float* scratch) override;
   double sum(const float* x, size_t N) override;

@@ -29,6 +29,12 @@ uint64_t w(T v) {
   }
 }
 
+// A view: its address, with its dtype and overwrite flag in the top bits.
+uint64_t w(CAct v) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(v.p)) ^ (uint64_t(v.dt) << 60);
+}
+uint64_t w(Act v) { return w(CAct(v)) ^ (uint64_t(v.write) << 62); }
+
 uint64_t hash_words(const std::vector<uint64_t>& v) {
   uint64_t h = mix64(v.size());
   for (uint64_t x : v) h = mix64(h ^ x);
@@ -243,7 +249,7 @@ void StepGraph::synchronize() {
 }
 
 // ---- ops ----------------------------------------------------------------------------------------
-void StepGraph::embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
+void StepGraph::embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
                                   const float* wte, const float* wpe, const float* wtt, int B, int T,
                                   int C, int pos_offset, const int32_t* pos_ids) {
   op("embedding_forward",
@@ -252,7 +258,7 @@ void StepGraph::embedding_forward(float* out, const int32_t* ids, const int32_t*
        b.embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
      });
 }
-void StepGraph::embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+void StepGraph::embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
                                    const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                                    int pos_offset, const int32_t* pos_ids) {
   op("embedding_backward",
@@ -262,32 +268,32 @@ void StepGraph::embedding_backward(float* dwte, float* dwpe, float* dwtt, const 
        b.embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids);
      });
 }
-void StepGraph::matmul_forward(float* out, const float* inp, const float* wt, const float* bias,
+void StepGraph::matmul_forward(Act out, CAct inp, const float* wt, const float* bias,
                                int M, int K, int N, WLayout layout) {
   op("matmul_forward", {w(out), w(inp), w(wt), w(bias), w(M), w(K), w(N), w(layout)},
      [=](Backend& b, uint64_t) { b.matmul_forward(out, inp, wt, bias, M, K, N, layout); });
 }
-void StepGraph::matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                                const float* inp, const float* wt, int M, int K, int N,
+void StepGraph::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
+                                CAct inp, const float* wt, int M, int K, int N,
                                 WLayout layout) {
   op("matmul_backward",
      {w(dinp), w(dw), w(dbias), w(dout), w(inp), w(wt), w(M), w(K), w(N), w(layout)},
      [=](Backend& b, uint64_t) { b.matmul_backward(dinp, dw, dbias, dout, inp, wt, M, K, N, layout); });
 }
-void StepGraph::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+void StepGraph::layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
                                   const float* wt, const float* bb, int N, int C, float eps) {
   op("layernorm_forward", {w(out), w(mean), w(rstd), w(inp), w(wt), w(bb), w(N), w(C), w(eps)},
      [=](Backend& b, uint64_t) { b.layernorm_forward(out, mean, rstd, inp, wt, bb, N, C, eps); });
 }
-void StepGraph::layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                   const float* inp, const float* wt, const float* mean,
+void StepGraph::layernorm_backward(Act dinp, float* dw, float* db, CAct dout,
+                                   CAct inp, const float* wt, const float* mean,
                                    const float* rstd, int N, int C) {
   op("layernorm_backward",
      {w(dinp), w(dw), w(db), w(dout), w(inp), w(wt), w(mean), w(rstd), w(N), w(C)},
      [=](Backend& b, uint64_t) { b.layernorm_backward(dinp, dw, db, dout, inp, wt, mean, rstd, N, C); });
 }
-void StepGraph::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                           const float* x, const float* delta, const float* wt,
+void StepGraph::residual_layernorm_forward(Act res, Act out, float* mean, float* rstd,
+                                           CAct x, CAct delta, const float* wt,
                                            const float* bb, int N, int C, float eps, float p,
                                            uint64_t seed, DropRows r) {
   op_with_value("residual_layernorm_forward",
@@ -297,8 +303,8 @@ void StepGraph::residual_layernorm_forward(float* res, float* out, float* mean, 
                   b.residual_layernorm_forward(res, out, mean, rstd, x, delta, wt, bb, N, C, eps, p, s, r);
                 });
 }
-void StepGraph::layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw,
-                                           float* db, const float* dout, const float* inp,
+void StepGraph::layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw,
+                                           float* db, CAct dout, CAct inp,
                                            const float* wt, const float* mean, const float* rstd,
                                            int N, int C, float p, uint64_t seed, DropRows r) {
   op_with_value("layernorm_dropout_backward",
@@ -309,51 +315,54 @@ void StepGraph::layernorm_dropout_backward(float* dinp, float* ddelta, float* sc
                                                N, C, p, s, r);
                 });
 }
-void StepGraph::gelu_forward(float* out, const float* inp, size_t N, Gelu form) {
+void StepGraph::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
   op("gelu_forward", {w(out), w(inp), N, w(form)},
      [=](Backend& b, uint64_t) { b.gelu_forward(out, inp, N, form); });
 }
-void StepGraph::gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, Gelu form) {
+void StepGraph::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
   op("gelu_backward", {w(dinp), w(inp), w(dout), N, w(form)},
      [=](Backend& b, uint64_t) { b.gelu_backward(dinp, inp, dout, N, form); });
 }
-void StepGraph::add(float* out, const float* a, const float* bb, size_t N) {
+void StepGraph::add(Act out, CAct a, CAct bb, size_t N) {
   op("add", {w(out), w(a), w(bb), N}, [=](Backend& b, uint64_t) { b.add(out, a, bb, N); });
 }
-void StepGraph::accumulate(float* dst, const float* src, size_t N) {
+void StepGraph::accumulate(Act dst, CAct src, size_t N) {
   op("accumulate", {w(dst), w(src), N}, [=](Backend& b, uint64_t) { b.accumulate(dst, src, N); });
 }
-void StepGraph::scale(float* x, float s, size_t N) {
+void StepGraph::copy_view(Act dst, CAct src, size_t N) {
+  op("copy_view", {w(dst), w(src), N}, [=](Backend& b, uint64_t) { b.copy_view(dst, src, N); });
+}
+void StepGraph::scale(Act x, float s, size_t N) {
   op("scale", {w(x), w(s), N}, [=](Backend& b, uint64_t) { b.scale(x, s, N); });
 }
-void StepGraph::tanh_forward(float* out, const float* inp, size_t N) {
+void StepGraph::tanh_forward(Act out, CAct inp, size_t N) {
   op("tanh_forward", {w(out), w(inp), N}, [=](Backend& b, uint64_t) { b.tanh_forward(out, inp, N); });
 }
-void StepGraph::tanh_backward(float* dinp, const float* out, const float* dout, size_t N) {
+void StepGraph::tanh_backward(Act dinp, CAct out, CAct dout, size_t N) {
   op("tanh_backward", {w(dinp), w(out), w(dout), N},
      [=](Backend& b, uint64_t) { b.tanh_backward(dinp, out, dout, N); });
 }
-void StepGraph::rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+void StepGraph::rows_gather(Act out, CAct inp, int n, int C, size_t stride,
                             const int32_t* idx) {
   op("rows_gather", {w(out), w(inp), w(n), w(C), stride, w(idx)},
      [=](Backend& b, uint64_t) { b.rows_gather(out, inp, n, C, stride, idx); });
 }
-void StepGraph::rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+void StepGraph::rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
                                  const int32_t* idx) {
   op("rows_scatter_add", {w(dinp), w(dout), w(n), w(C), stride, w(idx)},
      [=](Backend& b, uint64_t) { b.rows_scatter_add(dinp, dout, n, C, stride, idx); });
 }
-void StepGraph::dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+void StepGraph::dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
                                 DropRows r) {
   op_with_value("dropout_forward", {w(out), w(inp), N, w(p), r.row, r.row_key, w(r.token_key), r.width},
                 seed, [=](Backend& b, uint64_t s) { b.dropout_forward(out, inp, N, p, s, r); });
 }
-void StepGraph::dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+void StepGraph::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                                  DropRows r) {
   op_with_value("dropout_backward", {w(dinp), w(dout), N, w(p), r.row, r.row_key, w(r.token_key), r.width},
                 seed, [=](Backend& b, uint64_t s) { b.dropout_backward(dinp, dout, N, p, s, r); });
 }
-void StepGraph::attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+void StepGraph::attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                                   bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS, int T_key, const int32_t* token_key, int examples) {
   op_with_value("attention_forward",
@@ -364,7 +373,7 @@ void StepGraph::attention_forward(float* out, float* att, const float* qkv, cons
                                       token_key, examples);
                 });
 }
-void StepGraph::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+void StepGraph::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
                                    const float* att, const int32_t* attn_mask, bool causal,
                                    float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                    int T_key, const int32_t* token_key, int examples) {
@@ -393,7 +402,7 @@ void StepGraph::crossentropy_backward(float* dlogits, const float* logits, const
                   b.crossentropy_backward(dlogits, logits, targets, slot_float(v), M, V);
                 });
 }
-void StepGraph::lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x,
+void StepGraph::lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x,
                                      const float* wt, const int32_t* targets, float dloss, int M,
                                      int C, int V, int Vp, int chunk, float* scratch) {
   auto f = [=](Backend& b, uint64_t v) {

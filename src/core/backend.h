@@ -3,9 +3,15 @@
 //
 // Conventions (every backend, every op):
 //  - All pointers are backend memory (host for CPU, device for CUDA), float32 unless typed otherwise.
+//    Activations and their gradients are typed views (core/tensor.h: Act, CAct), fp32 or bf16, each
+//    argument its own dtype; a float* is an fp32 view. Parameters, their gradients, the optimizer
+//    state, layer-norm statistics, losses, logits and the attention op's saved state are float*.
+//    Every backend takes every dtype combination (the CPU as the reference: cpu/staged.h).
 //  - Row-major. Shapes are given in the comment of each op; B batch, T sequence, C channels,
 //    NH heads, HS head size (C = NH*HS), V vocabulary, M rows, K inner dim, N output dim.
-//  - Backward ops ACCUMULATE (+=) into every gradient they write. The caller zeroes gradients.
+//  - Backward ops ACCUMULATE (+=) into every gradient they write. The caller zeroes gradients, or
+//    passes an activation gradient as overwrite(view) when the op is its only writer: the op then
+//    overwrites it (where an op below says so; rows_scatter_add and the defaults' scratch do not).
 //    A null gradient pointer means "not needed" and is skipped.
 //  - Dropout masks come from core/rng.h: keep(i) = uniform01(seed, key(i)) >= p, scaled by 1/(1-p).
 //    Backward regenerates the mask from the same seed, so nothing is stored. key(i) is the element's
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "core/tensor.h"
 
 namespace nlp {
 
@@ -131,37 +138,36 @@ class Backend {
   // out[B,T,C] = wte[ids[b,t]] + wpe[p(b,t)] (+ wtt[type_ids[b,t]] when type_ids and wtt non-null),
   // p(b,t) = pos_ids[b,t] when pos_ids is non-null (packed rows: positions restart in each example),
   // else pos_offset + t.  wte [V,C], wpe [P,C], wtt [TT,C]
-  virtual void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids,
+  virtual void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
                                  const float* wte, const float* wpe, const float* wtt, int B, int T,
                                  int C, int pos_offset, const int32_t* pos_ids = nullptr) = 0;
   // dwte[V,C] += scatter(dout), dwpe[P,C] += scatter by p(b,t), dwtt[TT,C] += scatter by type (nullable)
-  virtual void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+  virtual void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
                                   const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
                                   int pos_offset, const int32_t* pos_ids = nullptr) = 0;
 
   // ---- dense layer ---------------------------------------------------------------------------------
   // out[M,N] = inp[M,K] @ W + bias[N]   (W per layout; bias nullable)
-  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+  virtual void matmul_forward(Act out, CAct inp, const float* w, const float* bias,
                               int M, int K, int N, WLayout layout) = 0;
-  // dinp[M,K] += dout @ W^T;  dw += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
-  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                               const float* inp, const float* w, int M, int K, int N,
+  // dinp[M,K] += dout @ W^T (overwrite: =);  dw += inp^T @ dout (in W's layout);
+  // dbias[N] += colsum(dout)
+  virtual void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp, const float* w, int M, int K, int N,
                                WLayout layout) = 0;
 
   // ---- layer norm over the last dimension ---------------------------------------------------------
   // out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] (rstd = 1/sqrt(var + eps), biased var)
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  virtual void layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
                                  const float* w, const float* b, int N, int C, float eps) = 0;
-  // dinp[N,C] +=, dw[C] +=, db[C] +=
-  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                  const float* inp, const float* w, const float* mean,
+  // dinp[N,C] += (overwrite: =), dw[C] +=, db[C] +=
+  virtual void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C) = 0;
   // The residual add and its layer norm (a transformer block's "x + dropout(sublayer)" then LN):
   // res[N,C] = x + dropout(delta) (delta may alias res; mask keyed by `rows` as dropout_forward),
   // out[N,C] = layernorm(res), mean/rstd[N]. The default runs the three ops; a backend may fuse them
   // (the CPU's is one pass, bitwise the same).
-  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                          const float* x, const float* delta, const float* w,
+  virtual void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x,
+                                          CAct delta, const float* w,
                                           const float* b, int N, int C, float eps, float p,
                                           uint64_t seed, DropRows rows) {
     dropout_forward(res, delta, size_t(N) * C, p, seed, rows);
@@ -172,47 +178,51 @@ class Backend {
   // dinp[N,C] += g; ddelta[N,C] = dropout_backward of g (overwritten); dw[C] +=, db[C] +=. `scratch`
   // ([N,C], contents undefined after) holds g in the default, which runs the ops in turn; the CPU's
   // is one pass, bitwise the same, and leaves scratch alone.
-  virtual void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw,
-                                          float* db, const float* dout, const float* inp,
-                                          const float* w, const float* mean, const float* rstd,
+  // (dinp accumulates, or overwrites when it says so; ddelta is always overwritten.)
+  virtual void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db,
+                                          CAct dout, CAct inp, const float* w, const float* mean, const float* rstd,
                                           int N, int C, float p, uint64_t seed, DropRows rows) {
     const size_t n = size_t(N) * C;
-    zero(scratch, n * sizeof(float));
+    zero(scratch.p, n * dtype_bytes(scratch.dt));
     layernorm_backward(scratch, dw, db, dout, inp, w, mean, rstd, N, C);
-    accumulate(dinp, scratch, n);
-    zero(ddelta, n * sizeof(float));
+    if (dinp.write)
+      copy_view(dinp, scratch, n);
+    else
+      accumulate(dinp, scratch, n);
+    zero(ddelta.p, n * dtype_bytes(ddelta.dt));
     dropout_backward(ddelta, scratch, n, p, seed, rows);
   }
 
   // ---- elementwise ---------------------------------------------------------------------------------
   // out[N] = gelu(inp)
-  virtual void gelu_forward(float* out, const float* inp, size_t N, Gelu form) = 0;
-  // dinp[N] += gelu'(inp) * dout
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
-                             Gelu form) = 0;
+  virtual void gelu_forward(Act out, CAct inp, size_t N, Gelu form) = 0;
+  // dinp[N] += gelu'(inp) * dout (overwrite: =)
+  virtual void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) = 0;
   // out[N] = a + b   (out may alias a or b)
-  virtual void add(float* out, const float* a, const float* b, size_t N) = 0;
+  virtual void add(Act out, CAct a, CAct b, size_t N) = 0;
   // dst[N] += src
-  virtual void accumulate(float* dst, const float* src, size_t N) = 0;
+  virtual void accumulate(Act dst, CAct src, size_t N) = 0;
   // x[N] *= s
-  virtual void scale(float* x, float s, size_t N) = 0;
+  virtual void scale(Act x, float s, size_t N) = 0;
+  // dst[N] = src, converted to dst's dtype (a plain copy when the dtypes agree)
+  virtual void copy_view(Act dst, CAct src, size_t N) = 0;
   // out[N] = tanh(inp)   (BERT pooler)
-  virtual void tanh_forward(float* out, const float* inp, size_t N) = 0;
-  // dinp[N] += (1 - out^2) * dout, from the forward output
-  virtual void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) = 0;
+  virtual void tanh_forward(Act out, CAct inp, size_t N) = 0;
+  // dinp[N] += (1 - out^2) * dout, from the forward output (overwrite: =)
+  virtual void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) = 0;
   // Row gather: out[i,C] = inp[r(i)*stride, 0..C) for i < n, where r(i) = idx[i], or i when idx is
   // null (e.g. the [CLS] row of each sequence: stride T*C; the masked positions for MLM: stride C).
-  virtual void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
+  virtual void rows_gather(Act out, CAct inp, int n, int C, size_t stride,
                            const int32_t* idx = nullptr) = 0;
   // Its adjoint: dinp[r(i)*stride, 0..C) += dout[i,C]; the rows r(i) must be distinct.
-  virtual void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+  virtual void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
                                 const int32_t* idx = nullptr) = 0;
   // out[N] = inp * keep / (1-p); p == 0 copies. out may alias inp. keep of element i is drawn at
   // the index DropRows says (the flat index by default).
-  virtual void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
+  virtual void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
                                DropRows rows = {}) = 0;
-  // dinp[N] += dout * keep / (1-p)
-  virtual void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+  // dinp[N] += dout * keep / (1-p) (overwrite: =)
+  virtual void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                                 DropRows rows = {}) = 0;
 
   // ---- attention -----------------------------------------------------------------------------------
@@ -241,27 +251,28 @@ class Backend {
   // it lays att and scratch out for max(B, examples) rows, so a packed call sizes them with
   // attention_saved_floats(max(B, examples), T, ...). The other paths ignore it.
   // out[B,T,C] = (dropout(att) @ v) with heads concatenated.
-  virtual void attention_forward(float* out, float* att, const float* qkv,
+  virtual void attention_forward(Act out, float* att, CAct qkv,
                                  const int32_t* attn_mask, bool causal, float dropout_p,
                                  uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
                                  const int32_t* token_key = nullptr, int examples = 0) = 0;
-  // dqkv[B,T,3C] += ... ; att as saved by attention_forward with the same arguments;
+  // dqkv[B,T,3C] += ... (overwrite: =); att as saved by attention_forward with the same arguments;
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+  virtual void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS, int T_key = 0, const int32_t* token_key = nullptr,
                                   int examples = 0) = 0;
   // Sizes in floats of attention_forward's `att` and attention_backward's `scratch` for a call of
-  // this shape (the model's activation arena asks before carving). Default (the native CUDA kernels):
-  // B*NH*T*T each, the probabilities and their gradient.
-  virtual size_t attention_saved_floats(int B, int T, int NH, int HS) {
-    (void)HS;
+  // this shape (the model's activation arena asks before carving), whose q|k|v, output and their
+  // gradients are stored as `act`. Default (the native CUDA kernels): B*NH*T*T each, the
+  // probabilities and their gradient.
+  virtual size_t attention_saved_floats(int B, int T, int NH, int HS, DType act = DType::F32) {
+    (void)HS, (void)act;
     return size_t(B) * NH * T * T;
   }
-  virtual size_t attention_scratch_floats(int B, int T, int NH, int HS) {
-    (void)HS;
+  virtual size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act = DType::F32) {
+    (void)HS, (void)act;
     return size_t(B) * NH * T * T;
   }
   // Incremental decoding with a KV cache, one new position `pos` per sequence, no dropout:
@@ -298,7 +309,8 @@ class Backend {
   //   losses[r] = -log softmax(logits[r])[target]    (0 where ignored; as crossentropy_forward)
   // and with dx or dw non-null (the backward; both null: the losses only):
   //   dlogits[r] = (softmax(logits[r]) - onehot(target)) * dloss, written over the chunk's logits in
-  //   place (rows with an ignored target: 0), then dx[r,C] += dlogits @ w, dw[V,C] += dlogits^T @ x[r].
+  //   place (rows with an ignored target: 0), then dx[r,C] += dlogits @ w (overwrite: =),
+  //   dw[V,C] += dlogits^T @ x[r].
   // Vp >= V (model.pad_vocab): the chunk's logits are stored with row stride Vp, and a backend may run
   // the GEMMs over Vp rows of a copy of w whose rows V..Vp are zero; columns V..Vp never reach the
   // loss or a gradient, so the results do not depend on Vp (bitwise on the CPU). scratch:
@@ -309,22 +321,21 @@ class Backend {
     (void)C, (void)Vp;
     return 2 * size_t(chunk) * V;
   }
-  virtual void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x,
-                                    const float* w, const int32_t* targets, float dloss, int M,
+  virtual void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w, const int32_t* targets, float dloss, int M,
                                     int C, int V, int Vp, int chunk, float* scratch) {
     (void)Vp;
-    const bool bwd = dx || dw;
+    const bool bwd = bool(dx) || dw;
     for (int r0 = 0; r0 < M; r0 += chunk) {
       const int rows = M - r0 < chunk ? M - r0 : chunk;
       float* logits = scratch;
       float* dlogits = scratch + size_t(chunk) * V;
-      const float* xr = x + size_t(r0) * C;
+      const CAct xr = x.at(size_t(r0) * C);
       matmul_forward(logits, xr, w, nullptr, rows, C, V, WLayout::OutIn);
       crossentropy_forward(losses + r0, logits, targets + r0, rows, V);
       if (!bwd) continue;
       zero(dlogits, size_t(rows) * V * sizeof(float));
       crossentropy_backward(dlogits, logits, targets + r0, dloss, rows, V);
-      matmul_backward(dx ? dx + size_t(r0) * C : nullptr, dw, nullptr, dlogits, xr, w, rows, C, V,
+      matmul_backward(dx.at(size_t(r0) * C), dw, nullptr, dlogits, xr, w, rows, C, V,
                       WLayout::OutIn);
     }
   }

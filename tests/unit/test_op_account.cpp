@@ -20,22 +20,22 @@ using namespace nlp::account;
 TEST(OpAccount, GemmBytesAndFlopsByHand) {
   // out[2,3] = A[2,4] @ B[4,3], bf16 operands, fp32 out: 2*2*3*4 = 48 FLOPs;
   // read 2*4*2 + 4*3*2 = 40 bytes; written 2*3*4 = 24 bytes
-  Cost c = gemm(2, 3, 4, DType::BF16, DType::BF16, DType::F32, false);
+  Cost c = gemm(2, 3, 4, account::DType::BF16, account::DType::BF16, account::DType::F32, false);
   EXPECT_EQ(c.flops, 48);
   EXPECT_EQ(c.read, 40);
   EXPECT_EQ(c.written, 24);
   // fp32, accumulating: the output is read too: 32 + 48 + 24 = 104
-  c = gemm(2, 3, 4, DType::F32, DType::F32, DType::F32, true);
+  c = gemm(2, 3, 4, account::DType::F32, account::DType::F32, account::DType::F32, true);
   EXPECT_EQ(c.flops, 48);
   EXPECT_EQ(c.read, 104);
   EXPECT_EQ(c.written, 24);
   // with the bias: + M*N = 6 FLOPs, + N*4 = 12 bytes read
-  c = gemm(2, 3, 4, DType::BF16, DType::BF16, DType::F32, false, true);
+  c = gemm(2, 3, 4, account::DType::BF16, account::DType::BF16, account::DType::F32, false, true);
   EXPECT_EQ(c.flops, 54);
   EXPECT_EQ(c.read, 52);
   EXPECT_EQ(c.written, 24);
   // GPT-2 124M's LM head forward at B=16, T=1024: 2 * 16384 * 50257 * 768 FLOPs = 1.2648e12
-  c = gemm(16384, 50257, 768, DType::BF16, DType::BF16, DType::F32, false);
+  c = gemm(16384, 50257, 768, account::DType::BF16, account::DType::BF16, account::DType::F32, false);
   EXPECT_DOUBLE_EQ(c.flops, 2.0 * 16384 * 50257 * 768);
   EXPECT_DOUBLE_EQ(c.written, 4.0 * 16384 * 50257);  // the fp32 logits, 3.29 GB
 }
@@ -61,7 +61,7 @@ TEST(OpAccount, LayerNormCrossEntropyCastMemsetByHand) {
   EXPECT_EQ(c.read, 120);
   EXPECT_EQ(c.written, 56);
   // a cast of 10 fp32 to bf16: read 40, written 20, no FLOPs
-  c = cast(10, DType::F32, DType::BF16);
+  c = cast(10, account::DType::F32, account::DType::BF16);
   EXPECT_EQ(c.read, 40);
   EXPECT_EQ(c.written, 20);
   EXPECT_EQ(c.flops, 0);
@@ -132,7 +132,7 @@ TEST(OpAccount, FamiliesSumTheirOpsAndTheReportPredictsTheStep) {
             std::string::npos)
       << t;
   // an op with a cost but no time (the CPU's casts inside a GEMM) shows no ratio
-  a.add("cast: gemm blocks (forward)", "cast (bf16 operands)", cast(1000, DType::F32, DType::BF16));
+  a.add("cast: gemm blocks (forward)", "cast (bf16 operands)", cast(1000, account::DType::F32, account::DType::BF16));
   EXPECT_NE(a.json(r, 1, 0).find("\"ms\": null, \"ratio\": null"), std::string::npos);
 }
 

@@ -303,8 +303,8 @@ class FakeRecorder final : public Backend {
   void to_device(void* d, const void* s, size_t n) override { cpu().to_device(d, s, n); }
   void to_host(void* d, const void* s, size_t n) override { cpu().to_host(d, s, n); }
   void copy(void* d, const void* s, size_t n) override { keep([=](uint64_t) { cpu().copy(d, s, n); }); }
-  void scale(float* x, float f, size_t N) override { keep([=](uint64_t) { cpu().scale(x, f, N); }); }
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed, DropRows r) override {
+  void scale(nlp::Act x, float f, size_t N) override { keep([=](uint64_t) { cpu().scale(x, f, N); }); }
+  void dropout_forward(nlp::Act out, nlp::CAct inp, size_t N, float p, uint64_t seed, DropRows r) override {
     keep([=](uint64_t s) { cpu().dropout_forward(out, inp, N, p, s, r); }, seed);
   }
   void crossentropy_forward(float* losses, const float* logits, const int32_t* t, int M, int V) override {
@@ -347,30 +347,31 @@ class FakeRecorder final : public Backend {
 
 #define NLP_UNUSED(...) \
   { ADD_FAILURE() << "FakeRecorder: an op Ops does not make"; }
-  void embedding_forward(float*, const int32_t*, const int32_t*, const float*, const float*, const float*, int, int,
+  void embedding_forward(nlp::Act, const int32_t*, const int32_t*, const float*, const float*, const float*, int, int,
                          int, int, const int32_t*) override NLP_UNUSED()
-  void embedding_backward(float*, float*, float*, const float*, const int32_t*, const int32_t*, int, int, int, int,
+  void embedding_backward(float*, float*, float*, nlp::CAct, const int32_t*, const int32_t*, int, int, int, int,
                           const int32_t*) override NLP_UNUSED()
-  void matmul_forward(float*, const float*, const float*, const float*, int, int, int, nlp::WLayout) override
+  void matmul_forward(nlp::Act, nlp::CAct, const float*, const float*, int, int, int, nlp::WLayout) override
       NLP_UNUSED()
-  void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int,
+  void matmul_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, int, int, int,
                        nlp::WLayout) override NLP_UNUSED()
-  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int, float) override
+  void layernorm_forward(nlp::Act, float*, float*, nlp::CAct, const float*, const float*, int, int, float) override
       NLP_UNUSED()
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+  void layernorm_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, const float*,
                           const float*, int, int) override NLP_UNUSED()
-  void gelu_forward(float*, const float*, size_t, nlp::Gelu) override NLP_UNUSED()
-  void gelu_backward(float*, const float*, const float*, size_t, nlp::Gelu) override NLP_UNUSED()
-  void add(float*, const float*, const float*, size_t) override NLP_UNUSED()
-  void accumulate(float*, const float*, size_t) override NLP_UNUSED()
-  void tanh_forward(float*, const float*, size_t) override NLP_UNUSED()
-  void tanh_backward(float*, const float*, const float*, size_t) override NLP_UNUSED()
-  void rows_gather(float*, const float*, int, int, size_t, const int32_t*) override NLP_UNUSED()
-  void rows_scatter_add(float*, const float*, int, int, size_t, const int32_t*) override NLP_UNUSED()
-  void dropout_backward(float*, const float*, size_t, float, uint64_t, DropRows) override NLP_UNUSED()
-  void attention_forward(float*, float*, const float*, const int32_t*, bool, float, uint64_t, int, int, int, int, int,
+  void gelu_forward(nlp::Act, nlp::CAct, size_t, nlp::Gelu) override NLP_UNUSED()
+  void gelu_backward(nlp::Act, nlp::CAct, nlp::CAct, size_t, nlp::Gelu) override NLP_UNUSED()
+  void add(nlp::Act, nlp::CAct, nlp::CAct, size_t) override NLP_UNUSED()
+  void accumulate(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
+  void copy_view(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
+  void tanh_forward(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
+  void tanh_backward(nlp::Act, nlp::CAct, nlp::CAct, size_t) override NLP_UNUSED()
+  void rows_gather(nlp::Act, nlp::CAct, int, int, size_t, const int32_t*) override NLP_UNUSED()
+  void rows_scatter_add(nlp::Act, nlp::CAct, int, int, size_t, const int32_t*) override NLP_UNUSED()
+  void dropout_backward(nlp::Act, nlp::CAct, size_t, float, uint64_t, DropRows) override NLP_UNUSED()
+  void attention_forward(nlp::Act, float*, nlp::CAct, const int32_t*, bool, float, uint64_t, int, int, int, int, int,
                          const int32_t*, int) override NLP_UNUSED()
-  void attention_backward(float*, float*, const float*, const float*, const float*, const int32_t*, bool, float,
+  void attention_backward(nlp::Act, float*, nlp::CAct, nlp::CAct, const float*, const int32_t*, bool, float,
                           uint64_t, int, int, int, int, int, const int32_t*, int) override NLP_UNUSED()
   void attention_decode(float*, const float*, float*, float*, int, int, int, int, int) override NLP_UNUSED()
   void segment_crossentropy_forward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, int) override

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/round.h"
+#include "backend/cpu/staged.h"
 #include "core/error.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -155,24 +156,32 @@ class CpuBackend final : public Backend {
   }
 
   // ---- embeddings ----
-  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+  // Every op below hands its kernel fp32 stand-ins of its views (cpu/staged.h): fp32 views are
+  // their own memory; bf16 ones are widened on entry and rounded where the op stores them.
+  void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
                          const int32_t* pos_ids) override {
-    cpu::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
+    cpu::Out o(out, size_t(B) * T * C);
+    cpu::embedding_forward(o, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
   }
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
-                          const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                          int pos_offset, const int32_t* pos_ids) override {
-    cpu::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids);
+  void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout, const int32_t* ids,
+                          const int32_t* type_ids, int B, int T, int C, int pos_offset,
+                          const int32_t* pos_ids) override {
+    cpu::In d(dout, size_t(B) * T * C);
+    cpu::embedding_backward(dwte, dwpe, dwtt, d, ids, type_ids, B, T, C, pos_offset, pos_ids);
   }
 
   // ---- dense ----
   // Tf32/Bf16: the operands are rounded as the GPU's tensor cores read them (cpu/round.h); the bias,
   // the accumulation and the outputs stay fp32, and dbias sums the unrounded dout as the GPU does.
   // Native bf16 rounds the same way into bf16 copies that the GEMM library multiplies in hardware.
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
-                      int K, int N, WLayout layout) override {
-    forget_ce_stats(out);
+  void matmul_forward(Act out_v, CAct inp_v, const float* w, const float* bias, int M, int K, int N,
+                      WLayout layout) override {
+    forget_ce_stats(out_v.p);
+    cpu::Out out_s(out_v, size_t(M) * N);
+    cpu::In inp_s(inp_v, size_t(M) * K);
+    float* out = out_s.get();
+    const float* inp = inp_s.get();
     const cpu::bf16* w16 = persistent(w, size_t(K) * N);
     if (native_bf16_) {
       cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K),
@@ -185,8 +194,14 @@ class CpuBackend final : public Backend {
                           M, K, N, layout);
     }
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int M, int K, int N, WLayout layout) override {
+  void matmul_backward(Act dinp_v, float* dw, float* dbias, CAct dout_v, CAct inp_v, const float* w,
+                       int M, int K, int N, WLayout layout) override {
+    cpu::Acc dinp_s(dinp_v, size_t(M) * K);
+    cpu::In dout_s(dout_v, size_t(M) * N);
+    cpu::In inp_s(dw ? inp_v : CAct(), size_t(M) * K);
+    float* dinp = dinp_s.get();
+    const float* dout = dout_s.get();
+    const float* inp = inp_s.get();
     if (native_bf16_) {
       const cpu::bf16* bd = to_bf16(0, dout, size_t(M) * N);
       const cpu::bf16* bi = dw ? to_bf16(1, inp, size_t(M) * K) : nullptr;
@@ -206,87 +221,194 @@ class CpuBackend final : public Backend {
   }
 
   // ---- layer norm ----
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+  void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                          const float* b, int N, int C, float eps) override {
-    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+    const size_t n = size_t(N) * C;
+    cpu::In i(inp, n);
+    cpu::Out o(out, n);
+    cpu::layernorm_forward(o, mean, rstd, i, w, b, N, C, eps);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
-    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override {
+    const size_t n = size_t(N) * C;
+    cpu::In d(dout, n), i(inp, n);
+    cpu::Acc g(dinp, n);
+    cpu::layernorm_backward(g, dw, db, d, i, w, mean, rstd, N, C);
   }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
-                                  const float* delta, const float* w, const float* b, int N, int C,
-                                  float eps, float p, uint64_t seed, DropRows rows) override {
+  // A bf16 res is stored rounded, and the layer norm reads the rounded value, as the GPU's
+  // bf16 kernel does: the statistics belong to the residual stream the backward reads.
+  void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x, CAct delta,
+                                  const float* w, const float* b, int N, int C, float eps, float p,
+                                  uint64_t seed, DropRows rows) override {
     NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
-    cpu::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows.row,
-                                    rows.row_key, rows.token_key);
+    const size_t n = size_t(N) * C;
+    if (!res.f32()) {  // res = x + dropout(delta) in fp32, rounded once; the norm of the rounded res
+      std::vector<float> r(n);
+      {
+        cpu::In xi(x, n), di(delta, n);
+        cpu::dropout_forward(r.data(), di, n, p, seed, rows.row, rows.row_key, rows.token_key,
+                             rows.width);
+        cpu::add(r.data(), r.data(), xi, n);
+      }
+      {
+        cpu::Out ro(res, n);
+        std::memcpy(ro.get(), r.data(), n * sizeof(float));
+      }
+      cpu::widen_bf16(r.data(), res.bf(), n);
+      cpu::Out o(out, n);
+      cpu::layernorm_forward(o, mean, rstd, r.data(), w, b, N, C, eps);
+      return;
+    }
+    cpu::In xi(x, n), di(delta, n);
+    cpu::Out o(out, n);
+    cpu::residual_layernorm_forward(res.fp(), o, mean, rstd, xi, di, w, b, N, C, eps, p, seed,
+                                    rows.row, rows.row_key, rows.token_key);
   }
-  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
-                                  const float* dout, const float* inp, const float* w, const float* mean,
-                                  const float* rstd, int N, int C, float p, uint64_t seed,
-                                  DropRows rows) override {
+  void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db, CAct dout,
+                                  CAct inp, const float* w, const float* mean, const float* rstd, int N,
+                                  int C, float p, uint64_t seed, DropRows rows) override {
     (void)scratch;
     NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
-    cpu::layernorm_dropout_backward(dinp, ddelta, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
+    const size_t n = size_t(N) * C;
+    if (!dinp.f32() || !ddelta.f32()) {  // the bf16 GPU path's stores: the gradient, then each output
+      std::vector<float> g(n, 0.0f);
+      {
+        cpu::In d(dout, n), i(inp, n);
+        cpu::layernorm_backward(g.data(), dw, db, d, i, w, mean, rstd, N, C);
+      }
+      {
+        cpu::Acc di(dinp, n);
+        cpu::accumulate(di, g.data(), n);
+      }
+      cpu::Out dd(ddelta, n);
+      std::memset(dd.get(), 0, n * sizeof(float));
+      cpu::dropout_backward(dd, g.data(), n, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+      return;
+    }
+    cpu::In d(dout, n), i(inp, n);
+    cpu::Acc di(dinp, n);
+    cpu::layernorm_dropout_backward(di, ddelta.fp(), dw, db, d, i, w, mean, rstd, N, C, p, seed,
                                     rows.row, rows.row_key, rows.token_key);
   }
 
   // ---- elementwise ----
-  void tanh_forward(float* out, const float* inp, size_t N) override { cpu::tanh_forward(out, inp, N); }
-  void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
-    cpu::tanh_backward(dinp, out, dout, N);
+  void tanh_forward(Act out, CAct inp, size_t N) override {
+    cpu::In i(inp, N);
+    cpu::Out o(out, N);
+    cpu::tanh_forward(o, i, N);
   }
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
-                   const int32_t* idx) override {
-    cpu::rows_gather(out, inp, n, C, stride, idx);
+  void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override {
+    cpu::In o(out, N), d(dout, N);
+    cpu::Acc g(dinp, N);
+    cpu::tanh_backward(g, o, d, N);
   }
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
+  // The gathered rows of a bf16 tensor are staged whole: the tensor spans (rows - 1) * stride + C.
+  void rows_gather(Act out, CAct inp, int n, int C, size_t stride, const int32_t* idx) override {
+    if (inp.f32()) {
+      cpu::Out o(out, size_t(n) * C);
+      cpu::rows_gather(o, inp.fp(), n, C, stride, idx);
+      return;
+    }
+    // the rows read: r(i) <= max index (idx: host memory on this backend)
+    size_t rows = size_t(n);
+    if (idx)
+      for (int i = 0; i < n; ++i) rows = std::max(rows, size_t(idx[i]) + 1);
+    cpu::In i(inp, rows ? (rows - 1) * stride + C : 0);
+    cpu::Out o(out, size_t(n) * C);
+    cpu::rows_gather(o, i, n, C, stride, idx);
+  }
+  void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
                         const int32_t* idx) override {
-    cpu::rows_scatter_add(dinp, dout, n, C, stride, idx);
+    NLP_ASSERT(!dinp.write);  // only its rows are written: never the tensor's only writer
+    cpu::In d(dout, size_t(n) * C);
+    if (dinp.f32()) {
+      cpu::rows_scatter_add(dinp.fp(), d, n, C, stride, idx);
+      return;
+    }
+    size_t rows = size_t(n);
+    if (idx)
+      for (int i = 0; i < n; ++i) rows = std::max(rows, size_t(idx[i]) + 1);
+    cpu::Acc g(dinp, rows ? (rows - 1) * stride + C : 0);
+    cpu::rows_scatter_add(g, d, n, C, stride, idx);
   }
-  void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
-    cpu::gelu_forward(out, inp, N, form);
+  void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override {
+    cpu::In i(inp, N);
+    cpu::Out o(out, N);
+    cpu::gelu_forward(o, i, N, form);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
-                     Gelu form) override {
-    cpu::gelu_backward(dinp, inp, dout, N, form);
+  void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) override {
+    cpu::In i(inp, N), d(dout, N);
+    cpu::Acc g(dinp, N);
+    cpu::gelu_backward(g, i, d, N, form);
   }
-  void add(float* out, const float* a, const float* b, size_t N) override { cpu::add(out, a, b, N); }
-  void accumulate(float* dst, const float* src, size_t N) override { cpu::accumulate(dst, src, N); }
-  void scale(float* x, float s, size_t N) override { cpu::scale(x, s, N); }
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
-                       DropRows rows) override {
-    cpu::dropout_forward(out, inp, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+  void add(Act out, CAct a, CAct b, size_t N) override {
+    cpu::In ia(a, N), ib(b, N);
+    cpu::Out o(out, N);
+    cpu::add(o, ia, ib, N);
   }
-  void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+  void accumulate(Act dst, CAct src, size_t N) override {
+    cpu::In s(src, N);
+    Act d = dst;
+    d.write = false;  // accumulate is an accumulation whatever the flag
+    cpu::Acc g(d, N);
+    cpu::accumulate(g, s, N);
+  }
+  void scale(Act x, float s, size_t N) override {
+    Act d = x;
+    d.write = false;
+    cpu::Acc g(d, N);
+    cpu::scale(g, s, N);
+  }
+  void copy_view(Act dst, CAct src, size_t N) override {
+    if (dst.dt == src.dt) {
+      copy(dst.p, src.p, N * dtype_bytes(dst.dt));
+      return;
+    }
+    cpu::In s(src, N);
+    cpu::Out o(dst, N);
+    std::memcpy(o.get(), s.get(), N * sizeof(float));
+  }
+  void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed, DropRows rows) override {
+    cpu::In i(inp, N);
+    cpu::Out o(out, N);
+    cpu::dropout_forward(o, i, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+  }
+  void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override {
-    cpu::dropout_backward(dinp, dout, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+    cpu::In d(dout, N);
+    cpu::Acc g(dinp, N);
+    cpu::dropout_backward(g, d, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
   }
 
   // ---- attention ----
   // The forward keeps two floats per query row; the backward recomputes the probabilities from them
   // and needs no scratch (attention.cpp)
-  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
+  size_t attention_saved_floats(int B, int T, int NH, int HS, DType) override {
     (void)HS;
     return cpu::attention_stats_floats(B, T, NH);
   }
-  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
+  size_t attention_scratch_floats(int B, int T, int NH, int HS, DType) override {
     (void)B, (void)T, (void)NH, (void)HS;
     return 0;
   }
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
-                         bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key, const int32_t* token_key, int /*examples*/) override {
-    cpu::attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
+  void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask, bool causal,
+                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS, int T_key,
+                         const int32_t* token_key, int /*examples*/) override {
+    const size_t n = size_t(B) * T * NH * HS;
+    cpu::In q(qkv, 3 * n);
+    cpu::Out o(out, n);
+    cpu::attention_forward(o, att, q, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
                            token_key);
   }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, const int32_t* attn_mask, bool causal,
-                          float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key, const int32_t* token_key, int /*examples*/) override {
-    cpu::attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B,
-                            T, NH, HS, T_key, token_key);
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv, const float* att,
+                          const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
+                          int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
+                          int /*examples*/) override {
+    const size_t n = size_t(B) * T * NH * HS;
+    cpu::In d(dout, n), q(qkv, 3 * n);
+    cpu::Acc g(dqkv, 3 * n);
+    cpu::attention_backward(g, scratch, d, q, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+                            T_key, token_key);
   }
   void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
                         int pos, int Tmax, int NH, int HS) override {
@@ -326,14 +448,17 @@ class CpuBackend final : public Backend {
     (void)C, (void)V;
     return size_t(chunk) * Vp;
   }
-  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+  void lm_head_crossentropy(float* losses, Act dx_v, float* dw, CAct x_v, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp,
                             int chunk, float* scratch) override {
     NLP_ASSERT(Vp >= V && chunk > 0);
     if (M <= 0) return;
     forget_ce_stats(scratch);
-    const bool bwd = dx || dw;
+    const bool bwd = bool(dx_v) || dw;
     const size_t nx = size_t(M) * C, nw = size_t(V) * C;
+    cpu::In x(x_v, nx);
+    cpu::Acc dxs(dx_v, nx);
+    float* dx = dxs.get();
     const float *xf = x, *wf = w;
     const cpu::bf16 *xb = nullptr, *wb = nullptr;
     if (native_bf16_) {

@@ -71,6 +71,16 @@ bool segment_ce_rows_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_SEGMENT_CE = '", v, "': expected kernel or rows"));
 }
 
+// NLPTRAIN_CUDA_BF16_ACTS: unset or "native" = bf16 activation views go to the ops' native bf16
+// kernels where they have them; "staged" = always through the fp32 ops, the views widened and
+// rounded around them (CudaBackend::Stage). Neither has run on a GPU yet.
+bool native_bf16_acts_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_BF16_ACTS");
+  if (!v || std::string(v) == "native") return true;
+  if (std::string(v) == "staged") return false;
+  throw Error(cat("NLPTRAIN_CUDA_BF16_ACTS = '", v, "': expected native or staged"));
+}
+
 const char* bf16_operands_name(cuda::Bf16Operands o) {
   switch (o) {
     case cuda::Bf16Operands::Vector: return "vector";
@@ -172,6 +182,8 @@ class CudaBackend final : public Backend {
     if (ws_) cudaFreeAsync(ws_, stream_);
     if (span_start_) cudaFreeAsync(span_start_, stream_);
     if (ce_stats_.se) cudaFreeAsync(ce_stats_.se, stream_);
+    for (auto& b : stage_)
+      if (b.first) cudaFreeAsync(b.first, stream_);
     cudaStreamSynchronize(stream_);
     if (small_) cudaFree(small_);
     if (host_small_) cudaFreeHost(host_small_);
@@ -183,9 +195,13 @@ class CudaBackend final : public Backend {
     return cat("GPU ", device_, " | residual + layer norm: ",
                fused_ln_ ? "fused kernels" : "separate ops (NLPTRAIN_CUDA_FUSED_LN=0)",
                " | bf16 operand casts: ", bf16_operands_name(bf16_operands_),
+               " | bf16 activations: ", native_bf16_acts_ ? "native kernels where an op has them"
+                                                           : "staged (NLPTRAIN_CUDA_BF16_ACTS)",
                wcopy_on_ ? " | weights: persistent bf16 copy (run.bf16_weights)" : "");
   }
   cudaStream_t stream() const { return stream_; }
+  // bf16 activation views: the native bf16 kernels (true) or the staged fp32 ops (the ops on views)
+  bool native_bf16() const { return native_bf16_acts_; }
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
@@ -311,16 +327,278 @@ class CudaBackend final : public Backend {
     return v;
   }
 
-  // ---- embeddings ----
-  void embedding_forward(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+  // ---- the ops on typed views (core/tensor.h) ----
+  // fp32 views run the fp32 ops further down (the GPU-verified path) on their own memory; an fp32
+  // gradient marked overwrite is zeroed first and then accumulated into. Any bf16 view: the native
+  // bf16 kernels where an op has them and NLPTRAIN_CUDA_BF16_ACTS is native (the default), else
+  // staged: each bf16 input widened into an fp32 staging buffer, the fp32 op run, and each bf16
+  // output rounded back (kern::to_bf16, round to nearest even), so the tensor is stored in bf16 at
+  // the points the CPU backend rounds (cpu/staged.h). Neither bf16 way has run on a GPU yet.
+  void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
                          const int32_t* pos_ids) override {
+    if (out.f32())
+      return embedding_forward_f32(out.fp(), ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
+    Stage st(*this, "embedding_forward (staged)");
+    embedding_forward_f32(st.out(out, size_t(B) * T * C), ids, type_ids, wte, wpe, wtt, B, T, C,
+                          pos_offset, pos_ids);
+    st.finish();
+  }
+  void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout, const int32_t* ids,
+                          const int32_t* type_ids, int B, int T, int C, int pos_offset,
+                          const int32_t* pos_ids) override {
+    if (dout.f32())
+      return embedding_backward_f32(dwte, dwpe, dwtt, dout.fp(), ids, type_ids, B, T, C, pos_offset,
+                                    pos_ids);
+    Stage st(*this, "embedding_backward (staged)");
+    embedding_backward_f32(dwte, dwpe, dwtt, st.in(dout, size_t(B) * T * C), ids, type_ids, B, T, C,
+                           pos_offset, pos_ids);
+  }
+  void matmul_forward(Act out, CAct inp, const float* w, const float* bias, int M, int K, int N,
+                      WLayout layout) override {
+    if (out.f32() && inp.f32()) return matmul_forward_f32(out.fp(), inp.fp(), w, bias, M, K, N, layout);
+    Stage st(*this, "matmul_forward (staged)");
+    const float* i = st.in(inp, size_t(M) * K);
+    matmul_forward_f32(st.out(out, size_t(M) * N), i, w, bias, M, K, N, layout);
+    st.finish();
+  }
+  void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp, const float* w, int M,
+                       int K, int N, WLayout layout) override {
+    if (dinp.f32() && dout.f32() && inp.f32()) {
+      if (dinp.write) zero(dinp.p, size_t(M) * K * sizeof(float));
+      return matmul_backward_f32(dinp.fp(), dw, dbias, dout.fp(), inp.fp(), w, M, K, N, layout);
+    }
+    Stage st(*this, "matmul_backward (staged)");
+    const float* d = st.in(dout, size_t(M) * N);
+    const float* i = dw ? st.in(inp, size_t(M) * K) : nullptr;
+    matmul_backward_f32(st.acc(dinp, size_t(M) * K), dw, dbias, d, i, w, M, K, N, layout);
+    st.finish();
+  }
+  void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w, const float* b,
+                         int N, int C, float eps) override {
+    if (out.f32() && inp.f32())
+      return layernorm_forward_f32(out.fp(), mean, rstd, inp.fp(), w, b, N, C, eps);
+    Stage st(*this, "layernorm_forward (staged)");
+    const float* i = st.in(inp, size_t(N) * C);
+    layernorm_forward_f32(st.out(out, size_t(N) * C), mean, rstd, i, w, b, N, C, eps);
+    st.finish();
+  }
+  void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override {
+    const size_t n = size_t(N) * C;
+    if (dinp.f32() && dout.f32() && inp.f32()) {
+      if (dinp.write) zero(dinp.p, n * sizeof(float));
+      return layernorm_backward_f32(dinp.fp(), dw, db, dout.fp(), inp.fp(), w, mean, rstd, N, C);
+    }
+    Stage st(*this, "layernorm_backward (staged)");
+    const float* d = st.in(dout, n);
+    const float* i = st.in(inp, n);
+    layernorm_backward_f32(st.acc(dinp, n), dw, db, d, i, w, mean, rstd, N, C);
+    st.finish();
+  }
+  // bf16 res: res = x + dropout(delta) in fp32, stored rounded, and the norm of the stored (rounded)
+  // value, as the CPU backend computes it: staged as the unfused fp32 dropout and add, the rounding
+  // of res, then the layer norm of its bf16 view.
+  void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x, CAct delta,
+                                  const float* w, const float* b, int N, int C, float eps, float p,
+                                  uint64_t seed, DropRows rows) override {
+    const size_t n = size_t(N) * C;
+    if (res.f32() && out.f32() && x.f32() && delta.f32())
+      return residual_layernorm_forward_f32(res.fp(), out.fp(), mean, rstd, x.fp(), delta.fp(), w, b,
+                                            N, C, eps, p, seed, rows);
+    {
+      Stage st(*this, "residual_layernorm_forward (staged)");
+      const float* xi = st.in(x, n);
+      const float* di = st.in(delta, n);
+      float* r = st.out(res, n);
+      dropout_forward_f32(r, di, n, p, seed, rows);
+      add_f32(r, r, xi, n);
+      st.finish();
+    }
+    layernorm_forward(out, mean, rstd, res, w, b, N, C, eps);
+  }
+  void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db, CAct dout,
+                                  CAct inp, const float* w, const float* mean, const float* rstd, int N,
+                                  int C, float p, uint64_t seed, DropRows rows) override {
+    const size_t n = size_t(N) * C;
+    if (dinp.f32() && ddelta.f32() && scratch.f32() && dout.f32() && inp.f32()) {
+      if (dinp.write) zero(dinp.p, n * sizeof(float));
+      return layernorm_dropout_backward_f32(dinp.fp(), ddelta.fp(), scratch.fp(), dw, db, dout.fp(),
+                                            inp.fp(), w, mean, rstd, N, C, p, seed, rows);
+    }
+    // staged: the fp32 op keeps the layer norm's gradient in fp32 (as the CPU backend does); its
+    // scratch is a staging buffer, the bf16 scratch view goes unused
+    Stage st(*this, "layernorm_dropout_backward (staged)");
+    const float* d = st.in(dout, n);
+    const float* i = st.in(inp, n);
+    float* g = st.acc(dinp, n);
+    float* dd = st.out(ddelta, n);
+    layernorm_dropout_backward_f32(g, dd, st.scratch(n), dw, db, d, i, w, mean, rstd, N, C, p, seed,
+                                   rows);
+    st.finish();
+  }
+  void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override {
+    if (out.f32() && inp.f32()) return gelu_forward_f32(out.fp(), inp.fp(), N, form);
+    Stage st(*this, "gelu_forward (staged)");
+    const float* i = st.in(inp, N);
+    gelu_forward_f32(st.out(out, N), i, N, form);
+    st.finish();
+  }
+  void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) override {
+    if (dinp.f32() && inp.f32() && dout.f32()) {
+      if (dinp.write) zero(dinp.p, N * sizeof(float));
+      return gelu_backward_f32(dinp.fp(), inp.fp(), dout.fp(), N, form);
+    }
+    Stage st(*this, "gelu_backward (staged)");
+    const float* i = st.in(inp, N);
+    const float* d = st.in(dout, N);
+    gelu_backward_f32(st.acc(dinp, N), i, d, N, form);
+    st.finish();
+  }
+  void add(Act out, CAct a, CAct b, size_t N) override {
+    if (out.f32() && a.f32() && b.f32()) return add_f32(out.fp(), a.fp(), b.fp(), N);
+    Stage st(*this, "add (staged)");
+    const float* ia = st.in(a, N);
+    const float* ib = st.in(b, N);
+    add_f32(st.out(out, N), ia, ib, N);
+    st.finish();
+  }
+  void accumulate(Act dst, CAct src, size_t N) override {
+    if (dst.f32() && src.f32()) return accumulate_f32(dst.fp(), src.fp(), N);
+    Act d = dst;
+    d.write = false;  // an accumulation whatever the flag
+    Stage st(*this, "accumulate (staged)");
+    const float* s = st.in(src, N);
+    accumulate_f32(st.acc(d, N), s, N);
+    st.finish();
+  }
+  void scale(Act x, float s, size_t N) override {
+    if (x.f32()) return scale_f32(x.fp(), s, N);
+    Act d = x;
+    d.write = false;
+    Stage st(*this, "scale (staged)");
+    scale_f32(st.acc(d, N), s, N);
+    st.finish();
+  }
+  void copy_view(Act dst, CAct src, size_t N) override {
+    if (dst.dt == src.dt) return copy(dst.p, src.p, N * dtype_bytes(dst.dt));
+    forget_ce_stats(dst.p);
+    if (dst.f32())
+      op(kern::from_bf16(dst.fp(), src.p, N, stream_), "copy_view");
+    else
+      op(kern::to_bf16(dst.p, src.fp(), N, stream_), "copy_view");
+  }
+  void tanh_forward(Act out, CAct inp, size_t N) override {
+    if (out.f32() && inp.f32()) return tanh_forward_f32(out.fp(), inp.fp(), N);
+    Stage st(*this, "tanh_forward (staged)");
+    const float* i = st.in(inp, N);
+    tanh_forward_f32(st.out(out, N), i, N);
+    st.finish();
+  }
+  void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override {
+    if (dinp.f32() && out.f32() && dout.f32()) {
+      if (dinp.write) zero(dinp.p, N * sizeof(float));
+      return tanh_backward_f32(dinp.fp(), out.fp(), dout.fp(), N);
+    }
+    Stage st(*this, "tanh_backward (staged)");
+    const float* o = st.in(out, N);
+    const float* d = st.in(dout, N);
+    tanh_backward_f32(st.acc(dinp, N), o, d, N);
+    st.finish();
+  }
+  // The staged row ops widen the strided tensor up to its last row read: (rows - 1) * stride + C
+  // elements, where rows = n, or with idx the largest index + 1 (read back: a synchronisation).
+  void rows_gather(Act out, CAct inp, int n, int C, size_t stride, const int32_t* idx) override {
+    if (out.f32() && inp.f32()) return rows_gather_f32(out.fp(), inp.fp(), n, C, stride, idx);
+    Stage st(*this, "rows_gather (staged)");
+    const float* i = st.in(inp, strided_extent(n, C, stride, idx));
+    rows_gather_f32(st.out(out, size_t(n) * C), i, n, C, stride, idx);
+    st.finish();
+  }
+  void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
+                        const int32_t* idx) override {
+    NLP_ASSERT(!dinp.write);  // only its rows are written: never the tensor's only writer
+    if (dinp.f32() && dout.f32()) return rows_scatter_add_f32(dinp.fp(), dout.fp(), n, C, stride, idx);
+    Stage st(*this, "rows_scatter_add (staged)");
+    const float* d = st.in(dout, size_t(n) * C);
+    rows_scatter_add_f32(st.acc(dinp, strided_extent(n, C, stride, idx)), d, n, C, stride, idx);
+    st.finish();
+  }
+  void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed, DropRows rows) override {
+    if (out.f32() && inp.f32()) return dropout_forward_f32(out.fp(), inp.fp(), N, p, seed, rows);
+    Stage st(*this, "dropout_forward (staged)");
+    const float* i = st.in(inp, N);
+    dropout_forward_f32(st.out(out, N), i, N, p, seed, rows);
+    st.finish();
+  }
+  void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
+                        DropRows rows) override {
+    if (dinp.f32() && dout.f32()) {
+      if (dinp.write) zero(dinp.p, N * sizeof(float));
+      return dropout_backward_f32(dinp.fp(), dout.fp(), N, p, seed, rows);
+    }
+    Stage st(*this, "dropout_backward (staged)");
+    const float* d = st.in(dout, N);
+    dropout_backward_f32(st.acc(dinp, N), d, N, p, seed, rows);
+    st.finish();
+  }
+  void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask, bool causal,
+                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS, int T_key,
+                         const int32_t* token_key, int examples) override {
+    if (out.f32() && qkv.f32())
+      return attention_forward_f32(out.fp(), att, qkv.fp(), attn_mask, causal, dropout_p, seed, B, T,
+                                   NH, HS, T_key, token_key, examples);
+    const size_t n = size_t(std::max(B, examples)) * T * NH * HS;
+    Stage st(*this, "attention_forward (staged)");
+    const float* q = st.in(qkv, 3 * n);
+    attention_forward_f32(st.out(out, n), att, q, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+                          T_key, token_key, examples);
+    st.finish();
+  }
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv, const float* att,
+                          const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
+                          int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
+                          int examples) override {
+    if (dqkv.f32() && dout.f32() && qkv.f32()) {
+      if (dqkv.write) zero(dqkv.p, 3 * size_t(B) * T * NH * HS * sizeof(float));
+      return attention_backward_f32(dqkv.fp(), scratch, dout.fp(), qkv.fp(), att, attn_mask, causal,
+                                    dropout_p, seed, B, T, NH, HS, T_key, token_key, examples);
+    }
+    const size_t n = size_t(B) * T * NH * HS;
+    Stage st(*this, "attention_backward (staged)");
+    const float* d = st.in(dout, n);
+    const float* q = st.in(qkv, 3 * n);
+    attention_backward_f32(st.acc(dqkv, 3 * n), scratch, d, q, att, attn_mask, causal, dropout_p, seed,
+                           B, T, NH, HS, T_key, token_key, examples);
+    st.finish();
+  }
+  void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w,
+                            const int32_t* targets, float dloss, int M, int C, int V, int Vp, int chunk,
+                            float* scratch) override {
+    const size_t n = size_t(std::max(M, 0)) * C;
+    if (dx.f32() && x.f32()) {
+      if (dx.write) zero(dx.p, n * sizeof(float));
+      return lm_head_crossentropy_f32(losses, dx.fp(), dw, x.fp(), w, targets, dloss, M, C, V, Vp,
+                                      chunk, scratch);
+    }
+    Stage st(*this, "lm_head_crossentropy (staged)");
+    const float* xi = st.in(x, n);
+    lm_head_crossentropy_f32(losses, st.acc(dx, n), dw, xi, w, targets, dloss, M, C, V, Vp, chunk,
+                             scratch);
+    st.finish();
+  }
+
+  // ---- the fp32 ops (float* views) ----
+  // ---- embeddings ----
+  void embedding_forward_f32(float* out, const int32_t* ids, const int32_t* type_ids, const float* wte,
+                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
+                         const int32_t* pos_ids) {
     op(kern::embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids, stream_),
        "embedding_forward");
   }
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout,
+  void embedding_backward_f32(float* dwte, float* dwpe, float* dwtt, const float* dout,
                           const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                          int pos_offset, const int32_t* pos_ids) override {
+                          int pos_offset, const int32_t* pos_ids) {
     const size_t need = kern::embedding_backward_ws_bytes(B * T, C);
     void* w = workspace(need);
     op(kern::embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids,
@@ -330,8 +608,8 @@ class CudaBackend final : public Backend {
 
   // ---- dense ----
   // out[M,N] = inp[M,K] @ W + bias;  InOut: W [K,N];  OutIn: W [N,K]
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M,
-                      int K, int N, WLayout layout) override {
+  void matmul_forward_f32(float* out, const float* inp, const float* w, const float* bias, int M,
+                      int K, int N, WLayout layout) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
       if (bias)
@@ -345,8 +623,8 @@ class CudaBackend final : public Backend {
          persistent(w, size_t(K) * N));
   }
   // dinp[M,K] += dout @ W^T;  dW += inp^T @ dout (in W's layout);  dbias[N] += colsum(dout)
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int M, int K, int N, WLayout layout) override {
+  void matmul_backward_f32(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int M, int K, int N, WLayout layout) {
     if (M <= 0 || N <= 0) return;
     if (K > 0 && (dinp || dw)) {
       const void* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
@@ -360,14 +638,14 @@ class CudaBackend final : public Backend {
   }
 
   // ---- layer norm ----
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int N, int C, float eps) override {
+  void layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C, float eps) {
     op(kern::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, stream_),
        "layernorm_forward");
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void layernorm_backward_f32(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+                          int C) {
     void* ws = (dw || db) ? workspace(kern::layernorm_backward_ws_bytes(N, C)) : nullptr;
     op(kern::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, stream_),
        "layernorm_backward");
@@ -375,9 +653,9 @@ class CudaBackend final : public Backend {
   // A block's residual add + dropout + layer norm in one launch, and its backward in one row kernel
   // (plus the dw/db column sums): the bits of Backend's defaults (dropout, add and layer norm in
   // turn), which NLPTRAIN_CUDA_FUSED_LN=0 selects instead.
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+  void residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd, const float* x,
                                   const float* delta, const float* w, const float* b, int N, int C,
-                                  float eps, float p, uint64_t seed, DropRows rows) override {
+                                  float eps, float p, uint64_t seed, DropRows rows) {
     if (!fused_ln_) {
       Backend::residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
       return;
@@ -388,10 +666,10 @@ class CudaBackend final : public Backend {
                                         rows.row, rows.row_key, rows.token_key, rows.width, stream_),
        "residual_layernorm_forward");
   }
-  void layernorm_dropout_backward(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
+  void layernorm_dropout_backward_f32(float* dinp, float* ddelta, float* scratch, float* dw, float* db,
                                   const float* dout, const float* inp, const float* w,
                                   const float* mean, const float* rstd, int N, int C, float p,
-                                  uint64_t seed, DropRows rows) override {
+                                  uint64_t seed, DropRows rows) {
     if (!fused_ln_) {
       Backend::layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C,
                                           p, seed, rows);
@@ -406,36 +684,36 @@ class CudaBackend final : public Backend {
   }
 
   // ---- elementwise ----
-  void gelu_forward(float* out, const float* inp, size_t N, Gelu form) override {
+  void gelu_forward_f32(float* out, const float* inp, size_t N, Gelu form) {
     op(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
-                     Gelu form) override {
+  void gelu_backward_f32(float* dinp, const float* inp, const float* dout, size_t N,
+                     Gelu form) {
     op(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
   }
-  void add(float* out, const float* a, const float* b, size_t N) override {
+  void add_f32(float* out, const float* a, const float* b, size_t N) {
     op(kern::add(out, a, b, N, stream_), "add");
   }
-  void accumulate(float* dst, const float* src, size_t N) override {
+  void accumulate_f32(float* dst, const float* src, size_t N) {
     op(kern::accumulate(dst, src, N, stream_), "accumulate");
   }
-  void scale(float* x, float s, size_t N) override { op(kern::scale(x, s, N, stream_), "scale"); }
-  void tanh_forward(float* out, const float* inp, size_t N) override {
+  void scale_f32(float* x, float s, size_t N) { op(kern::scale(x, s, N, stream_), "scale"); }
+  void tanh_forward_f32(float* out, const float* inp, size_t N) {
     op(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
   }
-  void tanh_backward(float* dinp, const float* out, const float* dout, size_t N) override {
+  void tanh_backward_f32(float* dinp, const float* out, const float* dout, size_t N) {
     op(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
   }
-  void rows_gather(float* out, const float* inp, int n, int C, size_t stride,
-                   const int32_t* idx) override {
+  void rows_gather_f32(float* out, const float* inp, int n, int C, size_t stride,
+                   const int32_t* idx) {
     op(kern::rows_gather(out, inp, n, C, stride, idx, stream_), "rows_gather");
   }
-  void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t stride,
-                        const int32_t* idx) override {
+  void rows_scatter_add_f32(float* dinp, const float* dout, int n, int C, size_t stride,
+                        const int32_t* idx) {
     op(kern::rows_scatter_add(dinp, dout, n, C, stride, idx, stream_), "rows_scatter_add");
   }
-  void dropout_forward(float* out, const float* inp, size_t N, float p, uint64_t seed,
-                       DropRows rows) override {
+  void dropout_forward_f32(float* out, const float* inp, size_t N, float p, uint64_t seed,
+                       DropRows rows) {
     if (p <= 0.0f) {
       copy(out, inp, N * sizeof(float));
       return;
@@ -444,8 +722,8 @@ class CudaBackend final : public Backend {
                              rows.width, stream_),
        "dropout_forward");
   }
-  void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
-                        DropRows rows) override {
+  void dropout_backward_f32(float* dinp, const float* dout, size_t N, float p, uint64_t seed,
+                        DropRows rows) {
     if (p <= 0.0f) {
       accumulate(dinp, dout, N);
       return;
@@ -460,17 +738,18 @@ class CudaBackend final : public Backend {
   // sizing and dispatch) runs through cuDNN's SDPA and saves/uses the small state of
   // attention_cudnn.h; any other shape, and every shape without it, runs the native kernels with
   // att[B,NH,T,T] probabilities.
-  size_t attention_saved_floats(int B, int T, int NH, int HS) override {
+  // (act: bf16 views are staged through the fp32 path below, which saves the same state)
+  size_t attention_saved_floats(int B, int T, int NH, int HS, DType act) override {
     return fused(B, T, NH, HS) ? cuda::sdpa_saved_floats(B, T, NH, HS)
-                               : Backend::attention_saved_floats(B, T, NH, HS);
+                               : Backend::attention_saved_floats(B, T, NH, HS, act);
   }
-  size_t attention_scratch_floats(int B, int T, int NH, int HS) override {
+  size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act) override {
     return fused(B, T, NH, HS) ? cuda::sdpa_scratch_floats(B, T, NH, HS)
-                               : Backend::attention_scratch_floats(B, T, NH, HS);
+                               : Backend::attention_scratch_floats(B, T, NH, HS, act);
   }
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* attn_mask,
+  void attention_forward_f32(float* out, float* att, const float* qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                         int HS, int T_key, const int32_t* token_key, int examples) override {
+                         int HS, int T_key, const int32_t* token_key, int examples) {
     // packed rows (they carry token_key, model.h) take cuDNN's ragged layout or its segment-mask
     // bias (attention_cudnn.h); cuDNN draws its own dropout mask (backend.h): T_key and token_key
     // do not apply to it
@@ -486,10 +765,10 @@ class CudaBackend final : public Backend {
                                HS, T_key, token_key, stream_),
        "attention_forward");
   }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+  void attention_backward_f32(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const int32_t* attn_mask, bool causal,
                           float dropout_p, uint64_t seed, int B, int T, int NH,
-                          int HS, int T_key, const int32_t* token_key, int examples) override {
+                          int HS, int T_key, const int32_t* token_key, int examples) {
     if (noted([&] { return fused(B, T, NH, HS); })) {  // q, k, v come from the bf16 copy in att
       noted([&] {
         fused_->backward(dqkv, scratch, dout, att, attn_mask, token_key != nullptr, examples, causal,
@@ -543,9 +822,9 @@ class CudaBackend final : public Backend {
   size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
     return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0);
   }
-  void lm_head_crossentropy(float* losses, float* dx, float* dw, const float* x, const float* w,
+  void lm_head_crossentropy_f32(float* losses, float* dx, float* dw, const float* x, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp,
-                            int chunk, float* scratch) override {
+                            int chunk, float* scratch) {
     NLP_ASSERT(Vp >= V && chunk > 0);
     if (M <= 0) return;
     const bool bwd = dx || dw;
@@ -903,6 +1182,81 @@ class CudaBackend final : public Backend {
   uint64_t* span_end_ = nullptr;
   uint8_t* span_decay_ = nullptr;
 
+  // ---- the staged bf16 path (the ops on typed views above) ----
+  // Staging buffers: slot k of an op's stand-ins, grown as needed (between recordings only, like the
+  // workspace) and reused by the next op (stream order makes that safe).
+  std::vector<std::pair<float*, size_t>> stage_;  // pointer, floats
+  float* stage_buf(size_t k, size_t n) {
+    if (stage_.size() <= k) stage_.resize(k + 1, {nullptr, 0});
+    auto& [p, cap] = stage_[k];
+    if (n > cap) {
+      no_capture("a bf16 staging buffer would grow");
+      ++grows_;
+      release(p);
+      p = nullptr;
+      cap = 0;
+      p = static_cast<float*>(alloc(n * sizeof(float)));
+      cap = n;
+    }
+    return p;
+  }
+  // fp32 stand-ins for one op's views: in() an input, out() a written output, acc() an accumulated
+  // gradient (zeros when the view says overwrite), scratch() a plain buffer; finish() rounds every
+  // out/acc stand-in of a bf16 view back into it. fp32 views are their own stand-ins.
+  class Stage {
+   public:
+    Stage(CudaBackend& b, const char* what) : b_(b), what_(what) {}
+    const float* in(CAct v, size_t n) {
+      if (!v.p || v.f32()) return static_cast<const float*>(v.p);
+      float* s = b_.stage_buf(k_++, n);
+      b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
+      return s;
+    }
+    float* out(Act v, size_t n) { return stand_in(v, n, false); }
+    float* acc(Act v, size_t n) { return stand_in(v, n, true); }
+    float* scratch(size_t n) { return b_.stage_buf(k_++, n); }
+    void finish() {
+      for (const Back& o : back_) b_.op(kern::to_bf16(o.dst, o.src, o.n, b_.stream_), what_);
+      back_.clear();
+    }
+
+   private:
+    float* stand_in(Act v, size_t n, bool accumulate) {
+      if (!v.p) return nullptr;
+      if (v.f32()) {
+        if (accumulate && v.write) b_.zero(v.p, n * sizeof(float));
+        return v.fp();
+      }
+      float* s = b_.stage_buf(k_++, n);
+      if (accumulate && !v.write)
+        b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
+      else if (accumulate)
+        b_.zero(s, n * sizeof(float));
+      back_.push_back(Back{v.p, s, n});
+      return s;
+    }
+    struct Back {
+      void* dst;
+      const float* src;
+      size_t n;
+    };
+    CudaBackend& b_;
+    const char* what_;
+    size_t k_ = 0;
+    std::vector<Back> back_;
+  };
+  // Elements of a [rows, stride] tensor that row ops over n rows of width C read (see rows_gather).
+  size_t strided_extent(int n, int C, size_t stride, const int32_t* idx) {
+    if (n <= 0) return 0;
+    size_t rows = size_t(n);
+    if (idx) {
+      std::vector<int32_t> h(static_cast<size_t>(n));
+      to_host(h.data(), idx, h.size() * sizeof(int32_t));
+      for (int32_t r : h) rows = std::max(rows, size_t(r) + 1);
+    }
+    return (rows - 1) * stride + size_t(C);
+  }
+
   // Checks an op's launch; with run.sync_check also waits for it, so an asynchronous fault (an
   // illegal address, a misaligned access) is reported under the op that caused it.
   // With run.profile, also marks the op's end for the per-op timing.
@@ -1029,6 +1383,7 @@ class CudaBackend final : public Backend {
   bool fused_ln_ = fused_layernorm_from_env();  // NLPTRAIN_CUDA_FUSED_LN (default 1)
   cuda::Bf16Operands bf16_operands_ = bf16_operands_from_env();  // NLPTRAIN_CUDA_BF16_CAST
   bool segment_ce_rows_ = segment_ce_rows_from_env();           // NLPTRAIN_CUDA_SEGMENT_CE
+  bool native_bf16_acts_ = native_bf16_acts_from_env();         // NLPTRAIN_CUDA_BF16_ACTS
   std::unique_ptr<cuda::OpProfile> prof_;  // run.profile
   const char* label_ = nullptr;            // profile_label
   const char* cast_label_ = "cast: bf16 operands";
