@@ -17,20 +17,33 @@
 //  - Every case runs twice: 16-byte aligned arrays with n not a multiple of 8 (the 8-wide vector path
 //    and its scalar tail), and arrays offset by one element (the scalar path).
 //  - Outputs with accumulate = false start filled with NaN: the kernel must not read them.
+//  - Through the CUDA backend (CudaBf16Backend): the ops on all-bf16 views with the native kernels
+//    (NLPTRAIN_CUDA_BF16_ACTS=native) against the staged fp32 ops (=staged), which round at the same
+//    points: bit for bit where both are the same correctly rounded fp32 operations then one bf16
+//    rounding (add, accumulate, scale, dropout, rows, embeddings, the residual sum); elsewhere (GELU,
+//    layer norm) within one bf16 ulp of each element, 2^-7 of it, plus 1e-4 of the output's RMS
+//    (fp32 sums in another order); layer norm's fp32 statistics within 1e-6 and dw, db within 1e-5.
 //  - Without a CUDA device (or in a build without CUDA) every test is skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend/cpu/round.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "core/backend.h"
 #include "core/rng.h"
+#include "core/tensor.h"
 
 #if NLPTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -693,10 +706,225 @@ TEST_F(CudaBf16Kernels, Embedding) {
       }
 }
 
+
+// ==================================================================================================
+// through the CUDA backend: native kernels against the staged fp32 ops
+// ==================================================================================================
+
+// One backend and the buffers a case put there; `out` keeps each named output, widened to fp32.
+struct Side {
+  nlp::Backend& be;
+  std::vector<void*> bufs;
+  std::map<std::string, VF> out;
+  explicit Side(nlp::Backend& b) : be(b) {}
+  ~Side() {
+    for (void* p : bufs) be.release(p);
+  }
+  template <typename T>
+  T* put(const std::vector<T>& h) {
+    void* p = be.alloc(h.size() * sizeof(T) + 16);
+    bufs.push_back(p);
+    be.to_device(p, h.data(), h.size() * sizeof(T));
+    return static_cast<T*>(p);
+  }
+  nlp::Act view(const VB& h) { return nlp::Act(put(h), nlp::DType::BF16); }
+  void keep(const std::string& k, nlp::CAct v, size_t n) {
+    VF f(n);
+    if (v.f32()) {
+      be.to_host(f.data(), v.p, n * sizeof(float));
+    } else {
+      VB h(n);
+      be.to_host(h.data(), v.p, n * sizeof(uint16_t));
+      for (size_t i = 0; i < n; ++i) f[i] = bf(h[i]);
+    }
+    out[k] = f;
+  }
+};
+
+// every element of a within 2^-7 of max(|a|, |b|) plus arms * RMS(b) of b; exact when both are 0
+::testing::AssertionResult near_ulp(const VF& a, const VF& b, double arms) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
+  double ss = 0;
+  for (float x : b) ss += double(x) * x;
+  const double floor = arms * std::sqrt(ss / std::max<size_t>(b.size(), 1));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - b[i]);
+    const double tol = std::ldexp(std::max(std::fabs(a[i]), std::fabs(b[i])), -7) + floor;
+    if (!std::isfinite(a[i]) || !(d <= tol))
+      return ::testing::AssertionFailure() << "[" << i << "] " << a[i] << " vs " << b[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+::testing::AssertionResult rel_norm(const VF& a, const VF& b, double tol) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return ::testing::AssertionFailure() << "[" << i << "] " << a[i];
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  const double e = std::sqrt(num / std::max(den, 1e-300));
+  if (a.size() == b.size() && e <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << e << " > " << tol;
+}
+
+TEST(CudaBf16Backend, NativeKernelsMatchTheStagedOps) {
+  std::string why;
+  if (nlp::cuda_device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why;
+  const char* prev = std::getenv("NLPTRAIN_CUDA_BF16_ACTS");
+  const std::string saved = prev ? prev : "";
+  ::setenv("NLPTRAIN_CUDA_BF16_ACTS", "staged", 1);
+  std::unique_ptr<nlp::Backend> staged = nlp::make_cuda_backend(0);
+  ::setenv("NLPTRAIN_CUDA_BF16_ACTS", "native", 1);
+  std::unique_ptr<nlp::Backend> native = nlp::make_cuda_backend(0);
+  if (prev)
+    ::setenv("NLPTRAIN_CUDA_BF16_ACTS", saved.c_str(), 1);
+  else
+    ::unsetenv("NLPTRAIN_CUDA_BF16_ACTS");
+
+  using nlp::Act;
+  using nlp::CAct;
+  using nlp::overwrite;
+  const int B = 2, T = 37, Tk = 48, C = 96, N = B * T, V = 30, P = 64;
+  const size_t n = size_t(N) * C, n_odd = n - 3;  // n_odd: a vector tail
+  uint64_t seed = 500;
+  const VB x = rand_bf(n, ++seed, 2.0f, 1.0f), y = rand_bf(n, ++seed), z = rand_bf(n, ++seed);
+  const VB nan_n(n, kNanBits);
+  const VF w = randn(C, ++seed), bias = randn(C, ++seed), f32 = randn(n, ++seed);
+  const VF dw0 = randn(C, ++seed), db0 = randn(C, ++seed);
+  const VI ids = randi(N, ++seed, 0, V), types = randi(N, ++seed, 0, 2), rows_idx = [&] {
+    VI r(11);
+    for (int i = 0; i < 11; ++i) r[i] = (i * 7 + 3) % N;  // distinct rows
+    return r;
+  }();
+  const VF wte = randn(size_t(V) * C, ++seed), wpe = randn(size_t(P) * C, ++seed),
+           wtt = randn(2 * size_t(C), ++seed);
+  const nlp::DropRows trimmed{size_t(T) * C, size_t(Tk) * C};
+  const uint64_t dseed = nlp::derive_seed(seed, 7, 1);
+
+  const auto run = [&](Side& s) {
+    nlp::Backend& be = s.be;
+    // GELU, both forms; backward accumulating and overwriting (a NaN-filled dinp)
+    for (nlp::Gelu form : {nlp::Gelu::Tanh, nlp::Gelu::Erf}) {
+      const std::string f = form == nlp::Gelu::Tanh ? " tanh" : " erf";
+      Act o = s.view(nan_n), gx = s.view(x), gy = s.view(y);
+      be.gelu_forward(o, gx, n_odd, form);
+      s.keep("gelu_forward" + f, o, n_odd);
+      Act d = s.view(z), dw = s.view(nan_n);
+      be.gelu_backward(d, gx, gy, n_odd, form);
+      be.gelu_backward(overwrite(dw), gx, gy, n_odd, form);
+      s.keep("gelu_backward" + f, d, n_odd);
+      s.keep("gelu_backward (overwrite)" + f, dw, n_odd);
+    }
+    {  // add (out = a), accumulate in each mix of dtypes, scale
+      Act a = s.view(x), b = s.view(y), o = s.view(nan_n);
+      be.add(o, a, b, n_odd);
+      be.add(a, a, b, n_odd);
+      s.keep("add", o, n_odd);
+      s.keep("add (out = a)", a, n_odd);
+      Act d = s.view(z);
+      be.accumulate(d, s.view(x), n_odd);
+      s.keep("accumulate bf16 += bf16", d, n_odd);
+      Act e = s.view(z);
+      be.accumulate(e, s.put(f32), n_odd);
+      s.keep("accumulate bf16 += fp32", e, n_odd);
+      float* g = s.put(f32);
+      be.accumulate(g, s.view(x), n_odd);
+      s.keep("accumulate fp32 += bf16", g, n_odd);
+      Act h = s.view(x);
+      be.scale(h, 0.3f, n_odd);
+      s.keep("scale", h, n_odd);
+    }
+    {  // dropout: p > 0 flat and trimmed, p = 0; backward accumulating and overwriting
+      Act gx = s.view(x), gy = s.view(y);
+      int k = 0;
+      for (float p : {0.2f, 0.0f})
+        for (nlp::DropRows r : {nlp::DropRows{}, trimmed}) {
+          const std::string tag = " #" + std::to_string(k++);
+          Act o = s.view(nan_n), d = s.view(z), dw = s.view(nan_n);
+          be.dropout_forward(o, gx, n, p, dseed, r);
+          be.dropout_backward(d, gy, n, p, dseed, r);
+          be.dropout_backward(overwrite(dw), gy, n, p, dseed, r);
+          s.keep("dropout_forward" + tag, o, n);
+          s.keep("dropout_backward" + tag, d, n);
+          s.keep("dropout_backward (overwrite)" + tag, dw, n);
+        }
+    }
+    {  // rows: the [CLS]-like rows (stride T*C) and indexed rows (stride C)
+      Act src = s.view(x), o1 = s.view(nan_n), o2 = s.view(nan_n);
+      be.rows_gather(o1, src, B, C, size_t(T) * C);
+      const int32_t* gidx = s.put(rows_idx);
+      be.rows_gather(o2, src, int(rows_idx.size()), C, C, gidx);
+      s.keep("rows_gather", o1, size_t(B) * C);
+      s.keep("rows_gather (idx)", o2, rows_idx.size() * C);
+      Act d = s.view(z);
+      be.rows_scatter_add(d, s.view(y), B, C, size_t(T) * C);
+      be.rows_scatter_add(d, s.view(x), int(rows_idx.size()), C, C, gidx);
+      s.keep("rows_scatter_add", d, n);
+    }
+    {  // layer norm forward and backward; its residual form with delta aliasing res
+      Act o = s.view(nan_n), gx = s.view(x);
+      float *gw = s.put(w), *gb = s.put(bias), *m = s.put(VF(N)), *r = s.put(VF(N));
+      be.layernorm_forward(o, m, r, gx, gw, gb, N, C, 1e-5f);
+      s.keep("layernorm_forward", o, n);
+      s.keep("layernorm_forward mean", m, N);
+      s.keep("layernorm_forward rstd", r, N);
+      Act d = s.view(z), dw_view = s.view(nan_n);
+      float *dw = s.put(dw0), *db = s.put(db0);
+      be.layernorm_backward(d, dw, db, s.view(y), gx, gw, m, r, N, C);
+      be.layernorm_backward(overwrite(dw_view), nullptr, nullptr, s.view(y), gx, gw, m, r, N, C);
+      s.keep("layernorm_backward dinp", d, n);
+      s.keep("layernorm_backward dinp (overwrite)", dw_view, n);
+      s.keep("layernorm_backward dw", dw, C);
+      s.keep("layernorm_backward db", db, C);
+      Act res = s.view(y), out = s.view(nan_n);
+      float *m2 = s.put(VF(N)), *r2 = s.put(VF(N));
+      be.residual_layernorm_forward(res, out, m2, r2, gx, res, gw, gb, N, C, 1e-5f, 0.1f, dseed,
+                                    trimmed);
+      s.keep("residual res", res, n);
+      s.keep("residual out", out, n);
+      s.keep("residual mean", m2, N);
+      s.keep("residual rstd", r2, N);
+    }
+    {  // embeddings: token + position + type
+      Act o = s.view(nan_n);
+      const int32_t *gids = s.put(ids), *gtypes = s.put(types);
+      float *te = s.put(wte), *pe = s.put(wpe), *tt = s.put(wtt);
+      be.embedding_forward(o, gids, gtypes, te, pe, tt, B, T, C, 3);
+      s.keep("embedding_forward", o, n);
+      float *dte = s.put(VF(wte.size())), *dpe = s.put(VF(wpe.size())), *dtt = s.put(VF(wtt.size()));
+      be.embedding_backward(dte, dpe, dtt, s.view(y), gids, gtypes, B, T, C, 3);
+      s.keep("embedding_backward dwte", dte, wte.size());
+      s.keep("embedding_backward dwpe", dpe, wpe.size());
+      s.keep("embedding_backward dwtt", dtt, wtt.size());
+    }
+    be.synchronize();
+  };
+  Side st(*staged), nv(*native);
+  run(st);
+  run(nv);
+  ASSERT_EQ(st.out.size(), nv.out.size());
+  for (const auto& [name, want] : st.out) {
+    SCOPED_TRACE(name);
+    const VF& got = nv.out.at(name);
+    const bool approx = name.rfind("gelu", 0) == 0 || name.rfind("layernorm", 0) == 0 ||
+                        name == "residual out" || name == "residual mean" || name == "residual rstd";
+    if (!approx) {
+      EXPECT_TRUE(bits_equal(got, want));
+    } else if (name.find("mean") != std::string::npos || name.find("rstd") != std::string::npos) {
+      EXPECT_TRUE(rel_norm(got, want, kStat));
+    } else if (name.find(" dw") != std::string::npos || name.find(" db") != std::string::npos) {
+      EXPECT_TRUE(rel_norm(got, want, kArith));
+    } else {
+      EXPECT_TRUE(near_ulp(got, want, 1e-4));
+    }
+  }
+}
+
 }  // namespace
 
 #else  // a build without CUDA
 
 TEST(CudaBf16Kernels, Skipped) { GTEST_SKIP() << "built without CUDA (NLPTRAIN_CUDA=OFF or no nvcc)"; }
+TEST(CudaBf16Backend, Skipped) { GTEST_SKIP() << "built without CUDA (NLPTRAIN_CUDA=OFF or no nvcc)"; }
 
 #endif
