@@ -69,6 +69,74 @@ cudaError_t to_bf16_many(const Bf16Copies& c, cudaStream_t s, Bf16Cast cast = Bf
 cudaError_t from_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
 cudaError_t accumulate_bf16(float* dst, const void* src, size_t n, cudaStream_t s);
 
+// ---- bf16 storage (bf16_elementwise.cu, bf16_layernorm.cu, bf16_embedding.cu) ---------------------
+// The ops above with their activations (inputs, outputs and the gradients of both) stored in bf16:
+// each `void*` / `const void*` is __nv_bfloat16[...]; weights, their gradients and layer norm's
+// mean/rstd stay float*. Each element is loaded to fp32, computed as the fp32 launcher of the same
+// name computes it, and rounded to nearest even once, on store. Gradient outputs take `accumulate`:
+// true: dst = bf16(float(dst) + v); false: dst = bf16(v), the prior contents neither read nor needed
+// (the op is the tensor's only writer). Fp32 gradient outputs (dw, db, the table gradients)
+// accumulate as the fp32 launchers do. Arrays 16-byte aligned (and, for row ops, rows of a multiple
+// of 8 elements) move 8 elements at a time; any alignment is accepted. Deterministic, no atomics.
+// The dropout arguments are dropout_forward's (the same mask bits for the same arguments).
+// Not yet run on a GPU (tests/unit/test_ops_cuda_bf16.cpp checks them against a CPU reference).
+cudaError_t gelu_forward_bf16(void* out, const void* inp, size_t n, bool tanh_form, cudaStream_t s);
+cudaError_t gelu_backward_bf16(void* dinp, bool accumulate, const void* inp, const void* dout,
+                               size_t n, bool tanh_form, cudaStream_t s);
+// out = a + b (out may alias a or b); dst += src (both bf16); x *= f
+cudaError_t add_bf16(void* out, const void* a, const void* b, size_t n, cudaStream_t s);
+cudaError_t accumulate_bf16_bf16(void* dst, const void* src, size_t n, cudaStream_t s);
+cudaError_t scale_bf16(void* x, float f, size_t n, cudaStream_t s);
+// p > 0 only (the caller copies or adds for p <= 0); out may alias inp
+cudaError_t dropout_forward_bf16(void* out, const void* inp, size_t n, float p, uint64_t seed,
+                                 const uint64_t* seed_slot, size_t row, size_t row_key,
+                                 const int32_t* token_key, size_t width, cudaStream_t s);
+// dropped elements: unchanged (accumulate) or 0
+cudaError_t dropout_backward_bf16(void* dinp, bool accumulate, const void* dout, size_t n, float p,
+                                  uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                  size_t row_key, const int32_t* token_key, size_t width,
+                                  cudaStream_t s);
+// rows_gather / rows_scatter_add's row map; scatter with accumulate = false writes the scattered
+// rows only (the other rows of dinp are not touched)
+cudaError_t rows_gather_bf16(void* out, const void* inp, int n, int C, size_t stride,
+                             const int32_t* idx, cudaStream_t s);
+cudaError_t rows_scatter_add_bf16(void* dinp, bool accumulate, const void* dout, int n, int C,
+                                  size_t stride, const int32_t* idx, cudaStream_t s);
+// dst (bf16) = src (fp32), or dst += src (accumulate); rounded once. (bf16 -> fp32: from_bf16 and
+// accumulate_bf16 above.)
+cudaError_t store_f32_bf16(void* dst, bool accumulate, const float* src, size_t n, cudaStream_t s);
+cudaError_t accumulate_f32_into_bf16(void* dst, const float* src, size_t n, cudaStream_t s);
+// out bf16, mean/rstd fp32 (nullable), from float(inp) as layernorm_forward
+cudaError_t layernorm_forward_bf16(void* out, float* mean, float* rstd, const void* inp,
+                                   const float* w, const float* b, int N, int C, float eps,
+                                   cudaStream_t s);
+size_t layernorm_backward_bf16_ws_bytes(int N, int C);
+// dinp (nullable) bf16 with accumulate; dw, db (nullable) fp32 +=, deterministic as
+// layernorm_backward (ws of layernorm_backward_bf16_ws_bytes)
+cudaError_t layernorm_backward_bf16(void* dinp, bool accumulate, float* dw, float* db,
+                                    const void* dout, const void* inp, const float* w,
+                                    const float* mean, const float* rstd, int N, int C, void* ws,
+                                    cudaStream_t s);
+// res = bf16(x + dropout(delta)) (delta may alias res; any p), out = bf16(layernorm(res)) with the
+// statistics from the stored, rounded res (the values the backward reads)
+cudaError_t residual_layernorm_forward_bf16(void* res, void* out, float* mean, float* rstd,
+                                            const void* x, const void* delta, const float* w,
+                                            const float* b, int N, int C, float eps, float p,
+                                            uint64_t seed, const uint64_t* seed_slot, size_t row,
+                                            size_t row_key, const int32_t* token_key, size_t width,
+                                            cudaStream_t s);
+// out bf16 [B,T,C]; tables fp32; the backward reads dout (bf16) and accumulates into the fp32
+// table gradients as embedding_backward does (ws of embedding_backward_bf16_ws_bytes)
+cudaError_t embedding_forward_bf16(void* out, const int32_t* ids, const int32_t* type_ids,
+                                   const float* wte, const float* wpe, const float* wtt, int B,
+                                   int T, int C, int pos_offset, const int32_t* pos_ids,
+                                   cudaStream_t s);
+size_t embedding_backward_bf16_ws_bytes(int BT, int C);
+cudaError_t embedding_backward_bf16(float* dwte, float* dwpe, float* dwtt, const void* dout,
+                                    const int32_t* ids, const int32_t* type_ids, int B, int T,
+                                    int C, int pos_offset, const int32_t* pos_ids, void* ws,
+                                    size_t ws_bytes, cudaStream_t s);
+
 // ---- sdpa_io.cu (the cuDNN fused-attention path) -------------------------------------------------
 // From the mask[B,T] (segment ids or 0/1, 0 = padding): bias (__nv_bfloat16 [B, rows, ld], ld >= T;
 // rows = 1 for a [B,1,1,T] bias: key padding; T for [B,1,T,T]: backend.h's segment rule, which for a

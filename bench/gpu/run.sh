@@ -15,6 +15,7 @@
 # Sections (SECTIONS, default all below, in this order; each logs under $W and nothing stops the others):
 #   info    nvidia-smi, driver/toolkit/PyTorch versions, the commit of the binaries
 #   tests   test_ops_cuda: every op, GPT-2 and each BERT head against the CPU backend
+#           test_ops_cuda_bf16: the bf16-storage kernels against a CPU reference and the staged ops
 #   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
 #           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN (at
@@ -134,6 +135,7 @@ finish() {
   # every log and metrics file, no checkpoints (the archive stays under 16 MiB)
   tar -czf "$OUT/gpu-run.tar.gz" -C "$W" --exclude='*.h5' --exclude='*.trace' . 2>/dev/null
   cp "$W/test_ops_cuda.log" "$OUT/" 2>/dev/null
+  cp "$W/test_ops_cuda_bf16.log" "$OUT/" 2>/dev/null
   cat "$OUT/summary.txt"
 }
 trap finish EXIT
@@ -222,6 +224,17 @@ if want tests && in_time 60 "tests"; then
   if grep -qE '^\[  FAILED  \] CudaOps.SegmentCrossEntropy' "$W/test_ops_cuda.log"; then
     export NLPTRAIN_CUDA_SEGMENT_CE=rows
     log "tests: the segment cross-entropy failed its test: NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run"
+  fi
+  # the native bf16-storage kernels of the non-GEMM ops (not yet run on a GPU): against a CPU
+  # reference and against the staged fp32 ops; if any fails, bf16 activations run staged for the rest
+  # of the run (NLPTRAIN_CUDA_BF16_ACTS=staged: through the fp32 kernels)
+  timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda_bf16" --gtest_color=no \
+      > "$W/test_ops_cuda_bf16.log" 2>&1
+  log "tests (bf16 storage): exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda_bf16.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$W/test_ops_cuda_bf16.log" | head -10 | tee -a "$W/run.log"
+  if ! grep -qE '^\[  PASSED  \]' "$W/test_ops_cuda_bf16.log" || grep -qE '^\[  FAILED  \]' "$W/test_ops_cuda_bf16.log"; then
+    export NLPTRAIN_CUDA_BF16_ACTS=staged
+    log "tests: the native bf16 kernels failed (or did not run): NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
   fi
 fi
 

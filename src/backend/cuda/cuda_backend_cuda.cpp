@@ -334,11 +334,26 @@ class CudaBackend final : public Backend {
   // staged: each bf16 input widened into an fp32 staging buffer, the fp32 op run, and each bf16
   // output rounded back (kern::to_bf16, round to nearest even), so the tensor is stored in bf16 at
   // the points the CPU backend rounds (cpu/staged.h). Neither bf16 way has run on a GPU yet.
+  // Native: kernels/bf16_*.cu (kernels.cuh, "bf16 storage"), used when every non-null view of the op
+  // is bf16 (native_bf16_views); a gradient's overwrite flag becomes the launcher's accumulate = false.
+  bool native_bf16_views(std::initializer_list<CAct> views) const {
+    if (!native_bf16()) return false;
+    for (const CAct& v : views)
+      if (v.p && v.dt != DType::BF16) return false;
+    return true;
+  }
   void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
                          const int32_t* pos_ids) override {
     if (out.f32())
       return embedding_forward_f32(out.fp(), ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
+    if (native_bf16_views({out})) {
+      forget_ce_stats(out.p);
+      op(kern::embedding_forward_bf16(out.p, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset,
+                                      pos_ids, stream_),
+         "embedding_forward (bf16)");
+      return;
+    }
     Stage st(*this, "embedding_forward (staged)");
     embedding_forward_f32(st.out(out, size_t(B) * T * C), ids, type_ids, wte, wpe, wtt, B, T, C,
                           pos_offset, pos_ids);
@@ -350,6 +365,14 @@ class CudaBackend final : public Backend {
     if (dout.f32())
       return embedding_backward_f32(dwte, dwpe, dwtt, dout.fp(), ids, type_ids, B, T, C, pos_offset,
                                     pos_ids);
+    if (native_bf16_views({dout})) {
+      const size_t need = kern::embedding_backward_bf16_ws_bytes(B * T, C);
+      void* ws = workspace(need);
+      op(kern::embedding_backward_bf16(dwte, dwpe, dwtt, dout.p, ids, type_ids, B, T, C, pos_offset,
+                                       pos_ids, ws, need, stream_),
+         "embedding_backward (bf16)");
+      return;
+    }
     Stage st(*this, "embedding_backward (staged)");
     embedding_backward_f32(dwte, dwpe, dwtt, st.in(dout, size_t(B) * T * C), ids, type_ids, B, T, C,
                            pos_offset, pos_ids);
@@ -398,6 +421,12 @@ class CudaBackend final : public Backend {
                          int N, int C, float eps) override {
     if (out.f32() && inp.f32())
       return layernorm_forward_f32(out.fp(), mean, rstd, inp.fp(), w, b, N, C, eps);
+    if (native_bf16_views({out, inp})) {
+      forget_ce_stats(out.p);
+      op(kern::layernorm_forward_bf16(out.p, mean, rstd, inp.p, w, b, N, C, eps, stream_),
+         "layernorm_forward (bf16)");
+      return;
+    }
     Stage st(*this, "layernorm_forward (staged)");
     const float* i = st.in(inp, size_t(N) * C);
     layernorm_forward_f32(st.out(out, size_t(N) * C), mean, rstd, i, w, b, N, C, eps);
@@ -409,6 +438,13 @@ class CudaBackend final : public Backend {
     if (dinp.f32() && dout.f32() && inp.f32()) {
       if (dinp.write) zero(dinp.p, n * sizeof(float));
       return layernorm_backward_f32(dinp.fp(), dw, db, dout.fp(), inp.fp(), w, mean, rstd, N, C);
+    }
+    if (native_bf16_views({dinp, dout, inp})) {
+      void* ws = (dw || db) ? workspace(kern::layernorm_backward_bf16_ws_bytes(N, C)) : nullptr;
+      op(kern::layernorm_backward_bf16(dinp.p, !dinp.write, dw, db, dout.p, inp.p, w, mean, rstd, N,
+                                       C, ws, stream_),
+         "layernorm_backward (bf16)");
+      return;
     }
     Stage st(*this, "layernorm_backward (staged)");
     const float* d = st.in(dout, n);
@@ -426,6 +462,15 @@ class CudaBackend final : public Backend {
     if (res.f32() && out.f32() && x.f32() && delta.f32())
       return residual_layernorm_forward_f32(res.fp(), out.fp(), mean, rstd, x.fp(), delta.fp(), w, b,
                                             N, C, eps, p, seed, rows);
+    if (native_bf16_views({res, out, x, delta})) {  // one launch, the same rounding points
+      forget_ce_stats(res.p);
+      forget_ce_stats(out.p);
+      op(kern::residual_layernorm_forward_bf16(res.p, out.p, mean, rstd, x.p, delta.p, w, b, N, C, eps,
+                                               p, seed, slot_, rows.row, rows.row_key,
+                                               rows.token_key, rows.width, stream_),
+         "residual_layernorm_forward (bf16)");
+      return;
+    }
     {
       Stage st(*this, "residual_layernorm_forward (staged)");
       const float* xi = st.in(x, n);
@@ -459,6 +504,11 @@ class CudaBackend final : public Backend {
   }
   void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override {
     if (out.f32() && inp.f32()) return gelu_forward_f32(out.fp(), inp.fp(), N, form);
+    if (native_bf16_views({out, inp})) {
+      forget_ce_stats(out.p);
+      op(kern::gelu_forward_bf16(out.p, inp.p, N, form == Gelu::Tanh, stream_), "gelu_forward (bf16)");
+      return;
+    }
     Stage st(*this, "gelu_forward (staged)");
     const float* i = st.in(inp, N);
     gelu_forward_f32(st.out(out, N), i, N, form);
@@ -469,6 +519,12 @@ class CudaBackend final : public Backend {
       if (dinp.write) zero(dinp.p, N * sizeof(float));
       return gelu_backward_f32(dinp.fp(), inp.fp(), dout.fp(), N, form);
     }
+    if (native_bf16_views({dinp, inp, dout})) {
+      forget_ce_stats(dinp.p);
+      op(kern::gelu_backward_bf16(dinp.p, !dinp.write, inp.p, dout.p, N, form == Gelu::Tanh, stream_),
+         "gelu_backward (bf16)");
+      return;
+    }
     Stage st(*this, "gelu_backward (staged)");
     const float* i = st.in(inp, N);
     const float* d = st.in(dout, N);
@@ -477,6 +533,11 @@ class CudaBackend final : public Backend {
   }
   void add(Act out, CAct a, CAct b, size_t N) override {
     if (out.f32() && a.f32() && b.f32()) return add_f32(out.fp(), a.fp(), b.fp(), N);
+    if (native_bf16_views({out, a, b})) {
+      forget_ce_stats(out.p);
+      op(kern::add_bf16(out.p, a.p, b.p, N, stream_), "add (bf16)");
+      return;
+    }
     Stage st(*this, "add (staged)");
     const float* ia = st.in(a, N);
     const float* ib = st.in(b, N);
@@ -485,6 +546,16 @@ class CudaBackend final : public Backend {
   }
   void accumulate(Act dst, CAct src, size_t N) override {
     if (dst.f32() && src.f32()) return accumulate_f32(dst.fp(), src.fp(), N);
+    if (native_bf16() && dst.p && src.p) {  // an accumulation whatever the flag, any mix of dtypes
+      forget_ce_stats(dst.p);
+      if (!dst.f32() && !src.f32())
+        op(kern::accumulate_bf16_bf16(dst.p, src.p, N, stream_), "accumulate (bf16)");
+      else if (!dst.f32())
+        op(kern::accumulate_f32_into_bf16(dst.p, src.fp(), N, stream_), "accumulate (bf16 += fp32)");
+      else
+        op(kern::accumulate_bf16(dst.fp(), src.p, N, stream_), "accumulate (fp32 += bf16)");
+      return;
+    }
     Act d = dst;
     d.write = false;  // an accumulation whatever the flag
     Stage st(*this, "accumulate (staged)");
@@ -494,6 +565,11 @@ class CudaBackend final : public Backend {
   }
   void scale(Act x, float s, size_t N) override {
     if (x.f32()) return scale_f32(x.fp(), s, N);
+    if (native_bf16_views({x})) {
+      forget_ce_stats(x.p);
+      op(kern::scale_bf16(x.p, s, N, stream_), "scale (bf16)");
+      return;
+    }
     Act d = x;
     d.write = false;
     Stage st(*this, "scale (staged)");
@@ -530,6 +606,11 @@ class CudaBackend final : public Backend {
   // elements, where rows = n, or with idx the largest index + 1 (read back: a synchronisation).
   void rows_gather(Act out, CAct inp, int n, int C, size_t stride, const int32_t* idx) override {
     if (out.f32() && inp.f32()) return rows_gather_f32(out.fp(), inp.fp(), n, C, stride, idx);
+    if (native_bf16_views({out, inp})) {  // no staging, so no read-back of idx
+      forget_ce_stats(out.p);
+      op(kern::rows_gather_bf16(out.p, inp.p, n, C, stride, idx, stream_), "rows_gather (bf16)");
+      return;
+    }
     Stage st(*this, "rows_gather (staged)");
     const float* i = st.in(inp, strided_extent(n, C, stride, idx));
     rows_gather_f32(st.out(out, size_t(n) * C), i, n, C, stride, idx);
@@ -539,6 +620,12 @@ class CudaBackend final : public Backend {
                         const int32_t* idx) override {
     NLP_ASSERT(!dinp.write);  // only its rows are written: never the tensor's only writer
     if (dinp.f32() && dout.f32()) return rows_scatter_add_f32(dinp.fp(), dout.fp(), n, C, stride, idx);
+    if (native_bf16_views({dinp, dout})) {
+      forget_ce_stats(dinp.p);
+      op(kern::rows_scatter_add_bf16(dinp.p, true, dout.p, n, C, stride, idx, stream_),
+         "rows_scatter_add (bf16)");
+      return;
+    }
     Stage st(*this, "rows_scatter_add (staged)");
     const float* d = st.in(dout, size_t(n) * C);
     rows_scatter_add_f32(st.acc(dinp, strided_extent(n, C, stride, idx)), d, n, C, stride, idx);
@@ -546,6 +633,14 @@ class CudaBackend final : public Backend {
   }
   void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed, DropRows rows) override {
     if (out.f32() && inp.f32()) return dropout_forward_f32(out.fp(), inp.fp(), N, p, seed, rows);
+    if (native_bf16_views({out, inp})) {
+      if (p <= 0.0f) return copy(out.p, inp.p, N * dtype_bytes(DType::BF16));
+      forget_ce_stats(out.p);
+      op(kern::dropout_forward_bf16(out.p, inp.p, N, p, seed, slot_, rows.row, rows.row_key,
+                                    rows.token_key, rows.width, stream_),
+         "dropout_forward (bf16)");
+      return;
+    }
     Stage st(*this, "dropout_forward (staged)");
     const float* i = st.in(inp, N);
     dropout_forward_f32(st.out(out, N), i, N, p, seed, rows);
@@ -556,6 +651,17 @@ class CudaBackend final : public Backend {
     if (dinp.f32() && dout.f32()) {
       if (dinp.write) zero(dinp.p, N * sizeof(float));
       return dropout_backward_f32(dinp.fp(), dout.fp(), N, p, seed, rows);
+    }
+    if (native_bf16_views({dinp, dout})) {
+      if (p <= 0.0f) {
+        if (dinp.write) return copy(dinp.p, dout.p, N * dtype_bytes(DType::BF16));
+        return accumulate(dinp, dout, N);
+      }
+      forget_ce_stats(dinp.p);
+      op(kern::dropout_backward_bf16(dinp.p, !dinp.write, dout.p, N, p, seed, slot_, rows.row,
+                                     rows.row_key, rows.token_key, rows.width, stream_),
+         "dropout_backward (bf16)");
+      return;
     }
     Stage st(*this, "dropout_backward (staged)");
     const float* d = st.in(dout, N);
