@@ -705,7 +705,10 @@ class CudaBackend final : public Backend {
     // straight into dqkv (overwrite) or added to it
     if (native_bf16() && !qkv.f32() && noted([&] { return fused(B, T, NH, HS); })) {
       const void* out = fused_->output_of(att);
-      if (out) {
+      // a saved state sized for bf16 I/O (stats only) cannot go to the fp32 path below
+      if (!out)
+        throw Error("attention_backward (cuDNN, bf16 I/O): no bf16-I/O forward wrote this saved state");
+      {
         if (dqkv.f32() || dout.f32())
           throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
                           "dqkv is ", dtype_name(dqkv.dt), " and dout ", dtype_name(dout.dt),
