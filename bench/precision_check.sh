@@ -13,6 +13,8 @@
 #
 # Environment (defaults in brackets):
 #   TASKS ["gpt2 doc_cls"]  SEEDS ["1 2"]  CPU_BF16 [emulate]  THREADS [2]  WINDOW [20]
+#   BF16_ARGS [""]  more options of the bf16 runs, e.g. "--run.bf16_activations=true" (activations
+#                   and their gradients stored in bf16 too)
 #   GPT2_STEPS [100] GPT2_BATCH [4] GPT2_SEQ [128] GPT2_LAYERS [4] GPT2_EMBD [256] GPT2_HEADS [4] GPT2_LR [6e-4]
 #   CLS_STEPS [200] CLS_BATCH [32] CLS_SEQ [128] CLS_LAYERS [4] CLS_HIDDEN [256] CLS_HEADS [4] CLS_LR [3e-4]
 #   CLS_TRAIN_N [8000] CLS_EVAL_N [500]   NSMC examples for training / evaluation
@@ -28,6 +30,7 @@ cd "$(dirname "$0")/.."
 TASKS=${TASKS:-"gpt2 doc_cls"}
 SEEDS=${SEEDS:-"1 2"}
 CPU_BF16=${CPU_BF16:-emulate}
+BF16_ARGS=${BF16_ARGS:-}
 THREADS=${THREADS:-2}
 WINDOW=${WINDOW:-20}
 GPT2_STEPS=${GPT2_STEPS:-100}; GPT2_BATCH=${GPT2_BATCH:-4}; GPT2_SEQ=${GPT2_SEQ:-128}
@@ -57,7 +60,7 @@ done
 mkdir -p "$RES/raw" "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=$THREADS
 
-CMD="TASKS=\"$TASKS\" SEEDS=\"$SEEDS\" CPU_BF16=$CPU_BF16 THREADS=$THREADS WINDOW=$WINDOW"
+CMD="TASKS=\"$TASKS\" SEEDS=\"$SEEDS\" CPU_BF16=$CPU_BF16 BF16_ARGS=\"$BF16_ARGS\" THREADS=$THREADS WINDOW=$WINDOW"
 CMD+=" GPT2_STEPS=$GPT2_STEPS GPT2_BATCH=$GPT2_BATCH GPT2_SEQ=$GPT2_SEQ GPT2_LAYERS=$GPT2_LAYERS GPT2_EMBD=$GPT2_EMBD"
 CMD+=" GPT2_HEADS=$GPT2_HEADS GPT2_LR=$GPT2_LR CLS_STEPS=$CLS_STEPS CLS_BATCH=$CLS_BATCH CLS_SEQ=$CLS_SEQ"
 CMD+=" CLS_LAYERS=$CLS_LAYERS CLS_HIDDEN=$CLS_HIDDEN CLS_HEADS=$CLS_HEADS CLS_LR=$CLS_LR CLS_TRAIN_N=$CLS_TRAIN_N"
@@ -118,7 +121,8 @@ run() {  # run TASK PRECISION SEED
           --train.steps="$CLS_STEPS" --train.batch_size="$CLS_BATCH" --train.lr="$CLS_LR"
           --train.warmup_steps=$((CLS_STEPS / 10)) --train.schedule=linear --train.weight_decay=0.01)
   fi
-  [ "$p" = bf16 ] && args+=(--train.precision=bf16 --run.cpu_bf16="$CPU_BF16") || args+=(--train.precision=fp32)
+  # shellcheck disable=SC2206  # BF16_ARGS: words on purpose
+  [ "$p" = bf16 ] && args+=(--train.precision=bf16 --run.cpu_bf16="$CPU_BF16" $BF16_ARGS) || args+=(--train.precision=fp32)
   rm -rf "$out"
   echo "precision_check: $name ($(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
   if ! "$BIN" --run.mode=train --run.backend=cpu "${args[@]}" --train.seed="$seed" --train.grad_accum=1 \

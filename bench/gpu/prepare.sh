@@ -7,7 +7,7 @@
 # Then on the GPU node, with bench/gpu/stage beside the tree:
 #   bash bench/gpu/run.sh                            (see there; writes everything under $OUT)
 #
-# stage/bin/   nlptrain, test_ops_cuda, test_ops_cuda_bf16, run-on-device.sh + device-libs.tar.xz (Open MPI, HDF5,
+# stage/bin/   nlptrain, test_ops_cuda, test_ops_cuda_bf16, test_gemm_cuda_bf16, test_attention_cudnn_bf16, run-on-device.sh + device-libs.tar.xz (Open MPI, HDF5,
 #              OpenBLAS, Boost; the device has CUDA, cuDNN and NCCL in its PyTorch install)
 # stage/data/  gpt2_train.h5   GPT-2 BPE token stream (WikiText-2 test + Tiny Shakespeare), for the
 #                              124M benchmark (T=1024) and the small end-to-end runs
@@ -28,16 +28,18 @@ done
 
 # -march=native off: the GPU machine's CPU may lack this machine's instructions.
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DNLPTRAIN_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
-cmake --build "$B" -j"$(nproc)" --target nlptrain test_ops_cuda test_ops_cuda_bf16
+cmake --build "$B" -j"$(nproc)" --target nlptrain test_ops_cuda test_ops_cuda_bf16 test_gemm_cuda_bf16 \
+  test_attention_cudnn_bf16
 # pack only what travels: nlptrain and the CUDA op tests (pack_for_device scans BUILD/tests/test_*)
 tmp=$(mktemp -d)
 mkdir -p "$tmp/tests"
 cp "$B/nlptrain" "$tmp/"
-cp "$B/tests/test_ops_cuda" "$B/tests/test_ops_cuda_bf16" "$tmp/tests/"
+cp "$B/tests/test_ops_cuda" "$B/tests/test_ops_cuda_bf16" "$B/tests/test_gemm_cuda_bf16" \
+  "$B/tests/test_attention_cudnn_bf16" "$tmp/tests/"
 tools/pack_for_device.sh --tar "$tmp"
 
 rm -rf "$S" && mkdir -p "$S/bin" "$S/data"
-cp "$tmp/nlptrain" "$tmp/tests/test_ops_cuda" "$tmp/tests/test_ops_cuda_bf16" "$tmp/run-on-device.sh" "$tmp/device-libs.tar.xz" "$S/bin/"
+cp "$tmp/nlptrain" "$tmp"/tests/test_* "$tmp/run-on-device.sh" "$tmp/device-libs.tar.xz" "$S/bin/"
 rm -rf "$tmp"
 git rev-parse HEAD > "$S/commit.txt"
 git status --porcelain --untracked-files=no | grep -q . && echo "dirty" >> "$S/commit.txt" || true

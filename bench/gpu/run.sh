@@ -20,20 +20,26 @@
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
 #           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN (at
 #           the file's length and trimmed), and packed through cuDNN in its ragged and bias layouts;
-#           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches
+#           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches;
+#           then bf16 activations (run.bf16_activations, GPT-2 and BERT) against the CPU's and against
+#           fp32 activations (losses within 2e-2)
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
 #   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
 #           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
-#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check)
+#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check);
+#           then the new bf16 step (NEW: bf16 activations, bf16 weight copy, fused padded head, cuBLASLt
+#           epilogues): 6 steps under sync_check against the verified run, then timed at GPT2_BATCH
+#           and NEW_BATCHES (24 32)
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
 #           only by default, the benchmarks' precision that matters)
 #   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
 #           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
 #           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
 #           copy, not yet run on a GPU) 4 steps under run.sync_check, losses bitwise against the
-#           verified run's, and 12 steps profiled; bench/gpu/account.py prints both accounts per op
+#           verified run's, and 12 steps profiled; then the new bf16 step (NEW) 12 steps profiled;
+#           bench/gpu/account.py prints the accounts per op
 #           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
@@ -175,6 +181,10 @@ if want e2e; then
     for m in gpt2_small bert_small; do e2e_run ${m}_cpu cpu $m; done
     e2e_run bert_small_trim_cpu cpu bert_small "${TRIM[@]}"
     for m in bert_small gpt2_small; do e2e_run ${m}_bf16_cpu cpu $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}"; done
+    # bf16 activations (run.bf16_activations): the CPU rounds at the GPU's bf16 stores
+    for m in gpt2_small bert_small; do
+      e2e_run ${m}_bf16act_cpu cpu $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}" --run.bf16_activations=true
+    done
     # packed steps (data.pack_batch = rows: 8 rows of 128, about 50 NSMC examples a step)
     e2e_run bert_small_rows_cpu cpu bert_small "${ROWS[@]}"
     e2e_run bert_small_rows_bf16_cpu cpu bert_small "${ROWS[@]}" "${BF16[@]}" "${NO_ATTN_DROPOUT[bert_small]}"
@@ -236,6 +246,23 @@ if want tests && in_time 60 "tests"; then
     export NLPTRAIN_CUDA_BF16_ACTS=staged
     log "tests: the native bf16 kernels failed (or did not run): NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
   fi
+  # the typed GEMMs on bf16 activations and their cuBLASLt epilogues, and cuDNN's bf16-I/O attention
+  # (not yet run on a GPU): an epilogue failure turns the epilogues off (NLPTRAIN_CUDA_GEMM_EPILOGUES=
+  # none: plain GEMMs and separate kernels), any other failure stages the bf16 activations
+  for t in test_gemm_cuda_bf16 test_attention_cudnn_bf16; do
+    timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/$t" --gtest_color=no > "$W/$t.log" 2>&1
+    log "tests ($t): exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$W/$t.log" | head -10 | tee -a "$W/run.log"
+  done
+  if grep -qE '^\[  FAILED  \] (GemmBf16|GemmEpilogues)' "$W/test_gemm_cuda_bf16.log"; then
+    export NLPTRAIN_CUDA_GEMM_EPILOGUES=none
+    log "tests: a cuBLASLt epilogue failed: NLPTRAIN_CUDA_GEMM_EPILOGUES=none for the rest of the run"
+  fi
+  if grep -qE '^\[  FAILED  \] (GemmBf16|CudaBackendBf16Views|CudnnBf16)' "$W/test_gemm_cuda_bf16.log" \
+      "$W/test_attention_cudnn_bf16.log"; then
+    export NLPTRAIN_CUDA_BF16_ACTS=staged
+    log "tests: the bf16 GEMMs or attention failed: NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
+  fi
 fi
 
 snapshot
@@ -284,6 +311,13 @@ if want e2e && in_time 90 "e2e"; then
       --train.precision=bf16 --model.attention=cudnn --model.attention_probs_dropout_prob=0 --run.cuda_graph=true
   grep -h "run.cuda_graph" "$W/e2e/gpt2_small_graph_cuda/log.txt" \
       "$W/e2e/bert_small_rows_fixed_graph_bf16_cuda/log.txt" 2>/dev/null | tee -a "$W/run.log"
+  # Not yet run on a GPU: bf16 activations (run.bf16_activations; the native bf16 kernels, cuDNN's
+  # bf16-I/O attention and the typed GEMMs, or the staged ops when the tests above failed), under
+  # run.sync_check, against the CPU's bf16-activation run and against the fp32-activation bf16 run
+  for m in gpt2_small bert_small; do
+    e2e_run ${m}_bf16act_cuda cuda $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}" --run.bf16_activations=true \
+        --run.sync_check=true
+  done
   log "e2e: waiting for the CPU references"
   wait $cpu_refs
   for m in gpt2_small bert_small; do
@@ -293,6 +327,10 @@ if want e2e && in_time 90 "e2e"; then
   e2e_compare "trimmed cuda vs trimmed cpu" bert_small_trim_cpu bert_small_trim_cuda --within 20:1e-4 --within 100:1e-3
   for m in gpt2_small bert_small; do
     e2e_compare "$m bf16 cuda vs cpu" ${m}_bf16_cpu ${m}_bf16_cuda --within 100:2e-2
+  done
+  for m in gpt2_small bert_small; do
+    e2e_compare "$m bf16 activations cuda vs cpu" ${m}_bf16act_cpu ${m}_bf16act_cuda --within 100:2e-2
+    e2e_compare "$m bf16 activations vs fp32 activations, cuda" ${m}_bf16_cuda ${m}_bf16act_cuda --within 100:2e-2
   done
   e2e_compare "trimmed bf16 cuda (cuDNN) vs padded bf16 cpu" bert_small_bf16_cpu bert_small_trim_bf16_cuda \
       --within 100:2e-2
@@ -393,6 +431,33 @@ if want bench && in_time 60 "fused head"; then
   [[ -f "$W/fused_head/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
 fi
 
+# Not yet run on a GPU: GPT-2 124M with every new switch of the bf16 step on (bf16 activations, the
+# persistent bf16 weights, the fused and padded LM head, the cuBLASLt epilogues): 6 steps under
+# run.sync_check (a fault names its op; losses against the verified bf16 run's first steps within
+# 2e-2), then timed at GPT2_BATCH and at NEW_BATCHES (each side at its fastest batch that fits: the
+# memory plan refuses what does not fit before allocating). About 90 s.
+NEW=(--train.precision=bf16 --run.bf16_activations=true --run.bf16_weights=true --model.fused_head=on
+     --model.pad_vocab=128)
+NEW_BATCHES=${NEW_BATCHES:-"24 32"}
+if want bench && in_time 90 "new bf16 path"; then
+  name=new_gpt2_124m_bf16_check
+  NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini "${NEW[@]}" \
+      --train.batch_size=$GPT2_BATCH --train.steps=6 --run.sync_check=true --output.dir="$W/new/$name" \
+      > "$W/$name.log" 2>&1
+  log "new path $name: exit $? | $(grep -E '^step +6/' "$W/new/$name/log.txt" 2>/dev/null | head -1)"
+  [[ -f "$W/new/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
+  python3 compare.py losses "$W/bench/nlptrain_gpt2_124m_bf16/metrics.jsonl" "$W/new/$name/metrics.jsonl" \
+      --within 6:2e-2 2>&1 | sed 's/^/new path vs verified bf16: /' | tee -a "$W/run.log"
+  for nb in $GPT2_BATCH $NEW_BATCHES; do
+    in_time 40 "new path B=$nb" || break
+    name=nlptrain_gpt2_124m_bf16_new_b$nb  # (collect.py: a record of its own)
+    NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini "${NEW[@]}" \
+        --train.batch_size=$nb --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
+    log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+    grep -h "memory plan" "$W/bench/$name/log.txt" "$W/$name.log" 2>/dev/null | head -1 | tee -a "$W/run.log"
+  done
+fi
+
 snapshot
 if want torch; then
   for r in $TORCH_RUNS; do
@@ -426,11 +491,16 @@ if want account && in_time 75 "account"; then
   timeout $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --run.bf16_weights=true \
       --output.dir="$W/account/bf16_weights" > "$W/account_bf16_weights.log" 2>&1
   log "account run.bf16_weights: exit $? | $(grep -E '^done:' "$W/account/bf16_weights/log.txt" 2>/dev/null)"
-  for r in verified bf16_weights; do
+  # the new bf16 step (bf16 activations, fused and padded head, epilogues; not yet run on a GPU)
+  NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} timeout $(tmo 60) $NL "${acct[@]}" "${NEW[@]}" --train.steps=12 \
+      --run.profile=true --output.dir="$W/account/new" > "$W/account_new.log" 2>&1
+  log "account new bf16 step: exit $? | $(grep -E '^done:' "$W/account/new/log.txt" 2>/dev/null)"
+  for r in verified bf16_weights new; do
     { echo "== account gpt2_124m bf16 ($r)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
         "$W/account/$r/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   done
   python3 account.py verified="$W/account/verified/summary.json" bf16_weights="$W/account/bf16_weights/summary.json" \
+      new="$W/account/new/summary.json" \
       2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
 fi
 
