@@ -60,7 +60,7 @@
 #           against CUDA graphs (GRAPH_AB_STEPS steps, alternating twice; losses bitwise equal)
 #   profile nlptrain with run.profile (per-op account) on the two benchmark models -> $OUT/profile.txt
 # What comes back (8 files or fewer, each under 16 MiB): results.json (one record per benchmark
-# and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, profile.txt,
+# and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, test_ops_cuda_bf16.log, profile.txt,
 # finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
 # DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), and
 # every command's timeout is cut so that it ends by DEADLINE + 40 s (tmo), so the files come back

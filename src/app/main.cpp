@@ -335,7 +335,8 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
                                      cfg.train.zero == 1 ? ", ZeRO-1" : "", cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
                " | precision ",
-               precision_name(c.precision), " | attention ",
+               precision_name(c.precision), cfg.run.bf16_activations ? " (activations bf16)" : "",
+               " | attention ",
                c.bopts.fused_attention ? "cudnn" : "native", " | ", c.tplan.threads, " thread(s) per rank on ",
                c.cpus.allowed, " CPU(s) (", c.cpus.list, ")"));
   if (const std::string d = be.details(); !d.empty()) log.info(cat("backend ", be.name(), ": ", d));

@@ -37,9 +37,10 @@ def make_tree(root: Path) -> Path:
     stage = gpu / "stage"
     (stage / "bin").mkdir(parents=True)
     os.symlink(binary(), stage / "bin" / "nlptrain")
-    tests = Path(binary()).parent / "tests" / "test_ops_cuda"  # skips each test here, saying why
-    if tests.exists():
-        os.symlink(tests, stage / "bin" / "test_ops_cuda")
+    for t in ("test_ops_cuda", "test_ops_cuda_bf16", "test_gemm_cuda_bf16", "test_attention_cudnn_bf16"):
+        tests = Path(binary()).parent / "tests" / t  # skips each test here, saying why
+        if tests.exists():
+            os.symlink(tests, stage / "bin" / t)
     launcher = stage / "bin" / "run-on-device.sh"
     launcher.write_text('#!/bin/bash\nif [[ $1 == --check ]]; then exit 0; fi\nexec "$@"\n')
     launcher.chmod(0o755)
@@ -233,18 +234,20 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     work = Path(re.search(r"work (\S+)", log).group(1))
     # e2e: the CPU references train; every GPU run stops at the device check, not before
     cpu = sorted(work.glob("e2e_*_cpu.log"))
-    assert len(cpu) == 7, cpu
+    assert len(cpu) == 9, cpu
     for f in cpu:
         name = f.stem[len("e2e_"):]
         assert re.search(rf"e2e {name}: exit 0 \| step +3/3", log), f"{name}:\n{f.read_text()[-2000:]}"
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
-    assert len(gpu_logs) == 13, gpu_logs
+    assert len(gpu_logs) == 15, gpu_logs
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
     # the fused LM head's GPT-2 124M run (after the benchmarks)
     gpu_logs += [work / "fused_head_gpt2_124m_bf16.log"]
+    # the new bf16 step's check under run.sync_check (its timed runs at three batches are nlptrain_*)
+    gpu_logs += [work / "new_gpt2_124m_bf16_check.log"]
     # the two faults (a rank killed with two ranks on the GPU; a batch beyond its memory)
     gpu_logs += [work / "faults_kill.log", work / "faults_too_big.log"]
     # finetune: the nlptrain settings' logs
@@ -255,7 +258,7 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 13 + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 15 + (2 + 3) + 3 + 1 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
     assert "faults kill -9 of rank 0 at step 5 (2 ranks): exit" in log, log[-3000:]
     assert "fused head: op tests exit" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
@@ -274,4 +277,5 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
         assert "usage:" not in text and TORCH_NO_DEVICE.search(text), f"{f.name}:\n{text[-2000:]}"
     assert (out / "finetune_results.md").exists()
     assert {p.name for p in out.iterdir()} <= {"results.json", "summary.txt", "run.log", "gpu-run.tar.gz",
-                                               "test_ops_cuda.log", "profile.txt", "finetune_results.md"}
+                                               "test_ops_cuda.log", "test_ops_cuda_bf16.log", "profile.txt",
+                                               "finetune_results.md"}

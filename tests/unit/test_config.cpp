@@ -25,7 +25,7 @@ const std::vector<std::string> kAllKeys = {
     "run.mode", "run.task", "run.backend", "run.threads", "run.log_interval", "run.peak_tflops",
     "run.sync_check", "run.profile", "run.cuda_graph", "run.memory_limit_gb", "run.cpu_gemm", "run.cpu_bf16",
     "run.verbose",
-    "run.bf16_weights",
+    "run.bf16_weights", "run.bf16_activations",
     "model.type", "model.weights", "model.preset", "model.reinit_mismatched", "model.n_layer", "model.n_head", "model.n_embd",
     "model.vocab_size", "model.n_positions", "model.embd_pdrop", "model.attn_pdrop",
     "model.resid_pdrop", "model.layer_norm_epsilon", "model.initializer_range",
