@@ -268,12 +268,12 @@ void AccountBackend::attention_forward(Act out, float* att, CAct qkv, const int3
                           examples);
   });
 }
-void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                         const float* att, const int32_t* attn_mask, bool causal,
                                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                         int T_key, const int32_t* token_key, int examples) {
   op("attention_backward", "attention", at(ac::attention_backward(B, T, NH, HS, causal), dqkv), [&] {
-    in_.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+    in_.attention_backward(dqkv, scratch, dout, out, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
                            T_key, token_key, examples);
   });
 }

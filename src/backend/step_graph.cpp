@@ -373,15 +373,15 @@ void StepGraph::attention_forward(Act out, float* att, CAct qkv, const int32_t* 
                                       token_key, examples);
                 });
 }
-void StepGraph::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+void StepGraph::attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                    const float* att, const int32_t* attn_mask, bool causal,
                                    float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                    int T_key, const int32_t* token_key, int examples) {
   op_with_value("attention_backward",
-                {w(dqkv), w(scratch), w(dout), w(qkv), w(att), w(attn_mask), w(causal), w(dropout_p), w(B),
+                {w(dqkv), w(scratch), w(dout), w(out), w(qkv), w(att), w(attn_mask), w(causal), w(dropout_p), w(B),
                  w(T), w(NH), w(HS), w(T_key), w(token_key), w(examples)},
                 seed, [=](Backend& b, uint64_t s) {
-                  b.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, s, B, T,
+                  b.attention_backward(dqkv, scratch, dout, out, qkv, att, attn_mask, causal, dropout_p, s, B, T,
                                        NH, HS, T_key, token_key, examples);
                 });
 }

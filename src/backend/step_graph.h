@@ -122,7 +122,7 @@ class StepGraph final : public Backend {
   void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                          int T_key, const int32_t* token_key, int examples) override;
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                           const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
                           uint64_t seed, int B, int T, int NH, int HS, int T_key,
                           const int32_t* token_key, int examples) override;

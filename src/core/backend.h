@@ -258,9 +258,11 @@ class Backend {
                                  uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
                                  const int32_t* token_key = nullptr, int examples = 0) = 0;
   // dqkv[B,T,3C] += ... (overwrite: =); att as saved by attention_forward with the same arguments;
+  // out[B,T,C]: the output that forward wrote, unchanged since (the cuDNN path with bf16 I/O reads
+  // O from it instead of keeping a copy in att; the CPU and the native kernels ignore it);
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
-  virtual void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+  virtual void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS, int T_key = 0, const int32_t* token_key = nullptr,

@@ -162,8 +162,10 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
     be.rows_scatter_add(s.d_c2, d_atty, N, C, C, out->idx);
     d_atty = s.d_c2;
   }
-  be.attention_backward(overwrite(s.d_qkv), s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
+  // (a.atty: the attention's output at every position, which the forward left as it wrote it)
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, d_atty, a.atty, a.qkv, a.att, attn_mask, c.causal,
+                        p_attn, seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key,
+                        seeds.examples);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
 
@@ -236,8 +238,9 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.dropout_backward(overwrite(s.d_c1), s.d_res1, n, p_resid, seeds.resid1, rows);
   be.matmul_backward(overwrite(s.d_c2), gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C,
                      c.layout);
-  be.attention_backward(overwrite(s.d_qkv), s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, s.d_c2, a.atty, a.qkv, a.att, attn_mask, c.causal,
+                        p_attn, seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key,
+                        seeds.examples);
   be.matmul_backward(overwrite(s.d_c1), gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C,
                      c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,

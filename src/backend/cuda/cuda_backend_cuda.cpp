@@ -691,7 +691,7 @@ class CudaBackend final : public Backend {
                           T_key, token_key, examples);
     st.finish();
   }
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv, const float* att,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv, const float* att,
                           const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
                           int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
                           int examples) override {
@@ -700,27 +700,22 @@ class CudaBackend final : public Backend {
       return attention_backward_f32(dqkv.fp(), scratch, dout.fp(), qkv.fp(), att, attn_mask, causal,
                                     dropout_p, seed, B, T, NH, HS, T_key, token_key, examples);
     }
-    // native: the forward's bf16-I/O state (stats only; O is the forward's bf16 `out`, which the
-    // interface does not pass here: CudnnAttention remembers it per saved state); dq|dk|dv written
-    // straight into dqkv (overwrite) or added to it
+    // native: the forward's bf16-I/O state (stats only) with O read from `out`, the forward's bf16
+    // output; dq|dk|dv written straight into dqkv (overwrite) or added to it. A saved state sized for
+    // bf16 I/O cannot go to the staged fp32 path below (which would read it as the larger fp32 state).
     if (native_bf16() && !qkv.f32() && noted([&] { return fused(B, T, NH, HS); })) {
-      const void* out = fused_->output_of(att);
-      // a saved state sized for bf16 I/O (stats only) cannot go to the fp32 path below
-      if (!out)
-        throw Error("attention_backward (cuDNN, bf16 I/O): no bf16-I/O forward wrote this saved state");
-      {
-        if (dqkv.f32() || dout.f32())
-          throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
-                          "dqkv is ", dtype_name(dqkv.dt), " and dout ", dtype_name(dout.dt),
-                          "; both must be bf16 (or set NLPTRAIN_CUDA_BF16_ACTS=staged)"));
-        noted([&] {
-          fused_->backward_bf16(dqkv.p, !dqkv.write, scratch, dout.p, qkv.p, out, att, attn_mask,
-                                token_key != nullptr, examples, causal, dropout_p, seed, slot_, B, T,
-                                NH, HS);
-        });
-        op(cudaGetLastError(), "attention_backward (cuDNN, bf16 I/O)");
-        return;
-      }
+      if (!out || out.f32() || dqkv.f32() || dout.f32())
+        throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
+                        "out is ", out ? dtype_name(out.dt) : "null", ", dqkv ", dtype_name(dqkv.dt),
+                        " and dout ", dtype_name(dout.dt),
+                        "; all three must be bf16 (or set NLPTRAIN_CUDA_BF16_ACTS=staged)"));
+      noted([&] {
+        fused_->backward_bf16(dqkv.p, !dqkv.write, scratch, dout.p, qkv.p, out.p, att, attn_mask,
+                              token_key != nullptr, examples, causal, dropout_p, seed, slot_, B, T,
+                              NH, HS);
+      });
+      op(cudaGetLastError(), "attention_backward (cuDNN, bf16 I/O)");
+      return;
     }
     const size_t n = size_t(B) * T * NH * HS;
     Stage st(*this, "attention_backward (staged)");
