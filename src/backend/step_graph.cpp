@@ -280,6 +280,24 @@ void StepGraph::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
      {w(dinp), w(dw), w(dbias), w(dout), w(inp), w(wt), w(M), w(K), w(N), w(layout)},
      [=](Backend& b, uint64_t) { b.matmul_backward(dinp, dw, dbias, dout, inp, wt, M, K, N, layout); });
 }
+void StepGraph::matmul_gelu_forward(Act out, Act pre, CAct inp, const float* wt, const float* bias,
+                                    int M, int K, int N, WLayout layout, Gelu form) {
+  op("matmul_gelu_forward",
+     {w(out), w(pre), w(inp), w(wt), w(bias), w(M), w(K), w(N), w(layout), w(form)},
+     [=](Backend& b, uint64_t) {
+       b.matmul_gelu_forward(out, pre, inp, wt, bias, M, K, N, layout, form);
+     });
+}
+void StepGraph::matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h,
+                                      CAct pre, const float* wt, int M, int K, int N,
+                                      WLayout layout, Gelu form, Act scratch) {
+  op("matmul_dgelu_backward",
+     {w(dpre), w(dw), w(dbias), w(dout), w(h), w(pre), w(wt), w(M), w(K), w(N), w(layout), w(form),
+      w(scratch)},
+     [=](Backend& b, uint64_t) {
+       b.matmul_dgelu_backward(dpre, dw, dbias, dout, h, pre, wt, M, K, N, layout, form, scratch);
+     });
+}
 void StepGraph::layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
                                   const float* wt, const float* bb, int N, int C, float eps) {
   op("layernorm_forward", {w(out), w(mean), w(rstd), w(inp), w(wt), w(bb), w(N), w(C), w(eps)},

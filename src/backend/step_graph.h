@@ -90,6 +90,11 @@ class StepGraph final : public Backend {
                       int N, WLayout layout) override;
   void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
                        const float* w, int M, int K, int N, WLayout layout) override;
+  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
+                           int K, int N, WLayout layout, Gelu form) override;
+  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                             Act scratch) override;
   void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                          const float* b, int N, int C, float eps) override;
   void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,

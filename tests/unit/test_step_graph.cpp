@@ -355,6 +355,10 @@ class FakeRecorder final : public Backend {
       NLP_UNUSED()
   void matmul_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, int, int, int,
                        nlp::WLayout) override NLP_UNUSED()
+  void matmul_gelu_forward(nlp::Act, nlp::Act, nlp::CAct, const float*, const float*, int, int, int,
+                           nlp::WLayout, nlp::Gelu) override NLP_UNUSED()
+  void matmul_dgelu_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, nlp::CAct, const float*, int,
+                             int, int, nlp::WLayout, nlp::Gelu, nlp::Act) override NLP_UNUSED()
   void layernorm_forward(nlp::Act, float*, float*, nlp::CAct, const float*, const float*, int, int, float) override
       NLP_UNUSED()
   void layernorm_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, const float*,

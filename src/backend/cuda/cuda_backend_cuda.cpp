@@ -417,6 +417,43 @@ class CudaBackend final : public Backend {
     matmul_backward_f32(st.acc(dinp, size_t(M) * K), dw, dbias, d, i, w, M, K, N, layout);
     st.finish();
   }
+  // The dense layer with its GELU (core/backend.h). All views bf16 with the native kernels, the tanh
+  // form and the cuBLASLt epilogue switched on (NLPTRAIN_CUDA_GEMM_EPILOGUES = all): one typed GEMM
+  // writes pre and out = gelu(pre) (GELU_AUX; cuda::Gemm falls back to the plain product and
+  // kernels/gemm_epilogue.cu where no algorithm takes it). Anything else, the fp32 views included:
+  // Backend's default, matmul_forward then gelu_forward. Not yet run on a GPU.
+  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
+                           int K, int N, WLayout layout, Gelu form) override {
+    if (form == Gelu::Tanh && gemm_->epilogues().gelu_aux && native_bf16_views({out, pre, inp}) &&
+        out && pre && M > 0 && N > 0 && K > 0) {
+      forget_ce_stats(out.p);
+      forget_ce_stats(pre.p);
+      noted([&] {
+        gemm_->forward(cuda::gemm_out(out), cuda::gemm_in(inp), false, w, layout == WLayout::OutIn,
+                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N), pre.p);
+      });
+      return op(cudaSuccess, "matmul_gelu_forward (bf16, GELU_AUX)");
+    }
+    Backend::matmul_gelu_forward(out, pre, inp, w, bias, M, K, N, layout, form);
+  }
+  // Its backward for the following dense layer: with the same conditions (DGELU switched on) and dpre
+  // overwritten (the epilogue has no accumulating form), one typed backward GEMM writes
+  // dpre = (dout @ W^T) * gelu'(pre) and adds dW and dbias; scratch is not used. Else the default.
+  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                             Act scratch) override {
+    if (form == Gelu::Tanh && gemm_->epilogues().dgelu && dpre.write &&
+        native_bf16_views({dpre, dout, h, pre}) && dpre && pre && M > 0 && N > 0 && K > 0) {
+      forget_ce_stats(dpre.p);
+      const void* w16 = persistent(w, size_t(K) * N);
+      noted([&] {
+        gemm_->backward(cuda::gemm_out(dpre), 0.0f, dw, dbias, cuda::gemm_in(dout),
+                        cuda::gemm_in(h), w, M, K, N, layout == WLayout::InOut, w16, pre.p);
+      });
+      return op(cudaSuccess, "matmul_dgelu_backward (bf16, DGELU)");
+    }
+    Backend::matmul_dgelu_backward(dpre, dw, dbias, dout, h, pre, w, M, K, N, layout, form, scratch);
+  }
   void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w, const float* b,
                          int N, int C, float eps) override {
     if (out.f32() && inp.f32())
