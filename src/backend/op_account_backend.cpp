@@ -137,26 +137,26 @@ void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, C
 }
 
 // ---- dense layer: operands at the GEMM's precision; in bf16 the casts apart ----
-void AccountBackend::matmul_forward(Act out, CAct inp, const float* w, const float* bias,
-                                    int M, int K, int N, WLayout layout) {
-  const char* label = head(w, N) ? "gemm lm head (forward)" : "gemm blocks (forward)";
+const char* AccountBackend::gemm_label(const float* w, int N, bool backward) const {
+  if (head(w, N)) return backward ? "gemm lm head (backward)" : "gemm lm head (forward)";
+  return backward ? "gemm blocks (backward)" : "gemm blocks (forward)";
+}
+Cost AccountBackend::gemm_forward_cost(const char* label, CAct out, CAct inp, const float* w,
+                                       const float* bias, int M, int K, int N) {
   const AD t = bf16_ ? AD::BF16 : AD::F32;
   if (bf16_ && on_) {  // the casts: an fp32 activation and a weight without its persistent copy
     const bool copy = has_copy(w, size_t(K) * N);
     cast_cost(label, (inp.f32() ? int64_t(M) * K : 0) + (copy ? 0 : int64_t(K) * N));
   }
-  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)",
-     ac::gemm(M, N, K, inp.f32() ? t : AD::BF16, t, ad(out), false, bias != nullptr),
-     [&] { in_.matmul_forward(out, inp, w, bias, M, K, N, layout); });
+  return ac::gemm(M, N, K, inp.f32() ? t : AD::BF16, t, ad(out), false, bias != nullptr);
 }
-void AccountBackend::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
-                                     CAct inp, const float* w, int M, int K, int N,
-                                     WLayout layout) {
-  const char* label = head(w, N) ? "gemm lm head (backward)" : "gemm blocks (backward)";
+Cost AccountBackend::gemm_backward_cost(const char* label, CAct dinp, bool dinp_write,
+                                        const float* dw, const float* dbias, CAct dout, CAct inp,
+                                        const float* w, int M, int K, int N) {
   const AD t = bf16_ ? AD::BF16 : AD::F32;
   Cost c;
   const AD td = dout.f32() ? t : AD::BF16, ti = inp.f32() ? t : AD::BF16;
-  if (dinp) c += ac::gemm(M, K, N, td, t, ad(dinp), !dinp.write);  // dinp[M,K] += dout[M,N] W^T
+  if (dinp) c += ac::gemm(M, K, N, td, t, ad(dinp), !dinp_write);  // dinp[M,K] += dout[M,N] W^T
   if (dw) c += ac::gemm(K, N, M, ti, td, AD::F32, true);           // dW[K,N] += inp^T dout
   if (dbias) {  // dbias[N] += colsum(dout)
     c += at(ac::elementwise(int64_t(M) * N, 1, 0, 1), dout);
@@ -167,8 +167,42 @@ void AccountBackend::matmul_backward(Act dinp, float* dw, float* dbias, CAct dou
     cast_cost(label, (dout.f32() ? int64_t(M) * N : 0) + (dw && inp.f32() ? int64_t(M) * K : 0) +
                          (dinp && !copy ? int64_t(K) * N : 0));
   }
-  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)", c,
+  return c;
+}
+
+void AccountBackend::matmul_forward(Act out, CAct inp, const float* w, const float* bias,
+                                    int M, int K, int N, WLayout layout) {
+  const char* label = gemm_label(w, N, false);
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)",
+     gemm_forward_cost(label, out, inp, w, bias, M, K, N),
+     [&] { in_.matmul_forward(out, inp, w, bias, M, K, N, layout); });
+}
+void AccountBackend::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
+                                     CAct inp, const float* w, int M, int K, int N,
+                                     WLayout layout) {
+  const char* label = gemm_label(w, N, true);
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)",
+     gemm_backward_cost(label, dinp, dinp.write, dw, dbias, dout, inp, w, M, K, N),
      [&] { in_.matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, layout); });
+}
+void AccountBackend::matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w,
+                                         const float* bias, int M, int K, int N, WLayout layout,
+                                         Gelu form) {
+  const char* label = gemm_label(w, N, false);
+  Cost c = gemm_forward_cost(label, pre, inp, w, bias, M, K, N);  // pre = inp @ W + bias
+  c += at(ac::elementwise(int64_t(M) * N, 0, 1, 10), out);       // out = gelu(pre), from registers
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)", c,
+     [&] { in_.matmul_gelu_forward(out, pre, inp, w, bias, M, K, N, layout, form); });
+}
+void AccountBackend::matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h,
+                                           CAct pre, const float* w, int M, int K, int N,
+                                           WLayout layout, Gelu form, Act scratch) {
+  const char* label = gemm_label(w, N, true);
+  Cost c = gemm_backward_cost(label, dpre, dpre.write, dw, dbias, dout, h, w, M, K, N);
+  if (dpre) c += at(ac::elementwise(int64_t(M) * K, 1, 0, 15), pre);  // gelu'(pre) times the product
+  op(label, head(w, N) ? "gemm (lm head)" : "gemm (blocks)", c, [&] {
+    in_.matmul_dgelu_backward(dpre, dw, dbias, dout, h, pre, w, M, K, N, layout, form, scratch);
+  });
 }
 
 // ---- layer norm ----
@@ -268,12 +302,12 @@ void AccountBackend::attention_forward(Act out, float* att, CAct qkv, const int3
                           examples);
   });
 }
-void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                         const float* att, const int32_t* attn_mask, bool causal,
                                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                         int T_key, const int32_t* token_key, int examples) {
   op("attention_backward", "attention", at(ac::attention_backward(B, T, NH, HS, causal), dqkv), [&] {
-    in_.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+    in_.attention_backward(dqkv, scratch, dout, out, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
                            T_key, token_key, examples);
   });
 }

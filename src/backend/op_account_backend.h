@@ -61,6 +61,15 @@ class AccountBackend final : public Backend {
                       int N, WLayout layout) override;
   void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
                        const float* w, int M, int K, int N, WLayout layout) override;
+  // The dense layer with its GELU: one call under the GEMM's label, its cost that of the fused op,
+  // the least it must move: the GEMM plus out written and the GELU's FLOPs; the backward: the GEMMs
+  // plus pre read and the GELU derivative's FLOPs. (The default's two passes also move the product
+  // through memory once more; their time is measured against this floor.)
+  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
+                           int K, int N, WLayout layout, Gelu form) override;
+  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                             Act scratch) override;
   void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                          const float* b, int N, int C, float eps) override;
   void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,
@@ -92,7 +101,7 @@ class AccountBackend final : public Backend {
   void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                          int T_key, const int32_t* token_key, int examples) override;
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                           const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
                           uint64_t seed, int B, int T, int NH, int HS, int T_key,
                           const int32_t* token_key, int examples) override;
@@ -140,6 +149,13 @@ class AccountBackend final : public Backend {
   // any embedding call, a layer whose output is the vocabulary.
   bool head(const float* w, int N) const { return wte_ ? w == wte_ : vocab_ > 0 && N == vocab_; }
   bool has_copy(const float* w, size_t n) const;
+  // A dense layer's label and GEMM costs (the casts of a bf16 backend added under "cast: <label>")
+  const char* gemm_label(const float* w, int N, bool backward) const;
+  account::Cost gemm_forward_cost(const char* label, CAct out, CAct inp, const float* w,
+                                  const float* bias, int M, int K, int N);
+  account::Cost gemm_backward_cost(const char* label, CAct dinp, bool dinp_write, const float* dw,
+                                   const float* dbias, CAct dout, CAct inp, const float* w, int M,
+                                   int K, int N);
   void cast_cost(const char* gemm_label, int64_t n);
 
   Backend& in_;

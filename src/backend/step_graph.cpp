@@ -280,6 +280,24 @@ void StepGraph::matmul_backward(Act dinp, float* dw, float* dbias, CAct dout,
      {w(dinp), w(dw), w(dbias), w(dout), w(inp), w(wt), w(M), w(K), w(N), w(layout)},
      [=](Backend& b, uint64_t) { b.matmul_backward(dinp, dw, dbias, dout, inp, wt, M, K, N, layout); });
 }
+void StepGraph::matmul_gelu_forward(Act out, Act pre, CAct inp, const float* wt, const float* bias,
+                                    int M, int K, int N, WLayout layout, Gelu form) {
+  op("matmul_gelu_forward",
+     {w(out), w(pre), w(inp), w(wt), w(bias), w(M), w(K), w(N), w(layout), w(form)},
+     [=](Backend& b, uint64_t) {
+       b.matmul_gelu_forward(out, pre, inp, wt, bias, M, K, N, layout, form);
+     });
+}
+void StepGraph::matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h,
+                                      CAct pre, const float* wt, int M, int K, int N,
+                                      WLayout layout, Gelu form, Act scratch) {
+  op("matmul_dgelu_backward",
+     {w(dpre), w(dw), w(dbias), w(dout), w(h), w(pre), w(wt), w(M), w(K), w(N), w(layout), w(form),
+      w(scratch)},
+     [=](Backend& b, uint64_t) {
+       b.matmul_dgelu_backward(dpre, dw, dbias, dout, h, pre, wt, M, K, N, layout, form, scratch);
+     });
+}
 void StepGraph::layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
                                   const float* wt, const float* bb, int N, int C, float eps) {
   op("layernorm_forward", {w(out), w(mean), w(rstd), w(inp), w(wt), w(bb), w(N), w(C), w(eps)},
@@ -373,15 +391,15 @@ void StepGraph::attention_forward(Act out, float* att, CAct qkv, const int32_t* 
                                       token_key, examples);
                 });
 }
-void StepGraph::attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+void StepGraph::attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                    const float* att, const int32_t* attn_mask, bool causal,
                                    float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                                    int T_key, const int32_t* token_key, int examples) {
   op_with_value("attention_backward",
-                {w(dqkv), w(scratch), w(dout), w(qkv), w(att), w(attn_mask), w(causal), w(dropout_p), w(B),
+                {w(dqkv), w(scratch), w(dout), w(out), w(qkv), w(att), w(attn_mask), w(causal), w(dropout_p), w(B),
                  w(T), w(NH), w(HS), w(T_key), w(token_key), w(examples)},
                 seed, [=](Backend& b, uint64_t s) {
-                  b.attention_backward(dqkv, scratch, dout, qkv, att, attn_mask, causal, dropout_p, s, B, T,
+                  b.attention_backward(dqkv, scratch, dout, out, qkv, att, attn_mask, causal, dropout_p, s, B, T,
                                        NH, HS, T_key, token_key, examples);
                 });
 }

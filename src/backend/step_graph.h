@@ -90,6 +90,11 @@ class StepGraph final : public Backend {
                       int N, WLayout layout) override;
   void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
                        const float* w, int M, int K, int N, WLayout layout) override;
+  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
+                           int K, int N, WLayout layout, Gelu form) override;
+  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                             Act scratch) override;
   void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                          const float* b, int N, int C, float eps) override;
   void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,
@@ -122,7 +127,7 @@ class StepGraph final : public Backend {
   void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
                          bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                          int T_key, const int32_t* token_key, int examples) override;
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                           const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
                           uint64_t seed, int B, int T, int NH, int HS, int T_key,
                           const int32_t* token_key, int examples) override;

@@ -156,6 +156,30 @@ class Backend {
   // dbias[N] += colsum(dout)
   virtual void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp, const float* w, int M, int K, int N,
                                WLayout layout) = 0;
+  // The dense layer fused with its GELU (GPT-2's MLP: fc then gelu):
+  //   pre[M,N] = inp[M,K] @ W + bias[N] (bias nullable), out[M,N] = gelu(pre)
+  // Default: matmul_forward into pre, then gelu_forward(out, pre): the same ops as calling them in
+  // turn. A backend may compute both from the fp32 product in one GEMM epilogue (the CUDA backend
+  // with bf16 views: cuBLASLt's GELU_AUX), so out is then gelu of the unrounded pre.
+  virtual void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias,
+                                   int M, int K, int N, WLayout layout, Gelu form) {
+    matmul_forward(pre, inp, w, bias, M, K, N, layout);
+    gelu_forward(out, pre, size_t(M) * N, form);
+  }
+  // The backward of the dense layer that follows such a GELU (GPT-2's fcp): out = h @ W + b with
+  // h[M,K] = gelu(pre[M,K]), dout[M,N]:
+  //   dw += h^T @ dout (in W's layout), dbias[N] += colsum(dout) (both nullable),
+  //   dpre[M,K] += (dout @ W^T) * gelu'(pre) (overwrite: =)
+  // scratch [M,K] (its own dtype; contents undefined after) is workspace. Default: matmul_backward
+  // with dinp = overwrite(scratch), then gelu_backward(dpre, pre, scratch): the same ops in turn.
+  // A backend may compute dpre in the GEMM's epilogue (the CUDA backend with bf16 views: cuBLASLt's
+  // DGELU), from the unrounded product, and leave scratch alone.
+  virtual void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                                     const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                                     Act scratch) {
+    matmul_backward(overwrite(scratch), dw, dbias, dout, h, w, M, K, N, layout);
+    gelu_backward(dpre, pre, scratch, size_t(M) * K, form);
+  }
 
   // ---- layer norm over the last dimension ---------------------------------------------------------
   // out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] (rstd = 1/sqrt(var + eps), biased var)
@@ -258,9 +282,11 @@ class Backend {
                                  uint64_t seed, int B, int T, int NH, int HS, int T_key = 0,
                                  const int32_t* token_key = nullptr, int examples = 0) = 0;
   // dqkv[B,T,3C] += ... (overwrite: =); att as saved by attention_forward with the same arguments;
+  // out[B,T,C]: the output that forward wrote, unchanged since (the cuDNN path with bf16 I/O reads
+  // O from it instead of keeping a copy in att; the CPU and the native kernels ignore it);
   // scratch (attention_scratch_floats(B, T, NH, HS) floats) is caller-provided workspace (contents
   // undefined after)
-  virtual void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv,
+  virtual void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
                                   const float* att, const int32_t* attn_mask, bool causal,
                                   float dropout_p, uint64_t seed, int B, int T, int NH,
                                   int HS, int T_key = 0, const int32_t* token_key = nullptr,

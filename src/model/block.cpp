@@ -115,8 +115,7 @@ void post_ln_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, B
   be.matmul_forward(a.res1, atty, w.proj_w, w.proj_b, N, C, C, c.layout);
   be.residual_layernorm_forward(a.res1, a.ln1, a.ln1_mean, a.ln1_rstd, xr, a.res1, w.ln1_w, w.ln1_b, N,
                                 C, c.ln_eps, p_resid, seeds.resid1, rows);
-  be.matmul_forward(a.fch, a.ln1, w.fc_w, w.fc_b, N, C, FF, c.layout);
-  be.gelu_forward(a.fch_gelu, a.fch, size_t(N) * FF, c.gelu);
+  be.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln1, w.fc_w, w.fc_b, N, C, FF, c.layout, c.gelu);
   be.matmul_forward(a.res2, a.fch_gelu, w.fcp_w, w.fcp_b, N, FF, C, c.layout);
   be.residual_layernorm_forward(a.res2, a.out, a.ln2_mean, a.ln2_rstd, a.ln1, a.res2, w.ln2_w, w.ln2_b,
                                 N, C, c.ln_eps, p_resid, seeds.resid2, rows);
@@ -129,7 +128,6 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   // N rows down to the attention: all BT, or the S of `out` (dout is then [S,C])
   const int N = out ? out->S : BT;
-  const size_t nff = size_t(N) * FF;
   const DropRows rows = out ? DropRows{0, 0, out->key, size_t(C)} : drop_rows(T, seeds.T_key, C, seeds.token_key);
   // Every op that is the first to write a gradient here overwrites it (overwrite(), backend.h):
   // no zeroing pass. dx: with `out`, only S of its rows get the residual's gradient, so it is
@@ -139,9 +137,9 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // (s.d_c2: the default's scratch for d_r2)
   be.layernorm_dropout_backward(overwrite(d_x1), s.d_c1, s.d_c2, gw.ln2_w, gw.ln2_b, dout, a.res2,
                                 w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C, p_resid, seeds.resid2, rows);
-  be.matmul_backward(overwrite(s.d_ff2), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, N, FF, C,
-                     c.layout);
-  be.gelu_backward(overwrite(s.d_ff1), a.fch, s.d_ff2, nff, c.gelu);
+  // d_ff1 = d fch (the GELU's input), through fcp and the GELU (s.d_ff2: the default's scratch)
+  be.matmul_dgelu_backward(overwrite(s.d_ff1), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, a.fch, w.fcp_w,
+                           N, FF, C, c.layout, c.gelu, s.d_ff2);
   be.matmul_backward(d_x1, gw.fc_w, gw.fc_b, s.d_ff1, a.ln1, w.fc_w, N, C, FF, c.layout);
   // x1 = LN1(r1), r1 = x + drop(proj(attn(qkv(x)))): dx += d_r1, d_c1 = drop'(d_r1)
   // (out: d_r1 of the S rows in d_qkv, free until the attention, then scattered into dx)
@@ -162,8 +160,10 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
     be.rows_scatter_add(s.d_c2, d_atty, N, C, C, out->idx);
     d_atty = s.d_c2;
   }
-  be.attention_backward(overwrite(s.d_qkv), s.d_att, d_atty, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
+  // (a.atty: the attention's output at every position, which the forward left as it wrote it)
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, d_atty, a.atty, a.qkv, a.att, attn_mask, c.causal,
+                        p_attn, seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key,
+                        seeds.examples);
   be.matmul_backward(dx, gw.qkv_w, gw.qkv_b, s.d_qkv, x, w.qkv_w, BT, C, 3 * C, c.layout);
 }
 
@@ -193,8 +193,7 @@ void block_forward(Backend& be, const BlockConfig& c, const BlockWeights& w, Blo
   // MLP sub-block: out[BT,C] = res1 + drop(fcp(gelu(fc(LN2(res1))))), LN2 fused with the residual above
   be.residual_layernorm_forward(a.res1, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.res1, w.ln2_w, w.ln2_b, BT,
                                 C, c.ln_eps, p_resid, seeds.resid1, rows);
-  be.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, FF, c.layout);
-  be.gelu_forward(a.fch_gelu, a.fch, size_t(BT) * FF, c.gelu);
+  be.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, FF, c.layout, c.gelu);
   be.matmul_forward(a.out, a.fch_gelu, w.fcp_w, w.fcp_b, BT, FF, C, c.layout);
   be.dropout_forward(a.out, a.out, n, p_resid, seeds.resid2, rows);
   be.add(a.out, a.out, a.res1, n);
@@ -207,7 +206,7 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   const int BT = B * T, C = c.C, FF = c.FF, HS = C / c.NH;
   const float p_attn = training ? c.attn_pdrop : 0.f;
   const float p_resid = training ? c.resid_pdrop : 0.f;
-  const size_t n = size_t(BT) * C, nff = size_t(BT) * FF;
+  const size_t n = size_t(BT) * C;
   if (!c.pre_ln) {
     post_ln_backward(be, c, w, gw, a, s, dx, dout, x, attn_mask, p_attn, p_resid, seeds, B, T, out_rows);
     return;
@@ -220,9 +219,8 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // out = res1 + drop(mlp): d_res1 = dout + d(LN2 path)
   be.copy_view(s.d_res1, dout, n);
   be.dropout_backward(overwrite(s.d_c1), dout, n, p_resid, seeds.resid2, rows);
-  be.matmul_backward(overwrite(s.d_ff2), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, w.fcp_w, BT, FF, C,
-                     c.layout);
-  be.gelu_backward(overwrite(s.d_ff1), a.fch, s.d_ff2, nff, c.gelu);
+  be.matmul_dgelu_backward(overwrite(s.d_ff1), gw.fcp_w, gw.fcp_b, s.d_c1, a.fch_gelu, a.fch, w.fcp_w,
+                           BT, FF, C, c.layout, c.gelu, s.d_ff2);
   be.matmul_backward(overwrite(s.d_c2), gw.fc_w, gw.fc_b, s.d_ff1, a.ln2, w.fc_w, BT, C, FF, c.layout);
   be.layernorm_backward(s.d_res1, gw.ln2_w, gw.ln2_b, s.d_c2, a.res1, w.ln2_w, a.ln2_mean,
                         a.ln2_rstd, BT, C);
@@ -236,8 +234,9 @@ void block_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.dropout_backward(overwrite(s.d_c1), s.d_res1, n, p_resid, seeds.resid1, rows);
   be.matmul_backward(overwrite(s.d_c2), gw.proj_w, gw.proj_b, s.d_c1, a.atty, w.proj_w, BT, C, C,
                      c.layout);
-  be.attention_backward(overwrite(s.d_qkv), s.d_att, s.d_c2, a.qkv, a.att, attn_mask, c.causal, p_attn,
-                        seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key, seeds.examples);
+  be.attention_backward(overwrite(s.d_qkv), s.d_att, s.d_c2, a.atty, a.qkv, a.att, attn_mask, c.causal,
+                        p_attn, seeds.attn, B, T, c.NH, HS, seeds.T_key, seeds.token_key,
+                        seeds.examples);
   be.matmul_backward(overwrite(s.d_c1), gw.qkv_w, gw.qkv_b, s.d_qkv, a.ln1, w.qkv_w, BT, C, 3 * C,
                      c.layout);
   be.layernorm_backward(dx, gw.ln1_w, gw.ln1_b, s.d_c1, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, BT,

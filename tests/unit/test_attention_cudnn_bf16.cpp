@@ -312,7 +312,6 @@ class CudnnBf16 : public ::testing::Test {
     uint16_t* out16 = nanb(nout);
     att().forward_bf16(out16, saved16, q16, gm, c.packed, c.examples, c.causal, c.dropout, 0, slot,
                        s.B, s.T, s.NH, s.HS);
-    EXPECT_EQ(att().output_of(saved16), static_cast<const void*>(out16));
     uint16_t* dout16 = put(to_bits(dout));
     uint16_t* dq16 = nanb(nqkv);
     float* scratch16 = nanf(nlp::cuda::sdpa_scratch_floats_bf16(R, s.T, s.NH, s.HS));
@@ -578,8 +577,8 @@ TEST_F(CudnnBf16, BackendBf16ViewsTakeTheNativePath) {
   mem.push_back(scr32);
   float* dq32 = static_cast<float*>(dev(zeros.data(), nqkv * 4));
   be->attention_forward(out32, att32, q32, nullptr, true, 0.f, 0, B, T, NH, HS);
-  be->attention_backward(dq32, scr32, static_cast<float*>(dev(dout.data(), nout * 4)), q32, att32,
-                         nullptr, true, 0.f, 0, B, T, NH, HS);
+  be->attention_backward(dq32, scr32, static_cast<float*>(dev(dout.data(), nout * 4)), out32, q32,
+                         att32, nullptr, true, 0.f, 0, B, T, NH, HS);
   VF out_f(nout), dq_f(nqkv);
   be->to_host(out_f.data(), out32, nout * 4);
   be->to_host(dq_f.data(), dq32, nqkv * 4);
@@ -597,9 +596,10 @@ TEST_F(CudnnBf16, BackendBf16ViewsTakeTheNativePath) {
   be->attention_forward(nlp::Act(out16, BF16), att16, nlp::CAct(q16, BF16), nullptr, true, 0.f, 0, B,
                         T, NH, HS);
   be->attention_backward(nlp::overwrite(nlp::Act(dq16, BF16)), scr16, nlp::CAct(d16, BF16),
+                         nlp::CAct(out16, BF16), nlp::CAct(q16, BF16), att16, nullptr, true, 0.f, 0, B,
+                         T, NH, HS);
+  be->attention_backward(nlp::Act(acc16, BF16), scr16, nlp::CAct(d16, BF16), nlp::CAct(out16, BF16),
                          nlp::CAct(q16, BF16), att16, nullptr, true, 0.f, 0, B, T, NH, HS);
-  be->attention_backward(nlp::Act(acc16, BF16), scr16, nlp::CAct(d16, BF16), nlp::CAct(q16, BF16),
-                         att16, nullptr, true, 0.f, 0, B, T, NH, HS);
   VB out_h(nout), dq_h(nqkv), acc_h(nqkv);
   std::memcpy(out_h.data(), host(out16, nout * 2).data(), nout * 2);
   std::memcpy(dq_h.data(), host(dq16, nqkv * 2).data(), nqkv * 2);
@@ -617,6 +617,14 @@ TEST_F(CudnnBf16, BackendBf16ViewsTakeTheNativePath) {
   EXPECT_EQ(out_diff, 0u) << "output elements not bitwise equal to the fp32 views'";
   EXPECT_EQ(dq_far, 0u) << "overwritten dqkv: elements more than 1 bf16 ulp from the fp32 views'";
   EXPECT_EQ(acc_far, 0u) << "accumulated dqkv: elements more than 1 bf16 ulp from prior + gradient";
+  // the backward reads O from the `out` it is handed: without it, or with an fp32 one, it refuses
+  // (the stats-only state cannot go to the fp32 path)
+  EXPECT_THROW(be->attention_backward(nlp::Act(acc16, BF16), scr16, nlp::CAct(d16, BF16), nullptr,
+                                      nlp::CAct(q16, BF16), att16, nullptr, true, 0.f, 0, B, T, NH, HS),
+               nlp::Error);
+  EXPECT_THROW(be->attention_backward(nlp::Act(acc16, BF16), scr16, nlp::CAct(d16, BF16), out32,
+                                      nlp::CAct(q16, BF16), att16, nullptr, true, 0.f, 0, B, T, NH, HS),
+               nlp::Error);
   for (void* p : mem) be->release(p);
   be->synchronize();
 }

@@ -244,8 +244,8 @@ TEST(Bf16Activations, OverwriteIgnoresPriorContents) {
     VF scr(b.attention_scratch_floats(B, T, NH, HS) + 1);
     b.attention_forward(out.data(), att.data(), qkv.data(), nullptr, true, 0.1f, 9, B, T, NH, HS);
     check("attention_backward", 3 * n, [&](Act g) {
-      b.attention_backward(g, scr.data(), dA.data(), qkv.data(), att.data(), nullptr, true, 0.1f, 9, B,
-                           T, NH, HS);
+      b.attention_backward(g, scr.data(), dA.data(), out.data(), qkv.data(), att.data(), nullptr, true,
+                           0.1f, 9, B, T, NH, HS);
     });
   }
 }

@@ -820,6 +820,150 @@ TEST(CudaBackendBf16Views, MatmulMatchesCpu) {
     unsetenv("NLPTRAIN_CUDA_BF16_ACTS");
 }
 
+// ---- through the backend: the dense layer with its GELU (matmul_gelu_forward, matmul_dgelu_backward)
+// The CUDA backend in bf16 precision with native bf16 views and NLPTRAIN_CUDA_GEMM_EPILOGUES = all
+// (GELU_AUX in the forward, DGELU in the backward) against the CPU backend's defaults (the GEMM, then
+// the GELU op on the stored pre-activation). Where the CPU rounds the product to bf16 before the GELU
+// (pre, then gelu of the stored pre; the backward's product, then times gelu'), the epilogue works
+// from the fp32 product and rounds once, so outputs may differ by about one bf16 rounding of their
+// input: the same norm-wise bounds as above, 2^-7 on bf16 outputs (out, pre, dpre), 1e-5 on the fp32
+// ones (dW, dbias). The backward reads the CPU forward's h and pre on both backends. The profile
+// shows that the fused calls ran (the backend's op labels of the epilogue path).
+
+struct GeluDenseResult {
+  VD out, pre, dpre, dw, db;
+};
+
+// forward out = gelu(pre), pre = inp[M,K] @ W + bias ([K,N] or [N,K]); then the backward of the
+// next layer y = h[M,N] @ W2 + b2 ([M,K]) at h, pre: dpre overwritten (NaN before), dW2 and db2
+// accumulated onto dw0, db0
+GeluDenseResult gelu_dense_on(nlp::Backend& be, const VD& inp, const VD& w, const VD& bias,
+                              const VD& h, const VD& pre, const VD& w2, const VD& dy, const VD& dw0,
+                              const VD& db0, int M, int K, int N, nlp::WLayout layout) {
+  using nlp::Act;
+  using nlp::CAct;
+  using nlp::DType;
+  std::vector<void*> mem;
+  auto put16 = [&](const VD& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = nlp::cpu::to_bf16_bits(float(v[i]));
+    void* p = be.alloc(b.size() * 2);
+    be.to_device(p, b.data(), b.size() * 2);
+    mem.push_back(p);
+    return p;
+  };
+  auto put32 = [&](const VD& v) {
+    std::vector<float> f(v.begin(), v.end());
+    void* p = be.alloc(f.size() * 4);
+    be.to_device(p, f.data(), f.size() * 4);
+    mem.push_back(p);
+    return static_cast<float*>(p);
+  };
+  auto get16 = [&](const void* p, size_t n) {
+    std::vector<uint16_t> b(n);
+    be.to_host(b.data(), p, n * 2);
+    VD v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(b[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      v[i] = f;
+    }
+    return v;
+  };
+  auto get32 = [&](const float* p, size_t n) {
+    std::vector<float> f(n);
+    be.to_host(f.data(), p, n * 4);
+    return VD(f.begin(), f.end());
+  };
+  const size_t mn = size_t(M) * N;
+  void* x = put16(inp);
+  float* wd = put32(w);
+  float* bd = put32(bias);
+  void* out = put16(VD(mn, NAN));
+  void* pr = put16(VD(mn, NAN));
+  be.matmul_gelu_forward(Act(out, DType::BF16), Act(pr, DType::BF16), CAct(x, DType::BF16), wd, bd, M,
+                         K, N, layout, nlp::Gelu::Tanh);
+  void* hd = put16(h);
+  void* pd = put16(pre);
+  float* w2d = put32(w2);
+  void* dyd = put16(dy);
+  void* dp = put16(VD(mn, NAN));
+  void* scratch = put16(VD(mn, NAN));
+  float* dwd = put32(dw0);
+  float* dbd = put32(db0);
+  be.matmul_dgelu_backward(nlp::overwrite(Act(dp, DType::BF16)), dwd, dbd, CAct(dyd, DType::BF16),
+                           CAct(hd, DType::BF16), CAct(pd, DType::BF16), w2d, M, N, K, layout,
+                           nlp::Gelu::Tanh, Act(scratch, DType::BF16));
+  GeluDenseResult r{get16(out, mn), get16(pr, mn), get16(dp, mn), get32(dwd, dw0.size()),
+                    get32(dbd, db0.size())};
+  for (void* p : mem) be.release(p);
+  return r;
+}
+
+TEST(CudaBackendBf16Views, MatmulGeluEpiloguesMatchCpu) {
+  std::string why;
+  if (nlp::cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  struct Env {  // set for this test, restored after
+    const char* name;
+    std::string saved;
+    bool had;
+    Env(const char* n, const char* v) : name(n) {
+      const char* old = std::getenv(n);
+      had = old != nullptr;
+      saved = old ? old : "";
+      setenv(n, v, 1);
+    }
+    ~Env() {
+      if (had)
+        setenv(name, saved.c_str(), 1);
+      else
+        unsetenv(name);
+    }
+  } epilogues("NLPTRAIN_CUDA_GEMM_EPILOGUES", "all"), acts("NLPTRAIN_CUDA_BF16_ACTS", "native");
+  nlp::BackendOptions o;
+  o.precision = Precision::Bf16;
+  auto gpu = nlp::make_cuda_backend(0, o);
+  auto cpu = nlp::make_cpu_backend(2, Precision::Bf16);
+  gpu->set_profiling(true);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto rnd = [&](size_t n, double a, bool round) {
+    VD v(n);
+    for (auto& x : v) x = round ? rb(a * u(rng)) : double(float(a * u(rng)));
+    return v;
+  };
+  for (const Shape& sh : kShapes)
+    for (nlp::WLayout layout : {nlp::WLayout::InOut, nlp::WLayout::OutIn}) {
+      const int M = sh.M, K = sh.K, N = sh.N;
+      SCOPED_TRACE("M" + std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
+                   (layout == nlp::WLayout::InOut ? " InOut" : " OutIn"));
+      const VD inp = rnd(size_t(M) * K, 1.0, true), w = rnd(size_t(K) * N, 0.5, false);
+      const VD bias = rnd(N, 1.0, false), w2 = rnd(size_t(N) * K, 0.5, false);
+      const VD dy = rnd(size_t(M) * K, 1.0, true), dw0 = rnd(size_t(N) * K, 1.0, false);
+      const VD db0 = rnd(K, 1.0, false);
+      // the backward's h and pre: the CPU forward's (its out and pre as stored)
+      const GeluDenseResult f = gelu_dense_on(*cpu, inp, w, bias, VD(size_t(M) * N, 0.0),
+                                              VD(size_t(M) * N, 0.0), w2, dy, dw0, db0, M, K, N, layout);
+      const GeluDenseResult c = gelu_dense_on(*cpu, inp, w, bias, f.out, f.pre, w2, dy, dw0, db0, M, K,
+                                              N, layout);
+      const GeluDenseResult g = gelu_dense_on(*gpu, inp, w, bias, f.out, f.pre, w2, dy, dw0, db0, M, K,
+                                              N, layout);
+      EXPECT_LE(rel(g.pre, c.pre), kViewBf16) << "pre";
+      EXPECT_LE(rel(g.out, c.out), kViewBf16) << "out = gelu(pre)";
+      EXPECT_LE(rel(g.dpre, c.dpre), kViewBf16) << "dpre (overwritten)";
+      EXPECT_LE(rel(g.dw, c.dw), kViewF32) << "dW";
+      EXPECT_LE(rel(g.db, c.db), kViewF32) << "dbias";
+    }
+  long fwd = 0, bwd = 0;
+  for (const nlp::Backend::ProfileTime& t : gpu->profile_times()) {
+    if (t.label == "matmul_gelu_forward (bf16, GELU_AUX)") fwd += t.calls;
+    if (t.label == "matmul_dgelu_backward (bf16, DGELU)") bwd += t.calls;
+  }
+  EXPECT_EQ(fwd, 4) << "the forward did not take the epilogue path";
+  EXPECT_EQ(bwd, 4) << "the backward did not take the epilogue path";
+}
+
 // NLPTRAIN_CUDA_GEMM_EPILOGUES (host only: runs without a GPU)
 TEST(GemmEpiloguesEnv, Values) {
   const char* old = std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");

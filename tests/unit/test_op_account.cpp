@@ -204,6 +204,52 @@ TEST(OpAccount, BackendLabelsHeadBlocksAndCasts) {
   }
 }
 
+// The dense layer with its GELU: one call under the GEMM's label, costed as the fused op (the GEMM,
+// out written, the GELU's FLOPs; backward: both GEMMs, the bias sums, pre read, the GELU derivative).
+TEST(OpAccount, MatmulGeluCountedAsTheFusedOp) {
+  const int V = 50, C = 16, M = 6, H = 24;
+  auto cpu = make_cpu_backend(1);
+  AccountBackend be(*cpu, V, Precision::Fp32);
+  ParamStore ps;
+  ps.add("fc", {C, H}, true);
+  ps.add("fc_b", {H}, true);
+  ps.add("fcp", {H, C}, true);
+  ps.add("fcp_b", {C}, true);
+  ps.allocate(be);
+  be.start(size_t(1) << 20, 32);
+  std::vector<float> x(size_t(M) * C, 0.5f), pre(size_t(M) * H), out(size_t(M) * H);
+  be.matmul_gelu_forward(out.data(), pre.data(), x.data(), ps.p(0), ps.p(1), M, C, H, WLayout::InOut,
+                         nlp::Gelu::Tanh);
+  std::vector<float> dy(size_t(M) * C, 0.25f), dpre(pre.size()), scratch(pre.size());
+  be.matmul_dgelu_backward(nlp::overwrite(dpre.data()), ps.g(2), ps.g(3), dy.data(), out.data(),
+                           pre.data(), ps.p(2), M, H, C, WLayout::InOut, nlp::Gelu::Tanh, scratch.data());
+  be.report(1, 0, nullptr);
+  const Row *fwd = nullptr, *bwd = nullptr;
+  size_t others = 0;
+  for (const Row& r : be.account().rows()) {
+    if (r.label == "gemm blocks (forward)") fwd = &r;
+    else if (r.label == "gemm blocks (backward)") bwd = &r;
+    else others += r.calls;
+  }
+  ASSERT_TRUE(fwd && bwd);
+  EXPECT_EQ(others, 0u) << "the inner ops were counted again";
+  EXPECT_EQ(fwd->calls, 1);
+  EXPECT_EQ(fwd->cost.flops, 2.0 * M * H * C + M * H + 10.0 * M * H);  // product, bias, gelu
+  EXPECT_EQ(fwd->cost.read, 4.0 * (M * C + C * H + H));                // x, W, bias
+  EXPECT_EQ(fwd->cost.written, 4.0 * 2 * M * H);                       // pre, out
+  EXPECT_EQ(bwd->calls, 1);
+  EXPECT_EQ(bwd->cost.flops, 4.0 * M * H * C + M * C + 15.0 * M * H);  // dpre, dW; dbias; gelu'
+  // dpre's product (dy, W), dW's (h, dy, dW), dbias (dy, dbias), pre
+  EXPECT_EQ(bwd->cost.read, 4.0 * ((M * C + C * H) + (H * M + M * C + H * C) + (M * C + C) + M * H));
+  EXPECT_EQ(bwd->cost.written, 4.0 * (M * H + H * C + C));
+  // the values: those of the ops in turn (the CPU's defaults)
+  std::vector<float> pre2(pre.size()), out2(out.size());
+  cpu->matmul_forward(pre2.data(), x.data(), ps.p(0), ps.p(1), M, C, H, WLayout::InOut);
+  cpu->gelu_forward(out2.data(), pre2.data(), out2.size(), nlp::Gelu::Tanh);
+  EXPECT_EQ(pre, pre2);
+  EXPECT_EQ(out, out2);
+}
+
 // Once an embedding call names the token embedding, the head is the layer that reads it, whatever the
 // widths: a block layer as wide as the vocabulary (a toy model with n_embd = vocab_size) is not.
 TEST(OpAccount, HeadIsTheLayerOfTheTokenEmbedding) {

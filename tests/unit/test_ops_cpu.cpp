@@ -868,8 +868,8 @@ TEST_P(AttentionTest, BackwardRecomputesTheProbabilities) {
     VF dout(out.size(), 0.0f), dqkv(qkv.size(), 0.0f);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < NH; ++h) dout[((size_t)b * T + i) * C + (size_t)h * HS] = 1.0f;
-    be().attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), mp,
-                            cs.causal, cs.p, seed, B, T, NH, HS);
+    be().attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), att.data(),
+                            mp, cs.causal, cs.p, seed, B, T, NH, HS);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < NH; ++h)
         for (int j = 0; j < T; ++j) {
@@ -903,8 +903,8 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
   });
   auto run = [&](VF& d) {
     VF scratch(be().attention_scratch_floats(B, T, NH, HS), 5.0f);
-    be().attention_backward(d.data(), scratch.data(), R.data(), qkv.data(), att.data(), mp,
-                            cs.causal, cs.p, seed, B, T, NH, HS);
+    be().attention_backward(d.data(), scratch.data(), R.data(), out.data(), qkv.data(), att.data(),
+                            mp, cs.causal, cs.p, seed, B, T, NH, HS);
   };
   VF dqkv(qkv.size());
   run(dqkv);
@@ -958,8 +958,8 @@ TEST(Attention, LargerShapesMatchFloat64) {
     };
     const double dd = (L(1e-5) - L(-1e-5)) / 2e-5;
     VF dqkv(qkv.size()), scratch(be().attention_scratch_floats(B, T, NH, HS));
-    be().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), att.data(), mp,
-                            cf.causal, cf.p, seed, B, T, NH, HS);
+    be().attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), att.data(),
+                            mp, cf.causal, cf.p, seed, B, T, NH, HS);
     // fp32 rounding of the gradient shows relative to the summands g_i u_i, not to their sum, which
     // cancels (sum |g_i u_i| is 10^4 |dd| here): the bound adds 1e-7 (about fp32's unit roundoff) of
     // sum |g_i u_i| to 1e-5 |dd|. Measured errors are 1e-6 to 8e-6 of bounds 5e-5 to 3e-4; a
@@ -1322,8 +1322,8 @@ TEST(Determinism, RepeatedCallsAreBitwiseEqual) {
     VF out((size_t)M * C), att(be().attention_saved_floats(B, T, NH, HS)), dq(qkv.size());
     VF scr(be().attention_scratch_floats(B, T, NH, HS));
     be().attention_forward(out.data(), att.data(), qkv.data(), nullptr, true, 0.1f, 5, B, T, NH, HS);
-    be().attention_backward(dq.data(), scr.data(), dout.data(), qkv.data(), att.data(), nullptr,
-                            true, 0.1f, 5, B, T, NH, HS);
+    be().attention_backward(dq.data(), scr.data(), dout.data(), out.data(), qkv.data(), att.data(),
+                            nullptr, true, 0.1f, 5, B, T, NH, HS);
     res.push_back(out);
     res.push_back(att);
     res.push_back(dq);
@@ -1377,8 +1377,8 @@ TEST(Determinism, NonGemmOpsIndependentOfThreadCount) {
     VF out((size_t)B * T * C), att(bk.attention_saved_floats(B, T, NH, HS)), dq(qkv.size());
     VF scr(bk.attention_scratch_floats(B, T, NH, HS));
     bk.attention_forward(out.data(), att.data(), qkv.data(), nullptr, false, 0.2f, 3, B, T, NH, HS);
-    bk.attention_backward(dq.data(), scr.data(), dout.data(), qkv.data(), att.data(), nullptr,
-                          false, 0.2f, 3, B, T, NH, HS);
+    bk.attention_backward(dq.data(), scr.data(), dout.data(), out.data(), qkv.data(), att.data(),
+                          nullptr, false, 0.2f, 3, B, T, NH, HS);
     VF dte((size_t)V * C), dpe((size_t)T * C);
     bk.embedding_backward(dte.data(), dpe.data(), nullptr, dout.data(), ids.data(), nullptr, B, T,
                           C, 0);

@@ -284,15 +284,15 @@ class CudaOps : public ::testing::Test {
       VF scr_c(cpu().attention_scratch_floats(B, T, NH, HS));
       cpu().attention_forward(ao_c.data(), att_c.data(), qkv.data(), mask.data(), causal, p, seed, B, T, NH, HS,
                               Tk, key_c);
-      cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), qkv.data(), att_c.data(), mask.data(),
-                               causal, p, seed, B, T, NH, HS, Tk, key_c);
+      cpu().attention_backward(dq_c.data(), scr_c.data(), dout.data(), ao_c.data(), qkv.data(), att_c.data(),
+                               mask.data(), causal, p, seed, B, T, NH, HS, Tk, key_c);
       float *gq = put(qkv), *gao = nan_buf(n), *ga = nan_buf(natt);
       gpu().attention_forward(gao, ga, gq, gm, causal, p, seed, B, T, NH, HS, Tk, key_g);
       EXPECT_CLOSE(get(gao, n), ao_c, kAttn);
       if (check_probs) EXPECT_CLOSE(get(ga, natt), attention_probs(qkv, mask.data(), causal, B, T, NH, HS), kAttn);
       float* gdq = put(dq0);
-      gpu().attention_backward(gdq, nan_buf(natt), put(dout), gq, ga, gm, causal, p, seed, B, T, NH, HS, Tk,
-                               key_g);
+      gpu().attention_backward(gdq, nan_buf(natt), put(dout), gao, gq, ga, gm, causal, p, seed, B, T, NH, HS,
+                               Tk, key_g);
       EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
     }
   }
@@ -877,12 +877,12 @@ TEST_F(CudaOps, AttentionForwardBackward) {
 
           VF dout = randn(nout, ++seed), dq0 = randn(nqkv, ++seed);
           VF dq_c = dq0, scratch_c(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
-          cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(),
+          cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), out_c.data(), qkv.data(),
                                    att_c.data(), cm, causal, p, dseed, s.B, s.T, s.NH, s.HS);
           float* gdq = put(dq0);
           float* gscratch = nan_buf(natt);  // contents undefined: must not leak into dqkv
-          gpu().attention_backward(gdq, gscratch, put(dout), gq, ga, gm, causal, p, dseed, s.B, s.T,
-                                   s.NH, s.HS);
+          gpu().attention_backward(gdq, gscratch, put(dout), go, gq, ga, gm, causal, p, dseed, s.B,
+                                   s.T, s.NH, s.HS);
           EXPECT_CLOSE(get(gdq, nqkv), dq_c, kAttn);
         }
 }
@@ -1406,7 +1406,7 @@ TEST_F(CudaOps, BackwardOpsAreBitwiseDeterministic) {
   VF first;
   for (int rep = 0; rep < 3; ++rep) {
     float* dq = put(VF(qkv.size(), 0.f));
-    gpu().attention_backward(dq, scratch, gd, gq, ga, nullptr, true, 0.1f, 5, B, T, NH, HS);
+    gpu().attention_backward(dq, scratch, gd, go, gq, ga, nullptr, true, 0.1f, 5, B, T, NH, HS);
     float* dw = put(VF(size_t(C) * C, 0.f));
     float* db = put(VF(C, 0.f));
     gpu().matmul_backward(nullptr, dw, db, gd, go, nullptr, M, C, C, WLayout::OutIn);
@@ -1803,8 +1803,8 @@ class CudaOpsCudnn : public CudaOps {
     VF scratch_c(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
     cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), cm, causal, 0.f, 0, s.B, s.T,
                             s.NH, s.HS);
-    cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), qkv.data(), att_c.data(),
-                             cm, causal, 0.f, 0, s.B, s.T, s.NH, s.HS);
+    cpu().attention_backward(dq_c.data(), scratch_c.data(), dout.data(), out_c.data(), qkv.data(),
+                             att_c.data(), cm, causal, 0.f, 0, s.B, s.T, s.NH, s.HS);
 
     const int rows = std::max(s.B, examples);  // backend.h: packed calls size for max(B, examples)
     const size_t nsaved = fused().attention_saved_floats(rows, s.T, s.NH, s.HS);
@@ -1835,8 +1835,8 @@ class CudaOpsCudnn : public CudaOps {
 
     float* gdq = fput(dq0);
     float* gscratch = fnan(nscratch);  // contents undefined: must not leak into dqkv
-    fused().attention_backward(gdq, gscratch, fput(dout), gq, gsaved, gm, causal, 0.f, 5, s.B, s.T,
-                               s.NH, s.HS, 0, gkey, examples);
+    fused().attention_backward(gdq, gscratch, fput(dout), go, gq, gsaved, gm, causal, 0.f, 5, s.B,
+                               s.T, s.NH, s.HS, 0, gkey, examples);
     const VF dq_g = fget(gdq, nqkv);
     const char* names[3] = {"dq", "dk", "dv"};
     for (int part = 0; part < 3; ++part) {  // the added gradient, per part of each row
@@ -2003,7 +2003,8 @@ TEST_F(CudaOpsCudnn, DropoutIsSeededConsistentAndUnbiased) {
   VF grads[2];
   for (VF& g : grads) {
     float* gdq = fput(VF(nqkv, 0.f));
-    fused().attention_backward(gdq, fnan(nscratch), gd, gq, s1, nullptr, false, p, 11, B, T, NH, HS);
+    fused().attention_backward(gdq, fnan(nscratch), gd, o1, gq, s1, nullptr, false, p, 11, B, T, NH,
+                               HS);
     g = fget(gdq, nqkv);
   }
   EXPECT_TRUE(bitwise_equal(grads[0], grads[1])) << "same seed, different gradients";
@@ -2049,12 +2050,12 @@ TEST_F(CudaOpsCudnn, UnsupportedShapeFallsBackToNative) {
   VF scr(cpu().attention_scratch_floats(s.B, s.T, s.NH, s.HS));
   cpu().attention_forward(out_c.data(), att_c.data(), qkv.data(), nullptr, true, 0.2f, 9, s.B, s.T,
                           s.NH, s.HS);
-  cpu().attention_backward(dq_c.data(), scr.data(), dout.data(), qkv.data(), att_c.data(), nullptr,
-                           true, 0.2f, 9, s.B, s.T, s.NH, s.HS);
+  cpu().attention_backward(dq_c.data(), scr.data(), dout.data(), out_c.data(), qkv.data(), att_c.data(),
+                           nullptr, true, 0.2f, 9, s.B, s.T, s.NH, s.HS);
   float *gq = fput(qkv), *ga = fnan(natt), *go = fnan(nout), *gdq = fput(dq0);
   fused().attention_forward(go, ga, gq, nullptr, true, 0.2f, 9, s.B, s.T, s.NH, s.HS);
-  fused().attention_backward(gdq, fnan(natt), fput(dout), gq, ga, nullptr, true, 0.2f, 9, s.B, s.T,
-                             s.NH, s.HS);
+  fused().attention_backward(gdq, fnan(natt), fput(dout), go, gq, ga, nullptr, true, 0.2f, 9, s.B,
+                             s.T, s.NH, s.HS);
   EXPECT_CLOSE(fget(go, nout), out_c, kAttn);
   // the native path's probabilities (the dropout is the index hash's, checked through out and dq)
   EXPECT_CLOSE(fget(ga, natt), attention_probs(qkv, nullptr, true, s.B, s.T, s.NH, s.HS), kAttn);
@@ -2221,8 +2222,8 @@ class ReplayMicroBatch {
     be_.layernorm_dropout_backward(g("dh"), g("dao"), o("ln_scratch"), g("dlnw"), g("dlnb"), g("dout"),
                                    o("res"), lnw_, o("mean"), o("rstd"), BT, C, kP, seed(kResDrop), rows);
     unbind();
-    be_.attention_backward(g("dqkv"), o("att_scratch"), g("dao"), o("qkv"), o("att"), mask_, false, kP,
-                           seed(kAttnDrop), B, T, NH, HS);
+    be_.attention_backward(g("dqkv"), o("att_scratch"), g("dao"), o("ao"), o("qkv"), o("att"), mask_, false,
+                           kP, seed(kAttnDrop), B, T, NH, HS);
     unbind();
     be_.matmul_backward(g("dh"), g("dwqkv"), g("dbqkv"), g("dqkv"), o("h"), wqkv_, BT, C, 3 * C,
                         WLayout::InOut);

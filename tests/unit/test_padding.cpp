@@ -191,8 +191,8 @@ TEST(KeyedAttention, TrimmedBatchEqualsPaddedBatchWithDropout) {
     out.assign(size_t(B) * Tr * C, 0.f);
     dq.assign(size_t(B) * Tr * 3 * C, 0.f);
     be().attention_forward(out.data(), att.data(), q.data(), m.data(), false, p, seed, B, Tr, NH, HS, Tk);
-    be().attention_backward(dq.data(), scr.data(), dO.data(), q.data(), att.data(), m.data(), false, p,
-                            seed, B, Tr, NH, HS, Tk);
+    be().attention_backward(dq.data(), scr.data(), dO.data(), out.data(), q.data(), att.data(), m.data(),
+                            false, p, seed, B, Tr, NH, HS, Tk);
   };
   VF out_f, dq_f, out_t, dq_t, out_u, dq_u;
   // the padded run's dout is zero at padding positions (no loss there), as in a model
@@ -508,8 +508,8 @@ TEST(PackedAttention, EachSegmentEqualsItsExampleAlone) {
     VF att(be().attention_saved_floats(1, T, NH, HS)), scr(be().attention_scratch_floats(1, T, NH, HS));
     VF out(size_t(T) * C), dq(size_t(T) * 3 * C, 0.f);
     be().attention_forward(out.data(), att.data(), qkv.data(), seg.data(), causal, 0.f, 1, 1, T, NH, HS);
-    be().attention_backward(dq.data(), scr.data(), dout.data(), qkv.data(), att.data(), seg.data(), causal,
-                            0.f, 1, 1, T, NH, HS);
+    be().attention_backward(dq.data(), scr.data(), dout.data(), out.data(), qkv.data(), att.data(), seg.data(),
+                            causal, 0.f, 1, 1, T, NH, HS);
     double worst = 0;
     for (int e = 0; e < 3; ++e) {
       const int L = len[e];
@@ -518,8 +518,8 @@ TEST(PackedAttention, EachSegmentEqualsItsExampleAlone) {
       VF a1(be().attention_saved_floats(1, L, NH, HS)), s1(be().attention_scratch_floats(1, L, NH, HS));
       VF o1(size_t(L) * C), g1(size_t(L) * 3 * C, 0.f);
       be().attention_forward(o1.data(), a1.data(), q1.data(), nullptr, causal, 0.f, 1, 1, L, NH, HS);
-      be().attention_backward(g1.data(), s1.data(), d1.data(), q1.data(), a1.data(), nullptr, causal, 0.f, 1,
-                              1, L, NH, HS);
+      be().attention_backward(g1.data(), s1.data(), d1.data(), o1.data(), q1.data(), a1.data(), nullptr, causal,
+                              0.f, 1, 1, L, NH, HS);
       for (size_t k = 0; k < o1.size(); ++k)
         worst = std::max(worst, std::abs(double(out[size_t(off[e]) * C + k]) - o1[k]) / (1 + std::abs(o1[k])));
       for (size_t k = 0; k < g1.size(); ++k)
@@ -560,8 +560,8 @@ TEST(PackedAttention, TokenKeysDrawThePaddedBatchsDropoutMasks) {
     out.assign(size_t(B) * Tr * C, 0.f);
     dq.assign(size_t(B) * Tr * 3 * C, 0.f);
     be().attention_forward(out.data(), att.data(), q.data(), m.data(), false, p, seed, B, Tr, NH, HS, T_key, tk);
-    be().attention_backward(dq.data(), scr.data(), d.data(), q.data(), att.data(), m.data(), false, p, seed, B,
-                            Tr, NH, HS, T_key, tk);
+    be().attention_backward(dq.data(), scr.data(), d.data(), out.data(), q.data(), att.data(), m.data(), false, p,
+                            seed, B, Tr, NH, HS, T_key, tk);
   };
   VF out_p, dq_p, out_r, dq_r, out_u, dq_u;
   run(1, T, qkv, dout, seg, Tk, key.data(), out_p, dq_p);

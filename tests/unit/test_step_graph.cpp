@@ -355,6 +355,10 @@ class FakeRecorder final : public Backend {
       NLP_UNUSED()
   void matmul_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, int, int, int,
                        nlp::WLayout) override NLP_UNUSED()
+  void matmul_gelu_forward(nlp::Act, nlp::Act, nlp::CAct, const float*, const float*, int, int, int,
+                           nlp::WLayout, nlp::Gelu) override NLP_UNUSED()
+  void matmul_dgelu_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, nlp::CAct, const float*, int,
+                             int, int, nlp::WLayout, nlp::Gelu, nlp::Act) override NLP_UNUSED()
   void layernorm_forward(nlp::Act, float*, float*, nlp::CAct, const float*, const float*, int, int, float) override
       NLP_UNUSED()
   void layernorm_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, const float*,
@@ -371,7 +375,7 @@ class FakeRecorder final : public Backend {
   void dropout_backward(nlp::Act, nlp::CAct, size_t, float, uint64_t, DropRows) override NLP_UNUSED()
   void attention_forward(nlp::Act, float*, nlp::CAct, const int32_t*, bool, float, uint64_t, int, int, int, int, int,
                          const int32_t*, int) override NLP_UNUSED()
-  void attention_backward(nlp::Act, float*, nlp::CAct, nlp::CAct, const float*, const int32_t*, bool, float,
+  void attention_backward(nlp::Act, float*, nlp::CAct, nlp::CAct, nlp::CAct, const float*, const int32_t*, bool, float,
                           uint64_t, int, int, int, int, int, const int32_t*, int) override NLP_UNUSED()
   void attention_decode(float*, const float*, float*, float*, int, int, int, int, int) override NLP_UNUSED()
   void segment_crossentropy_forward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, int) override

@@ -400,7 +400,8 @@ class CpuBackend final : public Backend {
     cpu::attention_forward(o, att, q, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
                            token_key);
   }
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv, const float* att,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct /*out*/, CAct qkv,
+                          const float* att,
                           const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
                           int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
                           int /*examples*/) override {

@@ -275,7 +275,6 @@ struct CudnnAttention::Impl {
   size_t ws_bytes = 0;
   long ws_grows = 0;                  // reallocations of ws (grows())
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
-  std::unordered_map<const float*, const void*> outputs;  // saved state -> forward_bf16's out
 
   // Whether the stream is being captured into a CUDA graph (the backend's capture_begin): building
   // a graph or growing ws then would leave the recording pointing into memory freed later (and
@@ -699,11 +698,6 @@ void check_bf16_io(const char* what, int C,
 
 }  // namespace
 
-const void* CudnnAttention::output_of(const float* saved) const {
-  auto it = impl_->outputs.find(saved);
-  return it == impl_->outputs.end() ? nullptr : it->second;
-}
-
 // out[B,T,C] (bf16) = attention(q, k, v) read from qkv (bf16) in place; saved <- stats
 void CudnnAttention::forward_bf16(void* out, float* saved, const void* qkv,
                                   const int32_t* attn_mask, bool packed, int examples, bool causal,
@@ -725,7 +719,6 @@ void CudnnAttention::forward_bf16(void* out, float* saved, const void* qkv,
   const size_t o_room = sdpa_align(size_t(R) * T * C * 2);
   const Impl::CallBuffers cb = m.buffers(p, k, staged ? qkv_room + o_room : 0);
   if (packed) count_packed(ragged);
-  m.outputs[saved] = out;
 
   const char* q = static_cast<const char*>(qkv);
   char* o = static_cast<char*>(out);

@@ -126,7 +126,8 @@ inline size_t sdpa_scratch_floats(int B, int T, int NH, int HS) {
 // the caller's out [B,T,C], reads dO from dout [B,T,C] and writes dq|dk|dv into dqkv [B,T,3C], all
 // bf16 with those same strides: no conversion, no copy of the activations in the saved state.
 // What the backward needs to stay valid: the caller keeps qkv and out unchanged from the forward to
-// the backward (the model's activation arena does: both are inputs of later ops' backwards).
+// the backward and hands both to it (Backend::attention_backward takes the forward's out; the model's
+// activation arena keeps both: they are inputs of later ops' backwards).
 // Rows that see no key (sdpa_io.cu) are zeroed in out after cuDNN wrote it; the backward then reads
 // O = 0 on those rows, which changes nothing: their dO is zeroed too, so they contribute no gradient.
 // Saved state: the stats only, fp32 [R,NH,T,1] with R = max(B, examples) (sdpa_saved_floats_bf16).
@@ -196,16 +197,13 @@ class CudnnAttention {
                     int examples, bool causal, float dropout_p, uint64_t seed,
                     const uint64_t* seed_slot, int B, int T, int NH, int HS);
   // dqkv[B,T,3C] (bf16) = (accumulate: +=) d attention / d qkv. qkv and out: the forward's, unchanged
-  // since; saved: as written by forward_bf16 with the same arguments; dout [B,T,C] bf16; scratch holds
-  // sdpa_scratch_floats_bf16(max(B, examples), T, NH, HS) floats.
+  // since (the backend's attention_backward is handed both); saved: as written by forward_bf16 with
+  // the same arguments; dout [B,T,C] bf16; scratch holds sdpa_scratch_floats_bf16(max(B, examples),
+  // T, NH, HS) floats.
   void backward_bf16(void* dqkv, bool accumulate, float* scratch, const void* dout, const void* qkv,
                      const void* out, const float* saved, const int32_t* attn_mask, bool packed,
                      int examples, bool causal, float dropout_p, uint64_t seed,
                      const uint64_t* seed_slot, int B, int T, int NH, int HS);
-  // The `out` the last forward_bf16 with this saved state wrote (nullptr: none yet): for a caller
-  // whose backward is not handed the forward's output.
-  const void* output_of(const float* saved) const;
-
   // Reallocations of the grow-only workspace so far (a recording made before the last one points
   // into freed memory), and cuDNN graphs built or declined so far.
   long grows() const;

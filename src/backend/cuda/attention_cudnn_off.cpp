@@ -49,8 +49,6 @@ void CudnnAttention::backward_bf16(void*, bool, float*, const void*, const void*
   throw Error("cuDNN attention: not compiled in");
 }
 
-const void* CudnnAttention::output_of(const float*) const { return nullptr; }
-
 long CudnnAttention::grows() const { return 0; }
 long CudnnAttention::builds() const { return 0; }
 

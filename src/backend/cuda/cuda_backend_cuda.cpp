@@ -417,6 +417,43 @@ class CudaBackend final : public Backend {
     matmul_backward_f32(st.acc(dinp, size_t(M) * K), dw, dbias, d, i, w, M, K, N, layout);
     st.finish();
   }
+  // The dense layer with its GELU (core/backend.h). All views bf16 with the native kernels, the tanh
+  // form and the cuBLASLt epilogue switched on (NLPTRAIN_CUDA_GEMM_EPILOGUES = all): one typed GEMM
+  // writes pre and out = gelu(pre) (GELU_AUX; cuda::Gemm falls back to the plain product and
+  // kernels/gemm_epilogue.cu where no algorithm takes it). Anything else, the fp32 views included:
+  // Backend's default, matmul_forward then gelu_forward. Not yet run on a GPU.
+  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
+                           int K, int N, WLayout layout, Gelu form) override {
+    if (form == Gelu::Tanh && gemm_->epilogues().gelu_aux && native_bf16_views({out, pre, inp}) &&
+        out && pre && M > 0 && N > 0 && K > 0) {
+      forget_ce_stats(out.p);
+      forget_ce_stats(pre.p);
+      noted([&] {
+        gemm_->forward(cuda::gemm_out(out), cuda::gemm_in(inp), false, w, layout == WLayout::OutIn,
+                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N), pre.p);
+      });
+      return op(cudaSuccess, "matmul_gelu_forward (bf16, GELU_AUX)");
+    }
+    Backend::matmul_gelu_forward(out, pre, inp, w, bias, M, K, N, layout, form);
+  }
+  // Its backward for the following dense layer: with the same conditions (DGELU switched on) and dpre
+  // overwritten (the epilogue has no accumulating form), one typed backward GEMM writes
+  // dpre = (dout @ W^T) * gelu'(pre) and adds dW and dbias; scratch is not used. Else the default.
+  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
+                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
+                             Act scratch) override {
+    if (form == Gelu::Tanh && gemm_->epilogues().dgelu && dpre.write &&
+        native_bf16_views({dpre, dout, h, pre}) && dpre && pre && M > 0 && N > 0 && K > 0) {
+      forget_ce_stats(dpre.p);
+      const void* w16 = persistent(w, size_t(K) * N);
+      noted([&] {
+        gemm_->backward(cuda::gemm_out(dpre), 0.0f, dw, dbias, cuda::gemm_in(dout),
+                        cuda::gemm_in(h), w, M, K, N, layout == WLayout::InOut, w16, pre.p);
+      });
+      return op(cudaSuccess, "matmul_dgelu_backward (bf16, DGELU)");
+    }
+    Backend::matmul_dgelu_backward(dpre, dw, dbias, dout, h, pre, w, M, K, N, layout, form, scratch);
+  }
   void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w, const float* b,
                          int N, int C, float eps) override {
     if (out.f32() && inp.f32())
@@ -691,7 +728,7 @@ class CudaBackend final : public Backend {
                           T_key, token_key, examples);
     st.finish();
   }
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct qkv, const float* att,
+  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv, const float* att,
                           const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
                           int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
                           int examples) override {
@@ -700,27 +737,22 @@ class CudaBackend final : public Backend {
       return attention_backward_f32(dqkv.fp(), scratch, dout.fp(), qkv.fp(), att, attn_mask, causal,
                                     dropout_p, seed, B, T, NH, HS, T_key, token_key, examples);
     }
-    // native: the forward's bf16-I/O state (stats only; O is the forward's bf16 `out`, which the
-    // interface does not pass here: CudnnAttention remembers it per saved state); dq|dk|dv written
-    // straight into dqkv (overwrite) or added to it
+    // native: the forward's bf16-I/O state (stats only) with O read from `out`, the forward's bf16
+    // output; dq|dk|dv written straight into dqkv (overwrite) or added to it. A saved state sized for
+    // bf16 I/O cannot go to the staged fp32 path below (which would read it as the larger fp32 state).
     if (native_bf16() && !qkv.f32() && noted([&] { return fused(B, T, NH, HS); })) {
-      const void* out = fused_->output_of(att);
-      // a saved state sized for bf16 I/O (stats only) cannot go to the fp32 path below
-      if (!out)
-        throw Error("attention_backward (cuDNN, bf16 I/O): no bf16-I/O forward wrote this saved state");
-      {
-        if (dqkv.f32() || dout.f32())
-          throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
-                          "dqkv is ", dtype_name(dqkv.dt), " and dout ", dtype_name(dout.dt),
-                          "; both must be bf16 (or set NLPTRAIN_CUDA_BF16_ACTS=staged)"));
-        noted([&] {
-          fused_->backward_bf16(dqkv.p, !dqkv.write, scratch, dout.p, qkv.p, out, att, attn_mask,
-                                token_key != nullptr, examples, causal, dropout_p, seed, slot_, B, T,
-                                NH, HS);
-        });
-        op(cudaGetLastError(), "attention_backward (cuDNN, bf16 I/O)");
-        return;
-      }
+      if (!out || out.f32() || dqkv.f32() || dout.f32())
+        throw Error(cat("attention_backward (cuDNN, bf16 I/O): the forward ran with bf16 I/O but "
+                        "out is ", out ? dtype_name(out.dt) : "null", ", dqkv ", dtype_name(dqkv.dt),
+                        " and dout ", dtype_name(dout.dt),
+                        "; all three must be bf16 (or set NLPTRAIN_CUDA_BF16_ACTS=staged)"));
+      noted([&] {
+        fused_->backward_bf16(dqkv.p, !dqkv.write, scratch, dout.p, qkv.p, out.p, att, attn_mask,
+                              token_key != nullptr, examples, causal, dropout_p, seed, slot_, B, T,
+                              NH, HS);
+      });
+      op(cudaGetLastError(), "attention_backward (cuDNN, bf16 I/O)");
+      return;
     }
     const size_t n = size_t(B) * T * NH * HS;
     Stage st(*this, "attention_backward (staged)");
