@@ -11,6 +11,7 @@
 #include "bf16_io.cuh"
 #include "common.cuh"
 #include "core/rng.h"
+#include "gelu_math.cuh"
 #include "kernels.cuh"
 
 namespace nlp {
@@ -18,28 +19,9 @@ namespace kern {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kCoef = 0.044715f;
 
 #define CHUNK_STRIDE(j, chunks) \
   for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < (chunks); j += (size_t)gridDim.x * blockDim.x)
-
-template <bool kTanh>
-__device__ __forceinline__ float gelu_f(float x) {
-  if (kTanh) return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCoef * x * x * x)));
-  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
-}
-
-template <bool kTanh>
-__device__ __forceinline__ float gelu_grad_f(float x) {
-  if (kTanh) {
-    const float t = tanhf(kSqrt2OverPi * (x + kCoef * x * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCoef * x * x);
-  }
-  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi;
-}
 
 // out[n] = gelu(inp)
 template <typename T, bool kTanh>

@@ -6,10 +6,12 @@
 //   gemm_gelu_aux_bf16:  y = gelu_tanh(r), aux = r                    (GELU_AUX_BIAS)
 //   gemm_dgelu_aux_bf16: d = r * gelu_tanh'(float(aux))               (DGELU)
 //   gemm_colsum_bf16:    dbias += column sums of a bf16 matrix        (BGRADA / BGRADB)
-// GELU is the tanh form, cuBLASLt's (kernels/gelu.cu has the same formulas in fp32).
+// GELU is the tanh form, cuBLASLt's (gelu_math.cuh).
 #include <cuda_bf16.h>
 
+#include "bf16_io.cuh"
 #include "common.cuh"
+#include "gelu_math.cuh"
 #include "kernels.cuh"
 
 namespace nlp {
@@ -17,16 +19,14 @@ namespace kern {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCoef = 0.044715f;
 
 #define GRID_STRIDE(i, n) \
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ float load(const T* p, size_t i) { return to_f(p[i]); }
+template <typename T>
+__device__ __forceinline__ void store(T* p, size_t i, float v) { put_f(p[i], v); }
 
 __global__ void store_bf16_k(__nv_bfloat16* __restrict__ y, const float* __restrict__ r, size_t n,
                              bool accumulate) {
@@ -42,7 +42,7 @@ __global__ void gelu_aux_k(T* __restrict__ y, T* __restrict__ aux, const float* 
   GRID_STRIDE(i, n) {
     const float x = r[i];
     store(aux, i, x);
-    store(y, i, 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCoef * x * x * x))));
+    store(y, i, gelu_f<true>(x));
   }
 }
 
@@ -51,10 +51,7 @@ __global__ void dgelu_aux_k(T* __restrict__ d, const float* __restrict__ r, cons
                             size_t n) {
   GRID_STRIDE(i, n) {
     const float x = load(aux, i);
-    const float t = tanhf(kSqrt2OverPi * (x + kCoef * x * x * x));
-    const float g =
-        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCoef * x * x);
-    store(d, i, r[i] * g);
+    store(d, i, r[i] * gelu_grad_f<true>(x));
   }
 }
 

@@ -16,13 +16,7 @@ import numpy as np
 import pytest
 
 import nlp_run as nr
-from test_bf16_weights import assert_bitwise, checkpoint, losses
-
-TINY = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=64",
-        "--model.n_positions=16", "--data.seq_len=16", "--run.threads=1", "--run.log_interval=1",
-        "--train.lr=3e-3", "--train.warmup_steps=2", "--train.clip=0.5", "--train.batch_size=2",
-        "--train.precision=bf16", "--run.cpu_bf16=emulate"]
-
+from test_bf16_weights import TINY, assert_bitwise, checkpoint, losses
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):

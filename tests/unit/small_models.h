@@ -1,6 +1,10 @@
 // Model configurations shared by the unit tests that run a whole (tiny) model on the CPU backend.
 #pragma once
+#include <cstdint>
+
+#include "core/rng.h"
 #include "model/model.h"
+#include "train/batches.h"
 
 namespace nlp::test {
 
@@ -20,6 +24,29 @@ inline ModelConfig small_bert() {
   mc.attention_probs_dropout_prob = 0.2f;
   mc.layer_norm_eps = 1e-12f;
   return mc;
+}
+
+// A causal-LM batch of B x T random ids below `vocab`, each target the next id (the last position of
+// each row and position 5 ignored), no padding.
+inline HostBatch clm_batch(int B, int T, uint64_t seed, int vocab = 300) {
+  Rng r(seed);
+  HostBatch hb;
+  hb.B = B;
+  hb.T = hb.T_key = T;
+  const size_t n = size_t(B) * T;
+  hb.ids.resize(n);
+  hb.mask.assign(n, 1);
+  hb.type_ids.assign(n, 0);
+  for (auto& id : hb.ids) id = int32_t(r.uniform() * vocab) % vocab;
+  hb.targets.assign(n, kIgnoreIndex);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t + 1 < T; ++t) hb.targets[size_t(b) * T + t] = hb.ids[size_t(b) * T + t + 1];
+  hb.targets[5] = kIgnoreIndex;
+  hb.labels.assign(B, kIgnoreIndex);
+  hb.start.assign(B, kIgnoreIndex);
+  hb.end.assign(B, kIgnoreIndex);
+  hb.real_tokens = int64_t(n);
+  return hb;
 }
 
 }  // namespace nlp::test

@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "train/batches.h"
+#include "small_models.h"
 
 namespace {
 
@@ -264,41 +265,19 @@ nlp::ModelConfig tiny_gpt2(bool bf16_acts) {
   return mc;
 }
 nlp::ModelConfig tiny_bert(bool bf16_acts) {
-  nlp::ModelConfig mc;
-  mc.type = "bert";
+  nlp::ModelConfig mc = nlp::test::small_bert();
   mc.vocab_size = 300;
-  mc.hidden_size = 32;
-  mc.num_hidden_layers = 2;
-  mc.num_attention_heads = 4;
-  mc.intermediate_size = 48;
-  mc.max_position_embeddings = 64;
-  mc.num_labels = 3;
   mc.bf16_activations = bf16_acts;
   return mc;
 }
 
+// clm: next-token targets; else doc_cls: a label per row and padding in the first row
 nlp::HostBatch batch(int B, int T, uint64_t seed, bool clm) {
-  nlp::Rng r(seed);
-  nlp::HostBatch hb;
-  hb.B = B;
-  hb.T = hb.T_key = T;
-  const size_t n = size_t(B) * T;
-  hb.ids.resize(n);
-  hb.mask.assign(n, 1);
-  hb.type_ids.assign(n, 0);
-  for (auto& id : hb.ids) id = int32_t(r.uniform() * 300) % 300;
-  hb.targets.assign(n, nlp::kIgnoreIndex);
-  hb.labels.assign(B, nlp::kIgnoreIndex);
-  if (clm) {
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t + 1 < T; ++t) hb.targets[size_t(b) * T + t] = hb.ids[size_t(b) * T + t + 1];
-  } else {
-    for (int b = 0; b < B; ++b) hb.labels[b] = b % 3;
-    for (int t = T - 3; t < T; ++t) hb.mask[t] = 0;  // padding in the first row
-  }
-  hb.start.assign(B, nlp::kIgnoreIndex);
-  hb.end.assign(B, nlp::kIgnoreIndex);
-  hb.real_tokens = int64_t(n);
+  nlp::HostBatch hb = nlp::test::clm_batch(B, T, seed);
+  if (clm) return hb;
+  hb.targets.assign(hb.targets.size(), nlp::kIgnoreIndex);
+  for (int b = 0; b < B; ++b) hb.labels[b] = b % 3;
+  for (int t = T - 3; t < T; ++t) hb.mask[t] = 0;
   return hb;
 }
 

@@ -27,6 +27,7 @@
 #include "model/lm_head.h"
 #include "model/model.h"
 #include "train/batches.h"
+#include "small_models.h"
 
 namespace {
 
@@ -247,27 +248,6 @@ nlp::ModelConfig gpt2(const std::string& fused, const std::string& pad) {
   return mc;
 }
 
-nlp::HostBatch clm_batch(int B, int T, uint64_t seed) {
-  nlp::Rng r(seed);
-  nlp::HostBatch hb;
-  hb.B = B;
-  hb.T = hb.T_key = T;
-  const size_t n = size_t(B) * T;
-  hb.ids.resize(n);
-  hb.mask.assign(n, 1);
-  hb.type_ids.assign(n, 0);
-  for (auto& id : hb.ids) id = int32_t(r.uniform() * 300) % 300;
-  hb.targets.assign(n, nlp::kIgnoreIndex);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t + 1 < T; ++t) hb.targets[size_t(b) * T + t] = hb.ids[size_t(b) * T + t + 1];
-  hb.targets[5] = nlp::kIgnoreIndex;
-  hb.labels.assign(B, nlp::kIgnoreIndex);
-  hb.start.assign(B, nlp::kIgnoreIndex);
-  hb.end.assign(B, nlp::kIgnoreIndex);
-  hb.real_tokens = int64_t(n);
-  return hb;
-}
-
 struct TrainRun {
   std::vector<double> losses;
   VF grads, weights;
@@ -285,7 +265,7 @@ TrainRun train(const nlp::ModelConfig& mc, int steps) {
   TrainRun r;
   r.act_bytes = m->activation_bytes(B, T);
   for (int s = 0; s < steps; ++s) {
-    const nlp::HostBatch hb = clm_batch(B, T, 100 + s);
+    const nlp::HostBatch hb = nlp::test::clm_batch(B, T, 100 + s);
     nlp::DeviceBatchBuffer dbuf(be());
     const nlp::DeviceBatch db = dbuf.upload(hb);
     be().zero(ps.grad(), P * sizeof(float));
@@ -305,7 +285,7 @@ TrainRun train(const nlp::ModelConfig& mc, int steps) {
                       0.01f, 1.0f, s + 1);
   }
   // an evaluation forward (losses only) after training
-  const nlp::HostBatch hb = clm_batch(B, T, 77);
+  const nlp::HostBatch hb = nlp::test::clm_batch(B, T, 77);
   nlp::DeviceBatchBuffer dbuf(be());
   r.losses.push_back(m->forward(dbuf.upload(hb), /*training=*/false, 0));
   r.weights.assign(ps.data(), ps.data() + P);
@@ -342,7 +322,7 @@ TEST(LmHead, Gpt2TrainingWithTheFusedHeadEqualsTheUnfusedHead) {
 TEST(LmHead, FusedModelKeepsNoLogits) {
   auto m = nlp::make_model(gpt2("on", "auto"), be(), "clm");
   m->init_weights(3);
-  nlp::HostBatch hb = clm_batch(2, 8, 1);
+  nlp::HostBatch hb = nlp::test::clm_batch(2, 8, 1);
   nlp::DeviceBatchBuffer dbuf(be());
   nlp::DeviceBatch db = dbuf.upload(hb);
   m->forward(db, false, 0);
