@@ -6,6 +6,14 @@
 // loss and the gradient are those of crossentropy_forward/backward on the same logits.
 // A target outside [0, V) that is not the ignore index lowers *bad_row (atomicMin) to row_base + m;
 // such a row gets a NaN loss and zeros. Block reductions are fixed trees: deterministic.
+//
+// lm_head_crossentropy_bf16 (the bf16-precision head, NLPTRAIN_CUDA_HEAD_DLOGITS=bf16): the same loss
+// and gradient arithmetic, read from the logits (left unchanged) and written to a separate bf16
+// dlogits[M, ld], each element rounded to nearest even (__float2bfloat16_rn: the rounding the bf16
+// GEMM's operand cast, kern::to_bf16, applies to the fp32 dlogits), so the backward GEMMs read the
+// same bf16 operand without an fp32 write and a cast.
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "common.cuh"
@@ -55,6 +63,48 @@ __global__ void lm_head_ce_k(float* __restrict__ losses, float* __restrict__ log
   for (int v = V + threadIdx.x; v < ld; v += blockDim.x) x[v] = 0.f;
 }
 
+// lm_head_ce_k with grad, the dlogits stored as bf16 in dl[M, ld] (the logits are only read). The
+// arithmetic is lm_head_ce_k's, expression for expression, so each bf16 element is the rounding of
+// the fp32 value that kernel writes.
+__global__ void lm_head_ce_bf16_k(float* __restrict__ losses, const float* __restrict__ logits,
+                                  __nv_bfloat16* __restrict__ dl, int ld,
+                                  const int32_t* __restrict__ targets, float dloss,
+                                  const float* __restrict__ dloss_slot, int V, int row_base,
+                                  int* bad_row) {
+  __shared__ float redf[32];
+  __shared__ double redd[32];
+  const int m = blockIdx.x;
+  if (dloss_slot) dloss = *dloss_slot;
+  const float* x = logits + (size_t)m * ld;
+  __nv_bfloat16* g = dl + (size_t)m * ld;
+  const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
+  const int32_t t = targets[m];
+  const bool bad = t != kIgnore && (t < 0 || t >= V);
+  if (t == kIgnore || bad) {
+    if (threadIdx.x == 0) {
+      losses[m] = bad ? NAN : 0.f;
+      if (bad) atomicMin(bad_row, row_base + m);
+    }
+    for (int v = threadIdx.x; v < ld; v += blockDim.x) g[v] = zero;
+    return;
+  }
+  const float xt = x[t];
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
+  mx = block_max(mx, redf);
+  double se = 0.0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) se += (double)expf(x[v] - mx);
+  se = block_sum(se, redd);
+  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
+  const float f = static_cast<float>((double)dloss / se);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float gv = 0.f + expf(x[v] - mx) * f;
+    if (v == t) gv -= dloss;
+    g[v] = __float2bfloat16_rn(gv);
+  }
+  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) g[v] = zero;
+}
+
 inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >= 64 ? 64 : 32)); }
 
 }  // namespace
@@ -65,6 +115,16 @@ cudaError_t lm_head_crossentropy(float* losses, float* logits, int ld, const int
   if (M <= 0) return cudaGetLastError();
   lm_head_ce_k<<<M, threads_for(V), 0, s>>>(losses, logits, ld, targets, dloss, dloss_slot, V,
                                             row_base, bad_row, grad);
+  return cudaGetLastError();
+}
+
+cudaError_t lm_head_crossentropy_bf16(float* losses, const float* logits, void* dlogits, int ld,
+                                      const int32_t* targets, float dloss, const float* dloss_slot,
+                                      int M, int V, int row_base, int* bad_row, cudaStream_t s) {
+  if (M <= 0) return cudaGetLastError();
+  lm_head_ce_bf16_k<<<M, threads_for(V), 0, s>>>(losses, logits,
+                                                 static_cast<__nv_bfloat16*>(dlogits), ld, targets,
+                                                 dloss, dloss_slot, V, row_base, bad_row);
   return cudaGetLastError();
 }
 
