@@ -81,6 +81,18 @@ bool native_bf16_acts_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_BF16_ACTS = '", v, "': expected native or staged"));
 }
 
+// NLPTRAIN_CUDA_HEAD_DLOGITS (the fused LM head in bf16 precision): unset or "bf16" = the loss kernel
+// writes the dlogits as bf16 (kern::lm_head_crossentropy_bf16) and the backward GEMMs read them as
+// their operand; "fp32" = the dlogits written in fp32 over the logits, then cast to bf16 by the GEMM
+// (the path built first). Both give the GEMMs the same bf16 operand; neither has run on a GPU yet.
+// fp32 and tf32 precision always keep fp32 dlogits.
+bool head_dlogits_bf16_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_DLOGITS");
+  if (!v || std::string(v) == "bf16") return true;
+  if (std::string(v) == "fp32") return false;
+  throw Error(cat("NLPTRAIN_CUDA_HEAD_DLOGITS = '", v, "': expected bf16 or fp32"));
+}
+
 const char* bf16_operands_name(cuda::Bf16Operands o) {
   switch (o) {
     case cuda::Bf16Operands::Vector: return "vector";
@@ -149,7 +161,9 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendOptions& options)
       : device_(device), sync_check_(options.sync_check),
-        wcopy_on_(options.bf16_weights && options.precision == Precision::Bf16) {
+        wcopy_on_(options.bf16_weights && options.precision == Precision::Bf16),
+        bf16_prec_(options.precision == Precision::Bf16),
+        head_dl16_(head_dlogits_bf16_from_env() && bf16_prec_) {
     ck(cudaSetDevice(device_), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
@@ -197,7 +211,9 @@ class CudaBackend final : public Backend {
                " | bf16 operand casts: ", bf16_operands_name(bf16_operands_),
                " | bf16 activations: ", native_bf16_acts_ ? "native kernels where an op has them"
                                                            : "staged (NLPTRAIN_CUDA_BF16_ACTS)",
-               wcopy_on_ ? " | weights: persistent bf16 copy (run.bf16_weights)" : "");
+               wcopy_on_ ? " | weights: persistent bf16 copy (run.bf16_weights)" : "",
+               " | fused head dlogits: ",
+               head_dl16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)" : "fp32"));
   }
   cudaStream_t stream() const { return stream_; }
   // bf16 activation views: the native bf16 kernels (true) or the staged fp32 ops (the ops on views)
@@ -1013,8 +1029,21 @@ class CudaBackend final : public Backend {
   // at the end (the padded rows' gradient is dropped). The parameters, their gradients, the optimizer,
   // checkpoints and exports keep V rows. Not yet run on a GPU: model.fused_head and model.pad_vocab
   // are off by default on this backend.
+  // Scratch: the chunk's fp32 logits [chunk, Vp]; with Vp > V the padded w and dw [Vp, C] each; in
+  // bf16 precision with NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (head_dl16_) also the chunk's bf16 dlogits
+  // [chunk, Vp] on a 256-byte boundary (head_dlogits16), which the backward GEMMs read as their
+  // operand; otherwise the dlogits overwrite the logits in fp32 and the GEMM casts them.
   size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
-    return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0);
+    const size_t dl16 = head_dl16_ ? kAlignFloats + (size_t(chunk) * Vp + 1) / 2 : 0;
+    return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0) + dl16;
+  }
+  static constexpr size_t kAlignFloats = 64;  // 256 bytes
+  // The bf16 dlogits' place in the scratch: past the logits and the padded copies, rounded up to
+  // 256 bytes (within the kAlignFloats floats lm_head_scratch_floats adds for it).
+  static void* head_dlogits16(float* scratch, int chunk, int C, int V, int Vp) {
+    const float* end = scratch + size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(end);
+    return reinterpret_cast<void*>((a + 4 * kAlignFloats - 1) / (4 * kAlignFloats) * (4 * kAlignFloats));
   }
   void lm_head_crossentropy_f32(float* losses, float* dx, float* dw, const float* x, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp,
@@ -1037,10 +1066,27 @@ class CudaBackend final : public Backend {
       }
     }
     int* bad = bad_row(targets, M, V);
+    // bf16 dlogits (head_dl16_): written by the loss kernel, read by the typed GEMM as stored
+    void* dl16 = bwd && head_dl16_ ? head_dlogits16(scratch, chunk, C, V, Vp) : nullptr;
     for (int r0 = 0; r0 < M; r0 += chunk) {
       const int rows = std::min(chunk, M - r0);
       const float* xr = x + size_t(r0) * C;
       gemm("lm_head_crossentropy (logits)", logits, xr, false, wg, true, rows, N, C, 0.0f, nullptr);
+      if (dl16) {
+        // logits [rows, N] fp32 (read) -> losses [rows], dl16 [rows, N] bf16; then
+        // dx[rows, C] += dl16 @ wg[N, C] and dwg[N, C] += dl16^T @ xr (xr and wg rounded to bf16 as
+        // the fp32-dlogits path rounds them)
+        op(kern::lm_head_crossentropy_bf16(losses + r0, logits, dl16, N, targets + r0, dloss,
+                                           dloss_slot(), rows, V, r0, bad, stream_),
+           "lm_head_crossentropy (bf16 dlogits)");
+        noted([&] {
+          gemm_->backward(cuda::GemmOut{dx ? dx + size_t(r0) * C : nullptr, CUDA_R_32F}, 1.0f, dwg,
+                          nullptr, cuda::GemmIn{dl16, CUDA_R_16BF}, cuda::GemmIn{xr, CUDA_R_32F},
+                          wg, rows, C, N, false);
+        });
+        op(cudaSuccess, "lm_head_crossentropy (dx, dW)");
+        continue;
+      }
       op(kern::lm_head_crossentropy(losses + r0, logits, N, targets + r0, dloss,
                                     bwd ? dloss_slot() : nullptr, rows, V, r0, bad, bwd, stream_),
          "lm_head_crossentropy");
@@ -1584,6 +1630,8 @@ class CudaBackend final : public Backend {
   std::set<std::string> labels_;
   std::map<const char*, std::pair<const char*, const char*>> label_ptrs_;  // caller's -> interned
   bool wcopy_on_ = false;          // run.bf16_weights with Precision::Bf16
+  bool bf16_prec_ = false;         // Precision::Bf16
+  bool head_dl16_ = false;         // NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (default) with Precision::Bf16
   const float* warena_ = nullptr;  // the registered weights (register_weights)
   size_t wn_ = 0;
   uint16_t* wcopy_ = nullptr;      // their bf16 rounding (device)
