@@ -52,6 +52,12 @@
 #include "comm/shard.h"
 #include "train/optimizer.h"
 
+#if NLPTRAIN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "../../kernels/kernels.cuh"  // the repository root is not an include directory
+#endif
+
 namespace {
 
 using nlp::Backend;
@@ -1070,6 +1076,163 @@ TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
     EXPECT_NE(std::string(e.what()).find("target 12 at row 4"), std::string::npos) << e.what();
   }
 }
+
+// Sets an environment variable for its scope; the earlier value (or its absence) comes back after.
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const char* n, const char* v) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    ::setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+// A bf16-precision CUDA backend with NLPTRAIN_CUDA_HEAD_DLOGITS = v (read when it is made).
+std::unique_ptr<Backend> head_dlogits_backend(const char* v) {
+  ScopedEnv e("NLPTRAIN_CUDA_HEAD_DLOGITS", v);
+  return nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+}
+
+// The fused head's two dlogits paths in bf16 precision (NLPTRAIN_CUDA_HEAD_DLOGITS): bf16 (the loss
+// kernel writes the bf16 dlogits, kern::lm_head_crossentropy_bf16, and the typed GEMM reads them) and
+// fp32 (written over the logits in fp32, then cast by the GEMM) on the same inputs. Both compute the
+// logits with the same GEMM and the loss with the same arithmetic: losses bitwise equal. The backward
+// GEMMs read the same bf16 operands (dlogits, x, w) and may differ only in the cuBLASLt algorithm
+// (fp32 summation order): dx and dW within 1e-6 relative. Both against the CPU backend's bf16
+// emulation within LmHeadCrossEntropyMatchesCpu's 1e-3. V not a multiple of 8, Vp padded and not,
+// chunks that divide the rows and that do not, ignored rows, dx and dW accumulated onto non-zero
+// values, and dW alone (dx null). Any other value of the variable is refused, naming it.
+TEST_F(CudaOps, LmHeadBf16DlogitsMatchFp32Dlogits) {
+  auto b16 = head_dlogits_backend("bf16"), b32 = head_dlogits_backend("fp32");
+  EXPECT_NE(b16->details().find("fused head dlogits: bf16"), std::string::npos) << b16->details();
+  EXPECT_NE(b32->details().find("fused head dlogits: fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)"),
+            std::string::npos) << b32->details();
+  EXPECT_NE(gpu().details().find("fused head dlogits: fp32"), std::string::npos) << gpu().details();
+  for (const char* bad : {"fp16", "BF16", ""}) {
+    try {
+      head_dlogits_backend(bad);
+      ADD_FAILURE() << "no error for NLPTRAIN_CUDA_HEAD_DLOGITS='" << bad << "'";
+    } catch (const nlp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NLPTRAIN_CUDA_HEAD_DLOGITS"), std::string::npos) << e.what();
+    }
+  }
+  struct Shape { int M, C, V, chunk; };
+  const Shape shapes[] = {{37, 24, 301, 16}, {96, 40, 1001, 32}, {64, 64, 50257, 24}, {5, 8, 7, 5}};
+  struct Out { VF loss, dx, dw, dw_only; };
+  uint64_t seed = 2400;
+  for (const Shape& sh : shapes)
+    for (int pad : {0, 128}) {
+      const int M = sh.M, C = sh.C, V = sh.V, Vp = pad ? (V + pad - 1) / pad * pad : V;
+      SCOPED_TRACE(testing::Message() << "M=" << M << " C=" << C << " V=" << V << " Vp=" << Vp
+                                      << " chunk=" << sh.chunk);
+      const VF x = randn(size_t(M) * C, ++seed), w = randn(size_t(V) * C, ++seed, 0.3f);
+      const VF dx0 = randn(x.size(), ++seed, 0.1f), dw0 = randn(w.size(), ++seed, 0.1f);
+      VI tg = randi(M, ++seed, 0, V);
+      for (int m = 1; m < M; m += 4) tg[m] = nlp::kIgnoreIndex;
+      tg[M - 1] = nlp::kIgnoreIndex;
+      const size_t n16 = b16->lm_head_scratch_floats(sh.chunk, C, V, Vp);
+      const size_t n32 = b32->lm_head_scratch_floats(sh.chunk, C, V, Vp);
+      EXPECT_GE(n16, n32 + (size_t(sh.chunk) * Vp + 1) / 2);  // room for the bf16 dlogits
+      auto run = [&](Backend& g) {
+        const size_t ns = g.lm_head_scratch_floats(sh.chunk, C, V, Vp);
+        float *gx = upload(g, x), *gw = upload(g, w), *gdx = upload(g, dx0), *gdw = upload(g, dw0);
+        float *gdw2 = upload(g, dw0), *gl = upload(g, VF(M, NAN)), *gs = upload(g, VF(ns, NAN));
+        auto* gt = static_cast<int32_t*>(g.alloc(tg.size() * sizeof(int32_t)));
+        g.to_device(gt, tg.data(), tg.size() * sizeof(int32_t));
+        g.lm_head_crossentropy(gl, gdx, gdw, gx, gw, gt, 0.37f, M, C, V, Vp, sh.chunk, gs);
+        Out o{download(g, gl, M), download(g, gdx, x.size()), download(g, gdw, w.size()), {}};
+        g.lm_head_crossentropy(gl, nullptr, gdw2, gx, gw, gt, 0.37f, M, C, V, Vp, sh.chunk, gs);
+        o.dw_only = download(g, gdw2, w.size());
+        for (float* p : {gx, gw, gdx, gdw, gdw2, gl, gs}) g.release(p);
+        g.release(gt);
+        g.synchronize();
+        return o;
+      };
+      const Out r16 = run(*b16), r32 = run(*b32);
+      EXPECT_TRUE(bitwise_equal(r16.loss, r32.loss)) << "losses";
+      EXPECT_LE(rel_err(r16.dx, r32.dx), 1e-6) << "dx";
+      EXPECT_LE(rel_err(r16.dw, r32.dw), 1e-6) << "dw";
+      EXPECT_LE(rel_err(r16.dw_only, r32.dw_only), 1e-6) << "dw (dx null)";
+      EXPECT_LE(rel_err(r16.dw_only, r16.dw), 1e-6) << "dw (dx null) against dw (with dx)";
+      VF loss_c(M), dx_c = dx0, dw_c = dw0;
+      VF scr_c(cpu_bf16().lm_head_scratch_floats(sh.chunk, C, V, Vp));
+      cpu_bf16().lm_head_crossentropy(loss_c.data(), dx_c.data(), dw_c.data(), x.data(), w.data(),
+                                      tg.data(), 0.37f, M, C, V, Vp, sh.chunk, scr_c.data());
+      for (const Out* r : {&r16, &r32}) {
+        SCOPED_TRACE(r == &r16 ? "bf16 dlogits against the CPU" : "fp32 dlogits against the CPU");
+        EXPECT_LE(rel_err(r->loss, loss_c), 1e-3);
+        EXPECT_LE(rel_err(r->dx, dx_c), 1e-3);
+        EXPECT_LE(rel_err(r->dw, dw_c), 1e-3);
+      }
+    }
+}
+
+#if NLPTRAIN_HAVE_CUDA
+// The two loss kernels of kernels/lm_head.cu on the same logits [M, ld]: lm_head_crossentropy_bf16's
+// losses and bad-row flag bitwise equal lm_head_crossentropy's (grad), each bf16 dlogit is exactly
+// the host's round_bf16 of that kernel's fp32 dlogit (padding columns and ignored or bad rows 0), and
+// the logits it reads are left unchanged; with and without the dloss slot.
+TEST_F(CudaOps, LmHeadBf16KernelRoundsTheFp32Dlogits) {
+  cudaStream_t st = static_cast<cudaStream_t>(nlp::cuda_backend_stream(gpu()));
+  struct Shape { int M, V, ld; };
+  const Shape shapes[] = {{37, 301, 301}, {37, 301, 384}, {6, 50257, 50304}, {5, 7, 7}, {3, 1000, 1000}};
+  uint64_t seed = 2500;
+  for (const Shape& sh : shapes)
+    for (bool slot : {false, true}) {
+      const int M = sh.M, V = sh.V, ld = sh.ld;
+      SCOPED_TRACE(testing::Message() << "M=" << M << " V=" << V << " ld=" << ld << " slot=" << slot);
+      const size_t n = size_t(M) * ld;
+      const VF logits = randn(n, ++seed, 3.0f);
+      VI tg = randi(M, ++seed, 0, V);
+      tg[0] = V - 1;
+      if (M > 2) tg[1] = nlp::kIgnoreIndex;
+      if (M > 3) tg[3] = V;  // bad: NaN loss, zeros, flagged
+      float *a = put(logits), *b = put(logits), *la = nan_buf(M), *lb = nan_buf(M);
+      const uint32_t nan2 = 0x7fc07fc0u;  // two bf16 NaNs: what the kernel does not write stays NaN
+      float poison;
+      std::memcpy(&poison, &nan2, sizeof poison);
+      float* dl = put(VF((n + 1) / 2, poison));
+      float* ds = put(VF{0.61f});
+      int32_t* gt = put(tg);
+      int32_t *bad_a = put(VI{INT32_MAX}), *bad_b = put(VI{INT32_MAX});
+      const float* dslot = slot ? ds : nullptr;
+      gpu().synchronize();
+      ASSERT_EQ(nlp::kern::lm_head_crossentropy(la, a, ld, gt, 0.37f, dslot, M, V, 100, bad_a, true, st),
+                cudaSuccess);
+      ASSERT_EQ(nlp::kern::lm_head_crossentropy_bf16(lb, b, dl, ld, gt, 0.37f, dslot, M, V, 100, bad_b,
+                                                     st),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const VF la_h = get(la, M), lb_h = get(lb, M), ga = get(a, n);
+      EXPECT_TRUE(bitwise_equal(lb_h, la_h)) << "losses";
+      EXPECT_TRUE(bitwise_equal(get(b, n), logits)) << "the logits are only read";
+      VI bad_h(2);
+      gpu().to_host(&bad_h[0], bad_a, sizeof(int32_t));
+      gpu().to_host(&bad_h[1], bad_b, sizeof(int32_t));
+      EXPECT_EQ(bad_h[1], bad_h[0]);
+      EXPECT_EQ(bad_h[0], M > 3 ? 103 : INT32_MAX);
+      std::vector<uint16_t> dl_h(n);
+      gpu().to_host(dl_h.data(), dl, n * sizeof(uint16_t));
+      size_t wrong = 0, first = n;
+      for (size_t i = 0; i < n; ++i)
+        if (dl_h[i] != nlp::cpu::to_bf16_bits(ga[i]) && wrong++ == 0) first = i;
+      EXPECT_EQ(wrong, 0u) << "first at row " << first / ld << " column " << first % ld;
+      for (int m = 0; m < M; ++m)  // padding, ignored and bad rows: +0
+        for (int v = (tg[m] == nlp::kIgnoreIndex || tg[m] >= V) ? 0 : V; v < ld; ++v)
+          if (dl_h[size_t(m) * ld + v] != 0) {
+            ADD_FAILURE() << "dlogit (" << m << ", " << v << ") not zero";
+            m = M;
+            break;
+          }
+    }
+}
+#endif
 
 TEST_F(CudaOps, SegmentCrossEntropyForwardBackward) {
   const int N = 4 * 384;
