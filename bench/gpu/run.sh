@@ -235,6 +235,12 @@ if want tests && in_time 60 "tests"; then
     export NLPTRAIN_CUDA_SEGMENT_CE=rows
     log "tests: the segment cross-entropy failed its test: NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run"
   fi
+  # and the fused LM head's bf16 dlogits (not yet run on a GPU): the fp32 dlogits and the GEMM's cast
+  # for the rest of the run if their tests fail
+  if grep -qE '^\[  FAILED  \] CudaOps.LmHeadBf16' "$W/test_ops_cuda.log"; then
+    export NLPTRAIN_CUDA_HEAD_DLOGITS=fp32
+    log "tests: the fused head's bf16 dlogits failed their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
+  fi
   # the native bf16-storage kernels of the non-GEMM ops (not yet run on a GPU): against a CPU
   # reference and against the staged fp32 ops; if any fails, bf16 activations run staged for the rest
   # of the run (NLPTRAIN_CUDA_BF16_ACTS=staged: through the fp32 kernels)
@@ -414,7 +420,8 @@ fi
 # Not yet run on a GPU: GPT-2 124M at the benchmark's batch in bf16 with the LM head fused with its
 # loss (model.fused_head: no [B*T, V] fp32 logits) and the vocabulary padded to a multiple of 128 in
 # the head's GEMMs (model.pad_vocab: 50257 -> 50304), 20 steps under run.sync_check (a fault names
-# its op), after the verified runs above; first the fused head's op tests against the CPU. Its step
+# its op), after the verified runs above; first the fused head's op tests against the CPU (and its
+# bf16 dlogits against its fp32 ones: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 from then on if they fail). Its step
 # time is not a benchmark (sync_check synchronises after every op); the losses and the peak memory
 # are what it shows. About 40 s.
 if want bench && in_time 60 "fused head"; then
@@ -422,6 +429,10 @@ if want bench && in_time 60 "fused head"; then
       --gtest_filter='*LmHead*:*FusedHead*' > "$W/test_lm_head_cuda.log" 2>&1
   log "fused head: op tests exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_lm_head_cuda.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$W/test_lm_head_cuda.log" | head -10 | tee -a "$W/run.log"
+  if grep -qE '^\[  FAILED  \] CudaOps.LmHeadBf16' "$W/test_lm_head_cuda.log"; then
+    export NLPTRAIN_CUDA_HEAD_DLOGITS=fp32
+    log "fused head: the bf16 dlogits failed their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
+  fi
   name=fused_head_gpt2_124m_bf16
   mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=$GPT2_BATCH \
       --train.steps=20 --model.fused_head=on --model.pad_vocab=128 --run.sync_check=true \
