@@ -713,6 +713,48 @@ double rel(const VD& a, const VD& ref) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// Tensors of a backend test: uploaded as bf16 (rounded) or fp32, read back widened to double; every
+// buffer released when it goes out of scope.
+struct TestMem {
+  nlp::Backend& be;
+  std::vector<void*> mem;
+  ~TestMem() {
+    for (void* p : mem) be.release(p);
+  }
+  void* put16(const VD& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = nlp::cpu::to_bf16_bits(float(v[i]));
+    void* p = be.alloc(b.size() * 2);
+    be.to_device(p, b.data(), b.size() * 2);
+    mem.push_back(p);
+    return p;
+  }
+  float* put32(const VD& v) {
+    std::vector<float> f(v.begin(), v.end());
+    void* p = be.alloc(f.size() * 4);
+    be.to_device(p, f.data(), f.size() * 4);
+    mem.push_back(p);
+    return static_cast<float*>(p);
+  }
+  VD get16(const void* p, size_t n) {
+    std::vector<uint16_t> b(n);
+    be.to_host(b.data(), p, n * 2);
+    VD v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(b[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      v[i] = f;
+    }
+    return v;
+  }
+  VD get32(const float* p, size_t n) {
+    std::vector<float> f(n);
+    be.to_host(f.data(), p, n * 4);
+    return VD(f.begin(), f.end());
+  }
+};
+
 struct DenseResult {
   VD out, dinp_acc, dinp_write, dw, db;
 };
@@ -725,39 +767,11 @@ DenseResult dense_on(nlp::Backend& be, const VD& inp, const VD& w, const VD& bia
   using nlp::Act;
   using nlp::CAct;
   using nlp::DType;
-  std::vector<void*> mem;
-  auto put16 = [&](const VD& v) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = nlp::cpu::to_bf16_bits(float(v[i]));
-    void* p = be.alloc(b.size() * 2);
-    be.to_device(p, b.data(), b.size() * 2);
-    mem.push_back(p);
-    return p;
-  };
-  auto put32 = [&](const VD& v) {
-    std::vector<float> f(v.begin(), v.end());
-    void* p = be.alloc(f.size() * 4);
-    be.to_device(p, f.data(), f.size() * 4);
-    mem.push_back(p);
-    return static_cast<float*>(p);
-  };
-  auto get16 = [&](const void* p, size_t n) {
-    std::vector<uint16_t> b(n);
-    be.to_host(b.data(), p, n * 2);
-    VD v(n);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t u = uint32_t(b[i]) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      v[i] = f;
-    }
-    return v;
-  };
-  auto get32 = [&](const float* p, size_t n) {
-    std::vector<float> f(n);
-    be.to_host(f.data(), p, n * 4);
-    return VD(f.begin(), f.end());
-  };
+  TestMem m{be};
+  auto put16 = [&](const VD& v) { return m.put16(v); };
+  auto put32 = [&](const VD& v) { return m.put32(v); };
+  auto get16 = [&](const void* p, size_t n) { return m.get16(p, n); };
+  auto get32 = [&](const float* p, size_t n) { return m.get32(p, n); };
   void* x = put16(inp);
   float* wd = put32(w);
   float* bd = put32(bias);
@@ -774,7 +788,6 @@ DenseResult dense_on(nlp::Backend& be, const VD& inp, const VD& w, const VD& bia
                      nullptr, wd, M, K, N, layout);
   DenseResult r{get16(out, size_t(M) * N), get16(di, size_t(M) * K), get16(di2, size_t(M) * K),
                 get32(dwd, dw0.size()), get32(dbd, db0.size())};
-  for (void* p : mem) be.release(p);
   return r;
 }
 
@@ -843,39 +856,11 @@ GeluDenseResult gelu_dense_on(nlp::Backend& be, const VD& inp, const VD& w, cons
   using nlp::Act;
   using nlp::CAct;
   using nlp::DType;
-  std::vector<void*> mem;
-  auto put16 = [&](const VD& v) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = nlp::cpu::to_bf16_bits(float(v[i]));
-    void* p = be.alloc(b.size() * 2);
-    be.to_device(p, b.data(), b.size() * 2);
-    mem.push_back(p);
-    return p;
-  };
-  auto put32 = [&](const VD& v) {
-    std::vector<float> f(v.begin(), v.end());
-    void* p = be.alloc(f.size() * 4);
-    be.to_device(p, f.data(), f.size() * 4);
-    mem.push_back(p);
-    return static_cast<float*>(p);
-  };
-  auto get16 = [&](const void* p, size_t n) {
-    std::vector<uint16_t> b(n);
-    be.to_host(b.data(), p, n * 2);
-    VD v(n);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t u = uint32_t(b[i]) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      v[i] = f;
-    }
-    return v;
-  };
-  auto get32 = [&](const float* p, size_t n) {
-    std::vector<float> f(n);
-    be.to_host(f.data(), p, n * 4);
-    return VD(f.begin(), f.end());
-  };
+  TestMem m{be};
+  auto put16 = [&](const VD& v) { return m.put16(v); };
+  auto put32 = [&](const VD& v) { return m.put32(v); };
+  auto get16 = [&](const void* p, size_t n) { return m.get16(p, n); };
+  auto get32 = [&](const float* p, size_t n) { return m.get32(p, n); };
   const size_t mn = size_t(M) * N;
   void* x = put16(inp);
   float* wd = put32(w);
@@ -897,7 +882,6 @@ GeluDenseResult gelu_dense_on(nlp::Backend& be, const VD& inp, const VD& w, cons
                            nlp::Gelu::Tanh, Act(scratch, DType::BF16));
   GeluDenseResult r{get16(out, mn), get16(pr, mn), get16(dp, mn), get32(dwd, dw0.size()),
                     get32(dbd, db0.size())};
-  for (void* p : mem) be.release(p);
   return r;
 }
 
