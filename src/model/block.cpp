@@ -264,7 +264,7 @@ void BlockStack::carve(Backend& be, float* base, int B, int T) {
     base += block_acts_numel(config, att, B, T);
     for (size_t l = 0; l < layers.size(); ++l) {
       BlockActs a = work_;
-      a.out = Act(outs + l * out_n, config.act);  // kept: the input of block l+1 (the stack's output for the last)
+      a.out = Act(outs + l * out_n, config.act, size_t(B) * T * config.C);  // kept: the input of block l+1 (the stack's output for the last)
       acts_.push_back(a);
     }
     scratch_ = carve_block_scratch(base, config, att, B, T);

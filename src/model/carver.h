@@ -29,8 +29,8 @@ class Carver {
     p_ += k;
     return r;
   }
-  // the next activation of n elements stored as dt (act_floats(n, dt) floats)
-  Act act(size_t n, DType dt) { return Act((*this)(act_floats(n, dt)), dt); }
+  // the next activation of n elements stored as dt (act_floats(n, dt) floats; its extent n)
+  Act act(size_t n, DType dt) { return Act((*this)(act_floats(n, dt)), dt, n); }
   // every float counted has been taken
   void done() const { NLP_ASSERT(p_ == end_); }
 

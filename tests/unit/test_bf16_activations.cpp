@@ -378,3 +378,27 @@ TEST(Bf16Activations, NeedsBf16Precision) {
   cfg.train.precision = "bf16";
   EXPECT_TRUE(nlp::resolve_model_config(cfg).bf16_activations);
 }
+
+// A view's stated extent (core/tensor.h): an op whose shape needs more of it is refused before it
+// reads or writes anything; at() shrinks the extent; an unstated extent (a raw pointer) is not checked.
+TEST(Bf16Activations, ViewsRefuseOpsLargerThanTheirExtent) {
+  Backend& b = be();
+  VB small(10, 0), big(20, 0x3F80);  // bf16 1.0
+  const VF f(20, 1.0f);
+  try {
+    b.gelu_forward(Act(small.data(), DType::BF16, small.size()), CAct(big.data(), DType::BF16, big.size()), 20,
+                   nlp::Gelu::Tanh);
+    FAIL() << "no error";
+  } catch (const nlp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 20 elements of a view that holds 10"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(small, VB(10, 0));  // nothing written
+  const Act whole(big.data(), DType::BF16, big.size());
+  EXPECT_EQ(whole.at(15).n, 5u);
+  EXPECT_THROW(b.add(whole.at(15), f.data(), f.data(), 6), nlp::Error);
+  b.add(whole.at(15), f.data(), f.data(), 5);  // fits
+  EXPECT_EQ(widen(big)[19], 2.0f);
+  VF raw(4);
+  EXPECT_NO_THROW(b.gelu_forward(raw.data(), f.data(), 4, nlp::Gelu::Erf));  // float*: no extent stated
+}

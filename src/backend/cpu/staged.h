@@ -9,6 +9,7 @@
 // The stand-ins of one op are independent copies: an output that aliases an input (add, dropout,
 // residual_layernorm_forward's delta) reads the input as it was when the op began, as the fp32
 // kernels do. Out and Acc write back in their destructor (after the kernel; also when it threw).
+// Each checks that its view holds the elements the op's shape needs (core/tensor.h, fits).
 #pragma once
 #include <cstring>
 #include <vector>
@@ -33,6 +34,7 @@ inline void narrow_bf16(uint16_t* dst, const float* src, size_t n) {
 class In {
  public:
   In(CAct v, size_t n) {
+    check_fits(v, n, "a cpu op's input");
     if (!v.p || v.f32()) {
       p_ = static_cast<const float*>(v.p);
       return;
@@ -53,6 +55,7 @@ class Out {
  public:
   // accumulate: the Acc semantics (read the view first unless it says overwrite)
   Out(Act v, size_t n, bool accumulate = false) : v_(v), n_(n) {
+    check_fits(v, n, "a cpu op's output");
     if (!v.p) return;
     if (v.f32()) {
       p_ = v.fp();

@@ -1447,6 +1447,7 @@ class CudaBackend final : public Backend {
    public:
     Stage(CudaBackend& b, const char* what) : b_(b), what_(what) {}
     const float* in(CAct v, size_t n) {
+      check_fits(v, n, what_);
       if (!v.p || v.f32()) return static_cast<const float*>(v.p);
       float* s = b_.stage_buf(k_++, n);
       b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
@@ -1462,6 +1463,7 @@ class CudaBackend final : public Backend {
 
    private:
     float* stand_in(Act v, size_t n, bool accumulate) {
+      check_fits(v, n, what_);
       if (!v.p) return nullptr;
       if (v.f32()) {
         if (accumulate && v.write) b_.zero(v.p, n * sizeof(float));
