@@ -23,17 +23,13 @@
 #           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches;
 #           then bf16 activations (run.bf16_activations, GPT-2 and BERT) against the CPU's and against
 #           fp32 activations (losses within 2e-2)
-#   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
-#           bitwise equal (fp32, then bf16 with cuDNN's attention)
-#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
-#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
 #           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check);
 #           then the new bf16 step (NEW: bf16 activations, bf16 weight copy, fused padded head, cuBLASLt
 #           epilogues): 6 steps under sync_check against the verified run, then timed at GPT2_BATCH
 #           and NEW_BATCHES (24 32)
-#   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile first; bf16
-#           only by default, the benchmarks' precision that matters)
+#   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile only by
+#           default, bf16, the peer's fastest setting; eager runs on request)
 #   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
 #           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
 #           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
@@ -41,6 +37,10 @@
 #           verified run's, and 12 steps profiled; then the new bf16 step (NEW) 12 steps profiled;
 #           bench/gpu/account.py prints the accounts per op
 #           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
+#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
+#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
+#   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
+#           bitwise equal (fp32, then bf16 with cuDNN's attention)
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
@@ -71,7 +71,7 @@ here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpurun.XXXXXX")
-SECTIONS=${SECTIONS:-"info tests e2e resume faults bench torch account comm finetune profile"}
+SECTIONS=${SECTIONS:-"info tests e2e bench torch account faults resume comm finetune profile"}
 FT_STEPS=${FT_STEPS:-300}
 FT_BUDGET=${FT_BUDGET:-240}
 # 5e-5: at 1e-4 bf16 BERT-base from scratch stayed at the majority class on both sides for some seeds
@@ -89,7 +89,7 @@ PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
 PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
 PROFILE_FINETUNE=${PROFILE_FINETUNE:-doc_cls_nlptrain-packed-bf16_s1234}  # a finetune run to profile (raw/<name>)
 GPT2_BATCH=${GPT2_BATCH:-16}  # GPT-2 124M sequences per step (both sides); BERT-base: 32
-TORCH_RUNS=${TORCH_RUNS:-"gpt2:compile:bf16 bert:compile:bf16 gpt2:eager:bf16 bert:eager:bf16"}
+TORCH_RUNS=${TORCH_RUNS:-"gpt2:compile:bf16 bert:compile:bf16"}  # (eager: add gpt2:eager:bf16 ...)
 GRAPH_AB_STEPS=${GRAPH_AB_STEPS:-200}  # the run.cuda_graph A/B's steps (finetune section)
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
@@ -355,51 +355,6 @@ if want e2e && in_time 90 "e2e"; then
 fi
 
 snapshot
-if want resume && in_time 60 "resume"; then
-  R=$W/resume
-  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
-      --output.dir="$R/straight" > "$W/resume_straight.log" 2>&1
-  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=10 --checkpoint.interval=10 \
-      --output.dir="$R/resumed" > "$W/resume_first.log" 2>&1
-  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
-      --train.resume=true --output.dir="$R/resumed" > "$W/resume_second.log" 2>&1
-  python3 compare.py resume "$R/straight" "$R/resumed" --step 20 2>&1 | tee "$W/resume_compare.log" | tee -a "$W/run.log"
-  # again in bf16 with the fused attention (cuDNN's deterministic backward) and its dropout on
-  for part in "straight 20" "resumed16 10" "resumed16 20"; do
-    read -r dir steps <<< "$part"
-    r=()
-    [[ $dir == resumed16 && $steps == 20 ]] && r=(--train.resume=true)
-    timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.precision=bf16 --model.attention=auto \
-        --train.steps=$steps --checkpoint.interval=10 "${r[@]}" --output.dir="$R/bf16_$dir" \
-        > "$W/resume_bf16_${dir}_$steps.log" 2>&1
-  done
-  python3 compare.py resume "$R/bf16_straight" "$R/bf16_resumed16" --step 20 2>&1 | sed 's/^/bf16 /' \
-      | tee "$W/resume_bf16_compare.log" | tee -a "$W/run.log"
-fi
-
-snapshot
-# Two faults on the GPU, each a few seconds: (1) two ranks sharing the GPU (comm.gpu = staged), rank 0
-# killed with SIGKILL after step 5 (debug.kill_at_step): the job must end within 30 s with a message
-# naming the dead rank, no rank left waiting; (2) GPT-2 124M at a batch far beyond the GPU's memory:
-# the memory plan must refuse it before allocating, naming the sizes and the keys that would fit.
-if want faults && in_time 45 "faults"; then
-  F=$W/faults
-  MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
-  t0=$SECONDS
-  timeout $(tmo 60) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=cuda \
-      --comm.gpu=staged --train.steps=50 --debug.kill_at_step=5 --checkpoint.interval=0 \
-      --output.dir="$F/kill" > "$W/faults_kill.log" 2>&1
-  rc=$?
-  log "faults kill -9 of rank 0 at step 5 (2 ranks): exit $rc after $((SECONDS - t0)) s (must end within 30 s, non-zero) | $(grep -m1 -iE 'exited on signal|killed|nlptrain: error' "$W/faults_kill.log")"
-  t0=$SECONDS
-  timeout $(tmo 60) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=4096 \
-      --output.dir="$F/too_big" > "$W/faults_too_big.log" 2>&1
-  rc=$?
-  log "faults batch 4096 x 1024 of GPT-2 124M: exit $rc after $((SECONDS - t0)) s (must be refused before allocating) | $(grep -m1 -o 'the memory plan does not fit: [0-9]* MiB per rank' "$W/faults_too_big.log")"
-  [[ -f "$F/too_big/metrics.jsonl" ]] && log "faults too_big: metrics.jsonl written: the plan did not stop it"
-fi
-
-snapshot
 # nothing is timed while the CPU references run
 [[ -n ${cpu_refs:-} ]] && wait "$cpu_refs" 2>/dev/null
 if want bench; then
@@ -513,6 +468,51 @@ if want account && in_time 75 "account"; then
   python3 account.py verified="$W/account/verified/summary.json" bf16_weights="$W/account/bf16_weights/summary.json" \
       new="$W/account/new/summary.json" \
       2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
+fi
+
+snapshot
+if want resume && in_time 60 "resume"; then
+  R=$W/resume
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+      --output.dir="$R/straight" > "$W/resume_straight.log" 2>&1
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=10 --checkpoint.interval=10 \
+      --output.dir="$R/resumed" > "$W/resume_first.log" 2>&1
+  timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.steps=20 --checkpoint.interval=10 \
+      --train.resume=true --output.dir="$R/resumed" > "$W/resume_second.log" 2>&1
+  python3 compare.py resume "$R/straight" "$R/resumed" --step 20 2>&1 | tee "$W/resume_compare.log" | tee -a "$W/run.log"
+  # again in bf16 with the fused attention (cuDNN's deterministic backward) and its dropout on
+  for part in "straight 20" "resumed16 10" "resumed16 20"; do
+    read -r dir steps <<< "$part"
+    r=()
+    [[ $dir == resumed16 && $steps == 20 ]] && r=(--train.resume=true)
+    timeout $(tmo 120) $NL inputs/gpt2_small.ini --run.backend=cuda --train.precision=bf16 --model.attention=auto \
+        --train.steps=$steps --checkpoint.interval=10 "${r[@]}" --output.dir="$R/bf16_$dir" \
+        > "$W/resume_bf16_${dir}_$steps.log" 2>&1
+  done
+  python3 compare.py resume "$R/bf16_straight" "$R/bf16_resumed16" --step 20 2>&1 | sed 's/^/bf16 /' \
+      | tee "$W/resume_bf16_compare.log" | tee -a "$W/run.log"
+fi
+
+snapshot
+# Two faults on the GPU, each a few seconds: (1) two ranks sharing the GPU (comm.gpu = staged), rank 0
+# killed with SIGKILL after step 5 (debug.kill_at_step): the job must end within 30 s with a message
+# naming the dead rank, no rank left waiting; (2) GPT-2 124M at a batch far beyond the GPU's memory:
+# the memory plan must refuse it before allocating, naming the sizes and the keys that would fit.
+if want faults && in_time 45 "faults"; then
+  F=$W/faults
+  MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
+  t0=$SECONDS
+  timeout $(tmo 60) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=cuda \
+      --comm.gpu=staged --train.steps=50 --debug.kill_at_step=5 --checkpoint.interval=0 \
+      --output.dir="$F/kill" > "$W/faults_kill.log" 2>&1
+  rc=$?
+  log "faults kill -9 of rank 0 at step 5 (2 ranks): exit $rc after $((SECONDS - t0)) s (must end within 30 s, non-zero) | $(grep -m1 -iE 'exited on signal|killed|nlptrain: error' "$W/faults_kill.log")"
+  t0=$SECONDS
+  timeout $(tmo 60) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=4096 \
+      --output.dir="$F/too_big" > "$W/faults_too_big.log" 2>&1
+  rc=$?
+  log "faults batch 4096 x 1024 of GPT-2 124M: exit $rc after $((SECONDS - t0)) s (must be refused before allocating) | $(grep -m1 -o 'the memory plan does not fit: [0-9]* MiB per rank' "$W/faults_too_big.log")"
+  [[ -f "$F/too_big/metrics.jsonl" ]] && log "faults too_big: metrics.jsonl written: the plan did not stop it"
 fi
 
 snapshot
