@@ -209,13 +209,13 @@ class Backend {
                                           CAct dout, CAct inp, const float* w, const float* mean, const float* rstd,
                                           int N, int C, float p, uint64_t seed, DropRows rows) {
     const size_t n = size_t(N) * C;
-    zero(scratch.p, n * dtype_bytes(scratch.dt));
+    zero_act(scratch, n);
     layernorm_backward(scratch, dw, db, dout, inp, w, mean, rstd, N, C);
     if (dinp.write)
       copy_view(dinp, scratch, n);
     else
       accumulate(dinp, scratch, n);
-    zero(ddelta.p, n * dtype_bytes(ddelta.dt));
+    zero_act(ddelta, n);
     dropout_backward(ddelta, scratch, n, p, seed, rows);
   }
 

@@ -145,7 +145,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   // (out: d_r1 of the S rows in d_qkv, free until the attention, then scattered into dx)
   if (out && dx.write) {
     dx.write = false;
-    be.zero(dx.p, size_t(BT) * C * dtype_bytes(dx.dt));
+    be.zero_act(dx, size_t(BT) * C);
   }
   const Act d_xr = out ? overwrite(s.d_qkv) : dx;
   be.layernorm_dropout_backward(d_xr, s.d_c1, s.d_c2, gw.ln1_w, gw.ln1_b, d_x1, a.res1, w.ln1_w,
@@ -156,7 +156,7 @@ void post_ln_backward(Backend& be, const BlockConfig& c, const BlockWeights& w,
   be.matmul_backward(overwrite(d_atty), gw.proj_w, gw.proj_b, s.d_c1, out ? a.ln2 : a.atty, w.proj_w,
                      N, C, C, c.layout);
   if (out) {  // the attention output's gradient at every position: zero but at the S rows
-    be.zero(s.d_c2.p, size_t(BT) * C * dtype_bytes(s.d_c2.dt));
+    be.zero_act(s.d_c2, size_t(BT) * C);
     be.rows_scatter_add(s.d_c2, d_atty, N, C, C, out->idx);
     d_atty = s.d_c2;
   }

@@ -302,18 +302,10 @@ class CpuBackend final : public Backend {
     cpu::Acc g(dinp, N);
     cpu::tanh_backward(g, o, d, N);
   }
-  // The gathered rows of a bf16 tensor are staged whole: the tensor spans (rows - 1) * stride + C.
+  // The strided tensor a row op reads or writes spans strided_extent elements (a bf16 one is
+  // staged whole).
   void rows_gather(Act out, CAct inp, int n, int C, size_t stride, const int32_t* idx) override {
-    if (inp.f32()) {
-      cpu::Out o(out, size_t(n) * C);
-      cpu::rows_gather(o, inp.fp(), n, C, stride, idx);
-      return;
-    }
-    // the rows read: r(i) <= max index (idx: host memory on this backend)
-    size_t rows = size_t(n);
-    if (idx)
-      for (int i = 0; i < n; ++i) rows = std::max(rows, size_t(idx[i]) + 1);
-    cpu::In i(inp, rows ? (rows - 1) * stride + C : 0);
+    cpu::In i(inp, strided_extent(n, C, stride, idx));
     cpu::Out o(out, size_t(n) * C);
     cpu::rows_gather(o, i, n, C, stride, idx);
   }
@@ -321,14 +313,7 @@ class CpuBackend final : public Backend {
                         const int32_t* idx) override {
     NLP_ASSERT(!dinp.write);  // only its rows are written: never the tensor's only writer
     cpu::In d(dout, size_t(n) * C);
-    if (dinp.f32()) {
-      cpu::rows_scatter_add(dinp.fp(), d, n, C, stride, idx);
-      return;
-    }
-    size_t rows = size_t(n);
-    if (idx)
-      for (int i = 0; i < n; ++i) rows = std::max(rows, size_t(idx[i]) + 1);
-    cpu::Acc g(dinp, rows ? (rows - 1) * stride + C : 0);
+    cpu::Acc g(dinp, strided_extent(n, C, stride, idx));
     cpu::rows_scatter_add(g, d, n, C, stride, idx);
   }
   void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override {
@@ -532,6 +517,16 @@ class CpuBackend final : public Backend {
       b.cast_times_.push_back(ProfileTime{b.cast_label_, ms, 1});
     }
   };
+
+  // Elements of a [rows, stride] tensor that a row op over n rows of width C touches: up to row
+  // r(i) = idx[i] (host memory on this backend), or i without idx.
+  static size_t strided_extent(int n, int C, size_t stride, const int32_t* idx) {
+    if (n <= 0) return 0;
+    size_t rows = size_t(n);
+    if (idx)
+      for (int i = 0; i < n; ++i) rows = std::max(rows, size_t(idx[i]) + 1);
+    return (rows - 1) * stride + size_t(C);
+  }
 
   // The persistent copy of the weight w[n] when w lies inside the registered arena, else null.
   const cpu::bf16* persistent(const float* w, size_t n) const {

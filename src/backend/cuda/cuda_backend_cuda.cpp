@@ -352,6 +352,12 @@ class CudaBackend final : public Backend {
   // the points the CPU backend rounds (cpu/staged.h). Neither bf16 way has run on a GPU yet.
   // Native: kernels/bf16_*.cu (kernels.cuh, "bf16 storage"), used when every non-null view of the op
   // is bf16 (native_bf16_views); a gradient's overwrite flag becomes the launcher's accumulate = false.
+  // An fp32 gradient view as the fp32 ops take it (they accumulate): zeroed first when the view
+  // says overwrite.
+  float* acc_f32(Act v, size_t n) {
+    if (v.write && v.p) zero(v.p, n * sizeof(float));
+    return v.fp();
+  }
   bool native_bf16_views(std::initializer_list<CAct> views) const {
     if (!native_bf16()) return false;
     for (const CAct& v : views)
@@ -412,10 +418,9 @@ class CudaBackend final : public Backend {
   }
   void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp, const float* w, int M,
                        int K, int N, WLayout layout) override {
-    if (dinp.f32() && dout.f32() && inp.f32()) {
-      if (dinp.write) zero(dinp.p, size_t(M) * K * sizeof(float));
-      return matmul_backward_f32(dinp.fp(), dw, dbias, dout.fp(), inp.fp(), w, M, K, N, layout);
-    }
+    if (dinp.f32() && dout.f32() && inp.f32())
+      return matmul_backward_f32(acc_f32(dinp, size_t(M) * K), dw, dbias, dout.fp(), inp.fp(), w, M, K,
+                                 N, layout);
     if (native_bf16() && M > 0 && N > 0 && K > 0) {
       // native: the typed GEMM reads dout and inp as stored, writes (overwrite) or accumulates
       // dinp in its type, and adds dout's column sums to dbias (cuda::Gemm::backward)
@@ -489,8 +494,7 @@ class CudaBackend final : public Backend {
                           const float* mean, const float* rstd, int N, int C) override {
     const size_t n = size_t(N) * C;
     if (dinp.f32() && dout.f32() && inp.f32()) {
-      if (dinp.write) zero(dinp.p, n * sizeof(float));
-      return layernorm_backward_f32(dinp.fp(), dw, db, dout.fp(), inp.fp(), w, mean, rstd, N, C);
+      return layernorm_backward_f32(acc_f32(dinp, n), dw, db, dout.fp(), inp.fp(), w, mean, rstd, N, C);
     }
     if (native_bf16_views({dinp, dout, inp})) {
       void* ws = (dw || db) ? workspace(kern::layernorm_backward_bf16_ws_bytes(N, C)) : nullptr;
@@ -540,8 +544,7 @@ class CudaBackend final : public Backend {
                                   int C, float p, uint64_t seed, DropRows rows) override {
     const size_t n = size_t(N) * C;
     if (dinp.f32() && ddelta.f32() && scratch.f32() && dout.f32() && inp.f32()) {
-      if (dinp.write) zero(dinp.p, n * sizeof(float));
-      return layernorm_dropout_backward_f32(dinp.fp(), ddelta.fp(), scratch.fp(), dw, db, dout.fp(),
+      return layernorm_dropout_backward_f32(acc_f32(dinp, n), ddelta.fp(), scratch.fp(), dw, db, dout.fp(),
                                             inp.fp(), w, mean, rstd, N, C, p, seed, rows);
     }
     // staged: the fp32 op keeps the layer norm's gradient in fp32 (as the CPU backend does); its
@@ -569,8 +572,7 @@ class CudaBackend final : public Backend {
   }
   void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) override {
     if (dinp.f32() && inp.f32() && dout.f32()) {
-      if (dinp.write) zero(dinp.p, N * sizeof(float));
-      return gelu_backward_f32(dinp.fp(), inp.fp(), dout.fp(), N, form);
+      return gelu_backward_f32(acc_f32(dinp, N), inp.fp(), dout.fp(), N, form);
     }
     if (native_bf16_views({dinp, inp, dout})) {
       forget_ce_stats(dinp.p);
@@ -646,8 +648,7 @@ class CudaBackend final : public Backend {
   }
   void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override {
     if (dinp.f32() && out.f32() && dout.f32()) {
-      if (dinp.write) zero(dinp.p, N * sizeof(float));
-      return tanh_backward_f32(dinp.fp(), out.fp(), dout.fp(), N);
+      return tanh_backward_f32(acc_f32(dinp, N), out.fp(), dout.fp(), N);
     }
     Stage st(*this, "tanh_backward (staged)");
     const float* o = st.in(out, N);
@@ -702,8 +703,7 @@ class CudaBackend final : public Backend {
   void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
                         DropRows rows) override {
     if (dinp.f32() && dout.f32()) {
-      if (dinp.write) zero(dinp.p, N * sizeof(float));
-      return dropout_backward_f32(dinp.fp(), dout.fp(), N, p, seed, rows);
+      return dropout_backward_f32(acc_f32(dinp, N), dout.fp(), N, p, seed, rows);
     }
     if (native_bf16_views({dinp, dout})) {
       if (p <= 0.0f) {
@@ -748,11 +748,10 @@ class CudaBackend final : public Backend {
                           const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
                           int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
                           int examples) override {
-    if (dqkv.f32() && dout.f32() && qkv.f32()) {
-      if (dqkv.write) zero(dqkv.p, 3 * size_t(B) * T * NH * HS * sizeof(float));
-      return attention_backward_f32(dqkv.fp(), scratch, dout.fp(), qkv.fp(), att, attn_mask, causal,
-                                    dropout_p, seed, B, T, NH, HS, T_key, token_key, examples);
-    }
+    if (dqkv.f32() && dout.f32() && qkv.f32())
+      return attention_backward_f32(acc_f32(dqkv, 3 * size_t(B) * T * NH * HS), scratch, dout.fp(),
+                                    qkv.fp(), att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+                                    T_key, token_key, examples);
     // native: the forward's bf16-I/O state (stats only) with O read from `out`, the forward's bf16
     // output; dq|dk|dv written straight into dqkv (overwrite) or added to it. A saved state sized for
     // bf16 I/O cannot go to the staged fp32 path below (which would read it as the larger fp32 state).
@@ -783,8 +782,7 @@ class CudaBackend final : public Backend {
                             float* scratch) override {
     const size_t n = size_t(std::max(M, 0)) * C;
     if (dx.f32() && x.f32()) {
-      if (dx.write) zero(dx.p, n * sizeof(float));
-      return lm_head_crossentropy_f32(losses, dx.fp(), dw, x.fp(), w, targets, dloss, M, C, V, Vp,
+      return lm_head_crossentropy_f32(losses, acc_f32(dx, n), dw, x.fp(), w, targets, dloss, M, C, V, Vp,
                                       chunk, scratch);
     }
     Stage st(*this, "lm_head_crossentropy (staged)");
@@ -1465,10 +1463,7 @@ class CudaBackend final : public Backend {
     float* stand_in(Act v, size_t n, bool accumulate) {
       check_fits(v, n, what_);
       if (!v.p) return nullptr;
-      if (v.f32()) {
-        if (accumulate && v.write) b_.zero(v.p, n * sizeof(float));
-        return v.fp();
-      }
+      if (v.f32()) return accumulate ? b_.acc_f32(v, n) : v.fp();
       float* s = b_.stage_buf(k_++, n);
       if (accumulate && !v.write)
         b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
