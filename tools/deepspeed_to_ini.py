@@ -268,7 +268,8 @@ def _typed(name, v):
                 raise ValueError
             return float(v)
     except ValueError:
-        raise ToolError(f"HF argument --{name}: '{v}' is not {'an integer' if name in HF_INT else 'a number'}") from None
+        what = "an integer" if name in HF_INT else "a number"
+        raise ToolError(f"HF argument --{name}: '{v}' is not {what}") from None
     return v
 
 
@@ -642,9 +643,13 @@ class Mapper:
         elif tbs is not None and (micro is not None or accum is not None):
             known = micro if micro is not None else accum
             if not ranks:
-                missing = "gradient_accumulation_steps" if micro is not None else "train_micro_batch_size_per_gpu"
-                self.not_mapped(missing, f"DeepSpeed derives it from train_batch_size = {tbs} and the world size: "
-                                         f"give --ranks")
+                given, missing = (("train_micro_batch_size_per_gpu", "gradient_accumulation_steps") if micro is not None
+                                  else ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"))
+                why = (f"DeepSpeed derives {missing} from train_batch_size = {tbs}, {given} = {known} and the world "
+                       f"size: give --ranks")
+                self.not_mapped("train_batch_size", why)
+                self.not_mapped(given, why)
+                micro = accum = None
             else:
                 other, rem = divmod(tbs, known * ranks)
                 if rem or other < 1:
@@ -671,13 +676,16 @@ class Mapper:
             self.put("train.batch_size", micro, src_m)
         if accum is not None and micro is not None:
             self.put("train.grad_accum", accum, src_a)
-        elif accum is not None:
+        elif accum is not None and tbs is None:
             self.not_mapped("gradient_accumulation_steps", "without a micro-batch or train_batch_size DeepSpeed "
                                                            "refuses the config")
+        given = f"ds train_batch_size = {json.dumps(tbs_raw)}: " if tbs_raw is not None else ""
         if ranks and micro is not None and accum is not None:
             self.ranks = ranks
-            self.notes.append(f"run on {ranks} ranks (mpirun -np {ranks}): global batch {ranks} x {micro} x "
+            self.notes.append(f"{given}run on {ranks} ranks (mpirun -np {ranks}): global batch {ranks} x {micro} x "
                               f"{accum} = {ranks * micro * accum}")
+        elif tbs_raw == "auto" and hf:
+            self.notes.append(f"{given}HF fills ranks x per-device batch x accumulation; the ranks are mpirun's -np")
 
     def clipping(self):
         if not self.has("gradient_clipping"):
@@ -764,6 +772,8 @@ class Mapper:
         elif "adam_w_mode" in params:
             self.no_effect("optimizer.params.adam_w_mode", "true: decoupled weight decay, as nlptrain's AdamW",
                            "optimizer.params.adam_w_mode")
+        self.notes.append(f"ds optimizer.type = {kind}: nlptrain's AdamW (train.lr, beta1, beta2, adam_eps, "
+                          f"weight_decay)")
         p = "optimizer.params."
         lr, src = self.num(p + "lr", "learning_rate")
         if lr is not None:
@@ -833,18 +843,21 @@ class Mapper:
         total = total or (self.keys.get("train.steps"))
         # warmup (DeepSpeed's default: 1000 steps)
         wn = params.get("warmup_num_steps")
+        w = src = None
         if wn == "auto" and hf:
             self.mark(p + "warmup_num_steps")
             w = self.hf_warmup(total)
             if w is not None:
-                self.put("train.warmup_steps", max(1, w), f"ds {p}warmup_num_steps = \"auto\" <- HF's warmup "
-                         f"steps (at least 1, as HF fills it)")
+                w, src = max(1, w), (f"ds {p}warmup_num_steps = \"auto\" <- HF's warmup steps (at least 1, as HF "
+                                     f"fills it)")
         elif wn is not None:
             w, src = self.num(p + "warmup_num_steps", integer=True)
-            if w is not None:
-                self.put("train.warmup_steps", w, src)
         else:
-            self.put("train.warmup_steps", 1000, f"{kind}'s default warmup_num_steps")
+            w, src = 1000, f"{kind}'s default warmup_num_steps"
+        if w is not None:
+            if kind != "WarmupCosineLR" and w < 2:  # WarmupLR takes max(2, warmup_num_steps)
+                w, src = 2, src + " (DeepSpeed's WarmupLR warms up over at least 2 steps)"
+            self.put("train.warmup_steps", w, src)
         wtype = params.get("warmup_type", "log")
         if wtype == "linear":
             self.no_effect(p + "warmup_type", "linear, as nlptrain's warmup", p + "warmup_type")
@@ -874,9 +887,10 @@ class Mapper:
         else:
             lo = 0.0
         if hi is not None:
-            if "train.lr" in self.keys and self.keys["train.lr"] != hi:
-                self.notes.append(f"the scheduler's warmup_max_lr {fmt(hi)} sets the lr, not the optimizer's "
-                                  f"{fmt(self.keys['train.lr'])}")
+            if "train.lr" in self.keys:
+                self.notes.append(f"{self.source['train.lr']}: replaced by the scheduler's warmup_max_lr {fmt(hi)}, "
+                                  f"which sets the lr" + ("" if self.keys["train.lr"] == hi else
+                                                          f" (not the optimizer's {fmt(self.keys['train.lr'])})"))
             self.keys.pop("train.lr", None)
             self.put("train.lr", float(hi), src + " (DeepSpeed's scheduler sets the lr)")
         if lo:
