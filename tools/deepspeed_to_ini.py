@@ -592,8 +592,9 @@ class Mapper:
                 v = self.hf.get(name)
                 if not isinstance(v, str):
                     continue
-                if v in HIDDEN:
-                    return HIDDEN[v]
+                base = v.rstrip("/").rsplit("/", 1)[-1]  # a Hub id: openai-community/gpt2
+                if not Path(v).is_dir() and base in HIDDEN:
+                    return HIDDEN[base]
                 cfg = Path(v) / "config.json"
                 if cfg.is_file():
                     c = read_json(str(cfg), "model config")
@@ -697,43 +698,55 @@ class Mapper:
     def precision(self):
         hf = self.hf is not None
         fp16 = bf16 = False
+        unknown = False  # an "auto" left unresolved (no --hf-args): the precision is not known
+        bf16_section = None
         for sec in ("bf16", "bfloat16"):
             if isinstance(self.get(sec), dict):
+                bf16_section = sec
                 if "enabled" in self.get(sec):
                     v = self.flag(f"{sec}.enabled", hf and (self.hfv("bf16") or self.hfv("bf16_full_eval")),
                                   "bf16" if hf else None)
+                    unknown |= v is None
                     bf16 = bf16 or bool(v)
                 for k in self.get(sec):
                     if k != "enabled":
                         self.not_mapped(f"{sec}.{k}", "no counterpart (nlptrain's bf16 keeps fp32 weights, "
                                         "gradients and AdamW state)", f"{sec}.{k}")
-        if isinstance(self.get("fp16"), dict):
-            if "enabled" in self.get("fp16"):
-                v = self.flag("fp16.enabled", hf and (self.hfv("fp16") or self.hfv("fp16_full_eval")),
-                              "fp16" if hf else None)
-                fp16 = bool(v)
-            for k in self.get("fp16"):
-                if k == "enabled":
-                    continue
-                p = f"fp16.{k}"
-                if fp16:
-                    self.not_mapped(p, "fp16 loss scaling: nlptrain has no fp16, and its bf16 needs no loss "
-                                       "scaling", p)
-                else:
-                    self.no_effect(p, "fp16 loss scaling, and fp16 is off", p)
-        elif hf and (self.hfv("fp16") or self.hfv("fp16_full_eval")):
+        fp16_section = isinstance(self.get("fp16"), dict)
+        if fp16_section and "enabled" in self.get("fp16"):
+            v = self.flag("fp16.enabled", hf and (self.hfv("fp16") or self.hfv("fp16_full_eval")),
+                          "fp16" if hf else None)
+            unknown |= v is None
+            fp16 = bool(v)
+        elif not fp16_section and hf and (self.hfv("fp16") or self.hfv("fp16_full_eval")):
             fp16 = True  # accelerate adds {"fp16": {"enabled": true}} for HF --fp16
-        if hf and not any(isinstance(self.get(s), dict) for s in ("bf16", "bfloat16")) and self.hfv("bf16"):
+        if bf16_section is None and hf and (self.hfv("bf16") or self.hfv("bf16_full_eval")):
             bf16 = True  # accelerate adds {"bf16": {"enabled": true}} for HF --bf16
+        for k in (self.get("fp16") if fp16_section else {}):
+            p = f"fp16.{k}"
+            if k == "enabled":
+                continue
+            if fp16:
+                self.not_mapped(p, "fp16 loss scaling: nlptrain has no fp16, and its bf16 needs no loss scaling", p)
+            elif unknown:
+                self.not_mapped(p, "fp16 loss scaling (nlptrain has no fp16), for when fp16 is on", p)
+            else:
+                self.no_effect(p, "fp16 loss scaling, and fp16 is off", p)
         if fp16 and bf16:
             raise ToolError(f"DeepSpeed config '{self.ds_name}': fp16 and bf16 are both enabled (DeepSpeed refuses "
                             f"it)")
         if fp16:
-            self.not_mapped("fp16.enabled", "nlptrain has no fp16 arithmetic (train.precision: fp32, tf32, bf16); "
-                                            "bf16 is the nearest and needs no loss scaling")
+            self.not_mapped("fp16.enabled" + ("" if fp16_section else " (HF --fp16)"),
+                            "nlptrain has no fp16 arithmetic (train.precision: fp32, tf32, bf16); bf16 is the nearest "
+                            "and needs no loss scaling")
         elif bf16:
-            self.put("train.precision", "bf16", "ds bf16.enabled" + (" <- HF --bf16" if hf else ""))
-        else:
+            if bf16_section is None:
+                src = "HF --bf16 (accelerate adds bf16.enabled = true to the DeepSpeed config)"
+            else:
+                src = f"ds {bf16_section}.enabled = {json.dumps(self.get(bf16_section + '.enabled'))}" + (
+                    " <- HF --bf16" if hf and self.get(bf16_section + ".enabled") == "auto" else "")
+            self.put("train.precision", "bf16", src)
+        elif not unknown:
             tf32 = hf and bool(self.hfv("tf32"))
             self.put("train.precision", "tf32" if tf32 else "fp32",
                      "neither fp16 nor bf16 enabled: DeepSpeed trains in fp32" + (", HF --tf32" if tf32 else ""))

@@ -237,8 +237,10 @@ def test_hf_zero2_without_hf_arguments_names_every_auto(tmp_path):
                      "gradient_clipping", "fp16.enabled", "optimizer.params.lr", "optimizer.params.betas",
                      "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
                      "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps"}
+    # fp16 "auto" leaves the precision unknown: no train.precision line.
     assert m.keys == {"train.zero": 2, "train.offload": "optimizer", "comm.overlap": True,
-                      "comm.bucket_mb": 762.939, "train.precision": "fp32", "train.schedule": "constant"}
+                      "comm.bucket_mb": 762.939, "train.schedule": "constant"}
+    assert "train.precision" in m.leftover_defaults()
     assert_accounted(HF_ZERO2, m)
 
 
@@ -271,6 +273,14 @@ def test_hf_zero3_with_run_clm_arguments(tmp_path):
     assert "zero_optimization.stage3_gather_16bit_weights_on_model_save" in named(m.nothing)
     assert m.ranks is None  # train_batch_size "auto" without --ranks: no world size to name
     assert_accounted(HF_ZERO3, m)
+    # A Hub id names the preset too: GPT-2 medium's hidden size 1024, 4 MiB of fp32 gradients a bucket.
+    hub = [a if a != "gpt2" else "openai-community/gpt2-medium" for a in RUN_CLM]
+    assert convert(HF_ZERO3, tmp_path, hf=hub).keys["comm.bucket_mb"] == 4.0
+    # A model folder's config.json gives it as well (n_embd for GPT-2, hidden_size for BERT).
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "bert", "hidden_size": 256}', encoding="utf-8")
+    local = [a if a != "gpt2" else str(tmp_path / "model") for a in RUN_CLM]
+    assert convert(HF_ZERO3, tmp_path, hf=local).keys["comm.bucket_mb"] == 0.25
 
 
 def test_hf_warmup_ratio_and_epochs(tmp_path):
