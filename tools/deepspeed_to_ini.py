@@ -380,6 +380,8 @@ class Mapper:
     def put(self, key, value, source):
         """Set an nlptrain key after checking it against the schema's type and range; False (and the
         setting named as not mapped) when the value is outside."""
+        if value is None:  # an unresolved value: already named
+            return False
         why = self.out_of_range(key, value)
         if why:
             self.unmapped.append((source, f"{key} = {fmt(value)} is outside nlptrain's range ({why})"))
@@ -497,6 +499,7 @@ class Mapper:
         if "stage" in z:
             stage, src = self.num("zero_optimization.stage", integer=True)
             self.put("train.zero", stage, src)
+            stage = stage or 0
         # offload_optimizer (and the legacy stage-2 cpu_offload boolean)
         off = z.get("offload_optimizer")
         if isinstance(off, dict):
@@ -512,6 +515,8 @@ class Mapper:
                     elif k == "ratio" and off[k] != 1:
                         self.not_mapped(f"{p}.ratio", "a partial offload: nlptrain offloads the whole optimizer "
                                         "shard (train.offload = optimizer)", f"{p}.ratio")
+                    elif k == "ratio":
+                        self.no_effect(f"{p}.ratio", "1: the whole shard, as nlptrain offloads it", f"{p}.ratio")
                     elif k in ("nvme_path", "buffer_count", "buffer_size", "pipeline", "pipeline_read",
                                "pipeline_write", "fast_init", "max_in_cpu"):
                         self.no_effect(f"{p}.{k}", "an NVMe / DeepSpeed CPU-optimizer option; nlptrain offloads "
@@ -851,6 +856,9 @@ class Mapper:
             else:
                 total, src = self.num(p + "total_num_steps", integer=True)
                 if total is not None:
+                    if hf and max_steps > 0 and total != max_steps:
+                        self.mismatches.append(f"scheduler.params.total_num_steps = {total} vs HF's training steps "
+                                               f"--max_steps = {max_steps}")
                     steps_from_ds = self.put("train.steps", total, src + " (the schedule's end)")
         self.hf_length(skip_steps=steps_from_ds)
         total = total or (self.keys.get("train.steps"))
@@ -876,8 +884,8 @@ class Mapper:
             self.no_effect(p + "warmup_type", "linear, as nlptrain's warmup", p + "warmup_type")
         else:
             self.not_mapped(p + "warmup_type" + ("" if "warmup_type" in params else " (DeepSpeed's default log)"),
-                            f"{wtype}: nlptrain's warmup rises linearly from 0 (train.warmup_steps), DeepSpeed's log "
-                            f"warmup as log(step + 1) / log(warmup_num_steps)", p + "warmup_type"
+                            f"{wtype}: nlptrain's warmup rises linearly (lr x (step + 1) / train.warmup_steps), "
+                            f"DeepSpeed's log warmup as log(step + 1) / log(warmup_num_steps)", p + "warmup_type"
                             if "warmup_type" in params else None)
         if kind == "WarmupCosineLR":
             self.put("train.schedule", "cosine", f"ds scheduler.type = {kind}")

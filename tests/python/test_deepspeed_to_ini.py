@@ -22,6 +22,8 @@ import config_reference  # noqa: E402
 
 # ---- the configs ------------------------------------------------------------------------------------------
 
+# DeepSpeed's ZeRO tutorial, stage 1 (training a 1.5B-parameter GPT-2 with Megatron-LM).
+DS_ZERO1 = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 5e8}}
 # DeepSpeed's ZeRO tutorial, stage 2 (training a 10B-parameter GPT-2 with Megatron-LM).
 DS_ZERO2 = {"zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
                                   "reduce_scatter": True, "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}}
@@ -102,6 +104,13 @@ def run_tool(*args, check=True):
 
 
 # ---- DeepSpeed's documentation ---------------------------------------------------------------------------
+
+def test_deepspeed_zero1_tutorial(tmp_path):
+    m = convert(DS_ZERO1, tmp_path)
+    assert m.keys == {"train.zero": 1, "comm.bucket_mb": 1907.35, "train.precision": "fp32"}
+    assert m.unmapped == [] and m.nothing == []
+    assert_accounted(DS_ZERO1, m)
+
 
 def test_deepspeed_zero2_tutorial(tmp_path):
     m = convert(DS_ZERO2, tmp_path)
@@ -405,7 +414,7 @@ def test_every_key_the_tool_writes_is_in_the_schema():
     assert not missing, f"deepspeed_to_ini.py writes keys nlptrain does not have: {missing}"
 
 
-CHECKED = [("ds_zero2", DS_ZERO2, [], None), ("ds_offload", DS_OFFLOAD, [], None),
+CHECKED = [("ds_zero1", DS_ZERO1, [], None), ("ds_zero2", DS_ZERO2, [], None), ("ds_offload", DS_OFFLOAD, [], None),
            ("ds_zero3", DS_ZERO3, ["--hidden-size", "768"], None),
            ("ds_getting_started", DS_GETTING_STARTED, ["--ranks", "2"], None),
            ("hf_zero2_run_clm", HF_ZERO2, ["--ranks", "4"], RUN_CLM),
