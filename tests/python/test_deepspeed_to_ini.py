@@ -450,3 +450,70 @@ def test_output_passes_nlptrain_check(tmp_path, report, name, cfg, args, hf):
     assert r.returncode == 0, f"{name}: the tool's INI fails nlptrain --check:\n{r.stderr}\n{text}"
     if set_aside:
         report(f"{name}: the binary has no ZeRO-2/3 / offload keys yet; not checked: {set_aside}")
+
+
+# ---- against HF's own filling of "auto" ------------------------------------------------------------------
+
+HF_KWARGS = dict(per_device_train_batch_size=8, gradient_accumulation_steps=2, bf16=True, max_steps=1000,
+                 warmup_steps=40, learning_rate=3e-5, weight_decay=0.01, max_grad_norm=0.5, adam_beta2=0.98)
+HF_DECAY = dict(HF_ZERO3, bf16={"enabled": "auto"}, scheduler={"type": "WarmupDecayLR", "params": {
+    "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto",
+    "warmup_type": "linear"}})
+
+
+def hf_filled(cfg, tmp_path):
+    """cfg with its "auto" values filled by transformers' own HfTrainerDeepSpeedConfig (its two stages,
+    for a model of hidden size 768 and max_steps training steps), or a skip."""
+    pytest.importorskip("transformers", reason="transformers is not installed: HF's own filling is not compared")
+    acc = pytest.importorskip("accelerate.utils.deepspeed", reason="accelerate is not installed")
+    import copy
+    import types
+    from functools import partialmethod
+    from transformers import TrainingArguments
+    try:
+        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig as H
+        H.trainer_config_process, H.trainer_config_finalize, H.fill_match, H.is_auto  # noqa: B018
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"transformers' DeepSpeed integration has another layout ({e}): not compared")
+
+    # HF's class needs the deepspeed package to construct; its filling methods do not: borrow them onto
+    # accelerate's config class (the base HF's class has when deepspeed is installed).
+    class Filler(acc.HfDeepSpeedConfig):
+        is_auto, fill_match = H.is_auto, H.fill_match
+        fill_only = partialmethod(H.fill_match, must_match=False)
+        trainer_config_process, trainer_config_finalize = H.trainer_config_process, H.trainer_config_finalize
+
+    f = Filler(copy.deepcopy(cfg))
+    f.mismatches, f._dtype = [], None
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True, **HF_KWARGS)
+    f.trainer_config_process(args)
+    f.trainer_config_finalize(args, types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=768)),
+                              HF_KWARGS["max_steps"])
+    assert args.world_size == 1
+
+    # Then accelerate's DeepSpeed plugin sets the mixed precision HF Trainer asks for (bf16 here).
+    plugin_cls = getattr(pytest.importorskip("accelerate.utils"), "DeepSpeedPlugin", None)
+    if plugin_cls is None or not hasattr(plugin_cls, "set_mixed_precision"):
+        pytest.skip("accelerate's DeepSpeedPlugin has another layout: not compared")
+
+    class Plugin:
+        set_mixed_precision, fill_match = plugin_cls.set_mixed_precision, plugin_cls.fill_match
+
+    plugin = Plugin()
+    plugin.hf_ds_config, plugin.deepspeed_config = f, f.config
+    plugin.set_mixed_precision("bf16" if HF_KWARGS["bf16"] else "no")
+    return f.config
+
+
+@pytest.mark.parametrize("name,cfg", [("zero2", HF_ZERO2), ("zero3", HF_ZERO3), ("decay", HF_DECAY)])
+def test_auto_resolved_as_hf_fills_it(tmp_path, name, cfg):
+    """The tool's "auto" values from HF's arguments are those HF Trainer itself fills in: the keys of
+    the auto config with --hf-args equal the keys of the config HF filled, read without them."""
+    filled = hf_filled(cfg, tmp_path)
+    hf_args = [t for k, v in HF_KWARGS.items() for t in ((f"--{k}",) if v is True else (f"--{k}", str(v)))]
+    a = convert(cfg, tmp_path, hf=hf_args + ["--model_name_or_path", "gpt2"], ranks=1)
+    b = convert(filled, tmp_path, ranks=1, hidden=768)
+    only_hf = {"train.seed", "train.steps", "output.dir"}  # HF's own arguments, not in a DeepSpeed config
+    expect = {k: v for k, v in a.keys.items() if k not in only_hf or k in b.keys}
+    assert b.keys == expect, f"{name}: HF filled {filled}"
+    assert a.keys["train.warmup_steps"] == 40 and a.keys["train.precision"] == "bf16"
