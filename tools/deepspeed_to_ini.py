@@ -54,7 +54,8 @@ Settings the config does not give are not printed: nlptrain's defaults apply to 
                stage3_prefetch_bucket_size = 0.9 H^2) and the prefetch depth; by default taken from HF's
                --config_name / --model_name_or_path when it names a preset (gpt2, gpt2-medium, gpt2-large,
                gpt2-xl, bert-base-*, bert-large-*) or a folder with a config.json.
---json         print {"keys": {...}, "unmapped": [...], "nothing_to_map": [...], "ranks": N} instead.
+--json         print the mapping instead: {"keys": {key: value}, "sources": {key: where from}, "unmapped":
+               [{"setting", "why"}], "nothing_to_map": [...], "defaults_apply": [keys], "ranks": N, "notes"}.
 --hf-args ...  must come last: everything after it is HF's command line (run_clm's form, `--name value`,
                `--name=value`, a bare `--flag` meaning true), or one .json file of those arguments
                (run_clm's single-file form), or a training_args.bin that HF Trainer saved (needs torch).
@@ -614,7 +615,7 @@ class Mapper:
         accum, src_a = self.num("gradient_accumulation_steps", "gradient_accumulation_steps", integer=True)
         # train_batch_size: HF fills ranks x per-device x accumulation (needs --ranks)
         tbs_raw = self.get("train_batch_size")
-        tbs, src_t = None, None
+        tbs = None
         if tbs_raw == "auto" and hf:
             self.mark("train_batch_size")
             if self.ranks:
@@ -622,7 +623,7 @@ class Mapper:
         elif tbs_raw is not None:
             calc = (self.ranks * self.hfv("per_device_train_batch_size") * self.hfv("gradient_accumulation_steps")
                     if hf and self.ranks else None)
-            tbs, src_t = self.num("train_batch_size", integer=True, hf_value=calc)
+            tbs, _ = self.num("train_batch_size", integer=True, hf_value=calc)
             if hf and calc is not None and tbs is not None and tbs != calc:
                 self.mismatches.append(f"train_batch_size = {tbs} vs HF's {self.ranks} ranks x "
                                        f"--per_device_train_batch_size x --gradient_accumulation_steps = {calc}")
