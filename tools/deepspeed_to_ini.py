@@ -874,6 +874,11 @@ class Mapper:
                                      f"fills it)")
         elif wn is not None:
             w, src = self.num(p + "warmup_num_steps", integer=True)
+            expect = self.hf_warmup(total, quiet=True) if hf and w is not None else None
+            if expect is not None and w != max(1, expect):  # HF fills max(1, its warmup) and compares
+                self.mismatches.append(f"scheduler.params.warmup_num_steps = {w} vs HF --warmup_steps = "
+                                       f"{max(1, expect)}" + ("" if "warmup_steps" in self.hf else " (HF's default 0, "
+                                                              "filled as 1)"))
         else:
             w, src = 1000, f"{kind}'s default warmup_num_steps"
         if w is not None:
@@ -923,8 +928,8 @@ class Mapper:
             self.put("train.min_lr_ratio", float(lo or 0) / float(hi), "ds warmup_min_lr / warmup_max_lr: the "
                      "decay's end")
 
-    def hf_warmup(self, total):
-        """HF's warmup steps (get_warmup_steps), or None and named as not mapped."""
+    def hf_warmup(self, total, quiet=False):
+        """HF's warmup steps (get_warmup_steps), or None (and, unless quiet, named as not mapped)."""
         ws = self.hfv("warmup_steps")
         ratio = self.hf.get("warmup_ratio") if "warmup_ratio" in self.hf else None
         if ratio is not None:
@@ -936,6 +941,8 @@ class Mapper:
             return 0
         if total:
             return math.ceil(total * ratio)
+        if quiet:
+            return None
         self.not_mapped(f"HF warmup ratio {fmt(ratio)}", "a ratio of the run's steps, which HF computes from the "
                         "dataset; give --max_steps, or set train.warmup_steps")
         return None

@@ -330,6 +330,17 @@ def test_hf_mismatch_is_refused_like_hf_trainer(tmp_path):
     assert "train_micro_batch_size_per_gpu = 4 vs HF --per_device_train_batch_size = 8 (HF's default)" in msg
 
 
+def test_hf_mismatch_of_the_schedule(tmp_path):
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "scheduler": {"type": "WarmupDecayLR", "params": {
+        "warmup_num_steps": 100, "total_num_steps": 1000, "warmup_max_lr": "auto", "warmup_type": "linear"}}}
+    with pytest.raises(dti.ToolError) as e:
+        convert(cfg, tmp_path, hf=["--max_steps", "500"])
+    assert "total_num_steps = 1000 vs HF's training steps --max_steps = 500" in str(e.value)
+    assert "warmup_num_steps = 100 vs HF --warmup_steps = 1 (HF's default 0, filled as 1)" in str(e.value)
+    m = convert(cfg, tmp_path, hf=["--max_steps", "1000", "--warmup_steps", "0.1"])
+    assert (m.keys["train.steps"], m.keys["train.warmup_steps"], m.keys["train.schedule"]) == (1000, 100, "linear")
+
+
 def test_hf_arguments_file(tmp_path):
     f = tmp_path / "args.json"
     f.write_text(json.dumps({"per_device_train_batch_size": 2, "learning_rate": 1e-4, "bf16": True,
@@ -517,3 +528,18 @@ def test_auto_resolved_as_hf_fills_it(tmp_path, name, cfg):
     expect = {k: v for k, v in a.keys.items() if k not in only_hf or k in b.keys}
     assert b.keys == expect, f"{name}: HF filled {filled}"
     assert a.keys["train.warmup_steps"] == 40 and a.keys["train.precision"] == "bf16"
+
+
+def test_refused_where_hf_refuses(tmp_path):
+    """Values that are not "auto" and contradict HF's arguments: HF's own filling refuses them, and so
+    does the tool, naming the same settings."""
+    cfg = json.loads(json.dumps(HF_DECAY))
+    cfg["scheduler"]["params"]["warmup_num_steps"] = 100   # HF_KWARGS: warmup_steps 40
+    cfg["optimizer"]["params"]["lr"] = 1e-4                # HF_KWARGS: learning_rate 3e-5
+    with pytest.raises(ValueError) as hf_error:
+        hf_filled(cfg, tmp_path)
+    hf_args = [t for k, v in HF_KWARGS.items() for t in ((f"--{k}",) if v is True else (f"--{k}", str(v)))]
+    with pytest.raises(dti.ToolError) as e:
+        convert(cfg, tmp_path, hf=hf_args + ["--model_name_or_path", "gpt2"], ranks=1)
+    for setting in ("scheduler.params.warmup_num_steps", "optimizer.params.lr"):
+        assert setting in str(hf_error.value) and setting in str(e.value), (hf_error.value, e.value)
