@@ -925,8 +925,8 @@ class Mapper:
                             f"from 0" + (" (the decay's floor is train.min_lr_ratio)" if kind == "WarmupDecayLR"
                                          else ""))
         if kind == "WarmupDecayLR" and hi:
-            self.put("train.min_lr_ratio", float(lo or 0) / float(hi), "ds warmup_min_lr / warmup_max_lr: the "
-                     "decay's end")
+            self.put("train.min_lr_ratio", float(lo or 0) / float(hi), f"ds {p}warmup_min_lr / warmup_max_lr = "
+                     f"{fmt(lo or 0)} / {fmt(hi)}: the decay's end")
 
     def hf_warmup(self, total, quiet=False):
         """HF's warmup steps (get_warmup_steps), or None (and, unless quiet, named as not mapped)."""
