@@ -64,6 +64,7 @@ from typing import Dict, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nlptrain_data as nd  # noqa: E402
 from nlptrain_data import DataError  # noqa: E402,F401
+import wordpiece_vocab as wv  # noqa: E402
 
 SPECIAL_NAMES = ("bos", "eos", "pad", "cls", "sep", "unk", "mask")
 MODEL_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"), ("vocab.txt",))
@@ -254,8 +255,7 @@ def _finish_vocab(t: HubTokenizer) -> None:
 def _wordpiece_backend(vocab_path: str, lowercase: bool, strip_accents: Optional[bool]):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    import prep_common as pc
-    vocab = pc.read_vocab(vocab_path)
+    vocab = wv.read_vocab(vocab_path)
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                                 strip_accents=strip_accents, lowercase=lowercase)
@@ -329,7 +329,6 @@ def _load_path(path: str, lowercase: Optional[bool], strip_accents: Optional[boo
         t.backend = _bpe_backend(model_files[0], model_files[1], bool(tc.get("add_prefix_space", False)))
         family = "BPE"
     else:
-        import prep_common as pc
         if lowercase is None:
             if isinstance(tc.get("do_lower_case"), bool):
                 lowercase = tc["do_lower_case"]
@@ -338,7 +337,7 @@ def _load_path(path: str, lowercase: Optional[bool], strip_accents: Optional[boo
                     sa = tc.get("strip_accents")
                     strip_accents = sa if isinstance(sa, bool) else None  # None follows lowercase
             else:
-                lowercase, t.lowercase_reason = pc.default_lowercase(model_files[0], pc.read_vocab(model_files[0]))
+                lowercase, t.lowercase_reason = wv.default_lowercase(model_files[0], wv.read_vocab(model_files[0]))
         else:
             t.lowercase_reason = "--lowercase" if lowercase else "--no-lowercase"
         if strip_accents is None and not (isinstance(tc.get("do_lower_case"), bool)):
