@@ -195,9 +195,9 @@ def tests_verdict(pattern: str, known: set[str], procs: list[dict]) -> int:
         elif w == "SKIPPED":
             bad.append(f"{n} (skipped, {p['name']})")
         elif w == "OK":
-            bad.append(f"{n} (passed in a process that {p['why']}: {p['name']})")
+            bad.append(f"{n} (passed, but its process {p['name']} failed: {p['why']})")
         else:
-            bad.append(f"{n} (began in a process that {p['why'] or 'did not finish it'}: {p['name']})")
+            bad.append(f"{n} (began in process {p['name']}, which {('failed: ' + p['why']) if p['why'] else 'never finished it'})")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         print(f"FAIL tests {pattern}: {len(names) - len(bad)} of {len(names)} passed; not: {', '.join(bad[:5])}{more}")

@@ -523,8 +523,8 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
     assert "cuDNN bf16-I/O attention: NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run" in log, log
     assert "the bias epilogue did not pass its tests: NLPTRAIN_CUDA_GEMM_EPILOGUES=none" in log, log
     # CudnnBf16Sizes ran in its own process: only CudnnBf16 failed
-    assert re.search(r"FAIL tests CudnnBf16\.\*:CudnnBf16Sizes\.\*: 2 of 4 passed; not: CudnnBf16.First \(began in a "
-                     r"process that timed out", log), log
+    assert re.search(r"FAIL tests CudnnBf16\.\*:CudnnBf16Sizes\.\*: 2 of 4 passed; not: CudnnBf16.First \(began in "
+                     r"process test_cuda_bf16--CudnnBf16, which failed: timed out", log), log
     assert "ladder rung 1 all (NLPTRAIN_CUDA_GEMM_EPILOGUES=gelu_aux,dgelu,bgrad NLPTRAIN_CUDA_BF16_ACTS=staged" in log, log
     assert re.search(r"ladder rung 1 all .*: FAIL \| exit 1: .*illegal memory access", log), log
     assert "ladder rung 2 bias: skipped (the bias epilogue failed its tests)" in log, log
@@ -568,3 +568,40 @@ def test_the_run_ends_by_its_deadline(tmp_path):
     assert "NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run" in log, log  # (a verified test it did not finish)
     assert "SKIPPED (deadline)" in log, log
     assert timed_new(results) == [] and results["ladder"] == []
+
+
+def test_compare_tests_counts_crashes_timeouts_and_missing_summaries_as_failures(tmp_path):
+    # gtest's output of four processes: A crashed after X passed, while Y ran; B exited 0 but printed no
+    # summary; C ended normally (Z failed, W skipped, U passed); D timed out. V is listed, never run.
+    ok = "[       OK ] {} (1 ms)"
+    logs = {"A": (139, ["[ RUN      ] S.X", ok.format("S.X"), "[ RUN      ] S.Y"]),
+            "B": (0, ["[ RUN      ] T.B", ok.format("T.B")]),
+            "C": (1, ["[ RUN      ] S.Z", "[  FAILED  ] S.Z (2 ms)", "[ RUN      ] S.W", "[  SKIPPED ] S.W (0 ms)",
+                      "[ RUN      ] U.U", ok.format("U.U"), "[  PASSED  ] 1 test.",
+                      "[  FAILED  ] 1 test, listed below:", "[  FAILED  ] S.Z"]),
+            "D": (124, ["[ RUN      ] T.D", ok.format("T.D"), "[  PASSED  ] 1 test."])}
+    for name, (rc, lines) in logs.items():
+        (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"{name}.rc").write_text(f"{rc}\n")
+    (tmp_path / "bin.list").write_text("S.X\nS.Y\nS.Z\nS.W\nS.V\nT.B\nT.D\nU.U\n")
+    script = str(SOURCE_DIR / "bench" / "gpu" / "compare.py")
+
+    def verdict(*patterns):
+        p = subprocess.run(["python3", script, "tests", str(tmp_path), *patterns], capture_output=True, text=True,
+                           timeout=60)
+        return p.returncode, p.stdout
+
+    assert verdict("U.*") == (0, "PASS tests U.*: 1 of 1 passed\n")
+    rc, out = verdict("S.*")
+    assert rc == 1, out
+    for why in ("S.X (passed, but its process A failed: crashed (signal 11))", "S.Y (began in process A, which failed: crashed",
+                "S.Z (failed, C)", "S.W (skipped, C)", "S.V (not run)"):
+        assert why in out, (why, out)
+    assert out.startswith("FAIL tests S.*: 0 of 5 passed; not: "), out
+    rc, out = verdict("T.B", "T.D", "Q.*")
+    assert rc == 2, out  # the worst of the three: Q has no test
+    assert "FAIL tests T.B: 0 of 1 passed; not: T.B (passed, but its process B failed: exit 0 without gtest's summary)" in out
+    assert "FAIL tests T.D: 0 of 1 passed; not: T.D (passed, but its process D failed: timed out)" in out
+    assert "FAIL tests Q.*: no test of this name" in out
+    # a negative filter: the verified part of S
+    assert verdict("S.*:U.*-S.*")[0] == 0
