@@ -211,6 +211,7 @@ E2E_STEPS=${E2E_STEPS:-100}
 e2e_run() {
   local name=$1 be=$2 ini=$3
   shift 3
+  (( $(left) >= 2 )) || { log "SKIPPED (deadline): e2e $name"; return; }
   timeout $(tmo 240) $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
       --output.dir="$W/e2e/$name" > "$W/e2e_$name.log" 2>&1
   log "e2e $name: exit $? | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
