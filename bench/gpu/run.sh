@@ -576,7 +576,7 @@ if want bench && in_time 30 "the new bf16 step's ladder"; then
     seen[$key]="$i $rname"
     in_time 20 "ladder rung $i $rname" || { cut=$i; break; }
     name=rung${i}_$rname
-    mem_watch "$name" env "${renv[@]}" timeout -k 2 $(tmo 60) $NL inputs/gpt2_124m.ini "${rargs[@]}" \
+    mem_watch "$name" env "${renv[@]}" timeout -k 2 $(tmo 45) $NL inputs/gpt2_124m.ini "${rargs[@]}" \
         --train.batch_size=$GPT2_BATCH --train.steps=$RUNG_STEPS --run.sync_check=true --output.dir="$L/$name" \
         > "$W/ladder_$name.log" 2>&1
     rc=$?
@@ -584,8 +584,10 @@ if want bench && in_time 30 "the new bf16 step's ladder"; then
     cmp=$(python3 compare.py losses "$W/bench/nlptrain_gpt2_124m_bf16/metrics.jsonl" "$L/$name/metrics.jsonl" \
         --within $RUNG_STEPS:2e-2 2>&1)
     crc=$?
-    if (( rc != 0 )); then
-      why="exit $rc: $(grep -m1 -E 'nlptrain: error|error:|sync_check' "$W/ladder_$name.log" "$L/$name/log.txt" 2>/dev/null | cut -d: -f2- | cut -c1-200)"
+    if (( rc == 124 || rc == 137 )); then why="timed out"
+    elif (( rc > 128 )); then why="crashed (signal $(( rc - 128 )))"
+    elif (( rc != 0 )); then
+      why="exit $rc: $(grep -h -m1 -E 'nlptrain: error|error:|sync_check' "$W/ladder_$name.log" "$L/$name/log.txt" 2>/dev/null | head -1 | cut -c1-200)"
       [[ $why == "exit $rc: " ]] && why="exit $rc: $(tail -1 "$W/ladder_$name.log" | cut -c1-200)"
     elif (( crc != 0 )); then why="losses: $(echo "$cmp" | head -1)"
     fi

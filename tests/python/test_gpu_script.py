@@ -345,8 +345,8 @@ sys.exit(1 if failed else 0)
 # A stand-in for nlptrain on the GPU: writes a run's log.txt (step lines, the done: line),
 # metrics.jsonl and summary.json (gpu_paths) like nlptrain, and notes its switches (its arguments and
 # the NLPTRAIN_CUDA_* environment) in PLAN's journal. PLAN's "nlptrain" rules, the first whose "env"
-# (values; null: unset) and "args" all match: fail (exit 1 with a sync_check error after a step) or
-# drift (losses 5% off).
+# and "args" all match: fail (exit 1 with a sync_check error after a step), crash (SIGSEGV after a
+# step) or drift (losses 5% off).
 FAKE_NLPTRAIN = """#!/usr/bin/env python3
 import json, os, sys, time
 plan = json.load(open(os.environ["FAKE_GPU_PLAN"]))
@@ -375,6 +375,8 @@ with open(os.path.join(out, "log.txt"), "w") as log, open(os.path.join(out, "met
         loss = (11.0 - 0.01 * s) * (1.05 if do == "drift" else 1.0)
         m.write(json.dumps({{"step": s, "loss": loss, "step_time_s": 0.01 * B / 16}}) + "\\n")
         log.write(f"step {{s:6d}}/{{steps}} | loss {{loss:.4f}}\\n")
+        if do == "crash":
+            os.kill(os.getpid(), 11)
         if do == "fail":
             print("nlptrain: error: run.sync_check: matmul_forward (bf16, bias): an illegal memory access", file=sys.stderr)
             sys.exit(1)
@@ -511,10 +513,10 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
     plan = {"tests": {"test_cuda_bf16:CudnnBf16.*": "hang",  # cut at TEST_TIMEOUT
                       "test_cuda_bf16:GemmBf16EpilogueBias.First": "crash"},
             "nlptrain": [
-                # rung 1 (all but bias, staged since cuDNN's bf16 tests hung) fails its check; rung 3
-                # (epilogues none, fused head) drifts
+                # rung 1 (all but bias, staged since cuDNN's bf16 tests hung) crashes in its check;
+                # rung 3 (epilogues none, fused head) drifts
                 {"env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "gelu_aux,dgelu,bgrad"}, "args": ["--run.sync_check=true"],
-                 "do": "fail"},
+                 "do": "crash"},
                 {"env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "none"}, "args": ["--run.sync_check=true",
                                                                          "--model.fused_head=on"], "do": "drift"}]}
     log, results, runs, _ = run_fake(tmp_path, plan)
@@ -526,7 +528,7 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
     assert re.search(r"FAIL tests CudnnBf16\.\*:CudnnBf16Sizes\.\*: 2 of 4 passed; not: CudnnBf16.First \(began in "
                      r"process test_cuda_bf16--CudnnBf16, which failed: timed out", log), log
     assert "ladder rung 1 all (NLPTRAIN_CUDA_GEMM_EPILOGUES=gelu_aux,dgelu,bgrad NLPTRAIN_CUDA_BF16_ACTS=staged" in log, log
-    assert re.search(r"ladder rung 1 all .*: FAIL \| exit 1: .*illegal memory access", log), log
+    assert re.search(r"ladder rung 1 all .*: FAIL \| crashed \(signal 11\)", log), log
     assert "ladder rung 2 bias: skipped (the bias epilogue failed its tests)" in log, log
     assert re.search(r"ladder rung 3 none .*: FAIL \| losses: FAIL losses 1\.\.6", log), log
     assert "ladder rung 4 staged: skipped (the switches of rung 3 none)" in log, log
@@ -546,6 +548,7 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
 def test_no_rung_passing_times_nothing(tmp_path):
     plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"}]}
     log, results, runs, _ = run_fake(tmp_path, plan)
+    assert len(re.findall(r"ladder rung \d \w+ .*: FAIL \| exit 1: nlptrain: error: run.sync_check: matmul_forward", log)) == 5, log
     assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log
     assert "account: no rung of the new bf16 step passed its check: the new step is not accounted" in log, log
     assert [l["check"] for l in results["ladder"]] == ["fail"] * 5, results["ladder"]
