@@ -174,13 +174,13 @@ def main() -> int:
             for line in open(p):
                 if any(k in line for k in ("PASS", "FAIL", "tests:", "SKIPPED", "exit 1", "exit 2", "exit 124", "exit 134", "exit 139")):
                     print(line.rstrip())
-    print(f"{'model':5} {'precision':9} {'system':14} {'B':>3} {'T':>5} {'ms/step':>9} {'tokens/s':>10} {'seq/s':>8} {'MFU':>6} {'peak GiB':>8}")
+    print(f"{'model':5} {'precision':12} {'system':14} {'B':>3} {'T':>5} {'ms/step':>9} {'tokens/s':>10} {'seq/s':>8} {'MFU':>6} {'peak GiB':>8} rung")
     key = lambda r: (r["model"], r["precision"], r["system"])
     for r in sorted(recs, key=key):
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
-        print(f"{r['model']:5} {r['precision']:9} {r['system']:14} {r['batch']:>3} {r['seq']:>5} {1e3 * r['step_time_s']:>9.1f} "
-              f"{r['tokens_per_s']:>10.0f} {r['seqs_per_s']:>8.1f} {mfu:>6} {mem:>8}")
+        print(f"{r['model']:5} {r['precision']:12} {r['system']:14} {r['batch']:>3} {r['seq']:>5} {1e3 * r['step_time_s']:>9.1f} "
+              f"{r['tokens_per_s']:>10.0f} {r['seqs_per_s']:>8.1f} {mfu:>6} {mem:>8} {r.get('rung') or '-'}")
     for r in ladder(W):
         print(f"ladder rung {r.get('index')} {r.get('rung')}: {r.get('check')} | {r.get('why')}")
     rung = chosen_rung(W)

@@ -385,7 +385,10 @@ with open(os.path.join(out, "log.txt"), "w") as log, open(os.path.join(out, "met
 paths = {{"gemm_fused": {{"bias": 48, "gelu_aux": 12, "dgelu": 12, "bgrad": 0}},
           "gemm_fallback": {{"bias": 0, "gelu_aux": 0, "dgelu": 0, "bgrad": 24}}, "staged_ops": 0,
           "casts": {{"fp32_to_bf16": 0, "bf16_to_fp32": 0}}}}
-json.dump({{"batch_size_per_rank": B, "seq_len": 1024, "gpu_paths": paths}}, open(os.path.join(out, "summary.json"), "w"))
+summary = {{"batch_size_per_rank": B, "seq_len": 1024, "gpu_paths": paths}}
+if "bert" in os.path.basename(argv[0]):  # (BERT's runs: a summary.json without the counts, as an older binary's)
+    del summary["gpu_paths"]
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"))
 """
 
 # test_cuda_bf16's suites (one binary for the three bf16 test files), two tests each
@@ -493,7 +496,10 @@ def test_each_fallback_comes_from_its_own_tests(tmp_path):
         assert r["rung_env"] == {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias,gelu_aux,bgrad"}, r
         assert "--model.pad_vocab=128" in r["rung_args"], r
     for r in results["records"]:
-        assert r["gpu_paths"]["gemm_fused"]["bias"] == 48, r
+        if r["model"] == "gpt2":
+            assert r["gpu_paths"]["gemm_fused"]["bias"] == 48 and r["gpu_paths"]["gemm_fallback"]["bgrad"] == 24, r
+        else:
+            assert r["gpu_paths"] is None, r  # its summary.json has none
     assert [(l["rung"], l["check"]) for l in results["ladder"]] == [("all", "pass")], results["ladder"]
     assert results["ladder"][0]["peak_mem_mib"] == 1234.0
     # the account profiles the rung that passed
@@ -608,3 +614,46 @@ def test_compare_tests_counts_crashes_timeouts_and_missing_summaries_as_failures
     assert "FAIL tests Q.*: no test of this name" in out
     # a negative filter: the verified part of S
     assert verdict("S.*:U.*-S.*")[0] == 0
+
+
+def test_collect_names_the_rung_carries_gpu_paths_and_rates_the_new_step_against_the_peer(tmp_path):
+    import json
+    w = tmp_path / "work"
+    paths = {"gemm_fused": {"bias": 36, "gelu_aux": 12, "dgelu": 12, "bgrad": 12},
+             "gemm_fallback": {"bias": 1, "gelu_aux": 0, "dgelu": 0, "bgrad": 0}, "staged_ops": 3,
+             "casts": {"fp32_to_bf16": 5, "bf16_to_fp32": 7}}
+    # the verified run (no counts in its summary.json) and the new step at B = 24: 40 ms a step after
+    # the 5 warm-up steps (24 x 1024 / 0.04 = 614400 tokens/s)
+    for name, B, summ in (("nlptrain_gpt2_124m_bf16", 16, {}), ("nlptrain_gpt2_124m_bf16_new_b24", 24, {"gpu_paths": paths})):
+        d = w / "bench" / name
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0, "step_time_s": 9.0 if s <= 5 else 0.04})
+                                                 + "\n" for s in range(1, 11)))
+        (d / "summary.json").write_text(json.dumps(dict(summ, batch_size_per_rank=B, seq_len=1024)))
+    (w / "ladder").mkdir()
+    chosen = {"rung": "bias", "index": 2, "check": "pass", "why": "PASS losses", "peak_mem_mib": 30000.0,
+              "env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias"}, "args": ["--run.bf16_activations=true"]}
+    (w / "ladder" / "ladder.jsonl").write_text(json.dumps(dict(chosen, rung="all", index=1, check="fail", why="exit 1"))
+                                               + "\n" + json.dumps(chosen) + "\n")
+    (w / "ladder" / "chosen.json").write_text(json.dumps(chosen) + "\n")
+    # the peer: 307200 tokens/s
+    (w / "torch_gpt2_compile_bf16.log").write_text("RESULT " + json.dumps(
+        {"system": "torch-compile", "model": "gpt2", "precision": "bf16", "batch": 16, "seq": 1024, "step_time_s": 0.05333,
+         "timed_steps": 15, "tokens_per_s": 307200.0, "seqs_per_s": 300.0}) + "\n")
+    (w / "device_name").write_text("NVIDIA H200\n")
+    out = tmp_path / "results.json"
+    p = subprocess.run(["python3", str(SOURCE_DIR / "bench" / "gpu" / "collect.py"), "--work", str(w), "--commit-file",
+                        str(tmp_path / "none"), "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    recs = {r["precision"]: r for r in res["records"] if r["system"] == "nlptrain"}
+    assert recs["bf16"]["gpu_paths"] is None and "rung" not in recs["bf16"]
+    new = recs["bf16_new_b24"]
+    assert new["gpu_paths"] == paths and new["rung"] == "bias" and new["rung_index"] == 2, new
+    assert new["rung_env"] == {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias"} and new["rung_args"] == ["--run.bf16_activations=true"]
+    assert abs(new["tokens_per_s"] - 614400) < 1e-6, new
+    assert [(l["rung"], l["check"]) for l in res["ladder"]] == [("all", "fail"), ("bias", "pass")]
+    assert "ratio gpt2 bf16_new_b24 (rung bias): nlptrain / torch-compile = 2.000" in p.stdout, p.stdout
+    assert "new step timed at rung 2 bias (NLPTRAIN_CUDA_GEMM_EPILOGUES=bias --run.bf16_activations=true)" in p.stdout
+    assert ("paths gpt2 bf16_new_b24 B=24: epilogues fused/fallback: bias 36/1 gelu_aux 12/0 dgelu 12/0 bgrad 12/0 | "
+            "staged ops 3 | casts fp32->bf16 5, bf16->fp32 7") in p.stdout, p.stdout
