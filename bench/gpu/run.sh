@@ -6,7 +6,7 @@
 #   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
 # The default sections are the ones that decide GPT-2's GPU step (info tests e2e bench torch account),
-# estimated at about 6.5 minutes; the script prints its estimate per section first and ends by
+# estimated at about 6.3 minutes (377 s); the script prints its estimate per section first and ends by
 # DEADLINE (420 s) whatever happens: a section that would start too late is skipped (and says so), and
 # every command's timeout is cut so that it ends FINISH_S (10 s) before DEADLINE, which leaves the
 # time to pack the results. The other sections (faults resume comm finetune profile) run on request
@@ -19,7 +19,7 @@
 #   tests   the op tests. A test binary's run failed when its exit status is neither 0 nor 1, when
 #           gtest's "[  PASSED  ]" summary line is missing (a crash: segfault, abort) or when it ran
 #           past its timeout; every test of a failed run counts as failed. The tests verified on a GPU
-#           (test_ops_cuda without NEVER_RUN_OPS) run in one process; every never-run test of
+#           (bench/gpu/verified_ops.txt) run in one process; every other (never-run) test of
 #           test_ops_cuda runs in its own process, and the bf16 binary (test_cuda_bf16, or the three
 #           older test_ops_cuda_bf16, test_gemm_cuda_bf16, test_attention_cudnn_bf16) one process per
 #           suite, TEST_JOBS of them at a time beside the verified run: a sticky CUDA error stays in
@@ -55,10 +55,10 @@
 #           steps profiled (when its test passed and time is left); then the new bf16 step at the
 #           rung that passed, 12 steps profiled; bench/gpu/account.py prints the accounts per op
 #           family and the predicted step beside the measured one -> $OUT/profile.txt
-#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
-#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
+#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
+#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
@@ -257,7 +257,7 @@ if want info; then
     nvcc --version 2>/dev/null | tail -2
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'transformers', transformers.__version__)"
     nproc; free -g | head -2
-    "$here/stage/bin/run-on-device.sh" --check "$here/stage/bin/nlptrain" "$here/stage/bin/test_ops_cuda"
+    "$here/stage/bin/run-on-device.sh" --check "$here/stage/bin/nlptrain" "$here"/stage/bin/test_*
     $NL --version
   } > "$W/info.log" 2>&1
   nvidia-smi --query-gpu=name --format=csv,noheader | head -1 > "$W/device_name"
@@ -265,12 +265,14 @@ if want info; then
 fi
 
 snapshot
-# The op tests. Verified on a GPU: every test of test_ops_cuda but NEVER_RUN_OPS (the H200's run at
-# 248618f passed them; the tests added since then are in NEVER_RUN_OPS); those run in one process.
-# Never run on a GPU: NEVER_RUN_OPS, each test in its own process, and the bf16 binary's suites, each
-# suite in its own process, TEST_JOBS at a time beside the verified run. A process that crashes, hangs
-# or prints no gtest summary fails every test it ran or would have run (compare.py tests).
-NEVER_RUN_OPS=${NEVER_RUN_OPS:-"CudaOps.LmHead*:*FusedHead*:CudaOps.SegmentCrossEntropy*:CudaOps.CapturedOps*:CudaOps.Bf16WeightCopy*:CudaOps.AccountTimesGemmsAndCastsApart"}
+# The op tests. Verified on a GPU: the tests of test_ops_cuda named in VERIFIED_OPS (one a line; the
+# H200's run at 248618f passed them); those run in one process, the others excluded by a negative
+# filter. Never run on a GPU: every other test that test_ops_cuda lists, each in its own process (a
+# test added since, the fused head's among them, cannot fail a verified one with a sticky error), and
+# the bf16 binary's suites, each suite in its own process; TEST_JOBS at a time beside the verified run.
+# A process that crashes, hangs or prints no gtest summary fails every test it ran or would have run
+# (compare.py tests).
+VERIFIED_OPS=${VERIFIED_OPS:-$here/verified_ops.txt}
 TD=$W/tests
 mkdir -p "$TD"
 LAUNCH="$here/stage/bin/run-on-device.sh"
@@ -332,11 +334,17 @@ declare -A EPI_SUITE=([bias]=GemmBf16EpilogueBias [gelu_aux]=GemmBf16EpilogueGel
                       [dgelu]=GemmBf16EpilogueDgelu [bgrad]=GemmBf16EpilogueBgrad)
 if want tests && in_time 20 "tests"; then
   gtest_list test_ops_cuda '*' test_ops_cuda
-  gtest_proc test_ops_cuda 150 test_ops_cuda --gtest_filter="-$NEVER_RUN_OPS" &
+  if [[ -f $VERIFIED_OPS ]]; then
+    grep -vxF -f <(grep -v '^#' "$VERIFIED_OPS") "$TD/test_ops_cuda.list" > "$TD/never_run_ops.list"
+  else
+    log "tests: no $VERIFIED_OPS: every test of test_ops_cuda runs in its own process"
+    cp "$TD/test_ops_cuda.list" "$TD/never_run_ops.list"
+  fi
+  log "tests: test_ops_cuda lists $(wc -l < "$TD/test_ops_cuda.list") tests, $(wc -l < "$TD/never_run_ops.list") of them never run on a GPU (a process each): $(paste -sd' ' "$TD/never_run_ops.list" | cut -c1-400)"
+  gtest_proc test_ops_cuda 150 test_ops_cuda --gtest_filter="-$(paste -sd: "$TD/never_run_ops.list")" &
   verified=$!
   (
     jobs_=()
-    gtest_list test_ops_cuda "$NEVER_RUN_OPS" never_run_ops
     while read -r t; do jobs_+=("test_ops_cuda--$t test_ops_cuda $t"); done < "$TD/never_run_ops.list"
     for b in "${BF16_BINS[@]}"; do
       gtest_list "$b" '*' "$b"

@@ -36,7 +36,7 @@ def make_tree(root: Path) -> Path:
     """The parts of the repository that run.sh reads, and a stage like prepare.sh's; returns bench/gpu."""
     gpu = root / "bench" / "gpu"
     shutil.copytree(SOURCE_DIR / "bench" / "gpu" / "inputs", gpu / "inputs")
-    for f in ("run.sh", "compare.py", "collect.py", "account.py", "torch_bench.py", "ncu_busy.py"):
+    for f in ("run.sh", "compare.py", "collect.py", "account.py", "torch_bench.py", "ncu_busy.py", "verified_ops.txt"):
         shutil.copy(SOURCE_DIR / "bench" / "gpu" / f, gpu / f)
     for f in ("finetune_speed.sh", "finetune_speed_report.py", "bert_accuracy/hf_trainer.py"):
         (root / "bench" / f).parent.mkdir(parents=True, exist_ok=True)
@@ -398,9 +398,11 @@ BF16_SUITES = ["CudaBf16Kernels", "CudaBf16Backend", "GemmBf16Reference", "GemmB
 
 
 def ops_cuda_tests() -> list[str]:
-    """test_ops_cuda's tests, from its source, in its order."""
+    """test_ops_cuda's tests, from its source, in its order, and one more in the middle: a test added
+    after the last GPU run (not in bench/gpu/verified_ops.txt)."""
     src = (SOURCE_DIR / "tests" / "unit" / "test_ops_cuda.cpp").read_text()
-    return [f"{a}.{b}" for a, b in re.findall(r"^TEST(?:_F|_P)?\((\w+), *(\w+)\)", src, re.M)]
+    tests = [f"{a}.{b}" for a, b in re.findall(r"^TEST(?:_F|_P)?\((\w+), *(\w+)\)", src, re.M)]
+    return tests[:5] + ["CudaOps.AddedSinceTheLastGpuRun"] + tests[5:]
 
 
 def fake_tree(root: Path, plan: dict) -> tuple[Path, dict]:
@@ -455,10 +457,17 @@ def test_each_fallback_comes_from_its_own_tests(tmp_path):
         # never-run tests: one crashes, one leaves a sticky error (every later test of its process fails)
         "test_ops_cuda:CudaOps.SegmentCrossEntropy*": "crash",
         "test_ops_cuda:CudaOps.LmHeadBf16DlogitsMatchFp32Dlogits": "sticky",
+        "test_ops_cuda:CudaOps.AddedSinceTheLastGpuRun": "sticky",
         # one epilogue kind fails
         "test_cuda_bf16:GemmBf16EpilogueDgelu.Second": "fail"}}
     log, results, runs, _ = run_fake(tmp_path, plan)
-    assert re.search(r"tests test_ops_cuda: exit 1 \| \[  PASSED  \] \d+ tests", log), log
+    # the verified tests in one process: every test of the binary but the 9 never run on a GPU (the
+    # one added since the last GPU run too), each of those in its own
+    assert re.search(r"tests: test_ops_cuda lists \d+ tests, 9 of them never run on a GPU \(a process each\): "
+                     r"CudaOps.AddedSinceTheLastGpuRun CudaOps.LmHeadCrossEntropyMatchesCpu", log), log
+    n_verified = len(ops_cuda_tests()) - 9
+    assert f"tests test_ops_cuda: exit 1 | [  PASSED  ] {n_verified - 1} tests." in log, log
+    assert "tests test_ops_cuda--CudaOps.AddedSinceTheLastGpuRun: exit 1 | [  PASSED  ] 0 tests." in log, log
     assert re.search(r"tests test_ops_cuda--CudaOps.SegmentCrossEntropyForwardBackward: FAILED: crashed \(signal 11 SIGSEGV\)",
                      log), log
     assert "NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run" in log, log
