@@ -174,8 +174,9 @@ mem_watch() {
 }
 
 # results.json, summary.txt and the log archive under $OUT after every section, so that a run
-# stopped from outside still brings back what it measured
+# stopped from outside still brings back what it measured (past the commands' end, finish() does it)
 snapshot() {
+  (( $(left) >= 1 )) || return 0
   python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
       > "$OUT/summary.txt" 2> "$W/collect.err" || true
   cp "$W/run.log" "$OUT/run.log" 2>/dev/null
@@ -332,7 +333,7 @@ FUSED_HEAD_OK=1 BF16W_OK=1
 EPI_OK=(bias gelu_aux dgelu bgrad)
 declare -A EPI_SUITE=([bias]=GemmBf16EpilogueBias [gelu_aux]=GemmBf16EpilogueGeluAux
                       [dgelu]=GemmBf16EpilogueDgelu [bgrad]=GemmBf16EpilogueBgrad)
-if want tests && in_time 20 "tests"; then
+if want tests && in_time 15 "tests"; then
   gtest_list test_ops_cuda '*' test_ops_cuda
   if [[ -f $VERIFIED_OPS ]]; then
     grep -vxF -f <(grep -v '^#' "$VERIFIED_OPS") "$TD/test_ops_cuda.list" > "$TD/never_run_ops.list"
