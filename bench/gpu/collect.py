@@ -15,6 +15,12 @@ summary.json): 6 x (parameters outside the embedding tables; GPT-2's tied wte co
 head) + 12 x layers x T x width. peak_mem_gb: the device's used memory sampled by nvidia-smi every
 100 ms (CUDA context included, the same measure for both sides); the PyTorch rows also carry
 torch_max_allocated_gb.
+nlptrain's records also carry gpu_paths (summary.json's "gpu_paths": fused and fallback GEMM
+epilogue calls per kind, staged ops, fp32<->bf16 casts over the timed steps; null where the run
+has none, e.g. on the cpu backend). The new bf16 step's records (nlptrain_gpt2_124m_bf16_new_bN)
+carry the ladder's rung that was timed (rung, rung_index, rung_env, rung_args: run.sh's
+ladder/chosen.json), and results.json's "ladder" lists every rung's check (pass, fail or skipped,
+and why).
 """
 from __future__ import annotations
 
@@ -84,11 +90,41 @@ def nlptrain_records(work: str, device: str, commit: str):
         B = summ.get("batch_size_per_rank", 16 if model == "gpt2" else 32)
         T = summ.get("seq_len", 1024 if model == "gpt2" else 128)
         med = statistics.median(timed)
-        out.append(dict(system="nlptrain", model=model, precision=prec, batch=B, seq=T, step_time_s=med,
-                        timed_steps=len(timed), tokens_per_s=B * T / med, seqs_per_s=B / med,
-                        peak_mem_gb=read_mem(work, name), losses=[r["loss"] for r in steps],
-                        device=device, commit=commit))
+        rec = dict(system="nlptrain", model=model, precision=prec, batch=B, seq=T, step_time_s=med,
+                   timed_steps=len(timed), tokens_per_s=B * T / med, seqs_per_s=B / med,
+                   peak_mem_gb=read_mem(work, name), losses=[r["loss"] for r in steps],
+                   gpu_paths=summ.get("gpu_paths"), device=device, commit=commit)
+        if re.search(r"_new_b\d+$", name):
+            rung = chosen_rung(work)
+            rec.update(rung=rung.get("rung"), rung_index=rung.get("index"), rung_env=rung.get("env"),
+                       rung_args=rung.get("args"))
+        out.append(rec)
     return out
+
+
+def ladder(work: str) -> list[dict]:
+    """Every rung of the new step's ladder, in order (run.sh's ladder/ladder.jsonl)."""
+    try:
+        return [json.loads(l) for l in open(os.path.join(work, "ladder", "ladder.jsonl")) if l.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def chosen_rung(work: str) -> dict:
+    """The rung that passed its check and was timed (run.sh's ladder/chosen.json); {} if none."""
+    try:
+        return json.loads(open(os.path.join(work, "ladder", "chosen.json")).readline())
+    except (OSError, ValueError):
+        return {}
+
+
+def paths_line(p: dict) -> str:
+    """gpu_paths in one line: fused/fallback per epilogue kind, staged ops, casts."""
+    fused, fb = p.get("gemm_fused") or {}, p.get("gemm_fallback") or {}
+    kinds = " ".join(f"{k} {fused.get(k, 0)}/{fb.get(k, 0)}" for k in ("bias", "gelu_aux", "dgelu", "bgrad"))
+    casts = p.get("casts") or {}
+    return (f"epilogues fused/fallback: {kinds} | staged ops {p.get('staged_ops')} | casts fp32->bf16 "
+            f"{casts.get('fp32_to_bf16')}, bf16->fp32 {casts.get('bf16_to_fp32')}")
 
 
 def torch_records(work: str, device: str, commit: str):
@@ -128,7 +164,8 @@ def main() -> int:
         r["mfu"] = r["tokens_per_s"] * fpt / (peak * 1e12) if peak else None
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(a.out, "w") as f:
-        json.dump({"device": device, "date": date, "commit": commit, "peak_bf16_tflops": peak, "records": recs}, f, indent=1)
+        json.dump({"device": device, "date": date, "commit": commit, "peak_bf16_tflops": peak, "records": recs,
+                   "ladder": ladder(W)}, f, indent=1)
 
     print(f"device {device} | commit {commit} | {date} | MFU against {peak} TFLOP/s dense bf16")
     for log in ["run.log"]:
@@ -137,22 +174,34 @@ def main() -> int:
             for line in open(p):
                 if any(k in line for k in ("PASS", "FAIL", "tests:", "SKIPPED", "exit 1", "exit 2", "exit 124", "exit 134", "exit 139")):
                     print(line.rstrip())
-    print(f"{'model':5} {'precision':9} {'system':14} {'B':>3} {'T':>5} {'ms/step':>9} {'tokens/s':>10} {'seq/s':>8} {'MFU':>6} {'peak GiB':>8}")
+    print(f"{'model':5} {'precision':12} {'system':14} {'B':>3} {'T':>5} {'ms/step':>9} {'tokens/s':>10} {'seq/s':>8} {'MFU':>6} {'peak GiB':>8} rung")
     key = lambda r: (r["model"], r["precision"], r["system"])
     for r in sorted(recs, key=key):
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
-        print(f"{r['model']:5} {r['precision']:9} {r['system']:14} {r['batch']:>3} {r['seq']:>5} {1e3 * r['step_time_s']:>9.1f} "
-              f"{r['tokens_per_s']:>10.0f} {r['seqs_per_s']:>8.1f} {mfu:>6} {mem:>8}")
-    # nlptrain against the peers, per model and precision
+        print(f"{r['model']:5} {r['precision']:12} {r['system']:14} {r['batch']:>3} {r['seq']:>5} {1e3 * r['step_time_s']:>9.1f} "
+              f"{r['tokens_per_s']:>10.0f} {r['seqs_per_s']:>8.1f} {mfu:>6} {mem:>8} {r.get('rung') or '-'}")
+    for r in ladder(W):
+        print(f"ladder rung {r.get('index')} {r.get('rung')}: {r.get('check')} | {r.get('why')}")
+    rung = chosen_rung(W)
+    if ladder(W):
+        print(f"new step timed at rung {rung['index']} {rung['rung']} ({' '.join(f'{k}={v}' for k, v in rung['env'].items())} "
+              f"{' '.join(rung['args'])})" if rung else "new step: no rung passed its check: not timed")
+    for r in sorted(recs, key=key):
+        if r.get("gpu_paths"):
+            print(f"paths {r['model']} {r['precision']} B={r['batch']}: {paths_line(r['gpu_paths'])}")
+    # nlptrain against the peers, per model and precision (the new step's records against the peer's
+    # bf16, each batch)
     by = {key(r): r for r in recs}
-    for (model, prec, system), r in sorted(by.items()):
-        if system != "nlptrain":
+    for r in sorted(recs, key=key):
+        if r["system"] != "nlptrain":
             continue
+        base = re.sub(r"_new_b\d+$", "", r["precision"])
+        label = r["precision"] + (f" (rung {r['rung']})" if r.get("rung") else "")
         for peer in ("torch-eager", "torch-compile"):
-            p = by.get((model, prec, peer))
+            p = by.get((r["model"], base, peer))
             if p:
-                print(f"ratio {model} {prec}: nlptrain / {peer} = {r['tokens_per_s'] / p['tokens_per_s']:.3f}")
+                print(f"ratio {r['model']} {label}: nlptrain / {peer} = {r['tokens_per_s'] / p['tokens_per_s']:.3f}")
     return 0
 
 

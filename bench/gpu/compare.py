@@ -12,13 +12,24 @@
       no check, a measurement: each run's median step time (metrics.jsonl's step_time_s, logged every
       step) over the steps after the first SKIP (recordings, cuDNN graph builds and other first-step
       costs left out), and each run's ratio to the first NAME's; prints INFO lines
+  compare.py tests TESTS_DIR PATTERN...
+      for each PATTERN, a PASS or FAIL line: did every test of a gtest filter PATTERN ("A.*:*B*", optionally "-NEG:..."; the tests that
+      the binaries list, TESTS_DIR/*.list, and any a log shows) pass? run.sh's test processes:
+      TESTS_DIR/NAME.log (gtest's output) and NAME.rc (the exit status; 124/137: timed out). A test
+      passed when a sound process printed its "[       OK ]" line; a process is sound when its exit
+      status is 0 or 1 and it printed gtest's "[  PASSED  ]" summary: a crash (signal, abort), a
+      timeout or a missing summary fails every test of that process. A test that no process ran, or
+      that was skipped, did not pass. Exit 0: all passed; 1: some did not; 2: no test matches
+      (one PATTERN: none of that name; several: the worst of them)
 """
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -116,6 +127,85 @@ def cmd_steps(a) -> int:
     return 0
 
 
+def gtest_match(name: str, pattern: str) -> bool:
+    """gtest's --gtest_filter: positive patterns, then optionally '-' and negative ones, ':'-separated."""
+    pos, _, neg = pattern.partition("-")
+    inc = any(fnmatch.fnmatchcase(name, p) for p in (pos or "*").split(":") if p)
+    return inc and not any(fnmatch.fnmatchcase(name, p) for p in neg.split(":") if p)
+
+
+RESULT = re.compile(r"^\[ *(RUN|OK|FAILED|SKIPPED) *\] ([A-Za-z_][\w/]*\.[\w/]+)(?: |$)")
+
+
+def read_process(log: str) -> dict:
+    """One test process: its exit status, soundness, and each test's last word (RUN if it began and
+    never finished: the test that crashed or hung)."""
+    rc_path = log[:-len(".log")] + ".rc"
+    try:
+        rc = int(open(rc_path).read().strip())
+    except (OSError, ValueError):
+        rc = None
+    text = open(log, errors="replace").read()
+    tests: dict[str, str] = {}
+    for line in text.splitlines():
+        m = RESULT.match(line)
+        if m and not line.rstrip().endswith("listed below:"):
+            tests[m.group(2)] = m.group(1)
+    summary = any(line.startswith("[  PASSED  ]") for line in text.splitlines())
+    if rc is None:
+        why = "no exit status"
+    elif rc in (124, 137):
+        why = "timed out"
+    elif rc > 128:
+        why = f"crashed (signal {rc - 128})"
+    elif rc > 1:
+        why = f"exit {rc}"
+    elif not summary:
+        why = f"exit {rc} without gtest's summary"
+    else:
+        why = ""
+    return {"name": os.path.basename(log)[:-len(".log")], "sound": not why, "why": why, "tests": tests}
+
+
+def cmd_tests(a) -> int:
+    procs = [read_process(f) for f in sorted(glob.glob(os.path.join(a.dir, "*.log")))]
+    listed: set[str] = set()
+    for f in glob.glob(os.path.join(a.dir, "*.list")):
+        listed.update(l.strip() for l in open(f) if l.strip())
+    known = listed | {t for p in procs for t in p["tests"]}
+    return max(tests_verdict(pattern, known, procs) for pattern in a.patterns)
+
+
+def tests_verdict(pattern: str, known: set[str], procs: list[dict]) -> int:
+    names = sorted(n for n in known if gtest_match(n, pattern))
+    if not names:
+        print(f"FAIL tests {pattern}: no test of this name (in {len(procs)} processes' logs)")
+        return 2
+    bad = []
+    for n in names:
+        seen = [(p, p["tests"][n]) for p in procs if n in p["tests"]]
+        if any(p["sound"] and w == "OK" for p, w in seen):
+            continue
+        if not seen:
+            bad.append(f"{n} (not run)")
+            continue
+        p, w = seen[-1]
+        if w == "FAILED":
+            bad.append(f"{n} (failed, {p['name']})")
+        elif w == "SKIPPED":
+            bad.append(f"{n} (skipped, {p['name']})")
+        elif w == "OK":
+            bad.append(f"{n} (passed, but its process {p['name']} failed: {p['why']})")
+        else:
+            bad.append(f"{n} (began in process {p['name']}, which {('failed: ' + p['why']) if p['why'] else 'never finished it'})")
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        print(f"FAIL tests {pattern}: {len(names) - len(bad)} of {len(names)} passed; not: {', '.join(bad[:5])}{more}")
+        return 1
+    print(f"PASS tests {pattern}: {len(names)} of {len(names)} passed")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -130,9 +220,12 @@ def main() -> int:
     p = sub.add_parser("steps")
     p.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
     p.add_argument("--skip", type=int, default=20)
+    p = sub.add_parser("tests")
+    p.add_argument("dir")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN")
     a = ap.parse_args()
     try:
-        return {"losses": cmd_losses, "resume": cmd_resume, "steps": cmd_steps}[a.cmd](a)
+        return {"losses": cmd_losses, "resume": cmd_resume, "steps": cmd_steps, "tests": cmd_tests}[a.cmd](a)
     except (OSError, ValueError, KeyError) as e:
         print(f"FAIL {a.cmd}: {e}")
         return 1

@@ -2,20 +2,29 @@
 # One command for a whole GPU run, on a GPU node (no MPI, no HDF5, no network needed there):
 #
 #   bash bench/gpu/prepare.sh                        # here: build with CUDA, pack, make the data
-#   # on the GPU node, with bench/gpu/stage copied beside the tree, in a job of up to 590 s:
+#   # on the GPU node, with bench/gpu/stage copied beside the tree (docs/gpu.md gives the exact call):
 #   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
-# The defaults fit one job of about ten minutes: the sections run in order of importance (correctness
-# of what has never run on a GPU, then GPT-2 and BERT-base steps against PyTorch in the same run and
-# the per-op account of the GPT-2 step, then the two-rank and fine-tuning comparisons), and those
-# after DEADLINE are skipped (the fine-tuning comparison, about 4 minutes, is the first to go).
-# The e2e section's CPU reference runs start at once in the background, beside the tests and the GPU
-# runs; they are done before anything is timed.
+# The default sections are the ones that decide GPT-2's GPU step (info tests e2e bench torch account),
+# estimated at about 6.3 minutes (377 s); the script prints its estimate per section first and ends by
+# DEADLINE (420 s) whatever happens: a section that would start too late is skipped (and says so), and
+# every command's timeout is cut so that it ends FINISH_S (10 s) before DEADLINE, which leaves the
+# time to pack the results. The other sections (faults resume comm finetune profile) run on request
+# (SECTIONS). The e2e section's CPU reference runs start at once in the background, beside the tests
+# and the GPU runs; they are done before anything is timed.
 #
-# Sections (SECTIONS, default all below, in this order; each logs under $W and nothing stops the others):
+# Sections (SECTIONS, default "info tests e2e bench torch account"; in this order; each logs under $W
+# and nothing stops the others):
 #   info    nvidia-smi, driver/toolkit/PyTorch versions, the commit of the binaries
-#   tests   test_ops_cuda: every op, GPT-2 and each BERT head against the CPU backend
-#           test_ops_cuda_bf16: the bf16-storage kernels against a CPU reference and the staged ops
+#   tests   the op tests. A test binary's run failed when its exit status is neither 0 nor 1, when
+#           gtest's "[  PASSED  ]" summary line is missing (a crash: segfault, abort) or when it ran
+#           past its timeout; every test of a failed run counts as failed. The tests verified on a GPU
+#           (bench/gpu/verified_ops.txt) run in one process; every other (never-run) test of
+#           test_ops_cuda runs in its own process, and the bf16 binary (test_cuda_bf16, or the three
+#           older test_ops_cuda_bf16, test_gemm_cuda_bf16, test_attention_cudnn_bf16) one process per
+#           suite, TEST_JOBS of them at a time beside the verified run: a sticky CUDA error stays in
+#           the process that made it. Each fallback switch (NLPTRAIN_CUDA_*) is taken from the result
+#           of its own tests only (bench/gpu/compare.py tests), and the run log says which and why
 #   e2e     a small GPT-2 (BPE vocabulary) and a small BERT doc_cls, 100 steps each on cuda and on cpu
 #           (fp32, native attention, dropout on): losses within 1e-4 relative over the first 20
 #           steps and 1e-3 over 100 (bench/gpu/compare.py); then BERT trimmed, bf16 with cuDNN (at
@@ -23,24 +32,33 @@
 #           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches;
 #           then bf16 activations (run.bf16_activations, GPT-2 and BERT) against the CPU's and against
 #           fp32 activations (losses within 2e-2)
-#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS (bf16);
-#           then the fused LM head's op tests and GPT-2 124M with it (bf16, padded vocabulary, sync_check);
-#           then the new bf16 step (NEW: bf16 activations, bf16 weight copy, fused padded head, cuBLASLt
-#           epilogues): 6 steps under sync_check against the verified run, then timed at GPT2_BATCH
-#           and NEW_BATCHES (24 32)
+#   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
+#           (bf16), the verified path; then the new bf16 step (bf16 activations, bf16 weight copy,
+#           fused padded head, cuBLASLt epilogues) as a ladder of rungs, most complete first:
+#             all            epilogues all (less the kinds whose tests failed), native bf16 kernels, fused head
+#             bias           epilogues bias
+#             none           epilogues none
+#             staged         bf16 activations staged through the fp32 kernels
+#             no_fused_head  the LM head unfused (and unpadded)
+#           a rung whose switches failed their tests is skipped, and so is one with the same switches
+#           as a rung before it; each other is checked (RUNG_STEPS = 6 steps under run.sync_check, its
+#           losses within 2e-2 of the verified bf16 run's, peak memory read) until one passes; that
+#           one is timed at GPT2_BATCH and NEW_BATCHES (24 32) and accounted, and results.json names
+#           it (with its env and switches) in every record of the new step; no rung passes: nothing of
+#           the new step is timed, and the log says why for each rung
 #   torch   PyTorch + transformers on the same data and shapes (TORCH_RUNS: torch.compile only by
 #           default, bf16, the peer's fastest setting; eager runs on request)
 #   account run.profile's per-op account (bytes and FLOPs from the shapes, floor at the bandwidth and
 #           GEMM rate measured in the run, measured time, ratio) of GPT-2 124M bf16 (B=GPT2_BATCH,
 #           T=1024): the verified path (12 steps), then run.bf16_weights (the persistent bf16 weight
-#           copy, not yet run on a GPU) 4 steps under run.sync_check, losses bitwise against the
-#           verified run's, and 12 steps profiled; then the new bf16 step (NEW) 12 steps profiled;
-#           bench/gpu/account.py prints the accounts per op
-#           family and the predicted step beside the measured one -> $OUT/profile.txt (~1 minute)
-#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
-#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
+#           copy) 4 steps under run.sync_check, losses bitwise against the verified run's, and 12
+#           steps profiled (when its test passed and time is left); then the new bf16 step at the
+#           rung that passed, 12 steps profiled; bench/gpu/account.py prints the accounts per op
+#           family and the predicted step beside the measured one -> $OUT/profile.txt
 #   resume  GPT-2 small on cuda: 20 steps straight vs 10 + resume to 20: losses and final checkpoint
 #           bitwise equal (fp32, then bf16 with cuDNN's attention)
+#   faults  two ranks on the GPU with rank 0 killed (SIGKILL) at step 5: the job ends within 30 s with
+#           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
@@ -60,18 +78,17 @@
 #           against CUDA graphs (GRAPH_AB_STEPS steps, alternating twice; losses bitwise equal)
 #   profile nlptrain with run.profile (per-op account) on the two benchmark models -> $OUT/profile.txt
 # What comes back (8 files or fewer, each under 16 MiB): results.json (one record per benchmark
-# and side, bench/gpu/collect.py), summary.txt (its table), run.log, test_ops_cuda.log, test_ops_cuda_bf16.log, profile.txt,
+# and side, bench/gpu/collect.py, and the ladder's rungs), summary.txt (its table), run.log,
+# test_ops_cuda.log (the verified op tests), tests.log (every other test process's log), profile.txt,
 # finetune_results.md, and gpu-run.tar.gz with every log, metrics.jsonl and summary.json.
-# DEADLINE (seconds, default 530): sections that would start after it are skipped (and say so), and
-# every command's timeout is cut so that it ends by DEADLINE + 40 s (tmo), so the files come back
-# inside a 600 s job limit even when a section started late or a run hangs.
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
 OUT=${OUT:-$here/out-gpu}
 mkdir -p "$OUT"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpurun.XXXXXX")
-SECTIONS=${SECTIONS:-"info tests e2e bench torch account faults resume comm finetune profile"}
+# (on request: faults resume comm finetune profile, e.g. SECTIONS="info faults resume comm finetune")
+SECTIONS=${SECTIONS:-"info tests e2e bench torch account"}
 FT_STEPS=${FT_STEPS:-300}
 FT_BUDGET=${FT_BUDGET:-240}
 # 5e-5: at 1e-4 bf16 BERT-base from scratch stayed at the majority class on both sides for some seeds
@@ -83,7 +100,11 @@ FT_LR=${FT_LR:-5e-5}
 # step and the same examples seen; its speed and accuracy matched pack_batch = examples on the H200 on
 # 2026-11-28, bench/results/gpu-20261128-h200-f206848)
 FT_SETTINGS=${FT_SETTINGS:-"nlptrain-packed-bf16 nlptrain-packedrows-bf16 hf-longest-group-bf16 hf-longest-group-compile-bf16"}
-DEADLINE=${DEADLINE:-530}
+DEADLINE=${DEADLINE:-420}  # seconds of script; every command ends by DEADLINE - FINISH_S
+FINISH_S=${FINISH_S:-10}   # what finish() needs to pack the results
+TEST_JOBS=${TEST_JOBS:-3}  # test processes at a time beside the verified op tests' one
+TEST_TIMEOUT=${TEST_TIMEOUT:-40}  # seconds for each never-run test process (the verified one: 150)
+RUNG_STEPS=${RUNG_STEPS:-6}  # the ladder's check: steps under run.sync_check, losses against the verified run's
 BENCH_PRECISIONS=${BENCH_PRECISIONS:-"bf16"}  # (fp32: no torch peer by default any more)
 PROFILE_MODELS=${PROFILE_MODELS:-"gpt2_124m bert_base_doc_cls"}
 PROFILE_PRECISION=${PROFILE_PRECISION:-bf16}
@@ -97,15 +118,43 @@ NL="$here/stage/bin/run-on-device.sh $here/stage/bin/nlptrain"
 elapsed() { echo $(( $(date +%s) - t_start )); }
 log() { echo "[run.sh $(elapsed)s] $*" | tee -a "$W/run.log"; }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
-# tmo SECONDS: a command's timeout, cut so that it ends by DEADLINE + 40 s whenever it starts (the
-# job's limit is about 60 s past DEADLINE, and finish() needs a few to pack the results)
+# tmo SECONDS: a command's timeout, cut so that it ends FINISH_S before DEADLINE whenever it starts
+# (at least 1 s: "timeout 0" would mean no limit); with "timeout -k 2", 2 s more for one that ignores
+# SIGTERM
+left() { echo $(( DEADLINE - FINISH_S - $(elapsed) )); }
 tmo() {
-  local left=$(( DEADLINE + 40 - $(elapsed) ))
-  (( left < 5 )) && left=5
-  echo $(( $1 < left ? $1 : left ))
+  local l
+  l=$(left)
+  (( l < 1 )) && l=1
+  echo $(( $1 < l ? $1 : l ))
 }
-in_time() {  # in_time NEED_SECONDS: enough time left before DEADLINE?
-  if (( $(elapsed) + $1 > DEADLINE )); then log "SKIPPED (deadline): $2"; return 1; fi
+in_time() {  # in_time NEED_SECONDS WHAT: enough time left before DEADLINE?
+  if (( $(elapsed) + $1 > DEADLINE - FINISH_S )); then log "SKIPPED (deadline): $2"; return 1; fi
+}
+
+# The estimate of each section (seconds; the H200's times of 2026-11-28 where a section ran then, else
+# the sum of its runs' estimates), printed first for the sections asked for
+declare -A EST=([info]=12 [tests]=60 [e2e]=55 [bench]=80 [torch]=125 [account]=45
+                [faults]=20 [resume]=30 [comm]=25 [finetune]=300 [profile]=20)
+declare -A EST_WHAT=([info]="nvidia-smi, versions"
+                     [tests]="verified op tests; never-run tests, a process each"
+                     [e2e]="small GPT-2 and BERT, cuda against cpu"
+                     [bench]="verified GPT-2 and BERT steps; the new step's ladder; the rung timed at 3 batches"
+                     [torch]="torch.compile GPT-2 and BERT"
+                     [account]="run.profile of the verified and the new step"
+                     [faults]="a rank killed; a batch beyond memory" [resume]="20 steps vs 10 + 10, fp32 and bf16"
+                     [comm]="2 ranks on one GPU against 2 CPU ranks" [finetune]="NSMC fine-tuning comparison, ncu, graph A/B"
+                     [profile]="run.profile of the two benchmark models")
+estimate() {
+  local total=0 s
+  log "estimate (seconds), in the order they run:"
+  for s in info tests e2e bench torch account resume faults comm finetune profile; do
+    want $s || continue
+    log "$(printf '  %-9s %4d  %s' "$s" "${EST[$s]}" "${EST_WHAT[$s]}")"
+    total=$(( total + ${EST[$s]} ))
+  done
+  log "$(printf '  %-9s %4d  of DEADLINE %d s (commands end by %d s)' total $total "$DEADLINE" $(( DEADLINE - FINISH_S )))"
+  (( total > DEADLINE - FINISH_S )) && log "estimate: over the deadline: the last sections will be skipped"
 }
 
 # mem_watch NAME CMD...: run CMD while sampling the GPU's used memory (nvidia-smi, every 100 ms);
@@ -125,8 +174,9 @@ mem_watch() {
 }
 
 # results.json, summary.txt and the log archive under $OUT after every section, so that a run
-# stopped from outside still brings back what it measured
+# stopped from outside still brings back what it measured (past the commands' end, finish() does it)
 snapshot() {
+  (( $(left) >= 1 )) || return 0
   python3 "$here/collect.py" --work "$W" --commit-file "$here/stage/commit.txt" --out "$OUT/results.json" \
       > "$OUT/summary.txt" 2> "$W/collect.err" || true
   cp "$W/run.log" "$OUT/run.log" 2>/dev/null
@@ -140,13 +190,20 @@ finish() {
   cp "$W/run.log" "$OUT/run.log" 2>/dev/null
   # every log and metrics file, no checkpoints (the archive stays under 16 MiB)
   tar -czf "$OUT/gpu-run.tar.gz" -C "$W" --exclude='*.h5' --exclude='*.trace' . 2>/dev/null
-  cp "$W/test_ops_cuda.log" "$OUT/" 2>/dev/null
-  cp "$W/test_ops_cuda_bf16.log" "$OUT/" 2>/dev/null
+  cp "$W/tests/test_ops_cuda.log" "$OUT/" 2>/dev/null
+  # every other test process's log, one after the other
+  for f in "$W"/tests/*.log; do
+    [[ -f $f && $f != "$W/tests/test_ops_cuda.log" ]] || continue
+    echo "==== $(basename "$f" .log) (exit $(cat "${f%.log}.rc" 2>/dev/null))"
+    cat "$f"
+  done > "$OUT/tests.log" 2>/dev/null
+  [[ -s $OUT/tests.log ]] || rm -f "$OUT/tests.log"
   cat "$OUT/summary.txt"
 }
 trap finish EXIT
 
 log "sections: $SECTIONS | deadline ${DEADLINE}s | work $W"
+estimate
 cat stage/commit.txt > "$W/commit.txt"
 
 # e2e_run NAME BACKEND INI ARGS...: one run of E2E_STEPS steps (100; fewer only for the CPU-only
@@ -155,6 +212,7 @@ E2E_STEPS=${E2E_STEPS:-100}
 e2e_run() {
   local name=$1 be=$2 ini=$3
   shift 3
+  (( $(left) >= 2 )) || { log "SKIPPED (deadline): e2e $name"; return; }
   timeout $(tmo 240) $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
       --output.dir="$W/e2e/$name" > "$W/e2e_$name.log" 2>&1
   log "e2e $name: exit $? | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
@@ -200,7 +258,7 @@ if want info; then
     nvcc --version 2>/dev/null | tail -2
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'transformers', transformers.__version__)"
     nproc; free -g | head -2
-    "$here/stage/bin/run-on-device.sh" --check "$here/stage/bin/nlptrain" "$here/stage/bin/test_ops_cuda"
+    "$here/stage/bin/run-on-device.sh" --check "$here/stage/bin/nlptrain" "$here"/stage/bin/test_*
     $NL --version
   } > "$W/info.log" 2>&1
   nvidia-smi --query-gpu=name --format=csv,noheader | head -1 > "$W/device_name"
@@ -208,71 +266,167 @@ if want info; then
 fi
 
 snapshot
-if want tests && in_time 60 "tests"; then
-  timeout $(tmo 150) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
-      > "$W/test_ops_cuda.log" 2>&1
-  log "tests: exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$W/test_ops_cuda.log" | head -30 | tee -a "$W/run.log"
-  # the fused residual/layer-norm kernels (new, never run on a GPU) must give the bits of the separate
-  # ops; if they do not, every later section runs the separate ops (the path earlier GPU runs verified)
-  if grep -qE '^\[  FAILED  \] CudaOps.FusedResidualLayerNorm' "$W/test_ops_cuda.log"; then
+# The op tests. Verified on a GPU: the tests of test_ops_cuda named in VERIFIED_OPS (one a line; the
+# H200's run at 248618f passed them); those run in one process, the others excluded by a negative
+# filter. Never run on a GPU: every other test that test_ops_cuda lists, each in its own process (a
+# test added since, the fused head's among them, cannot fail a verified one with a sticky error), and
+# the bf16 binary's suites, each suite in its own process; TEST_JOBS at a time beside the verified run.
+# A process that crashes, hangs or prints no gtest summary fails every test it ran or would have run
+# (compare.py tests).
+VERIFIED_OPS=${VERIFIED_OPS:-$here/verified_ops.txt}
+TD=$W/tests
+mkdir -p "$TD"
+LAUNCH="$here/stage/bin/run-on-device.sh"
+# the bf16 tests: one binary, or the three it replaced on an older stage
+if [[ -e $here/stage/bin/test_cuda_bf16 ]]; then BF16_BINS=(test_cuda_bf16)
+else BF16_BINS=(); for t in test_ops_cuda_bf16 test_gemm_cuda_bf16 test_attention_cudnn_bf16; do
+  [[ -e $here/stage/bin/$t ]] && BF16_BINS+=("$t"); done; fi
+# gtest_list BIN FILTER LIST: the binary's tests under a filter (Suite.Name, one a line) -> $TD/LIST.list
+gtest_list() {
+  local b=$1 f=$2 l=$3
+  timeout -k 2 $(tmo 30) "$LAUNCH" "$here/stage/bin/$b" --gtest_list_tests --gtest_filter="$f" > "$TD/$l.listing" 2>&1
+  awk '/^[A-Za-z_][A-Za-z0-9_\/]*\.( |$)/ { s = $1; next } s != "" && /^  [A-Za-z_]/ { print s $1 }' \
+      "$TD/$l.listing" > "$TD/$l.list"
+  [[ -s $TD/$l.list ]] || log "tests: $b lists no tests under $f: $(tail -2 "$TD/$l.listing" | tr '\n' ' ')"
+}
+# gtest_proc NAME SECONDS BIN ARGS...: one process of a test binary -> $TD/NAME.log and .rc, and a
+# line in the log: crashed, timed out, without summary, or the summary
+gtest_proc() {
+  local name=$1 t b=$3 rc why
+  t=$(tmo $2)
+  shift 3
+  timeout -k 2 "$t" "$LAUNCH" "$here/stage/bin/$b" --gtest_color=no "$@" > "$TD/$name.log" 2>&1
+  rc=$?
+  echo $rc > "$TD/$name.rc"
+  if (( rc == 124 || rc == 137 )); then why="FAILED: timed out after ${t} s"
+  elif (( rc > 128 )); then why="FAILED: crashed (signal $(( rc - 128 ))$(kill -l $(( rc - 128 )) 2>/dev/null | sed 's/^/ SIG/'))"
+  elif (( rc > 1 )); then why="FAILED: exit $rc"
+  elif ! grep -qE '^\[  PASSED  \]' "$TD/$name.log"; then why="FAILED: exit $rc without gtest's summary line"
+  else why="exit $rc | $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ tests?' "$TD/$name.log" | tr '\n' ' ')"; fi
+  log "tests $name: $why"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$TD/$name.log" | grep -v ' listed below' | head -10 | sed "s/^/  $name: /" \
+      | tee -a "$W/run.log"
+}
+# tests_pass PATTERN [OLD_PATTERN]: did every test of a gtest pattern pass? The verdict line of
+# compare.py tests (all of them at once, after the tests: $TD/verdicts.txt) goes to the log;
+# OLD_PATTERN: the tests of an older stage, when the stage has none of PATTERN
+TESTS_PATTERNS=('CudaOps.FusedResidualLayerNorm*' 'CudaOps.Bf16OperandCastsRoundAsTheHost'
+  'CudaOps.CapturedOpsReplayWithTheirSlotValues' 'CudaOps.SegmentCrossEntropy*' 'CudaOps.LmHeadBf16*'
+  'CudaOps.LmHeadCrossEntropyMatchesCpu:*FusedHead*' 'CudaOps.Bf16WeightCopy*' 'CudaOps.AccountTimesGemmsAndCastsApart'
+  'CudaBf16Kernels.*:CudaBf16Backend.*' 'GemmBf16Plain.*' 'GemmBf16.*'
+  'GemmBf16Reference.*:GemmBf16Backward.*:CudaBackendBf16Views.*' 'CudnnBf16.*:CudnnBf16Sizes.*'
+  'GemmEpiloguesEnv.*' 'GemmBf16EpilogueBias.*' 'GemmBf16EpilogueGeluAux.*' 'GemmBf16EpilogueDgelu.*'
+  'GemmBf16EpilogueBgrad.*')
+tests_pass() {
+  local line
+  line=$(grep -F -m1 -e "PASS tests $1: " -e "FAIL tests $1: " "$TD/verdicts.txt" 2>/dev/null)
+  if [[ -n ${2:-} && ( -z $line || $line == *": no test of this name"* ) ]]; then
+    tests_pass "$2"
+    return
+  fi
+  [[ -n $line ]] || line="FAIL tests $1: no verdict (not in TESTS_PATTERNS)"
+  echo "tests: $line" >> "$W/run.log"
+  [[ $line == PASS* ]]
+}
+# what the ladder (bench) may use: set from the tests below; without the tests section, all
+FUSED_HEAD_OK=1 BF16W_OK=1
+EPI_OK=(bias gelu_aux dgelu bgrad)
+declare -A EPI_SUITE=([bias]=GemmBf16EpilogueBias [gelu_aux]=GemmBf16EpilogueGeluAux
+                      [dgelu]=GemmBf16EpilogueDgelu [bgrad]=GemmBf16EpilogueBgrad)
+if want tests && in_time 15 "tests"; then
+  gtest_list test_ops_cuda '*' test_ops_cuda
+  if [[ -f $VERIFIED_OPS ]]; then
+    grep -vxF -f <(grep -v '^#' "$VERIFIED_OPS") "$TD/test_ops_cuda.list" > "$TD/never_run_ops.list"
+  else
+    log "tests: no $VERIFIED_OPS: every test of test_ops_cuda runs in its own process"
+    cp "$TD/test_ops_cuda.list" "$TD/never_run_ops.list"
+  fi
+  log "tests: test_ops_cuda lists $(wc -l < "$TD/test_ops_cuda.list") tests, $(wc -l < "$TD/never_run_ops.list") of them never run on a GPU (a process each): $(paste -sd' ' "$TD/never_run_ops.list" | cut -c1-400)"
+  gtest_proc test_ops_cuda 150 test_ops_cuda --gtest_filter="-$(paste -sd: "$TD/never_run_ops.list")" &
+  verified=$!
+  (
+    jobs_=()
+    while read -r t; do jobs_+=("test_ops_cuda--$t test_ops_cuda $t"); done < "$TD/never_run_ops.list"
+    for b in "${BF16_BINS[@]}"; do
+      gtest_list "$b" '*' "$b"
+      for suite in $(sed 's/\..*//' "$TD/$b.list" | awk '!seen[$0]++'); do jobs_+=("$b--$suite $b $suite.*"); done
+    done
+    for j in "${jobs_[@]}"; do
+      read -r name b f <<< "$j"
+      while (( $(jobs -rp | wc -l) >= TEST_JOBS )); do wait -n; done
+      gtest_proc "$name" "$TEST_TIMEOUT" "$b" --gtest_filter="$f" &
+    done
+    wait
+  )
+  wait $verified
+  python3 compare.py tests "$TD" "${TESTS_PATTERNS[@]}" > "$TD/verdicts.txt" 2>&1
+  # each fallback from its own tests: the fused residual/layer-norm kernels (verified): the separate ops
+  if ! tests_pass 'CudaOps.FusedResidualLayerNorm*'; then
     export NLPTRAIN_CUDA_FUSED_LN=0
-    log "tests: the fused layer norm failed its test: NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run"
+    log "tests: the fused layer norm did not pass its test: NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run"
   fi
-  # likewise the 8-wide bf16 operand casts (passed on the H200 on 2026-11-28): the scalar kernel if they fail
-  if grep -qE '^\[  FAILED  \] CudaOps.Bf16OperandCastsRoundAsTheHost' "$W/test_ops_cuda.log"; then
+  # the 8-wide bf16 operand casts (verified on the H200 on 2026-11-28): the scalar kernel
+  if ! tests_pass 'CudaOps.Bf16OperandCastsRoundAsTheHost'; then
     export NLPTRAIN_CUDA_BF16_CAST=scalar
-    log "tests: the vector bf16 casts failed their test: NLPTRAIN_CUDA_BF16_CAST=scalar for the rest of the run"
+    log "tests: the vector bf16 casts did not pass their test: NLPTRAIN_CUDA_BF16_CAST=scalar for the rest of the run"
   fi
-  # the recording of run.cuda_graph (not yet run on a GPU): its runs below go ahead even if its op
-  # test fails, since a recording that fails falls back to eager launches (its log says why) and the
-  # bitwise comparisons catch a replay that runs wrong: one run then shows how far it works
-  if grep -qE '^\[  FAILED  \] CudaOps.CapturedOpsReplayWithTheirSlotValues' "$W/test_ops_cuda.log"; then
-    log "tests: the CUDA graph recording failed its op test: the run.cuda_graph runs below still run, for their logs"
-  fi
-  # and the segment cross-entropy kernel (packed qa; not yet run on a GPU): the row op per example if it fails
-  if grep -qE '^\[  FAILED  \] CudaOps.SegmentCrossEntropy' "$W/test_ops_cuda.log"; then
+  # the recording of run.cuda_graph: its runs below go ahead even if its op test fails, since a
+  # recording that fails falls back to eager launches (its log says why) and the bitwise comparisons
+  # catch a replay that runs wrong: one run then shows how far it works
+  tests_pass 'CudaOps.CapturedOpsReplayWithTheirSlotValues' ||
+    log "tests: the CUDA graph recording did not pass its op test: the run.cuda_graph runs below still run, for their logs"
+  # the segment cross-entropy kernel (packed qa): the row op per example
+  if ! tests_pass 'CudaOps.SegmentCrossEntropy*'; then
     export NLPTRAIN_CUDA_SEGMENT_CE=rows
-    log "tests: the segment cross-entropy failed its test: NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run"
+    log "tests: the segment cross-entropy did not pass its test: NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run"
   fi
-  # and the fused LM head's bf16 dlogits (not yet run on a GPU): the fp32 dlogits and the GEMM's cast
-  # for the rest of the run if their tests fail
-  if grep -qE '^\[  FAILED  \] CudaOps.LmHeadBf16' "$W/test_ops_cuda.log"; then
+  # the fused LM head's bf16 dlogits: the fp32 dlogits and the GEMM's cast
+  if ! tests_pass 'CudaOps.LmHeadBf16*'; then
     export NLPTRAIN_CUDA_HEAD_DLOGITS=fp32
-    log "tests: the fused head's bf16 dlogits failed their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
+    log "tests: the fused head's bf16 dlogits did not pass their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
   fi
-  # the native bf16-storage kernels of the non-GEMM ops (not yet run on a GPU): against a CPU
-  # reference and against the staged fp32 ops; if any fails, bf16 activations run staged for the rest
-  # of the run (NLPTRAIN_CUDA_BF16_ACTS=staged: through the fp32 kernels)
-  timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda_bf16" --gtest_color=no \
-      > "$W/test_ops_cuda_bf16.log" 2>&1
-  log "tests (bf16 storage): exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_ops_cuda_bf16.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$W/test_ops_cuda_bf16.log" | head -10 | tee -a "$W/run.log"
-  if ! grep -qE '^\[  PASSED  \]' "$W/test_ops_cuda_bf16.log" || grep -qE '^\[  FAILED  \]' "$W/test_ops_cuda_bf16.log"; then
+  # the fused LM head itself (its fp32 dlogits): the ladder's rungs with the fused head are skipped
+  if ! tests_pass 'CudaOps.LmHeadCrossEntropyMatchesCpu:*FusedHead*'; then
+    FUSED_HEAD_OK=0
+    log "tests: the fused LM head did not pass its tests: the new step's rungs with it are skipped"
+  fi
+  # the persistent bf16 weight copy: the ladder runs without it (run.bf16_weights = false)
+  if ! tests_pass 'CudaOps.Bf16WeightCopy*'; then
+    BF16W_OK=0
+    log "tests: the bf16 weight copy did not pass its test: the new step runs with run.bf16_weights = false"
+  fi
+  tests_pass 'CudaOps.AccountTimesGemmsAndCastsApart' ||
+    log "tests: the account's timing did not pass its test: the account section's times are not to be trusted"
+  # bf16 activations: the native bf16 kernels, the plain typed GEMM and its reference, the backend's
+  # bf16 views and cuDNN's bf16-I/O attention; any of them failed: staged through the fp32 kernels
+  # (NLPTRAIN_CUDA_BF16_ACTS=staged) for the rest of the run
+  staged_why=()
+  tests_pass 'CudaBf16Kernels.*:CudaBf16Backend.*' || staged_why+=("native bf16 kernels")
+  tests_pass 'GemmBf16Plain.*' 'GemmBf16.*' || staged_why+=("plain typed GEMM")
+  tests_pass 'GemmBf16Reference.*:GemmBf16Backward.*:CudaBackendBf16Views.*' || staged_why+=("typed GEMM backward and views")
+  tests_pass 'CudnnBf16.*:CudnnBf16Sizes.*' || staged_why+=("cuDNN bf16-I/O attention")
+  if (( ${#staged_why[@]} )); then
     export NLPTRAIN_CUDA_BF16_ACTS=staged
-    log "tests: the native bf16 kernels failed (or did not run): NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
+    log "tests: did not pass: $(IFS=,; echo "${staged_why[*]}"): NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
   fi
-  # the typed GEMMs on bf16 activations and their cuBLASLt epilogues, and cuDNN's bf16-I/O attention
-  # (not yet run on a GPU): an epilogue failure turns the epilogues off (NLPTRAIN_CUDA_GEMM_EPILOGUES=
-  # none: plain GEMMs and separate kernels), any other failure stages the bf16 activations
-  for t in test_gemm_cuda_bf16 test_attention_cudnn_bf16; do
-    timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/$t" --gtest_color=no > "$W/$t.log" 2>&1
-    log "tests ($t): exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/$t.log" | tr '\n' ' ')"
-    grep -E '^\[  FAILED  \]' "$W/$t.log" | head -10 | tee -a "$W/run.log"
+  # the cuBLASLt epilogues, each kind from its own suite (an older stage: the one GemmBf16 suite for
+  # all); the environment's parsing of them from GemmEpiloguesEnv; a kind that failed is left out of
+  # the ladder's first rung, and bias (the default) failing turns them off for the rest of the run
+  env_ok=1
+  tests_pass 'GemmEpiloguesEnv.*' || env_ok=0
+  EPI_OK=()
+  for kind in bias gelu_aux dgelu bgrad; do
+    tests_pass "${EPI_SUITE[$kind]}.*" 'GemmBf16.*' && (( env_ok )) && EPI_OK+=("$kind")
   done
-  if grep -qE '^\[  FAILED  \] (GemmBf16|GemmEpilogues)' "$W/test_gemm_cuda_bf16.log"; then
+  log "tests: cuBLASLt epilogue kinds that passed their tests: ${EPI_OK[*]:-none}"
+  if [[ " ${EPI_OK[*]} " != *" bias "* ]]; then
     export NLPTRAIN_CUDA_GEMM_EPILOGUES=none
-    log "tests: a cuBLASLt epilogue failed: NLPTRAIN_CUDA_GEMM_EPILOGUES=none for the rest of the run"
-  fi
-  if grep -qE '^\[  FAILED  \] (GemmBf16|CudaBackendBf16Views|CudnnBf16)' "$W/test_gemm_cuda_bf16.log" \
-      "$W/test_attention_cudnn_bf16.log"; then
-    export NLPTRAIN_CUDA_BF16_ACTS=staged
-    log "tests: the bf16 GEMMs or attention failed: NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run"
+    log "tests: the bias epilogue did not pass its tests: NLPTRAIN_CUDA_GEMM_EPILOGUES=none for the rest of the run"
   fi
 fi
 
 snapshot
-if want e2e && in_time 90 "e2e"; then
+if want e2e && in_time 45 "e2e"; then
   E2E_THREADS=2
   for m in gpt2_small bert_small; do e2e_run ${m}_cuda cuda $m; done
   # Passed on one H200 (2026-11-28): batches trimmed to their longest row (multiple of 64) with length
@@ -360,7 +514,7 @@ snapshot
 if want bench; then
   for prec in $BENCH_PRECISIONS; do
     for m in gpt2_124m bert_base_doc_cls; do
-      in_time 60 "bench $m $prec" || continue
+      in_time 20 "bench $m $prec" || continue
       name="nlptrain_${m}_${prec}"
       extra=()
       [[ $m == gpt2_124m ]] && extra=(--train.batch_size=$GPT2_BATCH)
@@ -372,56 +526,106 @@ if want bench; then
   done
 fi
 
-# Not yet run on a GPU: GPT-2 124M at the benchmark's batch in bf16 with the LM head fused with its
-# loss (model.fused_head: no [B*T, V] fp32 logits) and the vocabulary padded to a multiple of 128 in
-# the head's GEMMs (model.pad_vocab: 50257 -> 50304), 20 steps under run.sync_check (a fault names
-# its op), after the verified runs above; first the fused head's op tests against the CPU (and its
-# bf16 dlogits against its fp32 ones: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 from then on if they fail). Its step
-# time is not a benchmark (sync_check synchronises after every op); the losses and the peak memory
-# are what it shows. About 40 s.
-if want bench && in_time 60 "fused head"; then
-  timeout $(tmo 60) "$here/stage/bin/run-on-device.sh" "$here/stage/bin/test_ops_cuda" --gtest_color=no \
-      --gtest_filter='*LmHead*:*FusedHead*' > "$W/test_lm_head_cuda.log" 2>&1
-  log "fused head: op tests exit $? | $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$W/test_lm_head_cuda.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$W/test_lm_head_cuda.log" | head -10 | tee -a "$W/run.log"
-  if grep -qE '^\[  FAILED  \] CudaOps.LmHeadBf16' "$W/test_lm_head_cuda.log"; then
-    export NLPTRAIN_CUDA_HEAD_DLOGITS=fp32
-    log "fused head: the bf16 dlogits failed their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
-  fi
-  name=fused_head_gpt2_124m_bf16
-  mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=$GPT2_BATCH \
-      --train.steps=20 --model.fused_head=on --model.pad_vocab=128 --run.sync_check=true \
-      --output.dir="$W/fused_head/$name" > "$W/$name.log" 2>&1
-  log "fused head $name: exit $? | $(grep -E '^step +20/' "$W/fused_head/$name/log.txt" 2>/dev/null | head -1) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
-  grep -h "memory plan" "$W/fused_head/$name/log.txt" 2>/dev/null | head -1 | tee -a "$W/run.log"
-  [[ -f "$W/fused_head/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
-fi
-
-# Not yet run on a GPU: GPT-2 124M with every new switch of the bf16 step on (bf16 activations, the
-# persistent bf16 weights, the fused and padded LM head, the cuBLASLt epilogues): 6 steps under
-# run.sync_check (a fault names its op; losses against the verified bf16 run's first steps within
-# 2e-2), then timed at GPT2_BATCH and at NEW_BATCHES (each side at its fastest batch that fits: the
-# memory plan refuses what does not fit before allocating). About 90 s.
-NEW=(--train.precision=bf16 --run.bf16_activations=true --run.bf16_weights=true --model.fused_head=on
-     --model.pad_vocab=128)
+# Not yet run on a GPU: the new bf16 step of GPT-2 124M (bf16 activations, the persistent bf16
+# weights, the fused and padded LM head, the cuBLASLt epilogues) as a ladder of rungs, most complete
+# first. A rung is skipped when a switch of it failed its tests (above) or when its switches are those
+# of a rung before it; else it is checked: RUNG_STEPS steps under run.sync_check (a fault names its op)
+# at GPT2_BATCH, exit 0 and losses within 2e-2 of the verified bf16 run's (bench/gpu/compare.py), the
+# peak memory read. The first rung that passes is timed at GPT2_BATCH and NEW_BATCHES (each side at its
+# fastest batch that fits: the memory plan refuses what does not fit before allocating) and accounted
+# (account section); none passes: nothing of the new step is timed. $W/ladder/ladder.jsonl holds each
+# rung's result, $W/ladder/chosen.json the one timed (collect.py puts both into results.json).
 NEW_BATCHES=${NEW_BATCHES:-"24 32"}
-if want bench && in_time 90 "new bf16 path"; then
-  name=new_gpt2_124m_bf16_check
-  NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini "${NEW[@]}" \
-      --train.batch_size=$GPT2_BATCH --train.steps=6 --run.sync_check=true --output.dir="$W/new/$name" \
-      > "$W/$name.log" 2>&1
-  log "new path $name: exit $? | $(grep -E '^step +6/' "$W/new/$name/log.txt" 2>/dev/null | head -1)"
-  [[ -f "$W/new/$name/log.txt" ]] || tail -5 "$W/$name.log" | tee -a "$W/run.log"
-  python3 compare.py losses "$W/bench/nlptrain_gpt2_124m_bf16/metrics.jsonl" "$W/new/$name/metrics.jsonl" \
-      --within 6:2e-2 2>&1 | sed 's/^/new path vs verified bf16: /' | tee -a "$W/run.log"
-  for nb in $GPT2_BATCH $NEW_BATCHES; do
-    in_time 40 "new path B=$nb" || break
-    name=nlptrain_gpt2_124m_bf16_new_b$nb  # (collect.py: a record of its own)
-    NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} mem_watch "$name" timeout $(tmo 90) $NL inputs/gpt2_124m.ini "${NEW[@]}" \
-        --train.batch_size=$nb --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
-    log "bench $name: exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
-    grep -h "memory plan" "$W/bench/$name/log.txt" "$W/$name.log" 2>/dev/null | head -1 | tee -a "$W/run.log"
+RUNG=() RUNG_ENV=() RUNG_ARGS=()  # the rung that passed: name, env, nlptrain switches
+# rung_record FILE NAME INDEX STATUS WHY PEAK_MIB ENV ARGS: one JSON object (a line) into FILE
+rung_record() {
+  python3 - "$@" <<'PY'
+import json, sys
+f, name, index, status, why, peak, env, args = sys.argv[1:9]
+rec = {"rung": name, "index": int(index), "check": status, "why": why,
+       "peak_mem_mib": float(peak) if peak.strip().replace(".", "", 1).isdigit() else None,
+       "env": dict(kv.split("=", 1) for kv in env.split()), "args": args.split()}
+with open(f, "a") as out:
+    out.write(json.dumps(rec) + "\n")
+PY
+}
+if want bench && in_time 30 "the new bf16 step's ladder"; then
+  L=$W/ladder
+  mkdir -p "$L"
+  epi_all=$( (( ${#EPI_OK[@]} == 4 )) && echo all || { (IFS=,; echo "${EPI_OK[*]}"); } )
+  [[ -n $epi_all ]] || epi_all=none
+  acts_global=${NLPTRAIN_CUDA_BF16_ACTS:-native}
+  bf16w=$( (( BF16W_OK )) && echo true || echo false)
+  # name | epilogues | bf16 activations | fused (and padded) head
+  rungs=("all|$epi_all|native|on" "bias|bias|native|on" "none|none|native|on" "staged|none|staged|on"
+         "no_fused_head|none|staged|off")
+  declare -A seen=()
+  i=0 cut=
+  for r in "${rungs[@]}"; do
+    i=$(( i + 1 ))
+    IFS='|' read -r rname epi acts head <<< "$r"
+    [[ $acts_global == staged ]] && acts=staged
+    renv=(NLPTRAIN_CUDA_GEMM_EPILOGUES=$epi)
+    [[ $acts == staged ]] && renv+=(NLPTRAIN_CUDA_BF16_ACTS=staged)
+    rargs=(--train.precision=bf16 --run.bf16_activations=true --run.bf16_weights=$bf16w)
+    if [[ $head == on ]]; then rargs+=(--model.fused_head=on --model.pad_vocab=128)
+    else rargs+=(--model.fused_head=off --model.pad_vocab=off); fi
+    why=""
+    if [[ $head == on ]] && (( ! FUSED_HEAD_OK )); then why="the fused head failed its tests"; fi
+    for k in ${epi//,/ }; do
+      [[ $k == all || $k == none || " ${EPI_OK[*]} " == *" $k "* ]] || why="the $k epilogue failed its tests"
+    done
+    key="${renv[*]} ${rargs[*]}"
+    [[ -z $why && -n ${seen[$key]:-} ]] && why="the switches of rung ${seen[$key]}"
+    if [[ -n $why ]]; then
+      log "ladder rung $i $rname: skipped ($why)"
+      rung_record "$L/ladder.jsonl" "$rname" $i skipped "$why" "" "${renv[*]}" "${rargs[*]}"
+      continue
+    fi
+    seen[$key]="$i $rname"
+    in_time 20 "ladder rung $i $rname" || { cut=$i; break; }
+    name=rung${i}_$rname
+    mem_watch "$name" env "${renv[@]}" timeout -k 2 $(tmo 45) $NL inputs/gpt2_124m.ini "${rargs[@]}" \
+        --train.batch_size=$GPT2_BATCH --train.steps=$RUNG_STEPS --run.sync_check=true --output.dir="$L/$name" \
+        > "$W/ladder_$name.log" 2>&1
+    rc=$?
+    peak=$(cat "$W/mem/$name" 2>/dev/null)
+    cmp=$(python3 compare.py losses "$W/bench/nlptrain_gpt2_124m_bf16/metrics.jsonl" "$L/$name/metrics.jsonl" \
+        --within $RUNG_STEPS:2e-2 2>&1)
+    crc=$?
+    if (( rc == 124 || rc == 137 )); then why="timed out"
+    elif (( rc > 128 )); then why="crashed (signal $(( rc - 128 )))"
+    elif (( rc != 0 )); then
+      why="exit $rc: $(grep -h -m1 -E 'nlptrain: error|error:|sync_check' "$W/ladder_$name.log" "$L/$name/log.txt" 2>/dev/null | head -1 | cut -c1-200)"
+      [[ $why == "exit $rc: " ]] && why="exit $rc: $(tail -1 "$W/ladder_$name.log" | cut -c1-200)"
+    elif (( crc != 0 )); then why="losses: $(echo "$cmp" | head -1)"
+    fi
+    if [[ -z $why ]]; then
+      log "ladder rung $i $rname (${renv[*]} ${rargs[*]}): PASS | $cmp | peak ${peak:-unread} MiB"
+      rung_record "$L/ladder.jsonl" "$rname" $i pass "$cmp" "${peak:-}" "${renv[*]}" "${rargs[*]}"
+      rung_record "$L/chosen.json" "$rname" $i pass "$cmp" "${peak:-}" "${renv[*]}" "${rargs[*]}"
+      RUNG=("$i" "$rname") RUNG_ENV=("${renv[@]}") RUNG_ARGS=("${rargs[@]}")
+      break
+    fi
+    log "ladder rung $i $rname (${renv[*]} ${rargs[*]}): FAIL | $why | peak ${peak:-unread} MiB"
+    rung_record "$L/ladder.jsonl" "$rname" $i fail "$why" "${peak:-}" "${renv[*]}" "${rargs[*]}"
   done
+  if (( ! ${#RUNG[@]} )) && [[ -n $cut ]]; then
+    log "ladder: no rung passed its check before the deadline (rung $cut and after not checked): the new bf16 step is not timed"
+  elif (( ! ${#RUNG[@]} )); then
+    log "ladder: no rung passed its check: the new bf16 step is not timed (each rung's reason above)"
+  else
+    log "ladder: rung ${RUNG[0]} ${RUNG[1]} passed: timed at B = $GPT2_BATCH $NEW_BATCHES"
+    for nb in $GPT2_BATCH $NEW_BATCHES; do
+      in_time 20 "new step (rung ${RUNG[1]}) B=$nb" || break
+      name=nlptrain_gpt2_124m_bf16_new_b$nb  # (collect.py: a record of its own, with the rung)
+      mem_watch "$name" env "${RUNG_ENV[@]}" timeout -k 2 $(tmo 60) $NL inputs/gpt2_124m.ini "${RUNG_ARGS[@]}" \
+          --train.batch_size=$nb --output.dir="$W/bench/$name" > "$W/$name.log" 2>&1
+      log "bench $name (rung ${RUNG[1]}): exit $? | $(grep -E '^done:' "$W/bench/$name/log.txt" 2>/dev/null) | peak $(cat "$W/mem/$name" 2>/dev/null) MiB"
+      grep -h -m1 -E '^ *paths:' "$W/bench/$name/log.txt" 2>/dev/null | tee -a "$W/run.log"
+      grep -h "memory plan" "$W/bench/$name/log.txt" "$W/$name.log" 2>/dev/null | head -1 | tee -a "$W/run.log"
+    done
+  fi
 fi
 
 snapshot
@@ -444,30 +648,40 @@ if want torch; then
 fi
 
 snapshot
-if want account && in_time 75 "account"; then
+if want account && in_time 25 "account"; then
   acct=(inputs/gpt2_124m.ini --train.precision=bf16 --train.batch_size=$GPT2_BATCH)
-  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --output.dir="$W/account/verified" \
+  accounts=(verified="$W/account/verified/summary.json")
+  timeout -k 2 $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --output.dir="$W/account/verified" \
       > "$W/account_verified.log" 2>&1
   log "account verified: exit $? | $(grep -E '^done:' "$W/account/verified/log.txt" 2>/dev/null)"
-  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=4 --run.bf16_weights=true --run.sync_check=true \
-      --output.dir="$W/account/bf16_weights_check" > "$W/account_bf16_weights_check.log" 2>&1
-  log "account run.bf16_weights under run.sync_check: exit $?"
-  python3 compare.py losses "$W/account/verified/metrics.jsonl" "$W/account/bf16_weights_check/metrics.jsonl" \
-      --within 4:0 2>&1 | sed 's/^/account run.bf16_weights: /' | tee -a "$W/run.log"
-  timeout $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --run.bf16_weights=true \
-      --output.dir="$W/account/bf16_weights" > "$W/account_bf16_weights.log" 2>&1
-  log "account run.bf16_weights: exit $? | $(grep -E '^done:' "$W/account/bf16_weights/log.txt" 2>/dev/null)"
-  # the new bf16 step (bf16 activations, fused and padded head, epilogues; not yet run on a GPU)
-  NLPTRAIN_CUDA_GEMM_EPILOGUES=${NLPTRAIN_CUDA_GEMM_EPILOGUES:-all} timeout $(tmo 60) $NL "${acct[@]}" "${NEW[@]}" --train.steps=12 \
-      --run.profile=true --output.dir="$W/account/new" > "$W/account_new.log" 2>&1
-  log "account new bf16 step: exit $? | $(grep -E '^done:' "$W/account/new/log.txt" 2>/dev/null)"
-  for r in verified bf16_weights new; do
+  # the new bf16 step at the rung that passed the ladder (none passed: not accounted)
+  if (( ${#RUNG[@]} )) && in_time 15 "account new bf16 step"; then
+    env "${RUNG_ENV[@]}" timeout -k 2 $(tmo 60) $NL "${acct[@]}" "${RUNG_ARGS[@]}" --train.steps=12 \
+        --run.profile=true --output.dir="$W/account/new" > "$W/account_new.log" 2>&1
+    log "account new bf16 step (rung ${RUNG[1]}: ${RUNG_ENV[*]} ${RUNG_ARGS[*]}): exit $? | $(grep -E '^done:' "$W/account/new/log.txt" 2>/dev/null)"
+    grep -h -m1 -E '^ *paths:' "$W/account/new/log.txt" 2>/dev/null | tee -a "$W/run.log"
+    accounts+=(new="$W/account/new/summary.json")
+  elif (( ! ${#RUNG[@]} )); then
+    log "account: no rung of the new bf16 step passed its check: the new step is not accounted"
+  fi
+  # run.bf16_weights alone (the persistent bf16 weight copy; after the new step, whose rungs include it)
+  if (( BF16W_OK )) && in_time 25 "account run.bf16_weights"; then
+    timeout -k 2 $(tmo 60) $NL "${acct[@]}" --train.steps=4 --run.bf16_weights=true --run.sync_check=true \
+        --output.dir="$W/account/bf16_weights_check" > "$W/account_bf16_weights_check.log" 2>&1
+    log "account run.bf16_weights under run.sync_check: exit $?"
+    python3 compare.py losses "$W/account/verified/metrics.jsonl" "$W/account/bf16_weights_check/metrics.jsonl" \
+        --within 4:0 2>&1 | sed 's/^/account run.bf16_weights: /' | tee -a "$W/run.log"
+    timeout -k 2 $(tmo 60) $NL "${acct[@]}" --train.steps=12 --run.profile=true --run.bf16_weights=true \
+        --output.dir="$W/account/bf16_weights" > "$W/account_bf16_weights.log" 2>&1
+    log "account run.bf16_weights: exit $? | $(grep -E '^done:' "$W/account/bf16_weights/log.txt" 2>/dev/null)"
+    accounts+=(bf16_weights="$W/account/bf16_weights/summary.json")
+  fi
+  for r in verified new bf16_weights; do
+    [[ -f $W/account/$r/log.txt ]] || continue
     { echo "== account gpt2_124m bf16 ($r)"; sed -n '/profile account (run.profile)/,/predicted step/p' \
         "$W/account/$r/log.txt"; } >> "$OUT/profile.txt" 2>/dev/null
   done
-  python3 account.py verified="$W/account/verified/summary.json" bf16_weights="$W/account/bf16_weights/summary.json" \
-      new="$W/account/new/summary.json" \
-      2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
+  python3 account.py "${accounts[@]}" 2>&1 | tee -a "$W/run.log" >> "$OUT/profile.txt"
 fi
 
 snapshot

@@ -7,6 +7,11 @@ that it sends to the GPU must fail for the one reason this machine gives, no CUD
 checked after the whole configuration is read and validated, so an option that nlptrain no longer
 accepts, or a value that does not fit the model, fails here first. The CPU reference runs of the e2e
 section must train.
+
+The script's decisions (which fallback each test result switches on, which rung of the new bf16 step
+is timed, the deadline) are checked against stand-ins: a gtest binary whose chosen tests fail, crash
+(a signal), hang, or leave a sticky error that fails every later test of the process, and an nlptrain
+that writes the files of a run whose chosen configurations fail their check or drift in loss.
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +36,7 @@ def make_tree(root: Path) -> Path:
     """The parts of the repository that run.sh reads, and a stage like prepare.sh's; returns bench/gpu."""
     gpu = root / "bench" / "gpu"
     shutil.copytree(SOURCE_DIR / "bench" / "gpu" / "inputs", gpu / "inputs")
-    for f in ("run.sh", "compare.py", "collect.py", "torch_bench.py", "ncu_busy.py"):
+    for f in ("run.sh", "compare.py", "collect.py", "account.py", "torch_bench.py", "ncu_busy.py", "verified_ops.txt"):
         shutil.copy(SOURCE_DIR / "bench" / "gpu" / f, gpu / f)
     for f in ("finetune_speed.sh", "finetune_speed_report.py", "bert_accuracy/hf_trainer.py"):
         (root / "bench" / f).parent.mkdir(parents=True, exist_ok=True)
@@ -37,7 +44,8 @@ def make_tree(root: Path) -> Path:
     stage = gpu / "stage"
     (stage / "bin").mkdir(parents=True)
     os.symlink(binary(), stage / "bin" / "nlptrain")
-    for t in ("test_ops_cuda", "test_ops_cuda_bf16", "test_gemm_cuda_bf16", "test_attention_cudnn_bf16"):
+    for t in ("test_ops_cuda", "test_cuda_bf16", "test_ops_cuda_bf16", "test_gemm_cuda_bf16",
+              "test_attention_cudnn_bf16"):
         tests = Path(binary()).parent / "tests" / t  # skips each test here, saying why
         if tests.exists():
             os.symlink(tests, stage / "bin" / t)
@@ -244,10 +252,9 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
     gpu_logs += [f for f in work.glob("resume_*.log") if "compare" not in f.stem]
-    # the fused LM head's GPT-2 124M run (after the benchmarks)
-    gpu_logs += [work / "fused_head_gpt2_124m_bf16.log"]
-    # the new bf16 step's check under run.sync_check (its timed runs at three batches are nlptrain_*)
-    gpu_logs += [work / "new_gpt2_124m_bf16_check.log"]
+    # the new bf16 step's ladder: every op test skipped here, so the fused head's rungs are skipped
+    # and only the last rung is checked (the device check stops it: nothing of the new step is timed)
+    gpu_logs += [work / "ladder_rung5_no_fused_head.log"]
     # the two faults (a rank killed with two ranks on the GPU; a batch beyond its memory)
     gpu_logs += [work / "faults_kill.log", work / "faults_too_big.log"]
     # finetune: the nlptrain settings' logs
@@ -258,9 +265,10 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 15 + (2 + 3) + 3 + 1 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 15 + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
     assert "faults kill -9 of rank 0 at step 5 (2 ranks): exit" in log, log[-3000:]
-    assert "fused head: op tests exit" in log, log[-3000:]
+    assert "ladder rung 1 all: skipped (the fused head failed its tests)" in log, log[-3000:]
+    assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log[-3000:]
     assert "ncu busy: 9 kernels, 2 steps" in log, log[-3000:]
     # the A/B's steady-step line for each of its four runs (here each says it has no metrics)
     for run in ("eager_1", "graphs_1", "eager_2", "graphs_2"):
@@ -277,5 +285,384 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
         assert "usage:" not in text and TORCH_NO_DEVICE.search(text), f"{f.name}:\n{text[-2000:]}"
     assert (out / "finetune_results.md").exists()
     assert {p.name for p in out.iterdir()} <= {"results.json", "summary.txt", "run.log", "gpu-run.tar.gz",
-                                               "test_ops_cuda.log", "test_ops_cuda_bf16.log", "profile.txt",
+                                               "test_ops_cuda.log", "tests.log", "profile.txt",
                                                "finetune_results.md"}
+
+
+# ---- the script's decisions, against stand-ins for the GPU binaries
+
+# A stand-in for a gtest binary (its name: the binary's): --gtest_list_tests and --gtest_filter as
+# gtest reads them; PLAN's "tests" maps "BINARY:PATTERN" to what that test does: fail, crash (SIGSEGV
+# while it runs), hang, or sticky (it fails, and so does every later test of the process, as after a
+# sticky CUDA error). The others pass.
+FAKE_GTEST = """#!/usr/bin/env python3
+import fnmatch, json, os, signal, sys, time
+BIN, TESTS = {bin!r}, {tests!r}
+plan = json.load(open(os.environ["FAKE_GPU_PLAN"])).get("tests", {{}})
+def match(n, pat):
+    pos, _, neg = pat.partition("-")
+    return (any(fnmatch.fnmatchcase(n, p) for p in (pos or "*").split(":") if p)
+            and not any(fnmatch.fnmatchcase(n, p) for p in neg.split(":") if p))
+flt = "*"
+for a in sys.argv[1:]:
+    if a.startswith("--gtest_filter="):
+        flt = a.split("=", 1)[1]
+tests = [t for t in TESTS if match(t, flt)]
+if "--gtest_list_tests" in sys.argv:
+    suite = None
+    for t in tests:
+        s, n = t.split(".")
+        if s != suite:
+            print(s + ".")
+            suite = s
+        print("  " + n)
+    sys.exit(0)
+print(f"[==========] Running {{len(tests)}} tests", flush=True)
+failed, sticky = [], False
+for t in tests:
+    what = next((v for k, v in plan.items() if k.split(":", 1)[0] == BIN and match(t, k.split(":", 1)[1])), "pass")
+    print(f"[ RUN      ] {{t}}", flush=True)
+    if what == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if what == "hang":
+        time.sleep(3600)
+    if what == "sticky":
+        sticky = True
+    if sticky or what == "fail":
+        print(f"[  FAILED  ] {{t}} (1 ms)")
+        failed.append(t)
+    else:
+        print(f"[       OK ] {{t}} (1 ms)")
+print(f"[==========] {{len(tests)}} tests ran. (9 ms total)")
+print(f"[  PASSED  ] {{len(tests) - len(failed)}} tests.")
+if failed:
+    print(f"[  FAILED  ] {{len(failed)}} tests, listed below:")
+    for t in failed:
+        print(f"[  FAILED  ] {{t}}")
+sys.exit(1 if failed else 0)
+"""
+
+# A stand-in for nlptrain on the GPU: writes a run's log.txt (step lines, the done: line),
+# metrics.jsonl and summary.json (gpu_paths) like nlptrain, and notes its switches (its arguments and
+# the NLPTRAIN_CUDA_* environment) in PLAN's journal. PLAN's "nlptrain" rules, the first whose "env"
+# and "args" all match: fail (exit 1 with a sync_check error after a step), crash (SIGSEGV after a
+# step) or drift (losses 5% off).
+FAKE_NLPTRAIN = """#!/usr/bin/env python3
+import json, os, sys, time
+plan = json.load(open(os.environ["FAKE_GPU_PLAN"]))
+argv = sys.argv[1:]
+if argv[:1] == ["--version"]:
+    print("nlptrain (stand-in)")
+    sys.exit(0)
+opts = dict(a[2:].split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a)
+env = {{k: v for k, v in os.environ.items() if k.startswith("NLPTRAIN_CUDA")}}
+with open(plan["journal"], "a") as j:
+    j.write(json.dumps({{"args": argv, "env": env}}) + "\\n")
+do = "ok"
+for rule in plan.get("nlptrain", []):
+    if (all(os.environ.get(k) == v for k, v in rule.get("env", {{}}).items())
+            and all(a in argv for a in rule.get("args", []))):
+        do = rule["do"]
+        break
+ini_steps = [l.split("=")[1] for l in open(argv[0]) if l.replace(" ", "").startswith("steps=")]
+steps = int(opts.get("train.steps", ini_steps[0] if ini_steps else 30))
+B = int(opts.get("train.batch_size", 16))
+out = opts["output.dir"]
+os.makedirs(out, exist_ok=True)
+time.sleep(0.2)  # (long enough for the memory sampler's first line)
+with open(os.path.join(out, "log.txt"), "w") as log, open(os.path.join(out, "metrics.jsonl"), "w") as m:
+    for s in range(1, steps + 1):
+        loss = (11.0 - 0.01 * s) * (1.05 if do == "drift" else 1.0)
+        m.write(json.dumps({{"step": s, "loss": loss, "step_time_s": 0.01 * B / 16}}) + "\\n")
+        log.write(f"step {{s:6d}}/{{steps}} | loss {{loss:.4f}}\\n")
+        if do == "crash":
+            os.kill(os.getpid(), 11)
+        if do == "fail":
+            print("nlptrain: error: run.sync_check: matmul_forward (bf16, bias): an illegal memory access", file=sys.stderr)
+            sys.exit(1)
+    log.write(f"done: {{steps}} steps in 1.0s, {{B * 1024 * 100}} tokens/s on average\\n")
+    log.write("  paths: epilogues fused bias 48 gelu_aux 12 | staged ops 0 | casts 0 0\\n")
+paths = {{"gemm_fused": {{"bias": 48, "gelu_aux": 12, "dgelu": 12, "bgrad": 0}},
+          "gemm_fallback": {{"bias": 0, "gelu_aux": 0, "dgelu": 0, "bgrad": 24}}, "staged_ops": 0,
+          "casts": {{"fp32_to_bf16": 0, "bf16_to_fp32": 0}}}}
+summary = {{"batch_size_per_rank": B, "seq_len": 1024, "gpu_paths": paths}}
+if "bert" in os.path.basename(argv[0]):  # (BERT's runs: a summary.json without the counts, as an older binary's)
+    del summary["gpu_paths"]
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"))
+"""
+
+# test_cuda_bf16's suites (one binary for the three bf16 test files), two tests each
+BF16_SUITES = ["CudaBf16Kernels", "CudaBf16Backend", "GemmBf16Reference", "GemmBf16Plain", "GemmBf16EpilogueBias",
+               "GemmBf16EpilogueGeluAux", "GemmBf16EpilogueDgelu", "GemmBf16EpilogueBgrad", "GemmBf16Backward",
+               "CudaBackendBf16Views", "GemmEpiloguesEnv", "CudnnBf16", "CudnnBf16Sizes"]
+
+
+def ops_cuda_tests() -> list[str]:
+    """test_ops_cuda's tests, from its source, in its order, and one more in the middle: a test added
+    after the last GPU run (not in bench/gpu/verified_ops.txt)."""
+    src = (SOURCE_DIR / "tests" / "unit" / "test_ops_cuda.cpp").read_text()
+    tests = [f"{a}.{b}" for a, b in re.findall(r"^TEST(?:_F|_P)?\((\w+), *(\w+)\)", src, re.M)]
+    return tests[:5] + ["CudaOps.AddedSinceTheLastGpuRun"] + tests[5:]
+
+
+def fake_tree(root: Path, plan: dict) -> tuple[Path, dict]:
+    """make_tree's tree with the stand-ins in the stage; returns bench/gpu and the environment."""
+    gpu = make_tree(root / "repo")
+    bindir = gpu / "stage" / "bin"
+    for f in bindir.iterdir():
+        if f.name != "run-on-device.sh":
+            f.unlink()
+    for name, tests in (("test_ops_cuda", ops_cuda_tests()),
+                        ("test_cuda_bf16", [f"{s}.{t}" for s in BF16_SUITES for t in ("First", "Second")])):
+        (bindir / name).write_text(FAKE_GTEST.format(bin=name, tests=tests))
+        (bindir / name).chmod(0o755)
+    (bindir / "nlptrain").write_text(FAKE_NLPTRAIN.format())
+    (bindir / "nlptrain").chmod(0o755)
+    tools = root / "tools"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"  # the memory sampler's: 1234 MiB used, every 100 ms
+    smi.write_text("#!/bin/bash\nwhile :; do echo 1234; sleep 0.1; done\n")
+    smi.chmod(0o755)
+    plan = dict(plan, journal=str(root / "journal.jsonl"))
+    (root / "plan.json").write_text(__import__("json").dumps(plan))
+    env = dict(os.environ, OUT=str(root / "out"), TMPDIR=str(root), FAKE_GPU_PLAN=str(root / "plan.json"),
+               SECTIONS="tests bench account", TEST_TIMEOUT="10", PATH=f"{tools}:{os.environ['PATH']}")
+    return gpu, env
+
+
+def run_fake(tmp_path: Path, plan: dict, **env_extra):
+    """run.sh against the stand-ins; returns (run.log, results.json, the journal's runs, seconds)."""
+    import json
+    gpu, env = fake_tree(tmp_path, plan)
+    env.update(env_extra)
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", str(gpu / "run.sh")], capture_output=True, text=True, env=env, timeout=120)
+    took = time.monotonic() - t0
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert p.returncode == 0, f"run.sh exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    journal = tmp_path / "journal.jsonl"
+    runs = [json.loads(l) for l in journal.read_text().splitlines()] if journal.exists() else []
+    return log, results, runs, took
+
+
+def timed_new(results) -> list[dict]:
+    return [r for r in results["records"] if re.search(r"_new_b\d+$", r["precision"])]
+
+
+def test_each_fallback_comes_from_its_own_tests(tmp_path):
+    plan = {"tests": {
+        # a verified test fails (a clean failure: exit 1, with gtest's summary)
+        "test_ops_cuda:CudaOps.FusedResidualLayerNorm*": "fail",
+        # never-run tests: one crashes, one leaves a sticky error (every later test of its process fails)
+        "test_ops_cuda:CudaOps.SegmentCrossEntropy*": "crash",
+        "test_ops_cuda:CudaOps.LmHeadBf16DlogitsMatchFp32Dlogits": "sticky",
+        "test_ops_cuda:CudaOps.AddedSinceTheLastGpuRun": "sticky",
+        # one epilogue kind fails
+        "test_cuda_bf16:GemmBf16EpilogueDgelu.Second": "fail"}}
+    log, results, runs, _ = run_fake(tmp_path, plan)
+    # the verified tests in one process: every test of the binary but the 9 never run on a GPU (the
+    # one added since the last GPU run too), each of those in its own
+    assert re.search(r"tests: test_ops_cuda lists \d+ tests, 9 of them never run on a GPU \(a process each\): "
+                     r"CudaOps.AddedSinceTheLastGpuRun CudaOps.LmHeadCrossEntropyMatchesCpu", log), log
+    n_verified = len(ops_cuda_tests()) - 9
+    assert f"tests test_ops_cuda: exit 1 | [  PASSED  ] {n_verified - 1} tests." in log, log
+    assert "tests test_ops_cuda--CudaOps.AddedSinceTheLastGpuRun: exit 1 | [  PASSED  ] 0 tests." in log, log
+    assert re.search(r"tests test_ops_cuda--CudaOps.SegmentCrossEntropyForwardBackward: FAILED: crashed \(signal 11 SIGSEGV\)",
+                     log), log
+    assert "NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run" in log, log
+    assert "NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run" in log, log
+    assert "NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run" in log, log
+    # the sticky error stayed in its own process: the other never-run tests and the verified ones passed
+    assert "PASS tests CudaOps.LmHeadCrossEntropyMatchesCpu:*FusedHead*: 2 of 2 passed" in log, log
+    assert "PASS tests CudaOps.Bf16OperandCastsRoundAsTheHost: 1 of 1 passed" in log, log
+    for switch in ("NLPTRAIN_CUDA_BF16_CAST", "NLPTRAIN_CUDA_BF16_ACTS=staged", "NLPTRAIN_CUDA_GEMM_EPILOGUES=none",
+                   "fused LM head did not pass", "bf16 weight copy did not pass"):
+        assert switch not in log, (switch, log)
+    assert "epilogue kinds that passed their tests: bias gelu_aux bgrad" in log, log
+    # every nlptrain run after the tests carries the fallbacks; the first rung is all less dgelu, and
+    # passes; the timed runs are its switches at B = 16, 24, 32, without sync_check
+    assert runs, log
+    for r in runs:
+        assert r["env"].get("NLPTRAIN_CUDA_FUSED_LN") == "0" and r["env"].get("NLPTRAIN_CUDA_SEGMENT_CE") == "rows", r
+        assert r["env"].get("NLPTRAIN_CUDA_HEAD_DLOGITS") == "fp32" and "NLPTRAIN_CUDA_BF16_ACTS" not in r["env"], r
+    checks = [r for r in runs if "--run.sync_check=true" in r["args"] and "--run.bf16_activations=true" in r["args"]]
+    assert len(checks) == 1 and checks[0]["env"]["NLPTRAIN_CUDA_GEMM_EPILOGUES"] == "bias,gelu_aux,bgrad", checks
+    assert "--model.fused_head=on" in checks[0]["args"] and "--run.bf16_weights=true" in checks[0]["args"]
+    assert re.search(r"ladder rung 1 all \(NLPTRAIN_CUDA_GEMM_EPILOGUES=bias,gelu_aux,bgrad .*\): PASS \| PASS losses "
+                     r"1\.\.6: .* \| peak 1234 MiB", log), log
+    timed = [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]
+             and "--run.profile=true" not in r["args"]]
+    assert sorted(int(a.split("=")[1]) for r in timed for a in r["args"] if a.startswith("--train.batch_size")) == [16, 24, 32]
+    for r in timed:
+        assert r["env"]["NLPTRAIN_CUDA_GEMM_EPILOGUES"] == "bias,gelu_aux,bgrad" and "--model.fused_head=on" in r["args"]
+    # results.json: the rung in every record of the new step, with its env and switches; gpu_paths in
+    # each nlptrain record
+    new = timed_new(results)
+    assert sorted(r["batch"] for r in new) == [16, 24, 32], results
+    for r in new:
+        assert r["rung"] == "all" and r["rung_index"] == 1, r
+        assert r["rung_env"] == {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias,gelu_aux,bgrad"}, r
+        assert "--model.pad_vocab=128" in r["rung_args"], r
+    for r in results["records"]:
+        if r["model"] == "gpt2":
+            assert r["gpu_paths"]["gemm_fused"]["bias"] == 48 and r["gpu_paths"]["gemm_fallback"]["bgrad"] == 24, r
+        else:
+            assert r["gpu_paths"] is None, r  # its summary.json has none
+    assert [(l["rung"], l["check"]) for l in results["ladder"]] == [("all", "pass")], results["ladder"]
+    assert results["ladder"][0]["peak_mem_mib"] == 1234.0
+    # the account profiles the rung that passed
+    acct = [r for r in runs if "--run.profile=true" in r["args"] and "--run.bf16_activations=true" in r["args"]]
+    assert len(acct) == 1 and acct[0]["env"]["NLPTRAIN_CUDA_GEMM_EPILOGUES"] == "bias,gelu_aux,bgrad", acct
+    assert "account new bf16 step (rung all:" in log, log
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "new step timed at rung 1 all (NLPTRAIN_CUDA_GEMM_EPILOGUES=bias,gelu_aux,bgrad" in summary, summary
+    # what comes back: the verified tests' log, and every other test process's log in one file
+    assert {p.name for p in (tmp_path / "out").iterdir()} <= {"results.json", "summary.txt", "run.log", "gpu-run.tar.gz",
+                                                              "test_ops_cuda.log", "tests.log", "profile.txt"}
+    tests_log = (tmp_path / "out" / "tests.log").read_text()
+    assert "==== test_cuda_bf16--GemmBf16EpilogueDgelu (exit 1)" in tests_log, tests_log[:2000]
+
+
+def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
+    plan = {"tests": {"test_cuda_bf16:CudnnBf16.*": "hang",  # cut at TEST_TIMEOUT
+                      "test_cuda_bf16:GemmBf16EpilogueBias.First": "crash"},
+            "nlptrain": [
+                # rung 1 (all but bias, staged since cuDNN's bf16 tests hung) crashes in its check;
+                # rung 3 (epilogues none, fused head) drifts
+                {"env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "gelu_aux,dgelu,bgrad"}, "args": ["--run.sync_check=true"],
+                 "do": "crash"},
+                {"env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "none"}, "args": ["--run.sync_check=true",
+                                                                         "--model.fused_head=on"], "do": "drift"}]}
+    log, results, runs, _ = run_fake(tmp_path, plan)
+    assert "tests test_cuda_bf16--CudnnBf16: FAILED: timed out after 10 s" in log, log
+    assert "tests test_cuda_bf16--GemmBf16EpilogueBias: FAILED: crashed (signal 11 SIGSEGV)" in log, log
+    assert "cuDNN bf16-I/O attention: NLPTRAIN_CUDA_BF16_ACTS=staged for the rest of the run" in log, log
+    assert "the bias epilogue did not pass its tests: NLPTRAIN_CUDA_GEMM_EPILOGUES=none" in log, log
+    # CudnnBf16Sizes ran in its own process: only CudnnBf16 failed
+    assert re.search(r"FAIL tests CudnnBf16\.\*:CudnnBf16Sizes\.\*: 2 of 4 passed; not: CudnnBf16.First \(began in "
+                     r"process test_cuda_bf16--CudnnBf16, which failed: timed out", log), log
+    assert "ladder rung 1 all (NLPTRAIN_CUDA_GEMM_EPILOGUES=gelu_aux,dgelu,bgrad NLPTRAIN_CUDA_BF16_ACTS=staged" in log, log
+    assert re.search(r"ladder rung 1 all .*: FAIL \| crashed \(signal 11\)", log), log
+    assert "ladder rung 2 bias: skipped (the bias epilogue failed its tests)" in log, log
+    assert re.search(r"ladder rung 3 none .*: FAIL \| losses: FAIL losses 1\.\.6", log), log
+    assert "ladder rung 4 staged: skipped (the switches of rung 3 none)" in log, log
+    assert re.search(r"ladder rung 5 no_fused_head .*: PASS", log), log
+    assert [(l["rung"], l["check"]) for l in results["ladder"]] == [
+        ("all", "fail"), ("bias", "skipped"), ("none", "fail"), ("staged", "skipped"), ("no_fused_head", "pass")]
+    new = timed_new(results)
+    assert len(new) == 3 and all(r["rung"] == "no_fused_head" and r["rung_index"] == 5 for r in new), new
+    assert all("--model.fused_head=off" in r["rung_args"] and
+               r["rung_env"] == {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "none", "NLPTRAIN_CUDA_BF16_ACTS": "staged"} for r in new)
+    # nothing of a failed rung was timed or accounted: every new-step run outside the checks is rung 5's
+    for r in runs:
+        if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]:
+            assert "--model.fused_head=off" in r["args"], r
+
+
+def test_no_rung_passing_times_nothing(tmp_path):
+    plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"}]}
+    log, results, runs, _ = run_fake(tmp_path, plan)
+    assert len(re.findall(r"ladder rung \d \w+ .*: FAIL \| exit 1: nlptrain: error: run.sync_check: matmul_forward", log)) == 5, log
+    assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log
+    assert "account: no rung of the new bf16 step passed its check: the new step is not accounted" in log, log
+    assert [l["check"] for l in results["ladder"]] == ["fail"] * 5, results["ladder"]
+    assert timed_new(results) == []
+    assert not [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]]
+    assert "new step: no rung passed its check: not timed" in (tmp_path / "out" / "summary.txt").read_text()
+    # the verified benchmarks were timed
+    assert {r["precision"] for r in results["records"]} == {"bf16"}, results["records"]
+
+
+def test_the_run_ends_by_its_deadline(tmp_path):
+    # a verified test hangs: its process is cut at the deadline (less FINISH_S), its tests count as
+    # failed, the sections after it are skipped, and the results are packed by DEADLINE
+    plan = {"tests": {"test_ops_cuda:CudaOps.MatmulForwardBackward": "hang", "test_cuda_bf16:GemmBf16Plain.*": "hang"}}
+    log, results, runs, took = run_fake(tmp_path, plan, DEADLINE="26", FINISH_S="6", TEST_TIMEOUT="30")
+    assert took <= 26 + 1, (took, log)  # (+1: bash's start and exit)
+    assert re.search(r"^\[run.sh \d+s\] estimate \(seconds\)", log, re.M), log
+    assert re.search(r"^\[run.sh \d+s\]   total +\d+  of DEADLINE 26 s", log, re.M), log
+    assert re.search(r"tests test_ops_cuda: FAILED: timed out after \d+ s", log), log
+    assert "NLPTRAIN_CUDA_FUSED_LN=0 for the rest of the run" in log, log  # (a verified test it did not finish)
+    assert "SKIPPED (deadline)" in log, log
+    assert timed_new(results) == [] and results["ladder"] == []
+
+
+def test_compare_tests_counts_crashes_timeouts_and_missing_summaries_as_failures(tmp_path):
+    # gtest's output of four processes: A crashed after X passed, while Y ran; B exited 0 but printed no
+    # summary; C ended normally (Z failed, W skipped, U passed); D timed out. V is listed, never run.
+    ok = "[       OK ] {} (1 ms)"
+    logs = {"A": (139, ["[ RUN      ] S.X", ok.format("S.X"), "[ RUN      ] S.Y"]),
+            "B": (0, ["[ RUN      ] T.B", ok.format("T.B")]),
+            "C": (1, ["[ RUN      ] S.Z", "[  FAILED  ] S.Z (2 ms)", "[ RUN      ] S.W", "[  SKIPPED ] S.W (0 ms)",
+                      "[ RUN      ] U.U", ok.format("U.U"), "[  PASSED  ] 1 test.",
+                      "[  FAILED  ] 1 test, listed below:", "[  FAILED  ] S.Z"]),
+            "D": (124, ["[ RUN      ] T.D", ok.format("T.D"), "[  PASSED  ] 1 test."])}
+    for name, (rc, lines) in logs.items():
+        (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"{name}.rc").write_text(f"{rc}\n")
+    (tmp_path / "bin.list").write_text("S.X\nS.Y\nS.Z\nS.W\nS.V\nT.B\nT.D\nU.U\n")
+    script = str(SOURCE_DIR / "bench" / "gpu" / "compare.py")
+
+    def verdict(*patterns):
+        p = subprocess.run(["python3", script, "tests", str(tmp_path), *patterns], capture_output=True, text=True,
+                           timeout=60)
+        return p.returncode, p.stdout
+
+    assert verdict("U.*") == (0, "PASS tests U.*: 1 of 1 passed\n")
+    rc, out = verdict("S.*")
+    assert rc == 1, out
+    for why in ("S.X (passed, but its process A failed: crashed (signal 11))", "S.Y (began in process A, which failed: crashed",
+                "S.Z (failed, C)", "S.W (skipped, C)", "S.V (not run)"):
+        assert why in out, (why, out)
+    assert out.startswith("FAIL tests S.*: 0 of 5 passed; not: "), out
+    rc, out = verdict("T.B", "T.D", "Q.*")
+    assert rc == 2, out  # the worst of the three: Q has no test
+    assert "FAIL tests T.B: 0 of 1 passed; not: T.B (passed, but its process B failed: exit 0 without gtest's summary)" in out
+    assert "FAIL tests T.D: 0 of 1 passed; not: T.D (passed, but its process D failed: timed out)" in out
+    assert "FAIL tests Q.*: no test of this name" in out
+    # a negative filter: the verified part of S
+    assert verdict("S.*:U.*-S.*")[0] == 0
+
+
+def test_collect_names_the_rung_carries_gpu_paths_and_rates_the_new_step_against_the_peer(tmp_path):
+    import json
+    w = tmp_path / "work"
+    paths = {"gemm_fused": {"bias": 36, "gelu_aux": 12, "dgelu": 12, "bgrad": 12},
+             "gemm_fallback": {"bias": 1, "gelu_aux": 0, "dgelu": 0, "bgrad": 0}, "staged_ops": 3,
+             "casts": {"fp32_to_bf16": 5, "bf16_to_fp32": 7}}
+    # the verified run (no counts in its summary.json) and the new step at B = 24: 40 ms a step after
+    # the 5 warm-up steps (24 x 1024 / 0.04 = 614400 tokens/s)
+    for name, B, summ in (("nlptrain_gpt2_124m_bf16", 16, {}), ("nlptrain_gpt2_124m_bf16_new_b24", 24, {"gpu_paths": paths})):
+        d = w / "bench" / name
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0, "step_time_s": 9.0 if s <= 5 else 0.04})
+                                                 + "\n" for s in range(1, 11)))
+        (d / "summary.json").write_text(json.dumps(dict(summ, batch_size_per_rank=B, seq_len=1024)))
+    (w / "ladder").mkdir()
+    chosen = {"rung": "bias", "index": 2, "check": "pass", "why": "PASS losses", "peak_mem_mib": 30000.0,
+              "env": {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias"}, "args": ["--run.bf16_activations=true"]}
+    (w / "ladder" / "ladder.jsonl").write_text(json.dumps(dict(chosen, rung="all", index=1, check="fail", why="exit 1"))
+                                               + "\n" + json.dumps(chosen) + "\n")
+    (w / "ladder" / "chosen.json").write_text(json.dumps(chosen) + "\n")
+    # the peer: 307200 tokens/s
+    (w / "torch_gpt2_compile_bf16.log").write_text("RESULT " + json.dumps(
+        {"system": "torch-compile", "model": "gpt2", "precision": "bf16", "batch": 16, "seq": 1024, "step_time_s": 0.05333,
+         "timed_steps": 15, "tokens_per_s": 307200.0, "seqs_per_s": 300.0}) + "\n")
+    (w / "device_name").write_text("NVIDIA H200\n")
+    out = tmp_path / "results.json"
+    p = subprocess.run(["python3", str(SOURCE_DIR / "bench" / "gpu" / "collect.py"), "--work", str(w), "--commit-file",
+                        str(tmp_path / "none"), "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    recs = {r["precision"]: r for r in res["records"] if r["system"] == "nlptrain"}
+    assert recs["bf16"]["gpu_paths"] is None and "rung" not in recs["bf16"]
+    new = recs["bf16_new_b24"]
+    assert new["gpu_paths"] == paths and new["rung"] == "bias" and new["rung_index"] == 2, new
+    assert new["rung_env"] == {"NLPTRAIN_CUDA_GEMM_EPILOGUES": "bias"} and new["rung_args"] == ["--run.bf16_activations=true"]
+    assert abs(new["tokens_per_s"] - 614400) < 1e-6, new
+    assert [(l["rung"], l["check"]) for l in res["ladder"]] == [("all", "fail"), ("bias", "pass")]
+    assert "ratio gpt2 bf16_new_b24 (rung bias): nlptrain / torch-compile = 2.000" in p.stdout, p.stdout
+    assert "new step timed at rung 2 bias (NLPTRAIN_CUDA_GEMM_EPILOGUES=bias --run.bf16_activations=true)" in p.stdout
+    assert ("paths gpt2 bf16_new_b24 B=24: epilogues fused/fallback: bias 36/1 gelu_aux 12/0 dgelu 12/0 bgrad 12/0 | "
+            "staged ops 3 | casts fp32->bf16 5, bf16->fp32 7") in p.stdout, p.stdout
