@@ -73,8 +73,19 @@ void Log::start() {
   if (!config_ini_.empty()) info(cat("effective configuration written to ", dir_, "/", config_name_));
 }
 
+void Log::note(const std::string& line) {
+  if (rank_ != 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_) pending_.push_back(line);
+  if (log_) {
+    std::fprintf(log_, "%s\n", line.c_str());
+    std::fflush(log_);
+  }
+}
+
 void Log::info(const std::string& line) {
   if (rank_ != 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
   std::fprintf(stdout, "%s\n", line.c_str());
   std::fflush(stdout);
   if (!started_) pending_.push_back(line);
