@@ -55,7 +55,7 @@ class Log {
   std::function<void()> before_start_;
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
-  std::mutex mutex_;  // info() and note() (the signal thread's)
+  std::mutex mutex_;  // pending_ and log.txt: info() and note() (the signal thread's)
 };
 
 // The lines of metrics.jsonl text to keep when resuming at `step`: complete {...} records whose

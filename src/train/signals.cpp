@@ -28,6 +28,7 @@ namespace {
 std::atomic<int> g_signal{0};  // lock-free: safe to store from a signal handler
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<int> g_rank{0};
+std::atomic<bool> g_abandoned{false};  // the launcher's SIGTERM came: stdout is read no more
 std::atomic<bool> g_ignore{false};  // the process is ending on an error: signals change nothing
 std::mutex g_step_mutex;  // orders a signal's arrival against stop_check()
 int64_t g_next_step = 0;  // the step after which a signal now stops the run; 0 = start-up
@@ -167,6 +168,7 @@ void first_signal(int sig, const siginfo_t& si) {
     // mpirun ending the job reads the ranks' output no more: a rank writing a line would wait on a
     // full pipe for ever (a log line every step fills it within the kill delay) instead of ending its
     // step and writing its checkpoint. From now on such lines are dropped (log.txt has them all).
+    g_abandoned.store(true);
     for (int fd : {1, 2}) {
       const int fl = ::fcntl(fd, F_GETFL);
       if (fl >= 0) ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
@@ -253,6 +255,8 @@ void install_stop_handlers() {
 void set_stop_rank(int rank) { g_rank.store(rank); }
 
 void ignore_stop_signals() { g_ignore.store(true); }
+
+bool stop_output_abandoned() { return g_abandoned.load(std::memory_order_relaxed); }
 
 int stop_signal() { return g_signal.load(std::memory_order_relaxed); }
 

@@ -70,6 +70,10 @@ void set_stop_log(std::function<void(const std::string&)> fn);
 // OMPI_MCA_odls_base_sigkill_timeout, else an mca-params.conf file, else Open MPI's default of 1 s).
 int ompi_sigkill_timeout();
 
+// True once Open MPI's launcher has sent SIGTERM (it ends the job and reads the ranks' output no
+// more): output to stdout is then dropped instead of waiting on a full pipe (train/log.cpp).
+bool stop_output_abandoned();
+
 // The stop file: created in output.dir by the user (touch <output.dir>/STOP), removed by the run.
 constexpr const char* kStopFileName = "STOP";
 bool stop_file_exists(const std::string& output_dir);
