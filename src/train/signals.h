@@ -7,8 +7,8 @@
 // SIGINT or SIGTERM (not a SIGTERM repeated by the MPI launcher; a repeated SIGUSR1 changes nothing:
 // the jobscripts re-send it until the ranks have stopped) ends the process at once with code 128 +
 // signal, after removing the temporary files of writes in flight (io/atomic_file.h): a checkpoint
-// is either complete under its final name or absent. Each signal is reported at once on stderr by
-// rank 0 (a signal that reached another rank alone shows in the log at the step boundary).
+// is either complete under its final name or absent. Each signal is reported at once on stderr (and in
+// log.txt) by rank 0 (a signal that reached another rank alone shows in the log at the step boundary).
 //
 // Under Open MPI's mpirun (4.1.4 measured), Ctrl-C reaches mpirun only: the ranks run in process
 // groups of their own. mpirun then waits odls_base_sigkill_timeout seconds (1 by default), sends
