@@ -186,9 +186,10 @@ def test_ctrl_c_on_a_step_longer_than_the_kill_delay_says_no_checkpoint_and_name
     if kill_delay:
         env["OMPI_MCA_odls_base_sigkill_timeout"] = str(kill_delay)
     d = kill_delay or 1
-    # 3 s steps (4 s with a 2 s delay), a checkpoint after each: the Ctrl-C just after step 1 ends reaches
-    # the ranks (as mpirun's SIGTERM) d s later, with about 2 s of step 2 left, more than the d s to the kill.
-    sleep_ms = 3000 if d == 1 else 5000
+    # 4 s steps (6 s with a 2 s delay), a checkpoint after each: the Ctrl-C just after step 1 ends reaches
+    # the ranks (as mpirun's SIGTERM) d s later, with about 3 s (4 s) of step 2 left, more than the d s to
+    # the kill (2 s to spare for a loaded machine's late Ctrl-C).
+    sleep_ms = 4000 if d == 1 else 6000
     job = detached(["mpirun", "-np", "2", "--bind-to", "none", nr.binary()]
                    + args(stream, out, extra=[f"--debug.step_sleep_ms={sleep_ms}", "--checkpoint.interval=1"]),
                    log, env)
