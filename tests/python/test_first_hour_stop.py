@@ -1,4 +1,4 @@
-"""Stopping a run from outside, as a new user does: SIGINT and SIGTERM to a detached 2-rank job (what
+"""Stopping a run from outside, as a new user does: Ctrl-C typed at a terminal, and SIGINT and SIGTERM to a detached 2-rank job (what
 `timeout`, `nohup`, a script's `cmd &` or a batch system sends; no terminal), under tools/nlprun and
 under plain mpirun, and the stop file output.dir/STOP.
 
@@ -260,3 +260,70 @@ def test_a_stop_file_there_at_start_up_stops_before_the_first_step(stream, tmp_p
     assert not (out / "STOP").exists() and checkpoints(out) == []
     p = nr.run(args(stream, out, 3))  # and the next run trains
     assert "done: 3 steps" in p.stdout
+
+
+# ---- in a terminal: Ctrl-C typed at the terminal ------------------------------------------------------
+
+def in_terminal(cmd, env=None):
+    """cmd as a shell in a terminal starts it: the session leader and foreground process group of a
+    new pseudo-terminal, stdin, stdout and stderr on it. Returns (job, master fd, output collected so far)."""
+    import pty
+    import termios
+    import threading
+    master, slave = pty.openpty()
+
+    def child():
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    job = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env or nr.mpi_env(),
+                           preexec_fn=child, close_fds=True)
+    os.close(slave)
+    out = []
+
+    def drain():  # a terminal shows everything: nothing waits on a full pty
+        while True:
+            try:
+                b = os.read(master, 65536)
+            except OSError:
+                return
+            if not b:
+                return
+            out.append(b.decode(errors="replace"))
+    threading.Thread(target=drain, daemon=True).start()
+    return job, master, out
+
+
+@pytest.mark.parametrize("launcher", ["nlprun", "mpirun"])
+def test_ctrl_c_typed_at_a_terminal(stream, tmp_path, launcher):
+    """The terminal's Ctrl-C goes to its foreground process group: tools/nlprun only (mpirun runs in a
+    group of its own), which stops the run with a checkpoint after a step longer than mpirun's kill
+    delay; plain mpirun takes it and kills the ranks, whose report says so."""
+    out = tmp_path / "out"
+    cmd = [NLPRUN if launcher == "nlprun" else "mpirun", "-np", "2", "--bind-to", "none", nr.binary()]
+    job, master, shown = in_terminal(cmd + args(stream, out, extra=["--debug.step_sleep_ms=4000",
+                                                                    "--checkpoint.interval=1"]))
+    try:
+        nr.wait_for(lambda: (out / "checkpoints" / "step_00000001.h5").exists(), "step 1's checkpoint")
+        os.write(master, b"\x03")  # Ctrl-C
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        time.sleep(0.2)
+        os.close(master)
+    text = "".join(shown)
+    logtxt = (out / "log.txt").read_text()
+    if launcher == "nlprun":
+        assert job.returncode == 75, f"{job.returncode}\n{text[-3000:]}"
+        assert "nlprun: SIGINT: asking every rank to stop after the step in progress with a checkpoint" in text
+        assert re.search(r"stop signal received: checkpoint '\S+step_00000002.h5' written at step 2; exiting with "
+                         r"code 75", logtxt), logtxt[-2000:]
+        assert checkpoints(out) == ["step_00000001.h5", "step_00000002.h5"]
+    else:
+        assert job.returncode == 1, f"{job.returncode}\n{text[-3000:]}"
+        assert re.search(r"signal: SIGTERM received from mpirun \(pid \d+\), which ends the job: it kills the ranks 1 s "
+                         r"from now .*; step 2 needs about \d\.\d s more .*: the ranks will most likely be killed before "
+                         r"it ends, without a checkpoint of it; the newest checkpoint is '\S+step_00000001.h5' \(step 1\)",
+                         logtxt), logtxt[-2000:]
+        assert checkpoints(out) == ["step_00000001.h5"]
+    lock_free(out)
