@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -24,8 +23,8 @@ namespace nlp {
 namespace {
 
 // text to stdout without waiting for ever on a reader that stopped reading: mpirun, ending a job on
-// Ctrl-C or SIGTERM, reads the ranks' output no more, and a log line every step fills the pipe long
-// before the ranks' SIGTERM comes; a rank blocked in that write would never reach the step's end
+// Ctrl-C or SIGTERM, may read the ranks' output no more, and a log line every step fills the pipe
+// long before the ranks' SIGTERM comes (measured with 1 ms steps); a rank blocked in that write would never reach the step's end
 // and its checkpoint. So it waits for room in 100 ms slices, and gives up once mpirun's SIGTERM has
 // come (log.txt has every line).
 void write_stdout(const std::string& text) {

@@ -6,10 +6,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -165,9 +164,10 @@ void first_signal(int sig, const siginfo_t& si) {
     if (next > 0) text = first_report(sig, si, next);
   }
   if (sig == SIGTERM && !launcher_of(si).empty()) {
-    // mpirun ending the job reads the ranks' output no more: a rank writing a line would wait on a
-    // full pipe for ever (a log line every step fills it within the kill delay) instead of ending its
-    // step and writing its checkpoint. From now on such lines are dropped (log.txt has them all).
+    // mpirun ending the job may read the ranks' output no more (measured: a log line every step
+    // stopped coming out at the Ctrl-C): a rank writing a line would wait on the full pipe until the
+    // SIGKILL instead of ending its step and writing its checkpoint. From now on such lines are
+    // dropped (log.txt has them all).
     g_abandoned.store(true);
     for (int fd : {1, 2}) {
       const int fl = ::fcntl(fd, F_GETFL);

@@ -513,6 +513,12 @@ struct StepLoop {
 
 std::string stop_file(const Session& s) { return s.cfg.output.dir + "/" + kStopFileName; }
 
+// "stop file 'out/STOP' found by 1 of 2 rank(s) (each looks in its own output.dir) and removed"
+std::string stop_file_found(const Session& s, double ranks) {
+  return cat("stop file '", stop_file(s), "' found by ", std::lround(ranks), " of ", s.comm.size(),
+             " rank(s) (each looks in its own output.dir) and removed");
+}
+
 // A stop signal during start-up ends the process at once (signals.h); one taken by the handler
 // instead of the signal thread, on any rank, ends the run here, before its first step, and so does
 // the stop file (removed).
@@ -525,7 +531,7 @@ bool stopped_during_startup(Session& s, const TrainState& st) {
   s.comm.allreduce_sum_host(stop, 2);
   if (stop[1] > 0) remove_stop_file(s.cfg.output.dir);
   if ((stop[0] > 0 || stop[1] > 0) && st.step < s.cfg.train.steps) {
-    s.log.info(cat(stop[0] > 0 ? "stop signal received" : cat("stop file '", stop_file(s), "' found (and removed)"),
+    s.log.info(cat(stop[0] > 0 ? std::string("stop signal received") : stop_file_found(s, stop[1]),
                    " during start-up: stopping before step ", st.step + 1,
                    ", no checkpoint written; exiting with code ", kExitRequeue,
                    st.step > 0 ? " (train.resume = true continues from the checkpoint resumed from)"
@@ -846,12 +852,12 @@ bool evaluate_and_checkpoint(StepLoop& L) {
   s.comm.allreduce_sum_host(stop, 2);
   if (stop[1] > 0 && last) {
     remove_stop_file(cfg.output.dir);
-    s.log.info(cat("stop file '", stop_file(s), "' found after the last step: removed; the run is done"));
+    s.log.info(cat(stop_file_found(s, stop[1]), " after the last step: the run is done"));
   }
   if ((stop[0] > 0 || stop[1] > 0) && !last) {
     const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : timed_checkpoint(L);
     if (stop[1] > 0) remove_stop_file(cfg.output.dir);  // after the checkpoint: a kill before it leaves the request
-    s.log.info(cat(stop[0] > 0 ? "stop signal received" : cat("stop file '", stop_file(s), "' found (and removed)"),
+    s.log.info(cat(stop[0] > 0 ? std::string("stop signal received") : stop_file_found(s, stop[1]),
                    ": checkpoint '", path, "' written at step ", st.step, "; exiting with code ", kExitRequeue,
                    " (requeue and run again with train.resume = true)"));
     return true;

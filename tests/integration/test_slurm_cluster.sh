@@ -351,7 +351,8 @@ f=$SUB/slurm-nlptrain-multinode-$JH.out
 grep -q "stop file $SUB/results/h/STOP: moved to the scratch output.dir" "$f" || fail "(h) job $JH: the stop file was not moved" "$JH"
 grep -q "stopped by the stop file with a checkpoint; not requeued" "$f" || fail "(h) job $JH: no 'stopped by the stop file' line" "$JH"
 [ ! -e "$SUB/results/h/STOP" ] || fail "(h) job $JH: results/h/STOP is still there" "$JH"
-line=$(grep "^stop file '$SUB/results/h/STOP' found (and removed): checkpoint" "$SUB/results/h/log.txt") ||
+line=$(grep -F "stop file '$SUB/results/h/STOP' found by 1 of 2 rank(s) (each looks in its own output.dir) and removed: checkpoint" \
+  "$SUB/results/h/log.txt") ||
   fail "(h) job $JH: log.txt has no stop file line" "$JH"
 [[ $line =~ "written at step "([0-9]+) ]] || fail "(h) job $JH: $line" "$JH"
 [ -f "$SUB/results/h/checkpoints/step_$(printf %08d "${BASH_REMATCH[1]}").h5" ] ||

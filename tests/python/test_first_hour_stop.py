@@ -219,8 +219,8 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_checkpoint_and_is_rem
     (out / "STOP").touch()
     rc, text = finish(job, log)
     assert rc == 75, f"{rc}\n{text[-3000:]}"
-    m = re.search(rf"stop file '{re.escape(str(out / 'STOP'))}' found \(and removed\): checkpoint '(\S+)' written at "
-                  r"step (\d+); exiting with code 75", text)
+    m = re.search(rf"stop file '{re.escape(str(out / 'STOP'))}' found by 2 of 2 rank\(s\) \(each looks in its own "
+                  r"output.dir\) and removed: checkpoint '(\S+)' written at step (\d+); exiting with code 75", text)
     assert m, text[-3000:]
     step = int(m.group(2))
     assert m.group(0) in (out / "log.txt").read_text()
@@ -242,8 +242,8 @@ def test_a_stop_file_seen_by_one_rank_only_stops_them_all(stream, tmp_path):
     (other / "STOP").touch()
     rc, text = finish(job, log)
     assert rc == 75, f"{rc}\n{text[-3000:]}"
-    m = re.search(rf"stop file '{re.escape(str(out / 'STOP'))}' found \(and removed\): checkpoint '\S+' written at "
-                  r"step (\d+)", text)
+    m = re.search(rf"stop file '{re.escape(str(out / 'STOP'))}' found by 1 of 2 rank\(s\) \(each looks in its own "
+                  r"output.dir\) and removed: checkpoint '\S+' written at step (\d+)", text)
     assert m, text[-3000:]
     assert not (other / "STOP").exists()
     assert checkpoints(out) == [f"step_{int(m.group(1)):08d}.h5"]
@@ -255,8 +255,8 @@ def test_a_stop_file_there_at_start_up_stops_before_the_first_step(stream, tmp_p
     (out / "STOP").touch()
     p = nr.run(args(stream, out, 10), check=False)
     assert p.returncode == 75, p.stderr[-2000:]
-    assert (f"stop file '{out / 'STOP'}' found (and removed) during start-up: stopping before step 1, no checkpoint "
-            "written; exiting with code 75 (run again to train)") in p.stdout
+    assert (f"stop file '{out / 'STOP'}' found by 1 of 1 rank(s) (each looks in its own output.dir) and removed during "
+            "start-up: stopping before step 1, no checkpoint written; exiting with code 75 (run again to train)") in p.stdout
     assert not (out / "STOP").exists() and checkpoints(out) == []
     p = nr.run(args(stream, out, 3))  # and the next run trains
     assert "done: 3 steps" in p.stdout
