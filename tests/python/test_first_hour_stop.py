@@ -133,6 +133,26 @@ def test_a_signal_to_nlprun_stops_a_detached_run_with_a_checkpoint_and_75(stream
     resumes(stream, out, step)
 
 
+def test_nlprun_sends_the_stop_again_when_mpirun_dropped_it(stream, tmp_path):
+    """mpirun drops a SIGUSR1 that comes before it has started the ranks (measured: a SIGTERM to nlprun
+    1 s after its start, and the run trained on). Here the launcher ignores signals for its first
+    second, as that mpirun did; nlprun's repeat reaches it."""
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    slow = tmp_path / "slow_mpirun"
+    slow.write_text('#!/usr/bin/env bash\ntrap "" USR1\nsleep 1\nexec mpirun "$@"\n')
+    slow.chmod(0o755)
+    env = nr.mpi_env()
+    env.update(MPIRUN=str(slow), NLPRUN_RESIGNAL_S="1")
+    job = detached([NLPRUN, "-np", "2", "--bind-to", "none", nr.binary()] + args(stream, out), log, env)
+    time.sleep(0.5)  # nlprun has started its launcher, which does not listen yet
+    send(job, signal.SIGTERM)
+    rc, text = finish(job, log)
+    assert rc == 75, f"{rc}\n{text[-3000:]}"
+    assert "nlprun: SIGTERM: asking every rank to stop" in text
+    assert re.search(r"stop signal received|during start-up: stopping before the first step", text), text[-3000:]
+    lock_free(out)
+
+
 def test_a_second_sigint_to_nlprun_ends_the_job_at_once(stream, tmp_path):
     out, log = tmp_path / "out", tmp_path / "job.log"
     job = detached([NLPRUN, "-np", "2", "--bind-to", "none", nr.binary()]
