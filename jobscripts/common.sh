@@ -20,7 +20,10 @@
 #  3. On exit code 75 the batch shell copies the outputs back (output.dir on scratch) and cleans the
 #     scratch, then runs `scontrol requeue $SLURM_JOB_ID` and exits 0 (REQUEUE=0: exits 75 instead).
 #     The jobscripts carry `#SBATCH --requeue` and `--open-mode=append` (one output file for all runs).
-#     A SIGTERM (scancel, time limit reached anyway, node shutdown) is forwarded too, but then the job
+#     A SIGTERM to the batch shell (scancel, time limit reached anyway, node shutdown) is forwarded too,
+#     as SIGUSR1 (mpirun kills the ranks odls_base_sigkill_timeout s after a SIGTERM to it; a plain
+#     `scancel` also sends SIGTERM to every process of the job, the ranks and mpirun included, and then
+#     the checkpoint needs the step to end within that delay), but then the job
 #     is not requeued: outputs are copied back and the script exits 143. After a cancellation SLURM
 #     refuses new job steps, so only the first node's scratch is removed then; the other nodes'
 #     scratch is left to the site's epilog / job_container (it is removed in every other case).
@@ -33,6 +36,9 @@
 #     node's scratch from the copy-back (OUTPUT_ON=scratch, the default). SLURM_RESTART_COUNT (> 0 after
 #     a requeue) is printed.
 #  A job also stopped this way before its first step (signal during staging) is simply requeued.
+#  5. The stop file: `touch RESULTS_DIR/STOP` (any launcher, any phase) stops nlptrain at the next
+#     step boundary with a checkpoint and exit code 75 like SIGUSR1, but the job is not requeued: it
+#     exits 75 (resubmit with RESUME=true to continue). nlptrain removes the file.
 #
 # ==== Inputs (environment variables; arguments of the jobscripts) ===================================
 #  jobscript [INI] [--section.key=value | --section.key value ...]
@@ -62,6 +68,7 @@
 #                   true | false: passed as --train.resume
 #  REQUEUE          1 (default) | 0: requeue on exit code 75
 #  NLP_RESIGNAL_S   seconds between SIGUSR1 re-sends while the ranks are stopping (default 15)
+#  NLP_STOPFILE_S   OUTPUT_ON=scratch: seconds between looks for RESULTS_DIR/STOP (default 10)
 #  SRUN_WAIT        LAUNCHER=srun: seconds srun waits after the first rank has exited before it ends
 #                   the others (srun --wait; default 60). A rank that dies (a crash, the OOM killer)
 #                   can leave the others waiting in MPI for ever, holding the allocation; with this
@@ -213,6 +220,7 @@ nlp_setup() {
   esac
   REQUEUE=${REQUEUE:-1}
   NLP_RESIGNAL_S=${NLP_RESIGNAL_S:-15}
+  NLP_STOPFILE_S=${NLP_STOPFILE_S:-10}
   SRUN_WAIT=${SRUN_WAIT:-60}
   [[ $SRUN_WAIT =~ ^[0-9]+$ ]] || nlp_die "SRUN_WAIT=$SRUN_WAIT: give whole seconds (0 = wait for ever)"
 
@@ -234,7 +242,7 @@ nlp_setup() {
 
   RESULTS_DIR=$(nlp_abs "${RESULTS_DIR:-$(nlp_cfg output.dir out)}")
   NLP_SCRATCH=$(nlp_node_scratch)   # this (the first) node's; the same expression on every node
-  NLP_LAUNCHED=0 NLP_COPIED=0 NLP_CLEANED=0 NLP_STOP=0 NLP_TERM=0 NLP_LAUNCH_PID="" NLP_RESIGNAL_PID=""
+  NLP_LAUNCHED=0 NLP_COPIED=0 NLP_CLEANED=0 NLP_STOP=0 NLP_TERM=0 NLP_LAUNCH_PID="" NLP_RESIGNAL_PID="" NLP_WATCH_PID=""
   trap 'nlp_on_usr1' USR1
   trap 'nlp_on_term' TERM
   trap 'nlp_on_exit' EXIT
@@ -277,7 +285,7 @@ nlp_stage() {
       S=$(nlp_node_scratch); mkdir -p "$S/data" "$S/output"
       restore=$1; shift
       while (($#)); do rsync -a --partial "$1" "$S/data/$2"; shift 2; done
-      [ -z "$restore" ] || rsync -a "$restore/" "$S/output/"' "$restore" "${pairs[@]}" ||
+      [ -z "$restore" ] || rsync -a --exclude=/STOP "$restore/" "$S/output/"' "$restore" "${pairs[@]}" ||
       nlp_die "staging to the node-local scratch failed"
     nlp_log "staged $((${#pairs[@]} / 2)) input file(s)${restore:+ and restored $restore} to $NLP_NODES node(s) in $((SECONDS - t0)) s"
   fi
@@ -317,6 +325,7 @@ nlp_launch() {
   local t0=$SECONDS
   "${cmd[@]}" &
   NLP_LAUNCH_PID=$!
+  nlp_watch_stop_file
   NLP_RC=0
   wait "$NLP_LAUNCH_PID" || NLP_RC=$?
   # wait returns early (> 128) when a trapped signal arrives: wait again until the launcher is gone.
@@ -325,6 +334,11 @@ nlp_launch() {
     wait "$NLP_LAUNCH_PID" || NLP_RC=$?
   done
   NLP_LAUNCH_PID=""
+  if [ -n "$NLP_WATCH_PID" ]; then
+    kill "$NLP_WATCH_PID" 2>/dev/null || true
+    wait "$NLP_WATCH_PID" 2>/dev/null || true
+    NLP_WATCH_PID=""
+  fi
   if [ -n "$NLP_RESIGNAL_PID" ]; then
     kill "$NLP_RESIGNAL_PID" 2>/dev/null || true
     wait "$NLP_RESIGNAL_PID" 2>/dev/null || true
@@ -332,6 +346,29 @@ nlp_launch() {
   fi
   nlp_log "nlptrain exited with code $NLP_RC after $((SECONDS - t0)) s"
   # Both launchers report 75 when every rank exits 75.
+}
+
+# ---- the stop file -------------------------------------------------------------------------------------
+# touch RESULTS_DIR/STOP stops the run like SIGUSR1 (checkpoint, exit code 75), but the job is not
+# requeued. nlptrain looks for STOP in its output.dir at every step boundary: with OUTPUT_ON=shared
+# that is the results dir itself; with OUTPUT_ON=scratch this loop moves RESULTS_DIR/STOP into the
+# first node's scratch output.dir (rank 0's; any rank seeing it stops them all) every NLP_STOPFILE_S s.
+nlp_watch_stop_file() {
+  [ "$OUTPUT_ON" = scratch ] || return 0
+  ( trap - USR1 TERM EXIT
+    while kill -0 "$NLP_LAUNCH_PID" 2>/dev/null; do
+      if [ -e "$RESULTS_DIR/STOP" ] && mv -f "$RESULTS_DIR/STOP" "$NLP_SCRATCH/output/STOP" 2>/dev/null; then
+        nlp_log "stop file $RESULTS_DIR/STOP: moved to the scratch output.dir; nlptrain stops after the step in progress with a checkpoint (no requeue)"
+      fi
+      sleep "$NLP_STOPFILE_S"
+    done ) &
+  NLP_WATCH_PID=$!
+}
+
+# Whether nlptrain's newest stop was the stop file's (its log.txt, copied back to the results dir).
+nlp_stopped_by_file() {
+  [ -f "$RESULTS_DIR/log.txt" ] || return 1
+  grep -E "^(stop signal received|stop file '.*' found|signal: )" "$RESULTS_DIR/log.txt" | tail -n 1 | grep -q "^stop file "
 }
 
 # ---- signals ------------------------------------------------------------------------------------------
@@ -353,8 +390,9 @@ nlp_on_usr1() {
 }
 nlp_on_term() {
   NLP_TERM=1 NLP_STOP=1
-  nlp_log "SIGTERM (job cancelled or out of time): stopping nlptrain, no requeue"
-  [ -z "$NLP_LAUNCH_PID" ] || kill -TERM "$NLP_LAUNCH_PID" 2>/dev/null || true
+  # Passed on as SIGUSR1: mpirun kills the ranks odls_base_sigkill_timeout (1) s after a SIGTERM to it.
+  nlp_log "SIGTERM (job cancelled or out of time): asking nlptrain to checkpoint and stop (SIGUSR1 to the launcher), no requeue"
+  [ -z "$NLP_LAUNCH_PID" ] || kill -USR1 "$NLP_LAUNCH_PID" 2>/dev/null || true
 }
 
 # ---- copy-back, cleanup, requeue --------------------------------------------------------------------
@@ -416,6 +454,10 @@ nlp_finish() {
       nlp_log "stopped by SIGTERM with a checkpoint; not requeued (resubmit to continue)"
       exit 143
     fi
+    if nlp_stopped_by_file; then
+      nlp_log "stopped by the stop file with a checkpoint; not requeued (resubmit with RESUME=true to continue)"
+      exit 75
+    fi
     if [ "$REQUEUE" = 1 ]; then
       nlp_log "exit code 75: requeueing job $SLURM_JOB_ID (it resumes from the newest checkpoint)"
       if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi
@@ -433,6 +475,7 @@ nlp_on_exit() {  # an early exit (error, set -e): still copy back what exists an
   set +e
   [ -z "$NLP_LAUNCH_PID" ] || kill -TERM "$NLP_LAUNCH_PID" 2>/dev/null
   [ -z "$NLP_RESIGNAL_PID" ] || kill "$NLP_RESIGNAL_PID" 2>/dev/null
+  [ -z "$NLP_WATCH_PID" ] || kill "$NLP_WATCH_PID" 2>/dev/null
   nlp_copy_back
   nlp_cleanup
   exit "$rc"

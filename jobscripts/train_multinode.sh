@@ -15,7 +15,8 @@
 #      requeue of this job (a first run into a results dir of another run is refused: RESUME=true continues it);
 #   3. copies the outputs back to the results dir (the configured output.dir, relative to the submit dir;
 #      RESULTS_DIR overrides) and removes the scratch on every node (also on errors: trap EXIT);
-#   4. on exit code 75 (nlptrain stopped on SIGUSR1 with a checkpoint): scontrol requeue, exit 0.
+#   4. on exit code 75 (nlptrain stopped on SIGUSR1 with a checkpoint): scontrol requeue, exit 0; not after
+#      the stop file (touch RESULTS_DIR/STOP: checkpoint, exit 75, no requeue).
 #
 # SBATCH headers (sbatch command-line options override them):
 #SBATCH --job-name=nlptrain-multinode

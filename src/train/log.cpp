@@ -1,9 +1,12 @@
 #include "train/log.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,8 +17,35 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "text/json_min.h"
+#include "train/signals.h"
 
 namespace nlp {
+namespace {
+
+// text to stdout without waiting for ever on a reader that stopped reading: mpirun, ending a job on
+// Ctrl-C or SIGTERM, may read the ranks' output no more, and a log line every step fills the pipe
+// long before the ranks' SIGTERM comes (measured with 1 ms steps); a rank blocked in that write would never reach the step's end
+// and its checkpoint. So it waits for room in 100 ms slices, and gives up once mpirun's SIGTERM has
+// come (log.txt has every line).
+void write_stdout(const std::string& text) {
+  size_t off = 0;
+  while (off < text.size() && !stop_output_abandoned()) {
+    pollfd p{1, POLLOUT, 0};
+    const int r = ::poll(&p, 1, 100);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 || (r > 0 && (p.revents & (POLLERR | POLLNVAL)))) return;
+    if (r == 0) continue;
+    // POLLOUT on a pipe: PIPE_BUF bytes fit without blocking
+    const ssize_t n = ::write(1, text.data() + off, std::min<size_t>(text.size() - off, PIPE_BUF));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return;  // EPIPE: the reader is gone
+    }
+    off += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
 
 Log::~Log() {
   if (log_) std::fclose(log_);
@@ -73,15 +103,28 @@ void Log::start() {
   if (!config_ini_.empty()) info(cat("effective configuration written to ", dir_, "/", config_name_));
 }
 
-void Log::info(const std::string& line) {
+void Log::note(const std::string& line) {
   if (rank_ != 0) return;
-  std::fprintf(stdout, "%s\n", line.c_str());
-  std::fflush(stdout);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!started_) pending_.push_back(line);
   if (log_) {
     std::fprintf(log_, "%s\n", line.c_str());
     std::fflush(log_);
   }
+}
+
+void Log::info(const std::string& line) {
+  if (rank_ != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // not held while stdout may wait (note() goes on)
+    if (!started_) pending_.push_back(line);
+    if (log_) {
+      std::fprintf(log_, "%s\n", line.c_str());
+      std::fflush(log_);
+    }
+  }
+  std::fflush(stdout);  // anything printed through stdio first
+  write_stdout(line + "\n");
 }
 
 void Log::metrics(const std::string& record) {

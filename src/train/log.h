@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ class Log {
   bool started() const { return started_; }
   bool is_root() const { return rank_ == 0; }
   void info(const std::string& line);   // one line, newline added
+  // One line in log.txt only (kept for start() before it): what stderr has said already (the reports
+  // of stop signals, from the thread that takes them; info and note may be called from two threads).
+  void note(const std::string& line);
   void metrics(const std::string& json_line);  // "run_id" is added first when the run has one
   // The training run's id (train/run_folder.h), the same on every rank; "" = none (other modes).
   void set_run_id(const std::string& id) { run_id_ = id; }
@@ -51,6 +55,7 @@ class Log {
   std::function<void()> before_start_;
   std::FILE* log_ = nullptr;
   std::FILE* metrics_ = nullptr;
+  std::mutex mutex_;  // pending_ and log.txt: info() and note() (the signal thread's)
 };
 
 // The lines of metrics.jsonl text to keep when resuming at `step`: complete {...} records whose

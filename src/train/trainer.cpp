@@ -170,6 +170,7 @@ void resume(Session& s, AdamW& opt, TrainState& st, RunNotes& notes) {
                    s.log.run_id()));
     notes.resumed_from = r.path;
     notes.resumed_step = st.step;
+    stop_note_checkpoint(r.path, st.step, -1);  // the newest checkpoint, its write not timed here
   }
 }
 
@@ -510,15 +511,28 @@ struct StepLoop {
   }
 };
 
+std::string stop_file(const Session& s) { return s.cfg.output.dir + "/" + kStopFileName; }
+
+// "stop file 'out/STOP' found by 1 of 2 rank(s) (each looks in its own output.dir) and removed"
+std::string stop_file_found(const Session& s, double ranks) {
+  return cat("stop file '", stop_file(s), "' found by ", std::lround(ranks), " of ", s.comm.size(),
+             " rank(s) (each looks in its own output.dir) and removed");
+}
+
 // A stop signal during start-up ends the process at once (signals.h); one taken by the handler
-// instead of the signal thread, on any rank, ends the run here, before its first step.
+// instead of the signal thread, on any rank, ends the run here, before its first step, and so does
+// the stop file (removed).
 bool stopped_during_startup(Session& s, const TrainState& st) {
   if (s.cfg.debug.startup_sleep_ms > 0)  // debug.startup_sleep_ms: a long start-up
     std::this_thread::sleep_for(std::chrono::milliseconds(s.cfg.debug.startup_sleep_ms));
-  double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
-  s.comm.allreduce_sum_host(sig, 1);
-  if (sig[0] > 0 && st.step < s.cfg.train.steps) {
-    s.log.info(cat("stop signal received during start-up: stopping before step ", st.step + 1,
+  // [0]: a signal on some rank; [1]: some rank sees the stop file (output.dir may be node-local)
+  double stop[2] = {static_cast<double>(stop_check(st.step + 1)),
+                    stop_file_exists(s.cfg.output.dir) ? 1.0 : 0.0};
+  s.comm.allreduce_sum_host(stop, 2);
+  if (stop[1] > 0) remove_stop_file(s.cfg.output.dir);
+  if ((stop[0] > 0 || stop[1] > 0) && st.step < s.cfg.train.steps) {
+    s.log.info(cat(stop[0] > 0 ? std::string("stop signal received") : stop_file_found(s, stop[1]),
+                   " during start-up: stopping before step ", st.step + 1,
                    ", no checkpoint written; exiting with code ", kExitRequeue,
                    st.step > 0 ? " (train.resume = true continues from the checkpoint resumed from)"
                                : " (run again to train)"));
@@ -796,6 +810,14 @@ void report_step(StepLoop& L, const StepResult& r) {
 
 // ---- Evaluation, checkpoint, sample and stop --------------------------------------------------------
 
+// A checkpoint of the state now; its path, step and write time go to the reports of stop signals.
+std::string timed_checkpoint(StepLoop& L) {
+  const auto t0 = Clock::now();
+  const std::string path = checkpoint_now(L.s, L.optim.opt, L.optim.shards, L.st, L.ckpt_dir_id);
+  stop_note_checkpoint(path, L.st.step, seconds_since(t0));
+  return path;
+}
+
 // After a step: evaluation (and best.h5), checkpoint and sample where their intervals (or the last
 // step) say, then the stop check. Returns true when a stop signal ends the run here.
 bool evaluate_and_checkpoint(StepLoop& L) {
@@ -816,21 +838,28 @@ bool evaluate_and_checkpoint(StepLoop& L) {
   }
   bool checkpointed = false;
   if (cfg.checkpoint.interval > 0 && (st.step % cfg.checkpoint.interval == 0 || last)) {
-    const std::string path = checkpoint_now(s, L.optim.opt, L.optim.shards, st, L.ckpt_dir_id);
+    const std::string path = timed_checkpoint(L);
     s.log.info(cat("checkpoint: ", path));
     checkpointed = true;
   }
   if (L.tc.sample_interval > 0 && (st.step % L.tc.sample_interval == 0 || last))
     log_sample(s, static_cast<int>(st.step));
 
-  // A stop signal on any rank stops every rank at the same step boundary.
-  double sig[1] = {static_cast<double>(stop_check(st.step + 1))};
-  s.comm.allreduce_sum_host(sig, 1);
-  if (sig[0] > 0 && !last) {
-    const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir)
-                                          : checkpoint_now(s, L.optim.opt, L.optim.shards, st, L.ckpt_dir_id);
-    s.log.info(cat("stop signal received: checkpoint '", path, "' written at step ", st.step,
-                   "; exiting with code ", kExitRequeue, " (requeue and run again with train.resume = true)"));
+  // A stop signal on any rank, or the stop file seen by any rank, stops every rank at the same step
+  // boundary. [0]: a signal; [1]: the stop file (each rank looks in its own output.dir: node-local
+  // scratch folders too).
+  double stop[2] = {static_cast<double>(stop_check(st.step + 1)), stop_file_exists(cfg.output.dir) ? 1.0 : 0.0};
+  s.comm.allreduce_sum_host(stop, 2);
+  if (stop[1] > 0 && last) {
+    remove_stop_file(cfg.output.dir);
+    s.log.info(cat(stop_file_found(s, stop[1]), " after the last step: the run is done"));
+  }
+  if ((stop[0] > 0 || stop[1] > 0) && !last) {
+    const std::string path = checkpointed ? latest_checkpoint(cfg.output.dir) : timed_checkpoint(L);
+    if (stop[1] > 0) remove_stop_file(cfg.output.dir);  // after the checkpoint: a kill before it leaves the request
+    s.log.info(cat(stop[0] > 0 ? std::string("stop signal received") : stop_file_found(s, stop[1]),
+                   ": checkpoint '", path, "' written at step ", st.step, "; exiting with code ", kExitRequeue,
+                   " (requeue and run again with train.resume = true)"));
     return true;
   }
   return false;
@@ -951,12 +980,18 @@ int run_train(Session& s) {
   log_data_plan(s, data, order);
   s.model.reserve(order.B, data.T);  // the activation arena, once, at the largest batch
   StepLoop loop(s, data, order, optim, st, notes, ckpt_dir_id);
+  // The reports of stop signals go to log.txt too, from now until the run returns.
+  set_stop_log([&s](const std::string& line) { s.log.note(line); });
+  struct Unset {
+    ~Unset() { set_stop_log(nullptr); }
+  } unset;
   if (stopped_during_startup(s, st)) return kExitRequeue;
 
   // The steps: each one optimizer step, its report, then evaluation, checkpoint and the stop check.
   bool stopped = false;
   for (int step = static_cast<int>(st.step); step < tc.steps; ++step) {
     const StepResult r = optimizer_step(loop, step);
+    stop_note_step(r.dt);
     report_step(loop, r);
     stopped = evaluate_and_checkpoint(loop);
     if (stopped) break;

@@ -16,6 +16,9 @@
 #   (f) every sbatch line of README.md and jobscripts/README.md, scaled to this cluster, on tiny INIs of
 #       the names they give: COMPLETED 0:0 with its results; generate.sh's text written.
 #   (g) a new sbatch into (a)'s results dir (not a requeue, so no resume) is refused naming (a)'s run.
+#   (h) the stop file: `touch RESULTS_DIR/STOP` on a long srun job with output.dir on scratch: nlptrain
+#       checkpoints and exits 75, the job is not requeued (ExitCode 75:0), the file is gone, the
+#       checkpoint copied back.
 # The copied-back config.ini, log.txt and summary.json name the results dir and the inputs' own paths.
 # The jobs run with SRUN_WAIT=10, so every job above also shows that srun --wait cuts neither a normal
 # exit nor the exit code 75 short. A rank that crashes leaves a core file when the system allows one;
@@ -240,7 +243,10 @@ EOF
 chmod +x rank_dies.sh
 JE=$(NLPTRAIN=$SUB/rank_dies.sh sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini \
        --output.dir=results/e) || fail "sbatch (e) failed"
-say "jobs: a=$JA b=$JB c1=$JC1 c2=$JC2 sweep=${JD[*]} e=$JE"
+# (h) a long job stopped by the stop file (looked for every second)
+JH=$(NLP_STOPFILE_S=1 sbatch --parsable -N2 --ntasks-per-node=1 "$JS/train_multinode.sh" tiny.ini \
+       --train.steps=$((LONG * 5)) --checkpoint.interval=0 --output.dir=results/h) || fail "sbatch (h) failed"
+say "jobs: a=$JA b=$JB c1=$JC1 c2=$JC2 sweep=${JD[*]} e=$JE h=$JH"
 
 # ---- (c) signal the long jobs once they are training, the way --signal=B:USR1 does
 for j in "$JC1" "$JC2"; do
@@ -248,6 +254,10 @@ for j in "$JC1" "$JC2"; do
   scancel --signal=USR1 --batch "$j" || fail "scancel --signal=USR1 --batch $j failed" "$j"
   say "(c) job $j running: sent SIGUSR1 to its batch shell"
 done
+
+wait_steps "$JH" "$SUB/slurm-nlptrain-multinode-$JH.out" 5
+touch "$SUB/results/h/STOP"
+say "(h) job $JH running: created results/h/STOP"
 
 # ---- (a)
 wait_done "$JA"
@@ -331,6 +341,24 @@ done
 check_results "$SUB/results/c1" "$JC1" 2 2 1 $LONG 1
 check_results "$SUB/results/c2" "$JC2" 2 2 1 $LONG 1
 say "(c) pass: SIGUSR1 -> checkpoint, exit 75, requeue, resume, COMPLETED (srun+scratch, mpirun+shared)"
+
+# ---- (h)
+wait_done "$JH" 300
+f=$SUB/slurm-nlptrain-multinode-$JH.out
+[ "$st" = FAILED ] && [ "$(field "$JH" ExitCode)" = 75:0 ] ||
+  fail "(h) job $JH stopped by the stop file: ended $st $(field "$JH" ExitCode), expected FAILED 75:0" "$JH"
+[ "$(field "$JH" Restarts)" = 0 ] || fail "(h) job $JH was requeued after the stop file" "$JH"
+grep -q "stop file $SUB/results/h/STOP: moved to the scratch output.dir" "$f" || fail "(h) job $JH: the stop file was not moved" "$JH"
+grep -q "stopped by the stop file with a checkpoint; not requeued" "$f" || fail "(h) job $JH: no 'stopped by the stop file' line" "$JH"
+[ ! -e "$SUB/results/h/STOP" ] || fail "(h) job $JH: results/h/STOP is still there" "$JH"
+line=$(grep -F "stop file '$SUB/results/h/STOP' found by 1 of 2 rank(s) (each looks in its own output.dir) and removed: checkpoint" \
+  "$SUB/results/h/log.txt") ||
+  fail "(h) job $JH: log.txt has no stop file line" "$JH"
+[[ $line =~ "written at step "([0-9]+) ]] || fail "(h) job $JH: $line" "$JH"
+[ -f "$SUB/results/h/checkpoints/step_$(printf %08d "${BASH_REMATCH[1]}").h5" ] ||
+  fail "(h) job $JH: the checkpoint of step ${BASH_REMATCH[1]} was not copied back" "$JH"
+check_scratch_clean "$JH"
+say "(h) pass: the stop file -> checkpoint at step ${BASH_REMATCH[1]}, exit 75, not requeued, file removed"
 
 # ---- (f) every sbatch line of README.md and jobscripts/README.md, at this cluster's size
 # The lines are read from the two READMEs; their sizes are scaled to the cluster (at most 2 nodes,
