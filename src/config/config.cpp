@@ -54,6 +54,7 @@ const std::vector<std::string> kPadVocab = {"auto", "off", "128"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
+const std::vector<std::string> kOffload = {"none", "optimizer"};
 const std::vector<std::string> kPadding = {"longest", "max_length"};
 const std::vector<std::string> kGroupOrder = {"longest_first", "shuffled"};
 const std::vector<std::string> kPackBatch = {"rows", "examples"};
@@ -330,6 +331,11 @@ const std::vector<Entry>& schema() {
        "is reduce-scattered, each rank keeps AdamW m and v for and updates only its 1/N of the "
        "parameters, which are then all-gathered (optimizer memory per rank / N; with comm.overlap the "
        "reduce-scatter goes out in buckets during the backward); checkpoints hold the full state either way"},
+      {KEY(train, offload), one_of(kOffload),
+       "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
+       "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "
+       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back; the "
+       "device holds no optimizer state. none = the optimizer state in backend memory"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},

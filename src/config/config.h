@@ -127,6 +127,7 @@ struct TrainConfig {
   int nonfinite_max = 5;       // skip: stop once this many consecutive steps were skipped
   std::string recompute = "none";  // none | block: keep only each block's input, recompute in backward
   int zero = 0;                // 0 | 1: ZeRO-1, AdamW state and update sharded over the ranks
+  std::string offload = "none";  // none | optimizer: master weights and AdamW state on the host
 };
 
 struct EvalConfig {

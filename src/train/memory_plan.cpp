@@ -35,7 +35,13 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.zero = cfg.train.zero;
   p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
   // the largest shard (comm/shard.h), what the rank that holds it allocates
-  p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
+  const size_t shard = ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float);
+  p.optimizer = train ? 2 * shard : 0;
+  p.host_is_device = cfg.run.backend == "cpu";
+  if (train && cfg.train.offload == "optimizer") {  // train/optimizer.h: master, m, v, gradient copy
+    p.optimizer = 0;
+    p.offload_host = 4 * shard;
+  }
   if (cfg.run.mode == "generate") {
     // generation runs no batch forward: one sequence at a time through the KV-cache decoder
     // (make_decoder(m, be, 1)), whose cache spans the model's positions
@@ -76,7 +82,16 @@ std::string MemoryPlan::table() const {
                 bf16_copy ? cat(" (with the bf16 copy ", cat(bf16_copy >> 20), " MiB)").c_str() : "",
                 mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
                 mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
-  return buf;
+  std::string out = buf;
+  if (offload_host > 0) {
+    char h[256];
+    std::snprintf(h, sizeof h,
+                  " | offloaded to the host (train.offload = optimizer: master weights, m, v, gradient copy) "
+                  "%.1f%s",
+                  mib(offload_host), host_is_device ? ", in the total" : ", not in the device total");
+    out += h;
+  }
+  return out;
 }
 
 std::string MemoryPlan::activations_label() const {
@@ -96,7 +111,7 @@ std::string MemoryPlan::json() const {
   std::ostringstream o;
   o << "{\"weights_bytes\":" << weights << ",\"bf16_weights_bytes\":" << bf16_copy
     << ",\"gradients_bytes\":" << grads
-    << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
+    << ",\"optimizer_bytes\":" << optimizer << ",\"offload_host_bytes\":" << offload_host << ",\"activations_bytes\":" << activations
     << ",\"lm_head_bytes\":" << lm_head << ",\"lm_head_fused\":" << (lm_head_fused ? "true" : "false")
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
     << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none")

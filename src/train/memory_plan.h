@@ -16,7 +16,11 @@ struct MemoryPlan {
   size_t weights = 0;      // parameters (fp32), and their bf16 copy when there is one
   size_t bf16_copy = 0;    // of which the persistent bf16 copy (run.bf16_weights)
   size_t grads = 0;        // their gradients (every mode allocates the arena: model/params.cpp)
-  size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1
+  size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1; 0 when
+                           // offloaded (train.offload = optimizer)
+  size_t offload_host = 0; // train.offload = optimizer: the shard's master weights, m, v and gradient
+                           // copy in host memory (counted in total() on the cpu, where host is the device)
+  bool host_is_device = true;  // run.backend = cpu
   size_t activations = 0;  // Model::activation_bytes(B, T), with or without recomputation; generate:
                            // the KV-cache decoder's buffers (decoder_bytes, one sequence)
   size_t lm_head = 0;      // of which the LM head's logits (Model::lm_head_bytes: GPT-2's [B*T, V]
@@ -28,7 +32,9 @@ struct MemoryPlan {
   bool recompute = false;
   bool decoder = false;     // run.mode = generate: activations are the decoder's (B = 1, T = n_positions)
   int zero = 0, ranks = 1;  // train.zero and the ranks the optimizer state is sharded over
-  size_t total() const { return weights + grads + optimizer + activations + workspace; }
+  size_t total() const {
+    return weights + grads + optimizer + activations + workspace + (host_is_device ? offload_host : 0);
+  }
   std::string table() const;  // a few log lines
   // "activations (B=8, T=128, recompute none)", or for generate "KV cache (1 sequence, T=1024)"
   std::string activations_label() const;

@@ -297,6 +297,7 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
   s.model.params().upload(hp);
   opt.upload(opt.exp_avg(), hm);
   opt.upload(opt.exp_avg_sq(), hv);
+  opt.load_master();  // train.offload = optimizer: the host master weights from the loaded ones
   st = loaded;
   return out;
 }

@@ -248,6 +248,7 @@ TrainData open_train_data(Session& s) {
 
 // The AdamW optimizer and its sharding. train.zero = 1: this rank keeps AdamW state for, and updates,
 // only its shard of the arena.
+// train.offload = optimizer: that state (and the master weights) on the host (optimizer.h).
 struct Optimizer {
   bool zero;
   ShardLayout shards;
@@ -256,7 +257,7 @@ struct Optimizer {
       : zero(zero_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
-            shards.hi(zero ? s.comm.rank() : 0)) {}
+            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer") {}
 };
 
 // ---- Resume ---------------------------------------------------------------------------------------
@@ -301,6 +302,8 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
   notes.zero = o.zero ? 1 : 0;
   notes.optimizer_bytes = static_cast<int64_t>(opt.state_bytes());
   notes.optimizer_bytes_total = static_cast<int64_t>(2 * total * sizeof(float));
+  notes.offload = tc.offload;
+  notes.optimizer_host_bytes = static_cast<int64_t>(opt.host_bytes());
   const double mib = 1024.0 * 1024.0;
   char buf[320];
   if (o.zero)
@@ -314,6 +317,11 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
                   double(opt.state_bytes()) / mib, tc.zero,
                   tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
   s.log.info(buf);
+  if (opt.offloaded())
+    s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "
+                   "copy of [", opt.lo(), ", ", opt.hi(), ") in host memory (",
+                   std::lround(double(opt.host_bytes()) / mib * 10) / 10.0, " MiB on this rank", 
+                   s.be.name() == "cuda" ? ", page-locked" : "", "); AdamW runs on the host"));
 }
 
 // The example order of the run and how its micro-batches are shaped (trimmed, packed).
