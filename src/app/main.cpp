@@ -332,7 +332,8 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be.name(),
                comm.size() > 1 ? cat(" (gradients: ", c.gpu_comm,
-                                     cfg.train.zero == 1 ? ", ZeRO-1" : "", cfg.comm.overlap ? ", overlapped" : "", ")")
+                                     cfg.train.zero >= 1 ? cat(", ZeRO-", cfg.train.zero) : std::string(),
+                                     cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
                " | precision ",
                precision_name(c.precision), cfg.run.bf16_activations ? " (activations bf16)" : "",

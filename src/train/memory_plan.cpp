@@ -12,6 +12,7 @@
 #include "comm/shard.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "train/grad_shards.h"
 
 namespace nlp {
 namespace {
@@ -33,10 +34,12 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.weights += p.bf16_copy;
   p.grads = P;
   p.zero = cfg.train.zero;
-  p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
+  p.ranks = cfg.train.zero >= 1 ? std::max(1, world) : 1;
   // the largest shard (comm/shard.h), what the rank that holds it allocates
   const size_t shard = ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float);
   p.optimizer = train ? 2 * shard : 0;
+  // train.zero = 2 (train/grad_shards.h): the shard and the backward's buffers instead of the arena
+  if (train && cfg.train.zero == 2) p.grads = shard + zero2_buffer_floats(mm.params(), 2) * sizeof(float);
   p.host_is_device = cfg.run.backend == "cpu";
   if (train && cfg.train.offload == "optimizer") {  // train/optimizer.h: master, m, v, gradient copy
     p.optimizer = 0;
@@ -80,7 +83,7 @@ std::string MemoryPlan::table() const {
                 "memory plan per rank (MiB): weights%s %.1f | gradients %.1f | AdamW m+v%s %.1f | "
                 "%s %.1f | workspace %.1f | total %.1f",
                 bf16_copy ? cat(" (with the bf16 copy ", cat(bf16_copy >> 20), " MiB)").c_str() : "",
-                mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
+                mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = ", zero, ")").c_str() : "",
                 mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
   std::string out = buf;
   if (offload_host > 0) {

@@ -53,13 +53,13 @@ void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
   if (spans_.empty()) return;
   if (offload_) {
     const size_t bytes = (hi_ - lo_) * sizeof(float);
-    be_.to_host(host_grad_, ps_.grad() + lo_, bytes);
-    if (zero_grad) be_.zero(ps_.grad() + lo_, bytes);
+    be_.to_host(host_grad_, grads(), bytes);
+    if (zero_grad) be_.zero(grads(), bytes);
     host_adamw_update(master_, host_grad_, m_, v_, spans_, lr, tc_.beta1, tc_.beta2, tc_.adam_eps, grad_scale, t);
     be_.to_device(ps_.data() + lo_, master_, bytes);
     return;
   }
-  be_.adamw_update_spans(ps_.data() + lo_, ps_.grad() + lo_, m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
+  be_.adamw_update_spans(ps_.data() + lo_, grads(), m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
                          tc_.adam_eps, grad_scale, t, zero_grad);
 }
 

@@ -47,6 +47,10 @@ class AdamW {
   void upload(float* dev, const std::vector<float>& whole);
   // offload: the master weights from the arena's range (no-op without offload).
   void load_master();
+  // The range's gradients (hi - lo floats in backend memory): the arena's range by default, the
+  // gradient shard with train.zero = 2 (train/grad_shards.h).
+  void set_grads(float* g) { grad_src_ = g; }
+  float* grads() { return grad_src_ ? grad_src_ : ps_.grad() + lo_; }
 
  private:
   ParamStore& ps_;
@@ -58,6 +62,7 @@ class AdamW {
   float* v_ = nullptr;
   float* master_ = nullptr;  // offload: the range's fp32 weights on the host
   float* host_grad_ = nullptr;  // offload: the range's gradients copied to the host
+  float* grad_src_ = nullptr;   // set_grads
   // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
   std::vector<Backend::AdamWSpan> spans_;
 };

@@ -79,6 +79,7 @@ struct RunNotes {
   // rank's master weights, m, v and gradient copy (optimizer_state_bytes_per_rank then counts the
   // moments, which are on the host).
   std::string offload = "none";
+  int64_t gradient_bytes = 0;  // "gradient_bytes_per_rank": the arena, or train.zero = 2's shard and buffers
   int64_t optimizer_host_bytes = 0;
   // data.padding over every micro-batch of the run, all ranks: micro-batches, the sum of their
   // lengths (after trimming), and token positions at the file's length, computed and real.

@@ -29,6 +29,7 @@
 #include "io/packed_sampler.h"
 #include "io/weights.h"
 #include "train/batches.h"
+#include "train/grad_shards.h"
 #include "train/optimizer.h"
 #include "train/resume.h"
 #include "train/run_folder.h"
@@ -249,15 +250,26 @@ TrainData open_train_data(Session& s) {
 // The AdamW optimizer and its sharding. train.zero = 1: this rank keeps AdamW state for, and updates,
 // only its shard of the arena.
 // train.offload = optimizer: that state (and the master weights) on the host (optimizer.h).
+// train.zero = 2: also no gradient arena, only this rank's gradient shard and the buffers the
+// backward writes into (grad_shards.h); AdamW reads the shard.
 struct Optimizer {
-  bool zero;
+  bool zero;  // sharded: train.zero >= 1 on several ranks
+  int stage;  // train.zero
   ShardLayout shards;
   AdamW opt;
-  Optimizer(Session& s, bool zero_)
-      : zero(zero_),
+  std::unique_ptr<GradShards> grads;  // train.zero = 2
+  Optimizer(Session& s, int stage_)
+      : zero(stage_ >= 1 && s.comm.size() > 1), stage(stage_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
-            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer") {}
+            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer") {
+    if (stage == 2) {
+      grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
+                                           s.cfg.comm.overlap && s.comm.size() > 1);
+      opt.set_grads(grads->shard());
+    }
+  }
+  bool sharded_grads() const { return zero || grads; }  // the gradient is summed in this rank's range only
 };
 
 // ---- Resume ---------------------------------------------------------------------------------------
@@ -299,7 +311,7 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
   const size_t total = s.model.params().total();
   notes.batch_size = b.B;
   notes.grad_accum = b.A;
-  notes.zero = o.zero ? 1 : 0;
+  notes.zero = o.sharded_grads() ? o.stage : 0;
   notes.optimizer_bytes = static_cast<int64_t>(opt.state_bytes());
   notes.optimizer_bytes_total = static_cast<int64_t>(2 * total * sizeof(float));
   notes.offload = tc.offload;
@@ -317,6 +329,17 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
                   double(opt.state_bytes()) / mib, tc.zero,
                   tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
   s.log.info(buf);
+  if (o.grads) {
+    const size_t shard_b = o.grads->shard_size() * sizeof(float), buf_b = o.grads->buffer_bytes();
+    s.log.info(cat("gradients: train.zero = 2: the gradient shard [", opt.lo(), ", ", opt.hi(), ") ",
+                   std::lround(double(shard_b) / mib * 10) / 10.0, " MiB and the backward's buffers (the tensors "
+                   "outside the blocks, two block slots) ", std::lround(double(buf_b) / mib * 10) / 10.0,
+                   " MiB on this rank, instead of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0,
+                   " MiB arena; each block's gradients reduce-scattered as its backward ends, every micro-batch"));
+    notes.gradient_bytes = static_cast<int64_t>(shard_b + buf_b);
+  } else {
+    notes.gradient_bytes = static_cast<int64_t>(total * sizeof(float));
+  }
   if (opt.offloaded())
     s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "
                    "copy of [", opt.lo(), ", ", opt.hi(), ") in host memory (",
@@ -616,6 +639,29 @@ void forward_backward(StepLoop& L, int step, float dloss) {
     L.reducer.ready(lo);
     L.t_hook += seconds_since(th);
   };
+  if (L.optim.grads) {  // train.zero = 2: every micro-batch's gradients go to their shards
+    GradShards& gs = *L.optim.grads;
+    auto hook2 = [&L, &gs](size_t lo) {
+      const auto th = Clock::now();
+      gs.ready(lo);
+      L.t_hook += seconds_since(th);
+    };
+    for (int a = 0; a < L.A; ++a) {
+      DeviceBatch db = L.dbuf.upload(L.micro[a]);
+      const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
+      s.model.forward_into(db, /*training=*/true, dseed, L.loss_dev.get());
+      gs.begin();
+      s.model.set_grad_ready_hook(hook2);
+      s.model.backward(db, dloss, /*training=*/true, dseed);
+      s.model.set_grad_ready_hook(nullptr);
+      if (a + 1 < L.A) {  // the last one's end() waits in finish_gradients, after the read-ahead
+        const auto th = Clock::now();
+        gs.end();
+        L.t_hook += seconds_since(th);
+      }
+    }
+    return;
+  }
   for (int a = 0; a < L.A; ++a) {
     DeviceBatch db = L.dbuf.upload(L.micro[a]);
     const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
@@ -649,7 +695,10 @@ void finish_gradients(StepLoop& L, int step, double& t_comm) {
   }
   s.be.synchronize();
   const auto tp = Clock::now();
-  L.reducer.finish();
+  if (L.optim.grads)
+    L.optim.grads->end();
+  else
+    L.reducer.finish();
   // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
   static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
   if (trace)
@@ -658,7 +707,11 @@ void finish_gradients(StepLoop& L, int step, double& t_comm) {
                  std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
   if (listed(L.inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    s.be.to_device(s.model.params().grad(), &nan, sizeof nan);
+    // the arena's first gradient (with train.zero = 2 in rank 0's shard only, as ZeRO-1 sums it)
+    if (!L.optim.grads)
+      s.be.to_device(s.model.params().grad(), &nan, sizeof nan);
+    else if (L.rank == 0)
+      s.be.to_device(L.optim.grads->shard(), &nan, sizeof nan);
   }
   t_comm += seconds_since(tp);
 }
@@ -670,10 +723,10 @@ void loss_and_norm(StepLoop& L, double loss_units, StepResult& r, double& t_comm
   Session& s = L.s;
   ParamStore& ps = s.model.params();
   const AdamW& opt = L.optim.opt;
-  const bool zero = L.optim.zero;
+  const bool zero = L.optim.sharded_grads();
   double loss_sum = 0;
   s.be.to_host(&loss_sum, L.loss_dev.get(), sizeof loss_sum);
-  double host_sums[2] = {loss_sum, zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
+  double host_sums[2] = {loss_sum, zero ? s.be.sumsq(L.optim.opt.grads(), opt.hi() - opt.lo()) : 0.0};
   const auto tp = Clock::now();
   s.comm.allreduce_sum_host(host_sums, 2);
   s.be.synchronize();
@@ -699,8 +752,10 @@ void apply_update(StepLoop& L, const StepResult& r, double& t_comm) {
     const float grad_scale =
         (L.tc.clip > 0 && r.norm > L.tc.clip) ? static_cast<float>(L.tc.clip / (r.norm + 1e-6)) : 1.f;
     // AdamW's bias correction counts the updates applied, not the steps taken.
-    opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), /*zero_grad=*/!zero);
-    L.grads_zero = !zero;
+    // train.zero = 2: the shard is all there is (the backward's buffers are zero after each micro-batch)
+    const bool zero_grad = !zero || L.optim.grads != nullptr;
+    opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), zero_grad);
+    L.grads_zero = zero_grad;
     if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
       const auto tp = Clock::now();
       s.comm.all_gather(ps.data(), L.optim.shards);
@@ -731,7 +786,12 @@ StepResult optimizer_step(StepLoop& L, int step) {
   StepResult r;
   r.step = step;
   r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
-  if (!L.grads_zero) s.be.zero(s.model.params().grad(), s.model.params().total() * sizeof(float));
+  if (!L.grads_zero) {
+    if (L.optim.grads)
+      L.optim.grads->zero_shard();
+    else
+      s.be.zero(s.model.params().grad(), s.model.params().total() * sizeof(float));
+  }
   L.grads_zero = false;
 
   r.counts = take_step_batches(L, step, t_data, t_comm);
@@ -936,7 +996,7 @@ int run_train(Session& s) {
   const TrainConfig& tc = s.cfg.train;
   // Set-up: the data, the optimizer (sharded with train.zero = 1) and the state a checkpoint holds.
   const TrainData data = open_train_data(s);
-  Optimizer optim(s, tc.zero == 1 && s.comm.size() > 1);
+  Optimizer optim(s, tc.zero);
   TrainState st;
   st.seed = tc.seed;
   st.world_size = s.comm.size();
