@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -119,6 +120,65 @@ std::string MemoryPlan::json() const {
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
     << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none")
     << "\",\"zero\":" << zero << ",\"optimizer_shards\":" << ranks << "}";
+  return o.str();
+}
+
+std::string PlanOption::keys() const {
+  std::string k = cat("train.zero = ", zero);
+  if (recompute) k += ", train.recompute = block";
+  if (offload) k += ", train.offload = optimizer";
+  return k;
+}
+
+std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int world) {
+  const bool rc0 = cfg.train.recompute == "block", off0 = cfg.train.offload == "optimizer";
+  std::vector<PlanOption> out;
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
+    if ((pass & 1 && rc0) || (pass & 2 && off0)) continue;  // the same as an earlier pass
+    for (int z = cfg.train.zero; z <= 2; ++z) {
+      Config c = cfg;
+      c.train.zero = z;
+      c.train.recompute = rc ? "block" : "none";
+      c.train.offload = off ? "optimizer" : "none";
+      m.set_recompute(rc);
+      out.push_back({z, rc, off, plan_memory(c, m, T, world)});
+    }
+  }
+  m.set_recompute(rc0);
+  return out;
+}
+
+const PlanOption* smallest_fitting(const std::vector<PlanOption>& options, double budget) {
+  for (const PlanOption& o : options)
+    if (double(o.plan.total()) <= budget) return &o;
+  return nullptr;
+}
+
+std::string plan_options_table(const std::vector<PlanOption>& options, double budget, int world) {
+  std::ostringstream o;
+  char line[256];
+  o << "memory plan per rank on " << world << " rank(s) (MiB; the first row is the configured one):\n";
+  std::snprintf(line, sizeof line, "  %-68s %9s %9s %9s %9s %9s %9s %9s %s\n", "settings", "weights", "gradients",
+                "optimizer", "host", "activ.", "workspace", "total", budget > 0 ? "fits" : "");
+  o << line;
+  const PlanOption* fit = budget > 0 ? smallest_fitting(options, budget) : nullptr;
+  for (const PlanOption& p : options) {
+    const MemoryPlan& m = p.plan;
+    std::snprintf(line, sizeof line, "  %-68s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %s\n", p.keys().c_str(),
+                  mib(m.weights), mib(m.grads), mib(m.optimizer), mib(m.offload_host), mib(m.activations),
+                  mib(m.workspace), mib(m.total()),
+                  budget <= 0 ? "" : double(m.total()) <= budget ? (&p == fit ? "yes (smallest)" : "yes") : "no");
+    o << line;
+  }
+  if (budget <= 0)
+    o << "  (no budget: set run.memory_limit_gb to mark what fits)\n";
+  else if (fit)
+    o << "  smallest setting that fits " << std::lround(mib(size_t(budget))) << " MiB: " << fit->keys() << "\n";
+  else
+    o << "  nothing fits " << std::lround(mib(size_t(budget))) << " MiB: lower train.batch_size, or more ranks\n";
+  o << "  (host: train.offload's master weights, m, v and gradient copy, outside the device on cuda and in the "
+       "total on the cpu)\n";
   return o.str();
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "model/model.h"
@@ -44,6 +45,24 @@ struct MemoryPlan {
 // `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)); `world` is
 // the number of ranks (train.zero = 1 divides the optimizer state by it).
 MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
+
+// The settings that shrink the plan, in the order they cost speed: train.zero from the configured
+// stage up to 2, then the same with train.recompute = block, then with train.offload = optimizer, then
+// both (the configured settings first; each setting at least as strong as the configured one). `m`
+// is an unallocated model (its recompute flag is set per option and restored).
+struct PlanOption {
+  int zero = 0;
+  bool recompute = false, offload = false;
+  MemoryPlan plan;
+  std::string keys() const;  // "train.zero = 2, train.recompute = block, train.offload = optimizer"
+};
+std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int world);
+// The first option whose total fits `budget` bytes (nullptr: none does).
+const PlanOption* smallest_fitting(const std::vector<PlanOption>& options, double budget);
+// --check: the plan of every option as a table (model state, gradients, optimizer state on the device
+// and on the host, activations, workspace, total per rank) and the first that fits `budget` (0: no
+// budget known, none marked).
+std::string plan_options_table(const std::vector<PlanOption>& options, double budget, int world);
 
 // Memory this rank may use: cpu: MemAvailable of /proc/meminfo divided by the ranks on this node;
 // cuda: cudaMemGetInfo's free bytes of `device`. 0 when unknown; `what` says where it came from.
