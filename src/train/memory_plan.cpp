@@ -65,11 +65,14 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // weights files go through. In training that copy is freed before the first step touches the
     // optimizer state and the activations (measured:
     // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md), and
-    // what can sit beside a full step is rank 0's parameters + m + v while it writes a checkpoint
-    // (or reads one to resume), and MPI's temporary buffers for the gradient sum: about one bucket
-    // with comm.overlap, up to the whole arena for one blocking collective.
+    // what can sit beside a full step is a checkpoint's two tensor buffers (written and read a
+    // tensor at a time: the writer's or reader's buffer and the gathered or broadcast copy, each the
+    // largest tensor), and MPI's temporary buffers for the gradient sum: about one bucket with
+    // comm.overlap, up to the whole arena for one blocking collective.
     size_t host = train ? 0 : P;
-    if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 3 * P;
+    size_t largest = 0;
+    for (const auto& sp : mm.params().specs()) largest = std::max(largest, sp.numel);
+    if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 2 * largest * sizeof(float);
     if (train && world > 1) {
       host = std::max(host, cfg.comm.overlap ? std::min(P, cfg.comm.bucket_floats() * sizeof(float)) : P);
     }

@@ -71,6 +71,24 @@ void AdamW::download(const float* dev, std::vector<float>& host) const {
     be_.to_host(host.data(), dev, host.size() * sizeof(float));
 }
 
+void AdamW::read_moment(int which, size_t a, size_t b, float* host) const {
+  NLP_ASSERT(lo_ <= a && a <= b && b <= hi_);
+  const float* src = (which == 0 ? m_ : v_) + (a - lo_);
+  if (offload_)
+    std::memcpy(host, src, (b - a) * sizeof(float));
+  else if (b > a)
+    be_.to_host(host, src, (b - a) * sizeof(float));
+}
+
+void AdamW::write_moment(int which, size_t a, size_t b, const float* host) {
+  NLP_ASSERT(lo_ <= a && a <= b && b <= hi_);
+  float* dst = (which == 0 ? m_ : v_) + (a - lo_);
+  if (offload_)
+    std::memcpy(dst, host, (b - a) * sizeof(float));
+  else if (b > a)
+    be_.to_device(dst, host, (b - a) * sizeof(float));
+}
+
 void AdamW::upload(float* dev, const std::vector<float>& whole) {
   NLP_ASSERT(whole.size() == ps_.total());
   if (offload_)

@@ -45,6 +45,10 @@ class AdamW {
   // checkpoint's: ps.total() floats, of which [lo, hi) is taken).
   void download(const float* dev, std::vector<float>& host) const;
   void upload(float* dev, const std::vector<float>& whole);
+  // Arena elements [a, b) (within [lo, hi)) of moment `which` (0 = m, 1 = v) to and from host memory
+  // (checkpoints, a tensor at a time).
+  void read_moment(int which, size_t a, size_t b, float* host) const;
+  void write_moment(int which, size_t a, size_t b, const float* host);
   // offload: the master weights from the arena's range (no-op without offload).
   void load_master();
   // The range's gradients (hi - lo floats in backend memory): the arena's range by default, the

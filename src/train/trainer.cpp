@@ -76,40 +76,54 @@ void check_checkpoint_dir(const std::string& dir, const CheckpointDir& d, int64_
                     "; stopping instead of going on in a new folder"));
 }
 
-// The AdamW moments of the whole arena on rank 0, in `hm` and `hv`. train.zero = 1: gathered from
-// every rank's shard (a collective: every rank calls it); checkpoints hold the full state either way.
-void gather_moments(Session& s, AdamW& opt, const ShardLayout& sh, std::vector<float>& hm,
-                    std::vector<float>& hv) {
-  const bool root = s.comm.rank() == 0;
-  if (sh.ranks() == 1) {  // not sharded: rank 0 holds it all
-    if (root) {
-      opt.download(opt.exp_avg(), hm);
-      opt.download(opt.exp_avg_sq(), hv);
-    }
-    return;
+// The split of parameter tensor `sp` over the ranks' shards: rank r owns elements [offset[r],
+// offset[r] + count[r]) of the tensor (comm/shard.h's part of the tensor's arena range).
+ShardLayout tensor_split(const ParamSpec& sp, const ShardLayout& sh) {
+  ShardLayout t;
+  t.total = sp.numel;
+  const size_t a = sp.offset, b = sp.offset + sp.numel;
+  for (int r = 0; r < sh.ranks(); ++r) {
+    const auto [first, last] = sh.part(r, a, b);
+    t.offset.push_back(std::min(first, b) - a);
+    t.count.push_back(last - first);
   }
-  std::vector<float> mine;
-  for (auto [dev, out] : {std::pair{opt.exp_avg(), &hm}, std::pair{opt.exp_avg_sq(), &hv}}) {
-    opt.download(dev, mine);
-    if (root) out->resize(sh.total);
-    s.comm.gather_host(mine.data(), root ? out->data() : nullptr, sh, 0);
-  }
+  return t;
 }
 
+// Moment `which` of tensor `sp` on rank 0 in `out` (sp.numel floats; null elsewhere), gathered from
+// the ranks that own its parts (a collective with train.zero = 1 or 2: every rank calls it).
+void gather_moment(Session& s, const AdamW& opt, const ShardLayout& sh, int which, const ParamSpec& sp, float* out) {
+  if (sh.ranks() == 1) {
+    if (s.comm.rank() == 0) opt.read_moment(which, sp.offset, sp.offset + sp.numel, out);
+    return;
+  }
+  const ShardLayout t = tensor_split(sp, sh);
+  const int r = s.comm.rank();
+  std::vector<float> mine(std::max<size_t>(t.count[r], 1));
+  if (t.count[r] > 0) opt.read_moment(which, sp.offset + t.offset[r], sp.offset + t.offset[r] + t.count[r], mine.data());
+  s.comm.gather_host(mine.data(), r == 0 ? out : nullptr, t, 0);
+}
+
+// The checkpoint, streamed a tensor at a time (io/checkpoint.h): rank 0 writes the weights from its
+// copy and each moment tensor as gathered from its owners, so no rank holds more of the model state
+// than its own plus one tensor. A collective: every rank calls it.
 std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, const TrainState& st,
                            CheckpointDir& dir_id) {
   std::string path;
-  std::vector<float> hm, hv;
-  gather_moments(s, opt, shards, hm, hv);
+  ParamStore& ps = s.model.params();
+  const auto& specs = ps.specs();
   if (s.comm.rank() == 0) {
     const std::string dir = s.cfg.output.dir + "/checkpoints";
     check_checkpoint_dir(dir, dir_id, st.step, "before writing");
-    std::vector<float> hp;
-    auto params = s.model.params().host_views(hp);
-    s.model.params().download(hp);
-    auto m = s.model.params().host_views(hm);
-    auto v = s.model.params().host_views(hv);
-    path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
+    std::vector<NamedTensor> names;
+    for (const auto& sp : specs) names.push_back({sp.name, sp.shape, nullptr});
+    path = save_checkpoint(s.cfg.output.dir, st, names,
+                           [&](int group, size_t i, float* out) {
+                             if (group == 0)
+                               s.be.to_host(out, ps.data() + specs[i].offset, specs[i].numel * sizeof(float));
+                             else
+                               gather_moment(s, opt, shards, group - 1, specs[i], out);
+                           },
                            [&](h5::File& f) {
                              s.model.write_attrs(f);
                              if (!s.log.run_id().empty()) f.set_attr(kRunIdAttr, s.log.run_id());
@@ -124,6 +138,9 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
                         " (removed or unmounted?); stopping instead of going on in a new folder"));
     }
     check_checkpoint_dir(dir, dir_id, st.step, "while writing");
+  } else if (shards.ranks() > 1) {  // the writer's gathers, in its order
+    for (int which = 0; which < 2; ++which)
+      for (const auto& sp : specs) gather_moment(s, opt, shards, which, sp, nullptr);
   }
   s.comm.barrier();  // the checkpoint exists for every rank once this returns
   return path;
