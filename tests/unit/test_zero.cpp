@@ -5,6 +5,7 @@
 // and the whole training loop against train.zero = 0 in tests/python/test_zero.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -12,7 +13,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "comm/shard.h"
 #include "core/rng.h"
+#include "core/error.h"
+#include "model/model.h"
 #include "model/params.h"
+#include "train/grad_shards.h"
 #include "train/optimizer.h"
 
 using namespace nlp;
@@ -148,5 +152,61 @@ TEST(ZeroAdamW, OffloadedStepsEqualTheBackendsBitwise) {
       }
       ASSERT_EQ(std::memcmp(dev.data(), host.data(), dev.total() * sizeof(float)), 0) << threads;
     }
+  }
+}
+
+// ZeRO-2's regions (train/grad_shards.h): the blocks of the real models, found by name, tile the arena
+// between the resident tensors in layer order; a resident tensor between blocks is refused by name.
+TEST(Zero2Regions, BlocksOfGpt2AndBertTileTheArena) {
+  auto be = make_cpu_backend(1);
+  for (const char* type : {"gpt2", "bert"}) {
+    ModelConfig mc;
+    mc.type = type;
+    mc.n_layer = mc.num_hidden_layers = 3;
+    mc.n_head = mc.num_attention_heads = 2;
+    mc.n_embd = mc.hidden_size = 16;
+    mc.intermediate_size = 32;
+    mc.vocab_size = 40;
+    mc.n_positions = mc.max_position_embeddings = 8;
+    auto m = make_model(mc, *be, std::string(type) == "bert" ? "mlm" : "clm", /*allocate=*/false);
+    const ParamStore& ps = m->params();
+    const auto regions = zero2_regions(ps);
+    ASSERT_FALSE(regions.empty());
+    EXPECT_EQ(regions.front().lo, 0u);
+    EXPECT_EQ(regions.back().hi, ps.total());
+    int next_layer = 0;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      if (i > 0) EXPECT_EQ(regions[i].lo, regions[i - 1].hi) << type;
+      if (regions[i].layer >= 0) EXPECT_EQ(regions[i].layer, next_layer++) << type;
+    }
+    EXPECT_EQ(next_layer, 3) << type;
+    // every tensor lies in one region, of its own layer
+    for (const auto& s : ps.specs()) {
+      const auto it = std::find_if(regions.begin(), regions.end(),
+                                   [&](const GradRegion& r) { return s.offset >= r.lo && s.offset < r.hi; });
+      ASSERT_NE(it, regions.end()) << s.name;
+      EXPECT_LE(s.offset + s.numel, it->hi) << s.name;
+      const bool in_block = s.name.find(".h.") != std::string::npos || s.name.find(".layer.") != std::string::npos;
+      EXPECT_EQ(it->layer >= 0, in_block) << s.name;
+    }
+    // the buffers: the resident tensors and two of the (equal) blocks
+    size_t resident = 0, block = 0;
+    for (const auto& r : regions) {
+      if (r.layer < 0)
+        resident += r.hi - r.lo;
+      else
+        block = std::max(block, r.hi - r.lo);
+    }
+    EXPECT_EQ(zero2_buffer_floats(ps, 2), resident + 2 * block) << type;
+  }
+  ParamStore bad;
+  bad.add("transformer.h.0.w", {4}, true);
+  bad.add("transformer.ln_mid.weight", {4}, false);
+  bad.add("transformer.h.1.w", {4}, true);
+  try {
+    zero2_regions(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.ln_mid.weight"), std::string::npos) << e.what();
   }
 }
