@@ -89,3 +89,26 @@ def test_hf_export_of_a_zero2_checkpoint_equals_zero0s(data, tmp_path):
         if "c_attn.bias" in k:
             continue
         assert np.linalg.norm(x - y) / max(np.linalg.norm(x), 1e-30) <= 1e-4, k
+
+
+def test_damaged_newest_checkpoint_at_stage2_falls_back_bitwise(data, tmp_path):
+    """The tensor-by-tensor verification on resume: a truncated newest checkpoint of a ZeRO-2 run is
+    reported and moved aside, the run continues from the previous one onto the straight run bitwise."""
+    inis, train = data
+    keys = ["--train.zero=2", "--checkpoint.interval=5"]
+    src = tmp_path / "straight"
+    nr.run([inis[2], train] + TINY + keys + [f"--output.dir={src}"], ranks=2, timeout=300)
+    out = tmp_path / "resumed"
+    cut_at(src, out, 15)
+    for s in (5, 10):  # cut_at keeps only step 15: the older ones back
+        (out / "checkpoints" / f"step_{s:08d}.h5").write_bytes((src / "checkpoints" / f"step_{s:08d}.h5").read_bytes())
+    newest = out / "checkpoints" / "step_00000015.h5"
+    raw = newest.read_bytes()
+    newest.write_bytes(raw[: len(raw) // 2])
+    p = nr.run([inis[2], train] + TINY + keys + ["--train.resume=true", f"--output.dir={out}"], ranks=2, timeout=300)
+    assert f"warning: checkpoint '{newest}' is damaged" in p.stdout, p.stdout[-3000:]
+    assert "step_00000010.h5" in p.stdout and (out / "checkpoints" / "step_00000015.h5.damaged").exists()
+    got, ref = log(out), log(src)
+    assert sorted(got) == list(range(1, 21)) and all(got[s] == ref[s] for s in got)
+    a, b = checkpoint(out, 20), checkpoint(src, 20)
+    assert all(np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a) and sorted(a) == sorted(b)
