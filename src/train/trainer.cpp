@@ -337,9 +337,9 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
   char buf[320];
   if (o.zero)
     std::snprintf(buf, sizeof buf,
-                  "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = 1: shard [%zu, %zu) of %zu "
+                  "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = %d: shard [%zu, %zu) of %zu "
                   "parameters, 1/%d of the %.1f MiB every rank holds with train.zero = 0)",
-                  double(opt.state_bytes()) / mib, opt.lo(), opt.hi(), total, world,
+                  double(opt.state_bytes()) / mib, tc.zero, opt.lo(), opt.hi(), total, world,
                   double(notes.optimizer_bytes_total) / mib);
   else
     std::snprintf(buf, sizeof buf, "optimizer: AdamW m+v %.1f MiB per rank (train.zero = %d%s)",

@@ -86,6 +86,8 @@ def test_zero2_equals_zero0(data, model, ranks, tmp_path):
         assert s2["gradient_bytes_per_rank"] < arena, (s2["gradient_bytes_per_rank"], arena)
     log = (tmp_path / "z2" / "log.txt").read_text()
     assert "gradients: train.zero = 2: the gradient shard [0, " in log, log[:3000]
+    if ranks > 1:
+        assert f"optimizer: AdamW m+v" in log and f"(train.zero = 2: shard [0, " in log, log[:3000]
 
 
 def test_zero2_bitwise_repeatable_and_with_offload(data, tmp_path):
