@@ -43,7 +43,8 @@ struct MemoryPlan {
 };
 
 // `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)); `world` is
-// the number of ranks (train.zero = 1 divides the optimizer state by it).
+// the number of ranks (train.zero >= 1 divides the optimizer state by it, train.zero = 2 the
+// gradients too: the shard plus train/grad_shards.h's buffers).
 MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 
 // The settings that shrink the plan, in the order they cost speed: train.zero from the configured
