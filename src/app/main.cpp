@@ -112,6 +112,13 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                        comm.size(), "; ", double(with.total()) <= budget ? "fits" : "does not fit by itself", ")")
                  : std::string("; train.zero = 1 shards the AdamW state over more ranks (one rank now)");
   }
+  if (cfg.run.mode == "train") {  // the smallest ZeRO stage / recompute / offload setting that fits
+    const std::vector<PlanOption> opts = plan_options(cfg, *shell, T, comm.size());
+    const PlanOption* fit = smallest_fitting(opts, budget);
+    hints += fit ? cat("; the smallest train.zero / train.recompute / train.offload setting that fits: ", fit->keys(),
+                       " (", std::lround(mib(fit->plan.total())), " MiB)")
+                 : std::string("; no train.zero / train.recompute / train.offload setting fits by itself");
+  }
   char acts_mib[32];
   std::snprintf(acts_mib, sizeof acts_mib, "%.1f", mib(plan.activations));
   const std::string acts = plan.decoder ? cat(plan.activations_label(), " ", acts_mib)
@@ -127,6 +134,36 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                hints.c_str());
   std::fflush(stderr);
   return false;
+}
+
+// --check (train mode): the memory plan per rank on `world` ranks for every train.zero / recompute /
+// offload setting (train/memory_plan.h), against run.memory_limit_gb when set. The model's shape is the
+// configuration's (no file is read: with model.weights, or data.seq_len = 0 and the length in the data,
+// it says so and prints nothing); the activations are sized for the cpu backend's kernels.
+void print_check_memory_plan(const nlp::Config& cfg, int world) {
+  using namespace nlp;
+  if (cfg.run.mode != "train") return;
+  if (!cfg.model.weights.empty() || cfg.data.seq_len == 0) {
+    std::printf("# memory plan: not computed by --check (%s); a run logs it before allocating\n",
+                !cfg.model.weights.empty() ? "the model's shape is in model.weights"
+                                           : "data.seq_len = 0: the length is in the data file");
+    return;
+  }
+  try {
+    ModelConfig mc = cfg.model;
+    auto be = make_cpu_backend(1);
+    auto shell = make_model(mc, *be, cfg.run.task, /*allocate=*/false);
+    shell->set_recompute(cfg.train.recompute == "block");
+    const std::vector<PlanOption> opts = plan_options(cfg, *shell, cfg.data.seq_len, world);
+    const double budget = double(cfg.run.memory_limit_gb) * 1e9;
+    std::string table = plan_options_table(opts, budget, world);
+    if (cfg.run.backend == "cuda") table += "  (activations as the cpu backend's kernels need them)\n";
+    // as INI comments, so that the output stays a valid INI file
+    std::istringstream in(table);
+    for (std::string line; std::getline(in, line);) std::printf("# %s\n", line.c_str());
+  } catch (const Error& e) {
+    std::printf("# memory plan: not computed (%s)\n", e.what());
+  }
 }
 
 // ---- The backend ----------------------------------------------------------------------------------
@@ -332,7 +369,8 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be.name(),
                comm.size() > 1 ? cat(" (gradients: ", c.gpu_comm,
-                                     cfg.train.zero == 1 ? ", ZeRO-1" : "", cfg.comm.overlap ? ", overlapped" : "", ")")
+                                     cfg.train.zero >= 1 ? cat(", ZeRO-", cfg.train.zero) : std::string(),
+                                     cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
                " | precision ",
                precision_name(c.precision), cfg.run.bf16_activations ? " (activations bf16)" : "",
@@ -680,6 +718,7 @@ int main(int argc, char** argv) {
   }
   if (pr.check) {  // --check: the configuration is valid; print it and run nothing
     if (rank == 0) std::printf("%s", pr.config.to_ini().c_str());
+    if (rank == 0) print_check_memory_plan(pr.config, size);
     MPI_Finalize();
     return 0;
   }

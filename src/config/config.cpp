@@ -54,6 +54,7 @@ const std::vector<std::string> kPadVocab = {"auto", "off", "128"};
 const std::vector<std::string> kCommGpu = {"auto", "nccl", "staged"};
 const std::vector<std::string> kNonfinite = {"stop", "skip"};
 const std::vector<std::string> kRecompute = {"none", "block"};
+const std::vector<std::string> kOffload = {"none", "optimizer"};
 const std::vector<std::string> kPadding = {"longest", "max_length"};
 const std::vector<std::string> kGroupOrder = {"longest_first", "shuffled"};
 const std::vector<std::string> kPackBatch = {"rows", "examples"};
@@ -325,11 +326,20 @@ const std::vector<Entry>& schema() {
        "activation recomputation: none = keep every block's activations for the backward; block = keep "
        "only each transformer block's input and rerun its forward just before its backward (bitwise the "
        "same gradients, about one extra forward of the blocks, far less activation memory)"},
-      {KEY(train, zero), closed(0, 1),
+      {KEY(train, zero), closed(0, 2),
        "ZeRO stage: 0 = every rank holds the AdamW state and updates every parameter; 1 = the gradient "
        "is reduce-scattered, each rank keeps AdamW m and v for and updates only its 1/N of the "
        "parameters, which are then all-gathered (optimizer memory per rank / N; with comm.overlap the "
-       "reduce-scatter goes out in buckets during the backward); checkpoints hold the full state either way"},
+       "reduce-scatter goes out in buckets during the backward); 2 = also no gradient arena: each "
+       "block's gradients are reduce-scattered as its backward ends (every micro-batch of "
+       "train.grad_accum) and accumulated into this rank's 1/N gradient shard, the backward writing into "
+       "two reused block buffers and the tensors outside the blocks; checkpoints hold the full state "
+       "at every stage"},
+      {KEY(train, offload), one_of(kOffload),
+       "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
+       "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "
+       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back; the "
+       "device holds no optimizer state. none = the optimizer state in backend memory"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
       {KEY(eval, batches), ge(0), "batches per evaluation (per rank); 0 = the whole eval set"},
@@ -1232,6 +1242,10 @@ ParseResult parse_config(int argc, const char* const* argv) {
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),
                     ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
+  if (c.train.zero == 2 && c.run.cuda_graph)
+    throw Error(cat("train.zero = 2 (", from("train.zero"), ") reduces each block's gradients during the "
+                    "backward; run.cuda_graph = true (", from("run.cuda_graph"), ") records a micro-batch without "
+                    "communication: use train.zero = 1 with it"));
   if (c.run.cuda_graph) {
     // NLPTRAIN_STEP_GRAPH_EMULATE=1: the CPU backend emulates the recording (tests of the trainer's
     // graph path; no gain in speed)

@@ -81,6 +81,46 @@ void write_tensors(h5::File& f, const std::vector<NamedTensor>& ts, const std::s
   }
 }
 
+// <output_dir>/checkpoints/step_<8 digits>.h5
+std::string checkpoint_path(const std::string& output_dir, const TrainState& state) {
+  if (state.step < 0) throw Error(cat("save_checkpoint: negative step ", state.step));
+  const fs::path dir = fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints";
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(state.step));
+  return (dir / name).string();
+}
+
+// The training state as root attributes, its CRC, and the count of checksummed datasets.
+void write_state(h5::File& f, const TrainState& state, int64_t datasets) {
+  f.set_attr("nlptrain_step", static_cast<int64_t>(state.step));
+  f.set_attr("nlptrain_next_batch", static_cast<int64_t>(state.next_batch));
+  f.set_attr("nlptrain_seed", static_cast<int64_t>(state.seed));  // uint64 bit pattern
+  f.set_attr("nlptrain_world_size", static_cast<int64_t>(state.world_size));
+  f.set_attr("nlptrain_best_metric", static_cast<double>(state.best_metric));
+  f.set_attr("nlptrain_optimizer_steps", static_cast<int64_t>(state.optimizer_steps));
+  f.set_attr("nlptrain_nonfinite_skipped", static_cast<int64_t>(state.nonfinite_skipped));
+  f.set_attr("nlptrain_nonfinite_streak", static_cast<int64_t>(state.nonfinite_streak));
+  if (state.batch_size > 0) {
+    f.set_attr("nlptrain_batch_size", static_cast<int64_t>(state.batch_size));
+    f.set_attr("nlptrain_grad_accum", static_cast<int64_t>(state.grad_accum));
+  }
+  if (state.packed_rows != 0) f.set_attr("nlptrain_packed_rows", static_cast<int64_t>(state.packed_rows));
+  f.set_attr(kStateCrc, static_cast<int64_t>(state_crc(state)));
+  record_checksum_count(f, datasets);
+}
+
+// Retention: `keep` checkpoints in the folder, the one just written among them (keep <= 0: all).
+void retain(const fs::path& dir, const std::string& path, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::string> newest_first;
+  for (auto& [step, p] : list_checkpoints(dir)) newest_first.push_back(p);
+  for (const auto& old : checkpoints_to_remove(newest_first, path, keep)) {
+    std::error_code ec;
+    fs::remove(old, ec);
+    if (ec) throw Error(cat("cannot remove old checkpoint '", old, "': ", ec.message()));
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
@@ -88,44 +128,43 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
                             const std::vector<NamedTensor>& exp_avg,
                             const std::vector<NamedTensor>& exp_avg_sq,
                             const std::function<void(h5::File&)>& write_model_attrs, int keep) {
-  if (state.step < 0) throw Error(cat("save_checkpoint: negative step ", state.step));
-  const fs::path dir = fs::path(output_dir.empty() ? "." : output_dir) / "checkpoints";
-  char name[64];
-  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(state.step));
-  const std::string path = (dir / name).string();
+  const std::string path = checkpoint_path(output_dir, state);
+  const fs::path dir = fs::path(path).parent_path();
 
   h5::write_atomically(path, [&](h5::File& f) {
     write_tensors(f, params, "");
     write_tensors(f, exp_avg, kExpAvg);
     write_tensors(f, exp_avg_sq, kExpAvgSq);
-    f.set_attr("nlptrain_step", static_cast<int64_t>(state.step));
-    f.set_attr("nlptrain_next_batch", static_cast<int64_t>(state.next_batch));
-    f.set_attr("nlptrain_seed", static_cast<int64_t>(state.seed));  // uint64 bit pattern
-    f.set_attr("nlptrain_world_size", static_cast<int64_t>(state.world_size));
-    f.set_attr("nlptrain_best_metric", static_cast<double>(state.best_metric));
-    f.set_attr("nlptrain_optimizer_steps", static_cast<int64_t>(state.optimizer_steps));
-    f.set_attr("nlptrain_nonfinite_skipped", static_cast<int64_t>(state.nonfinite_skipped));
-    f.set_attr("nlptrain_nonfinite_streak", static_cast<int64_t>(state.nonfinite_streak));
-    if (state.batch_size > 0) {
-      f.set_attr("nlptrain_batch_size", static_cast<int64_t>(state.batch_size));
-      f.set_attr("nlptrain_grad_accum", static_cast<int64_t>(state.grad_accum));
-    }
-    if (state.packed_rows != 0) f.set_attr("nlptrain_packed_rows", static_cast<int64_t>(state.packed_rows));
-    f.set_attr(kStateCrc, static_cast<int64_t>(state_crc(state)));
-    record_checksum_count(f, static_cast<int64_t>(params.size() + exp_avg.size() + exp_avg_sq.size()));
+    write_state(f, state, static_cast<int64_t>(params.size() + exp_avg.size() + exp_avg_sq.size()));
     if (write_model_attrs) write_model_attrs(f);
   });
+  retain(dir, path, keep);
+  return path;
+}
 
-  // Retention: `keep` checkpoints in the folder, the one just written among them (keep <= 0: all).
-  if (keep > 0) {
-    std::vector<std::string> newest_first;
-    for (auto& [step, p] : list_checkpoints(dir)) newest_first.push_back(p);
-    for (const auto& old : checkpoints_to_remove(newest_first, path, keep)) {
-      std::error_code ec;
-      fs::remove(old, ec);
-      if (ec) throw Error(cat("cannot remove old checkpoint '", old, "': ", ec.message()));
-    }
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
+                            const std::vector<NamedTensor>& specs, const TensorFetch& fetch,
+                            const std::function<void(h5::File&)>& write_model_attrs, int keep) {
+  const std::string path = checkpoint_path(output_dir, state);
+  std::set<std::string> seen;
+  size_t largest = 0;
+  for (const auto& t : specs) {
+    if (!seen.insert(t.name).second)
+      throw Error(cat("checkpoint '", path, "': tensor '", t.name, "' is listed twice"));
+    largest = std::max(largest, static_cast<size_t>(t.numel()));
   }
+  std::vector<float> buf(largest);
+  h5::write_atomically(path, [&](h5::File& f) {
+    for (int group = 0; group < 3; ++group)
+      for (size_t i = 0; i < specs.size(); ++i) {
+        fetch(group, i, buf.data());
+        write_checksummed_f32(f, cat(group == 0 ? "" : group == 1 ? kExpAvg : kExpAvgSq, specs[i].name),
+                              specs[i].shape, buf.data());
+      }
+    write_state(f, state, static_cast<int64_t>(3 * specs.size()));
+    if (write_model_attrs) write_model_attrs(f);
+  });
+  retain(fs::path(path).parent_path(), path, keep);
   return path;
 }
 
@@ -156,10 +195,10 @@ std::vector<std::string> checkpoint_files(const std::string& output_dir) {
   return out;
 }
 
-TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
-                           const std::vector<NamedTensor>& exp_avg,
-                           const std::vector<NamedTensor>& exp_avg_sq) {
-  h5::File f = h5::File::open_read(path);
+namespace {
+
+// The training state attributes of an open checkpoint, validated (see load_checkpoint).
+TrainState read_state(const h5::File& f, const std::string& path) {
   for (const char* key : {"nlptrain_step", "nlptrain_next_batch", "nlptrain_seed",
                           "nlptrain_world_size", "nlptrain_best_metric"})
     if (!f.has_attr(key))
@@ -221,9 +260,35 @@ TrainState load_checkpoint(const std::string& path, const std::vector<NamedTenso
   if (named >= 0 && named != s.step)
     throw Error(cat("file '", path, "' holds step ", s.step, " (nlptrain_step) but its name says step ",
                     named));
+  return s;
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
+                           const std::vector<NamedTensor>& exp_avg,
+                           const std::vector<NamedTensor>& exp_avg_sq) {
+  h5::File f = h5::File::open_read(path);
+  const TrainState s = read_state(f, path);
   load_tensors(f, params, "");
   load_tensors(f, exp_avg, kExpAvg);
   load_tensors(f, exp_avg_sq, kExpAvgSq);
+  verify_checksum_count(f);
+  return s;
+}
+
+TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& specs, const TensorSink& sink) {
+  h5::File f = h5::File::open_read(path);
+  const TrainState s = read_state(f, path);
+  size_t largest = 0;
+  for (const auto& t : specs) largest = std::max(largest, static_cast<size_t>(t.numel()));
+  std::vector<float> buf(largest);
+  for (int group = 0; group < 3; ++group)
+    for (size_t i = 0; i < specs.size(); ++i) {
+      load_tensors(f, {NamedTensor{specs[i].name, specs[i].shape, buf.data()}},
+                   group == 0 ? "" : group == 1 ? kExpAvg : kExpAvgSq);
+      if (sink) sink(group, i, buf.data());
+    }
   verify_checksum_count(f);
   return s;
 }

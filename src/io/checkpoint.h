@@ -46,6 +46,15 @@ std::string save_checkpoint(const std::string& output_dir, const TrainState& sta
                             const std::vector<NamedTensor>& exp_avg_sq,
                             const std::function<void(h5::File&)>& write_model_attrs, int keep);
 
+// The same file written tensor by tensor, so that no caller holds the whole model state: `specs`
+// names and shapes the tensors (data unused), and fetch(group, i, out) fills `out` (specs[i].numel()
+// floats) with tensor i of the group: 0 = the weights, 1 = exp_avg, 2 = exp_avg_sq, called in that
+// order, each group in the order of `specs`. The writer holds one buffer of the largest tensor.
+using TensorFetch = std::function<void(int group, size_t i, float* out)>;
+std::string save_checkpoint(const std::string& output_dir, const TrainState& state,
+                            const std::vector<NamedTensor>& specs, const TensorFetch& fetch,
+                            const std::function<void(h5::File&)>& write_model_attrs, int keep);
+
 // Retention (checkpoint.keep = keep > 0): of the checkpoint files in a folder, given as paths newest
 // (highest step) first, the ones to remove so that `keep` remain, counting every file in the folder:
 // the one just written (`written`) and the newest keep - 1 others stay, even when `written` is not
@@ -65,5 +74,9 @@ std::vector<std::string> checkpoint_files(const std::string& output_dir);
 TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& params,
                            const std::vector<NamedTensor>& exp_avg,
                            const std::vector<NamedTensor>& exp_avg_sq);
+// The same checks, tensor by tensor through one buffer of the largest tensor: sink(group, i, data) gets
+// each verified tensor (groups as TensorFetch's). A null sink only verifies the file.
+using TensorSink = std::function<void(int group, size_t i, const float* data)>;
+TrainState load_checkpoint(const std::string& path, const std::vector<NamedTensor>& specs, const TensorSink& sink);
 
 }  // namespace nlp

@@ -30,8 +30,24 @@ ParamStore::~ParamStore() {
   if (be_) {
     be_->register_weights(params_, 0);  // no bf16 copy outlives its weights
     be_->release(params_);
-    be_->release(grads_);
+    if (grads_) be_->release(grads_);
   }
+}
+
+void ParamStore::map_grad(int i, float* p) {
+  if (gmap_.empty()) {
+    gmap_.resize(specs_.size());
+    for (size_t k = 0; k < specs_.size(); ++k) gmap_[k] = grads_ ? grads_ + specs_[k].offset : nullptr;
+  }
+  gmap_[static_cast<size_t>(i)] = p;
+}
+
+void ParamStore::release_grads() {
+  if (!grads_) return;
+  for (float*& p : gmap_)  // what still points into the arena points nowhere
+    if (p >= grads_ && p < grads_ + total_) p = nullptr;
+  be_->release(grads_);
+  grads_ = nullptr;
 }
 
 int ParamStore::index(const std::string& name) const {

@@ -32,7 +32,11 @@ class ParamStore {
   float* data() { return params_; }
   float* grad() { return grads_; }
   float* p(int i) { return params_ + specs_[i].offset; }
-  float* g(int i) { return grads_ + specs_[i].offset; }
+  float* g(int i) { return gmap_.empty() ? grads_ + specs_[i].offset : gmap_[i]; }
+  // train.zero = 2 (train/grad_shards.h): tensor i's gradient lives at p instead of in the arena.
+  void map_grad(int i, float* p);
+  // Frees the gradient arena: grad() is null afterwards and every tensor's gradient must be mapped.
+  void release_grads();
   int index(const std::string& name) const;  // throws when unknown
 
   // Host copies in HF layout for I/O: fills `host` (resized to total()) and returns views into it.
@@ -46,6 +50,7 @@ class ParamStore {
   size_t total_ = 0;
   float* params_ = nullptr;
   float* grads_ = nullptr;
+  std::vector<float*> gmap_;  // map_grad's pointers (empty: the arena's)
 };
 
 }  // namespace nlp

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "comm/shard.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "train/grad_shards.h"
 
 namespace nlp {
 namespace {
@@ -33,9 +35,17 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   p.weights += p.bf16_copy;
   p.grads = P;
   p.zero = cfg.train.zero;
-  p.ranks = cfg.train.zero == 1 ? std::max(1, world) : 1;
+  p.ranks = cfg.train.zero >= 1 ? std::max(1, world) : 1;
   // the largest shard (comm/shard.h), what the rank that holds it allocates
-  p.optimizer = train ? 2 * ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float) : 0;
+  const size_t shard = ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float);
+  p.optimizer = train ? 2 * shard : 0;
+  // train.zero = 2 (train/grad_shards.h): the shard and the backward's buffers instead of the arena
+  if (train && cfg.train.zero == 2) p.grads = shard + zero2_buffer_floats(mm.params(), 2) * sizeof(float);
+  p.host_is_device = cfg.run.backend == "cpu";
+  if (train && cfg.train.offload == "optimizer") {  // train/optimizer.h: master, m, v, gradient copy
+    p.optimizer = 0;
+    p.offload_host = 4 * shard;
+  }
   if (cfg.run.mode == "generate") {
     // generation runs no batch forward: one sequence at a time through the KV-cache decoder
     // (make_decoder(m, be, 1)), whose cache spans the model's positions
@@ -55,11 +65,14 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // weights files go through. In training that copy is freed before the first step touches the
     // optimizer state and the activations (measured:
     // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md), and
-    // what can sit beside a full step is rank 0's parameters + m + v while it writes a checkpoint
-    // (or reads one to resume), and MPI's temporary buffers for the gradient sum: about one bucket
-    // with comm.overlap, up to the whole arena for one blocking collective.
+    // what can sit beside a full step is a checkpoint's two tensor buffers (written and read a
+    // tensor at a time: the writer's or reader's buffer and the gathered or broadcast copy, each the
+    // largest tensor), and MPI's temporary buffers for the gradient sum: about one bucket with
+    // comm.overlap, up to the whole arena for one blocking collective.
     size_t host = train ? 0 : P;
-    if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 3 * P;
+    size_t largest = 0;
+    for (const auto& sp : mm.params().specs()) largest = std::max(largest, sp.numel);
+    if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 2 * largest * sizeof(float);
     if (train && world > 1) {
       host = std::max(host, cfg.comm.overlap ? std::min(P, cfg.comm.bucket_floats() * sizeof(float)) : P);
     }
@@ -74,9 +87,18 @@ std::string MemoryPlan::table() const {
                 "memory plan per rank (MiB): weights%s %.1f | gradients %.1f | AdamW m+v%s %.1f | "
                 "%s %.1f | workspace %.1f | total %.1f",
                 bf16_copy ? cat(" (with the bf16 copy ", cat(bf16_copy >> 20), " MiB)").c_str() : "",
-                mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = 1)").c_str() : "",
+                mib(weights), mib(grads), ranks > 1 ? cat(" (1/", ranks, ", train.zero = ", zero, ")").c_str() : "",
                 mib(optimizer), activations_label().c_str(), mib(activations), mib(workspace), mib(total()));
-  return buf;
+  std::string out = buf;
+  if (offload_host > 0) {
+    char h[256];
+    std::snprintf(h, sizeof h,
+                  " | offloaded to the host (train.offload = optimizer: master weights, m, v, gradient copy) "
+                  "%.1f%s",
+                  mib(offload_host), host_is_device ? ", in the total" : ", not in the device total");
+    out += h;
+  }
+  return out;
 }
 
 std::string MemoryPlan::activations_label() const {
@@ -96,11 +118,70 @@ std::string MemoryPlan::json() const {
   std::ostringstream o;
   o << "{\"weights_bytes\":" << weights << ",\"bf16_weights_bytes\":" << bf16_copy
     << ",\"gradients_bytes\":" << grads
-    << ",\"optimizer_bytes\":" << optimizer << ",\"activations_bytes\":" << activations
+    << ",\"optimizer_bytes\":" << optimizer << ",\"offload_host_bytes\":" << offload_host << ",\"activations_bytes\":" << activations
     << ",\"lm_head_bytes\":" << lm_head << ",\"lm_head_fused\":" << (lm_head_fused ? "true" : "false")
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
     << ",\"seq_len\":" << T << ",\"recompute\":\"" << (recompute ? "block" : "none")
     << "\",\"zero\":" << zero << ",\"optimizer_shards\":" << ranks << "}";
+  return o.str();
+}
+
+std::string PlanOption::keys() const {
+  std::string k = cat("train.zero = ", zero);
+  if (recompute) k += ", train.recompute = block";
+  if (offload) k += ", train.offload = optimizer";
+  return k;
+}
+
+std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int world) {
+  const bool rc0 = cfg.train.recompute == "block", off0 = cfg.train.offload == "optimizer";
+  std::vector<PlanOption> out;
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
+    if ((pass & 1 && rc0) || (pass & 2 && off0)) continue;  // the same as an earlier pass
+    for (int z = cfg.train.zero; z <= 2; ++z) {
+      Config c = cfg;
+      c.train.zero = z;
+      c.train.recompute = rc ? "block" : "none";
+      c.train.offload = off ? "optimizer" : "none";
+      m.set_recompute(rc);
+      out.push_back({z, rc, off, plan_memory(c, m, T, world)});
+    }
+  }
+  m.set_recompute(rc0);
+  return out;
+}
+
+const PlanOption* smallest_fitting(const std::vector<PlanOption>& options, double budget) {
+  for (const PlanOption& o : options)
+    if (double(o.plan.total()) <= budget) return &o;
+  return nullptr;
+}
+
+std::string plan_options_table(const std::vector<PlanOption>& options, double budget, int world) {
+  std::ostringstream o;
+  char line[256];
+  o << "memory plan per rank on " << world << " rank(s) (MiB; the first row is the configured one):\n";
+  std::snprintf(line, sizeof line, "  %-68s %9s %9s %9s %9s %9s %9s %9s %s\n", "settings", "weights", "gradients",
+                "optimizer", "host", "activ.", "workspace", "total", budget > 0 ? "fits" : "");
+  o << line;
+  const PlanOption* fit = budget > 0 ? smallest_fitting(options, budget) : nullptr;
+  for (const PlanOption& p : options) {
+    const MemoryPlan& m = p.plan;
+    std::snprintf(line, sizeof line, "  %-68s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %s\n", p.keys().c_str(),
+                  mib(m.weights), mib(m.grads), mib(m.optimizer), mib(m.offload_host), mib(m.activations),
+                  mib(m.workspace), mib(m.total()),
+                  budget <= 0 ? "" : double(m.total()) <= budget ? (&p == fit ? "yes (smallest)" : "yes") : "no");
+    o << line;
+  }
+  if (budget <= 0)
+    o << "  (no budget: set run.memory_limit_gb to mark what fits)\n";
+  else if (fit)
+    o << "  smallest setting that fits " << std::lround(mib(size_t(budget))) << " MiB: " << fit->keys() << "\n";
+  else
+    o << "  nothing fits " << std::lround(mib(size_t(budget))) << " MiB: lower train.batch_size, or more ranks\n";
+  o << "  (host: train.offload's master weights, m, v and gradient copy, outside the device on cuda and in the "
+       "total on the cpu)\n";
   return o.str();
 }
 

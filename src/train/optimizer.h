@@ -5,6 +5,13 @@
 // shard with train.zero = 1 (comm/shard.h). Its moments hold hi - lo floats, laid out like that range
 // of the arena, and step() updates only that range of the parameters (from the same range of the
 // gradients); the caller all-gathers the parameters afterwards.
+//
+// offload (train.offload = optimizer): the range's fp32 master weights, m and v live in host memory
+// (Backend::host_alloc: page-locked on a GPU); step() copies the range's gradients to the host, runs
+// the host AdamW there (train/host_adamw.h: bitwise the CPU backend's update) and copies the updated
+// weights back into the parameter arena (which rounds its bf16 copy, core/backend.h). The backend then
+// holds no optimizer state. The master copy is the arena's range as of the last load_master(): call it
+// whenever the arena's parameters were written from outside the optimizer (initialisation, resume).
 #pragma once
 #include <vector>
 
@@ -16,7 +23,7 @@ namespace nlp {
 
 class AdamW {
  public:
-  AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size_t hi);
+  AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size_t hi, bool offload = false);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -28,20 +35,38 @@ class AdamW {
   size_t lo() const { return lo_; }
   size_t hi() const { return hi_; }
   size_t state_bytes() const { return 2 * (hi_ - lo_) * sizeof(float); }  // m and v, this rank
+  bool offloaded() const { return offload_; }
+  // Host bytes of the offloaded state: master weights, m, v and the gradient copy (0 without offload).
+  size_t host_bytes() const { return offload_ ? 4 * (hi_ - lo_) * sizeof(float) : 0; }
+  // The moments: backend memory, or host memory when offloaded.
   float* exp_avg() { return m_; }
   float* exp_avg_sq() { return v_; }
   // A moment's range to the host (hi - lo floats), and back from a whole-arena host copy (a
   // checkpoint's: ps.total() floats, of which [lo, hi) is taken).
   void download(const float* dev, std::vector<float>& host) const;
   void upload(float* dev, const std::vector<float>& whole);
+  // Arena elements [a, b) (within [lo, hi)) of moment `which` (0 = m, 1 = v) to and from host memory
+  // (checkpoints, a tensor at a time).
+  void read_moment(int which, size_t a, size_t b, float* host) const;
+  void write_moment(int which, size_t a, size_t b, const float* host);
+  // offload: the master weights from the arena's range (no-op without offload).
+  void load_master();
+  // The range's gradients (hi - lo floats in backend memory): the arena's range by default, the
+  // gradient shard with train.zero = 2 (train/grad_shards.h).
+  void set_grads(float* g) { grad_src_ = g; }
+  float* grads() { return grad_src_ ? grad_src_ : ps_.grad() + lo_; }
 
  private:
   ParamStore& ps_;
   Backend& be_;
   TrainConfig tc_;
   size_t lo_, hi_;
+  bool offload_;
   float* m_ = nullptr;
   float* v_ = nullptr;
+  float* master_ = nullptr;  // offload: the range's fp32 weights on the host
+  float* host_grad_ = nullptr;  // offload: the range's gradients copied to the host
+  float* grad_src_ = nullptr;   // set_grads
   // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
   std::vector<Backend::AdamWSpan> spans_;
 };

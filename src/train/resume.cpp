@@ -216,16 +216,15 @@ int64_t packed_resume_position(const TrainState& from, int world, int B, int A, 
 
 ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
   static_assert(std::is_trivially_copyable_v<TrainState>, "TrainState is broadcast as bytes");
-  const ParamStore& ps = s.model.params();
+  ParamStore& ps = s.model.params();
   const std::string dir = s.cfg.output.dir + "/checkpoints";
   ResumeOutcome out;
   int32_t status = kNone;
   TrainState loaded = st;
-  std::vector<float> hp, hm, hv;
+  // the tensors' names and shapes: the checkpoint is verified, then read, a tensor at a time
+  std::vector<NamedTensor> names;
+  for (const auto& sp : ps.specs()) names.push_back({sp.name, sp.shape, nullptr});
   if (s.comm.rank() == 0) {
-    auto pv = ps.host_views(hp);
-    auto mv = ps.host_views(hm);
-    auto vv = ps.host_views(hv);
     const std::string& want = s.log.run_id();  // the run this folder holds ("" = not recorded)
     for (const auto& file : checkpoint_files(s.cfg.output.dir)) {
       const std::string id = checkpoint_run_id(file);
@@ -236,7 +235,7 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
         continue;
       }
       try {
-        loaded = load_checkpoint(file, pv, mv, vv);
+        loaded = load_checkpoint(file, names, nullptr);  // verified, nothing kept
         out.run_id = id;
         out.path = file;
         status = kLoaded;
@@ -286,17 +285,35 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
   if (status == kNone) return out;
 
   s.comm.broadcast_host(&loaded, sizeof loaded, 0);
-  if (s.comm.rank() != 0) {
-    hp.resize(ps.total());
-    hm.resize(ps.total());
-    hv.resize(ps.total());
+  // Rank 0 reads the verified file again a tensor at a time and broadcasts each; every rank keeps the
+  // weights and its own range of the moments. No rank holds more than one tensor beyond its state.
+  const auto& specs = ps.specs();
+  auto take = [&](int group, size_t i, const float* data) {
+    const ParamSpec& sp = specs[i];
+    if (group == 0) {
+      s.be.to_device(ps.data() + sp.offset, data, sp.numel * sizeof(float));  // refreshes the bf16 copy
+      return;
+    }
+    const size_t a = std::max(sp.offset, opt.lo()), b = std::min(sp.offset + sp.numel, opt.hi());
+    if (a < b) opt.write_moment(group - 1, a, b, data + (a - sp.offset));
+  };
+  auto bcast = [&](std::vector<float>& v) { bcast_floats(s.comm, v); };
+  std::vector<float> buf;
+  if (s.comm.rank() == 0) {
+    load_checkpoint(out.path, names, [&](int group, size_t i, const float* data) {
+      buf.assign(data, data + specs[i].numel);
+      bcast(buf);
+      take(group, i, buf.data());
+    });
+  } else {
+    for (int group = 0; group < 3; ++group)
+      for (size_t i = 0; i < specs.size(); ++i) {
+        buf.resize(specs[i].numel);
+        bcast(buf);
+        take(group, i, buf.data());
+      }
   }
-  bcast_floats(s.comm, hp);
-  bcast_floats(s.comm, hm);
-  bcast_floats(s.comm, hv);
-  s.model.params().upload(hp);
-  opt.upload(opt.exp_avg(), hm);
-  opt.upload(opt.exp_avg_sq(), hv);
+  opt.load_master();  // train.offload = optimizer: the host master weights from the loaded ones
   st = loaded;
   return out;
 }

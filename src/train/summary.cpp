@@ -132,6 +132,9 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   j.integer("zero", notes.zero);
   j.integer("optimizer_state_bytes_per_rank", notes.optimizer_bytes);
   j.integer("optimizer_state_bytes_total", notes.optimizer_bytes_total);
+  j.str("offload", notes.offload);
+  j.integer("gradient_bytes_per_rank", notes.gradient_bytes);
+  j.integer("optimizer_host_bytes_per_rank", notes.optimizer_host_bytes);
   j.raw("resumed_from", notes.resumed_from.empty() ? "null" : json_string(notes.resumed_from));
   j.integer("resumed_step", notes.resumed_step);
   j.raw("resume_world", notes.resume_world_json.empty() ? "null" : notes.resume_world_json);

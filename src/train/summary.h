@@ -75,6 +75,12 @@ struct RunNotes {
   // (1/N of the whole with train.zero = 1 on N ranks), and "optimizer_state_bytes_total" (all ranks).
   int zero = 0;
   int64_t optimizer_bytes = 0, optimizer_bytes_total = 0;
+  // "offload" (train.offload) and "optimizer_host_bytes_per_rank": with offload, the host memory of this
+  // rank's master weights, m, v and gradient copy (optimizer_state_bytes_per_rank then counts the
+  // moments, which are on the host).
+  std::string offload = "none";
+  int64_t gradient_bytes = 0;  // "gradient_bytes_per_rank": the arena, or train.zero = 2's shard and buffers
+  int64_t optimizer_host_bytes = 0;
   // data.padding over every micro-batch of the run, all ranks: micro-batches, the sum of their
   // lengths (after trimming), and token positions at the file's length, computed and real.
   double micro_batches = 0, batch_len_sum = 0;

@@ -29,6 +29,7 @@
 #include "io/packed_sampler.h"
 #include "io/weights.h"
 #include "train/batches.h"
+#include "train/grad_shards.h"
 #include "train/optimizer.h"
 #include "train/resume.h"
 #include "train/run_folder.h"
@@ -75,40 +76,54 @@ void check_checkpoint_dir(const std::string& dir, const CheckpointDir& d, int64_
                     "; stopping instead of going on in a new folder"));
 }
 
-// The AdamW moments of the whole arena on rank 0, in `hm` and `hv`. train.zero = 1: gathered from
-// every rank's shard (a collective: every rank calls it); checkpoints hold the full state either way.
-void gather_moments(Session& s, AdamW& opt, const ShardLayout& sh, std::vector<float>& hm,
-                    std::vector<float>& hv) {
-  const bool root = s.comm.rank() == 0;
-  if (sh.ranks() == 1) {  // not sharded: rank 0 holds it all
-    if (root) {
-      opt.download(opt.exp_avg(), hm);
-      opt.download(opt.exp_avg_sq(), hv);
-    }
-    return;
+// The split of parameter tensor `sp` over the ranks' shards: rank r owns elements [offset[r],
+// offset[r] + count[r]) of the tensor (comm/shard.h's part of the tensor's arena range).
+ShardLayout tensor_split(const ParamSpec& sp, const ShardLayout& sh) {
+  ShardLayout t;
+  t.total = sp.numel;
+  const size_t a = sp.offset, b = sp.offset + sp.numel;
+  for (int r = 0; r < sh.ranks(); ++r) {
+    const auto [first, last] = sh.part(r, a, b);
+    t.offset.push_back(std::min(first, b) - a);
+    t.count.push_back(last - first);
   }
-  std::vector<float> mine;
-  for (auto [dev, out] : {std::pair{opt.exp_avg(), &hm}, std::pair{opt.exp_avg_sq(), &hv}}) {
-    opt.download(dev, mine);
-    if (root) out->resize(sh.total);
-    s.comm.gather_host(mine.data(), root ? out->data() : nullptr, sh, 0);
-  }
+  return t;
 }
 
+// Moment `which` of tensor `sp` on rank 0 in `out` (sp.numel floats; null elsewhere), gathered from
+// the ranks that own its parts (a collective with train.zero = 1 or 2: every rank calls it).
+void gather_moment(Session& s, const AdamW& opt, const ShardLayout& sh, int which, const ParamSpec& sp, float* out) {
+  if (sh.ranks() == 1) {
+    if (s.comm.rank() == 0) opt.read_moment(which, sp.offset, sp.offset + sp.numel, out);
+    return;
+  }
+  const ShardLayout t = tensor_split(sp, sh);
+  const int r = s.comm.rank();
+  std::vector<float> mine(std::max<size_t>(t.count[r], 1));
+  if (t.count[r] > 0) opt.read_moment(which, sp.offset + t.offset[r], sp.offset + t.offset[r] + t.count[r], mine.data());
+  s.comm.gather_host(mine.data(), r == 0 ? out : nullptr, t, 0);
+}
+
+// The checkpoint, streamed a tensor at a time (io/checkpoint.h): rank 0 writes the weights from its
+// copy and each moment tensor as gathered from its owners, so no rank holds more of the model state
+// than its own plus one tensor. A collective: every rank calls it.
 std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, const TrainState& st,
                            CheckpointDir& dir_id) {
   std::string path;
-  std::vector<float> hm, hv;
-  gather_moments(s, opt, shards, hm, hv);
+  ParamStore& ps = s.model.params();
+  const auto& specs = ps.specs();
   if (s.comm.rank() == 0) {
     const std::string dir = s.cfg.output.dir + "/checkpoints";
     check_checkpoint_dir(dir, dir_id, st.step, "before writing");
-    std::vector<float> hp;
-    auto params = s.model.params().host_views(hp);
-    s.model.params().download(hp);
-    auto m = s.model.params().host_views(hm);
-    auto v = s.model.params().host_views(hv);
-    path = save_checkpoint(s.cfg.output.dir, st, params, m, v,
+    std::vector<NamedTensor> names;
+    for (const auto& sp : specs) names.push_back({sp.name, sp.shape, nullptr});
+    path = save_checkpoint(s.cfg.output.dir, st, names,
+                           [&](int group, size_t i, float* out) {
+                             if (group == 0)
+                               s.be.to_host(out, ps.data() + specs[i].offset, specs[i].numel * sizeof(float));
+                             else
+                               gather_moment(s, opt, shards, group - 1, specs[i], out);
+                           },
                            [&](h5::File& f) {
                              s.model.write_attrs(f);
                              if (!s.log.run_id().empty()) f.set_attr(kRunIdAttr, s.log.run_id());
@@ -123,6 +138,9 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
                         " (removed or unmounted?); stopping instead of going on in a new folder"));
     }
     check_checkpoint_dir(dir, dir_id, st.step, "while writing");
+  } else if (shards.ranks() > 1) {  // the writer's gathers, in its order
+    for (int which = 0; which < 2; ++which)
+      for (const auto& sp : specs) gather_moment(s, opt, shards, which, sp, nullptr);
   }
   s.comm.barrier();  // the checkpoint exists for every rank once this returns
   return path;
@@ -249,15 +267,27 @@ TrainData open_train_data(Session& s) {
 
 // The AdamW optimizer and its sharding. train.zero = 1: this rank keeps AdamW state for, and updates,
 // only its shard of the arena.
+// train.offload = optimizer: that state (and the master weights) on the host (optimizer.h).
+// train.zero = 2: also no gradient arena, only this rank's gradient shard and the buffers the
+// backward writes into (grad_shards.h); AdamW reads the shard.
 struct Optimizer {
-  bool zero;
+  bool zero;  // sharded: train.zero >= 1 on several ranks
+  int stage;  // train.zero
   ShardLayout shards;
   AdamW opt;
-  Optimizer(Session& s, bool zero_)
-      : zero(zero_),
+  std::unique_ptr<GradShards> grads;  // train.zero = 2
+  Optimizer(Session& s, int stage_)
+      : zero(stage_ >= 1 && s.comm.size() > 1), stage(stage_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
-            shards.hi(zero ? s.comm.rank() : 0)) {}
+            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer") {
+    if (stage == 2) {
+      grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
+                                           s.cfg.comm.overlap && s.comm.size() > 1);
+      opt.set_grads(grads->shard());
+    }
+  }
+  bool sharded_grads() const { return zero || grads; }  // the gradient is summed in this rank's range only
 };
 
 // ---- Resume ---------------------------------------------------------------------------------------
@@ -299,22 +329,40 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
   const size_t total = s.model.params().total();
   notes.batch_size = b.B;
   notes.grad_accum = b.A;
-  notes.zero = o.zero ? 1 : 0;
+  notes.zero = o.sharded_grads() ? o.stage : 0;
   notes.optimizer_bytes = static_cast<int64_t>(opt.state_bytes());
   notes.optimizer_bytes_total = static_cast<int64_t>(2 * total * sizeof(float));
+  notes.offload = tc.offload;
+  notes.optimizer_host_bytes = static_cast<int64_t>(opt.host_bytes());
   const double mib = 1024.0 * 1024.0;
   char buf[320];
   if (o.zero)
     std::snprintf(buf, sizeof buf,
-                  "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = 1: shard [%zu, %zu) of %zu "
+                  "optimizer: AdamW m+v %.1f MiB on this rank (train.zero = %d: shard [%zu, %zu) of %zu "
                   "parameters, 1/%d of the %.1f MiB every rank holds with train.zero = 0)",
-                  double(opt.state_bytes()) / mib, opt.lo(), opt.hi(), total, world,
+                  double(opt.state_bytes()) / mib, tc.zero, opt.lo(), opt.hi(), total, world,
                   double(notes.optimizer_bytes_total) / mib);
   else
     std::snprintf(buf, sizeof buf, "optimizer: AdamW m+v %.1f MiB per rank (train.zero = %d%s)",
                   double(opt.state_bytes()) / mib, tc.zero,
                   tc.zero == 1 ? ": one rank, nothing to shard" : world > 1 ? "; 1 would shard it" : "");
   s.log.info(buf);
+  if (o.grads) {
+    const size_t shard_b = o.grads->shard_size() * sizeof(float), buf_b = o.grads->buffer_bytes();
+    s.log.info(cat("gradients: train.zero = 2: the gradient shard [", opt.lo(), ", ", opt.hi(), ") ",
+                   std::lround(double(shard_b) / mib * 10) / 10.0, " MiB and the backward's buffers (the tensors "
+                   "outside the blocks, two block slots) ", std::lround(double(buf_b) / mib * 10) / 10.0,
+                   " MiB on this rank, instead of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0,
+                   " MiB arena; each block's gradients reduce-scattered as its backward ends, every micro-batch"));
+    notes.gradient_bytes = static_cast<int64_t>(shard_b + buf_b);
+  } else {
+    notes.gradient_bytes = static_cast<int64_t>(total * sizeof(float));
+  }
+  if (opt.offloaded())
+    s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "
+                   "copy of [", opt.lo(), ", ", opt.hi(), ") in host memory (",
+                   std::lround(double(opt.host_bytes()) / mib * 10) / 10.0, " MiB on this rank", 
+                   s.be.name() == "cuda" ? ", page-locked" : "", "); AdamW runs on the host"));
 }
 
 // The example order of the run and how its micro-batches are shaped (trimmed, packed).
@@ -622,6 +670,29 @@ void forward_backward(StepLoop& L, int step, float dloss) {
     L.reducer.ready(lo);
     L.t_hook += seconds_since(th);
   };
+  if (L.optim.grads) {  // train.zero = 2: every micro-batch's gradients go to their shards
+    GradShards& gs = *L.optim.grads;
+    auto hook2 = [&L, &gs](size_t lo) {
+      const auto th = Clock::now();
+      gs.ready(lo);
+      L.t_hook += seconds_since(th);
+    };
+    for (int a = 0; a < L.A; ++a) {
+      DeviceBatch db = L.dbuf.upload(L.micro[a]);
+      const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
+      s.model.forward_into(db, /*training=*/true, dseed, L.loss_dev.get());
+      gs.begin();
+      s.model.set_grad_ready_hook(hook2);
+      s.model.backward(db, dloss, /*training=*/true, dseed);
+      s.model.set_grad_ready_hook(nullptr);
+      if (a + 1 < L.A) {  // the last one's end() waits in finish_gradients, after the read-ahead
+        const auto th = Clock::now();
+        gs.end();
+        L.t_hook += seconds_since(th);
+      }
+    }
+    return;
+  }
   for (int a = 0; a < L.A; ++a) {
     DeviceBatch db = L.dbuf.upload(L.micro[a]);
     const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
@@ -655,7 +726,10 @@ void finish_gradients(StepLoop& L, int step, double& t_comm) {
   }
   s.be.synchronize();
   const auto tp = Clock::now();
-  L.reducer.finish();
+  if (L.optim.grads)
+    L.optim.grads->end();
+  else
+    L.reducer.finish();
   // NLPTRAIN_COMM_TRACE=1 (bench/overlap.sh): per rank and step, the bucket starts and the final wait
   static const bool trace = std::getenv("NLPTRAIN_COMM_TRACE") != nullptr;
   if (trace)
@@ -664,7 +738,11 @@ void finish_gradients(StepLoop& L, int step, double& t_comm) {
                  std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
   if (listed(L.inject_nonfinite, step + 1)) {  // debug.inject_nonfinite_step, on every rank
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    s.be.to_device(s.model.params().grad(), &nan, sizeof nan);
+    // the arena's first gradient (with train.zero = 2 in rank 0's shard only, as ZeRO-1 sums it)
+    if (!L.optim.grads)
+      s.be.to_device(s.model.params().grad(), &nan, sizeof nan);
+    else if (L.rank == 0)
+      s.be.to_device(L.optim.grads->shard(), &nan, sizeof nan);
   }
   t_comm += seconds_since(tp);
 }
@@ -676,10 +754,10 @@ void loss_and_norm(StepLoop& L, double loss_units, StepResult& r, double& t_comm
   Session& s = L.s;
   ParamStore& ps = s.model.params();
   const AdamW& opt = L.optim.opt;
-  const bool zero = L.optim.zero;
+  const bool zero = L.optim.sharded_grads();
   double loss_sum = 0;
   s.be.to_host(&loss_sum, L.loss_dev.get(), sizeof loss_sum);
-  double host_sums[2] = {loss_sum, zero ? s.be.sumsq(ps.grad() + opt.lo(), opt.hi() - opt.lo()) : 0.0};
+  double host_sums[2] = {loss_sum, zero ? s.be.sumsq(L.optim.opt.grads(), opt.hi() - opt.lo()) : 0.0};
   const auto tp = Clock::now();
   s.comm.allreduce_sum_host(host_sums, 2);
   s.be.synchronize();
@@ -705,8 +783,10 @@ void apply_update(StepLoop& L, const StepResult& r, double& t_comm) {
     const float grad_scale =
         (L.tc.clip > 0 && r.norm > L.tc.clip) ? static_cast<float>(L.tc.clip / (r.norm + 1e-6)) : 1.f;
     // AdamW's bias correction counts the updates applied, not the steps taken.
-    opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), /*zero_grad=*/!zero);
-    L.grads_zero = !zero;
+    // train.zero = 2: the shard is all there is (the backward's buffers are zero after each micro-batch)
+    const bool zero_grad = !zero || L.optim.grads != nullptr;
+    opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), zero_grad);
+    L.grads_zero = zero_grad;
     if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
       const auto tp = Clock::now();
       s.comm.all_gather(ps.data(), L.optim.shards);
@@ -737,7 +817,12 @@ StepResult optimizer_step(StepLoop& L, int step) {
   StepResult r;
   r.step = step;
   r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
-  if (!L.grads_zero) s.be.zero(s.model.params().grad(), s.model.params().total() * sizeof(float));
+  if (!L.grads_zero) {
+    if (L.optim.grads)
+      L.optim.grads->zero_shard();
+    else
+      s.be.zero(s.model.params().grad(), s.model.params().total() * sizeof(float));
+  }
   L.grads_zero = false;
 
   r.counts = take_step_batches(L, step, t_data, t_comm);
@@ -957,7 +1042,7 @@ int run_train(Session& s) {
   const TrainConfig& tc = s.cfg.train;
   // Set-up: the data, the optimizer (sharded with train.zero = 1) and the state a checkpoint holds.
   const TrainData data = open_train_data(s);
-  Optimizer optim(s, tc.zero == 1 && s.comm.size() > 1);
+  Optimizer optim(s, tc.zero);
   TrainState st;
   st.seed = tc.seed;
   st.world_size = s.comm.size();

@@ -421,6 +421,55 @@ TEST_F(IoTest, CheckpointRoundTrip) {
   expect_error([&] { nlp::load_checkpoint(plain, src.params(), {}, {}); }, {plain, "nlptrain_step"});
 }
 
+// Tensor by tensor (what the trainer does, so that no rank holds the whole model state): the same
+// datasets, bit for bit, as the whole-view save, read back through the streamed load in the writer's
+// order; the streamed load checks shapes as the other does.
+TEST_F(IoTest, CheckpointStreamedEqualsWhole) {
+  FakeModel src(2.5f);
+  nlp::TrainState st;
+  st.step = 7;
+  st.next_batch = 3;
+  const std::string whole = nlp::save_checkpoint(p("whole"), st, src.params(), src.m(), src.v(), nullptr, 0);
+  std::vector<NamedTensor> names;
+  for (const auto& t : src.params()) names.push_back({t.name, t.shape, nullptr});
+  std::vector<std::pair<int, size_t>> asked;
+  const std::string streamed = nlp::save_checkpoint(
+      p("streamed"), st, names,
+      [&](int group, size_t i, float* out) {
+        asked.emplace_back(group, i);
+        const auto views = group == 0 ? src.params() : group == 1 ? src.m() : src.v();
+        std::copy(views[i].data, views[i].data + views[i].numel(), out);
+      },
+      nullptr, 0);
+  EXPECT_EQ(asked, (std::vector<std::pair<int, size_t>>{{0, 0}, {0, 1}, {1, 0}, {1, 1}, {2, 0}, {2, 1}}));
+  File a = File::open_read(whole), b = File::open_read(streamed);
+  for (const char* name : {"h.0.w", "h.0.b", "optimizer/exp_avg/h.0.w", "optimizer/exp_avg/h.0.b",
+                           "optimizer/exp_avg_sq/h.0.w", "optimizer/exp_avg_sq/h.0.b"}) {
+    std::vector<float> x(12), y(12);
+    const auto shape = a.shape(name);
+    ASSERT_EQ(shape, b.shape(name)) << name;
+    a.read_f32(name, shape, x.data());
+    b.read_f32(name, shape, y.data());
+    EXPECT_TRUE(same_bits(x, y)) << name;
+  }
+  FakeModel dst(0.0f);
+  std::vector<std::pair<int, size_t>> got_order;
+  const nlp::TrainState got = nlp::load_checkpoint(streamed, names, [&](int group, size_t i, const float* data) {
+    got_order.emplace_back(group, i);
+    auto views = group == 0 ? dst.params() : group == 1 ? dst.m() : dst.v();
+    std::copy(data, data + views[i].numel(), views[i].data);
+  });
+  EXPECT_EQ(got_order, asked);
+  EXPECT_EQ(got.step, 7);
+  EXPECT_EQ(got.next_batch, 3);
+  for (auto [x, y] : {std::pair{&dst.w, &src.w}, {&dst.b, &src.b}, {&dst.m_w, &src.m_w}, {&dst.m_b, &src.m_b},
+                      {&dst.v_w, &src.v_w}, {&dst.v_b, &src.v_b}})
+    EXPECT_TRUE(same_bits(*x, *y));
+  std::vector<NamedTensor> wrong = names;
+  wrong[0].shape = {3, 4};
+  expect_error([&] { nlp::load_checkpoint(streamed, wrong, nullptr); }, {streamed, "h.0.w", "[4, 3]", "[3, 4]"});
+}
+
 TEST_F(IoTest, CheckpointRetentionKeepsNewest) {
   FakeModel m(1.0f);
   const std::string out = p("run");

@@ -5,6 +5,7 @@
 // and the whole training loop against train.zero = 0 in tests/python/test_zero.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -12,7 +13,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "comm/shard.h"
 #include "core/rng.h"
+#include "core/error.h"
+#include "model/model.h"
 #include "model/params.h"
+#include "train/grad_shards.h"
 #include "train/optimizer.h"
 
 using namespace nlp;
@@ -76,5 +80,133 @@ TEST(ZeroAdamW, ShardedStepsEqualTheWholeArenaBitwise) {
     parts[1]->upload(parts[1]->exp_avg(), back);
     parts[1]->download(parts[1]->exp_avg(), m_part);
     for (size_t i = 0; i < m_part.size(); ++i) ASSERT_EQ(m_part[i], float(sh.lo(1) + i));
+  }
+}
+
+// train.offload = optimizer (train/optimizer.h, train/host_adamw.h): the master weights and moments on
+// the host, updated by the host AdamW and copied back into the arena, make bitwise the CPU backend's
+// update, whole or sharded, with the span list cut into the host AdamW's chunks (a tensor of 40000
+// floats spans three chunks), on 1 and 3 threads; the gradients are zeroed on request as without it.
+TEST(ZeroAdamW, OffloadedStepsEqualTheBackendsBitwise) {
+  for (int threads : {1, 3}) {
+    auto be = make_cpu_backend(threads);
+    TrainConfig tc;
+    tc.weight_decay = 0.1f;
+    for (int ranks : {1, 3}) {
+      ParamStore dev, host;
+      dev.add("big.weight", {40000}, true);
+      host.add("big.weight", {40000}, true);
+      fill(dev, *be, 9);
+      fill(host, *be, 9);
+      ASSERT_EQ(std::memcmp(dev.data(), host.data(), dev.total() * sizeof(float)), 0);
+      const ShardLayout sh = ShardLayout::even(dev.total(), ranks);
+      std::vector<std::unique_ptr<AdamW>> a, b;
+      for (int r = 0; r < ranks; ++r) {
+        a.push_back(std::make_unique<AdamW>(dev, *be, tc, sh.lo(r), sh.hi(r), false));
+        b.push_back(std::make_unique<AdamW>(host, *be, tc, sh.lo(r), sh.hi(r), true));
+        ASSERT_TRUE(b.back()->offloaded());
+        EXPECT_EQ(b.back()->host_bytes(), 4 * sh.count[r] * sizeof(float));
+      }
+      for (int t = 1; t <= 4; ++t) {
+        set_grads(dev, 200 + t);
+        set_grads(host, 200 + t);
+        const bool zero_grad = t % 2 == 0;
+        for (int r = 0; r < ranks; ++r) {
+          a[r]->step(3e-3f, 0.6f, t, zero_grad);
+          b[r]->step(3e-3f, 0.6f, t, zero_grad);
+        }
+        ASSERT_EQ(std::memcmp(dev.data(), host.data(), dev.total() * sizeof(float)), 0) << threads << " " << t;
+        // the tensors' gradients (set_grads also fills the alignment gaps, which the backend leaves)
+        for (const auto& sp : dev.specs())
+          ASSERT_EQ(std::memcmp(dev.grad() + sp.offset, host.grad() + sp.offset, sp.numel * sizeof(float)), 0)
+              << threads << " " << t << " " << sp.name;
+      }
+      // the update moved the weights (not a test of two no-ops)
+      ParamStore fresh;
+      fresh.add("big.weight", {40000}, true);
+      fill(fresh, *be, 9);
+      EXPECT_NE(std::memcmp(fresh.data(), host.data(), host.total() * sizeof(float)), 0);
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<float> ma, mb, va, vb;
+        a[r]->download(a[r]->exp_avg(), ma);
+        b[r]->download(b[r]->exp_avg(), mb);
+        a[r]->download(a[r]->exp_avg_sq(), va);
+        b[r]->download(b[r]->exp_avg_sq(), vb);
+        ASSERT_EQ(ma, mb);
+        ASSERT_EQ(va, vb);
+      }
+      // resume: moments from a whole-arena copy, master weights re-read from the arena
+      std::vector<float> whole(host.total());
+      for (size_t i = 0; i < whole.size(); ++i) whole[i] = 1e-3f * float(i % 97);
+      for (int r = 0; r < ranks; ++r) {
+        a[r]->upload(a[r]->exp_avg(), whole);
+        b[r]->upload(b[r]->exp_avg(), whole);
+      }
+      for (size_t i = 0; i < host.total(); ++i) dev.data()[i] = host.data()[i] = 0.5f * float(i % 13);
+      for (int r = 0; r < ranks; ++r) b[r]->load_master();
+      set_grads(dev, 300);
+      set_grads(host, 300);
+      for (int r = 0; r < ranks; ++r) {
+        a[r]->step(3e-3f, 1.f, 5, true);
+        b[r]->step(3e-3f, 1.f, 5, true);
+      }
+      ASSERT_EQ(std::memcmp(dev.data(), host.data(), dev.total() * sizeof(float)), 0) << threads;
+    }
+  }
+}
+
+// ZeRO-2's regions (train/grad_shards.h): the blocks of the real models, found by name, tile the arena
+// between the resident tensors in layer order; a resident tensor between blocks is refused by name.
+TEST(Zero2Regions, BlocksOfGpt2AndBertTileTheArena) {
+  auto be = make_cpu_backend(1);
+  for (const char* type : {"gpt2", "bert"}) {
+    ModelConfig mc;
+    mc.type = type;
+    mc.n_layer = mc.num_hidden_layers = 3;
+    mc.n_head = mc.num_attention_heads = 2;
+    mc.n_embd = mc.hidden_size = 16;
+    mc.intermediate_size = 32;
+    mc.vocab_size = 40;
+    mc.n_positions = mc.max_position_embeddings = 8;
+    auto m = make_model(mc, *be, std::string(type) == "bert" ? "mlm" : "clm", /*allocate=*/false);
+    const ParamStore& ps = m->params();
+    const auto regions = zero2_regions(ps);
+    ASSERT_FALSE(regions.empty());
+    EXPECT_EQ(regions.front().lo, 0u);
+    EXPECT_EQ(regions.back().hi, ps.total());
+    int next_layer = 0;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      if (i > 0) EXPECT_EQ(regions[i].lo, regions[i - 1].hi) << type;
+      if (regions[i].layer >= 0) EXPECT_EQ(regions[i].layer, next_layer++) << type;
+    }
+    EXPECT_EQ(next_layer, 3) << type;
+    // every tensor lies in one region, of its own layer
+    for (const auto& s : ps.specs()) {
+      const auto it = std::find_if(regions.begin(), regions.end(),
+                                   [&](const GradRegion& r) { return s.offset >= r.lo && s.offset < r.hi; });
+      ASSERT_NE(it, regions.end()) << s.name;
+      EXPECT_LE(s.offset + s.numel, it->hi) << s.name;
+      const bool in_block = s.name.find(".h.") != std::string::npos || s.name.find(".layer.") != std::string::npos;
+      EXPECT_EQ(it->layer >= 0, in_block) << s.name;
+    }
+    // the buffers: the resident tensors and two of the (equal) blocks
+    size_t resident = 0, block = 0;
+    for (const auto& r : regions) {
+      if (r.layer < 0)
+        resident += r.hi - r.lo;
+      else
+        block = std::max(block, r.hi - r.lo);
+    }
+    EXPECT_EQ(zero2_buffer_floats(ps, 2), resident + 2 * block) << type;
+  }
+  ParamStore bad;
+  bad.add("transformer.h.0.w", {4}, true);
+  bad.add("transformer.ln_mid.weight", {4}, false);
+  bad.add("transformer.h.1.w", {4}, true);
+  try {
+    zero2_regions(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.ln_mid.weight"), std::string::npos) << e.what();
   }
 }

@@ -1,0 +1,87 @@
+// ZeRO-2's gradients (train.zero = 2): no gradient arena. Each rank keeps its fp32 gradient shard (its
+// range of the arena, comm/shard.h) and, for the backward to write into, only
+//  - the "resident" tensors outside the transformer blocks (embeddings, final LayerNorm, heads: the
+//    tied word embedding gets gradients at both ends of the backward), and
+//  - `slots` block-sized buffers that the blocks take in turn (block l writes into slot l % slots).
+// ParamStore::map_grads points every tensor's gradient there (params.h). As the backward reports a
+// block final (Model::set_grad_ready_hook), its buffer is reduce-scattered (Comm::reduce_scatter_sum_start:
+// only this rank's part of it is summed here); at the next report, before the following block writes
+// into a buffer still in flight, the started sums are waited for, each buffer's part in this rank's
+// range is added to the shard, and the buffer is zeroed for reuse. So one block's reduce-scatter runs
+// while the next block computes (two slots), every micro-batch of train.grad_accum is reduced and
+// accumulated into the shard, and the gradient memory per rank is the resident tensors + the slots +
+// 1/N of the arena instead of the whole arena.
+//
+// The blocks are found by name (HF state_dict keys "<prefix>.h.<l>." or "<prefix>.layer.<l>."); their
+// ranges must tile a contiguous part of the arena in layer order, with the other tensors before or
+// after it. A report that falls inside a region (a model reporting at another granularity) is an
+// internal error, raised before any buffer is overwritten out of turn.
+#pragma once
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/backend.h"
+#include "model/params.h"
+
+namespace nlp {
+
+// The arena's regions for ZeRO-2, in arena order: [lo, hi) and the layer (-1 = resident).
+struct GradRegion {
+  size_t lo = 0, hi = 0;
+  int layer = -1;
+};
+// Throws nlp::Error naming the tensor when the layout does not fit the scheme above.
+std::vector<GradRegion> zero2_regions(const ParamStore& ps);
+// The gradient floats one rank holds with train.zero = 2 and `slots` block buffers, besides its shard:
+// the resident tensors' and the slots'.
+size_t zero2_buffer_floats(const ParamStore& ps, int slots);
+
+class GradShards {
+ public:
+  // Frees the parameter store's gradient arena (ps.release_grads) and maps its tensors' gradients
+  // into this object's buffers. overlap = false: each block's sum is waited for at once.
+  GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, bool overlap,
+             int slots = 2);
+  ~GradShards();
+  GradShards(const GradShards&) = delete;
+  GradShards& operator=(const GradShards&) = delete;
+
+  float* shard() { return shard_; }  // this rank's summed gradients, arena [sh.lo(rank), sh.hi(rank))
+  size_t shard_size() const { return n_; }
+  void zero_shard();
+  // One micro-batch's backward: begin() before it, ready() as its hook, end() after it (starts what is
+  // left, waits, accumulates into the shard; every buffer is zero again on return).
+  void begin();
+  void ready(size_t lo);
+  void end();
+  size_t buffer_bytes() const { return buffer_floats_ * sizeof(float); }  // resident + slots
+  // The ranges [lo, hi) started in the last micro-batch, in order (for tests and logs).
+  const std::vector<std::pair<size_t, size_t>>& buckets() const { return buckets_; }
+
+ private:
+  struct Region {
+    size_t lo, hi;
+    int layer;   // -1: resident
+    float* buf;  // the region's gradients: buf[i - lo] for arena offset i
+    bool started = false, pending = false;
+  };
+  void start(Region& r);
+  void drain();  // wait for every started sum, add the parts into the shard, zero the buffers
+  Comm& comm_;
+  Backend& be_;
+  ParamStore& ps_;
+  ShardLayout sh_;
+  int rank_;
+  bool overlap_;
+  size_t lo_, n_;  // this rank's range
+  float* shard_ = nullptr;
+  std::vector<float*> owned_;  // buffers allocated here
+  std::vector<Region> regions_;  // in arena order
+  size_t buffer_floats_ = 0;
+  size_t next_;  // regions_[next_, size) are started in this micro-batch (next_ decreases)
+  std::vector<std::pair<size_t, size_t>> buckets_;
+};
+
+}  // namespace nlp
