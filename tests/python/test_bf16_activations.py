@@ -77,9 +77,13 @@ def test_bert_doc_cls_tracks_fp32_activations(tmp_path):
 
 def test_account_casts_no_activation(data, tmp_path):
     out = tmp_path / "prof"
-    nr.run(data + TINY + ["--train.steps=4", f"--output.dir={out}", "--run.profile=true",
-                          "--run.bf16_activations=true", "--run.bf16_weights=true"])
-    p = json.loads((out / "summary.json").read_text())["profile"]
+    run = nr.run(data + TINY + ["--train.steps=4", f"--output.dir={out}", "--run.profile=true",
+                                "--run.bf16_activations=true", "--run.bf16_weights=true"])
+    summary = json.loads((out / "summary.json").read_text())
+    # the cpu backend keeps no path counts: no "gpu_paths" in summary.json or the account, no "paths" line
+    assert "gpu_paths" not in summary and "gpu_paths" not in summary["profile"], sorted(summary)
+    assert "done:" in run.stdout and "paths over" not in run.stdout, run.stdout[-2000:]
+    p = summary["profile"]
     ops = {o["label"]: o for o in p["ops"]}
     assert "gemm blocks (forward)" in ops and "gemm lm head (forward)" in ops, sorted(ops)
     # (a label may still carry time: the CPU rounds its operand copies whatever they hold, a no-op on
