@@ -1725,6 +1725,41 @@ TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
 
 // run.profile's account on the GPU: the rates measured by a copy and a GEMM are plausible for a data-
 // centre GPU, and the CUDA events time each GEMM and its bf16 operand casts under their own labels.
+// Backend::path_counts of ops on bf16 views: staged (NLPTRAIN_CUDA_BF16_ACTS=staged) a GELU is one
+// staged op with one widening of its input and one rounding of its output; native it is none of
+// these; copy_view between the two types is one conversion each way.
+TEST_F(CudaOps, PathCountsCountStagedOpsAndCasts) {
+  const size_t n = 1000;
+  for (const char* acts : {"staged", "native"}) {
+    SCOPED_TRACE(acts);
+    std::unique_ptr<Backend> be;
+    {
+      ScopedEnv e("NLPTRAIN_CUDA_BF16_ACTS", acts);
+      be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+    }
+    void* a = be->alloc(n * 2);
+    void* b = be->alloc(n * 2);
+    float* f = static_cast<float*>(be->alloc(n * 4));
+    nlp::PathCounts p0, p1, p2;
+    ASSERT_TRUE(be->path_counts(&p0));
+    be->gelu_forward(nlp::Act(b, nlp::DType::BF16), nlp::CAct(a, nlp::DType::BF16), n, nlp::Gelu::Tanh);
+    be->path_counts(&p1);
+    const nlp::PathCounts d = p1 - p0;
+    const bool staged = std::string(acts) == "staged";
+    EXPECT_EQ(d.staged_ops, staged ? 1 : 0);
+    EXPECT_EQ(d.bf16_to_fp32, staged ? 1 : 0);
+    EXPECT_EQ(d.fp32_to_bf16, staged ? 1 : 0);
+    be->copy_view(nlp::Act(f, nlp::DType::F32), nlp::CAct(a, nlp::DType::BF16), n);
+    be->copy_view(nlp::Act(b, nlp::DType::BF16), nlp::CAct(f, nlp::DType::F32), n);
+    be->path_counts(&p2);
+    EXPECT_EQ((p2 - p1).bf16_to_fp32, 1);
+    EXPECT_EQ((p2 - p1).fp32_to_bf16, 1);
+    EXPECT_EQ((p2 - p1).staged_ops, 0);
+    be->synchronize();
+    for (void* p : {a, b, static_cast<void*>(f)}) be->release(p);
+  }
+}
+
 TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
   auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
   nlp::AccountBackend acct(*be, 64, nlp::Precision::Bf16);
@@ -1753,6 +1788,14 @@ TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
   EXPECT_EQ(memset, 1) << table;
   EXPECT_GT(gemm_ms, 0) << table;
   EXPECT_GT(cast_ms, 0) << table;
+  // what ran (Backend::path_counts) since start(): 3 GEMMs without bias, each casting x and w
+  EXPECT_NE(table.find("paths over these 3 steps: gemm fused (bias 0, gelu_aux 0, dgelu 0, bgrad 0); "
+                       "gemm fallback (bias 0, gelu_aux 0, dgelu 0, bgrad 0); staged ops 0; casts "
+                       "fp32->bf16 6, bf16->fp32 0"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(js.find("\"gpu_paths\": {\"gemm_fused\": {\"bias\": 0,"), std::string::npos) << js;
+  EXPECT_NE(js.find("\"casts\": {\"fp32_to_bf16\": 6, \"bf16_to_fp32\": 0}"), std::string::npos) << js;
   be->release(x);
   be->release(y);
 }
