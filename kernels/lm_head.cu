@@ -118,19 +118,22 @@ __global__ void lm_head_ce_bf16_k(float* __restrict__ losses, const float* __res
 // every thread of the block. redf/redd: __shared__ scratch of 32 each.
 __device__ __forceinline__ void online_row_stats(const float* __restrict__ x, int V, float* mx,
                                                  double* se, float* redf, double* redd) {
+  // Non-finite logits end as the two-pass kernel's do: a NaN anywhere makes the sum NaN (NaN is
+  // never "greater", and a NaN sum survives every rescaling), -inf adds nothing (skipped, so that
+  // -inf - -inf makes no NaN), +inf makes inf - inf = NaN. A sum of 0 is never rescaled (0 * exp(inf)).
   float m = -INFINITY;
   double sum = 0.0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     const float xv = x[v];
-    if (xv > m) {  // the running max grows: rescale the sum so far (0 while there is none)
-      sum = (m == -INFINITY ? 0.0 : sum * exp((double)m - (double)xv)) + 1.0;
+    if (xv > m) {  // the running max grows: rescale the sum so far
+      sum = (sum == 0.0 ? 0.0 : sum * exp((double)m - (double)xv)) + 1.0;
       m = xv;
-    } else {
+    } else if (xv != -INFINITY) {
       sum += (double)expf(xv - m);
     }
   }
   const float M = block_max(m, redf);
-  const double part = m == -INFINITY ? 0.0 : sum * exp((double)m - (double)M);
+  const double part = sum == 0.0 ? 0.0 : sum * exp((double)m - (double)M);
   *se = block_sum(part, redd);
   *mx = M;
 }

@@ -1335,7 +1335,7 @@ TEST_F(CudaOps, LmHeadBf16KernelRoundsTheFp32Dlogits) {
 //  - the bf16 online kernel: losses bitwise those of the fp32 online kernel and each bf16 dlogit the
 //    host's rounding of its fp32 dlogit.
 // Rows of scale 3 and 30, one row in ascending order (the running max grows at every element) and one
-// descending.
+// descending; a -inf logit (adds nothing) and a row with a NaN logit (a NaN loss from both kernels).
 TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
   cudaStream_t st = static_cast<cudaStream_t>(nlp::cuda_backend_stream(gpu()));
   struct Shape { int M, V, ld; float scale; };
@@ -1356,6 +1356,9 @@ TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
     tg[0] = V - 1;
     tg[2] = 0;
     if (M > 3) tg[1] = nlp::kIgnoreIndex, tg[3] = V;  // ignored; bad: NaN loss, zeros, flagged
+    const int nan_row = M - 1;  // a live row (M >= 5) with one NaN logit
+    logits[1] = -INFINITY;      // row 0, not its target
+    logits[size_t(nan_row) * ld + V / 2] = NAN;
     float *a = put(logits), *b = put(logits), *c = put(logits);
     float *la = nan_buf(M), *lb = nan_buf(M), *lc = nan_buf(M);
     const uint32_t nan2 = 0x7fc07fc0u;  // two bf16 NaNs: what the kernel does not write stays NaN
@@ -1378,7 +1381,11 @@ TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     const VF la_h = get(la, M), lb_h = get(lb, M), lc_h = get(lc, M), ga = get(a, n), gb = get(b, n);
     EXPECT_TRUE(bitwise_equal(get(c, n), logits)) << "the bf16 kernel only reads the logits";
-    EXPECT_TRUE(bitwise_equal(lc_h, lb_h)) << "bf16 online losses against fp32 online";
+    EXPECT_TRUE(std::isnan(la_h[nan_row]) && std::isnan(lb_h[nan_row]) && std::isnan(lc_h[nan_row]))
+        << "a NaN logit: " << la_h[nan_row] << " " << lb_h[nan_row] << " " << lc_h[nan_row];
+    VF la_f = la_h, lb_f = lb_h, lc_f = lc_h;  // without the NaN row
+    la_f[nan_row] = lb_f[nan_row] = lc_f[nan_row] = 0.0f;
+    EXPECT_TRUE(bitwise_equal(lc_f, lb_f)) << "bf16 online losses against fp32 online";
     VI bad_h(3);
     gpu().to_host(&bad_h[0], bad_a, sizeof(int32_t));
     gpu().to_host(&bad_h[1], bad_b, sizeof(int32_t));
@@ -1390,11 +1397,12 @@ TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
     gpu().to_host(dl_h.data(), dl, n * sizeof(uint16_t));
     size_t wrong16 = 0, first16 = n;
     for (size_t i = 0; i < n; ++i)
-      if (dl_h[i] != nlp::cpu::to_bf16_bits(gb[i]) && wrong16++ == 0) first16 = i;
+      if (int(i / ld) != nan_row && dl_h[i] != nlp::cpu::to_bf16_bits(gb[i]) && wrong16++ == 0) first16 = i;
     EXPECT_EQ(wrong16, 0u) << "bf16 dlogit not the rounding of the fp32 online one, first at row "
                            << first16 / ld << " column " << first16 % ld;
     size_t far_ref = 0, far_two = 0, nonzero = 0;
     for (int m = 0; m < M; ++m) {
+      if (m == nan_row) continue;
       const float* x = logits.data() + size_t(m) * ld;
       const bool dead = tg[m] == nlp::kIgnoreIndex || tg[m] >= V;
       if (dead) {
@@ -1432,7 +1440,10 @@ TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
                                               st, true),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    EXPECT_TRUE(bitwise_equal(get(ld2, M), lb_h)) << "forward-only losses";
+    VF l2 = get(ld2, M);
+    EXPECT_TRUE(std::isnan(l2[nan_row]));
+    l2[nan_row] = 0.0f;
+    EXPECT_TRUE(bitwise_equal(l2, lb_f)) << "forward-only losses";
     EXPECT_TRUE(bitwise_equal(get(d, n), logits)) << "forward only: logits unchanged";
   }
 }
