@@ -451,6 +451,14 @@ TEST(GemmBf16Reference, CorrectResultsPassWrongOnesFail) {
           EXPECT_EQ(outside(fwd(outin, b, nullptr, 1), g.y, g.ty), 0u) << "gelu";
           EXPECT_EQ(outside(fwd(outin, b, nullptr, 2), g.pre, g.tpre), 0u) << "pre-activation";
           EXPECT_GT(outside(fwd(outin, b, nullptr, 2), g.y, g.ty), 0u) << "gelu missing";
+          if (bf16(t)) {  // a bf16 output's epilogue adds the bias rounded to bf16: within tolerance
+            VD Bb(B.size());
+            for (size_t i = 0; i < B.size(); ++i) Bb[i] = rb(B[i]);
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 0), f.y, f.ty), 0u) << "Y with a bf16 bias";
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 1), g.y, g.ty), 0u) << "gelu with a bf16 bias";
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 2), g.pre, g.tpre), 0u)
+                << "pre-activation with a bf16 bias";
+          }
 
           const VD D = rnd(size_t(M) * N, 1.0, true), DI0 = rnd(size_t(M) * K, 1.0, bf16(t));
           const VD DW0 = rnd(size_t(K) * N, 1.0, false), DB0 = rnd(N, 1.0, false);
