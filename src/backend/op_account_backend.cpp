@@ -73,7 +73,7 @@ std::string AccountBackend::report(long steps, double step_ms, std::string* json
   std::string table = acct_.table(rates_, steps, step_ms);
   if (paths) {
     if (!table.empty() && table.back() != '\n') table += '\n';
-    table += path_counts_line(now - paths0_, cat(" over these ", steps, " steps"));
+    table += path_counts_line(now - paths0_, cat("over these ", steps, " steps"));
   }
   return table;
 }

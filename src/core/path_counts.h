@@ -70,11 +70,13 @@ inline std::string path_counts_json(const PathCounts& c) {
          ", \"bf16_to_fp32\": " + std::to_string(c.bf16_to_fp32) + "}}";
 }
 
-// The log's one line: "paths: gemm fused (bias N, ...); gemm fallback (...); staged ops N; casts
-// fp32->bf16 N, bf16->fp32 N", with `what` after "paths" (e.g. " over the last 9 steps").
+// The log's one line: "paths: <what>, gemm fused (bias N, ...); gemm fallback (...); staged ops N;
+// casts fp32->bf16 N, bf16->fp32 N" (`what`, e.g. "over the last 9 steps", and its comma only when
+// given).
 inline std::string path_counts_line(const PathCounts& c, const std::string& what = "") {
   using namespace path_counts_detail;
-  return "paths" + what + ": gemm fused (" + kinds_text(c.gemm_fused) + "); gemm fallback (" +
+  return "paths: " + (what.empty() ? std::string() : what + ", ") + "gemm fused (" +
+         kinds_text(c.gemm_fused) + "); gemm fallback (" +
          kinds_text(c.gemm_fallback) + "); staged ops " + std::to_string(c.staged_ops) +
          "; casts fp32->bf16 " + std::to_string(c.fp32_to_bf16) + ", bf16->fp32 " +
          std::to_string(c.bf16_to_fp32);

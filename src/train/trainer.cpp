@@ -883,7 +883,7 @@ void log_done(StepLoop& L, bool stopped) {
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));
     if (tp.steps > 0 && L.has_paths)
-      s.log.info(path_counts_line(L.paths, cat(" over the last ", tp.steps, " steps")));
+      s.log.info(path_counts_line(L.paths, cat("over the last ", tp.steps, " steps")));
   } else {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", L.tc.steps));
   }

@@ -85,7 +85,7 @@ def test_account_casts_no_activation(data, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     # the cpu backend keeps no path counts: no "gpu_paths" in summary.json or the account, no "paths" line
     assert "gpu_paths" not in summary and "gpu_paths" not in summary["profile"], sorted(summary)
-    assert "done:" in run.stdout and "paths over" not in run.stdout, run.stdout[-2000:]
+    assert "done:" in run.stdout and "paths:" not in run.stdout, run.stdout[-2000:]
     p = summary["profile"]
     ops = {o["label"]: o for o in p["ops"]}
     assert "gemm blocks (forward)" in ops and "gemm lm head (forward)" in ops, sorted(ops)
@@ -122,6 +122,6 @@ def test_cuda_run_reports_gpu_paths(data, tmp_path):
     assert set(p["casts"]) == {"fp32_to_bf16", "bf16_to_fp32"}, p
     # 2 timed steps, 2 blocks: qkv, proj, fc and fcp each with a bias, in the forward
     assert p["gemm_fused"]["bias"] >= 2 * 2 * 4 and p["gemm_fallback"]["bias"] == 0, p
-    line = [l for l in run.stdout.splitlines() if "paths over the last 2 steps:" in l]
+    line = [l for l in run.stdout.splitlines() if "paths: over the last 2 steps, gemm fused (" in l]
     assert len(line) == 1, run.stdout[-3000:]
     assert f"gemm fused (bias {p['gemm_fused']['bias']}," in line[0], (line, p)

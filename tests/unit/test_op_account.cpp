@@ -303,8 +303,8 @@ TEST(PathCounts, DifferenceAndPrintedForms) {
             "{\"gemm_fused\": {\"bias\": 11, \"gelu_aux\": 12, \"dgelu\": 13, \"bgrad\": 14}, "
             "\"gemm_fallback\": {\"bias\": 21, \"gelu_aux\": 22, \"dgelu\": 23, \"bgrad\": 24}, "
             "\"staged_ops\": 31, \"casts\": {\"fp32_to_bf16\": 41, \"bf16_to_fp32\": 51}}");
-  EXPECT_EQ(path_counts_line(b, " over the last 9 steps"),
-            "paths over the last 9 steps: gemm fused (bias 11, gelu_aux 12, dgelu 13, bgrad 14); gemm "
+  EXPECT_EQ(path_counts_line(b, "over the last 9 steps"),
+            "paths: over the last 9 steps, gemm fused (bias 11, gelu_aux 12, dgelu 13, bgrad 14); gemm "
             "fallback (bias 21, gelu_aux 22, dgelu 23, bgrad 24); staged ops 31; casts fp32->bf16 41, "
             "bf16->fp32 51");
 }

@@ -1800,7 +1800,7 @@ TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
   EXPECT_GT(gemm_ms, 0) << table;
   EXPECT_GT(cast_ms, 0) << table;
   // what ran (Backend::path_counts) since start(): 3 GEMMs without bias, each casting x and w
-  EXPECT_NE(table.find("paths over these 3 steps: gemm fused (bias 0, gelu_aux 0, dgelu 0, bgrad 0); "
+  EXPECT_NE(table.find("paths: over these 3 steps, gemm fused (bias 0, gelu_aux 0, dgelu 0, bgrad 0); "
                        "gemm fallback (bias 0, gelu_aux 0, dgelu 0, bgrad 0); staged ops 0; casts "
                        "fp32->bf16 6, bf16->fp32 0"),
             std::string::npos)
