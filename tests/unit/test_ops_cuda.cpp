@@ -1328,10 +1328,11 @@ TEST_F(CudaOps, LmHeadBf16KernelRoundsTheFp32Dlogits) {
 // _bf16 with online = true, NLPTRAIN_CUDA_HEAD_SOFTMAX=online, the default) on the same logits [M, ld]
 // as the two-pass kernels and a double reference on the host:
 //  - against the reference (log-sum-exp and (softmax - onehot) * dloss in double): losses within
-//    1e-5 relative, dlogits within 1e-5 |ref| + 1e-9 (expf's argument rounding at |x - max| <= ~40);
-//  - against the two-pass kernel: losses within 1e-6 relative and dlogits within 1e-6 |ref| (the two
-//    sums differ only in rounding); padding columns, ignored and bad rows exactly 0, the bad-row flag
-//    equal;
+//    1e-5 relative, dlogits within 1e-5 |ref| + 1e-9 (expf's argument rounding at |x - max| <= 87,
+//    where exp underflows), plus 1e-6 dloss at the target (p dloss - dloss cancels as p nears 1);
+//  - against the two-pass kernel: losses within 1e-6 relative and dlogits within 1e-6 |ref| (+ the
+//    same at the target; the two sums differ only in rounding); padding columns, ignored and bad rows
+//    exactly 0, the bad-row flag equal;
 //  - the bf16 online kernel: losses bitwise those of the fp32 online kernel and each bf16 dlogit the
 //    host's rounding of its fp32 dlogit.
 // Rows of scale 3 and 30, one row in ascending order (the running max grows at every element) and one
@@ -1421,8 +1422,11 @@ TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
         for (int v = 0; v < V; ++v) {
           const double ref = std::exp(double(x[v]) - mx) / se * dloss - (v == tg[m] ? dloss : 0.0);
           const size_t i = size_t(m) * ld + v;
-          if (!(std::abs(gb[i] - ref) <= 1e-5 * std::abs(ref) + 1e-9)) ++far_ref;
-          if (!(std::abs(gb[i] - ga[i]) <= 1e-6 * std::abs(double(ga[i])) + 1e-12)) ++far_two;
+          // at the target p * dloss - dloss cancels where p is near 1 (a dominant target at scale
+          // 30): the float product's rounding, ~1e-7 dloss, then stands alone
+          const double at_t = v == tg[m] ? 1e-6 * dloss : 0.0;
+          if (!(std::abs(gb[i] - ref) <= 1e-5 * std::abs(ref) + 1e-9 + at_t)) ++far_ref;
+          if (!(std::abs(gb[i] - ga[i]) <= 1e-6 * std::abs(double(ga[i])) + 1e-12 + at_t)) ++far_two;
         }
       }
       for (int v = dead ? 0 : V; v < ld; ++v)
