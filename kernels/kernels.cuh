@@ -270,16 +270,18 @@ cudaError_t crossentropy_backward(float* dlogits, const float* logits, const int
                                   const float* row_max, const double* row_sumexp, cudaStream_t s);
 // lm_head.cu: the fused head's loss over a chunk's logits[M, ld] (V real columns): losses[M], and with
 // grad the rows' dlogits written over the logits (columns V..ld and ignored rows: 0). A bad target
-// lowers *bad_row to row_base + its row.
+// lowers *bad_row to row_base + its row. online: the row's max and sum of exp in one pass (the
+// NLPTRAIN_CUDA_HEAD_SOFTMAX=online kernel, lm_head.cu) instead of two (false: the first kernel).
 cudaError_t lm_head_crossentropy(float* losses, float* logits, int ld, const int32_t* targets,
                                  float dloss, const float* dloss_slot, int M, int V, int row_base,
-                                 int* bad_row, bool grad, cudaStream_t s);
+                                 int* bad_row, bool grad, cudaStream_t s, bool online = false);
 // The same with grad, the logits only read and the dlogits written to dlogits[M, ld]
 // (__nv_bfloat16, each rounded to nearest even; columns V..ld and ignored rows: 0): the bf16 operand
 // of the backward GEMMs (NLPTRAIN_CUDA_HEAD_DLOGITS=bf16). Losses and *bad_row as above.
 cudaError_t lm_head_crossentropy_bf16(float* losses, const float* logits, void* dlogits, int ld,
                                       const int32_t* targets, float dloss, const float* dloss_slot,
-                                      int M, int V, int row_base, int* bad_row, cudaStream_t s);
+                                      int M, int V, int row_base, int* bad_row, cudaStream_t s,
+                                      bool online = false);
 // The same over E segments of x (core/backend.h segment_crossentropy_*): segment e at first[e],
 // len[e] wide; *bad_row as above, the first segment whose target is outside [0, len[e]).
 cudaError_t segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,

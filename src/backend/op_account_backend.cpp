@@ -3,6 +3,8 @@
 
 #include <type_traits>
 
+#include "core/error.h"
+
 namespace nlp {
 
 using account::Cost;
@@ -44,6 +46,7 @@ void AccountBackend::start(size_t copy_bytes, int gemm_n) {
   in_.set_profiling(true);
   host_timed_ = in_.name() != "cuda";  // the CUDA backend times its ops with events (profile_times)
   acct_.clear();
+  has_paths_ = in_.path_counts(&paths0_);  // after the rate measurement's GEMM and copy
   on_ = true;
 }
 
@@ -56,8 +59,23 @@ std::string AccountBackend::report(long steps, double step_ms, std::string* json
     if (host_timed_ && t.label.rfind("cast: ", 0) == 0) acct_.time(t.label.substr(6), -t.ms, 0);
   }
   on_ = false;  // the times are taken once
-  if (json) *json = acct_.json(rates_, steps, step_ms);
-  return acct_.table(rates_, steps, step_ms);
+  // What ran (core/path_counts.h) over the accounted steps: one line under the table and
+  // "gpu_paths" in the object, as in the log's "done:" block and summary.json.
+  PathCounts now;
+  const bool paths = has_paths_ && in_.path_counts(&now);
+  if (json) {
+    *json = acct_.json(rates_, steps, step_ms);
+    if (paths && !json->empty() && json->back() == '}') {
+      json->pop_back();
+      *json += cat(", \"gpu_paths\": ", path_counts_json(now - paths0_), "}");
+    }
+  }
+  std::string table = acct_.table(rates_, steps, step_ms);
+  if (paths) {
+    if (!table.empty() && table.back() != '\n') table += '\n';
+    table += path_counts_line(now - paths0_, cat("over these ", steps, " steps"));
+  }
+  return table;
 }
 
 template <class F>

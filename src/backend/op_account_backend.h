@@ -50,6 +50,7 @@ class AccountBackend final : public Backend {
   void register_weights(const float* arena, size_t n) override;
   void weights_written(const float* p, size_t n) override { in_.weights_written(p, n); }
   const uint16_t* bf16_weights() const override { return in_.bf16_weights(); }
+  bool path_counts(PathCounts* out) const override { return in_.path_counts(out); }
 
   void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
                          const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
@@ -168,6 +169,8 @@ class AccountBackend final : public Backend {
   const float* arena_ = nullptr;
   size_t arena_n_ = 0;
   const float* wte_ = nullptr;  // the token embedding of the last embedding_forward
+  PathCounts paths0_;       // the inner backend's path counts at start()
+  bool has_paths_ = false;  // it keeps them
 };
 
 }  // namespace nlp

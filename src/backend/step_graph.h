@@ -76,6 +76,7 @@ class StepGraph final : public Backend {
   std::string profile_report() override { return in_.profile_report(); }
   void profile_label(const char* label) override { in_.profile_label(label); }
   std::vector<ProfileTime> profile_times() override { return in_.profile_times(); }
+  bool path_counts(PathCounts* out) const override { return in_.path_counts(out); }
   void register_weights(const float* arena, size_t n) override { in_.register_weights(arena, n); }
   void weights_written(const float* p, size_t n) override { in_.weights_written(p, n); }
   const uint16_t* bf16_weights() const override { return in_.bf16_weights(); }

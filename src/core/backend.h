@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/path_counts.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -121,6 +122,10 @@ class Backend {
     long calls = 0;
   };
   virtual std::vector<ProfileTime> profile_times() { return {}; }
+  // What ran so far (core/path_counts.h: fused and fallback GEMM epilogues, staged ops, fp32<->bf16
+  // conversions), counted since the backend was made; false (the default: the CPU backend) when the
+  // backend keeps no such counts. Callers take differences over the steps they report.
+  virtual bool path_counts(PathCounts* /*out*/) const { return false; }
 
   // ---- the persistent bf16 copy of the weights (BackendOptions::bf16_weights) -------------------
   // With the option on and Precision::Bf16, the dense-layer GEMMs read a weight that lies inside the

@@ -140,6 +140,7 @@ void write_summary(Session& s, const StepTimes& times, int64_t tokens_per_step, 
   j.raw("resume_world", notes.resume_world_json.empty() ? "null" : notes.resume_world_json);
   j.raw("cuda_graph", notes.cuda_graph_json.empty() ? "null" : notes.cuda_graph_json);
   j.raw("profile", notes.profile_json.empty() ? "null" : notes.profile_json);
+  if (!notes.gpu_paths_json.empty()) j.raw("gpu_paths", notes.gpu_paths_json);
   std::string damaged = "[";
   for (const auto& [file, reason] : notes.damaged_checkpoints)
     damaged += cat(damaged.size() > 1 ? "," : "", "{\"file\":", json_string(file), ",\"reason\":",

@@ -67,6 +67,10 @@ struct RunNotes {
   std::string cuda_graph_json;
   // run.profile: summary.json's "profile" object, the per-op account (backend/op_account.h); "" = null.
   std::string profile_json;
+  // summary.json's "gpu_paths" object (core/path_counts.h path_counts_json) over the timed steps, on
+  // a backend that counts what ran (cuda); "" = the key is left out (the cpu backend, or no step
+  // timed).
+  std::string gpu_paths_json;
   std::vector<std::pair<std::string, std::string>> damaged_checkpoints;  // (file, reason), newest first
   int64_t metrics_dropped = 0;    // metrics.jsonl lines of the interrupted run removed on resume
   int64_t nonfinite_skipped = 0;  // steps whose update was skipped (train.nonfinite = skip)

@@ -533,6 +533,11 @@ struct StepLoop {
   int steps_done_here = 0;
   double train_seconds = 0;
   StepTimes times;  // summed over steps after the first (which includes one-time allocation)
+  // What the backend ran in the timed steps (core/path_counts.h: each step's difference, so
+  // evaluation and checkpoints between steps are left out); has_paths: the backend keeps such counts
+  // (cuda) and a step was timed.
+  PathCounts paths;
+  bool has_paths = false;
   // The gradient arena is known to be all zero: the last update zeroed it as it read it (not with
   // train.zero = 1, where each rank updates only its shard, nor after a skipped step).
   bool grads_zero = false;
@@ -815,6 +820,8 @@ StepResult optimizer_step(StepLoop& L, int step) {
   const auto t0 = Clock::now();
   double t_data = 0, t_comm = 0;
   StepResult r;
+  PathCounts paths0;
+  const bool counted = s.be.path_counts(&paths0);
   r.step = step;
   r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
   if (!L.grads_zero) {
@@ -838,6 +845,11 @@ StepResult optimizer_step(StepLoop& L, int step) {
   L.train_seconds += r.dt;
   ++L.steps_done_here;
   if (L.steps_done_here > 1) L.times.add(r.dt, t_data, t_comm, r.counts[1], r.counts[2]);
+  PathCounts paths1;
+  if (L.steps_done_here > 1 && counted && s.be.path_counts(&paths1)) {
+    L.paths += paths1 - paths0;
+    L.has_paths = true;
+  }
   if (L.steps_done_here == 1 && L.cfg.run.profile) s.be.set_profiling(true);  // after one-time set-up
   return r;
 }
@@ -984,6 +996,8 @@ void log_done(StepLoop& L, bool stopped) {
     s.log.info(st.nonfinite_skipped > 0
                    ? cat(buf, "; ", st.nonfinite_skipped, " step(s) skipped for a non-finite gradient")
                    : std::string(buf));
+    if (tp.steps > 0 && L.has_paths)
+      s.log.info(path_counts_line(L.paths, cat("over the last ", tp.steps, " steps")));
   } else {
     s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", L.tc.steps));
   }
@@ -1031,6 +1045,7 @@ int finish_run(StepLoop& L, bool stopped) {
   if (L.cfg.run.profile) log_profile(L);
   if (L.graph) log_cuda_graph(L);
   L.notes.nonfinite_skipped = L.st.nonfinite_skipped;
+  if (L.has_paths) L.notes.gpu_paths_json = path_counts_json(L.paths);
   write_summary(L.s, L.times, L.order.tokens_per_step, L.data.T, L.st.step == L.tc.steps, L.notes);
   return L.st.step == L.tc.steps ? 0 : kExitRequeue;
 }

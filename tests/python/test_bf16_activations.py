@@ -8,7 +8,10 @@ to end on the CPU backend, the reference for the GPU's bf16 stores:
  - a BERT doc_cls run (padding in the batches, dropout on) tracks fp32 activations the same way;
  - run.profile's account counts no operand cast of an activation (they are bf16 already): with the
    bf16 weight copy too, only the unfused head's fp32 dlogits are cast;
- - with train.precision = fp32 the option is refused before anything runs, naming both keys."""
+ - with train.precision = fp32 the option is refused before anything runs, naming both keys;
+ - on the cpu backend summary.json has no "gpu_paths"; on cuda (skipped without a GPU) it has them for
+   the timed steps, as the log's "paths" line after "done:" does, and every bias GEMM of the bf16 step
+   ran the fused BIAS epilogue (none fell back)."""
 import json
 import shutil
 
@@ -77,9 +80,13 @@ def test_bert_doc_cls_tracks_fp32_activations(tmp_path):
 
 def test_account_casts_no_activation(data, tmp_path):
     out = tmp_path / "prof"
-    nr.run(data + TINY + ["--train.steps=4", f"--output.dir={out}", "--run.profile=true",
-                          "--run.bf16_activations=true", "--run.bf16_weights=true"])
-    p = json.loads((out / "summary.json").read_text())["profile"]
+    run = nr.run(data + TINY + ["--train.steps=4", f"--output.dir={out}", "--run.profile=true",
+                                "--run.bf16_activations=true", "--run.bf16_weights=true"])
+    summary = json.loads((out / "summary.json").read_text())
+    # the cpu backend keeps no path counts: no "gpu_paths" in summary.json or the account, no "paths" line
+    assert "gpu_paths" not in summary and "gpu_paths" not in summary["profile"], sorted(summary)
+    assert "done:" in run.stdout and "paths:" not in run.stdout, run.stdout[-2000:]
+    p = summary["profile"]
     ops = {o["label"]: o for o in p["ops"]}
     assert "gemm blocks (forward)" in ops and "gemm lm head (forward)" in ops, sorted(ops)
     # (a label may still carry time: the CPU rounds its operand copies whatever they hold, a no-op on
@@ -100,3 +107,21 @@ def test_needs_bf16_precision(data, tmp_path):
     err = p.stdout + p.stderr
     assert "run.bf16_activations" in err and "train.precision" in err, err[-2000:]
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_cuda_run_reports_gpu_paths(data, tmp_path):
+    nr.cuda_device_or_skip("the path counts of a cuda run are")
+    out = tmp_path / "cuda"
+    run = nr.run(data + TINY + ["--train.steps=3", f"--output.dir={out}", "--run.backend=cuda",
+                                "--run.bf16_activations=true", "--run.bf16_weights=true",
+                                "--model.attention=native"])
+    p = json.loads((out / "summary.json").read_text())["gpu_paths"]
+    kinds = {"bias", "gelu_aux", "dgelu", "bgrad"}
+    assert set(p) == {"gemm_fused", "gemm_fallback", "staged_ops", "casts"}, p
+    assert set(p["gemm_fused"]) == kinds and set(p["gemm_fallback"]) == kinds, p
+    assert set(p["casts"]) == {"fp32_to_bf16", "bf16_to_fp32"}, p
+    # 2 timed steps, 2 blocks: qkv, proj, fc and fcp each with a bias, in the forward
+    assert p["gemm_fused"]["bias"] >= 2 * 2 * 4 and p["gemm_fallback"]["bias"] == 0, p
+    line = [l for l in run.stdout.splitlines() if "paths: over the last 2 steps, gemm fused (" in l]
+    assert len(line) == 1, run.stdout[-3000:]
+    assert f"gemm fused (bias {p['gemm_fused']['bias']}," in line[0], (line, p)

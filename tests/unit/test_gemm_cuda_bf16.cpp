@@ -9,6 +9,8 @@
 //      acc = (K + 2) * 2^-24 * S                 fp32 accumulation in any order (and fp32 products)
 //      fp32 output:  acc + 2^-24 * (|ref| + acc)
 //      bf16 output:  acc + 2^-8 * (|ref| + acc)   one rounding to nearest of the fp32 result
+//                    (with a bias, acc also holds 2^-8 |bias|: the epilogue's bias has D's type,
+//                    so a bf16 output's epilogue adds the bias rounded to bf16)
 //      GELU output:  1.13 acc + 2^-10 |pre| + 2^-8 (|ref| + 1.13 acc)   (|gelu'| <= 1.13; 2^-10 |pre|
 //                    allows the epilogue's own tanh evaluation: an approximate tanh with relative
 //                    error 2^-11 moves 0.5 x tanh by at most 2^-12 |x|)
@@ -16,9 +18,12 @@
 //                    with |aux| <= 3, gelu' moves by up to 4.8 times the tanh's absolute error)
 //    A transposed operand, a missing bias or GELU, a wrong accumulate/overwrite or a wrong bias
 //    gradient reduction misses these by orders of magnitude (values are O(1), K <= 64).
-//  - Every case runs with the epilogues on (cuBLASLt where an algorithm takes them) and off (the
-//    plain product and kernels/gemm_epilogue.cu); shapes with leading dimensions not divisible by 8
-//    (like GPT-2's vocabulary of 50257) and a bias 4 bytes off alignment take the fallbacks.
+//  - GemmBf16Plain runs every case with the epilogues off (the plain product and
+//    kernels/gemm_epilogue.cu); GemmBf16EpilogueBias, ...GeluAux, ...Dgelu and ...Bgrad run the cases
+//    of one epilogue kind with only that kind on (cuBLASLt where an algorithm takes it), so that a
+//    failure names one path (bench/gpu/run.sh switches that kind off). Shapes with leading
+//    dimensions not divisible by 8 (like GPT-2's vocabulary of 50257) and a bias 4 bytes off
+//    alignment take the fallbacks.
 //  - CudaBackendBf16Views: the backend's matmul ops on bf16 views (native and staged) against the CPU
 //    backend; tolerances stated there.
 //  - GemmBf16Reference checks the references and tolerances themselves on the host: an emulated
@@ -43,6 +48,9 @@
 #include "backend/cuda/device.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "model/model.h"
+#include "train/batches.h"
+#include "small_models.h"
 
 #if NLPTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -54,12 +62,31 @@ namespace {
 
 #if NLPTRAIN_HAVE_CUDA
 
+using nlp::PathCounts;
 using nlp::Precision;
 using nlp::cuda::Gemm;
 using nlp::cuda::GemmEpilogues;
 using nlp::cuda::GemmIn;
 using nlp::cuda::GemmOut;
 using VD = std::vector<double>;
+
+// Sets an environment variable for its scope; the earlier value (or its absence) comes back after.
+struct ScopedEnvForTest {
+  std::string name, old;
+  bool had = false;
+  ScopedEnvForTest(const char* n, const char* v) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, v, 1);
+  }
+  ~ScopedEnvForTest() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
 
 constexpr double kU32 = 0x1p-24;       // fp32 unit roundoff
 constexpr double kU16 = 0x1p-8;        // bf16 unit roundoff (round to nearest)
@@ -244,7 +271,9 @@ FwdRef forward_ref(const VD& X, const VD& W, bool outin, const double* bias, con
       double r = R[ij], sabs = S[ij];
       if (bias) r += bias[j], sabs += std::abs(bias[j]);
       if (y0) r += (*y0)[ij], sabs += std::abs((*y0)[ij]);
-      const double acc = (K + 2) * kU32 * sabs;
+      // a bf16 output's epilogue adds the bias rounded to bf16 (cuBLASLt's bias has D's type): up
+      // to 2^-8 |bias| more
+      const double acc = (K + 2) * kU32 * sabs + (bias && bf16(yt) ? kU16 * std::abs(bias[j]) : 0.0);
       if (!gelu_) {
         f.y[ij] = r;
         f.ty[ij] = out_tol(r, acc, yt);
@@ -422,6 +451,14 @@ TEST(GemmBf16Reference, CorrectResultsPassWrongOnesFail) {
           EXPECT_EQ(outside(fwd(outin, b, nullptr, 1), g.y, g.ty), 0u) << "gelu";
           EXPECT_EQ(outside(fwd(outin, b, nullptr, 2), g.pre, g.tpre), 0u) << "pre-activation";
           EXPECT_GT(outside(fwd(outin, b, nullptr, 2), g.y, g.ty), 0u) << "gelu missing";
+          if (bf16(t)) {  // a bf16 output's epilogue adds the bias rounded to bf16: within tolerance
+            VD Bb(B.size());
+            for (size_t i = 0; i < B.size(); ++i) Bb[i] = rb(B[i]);
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 0), f.y, f.ty), 0u) << "Y with a bf16 bias";
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 1), g.y, g.ty), 0u) << "gelu with a bf16 bias";
+            EXPECT_EQ(outside(fwd(outin, Bb.data(), nullptr, 2), g.pre, g.tpre), 0u)
+                << "pre-activation with a bf16 bias";
+          }
 
           const VD D = rnd(size_t(M) * N, 1.0, true), DI0 = rnd(size_t(M) * K, 1.0, bf16(t));
           const VD DW0 = rnd(size_t(K) * N, 1.0, false), DB0 = rnd(N, 1.0, false);
@@ -451,27 +488,49 @@ TEST(GemmBf16Reference, CorrectResultsPassWrongOnesFail) {
         }
 }
 
+// ---- the suites: the plain typed GEMM, and each epilogue kind on its own ------------------------
+// GemmBf16Plain runs every case with the epilogues off (the plain product and gemm_epilogue.cu);
+// GemmBf16Epilogue<Kind> runs the cases that ask for that kind with only it switched on (cuBLASLt
+// where an algorithm takes it, its fallback elsewhere), so a failure names the path that failed.
+
+GemmEpilogues epilogues(const char* value) { return nlp::cuda::parse_gemm_epilogues(value); }
+bool any_on(const GemmEpilogues& e) { return e.bias || e.gelu_aux || e.dgelu || e.bgrad; }
+std::string epi_name(const GemmEpilogues& e) {
+  std::string n;
+  for (auto [on, k] : {std::pair{e.bias, "bias"}, std::pair{e.gelu_aux, "gelu_aux"},
+                       std::pair{e.dgelu, "dgelu"}, std::pair{e.bgrad, "bgrad"}})
+    if (on) n += std::string(n.empty() ? "" : ",") + k;
+  return n.empty() ? "none" : n;
+}
+
 // ---- forward: Y = X @ W (+ bias) (+ beta Y) ----------------------------------------------------------
 
-TEST_F(GemmBf16, Forward) {
-  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
-    Gemm g(s_, mode);
-    for (const Shape& sh : kShapes)
-      for (cudaDataType_t xt : {F32, BF16})
-        for (cudaDataType_t yt : {F32, BF16})
-          for (float beta : {0.0f, 1.0f})
-            for (int bias_kind : {0, 1, 2})  // none, 16-byte aligned, 4 bytes off
-              for (bool outin : {false, true})
-                for (bool epi : {true, false}) {
+class GemmBf16Forward : public GemmBf16 {
+ protected:
+  // Every mode, shape, type and layout with the given bias kinds (0 none, 1 16-byte aligned, 2 four
+  // bytes off): with a bf16 Y and an aligned bias, half the cases pass the bias's bf16 rounding
+  // (bias16, as the persistent weight copy does) and half leave the GEMM to round it.
+  void forward_cases(const GemmEpilogues& e, std::initializer_list<int> bias_kinds) {
+    for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+      Gemm g(s_, mode);
+      g.set_epilogues(e);
+      for (const Shape& sh : kShapes)
+        for (cudaDataType_t xt : {F32, BF16})
+          for (cudaDataType_t yt : {F32, BF16})
+            for (float beta : {0.0f, 1.0f})
+              for (int bias_kind : bias_kinds)
+                for (bool outin : {false, true}) {
                   if (bias_kind && beta != 0.0f) continue;
-                  const bool use_z16 = mode == Precision::Bf16 && outin == epi;
+                  const bool use_z16 = mode == Precision::Bf16 && outin == any_on(e);
+                  const bool use_b16 = bias_kind == 1 && bf16(yt) && outin;
                   const int M = sh.M, K = sh.K, N = sh.N;
                   const std::string what =
                       std::string("mode ") + (mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
                       std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
                       " X " + tname(xt) + " Y " + tname(yt) + " beta " + std::to_string(int(beta)) +
                       " bias " + std::to_string(bias_kind) + (outin ? " OutIn" : " InOut") +
-                      (use_z16 ? " z16" : "") + (epi ? " epilogues" : " plain");
+                      (use_z16 ? " z16" : "") + (use_b16 ? " bias16" : "") + " epilogues " +
+                      epi_name(e);
                   SCOPED_TRACE(what);
                   Dev X = make(size_t(M) * K, xt, 1.0);
                   Dev W = make(size_t(K) * N, F32, 0.5);
@@ -488,40 +547,46 @@ TEST_F(GemmBf16, Forward) {
                     upload(Wb);
                     z16 = Wb.p;
                   }
-                  GemmEpilogues e;
-                  e.bias = e.gelu_aux = e.dgelu = e.bgrad = epi;
-                  g.set_epilogues(e);
+                  void* b16 = nullptr;
+                  if (use_b16) {
+                    Dev Bb = make(size_t(N), BF16, 1.0);
+                    for (size_t i = 0; i < Bb.n; ++i) Bb.v[i] = rb(B.v[i]);
+                    upload(Bb);
+                    b16 = Bb.p;
+                  }
                   const size_t fused0 = g.fused();
                   g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
-                            outin, M, N, K, beta, bias, z16);
-                  if (!epi) {
+                            outin, M, N, K, beta, bias, z16, nullptr, b16);
+                  if (!e.bias) {
                     EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
                   }
                   const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr,
                                                beta != 0.0f ? &Y.v : nullptr, false, M, N, K, mode, yt);
                   expect_close(get(Y), f.y, f.ty, "Y");
                 }
+      std::printf("%s precision, epilogues %s: BIAS fused %lld, fallback %lld\n",
+                  mode == Precision::Bf16 ? "bf16" : "fp32", epi_name(e).c_str(),
+                  (long long)g.fused_by_kind().bias, (long long)g.fallback_by_kind().bias);
+    }
   }
-}
 
-// ---- forward with the GELU: Y = gelu_tanh(X @ W + bias), aux = X @ W + bias -------------------------
-
-TEST_F(GemmBf16, ForwardGeluAux) {
-  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
-    Gemm g(s_, mode);
-    for (const Shape& sh : kShapes)
-      for (cudaDataType_t xt : {F32, BF16})
-        for (cudaDataType_t yt : {BF16, F32})
-          for (int bias_kind : {0, 1, 2})
-            for (bool outin : {false, true})
-              for (bool epi : {true, false}) {
+  // ---- forward with the GELU: Y = gelu_tanh(X @ W + bias), aux = X @ W + bias ----
+  void gelu_cases(const GemmEpilogues& e) {
+    for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+      Gemm g(s_, mode);
+      g.set_epilogues(e);
+      for (const Shape& sh : kShapes)
+        for (cudaDataType_t xt : {F32, BF16})
+          for (cudaDataType_t yt : {BF16, F32})
+            for (int bias_kind : {0, 1, 2})
+              for (bool outin : {false, true}) {
                 const int M = sh.M, K = sh.K, N = sh.N;
                 const std::string what =
                     std::string("mode ") + (mode == Precision::Bf16 ? "bf16" : "fp32") + " M" +
                     std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) +
                     " X " + tname(xt) + " Y/aux " + tname(yt) + " bias " +
-                    std::to_string(bias_kind) + (outin ? " OutIn" : " InOut") +
-                    (epi ? " epilogues" : " plain");
+                    std::to_string(bias_kind) + (outin ? " OutIn" : " InOut") + " epilogues " +
+                    epi_name(e);
                 SCOPED_TRACE(what);
                 Dev X = make(size_t(M) * K, xt, 1.0);
                 Dev W = make(size_t(K) * N, F32, 0.5);
@@ -532,13 +597,10 @@ TEST_F(GemmBf16, ForwardGeluAux) {
                                     : bias_kind == 1 ? static_cast<const float*>(B.p)
                                                      : static_cast<const float*>(B.p) + 1;
                 const double* bv = bias_kind == 2 ? B.v.data() + 1 : B.v.data();
-                GemmEpilogues e;
-                e.bias = e.gelu_aux = e.dgelu = e.bgrad = epi;
-                g.set_epilogues(e);
                 const size_t fused0 = g.fused();
                 g.forward(GemmOut{Y.p, yt}, GemmIn{X.p, xt}, false, static_cast<float*>(W.p),
                           outin, M, N, K, 0.0f, bias, nullptr, A.p);
-                if (!epi) {
+                if (!e.gelu_aux) {
                   EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
                 }
                 const FwdRef f = forward_ref(X.v, W.v, outin, bias ? bv : nullptr, nullptr, true, M,
@@ -546,8 +608,12 @@ TEST_F(GemmBf16, ForwardGeluAux) {
                 expect_close(get(A), f.pre, f.tpre, "aux (pre-activation)");
                 expect_close(get(Y), f.y, f.ty, "Y = gelu(pre)");
               }
+      std::printf("%s precision, epilogues %s: GELU_AUX fused %lld, fallback %lld\n",
+                  mode == Precision::Bf16 ? "bf16" : "fp32", epi_name(e).c_str(),
+                  (long long)g.fused_by_kind().gelu_aux, (long long)g.fallback_by_kind().gelu_aux);
+    }
   }
-}
+};
 
 // ---- backward: dinp = dout @ W^T (+ dinp), dW += inp^T @ dout, dbias += colsum(dout) ---------------
 
@@ -556,7 +622,9 @@ struct BackCase {
   Shape sh;
   cudaDataType_t dt, xt, it;  // dout, inp, dinp
   float beta;
-  bool outin, with_dw, with_dbias, gelu, epi, w16;
+  bool outin, with_dw, with_dbias, gelu;
+  GemmEpilogues epi;
+  bool w16;
 };
 
 std::string describe(const BackCase& c) {
@@ -565,10 +633,10 @@ std::string describe(const BackCase& c) {
          " dout " + tname(c.dt) + " inp " + tname(c.xt) + " dinp " + tname(c.it) + " beta " +
          std::to_string(int(c.beta)) + (c.outin ? " OutIn" : " InOut") + (c.with_dw ? " dW" : "") +
          (c.with_dbias ? " dbias" : "") + (c.gelu ? " DGELU" : "") + (c.w16 ? " w16" : "") +
-         (c.epi ? " epilogues" : " plain");
+         " epilogues " + epi_name(c.epi);
 }
 
-class GemmBf16Backward : public GemmBf16 {
+class GemmBf16Backward : public GemmBf16Forward {
  protected:
   void run(Gemm& g, const BackCase& c) {
     SCOPED_TRACE(describe(c));
@@ -588,15 +656,13 @@ class GemmBf16Backward : public GemmBf16 {
       upload(Wb);
       w16 = Wb.p;
     }
-    GemmEpilogues e;
-    e.bias = e.gelu_aux = e.dgelu = e.bgrad = c.epi;
-    g.set_epilogues(e);
+    g.set_epilogues(c.epi);
     const size_t fused0 = g.fused();
     g.backward(GemmOut{DI.p, c.it}, c.beta, c.with_dw ? static_cast<float*>(DW.p) : nullptr,
                c.with_dbias ? static_cast<float*>(DB.p) : nullptr, GemmIn{D.p, c.dt},
                GemmIn{X.p, c.xt}, static_cast<float*>(W.p), M, K, N, !c.outin, w16,
                c.gelu ? AUX.p : nullptr);
-    if (!c.epi) {
+    if (!c.epi.dgelu && !c.epi.bgrad) {
       EXPECT_EQ(g.fused(), fused0) << "an epilogue ran while switched off";
     }
 
@@ -606,22 +672,28 @@ class GemmBf16Backward : public GemmBf16 {
     expect_close(get(DW), r.dw, r.tdw, c.with_dw ? "dW" : "dW (untouched)");
     expect_close(get(DB), r.db, r.tdb, c.with_dbias ? "dbias" : "dbias (untouched)");
   }
-};
+  void print_counts(const Gemm& g, Precision mode, const GemmEpilogues& e) {
+    std::printf("%s precision, epilogues %s: DGELU fused %lld, fallback %lld; BGRAD fused %lld, "
+                "fallback %lld\n",
+                mode == Precision::Bf16 ? "bf16" : "fp32", epi_name(e).c_str(),
+                (long long)g.fused_by_kind().dgelu, (long long)g.fallback_by_kind().dgelu,
+                (long long)g.fused_by_kind().bgrad, (long long)g.fallback_by_kind().bgrad);
+  }
 
-TEST_F(GemmBf16Backward, Products) {
-  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
-    Gemm g(s_, mode);
-    for (const Shape& sh : kShapes)
-      for (cudaDataType_t dt : {BF16, F32})
-        for (cudaDataType_t xt : {BF16, F32})
-          for (cudaDataType_t it : {BF16, F32})
-            for (float beta : {0.0f, 1.0f})
-              for (bool outin : {false, true})
-                for (bool epi : {true, false}) {
-                  BackCase c{mode, sh, dt, xt, it, beta, outin, true, true, false, epi,
-                             mode == Precision::Bf16 && outin == epi};
+  // dinp, dW and dbias over every type and layout, with the bias gradient (BGRAD's case), without
+  // it, and the bias gradient without dW (the column sum)
+  void products_cases(const GemmEpilogues& e) {
+    for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+      Gemm g(s_, mode);
+      for (const Shape& sh : kShapes)
+        for (cudaDataType_t dt : {BF16, F32})
+          for (cudaDataType_t xt : {BF16, F32})
+            for (cudaDataType_t it : {BF16, F32})
+              for (float beta : {0.0f, 1.0f})
+                for (bool outin : {false, true}) {
+                  BackCase c{mode, sh, dt, xt, it, beta, outin, true, true, false, e,
+                             mode == Precision::Bf16 && outin == any_on(e)};
                   run(g, c);
-                  // a layer without bias, and a bias gradient without dW (the column sum)
                   if (dt == xt && xt == it) {
                     c.with_dbias = false;
                     run(g, c);
@@ -630,60 +702,114 @@ TEST_F(GemmBf16Backward, Products) {
                     run(g, c);
                   }
                 }
-  }
-}
-
-TEST_F(GemmBf16Backward, Dgelu) {
-  for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
-    Gemm g(s_, mode);
-    for (const Shape& sh : kShapes)
-      for (cudaDataType_t dt : {BF16, F32})
-        for (cudaDataType_t it : {BF16, F32})
-          for (bool outin : {false, true})
-            for (bool epi : {true, false}) {
-              BackCase c{mode, sh, dt, dt, it, 0.0f, outin, true, true, true, epi, false};
-              run(g, c);
-            }
-  }
-}
-
-// The bias gradient (BGRADA/B or the column sum) and the other outputs: the same bits on a rerun.
-TEST_F(GemmBf16, BackwardDeterministic) {
-  Gemm g(s_, Precision::Bf16);
-  g.set_epilogues(GemmEpilogues{});  // all on (BGRAD, DGELU where an algorithm takes them)
-  const int M = 300, K = 64, N = 48;  // M over one column-sum chunk (256 rows)
-  for (bool inout : {true, false}) {
-    SCOPED_TRACE(inout ? "InOut" : "OutIn");
-    Dev D = make(size_t(M) * N, BF16, 1.0);
-    Dev X = make(size_t(M) * K, BF16, 1.0);
-    Dev W = make(size_t(K) * N, F32, 0.5);
-    Dev AUX = make(size_t(M) * K, BF16, 3.0);
-    std::vector<uint8_t> first[3];
-    for (int rep = 0; rep < 2; ++rep) {
-      Dev DI = make(size_t(M) * K, BF16, 1.0, true);
-      Dev DW = make(size_t(K) * N, F32, 0.0);
-      Dev DB = make(size_t(N), F32, 0.0);
-      ASSERT_EQ(cudaMemset(DW.p, 0, DW.n * 4), cudaSuccess);
-      ASSERT_EQ(cudaMemset(DB.p, 0, DB.n * 4), cudaSuccess);
-      g.backward(GemmOut{DI.p, BF16}, 0.0f, static_cast<float*>(DW.p), static_cast<float*>(DB.p),
-                 GemmIn{D.p, BF16}, GemmIn{X.p, BF16}, static_cast<float*>(W.p), M, K, N, inout,
-                 nullptr, AUX.p);
-      std::vector<uint8_t> now[3] = {bytes(DI.p, DI.n * 2), bytes(DW.p, DW.n * 4),
-                                     bytes(DB.p, DB.n * 4)};
-      for (int i = 0; i < 3; ++i) {
-        if (rep == 0)
-          first[i] = now[i];
-        else
-          EXPECT_TRUE(now[i] == first[i]) << "output " << i << " (dinp, dW, dbias) differs on a rerun";
-      }
+      print_counts(g, mode, e);
     }
   }
-  std::printf("typed GEMM products with a cuBLASLt epilogue: %zu, with the fallbacks: %zu\n",
-              g.fused(), g.unfused());
+
+  // dinp through the GELU's derivative (DGELU's case), with dW and dbias
+  void dgelu_cases(const GemmEpilogues& e) {
+    for (Precision mode : {Precision::Bf16, Precision::Fp32}) {
+      Gemm g(s_, mode);
+      for (const Shape& sh : kShapes)
+        for (cudaDataType_t dt : {BF16, F32})
+          for (cudaDataType_t it : {BF16, F32})
+            for (bool outin : {false, true}) {
+              BackCase c{mode, sh, dt, dt, it, 0.0f, outin, true, true, true, e, false};
+              run(g, c);
+            }
+      print_counts(g, mode, e);
+    }
+  }
+
+  // The bias gradient (BGRADA/B or the column sum) and the other outputs: the same bits on a rerun
+  // (with_aux: dinp through DGELU or its fallback).
+  void deterministic_cases(const GemmEpilogues& e, bool with_aux) {
+    Gemm g(s_, Precision::Bf16);
+    g.set_epilogues(e);
+    const int M = 300, K = 64, N = 48;  // M over one column-sum chunk (256 rows)
+    for (bool inout : {true, false}) {
+      SCOPED_TRACE(std::string(inout ? "InOut" : "OutIn") + " epilogues " + epi_name(e));
+      Dev D = make(size_t(M) * N, BF16, 1.0);
+      Dev X = make(size_t(M) * K, BF16, 1.0);
+      Dev W = make(size_t(K) * N, F32, 0.5);
+      Dev AUX = make(size_t(M) * K, BF16, 3.0);
+      std::vector<uint8_t> first[3];
+      for (int rep = 0; rep < 2; ++rep) {
+        Dev DI = make(size_t(M) * K, BF16, 1.0, true);
+        Dev DW = make(size_t(K) * N, F32, 0.0);
+        Dev DB = make(size_t(N), F32, 0.0);
+        ASSERT_EQ(cudaMemset(DW.p, 0, DW.n * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemset(DB.p, 0, DB.n * 4), cudaSuccess);
+        g.backward(GemmOut{DI.p, BF16}, 0.0f, static_cast<float*>(DW.p), static_cast<float*>(DB.p),
+                   GemmIn{D.p, BF16}, GemmIn{X.p, BF16}, static_cast<float*>(W.p), M, K, N, inout,
+                   nullptr, with_aux ? AUX.p : nullptr);
+        std::vector<uint8_t> now[3] = {bytes(DI.p, DI.n * 2), bytes(DW.p, DW.n * 4),
+                                       bytes(DB.p, DB.n * 4)};
+        for (int i = 0; i < 3; ++i) {
+          if (rep == 0)
+            first[i] = now[i];
+          else
+            EXPECT_TRUE(now[i] == first[i]) << "output " << i << " (dinp, dW, dbias) differs on a rerun";
+        }
+      }
+    }
+    print_counts(g, Precision::Bf16, e);
+  }
+};
+
+class GemmBf16Plain : public GemmBf16Backward {};
+class GemmBf16EpilogueBias : public GemmBf16Backward {};
+class GemmBf16EpilogueGeluAux : public GemmBf16Backward {};
+class GemmBf16EpilogueDgelu : public GemmBf16Backward {};
+class GemmBf16EpilogueBgrad : public GemmBf16Backward {};
+
+TEST_F(GemmBf16Plain, Forward) { forward_cases(epilogues("none"), {0, 1, 2}); }
+TEST_F(GemmBf16Plain, ForwardGelu) { gelu_cases(epilogues("none")); }
+TEST_F(GemmBf16Plain, BackwardProducts) { products_cases(epilogues("none")); }
+TEST_F(GemmBf16Plain, BackwardGelu) { dgelu_cases(epilogues("none")); }
+TEST_F(GemmBf16Plain, BackwardDeterministic) { deterministic_cases(epilogues("none"), true); }
+
+TEST_F(GemmBf16EpilogueBias, Forward) { forward_cases(epilogues("bias"), {1, 2}); }
+// A bf16 Y with a 16-byte aligned bf16 bias and aligned shapes: the case every bias GEMM of a bf16
+// GPT-2 step is. It must take the BIAS epilogue (the bias in D's type, as cuBLASLt wants it outside
+// IMMA and FP8 kernels), and give the reference's values.
+TEST_F(GemmBf16EpilogueBias, Bf16OutputFusesWithBf16Bias) {
+  Gemm g(s_, Precision::Bf16);
+  g.set_epilogues(epilogues("bias"));
+  const int M = 64, K = 64, N = 192;
+  for (bool with_b16 : {true, false}) {
+    SCOPED_TRACE(with_b16 ? "bias16 given" : "bias rounded by the GEMM");
+    Dev X = make(size_t(M) * K, BF16, 1.0);
+    Dev W = make(size_t(K) * N, F32, 0.5);
+    Dev Wb = make(size_t(K) * N, BF16, 0.5);
+    for (size_t i = 0; i < W.n; ++i) Wb.v[i] = rb(W.v[i]);
+    upload(Wb);
+    Dev B = make(size_t(N), F32, 1.0);
+    Dev Bb = make(size_t(N), BF16, 1.0);
+    for (size_t i = 0; i < B.n; ++i) Bb.v[i] = rb(B.v[i]);
+    upload(Bb);
+    Dev Y = make(size_t(M) * N, BF16, 1.0, true);
+    const PathCounts::Epilogues f0 = g.fused_by_kind(), u0 = g.fallback_by_kind();
+    g.forward(GemmOut{Y.p, BF16}, GemmIn{X.p, BF16}, false, static_cast<float*>(W.p), false, M, N, K,
+              0.0f, static_cast<float*>(B.p), Wb.p, nullptr, with_b16 ? Bb.p : nullptr);
+    EXPECT_EQ(g.fused_by_kind().bias - f0.bias, 1) << "the BIAS epilogue did not run";
+    EXPECT_EQ(g.fallback_by_kind().bias - u0.bias, 0) << "the BIAS GEMM took its fallback";
+    const FwdRef f = forward_ref(X.v, W.v, false, Bb.v.data(), nullptr, false, M, N, K,
+                                 Precision::Bf16, BF16);
+    expect_close(get(Y), f.y, f.ty, "Y");
+  }
 }
 
+TEST_F(GemmBf16EpilogueGeluAux, Forward) { gelu_cases(epilogues("gelu_aux")); }
+
+TEST_F(GemmBf16EpilogueDgelu, Backward) { dgelu_cases(epilogues("dgelu")); }
+TEST_F(GemmBf16EpilogueDgelu, BackwardDeterministic) { deterministic_cases(epilogues("dgelu"), true); }
+
+TEST_F(GemmBf16EpilogueBgrad, BackwardProducts) { products_cases(epilogues("bgrad")); }
+TEST_F(GemmBf16EpilogueBgrad, BackwardDeterministic) { deterministic_cases(epilogues("bgrad"), false); }
+
 // A bad storage type is refused with a message naming it, before anything runs.
-TEST_F(GemmBf16, RejectsOtherTypes) {
+TEST_F(GemmBf16Plain, RejectsOtherTypes) {
   Gemm g(s_, Precision::Bf16);
   Dev X = make(16, F32, 1.0), W = make(16, F32, 1.0), Y = make(16, F32, 1.0);
   EXPECT_THROW(g.forward(GemmOut{Y.p, CUDA_R_16F}, GemmIn{X.p, F32}, false,
@@ -948,6 +1074,72 @@ TEST(CudaBackendBf16Views, MatmulGeluEpiloguesMatchCpu) {
   EXPECT_EQ(bwd, 4) << "the backward did not take the epilogue path";
 }
 
+// ---- a GPT-2 block's GEMMs fused: the path counts of a bf16 forward (Backend::path_counts) ----------
+// A 2-layer GPT-2 (width 64, 4 heads) with bf16 activations, bf16 GEMMs and the persistent bf16
+// weight copy (run.bf16_weights: biases included), on the native bf16 kernels. Each block's qkv,
+// proj, fc and fcp GEMMs carry a bias: with the epilogues at "bias" all four must run BIAS fused and
+// none fall back; with "bias,gelu_aux" fc and its GELU must run as one GELU_AUX_BIAS GEMM
+// (matmul_gelu_forward) and the other three as BIAS. The loss must be finite and near the fp32
+// CPU model's (bf16 activations: 2e-2 relative). The backward's counts are printed.
+PathCounts gpt2_forward_paths(const char* epilogues, double* rel_loss) {
+  ScopedEnvForTest e("NLPTRAIN_CUDA_GEMM_EPILOGUES", epilogues), a("NLPTRAIN_CUDA_BF16_ACTS", "native");
+  nlp::BackendOptions o;
+  o.precision = Precision::Bf16;
+  o.bf16_weights = true;
+  auto gpu = nlp::make_cuda_backend(0, o);
+  auto cpu = nlp::make_cpu_backend(1, Precision::Fp32);
+  nlp::ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 2;
+  mc.n_head = 4;
+  mc.n_embd = 64;
+  mc.vocab_size = 128;
+  mc.n_positions = 32;
+  mc.initializer_range = 0.1f;
+  nlp::ModelConfig mg = mc;
+  mg.bf16_activations = true;
+  auto mcpu = nlp::make_model(mc, *cpu, "clm");
+  auto mgpu = nlp::make_model(mg, *gpu, "clm");
+  mcpu->init_weights(5);
+  std::vector<float> w;
+  mcpu->params().download(w);
+  mgpu->params().upload(w);
+  const nlp::HostBatch hb = nlp::test::clm_batch(2, 32, 9, mc.vocab_size);
+  nlp::DeviceBatchBuffer bc(*cpu), bg(*gpu);
+  const nlp::DeviceBatch dc = bc.upload(hb), dg = bg.upload(hb);
+  PathCounts p0, p1, p2;
+  EXPECT_TRUE(gpu->path_counts(&p0));
+  const double lg = mgpu->forward(dg, false, 1);
+  gpu->path_counts(&p1);
+  const double lc = mcpu->forward(dc, false, 1);
+  *rel_loss = std::isfinite(lg) ? std::abs(lg - lc) / std::abs(lc) : INFINITY;
+  mgpu->backward(dg, 1.0f / 64, false, 1);
+  gpu->synchronize();
+  gpu->path_counts(&p2);
+  std::printf("epilogues %s: forward %s\n  backward %s\n", epilogues,
+              nlp::path_counts_line(p1 - p0).c_str(), nlp::path_counts_line(p2 - p1).c_str());
+  return p1 - p0;
+}
+
+TEST_F(GemmBf16EpilogueBias, Gpt2BlockGemmsRunFused) {
+  double rel = 0;
+  const PathCounts f = gpt2_forward_paths("bias", &rel);
+  EXPECT_LE(rel, 2e-2) << "loss against the fp32 CPU model";
+  EXPECT_EQ(f.gemm_fused.bias, 4 * 2) << "qkv, proj, fc and fcp of 2 blocks";
+  EXPECT_EQ(f.gemm_fallback.bias, 0);
+  EXPECT_EQ(f.gemm_fused.gelu_aux + f.gemm_fallback.gelu_aux, 0) << "GELU_AUX switched off";
+}
+
+TEST_F(GemmBf16EpilogueGeluAux, Gpt2FcGemmRunsFused) {
+  double rel = 0;
+  const PathCounts f = gpt2_forward_paths("bias,gelu_aux", &rel);
+  EXPECT_LE(rel, 2e-2) << "loss against the fp32 CPU model";
+  EXPECT_EQ(f.gemm_fused.gelu_aux, 2) << "fc + GELU of 2 blocks";
+  EXPECT_EQ(f.gemm_fallback.gelu_aux, 0);
+  EXPECT_EQ(f.gemm_fused.bias, 3 * 2) << "qkv, proj and fcp of 2 blocks";
+  EXPECT_EQ(f.gemm_fallback.bias, 0);
+}
+
 // NLPTRAIN_CUDA_GEMM_EPILOGUES (host only: runs without a GPU)
 TEST(GemmEpiloguesEnv, Values) {
   const char* old = std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
@@ -959,21 +1151,30 @@ TEST(GemmEpiloguesEnv, Values) {
       unsetenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
     return nlp::cuda::gemm_epilogues_from_env();
   };
-  for (const char* v : {static_cast<const char*>(nullptr), "bias"}) {
-    const GemmEpilogues e = with(v);
-    EXPECT_TRUE(e.bias);
-    EXPECT_FALSE(e.gelu_aux || e.dgelu || e.bgrad);
-  }
-  GemmEpilogues e = with("all");
-  EXPECT_TRUE(e.bias && e.gelu_aux && e.dgelu && e.bgrad);
-  e = with("none");
-  EXPECT_FALSE(e.bias || e.gelu_aux || e.dgelu || e.bgrad);
-  try {
-    with("fused");
-    ADD_FAILURE() << "no error for an unknown value";
-  } catch (const nlp::Error& err) {
-    EXPECT_NE(std::string(err.what()).find("NLPTRAIN_CUDA_GEMM_EPILOGUES = 'fused'"), std::string::npos)
-        << err.what();
+  auto is = [](const GemmEpilogues& e, bool b, bool g, bool d, bool bg) {
+    return e.bias == b && e.gelu_aux == g && e.dgelu == d && e.bgrad == bg;
+  };
+  for (const char* v : {static_cast<const char*>(nullptr), "bias"})
+    EXPECT_TRUE(is(with(v), true, false, false, false)) << (v ? v : "(unset)");
+  EXPECT_TRUE(is(with("all"), true, true, true, true));
+  EXPECT_TRUE(is(with("none"), false, false, false, false));
+  // comma lists: exactly the kinds named, in any order
+  EXPECT_TRUE(is(with("gelu_aux"), false, true, false, false));
+  EXPECT_TRUE(is(with("dgelu"), false, false, true, false));
+  EXPECT_TRUE(is(with("bgrad"), false, false, false, true));
+  EXPECT_TRUE(is(with("bias,bgrad"), true, false, false, true));
+  EXPECT_TRUE(is(with("dgelu,bias,gelu_aux"), true, true, true, false));
+  EXPECT_TRUE(is(with("bias,gelu_aux,dgelu,bgrad"), true, true, true, true));
+  for (const char* bad : {"fused", "", "bias,", ",bias", "bias,,dgelu", "bias,bias", "Bias", "bias, dgelu",
+                          "all,bias", "none,bias"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const nlp::Error& err) {
+      const std::string m = err.what();
+      EXPECT_NE(m.find(std::string("NLPTRAIN_CUDA_GEMM_EPILOGUES = '") + bad + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("bias, gelu_aux, dgelu, bgrad"), std::string::npos) << "allowed values missing: " << m;
+    }
   }
   if (old)
     setenv("NLPTRAIN_CUDA_GEMM_EPILOGUES", saved.c_str(), 1);
@@ -983,7 +1184,7 @@ TEST(GemmEpiloguesEnv, Values) {
 
 #else  // built without CUDA
 
-TEST(GemmBf16, Skipped) { GTEST_SKIP() << "built without the CUDA backend"; }
+TEST(GemmBf16Plain, Skipped) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 #endif
 

@@ -2,7 +2,8 @@
 // dtypes against values worked out by hand for small shapes, the floor, the aggregation into families
 // and the report; the rates measured on the CPU backend; and the accounting backend's labels (the LM
 // head's GEMMs apart from the blocks', the bf16 casts apart and timed apart, fewer casts with the
-// persistent weight copy) on a CPU run of a few ops.
+// persistent weight copy) on a CPU run of a few ops; PathCounts (core/path_counts.h) and its absence
+// from the CPU backend's account.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -275,4 +276,53 @@ TEST(OpAccount, HeadIsTheLayerOfTheTokenEmbedding) {
   }
   EXPECT_EQ(head, 1);
   EXPECT_EQ(blocks, 1);
+}
+
+// What a GPU backend ran (core/path_counts.h): the difference of two snapshots, summary.json's
+// "gpu_paths" object and the log's "paths:" line, every count in its place.
+TEST(PathCounts, DifferenceAndPrintedForms) {
+  PathCounts a, b;
+  b.gemm_fused = {11, 12, 13, 14};
+  b.gemm_fallback = {21, 22, 23, 24};
+  b.staged_ops = 31;
+  b.fp32_to_bf16 = 41;
+  b.bf16_to_fp32 = 51;
+  a.gemm_fused = {1, 2, 3, 4};
+  a.gemm_fallback = {1, 2, 3, 4};
+  a.staged_ops = 1;
+  a.fp32_to_bf16 = 1;
+  a.bf16_to_fp32 = 1;
+  const PathCounts d = b - a;
+  EXPECT_EQ(d.gemm_fused, (PathCounts::Epilogues{10, 10, 10, 10}));
+  EXPECT_EQ(d.gemm_fallback, (PathCounts::Epilogues{20, 20, 20, 20}));
+  EXPECT_EQ(d.staged_ops, 30);
+  EXPECT_EQ(d.fp32_to_bf16, 40);
+  EXPECT_EQ(d.bf16_to_fp32, 50);
+  EXPECT_EQ(b - PathCounts{}, b);
+  EXPECT_EQ(path_counts_json(b),
+            "{\"gemm_fused\": {\"bias\": 11, \"gelu_aux\": 12, \"dgelu\": 13, \"bgrad\": 14}, "
+            "\"gemm_fallback\": {\"bias\": 21, \"gelu_aux\": 22, \"dgelu\": 23, \"bgrad\": 24}, "
+            "\"staged_ops\": 31, \"casts\": {\"fp32_to_bf16\": 41, \"bf16_to_fp32\": 51}}");
+  EXPECT_EQ(path_counts_line(b, "over the last 9 steps"),
+            "paths: over the last 9 steps, gemm fused (bias 11, gelu_aux 12, dgelu 13, bgrad 14); gemm "
+            "fallback (bias 21, gelu_aux 22, dgelu 23, bgrad 24); staged ops 31; casts fp32->bf16 41, "
+            "bf16->fp32 51");
+}
+
+// The CPU backend keeps no path counts: the account has no "paths" line and its object no
+// "gpu_paths" (nor does summary.json on the cpu backend).
+TEST(OpAccount, NoPathCountsOnTheCpu) {
+  auto cpu = make_cpu_backend(1, Precision::Bf16);
+  PathCounts p;
+  EXPECT_FALSE(cpu->path_counts(&p));
+  AccountBackend be(*cpu, 50, Precision::Bf16);
+  EXPECT_FALSE(be.path_counts(&p));
+  be.start(size_t(1) << 20, 64);
+  std::vector<float> x(6 * 16, 0.5f), w(16 * 24, 0.25f), h(6 * 24);
+  be.matmul_forward(h.data(), x.data(), w.data(), nullptr, 6, 16, 24, WLayout::InOut);
+  std::string js;
+  const std::string table = be.report(1, 0, &js);
+  EXPECT_EQ(table.find("paths"), std::string::npos) << table;
+  EXPECT_EQ(js.find("gpu_paths"), std::string::npos) << js;
+  EXPECT_FALSE(js.empty());
 }

@@ -1173,6 +1173,95 @@ TEST_F(CudaOps, LmHeadBf16DlogitsMatchFp32Dlogits) {
     }
 }
 
+// A bf16-precision CUDA backend for the fused head: NLPTRAIN_CUDA_HEAD_WTE = wte,
+// NLPTRAIN_CUDA_HEAD_SOFTMAX = softmax (read when it is made), with or without the persistent bf16
+// weight copy.
+std::unique_ptr<Backend> head_backend(const char* wte, const char* softmax, bool copy) {
+  ScopedEnv e("NLPTRAIN_CUDA_HEAD_WTE", wte), f("NLPTRAIN_CUDA_HEAD_SOFTMAX", softmax);
+  nlp::BackendOptions o;
+  o.precision = nlp::Precision::Bf16;
+  o.bf16_weights = copy;
+  return nlp::make_cuda_backend(0, o);
+}
+
+// The fused head's bf16 wte (NLPTRAIN_CUDA_HEAD_WTE=bf16, the default: the GEMMs read one bf16 copy
+// of wte, padded per call from the persistent copy, or the persistent copy itself unpadded) and the
+// one-pass softmax, against the path built first (fp32 padded wte cast by every GEMM, two-pass
+// softmax) on the same inputs, in bf16 precision with bf16 dlogits: both round wte the same way
+// (round to nearest even), so the GEMMs multiply the same operands: losses within 1e-6 relative,
+// dx and dW within 1e-4 (a dlogit whose fp32 value moved in its last bits may round to the
+// neighbouring bf16), and within 1e-3 of the CPU's bf16 emulation. The path counts say what ran: per
+// chunk the new path casts x twice (the logits and the weight-gradient GEMMs) and wte never with the
+// persistent copy; without it once per call when padded (the padded copy) and at every GEMM when not;
+// the first path casts wte at every GEMM. Bad values of the two variables are refused, naming them.
+TEST_F(CudaOps, LmHeadBf16WteAndOnlineSoftmaxMatchTheFirstPath) {
+  for (const char* bad : {"fp16", ""}) {
+    EXPECT_THROW(head_backend(bad, "online", false), nlp::Error);
+    EXPECT_THROW(head_backend("bf16", bad, false), nlp::Error);
+    try {
+      head_backend("bf16", "onepass", false);
+    } catch (const nlp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NLPTRAIN_CUDA_HEAD_SOFTMAX = 'onepass'"), std::string::npos) << e.what();
+    }
+  }
+  auto first = head_backend("fp32", "twopass", false);
+  EXPECT_NE(first->details().find("wte: fp32 (NLPTRAIN_CUDA_HEAD_WTE), softmax: two passes"), std::string::npos)
+      << first->details();
+  struct Shape { int M, C, V, chunk; };
+  const Shape shapes[] = {{37, 24, 301, 16}, {64, 64, 50257, 24}};
+  uint64_t seed = 2600;
+  for (bool copy : {true, false}) {
+    auto now = head_backend("bf16", "online", copy);
+    EXPECT_NE(now->details().find("wte: bf16, softmax: online"), std::string::npos) << now->details();
+    for (const Shape& sh : shapes)
+      for (int pad : {0, 128}) {
+        const int M = sh.M, C = sh.C, V = sh.V, Vp = pad ? (V + pad - 1) / pad * pad : V;
+        SCOPED_TRACE(testing::Message() << "M=" << M << " C=" << C << " V=" << V << " Vp=" << Vp
+                                        << (copy ? " persistent copy" : " no copy"));
+        const int chunks = (M + sh.chunk - 1) / sh.chunk;
+        const VF x = randn(size_t(M) * C, ++seed), w = randn(size_t(V) * C, ++seed, 0.3f);
+        const VF dx0 = randn(x.size(), ++seed, 0.1f), dw0 = randn(w.size(), ++seed, 0.1f);
+        VI tg = randi(M, ++seed, 0, V);
+        for (int m = 1; m < M; m += 4) tg[m] = nlp::kIgnoreIndex;
+        struct Out { VF loss, dx, dw; nlp::PathCounts paths; };
+        auto run = [&](Backend& g, bool reg) {
+          const size_t ns = g.lm_head_scratch_floats(sh.chunk, C, V, Vp);
+          float *gx = upload(g, x), *gw = upload(g, w), *gdx = upload(g, dx0), *gdw = upload(g, dw0);
+          float *gl = upload(g, VF(M, NAN)), *gs = upload(g, VF(ns, NAN));
+          auto* gt = static_cast<int32_t*>(g.alloc(tg.size() * sizeof(int32_t)));
+          g.to_device(gt, tg.data(), tg.size() * sizeof(int32_t));
+          if (reg) g.register_weights(gw, w.size());  // wte as the arena: its bf16 copy
+          nlp::PathCounts p0, p1;
+          EXPECT_TRUE(g.path_counts(&p0));
+          g.lm_head_crossentropy(gl, gdx, gdw, gx, gw, gt, 0.37f, M, C, V, Vp, sh.chunk, gs);
+          g.path_counts(&p1);
+          Out o{download(g, gl, M), download(g, gdx, x.size()), download(g, gdw, w.size()), p1 - p0};
+          if (reg) g.register_weights(gw, 0);
+          for (float* p : {gx, gw, gdx, gdw, gl, gs}) g.release(p);
+          g.release(gt);
+          g.synchronize();
+          return o;
+        };
+        const Out a = run(*first, false), b = run(*now, copy);
+        EXPECT_LE(rel_err(b.loss, a.loss), 1e-6) << "losses";
+        EXPECT_LE(rel_err(b.dx, a.dx), 1e-4) << "dx";
+        EXPECT_LE(rel_err(b.dw, a.dw), 1e-4) << "dw";
+        EXPECT_EQ(a.paths.fp32_to_bf16, 4 * chunks) << "first path: x and wte at both GEMMs";
+        const int64_t want = copy ? 2 * chunks : pad ? 2 * chunks + 1 : 4 * chunks;
+        EXPECT_EQ(b.paths.fp32_to_bf16, want) << "casts of the bf16-wte path";
+        EXPECT_EQ(b.paths.bf16_to_fp32, 0);
+        EXPECT_EQ(b.paths.staged_ops, 0);
+        VF loss_c(M), dx_c = dx0, dw_c = dw0;
+        VF scr_c(cpu_bf16().lm_head_scratch_floats(sh.chunk, C, V, Vp));
+        cpu_bf16().lm_head_crossentropy(loss_c.data(), dx_c.data(), dw_c.data(), x.data(), w.data(),
+                                        tg.data(), 0.37f, M, C, V, Vp, sh.chunk, scr_c.data());
+        EXPECT_LE(rel_err(b.loss, loss_c), 1e-3);
+        EXPECT_LE(rel_err(b.dx, dx_c), 1e-3);
+        EXPECT_LE(rel_err(b.dw, dw_c), 1e-3);
+      }
+  }
+}
+
 #if NLPTRAIN_HAVE_CUDA
 // The two loss kernels of kernels/lm_head.cu on the same logits [M, ld]: lm_head_crossentropy_bf16's
 // losses and bad-row flag bitwise equal lm_head_crossentropy's (grad), each bf16 dlogit is exactly
@@ -1231,6 +1320,136 @@ TEST_F(CudaOps, LmHeadBf16KernelRoundsTheFp32Dlogits) {
             break;
           }
     }
+}
+#endif
+
+#if NLPTRAIN_HAVE_CUDA
+// The one-pass softmax statistics of the fused head's loss kernels (kern::lm_head_crossentropy and
+// _bf16 with online = true, NLPTRAIN_CUDA_HEAD_SOFTMAX=online, the default) on the same logits [M, ld]
+// as the two-pass kernels and a double reference on the host:
+//  - against the reference (log-sum-exp and (softmax - onehot) * dloss in double): losses within
+//    1e-5 relative, dlogits within 1e-5 |ref| + 1e-9 (expf's argument rounding at |x - max| <= 87,
+//    where exp underflows), plus 1e-6 dloss at the target (p dloss - dloss cancels as p nears 1);
+//  - against the two-pass kernel: losses within 1e-6 relative and dlogits within 1e-6 |ref| (+ the
+//    same at the target; the two sums differ only in rounding); padding columns, ignored and bad rows
+//    exactly 0, the bad-row flag equal;
+//  - the bf16 online kernel: losses bitwise those of the fp32 online kernel and each bf16 dlogit the
+//    host's rounding of its fp32 dlogit.
+// Rows of scale 3 and 30, one row in ascending order (the running max grows at every element) and one
+// descending; a -inf logit (adds nothing) and a row with a NaN logit (a NaN loss from both kernels).
+TEST_F(CudaOps, LmHeadOnlineSoftmaxMatchesTwoPassAndReference) {
+  cudaStream_t st = static_cast<cudaStream_t>(nlp::cuda_backend_stream(gpu()));
+  struct Shape { int M, V, ld; float scale; };
+  const Shape shapes[] = {{37, 301, 301, 3.0f}, {37, 301, 384, 30.0f}, {6, 50257, 50304, 3.0f},
+                          {5, 7, 7, 3.0f}, {9, 1000, 1024, 30.0f}};
+  uint64_t seed = 2700;
+  const float dloss = 0.37f;
+  for (const Shape& sh : shapes) {
+    const int M = sh.M, V = sh.V, ld = sh.ld;
+    SCOPED_TRACE(testing::Message() << "M=" << M << " V=" << V << " ld=" << ld << " scale=" << sh.scale);
+    const size_t n = size_t(M) * ld;
+    VF logits = randn(n, ++seed, sh.scale);
+    for (int v = 0; v < V; ++v) {  // row 2 ascending, row 4 descending
+      logits[2 * size_t(ld) + v] = sh.scale * (-1.0f + 2.0f * float(v) / float(V));
+      if (M > 4) logits[4 * size_t(ld) + v] = sh.scale * (1.0f - 2.0f * float(v) / float(V));
+    }
+    VI tg = randi(M, ++seed, 0, V);
+    tg[0] = V - 1;
+    tg[2] = 0;
+    if (M > 3) tg[1] = nlp::kIgnoreIndex, tg[3] = V;  // ignored; bad: NaN loss, zeros, flagged
+    const int nan_row = M - 1;  // a live row (M >= 5) with one NaN logit
+    logits[1] = -INFINITY;      // row 0, not its target
+    logits[size_t(nan_row) * ld + V / 2] = NAN;
+    float *a = put(logits), *b = put(logits), *c = put(logits);
+    float *la = nan_buf(M), *lb = nan_buf(M), *lc = nan_buf(M);
+    const uint32_t nan2 = 0x7fc07fc0u;  // two bf16 NaNs: what the kernel does not write stays NaN
+    float poison;
+    std::memcpy(&poison, &nan2, sizeof poison);
+    float* dl = put(VF((n + 1) / 2, poison));
+    int32_t* gt = put(tg);
+    int32_t *bad_a = put(VI{INT32_MAX}), *bad_b = put(VI{INT32_MAX}), *bad_c = put(VI{INT32_MAX});
+    gpu().synchronize();
+    // a: two-pass fp32 (the first kernel), b: online fp32, c: online bf16 (logits only read)
+    ASSERT_EQ(nlp::kern::lm_head_crossentropy(la, a, ld, gt, dloss, nullptr, M, V, 100, bad_a, true, st,
+                                              false),
+              cudaSuccess);
+    ASSERT_EQ(nlp::kern::lm_head_crossentropy(lb, b, ld, gt, dloss, nullptr, M, V, 100, bad_b, true, st,
+                                              true),
+              cudaSuccess);
+    ASSERT_EQ(nlp::kern::lm_head_crossentropy_bf16(lc, c, dl, ld, gt, dloss, nullptr, M, V, 100, bad_c,
+                                                   st, true),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const VF la_h = get(la, M), lb_h = get(lb, M), lc_h = get(lc, M), ga = get(a, n), gb = get(b, n);
+    EXPECT_TRUE(bitwise_equal(get(c, n), logits)) << "the bf16 kernel only reads the logits";
+    EXPECT_TRUE(std::isnan(la_h[nan_row]) && std::isnan(lb_h[nan_row]) && std::isnan(lc_h[nan_row]))
+        << "a NaN logit: " << la_h[nan_row] << " " << lb_h[nan_row] << " " << lc_h[nan_row];
+    VF la_f = la_h, lb_f = lb_h, lc_f = lc_h;  // without the NaN row
+    la_f[nan_row] = lb_f[nan_row] = lc_f[nan_row] = 0.0f;
+    EXPECT_TRUE(bitwise_equal(lc_f, lb_f)) << "bf16 online losses against fp32 online";
+    VI bad_h(3);
+    gpu().to_host(&bad_h[0], bad_a, sizeof(int32_t));
+    gpu().to_host(&bad_h[1], bad_b, sizeof(int32_t));
+    gpu().to_host(&bad_h[2], bad_c, sizeof(int32_t));
+    EXPECT_EQ(bad_h[0], M > 3 ? 103 : INT32_MAX);
+    EXPECT_EQ(bad_h[1], bad_h[0]);
+    EXPECT_EQ(bad_h[2], bad_h[0]);
+    std::vector<uint16_t> dl_h(n);
+    gpu().to_host(dl_h.data(), dl, n * sizeof(uint16_t));
+    size_t wrong16 = 0, first16 = n;
+    for (size_t i = 0; i < n; ++i)
+      if (int(i / ld) != nan_row && dl_h[i] != nlp::cpu::to_bf16_bits(gb[i]) && wrong16++ == 0) first16 = i;
+    EXPECT_EQ(wrong16, 0u) << "bf16 dlogit not the rounding of the fp32 online one, first at row "
+                           << first16 / ld << " column " << first16 % ld;
+    size_t far_ref = 0, far_two = 0, nonzero = 0;
+    for (int m = 0; m < M; ++m) {
+      if (m == nan_row) continue;
+      const float* x = logits.data() + size_t(m) * ld;
+      const bool dead = tg[m] == nlp::kIgnoreIndex || tg[m] >= V;
+      if (dead) {
+        if (tg[m] >= V) {
+          EXPECT_TRUE(std::isnan(lb_h[m])) << "bad row " << m;
+        } else {
+          EXPECT_EQ(lb_h[m], 0.0f) << "ignored row " << m;
+        }
+      } else {
+        double mx = -INFINITY, se = 0;
+        for (int v = 0; v < V; ++v) mx = std::max(mx, double(x[v]));
+        for (int v = 0; v < V; ++v) se += std::exp(double(x[v]) - mx);
+        const double loss = std::log(se) + mx - double(x[tg[m]]);
+        EXPECT_LE(std::abs(lb_h[m] - loss), 1e-5 * std::max(1.0, std::abs(loss))) << "row " << m;
+        EXPECT_LE(std::abs(lb_h[m] - la_h[m]), 1e-6 * std::max(1.0, std::abs(double(la_h[m])))) << "row " << m;
+        for (int v = 0; v < V; ++v) {
+          const double ref = std::exp(double(x[v]) - mx) / se * dloss - (v == tg[m] ? dloss : 0.0);
+          const size_t i = size_t(m) * ld + v;
+          // at the target p * dloss - dloss cancels where p is near 1 (a dominant target at scale
+          // 30): the float product's rounding, ~1e-7 dloss, then stands alone
+          const double at_t = v == tg[m] ? 1e-6 * dloss : 0.0;
+          if (!(std::abs(gb[i] - ref) <= 1e-5 * std::abs(ref) + 1e-9 + at_t)) ++far_ref;
+          if (!(std::abs(gb[i] - ga[i]) <= 1e-6 * std::abs(double(ga[i])) + 1e-12 + at_t)) ++far_two;
+        }
+      }
+      for (int v = dead ? 0 : V; v < ld; ++v)
+        if (gb[size_t(m) * ld + v] != 0.0f || dl_h[size_t(m) * ld + v] != 0) ++nonzero;
+    }
+    EXPECT_EQ(far_ref, 0u) << "dlogits outside the double reference's tolerance";
+    EXPECT_EQ(far_two, 0u) << "dlogits outside the two-pass kernel's tolerance";
+    EXPECT_EQ(nonzero, 0u) << "padding columns or ignored/bad rows not zero";
+    // the forward alone (grad false) gives the same losses and leaves the logits as they were
+    float* d = put(logits);
+    float* ld2 = nan_buf(M);
+    int32_t* bad_d = put(VI{INT32_MAX});
+    gpu().synchronize();
+    ASSERT_EQ(nlp::kern::lm_head_crossentropy(ld2, d, ld, gt, dloss, nullptr, M, V, 100, bad_d, false,
+                                              st, true),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    VF l2 = get(ld2, M);
+    EXPECT_TRUE(std::isnan(l2[nan_row]));
+    l2[nan_row] = 0.0f;
+    EXPECT_TRUE(bitwise_equal(l2, lb_f)) << "forward-only losses";
+    EXPECT_TRUE(bitwise_equal(get(d, n), logits)) << "forward only: logits unchanged";
+  }
 }
 #endif
 
@@ -1521,6 +1740,41 @@ TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
 
 // run.profile's account on the GPU: the rates measured by a copy and a GEMM are plausible for a data-
 // centre GPU, and the CUDA events time each GEMM and its bf16 operand casts under their own labels.
+// Backend::path_counts of ops on bf16 views: staged (NLPTRAIN_CUDA_BF16_ACTS=staged) a GELU is one
+// staged op with one widening of its input and one rounding of its output; native it is none of
+// these; copy_view between the two types is one conversion each way.
+TEST_F(CudaOps, PathCountsCountStagedOpsAndCasts) {
+  const size_t n = 1000;
+  for (const char* acts : {"staged", "native"}) {
+    SCOPED_TRACE(acts);
+    std::unique_ptr<Backend> be;
+    {
+      ScopedEnv e("NLPTRAIN_CUDA_BF16_ACTS", acts);
+      be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
+    }
+    void* a = be->alloc(n * 2);
+    void* b = be->alloc(n * 2);
+    float* f = static_cast<float*>(be->alloc(n * 4));
+    nlp::PathCounts p0, p1, p2;
+    ASSERT_TRUE(be->path_counts(&p0));
+    be->gelu_forward(nlp::Act(b, nlp::DType::BF16), nlp::CAct(a, nlp::DType::BF16), n, nlp::Gelu::Tanh);
+    be->path_counts(&p1);
+    const nlp::PathCounts d = p1 - p0;
+    const bool staged = std::string(acts) == "staged";
+    EXPECT_EQ(d.staged_ops, staged ? 1 : 0);
+    EXPECT_EQ(d.bf16_to_fp32, staged ? 1 : 0);
+    EXPECT_EQ(d.fp32_to_bf16, staged ? 1 : 0);
+    be->copy_view(nlp::Act(f, nlp::DType::F32), nlp::CAct(a, nlp::DType::BF16), n);
+    be->copy_view(nlp::Act(b, nlp::DType::BF16), nlp::CAct(f, nlp::DType::F32), n);
+    be->path_counts(&p2);
+    EXPECT_EQ((p2 - p1).bf16_to_fp32, 1);
+    EXPECT_EQ((p2 - p1).fp32_to_bf16, 1);
+    EXPECT_EQ((p2 - p1).staged_ops, 0);
+    be->synchronize();
+    for (void* p : {a, b, static_cast<void*>(f)}) be->release(p);
+  }
+}
+
 TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
   auto be = nlp::make_cuda_backend(0, {nlp::Precision::Bf16});
   nlp::AccountBackend acct(*be, 64, nlp::Precision::Bf16);
@@ -1549,6 +1803,14 @@ TEST_F(CudaOps, AccountTimesGemmsAndCastsApart) {
   EXPECT_EQ(memset, 1) << table;
   EXPECT_GT(gemm_ms, 0) << table;
   EXPECT_GT(cast_ms, 0) << table;
+  // what ran (Backend::path_counts) since start(): 3 GEMMs without bias, each casting x and w
+  EXPECT_NE(table.find("paths: over these 3 steps, gemm fused (bias 0, gelu_aux 0, dgelu 0, bgrad 0); "
+                       "gemm fallback (bias 0, gelu_aux 0, dgelu 0, bgrad 0); staged ops 0; casts "
+                       "fp32->bf16 6, bf16->fp32 0"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(js.find("\"gpu_paths\": {\"gemm_fused\": {\"bias\": 0,"), std::string::npos) << js;
+  EXPECT_NE(js.find("\"casts\": {\"fp32_to_bf16\": 6, \"bf16_to_fp32\": 0}"), std::string::npos) << js;
   be->release(x);
   be->release(y);
 }

@@ -93,6 +93,28 @@ bool head_dlogits_bf16_from_env() {
   throw Error(cat("NLPTRAIN_CUDA_HEAD_DLOGITS = '", v, "': expected bf16 or fp32"));
 }
 
+// NLPTRAIN_CUDA_HEAD_SOFTMAX (the fused LM head's loss kernel): unset or "online" = each row's max
+// and sum of exp in one pass (kern::lm_head_crossentropy's online form); "twopass" = the max, then
+// the sum (the kernel built first). Neither has run on a GPU yet.
+bool head_softmax_online_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_SOFTMAX");
+  if (!v || std::string(v) == "online") return true;
+  if (std::string(v) == "twopass") return false;
+  throw Error(cat("NLPTRAIN_CUDA_HEAD_SOFTMAX = '", v, "': expected online or twopass"));
+}
+
+// NLPTRAIN_CUDA_HEAD_WTE (the fused LM head in bf16 precision): unset or "bf16" = the head's GEMMs
+// read wte as bf16: with the padded vocabulary one padded bf16 copy per call, made from the
+// persistent bf16 copy (run.bf16_weights; else rounded once from wte), without it the persistent
+// copy itself; "fp32" = the fp32 padded copy, rounded by every GEMM that reads it (the path built
+// first). fp32 and tf32 precision always read the fp32 weights.
+bool head_wte_bf16_from_env() {
+  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_WTE");
+  if (!v || std::string(v) == "bf16") return true;
+  if (std::string(v) == "fp32") return false;
+  throw Error(cat("NLPTRAIN_CUDA_HEAD_WTE = '", v, "': expected bf16 or fp32"));
+}
+
 const char* bf16_operands_name(cuda::Bf16Operands o) {
   switch (o) {
     case cuda::Bf16Operands::Vector: return "vector";
@@ -163,7 +185,9 @@ class CudaBackend final : public Backend {
       : device_(device), sync_check_(options.sync_check),
         wcopy_on_(options.bf16_weights && options.precision == Precision::Bf16),
         bf16_prec_(options.precision == Precision::Bf16),
-        head_dl16_(head_dlogits_bf16_from_env() && bf16_prec_) {
+        head_dl16_(head_dlogits_bf16_from_env() && bf16_prec_),
+        head_w16_(head_wte_bf16_from_env() && bf16_prec_),
+        head_online_(head_softmax_online_from_env()) {
     ck(cudaSetDevice(device_), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Keep freed pool memory cached in the pool instead of returning it to the driver at syncs.
@@ -213,7 +237,9 @@ class CudaBackend final : public Backend {
                                                            : "staged (NLPTRAIN_CUDA_BF16_ACTS)",
                wcopy_on_ ? " | weights: persistent bf16 copy (run.bf16_weights)" : "",
                " | fused head dlogits: ",
-               head_dl16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)" : "fp32"));
+               head_dl16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)" : "fp32"),
+               ", wte: ", head_w16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_WTE)" : "fp32"),
+               ", softmax: ", head_online_ ? "online" : "two passes (NLPTRAIN_CUDA_HEAD_SOFTMAX)");
   }
   cudaStream_t stream() const { return stream_; }
   // bf16 activation views: the native bf16 kernels (true) or the staged fp32 ops (the ops on views)
@@ -299,8 +325,22 @@ class CudaBackend final : public Backend {
     const size_t lo = p > warena_ ? size_t(p - warena_) : 0;
     const size_t hi = std::min(wn_, size_t(p + n - warena_));
     op(kern::to_bf16(wcopy_ + lo, warena_ + lo, hi - lo, stream_), "cast: weights (bf16 copy)");
+    ++to16_;
   }
   const uint16_t* bf16_weights() const override { return warena_ ? wcopy_ : nullptr; }
+  // What ran (core/path_counts.h): the GEMM's epilogue counts and conversions plus this backend's
+  // staged ops and conversions (staging, copy_view, the persistent copy, the fused head's wte).
+  bool path_counts(PathCounts* out) const override {
+    if (!out) return true;
+    PathCounts c;
+    c.gemm_fused = gemm_->fused_by_kind();
+    c.gemm_fallback = gemm_->fallback_by_kind();
+    c.staged_ops = staged_ops_;
+    c.fp32_to_bf16 = to16_ + gemm_->casts_to_bf16();
+    c.bf16_to_fp32 = to32_ + gemm_->casts_to_fp32();
+    *out = c;
+    return true;
+  }
   void synchronize() override {
     no_capture("synchronize");
     ck(cudaStreamSynchronize(stream_), "synchronize");
@@ -407,7 +447,8 @@ class CudaBackend final : public Backend {
       forget_ce_stats(out.p);
       noted([&] {
         gemm_->forward(cuda::gemm_out(out), cuda::gemm_in(inp), false, w, layout == WLayout::OutIn,
-                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N));
+                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N), nullptr,
+                       bias ? persistent(bias, size_t(N)) : nullptr);
       });
       return op(cudaSuccess, "matmul_forward (bf16)");
     }
@@ -451,7 +492,8 @@ class CudaBackend final : public Backend {
       forget_ce_stats(pre.p);
       noted([&] {
         gemm_->forward(cuda::gemm_out(out), cuda::gemm_in(inp), false, w, layout == WLayout::OutIn,
-                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N), pre.p);
+                       M, N, K, 0.0f, bias, persistent(w, size_t(K) * N), pre.p,
+                       bias ? persistent(bias, size_t(N)) : nullptr);
       });
       return op(cudaSuccess, "matmul_gelu_forward (bf16, GELU_AUX)");
     }
@@ -634,10 +676,13 @@ class CudaBackend final : public Backend {
   void copy_view(Act dst, CAct src, size_t N) override {
     if (dst.dt == src.dt) return copy(dst.p, src.p, N * dtype_bytes(dst.dt));
     forget_ce_stats(dst.p);
-    if (dst.f32())
+    if (dst.f32()) {
       op(kern::from_bf16(dst.fp(), src.p, N, stream_), "copy_view");
-    else
+      ++to32_;
+    } else {
       op(kern::to_bf16(dst.p, src.fp(), N, stream_), "copy_view");
+      ++to16_;
+    }
   }
   void tanh_forward(Act out, CAct inp, size_t N) override {
     if (out.f32() && inp.f32()) return tanh_forward_f32(out.fp(), inp.fp(), N);
@@ -1031,6 +1076,10 @@ class CudaBackend final : public Backend {
   // bf16 precision with NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (head_dl16_) also the chunk's bf16 dlogits
   // [chunk, Vp] on a 256-byte boundary (head_dlogits16), which the backward GEMMs read as their
   // operand; otherwise the dlogits overwrite the logits in fp32 and the GEMM casts them.
+  // The padded w: in bf16 precision with NLPTRAIN_CUDA_HEAD_WTE=bf16 (head_w16_) a bf16 [Vp, C] in
+  // the first half of its place, copied from the persistent bf16 copy (or rounded once from w where
+  // there is none), which every GEMM of the call reads as its weight operand (z16/w16); else fp32,
+  // which each GEMM rounds again in bf16 precision.
   size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
     const size_t dl16 = head_dl16_ ? kAlignFloats + (size_t(chunk) * Vp + 1) / 2 : 0;
     return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0) + dl16;
@@ -1053,15 +1102,36 @@ class CudaBackend final : public Backend {
     float* logits = scratch;
     const float* wg = w;
     float* dwg = dw;
+    const void* w16 = nullptr;  // the GEMMs' bf16 weight operand [N, C] (head_w16_), else null
+    const size_t vc = size_t(V) * C, pc = size_t(Vp - V) * C;
     if (Vp > V) {
       float* wp = scratch + size_t(chunk) * Vp;
-      copy(wp, w, size_t(V) * C * sizeof(float));
-      zero(wp + size_t(V) * C, size_t(Vp - V) * C * sizeof(float));
-      wg = wp;
+      if (head_w16_) {
+        // one padded bf16 copy for the whole call: rows 0..V from the persistent copy (a copy, no
+        // rounding) or rounded once from w, rows V..Vp zero; the fp32 w is not read by the GEMMs
+        uint16_t* wp16 = reinterpret_cast<uint16_t*>(wp);
+        if (const uint16_t* pw = persistent(w, vc)) {
+          op(cudaMemcpyAsync(wp16, pw, vc * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_),
+             "lm_head_crossentropy (padded bf16 wte)");
+        } else {
+          op(kern::to_bf16(wp16, w, vc, stream_), "lm_head_crossentropy (padded bf16 wte)");
+          ++to16_;
+        }
+        op(cudaMemsetAsync(wp16 + vc, 0, pc * sizeof(uint16_t), stream_),
+           "lm_head_crossentropy (padded bf16 wte)");
+        w16 = wp16;
+        wg = nullptr;
+      } else {
+        copy(wp, w, vc * sizeof(float));
+        zero(wp + vc, pc * sizeof(float));
+        wg = wp;
+      }
       if (dw) {
         dwg = wp + size_t(Vp) * C;
         zero(dwg, size_t(Vp) * C * sizeof(float));
       }
+    } else if (head_w16_) {
+      w16 = persistent(w, vc);  // null without run.bf16_weights: each GEMM rounds w, as before
     }
     int* bad = bad_row(targets, M, V);
     // bf16 dlogits (head_dl16_): written by the loss kernel, read by the typed GEMM as stored
@@ -1069,27 +1139,31 @@ class CudaBackend final : public Backend {
     for (int r0 = 0; r0 < M; r0 += chunk) {
       const int rows = std::min(chunk, M - r0);
       const float* xr = x + size_t(r0) * C;
-      gemm("lm_head_crossentropy (logits)", logits, xr, false, wg, true, rows, N, C, 0.0f, nullptr);
+      gemm("lm_head_crossentropy (logits)", logits, xr, false, wg, true, rows, N, C, 0.0f, nullptr,
+           w16);
       if (dl16) {
         // logits [rows, N] fp32 (read) -> losses [rows], dl16 [rows, N] bf16; then
-        // dx[rows, C] += dl16 @ wg[N, C] and dwg[N, C] += dl16^T @ xr (xr and wg rounded to bf16 as
-        // the fp32-dlogits path rounds them)
+        // dx[rows, C] += dl16 @ wg[N, C] and dwg[N, C] += dl16^T @ xr (xr rounded to bf16 as the
+        // fp32-dlogits path rounds it; wg from w16 where set, else rounded as there)
         op(kern::lm_head_crossentropy_bf16(losses + r0, logits, dl16, N, targets + r0, dloss,
-                                           dloss_slot(), rows, V, r0, bad, stream_),
+                                           dloss_slot(), rows, V, r0, bad, stream_, head_online_),
            "lm_head_crossentropy (bf16 dlogits)");
         noted([&] {
           gemm_->backward(cuda::GemmOut{dx ? dx + size_t(r0) * C : nullptr, CUDA_R_32F}, 1.0f, dwg,
                           nullptr, cuda::GemmIn{dl16, CUDA_R_16BF}, cuda::GemmIn{xr, CUDA_R_32F},
-                          wg, rows, C, N, false);
+                          wg, rows, C, N, false, w16);
         });
         op(cudaSuccess, "lm_head_crossentropy (dx, dW)");
         continue;
       }
       op(kern::lm_head_crossentropy(losses + r0, logits, N, targets + r0, dloss,
-                                    bwd ? dloss_slot() : nullptr, rows, V, r0, bad, bwd, stream_),
+                                    bwd ? dloss_slot() : nullptr, rows, V, r0, bad, bwd, stream_,
+                                    head_online_),
          "lm_head_crossentropy");
       if (!bwd) continue;
-      noted([&] { gemm_->backward(dx ? dx + size_t(r0) * C : nullptr, dwg, logits, xr, wg, rows, C, N, false); });
+      noted([&] {
+        gemm_->backward(dx ? dx + size_t(r0) * C : nullptr, dwg, logits, xr, wg, rows, C, N, false, w16);
+      });
       op(cudaSuccess, "lm_head_crossentropy (dx, dW)");
     }
     if (dw && dwg != dw) accumulate(dw, dwg, size_t(V) * C);
@@ -1421,6 +1495,9 @@ class CudaBackend final : public Backend {
   uint8_t* span_decay_ = nullptr;
 
   // ---- the staged bf16 path (the ops on typed views above) ----
+  // path_counts(): ops staged, and conversions launched outside the GEMM (Stage, copy_view, the
+  // persistent bf16 copy, the fused head's padded wte)
+  int64_t staged_ops_ = 0, to16_ = 0, to32_ = 0;
   // Staging buffers: slot k of an op's stand-ins, grown as needed (between recordings only, like the
   // workspace) and reused by the next op (stream order makes that safe).
   std::vector<std::pair<float*, size_t>> stage_;  // pointer, floats
@@ -1443,12 +1520,13 @@ class CudaBackend final : public Backend {
   // out/acc stand-in of a bf16 view back into it. fp32 views are their own stand-ins.
   class Stage {
    public:
-    Stage(CudaBackend& b, const char* what) : b_(b), what_(what) {}
+    Stage(CudaBackend& b, const char* what) : b_(b), what_(what) { ++b_.staged_ops_; }
     const float* in(CAct v, size_t n) {
       check_fits(v, n, what_);
       if (!v.p || v.f32()) return static_cast<const float*>(v.p);
       float* s = b_.stage_buf(k_++, n);
       b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
+      ++b_.to32_;
       return s;
     }
     float* out(Act v, size_t n) { return stand_in(v, n, false); }
@@ -1456,6 +1534,7 @@ class CudaBackend final : public Backend {
     float* scratch(size_t n) { return b_.stage_buf(k_++, n); }
     void finish() {
       for (const Back& o : back_) b_.op(kern::to_bf16(o.dst, o.src, o.n, b_.stream_), what_);
+      b_.to16_ += int64_t(back_.size());
       back_.clear();
     }
 
@@ -1465,9 +1544,10 @@ class CudaBackend final : public Backend {
       if (!v.p) return nullptr;
       if (v.f32()) return accumulate ? b_.acc_f32(v, n) : v.fp();
       float* s = b_.stage_buf(k_++, n);
-      if (accumulate && !v.write)
+      if (accumulate && !v.write) {
         b_.op(kern::from_bf16(s, v.p, n, b_.stream_), what_);
-      else if (accumulate)
+        ++b_.to32_;
+      } else if (accumulate)
         b_.zero(s, n * sizeof(float));
       back_.push_back(Back{v.p, s, n});
       return s;
@@ -1629,6 +1709,8 @@ class CudaBackend final : public Backend {
   bool wcopy_on_ = false;          // run.bf16_weights with Precision::Bf16
   bool bf16_prec_ = false;         // Precision::Bf16
   bool head_dl16_ = false;         // NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (default) with Precision::Bf16
+  bool head_w16_ = false;          // NLPTRAIN_CUDA_HEAD_WTE=bf16 (default) with Precision::Bf16
+  bool head_online_ = true;        // NLPTRAIN_CUDA_HEAD_SOFTMAX=online (default)
   const float* warena_ = nullptr;  // the registered weights (register_weights)
   size_t wn_ = 0;
   uint16_t* wcopy_ = nullptr;      // their bf16 rounding (device)

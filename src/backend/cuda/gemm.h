@@ -54,8 +54,12 @@ struct GemmEpilogues {
 };
 // NLPTRAIN_CUDA_GEMM_EPILOGUES, read by the Gemm constructor: unset or "bias" = BIAS only (the
 // epilogue the fp32 path runs); "all" = every epilogue above (not yet run on a GPU); "none" = the
-// plain products and separate kernels. Another value throws nlp::Error naming it.
+// plain products and separate kernels; or a comma list of kinds switched on, e.g. "bias,bgrad" (each
+// of bias, gelu_aux, dgelu, bgrad; at least one). Another value throws nlp::Error naming the variable
+// and the allowed values.
 GemmEpilogues gemm_epilogues_from_env();
+// The same from a value (null = unset); `gemm_epilogues_from_env` reads the variable into it.
+GemmEpilogues parse_gemm_epilogues(const char* value);
 
 class Gemm {
  public:
@@ -98,8 +102,12 @@ class Gemm {
   // gelu_aux (nullable; Y's type, [M,P], beta == 0): the tanh-form GELU layer in one call,
   //   gelu_aux = X @ Z + bias (the pre-activation, which the backward reads) and
   //   Y = gelu_tanh(X @ Z + bias) computed from the fp32 pre-activation.
+  // The epilogue's bias has D's type (cuBLASLt's BIAS_DATA_TYPE): with a bf16 Y it adds the bias
+  // rounded to bf16, read from bias16 (nullable: the bias's bf16 rounding already in memory, the
+  // persistent weight copy) or else rounded into scratch; the fallback adds the fp32 bias.
   void forward(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M, int P, int Q,
-               float beta, const float* bias, const void* z16 = nullptr, void* gelu_aux = nullptr);
+               float beta, const float* bias, const void* z16 = nullptr, void* gelu_aux = nullptr,
+               const void* bias16 = nullptr);
 
   // The dense layer's backward on typed activations (dout [M,N], inp [M,K]; W as backward()):
   //   dinp[M,K] = dout @ W^T + dinp_beta * dinp     (dinp.p null: skipped; dinp_beta 0 or 1)
@@ -115,10 +123,16 @@ class Gemm {
 
   void set_epilogues(GemmEpilogues e) { epilogues_ = e; }
   GemmEpilogues epilogues() const { return epilogues_; }
-  // Typed calls' products so far that ran with a cuBLASLt epilogue, and that asked for one but
-  // took the plain product and separate kernels (the tests print them).
-  size_t fused() const { return fused_; }
-  size_t unfused() const { return unfused_; }
+  // Products so far that ran with a cuBLASLt epilogue, and that asked for one but took the plain
+  // product and separate kernels: in all (the tests print them) and per epilogue kind (the
+  // backend's path_counts). The fp32 run() counts its BIAS epilogue too.
+  size_t fused() const { return size_t(sum(fused_)); }
+  size_t unfused() const { return size_t(sum(fallback_)); }
+  const PathCounts::Epilogues& fused_by_kind() const { return fused_; }
+  const PathCounts::Epilogues& fallback_by_kind() const { return fallback_; }
+  // fp32 <-> bf16 conversions launched so far (one per array: operand casts, rounded stores).
+  int64_t casts_to_bf16() const { return to16_; }
+  int64_t casts_to_fp32() const { return to32_; }
 
   // Reallocations of the bf16 operand scratch so far: a CUDA graph recorded before the last one
   // points into freed memory. While the stream is being captured the scratch does not grow: the
@@ -157,7 +171,7 @@ class Gemm {
   // forward() and backward(); allow_epilogue false: the plain products and separate kernels
   void forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M, int P,
                     int Q, float beta, const float* bias, const void* z16, void* gelu_aux,
-                    bool allow_epilogue);
+                    const void* bias16, bool allow_epilogue);
   void backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias, GemmIn dout,
                      GemmIn inp, const float* w, int M, int K, int N, bool inout, const void* w16,
                      const void* gelu_aux, bool allow_epilogue);
@@ -183,7 +197,9 @@ class Gemm {
   std::map<Key, Plan> plans_;
   std::map<TKey, Plan> tplans_;
   GemmEpilogues epilogues_;
-  size_t fused_ = 0, unfused_ = 0;
+  static int64_t sum(const PathCounts::Epilogues& e) { return e.bias + e.gelu_aux + e.dgelu + e.bgrad; }
+  PathCounts::Epilogues fused_, fallback_;  // fused_by_kind(), fallback_by_kind()
+  int64_t to16_ = 0, to32_ = 0;             // casts_to_bf16(), casts_to_fp32()
   std::function<void()> after_cast_;
 };
 

@@ -88,16 +88,38 @@ alignas(256) char kScratchLike[256];
 
 }  // namespace
 
-GemmEpilogues gemm_epilogues_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES");
+GemmEpilogues parse_gemm_epilogues(const char* v) {
   GemmEpilogues e;
   const std::string s = v ? v : "bias";
   if (s == "all") return e;
-  e.gelu_aux = e.dgelu = e.bgrad = false;
-  if (s == "bias") return e;
-  e.bias = false;
+  e.bias = e.gelu_aux = e.dgelu = e.bgrad = false;
   if (s == "none") return e;
-  throw Error(cat("NLPTRAIN_CUDA_GEMM_EPILOGUES = '", s, "': expected bias, all or none"));
+  // "bias" or a comma list of kinds
+  auto bad = [&](const std::string& why) {
+    return Error(cat("NLPTRAIN_CUDA_GEMM_EPILOGUES = '", s, "': ", why,
+                     "; expected all, none, or a comma list of bias, gelu_aux, dgelu, bgrad (the "
+                     "default: bias)"));
+  };
+  size_t at = 0;
+  while (true) {
+    const size_t comma = s.find(',', at);
+    const std::string k = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    bool* slot = k == "bias"       ? &e.bias
+                 : k == "gelu_aux" ? &e.gelu_aux
+                 : k == "dgelu"    ? &e.dgelu
+                 : k == "bgrad"    ? &e.bgrad
+                                   : nullptr;
+    if (!slot) throw bad(k.empty() ? std::string("an empty kind") : cat("unknown kind '", k, "'"));
+    if (*slot) throw bad(cat("'", k, "' given twice"));
+    *slot = true;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return e;
+}
+
+GemmEpilogues gemm_epilogues_from_env() {
+  return parse_gemm_epilogues(std::getenv("NLPTRAIN_CUDA_GEMM_EPILOGUES"));
 }
 
 Gemm::Gemm(cudaStream_t s, GemmMode mode, Bf16Operands operands)
@@ -196,6 +218,7 @@ void Gemm::run(float* Y, const float* X, bool trans_x, const float* Z, bool tran
   if (!z16) c.add(buf, Z, nz);
   c.add(buf + off, X, nx);
   ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
+  to16_ += c.count;
   if (after_cast_) after_cast_();
   run_typed(Y, buf + off, trans_x, z16 ? z16 : buf, trans_z, M, P, Q, beta, bias);
 }
@@ -223,6 +246,7 @@ void Gemm::backward(float* dinp, float* dw, const float* dout, const float* inp,
       z = buf + al(nd) + al(nx);
     }
     ck_rt(kern::to_bf16_many(c, stream_, operands_), "to_bf16");
+    to16_ += c.count;
     if (after_cast_) after_cast_();
   }
   // dinp[M,K] += dout[M,N] @ W^T  (InOut: W stored [K,N], so op T; OutIn: W stored [N,K])
@@ -247,6 +271,7 @@ void Gemm::run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool 
   // may read the bias in 16-byte vectors, so a less aligned bias (e.g. qa_b + 1) never reaches it.
   const bool epilogue = bias && alignment(bias) >= 16;
   if (bias && !epilogue) {
+    ++fallback_.bias;
     ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
     run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
     return;
@@ -261,12 +286,16 @@ void Gemm::run_typed(float* Y, const void* X, bool trans_x, const void* Z, bool 
             "set BIAS_POINTER");
     const cublasStatus_t st = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, Y, p.c,
                                              Y, p.c, &p.algo, workspace_, workspace_bytes_, stream_);
-    if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      if (epilogue) ++fused_.bias;
+      return;
+    }
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) ck_lt(st, "cublasLtMatmul");
     p.ok = false;  // not supported after all: this shape takes the fallbacks below from now on
   }
   if (bias) {
     // no epilogue algorithm for this shape: the plain product onto bias-filled rows
+    ++fallback_.bias;
     ck_rt(kern::broadcast_rows(Y, bias, M, P, stream_), "broadcast_rows");
     run_typed(Y, X, trans_x, Z, trans_z, M, P, Q, 1.0f, nullptr);
     return;
@@ -312,9 +341,10 @@ Gemm::Plan& Gemm::typed_plan(const TKey& key, const void* bias, const void* aux)
     ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "set EPILOGUE");
   }
   if (bias) {
-    // fp32 bias (BIAS) and bias gradient (BGRADA/B) whatever D's type; the heuristic reads the
-    // pointer's alignment
-    const cudaDataType_t bt = CUDA_R_32F;
+    // The bias (BIAS, GELU_AUX_BIAS) and the bias gradient (BGRADA/B) in D's type: cuBLASLt's rule
+    // outside IMMA and FP8 kernels (a bf16 D takes a bf16 bias; BGRAD writes into the fp32 dW's
+    // type). The heuristic reads the pointer's alignment.
+    const cudaDataType_t bt = c;
     ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
     ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "set BIAS_POINTER");
   }
@@ -394,13 +424,14 @@ void Gemm::plain(void* Y, cudaDataType_t yt, const void* X, bool trans_x, const 
 }
 
 void Gemm::forward(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M, int P,
-                   int Q, float beta, const float* bias, const void* z16, void* gelu_aux) {
-  forward_impl(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias, z16, gelu_aux, true);
+                   int Q, float beta, const float* bias, const void* z16, void* gelu_aux,
+                   const void* bias16) {
+  forward_impl(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias, z16, gelu_aux, bias16, true);
 }
 
 void Gemm::forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool trans_z, int M,
                         int P, int Q, float beta, const float* bias, const void* z16,
-                        void* gelu_aux, bool allow_epilogue) {
+                        void* gelu_aux, const void* bias16, bool allow_epilogue) {
   if (M <= 0 || P <= 0 || Q <= 0) return;
   check_type(Y.t, "output");
   check_type(X.t, "input");
@@ -412,12 +443,19 @@ void Gemm::forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool 
   const bool cx = X.t != ot, cz = bf && !z16;
   const bool direct = bf || !is_bf16(Y.t);  // cuBLAS writes Y's type from these operands
   const bool asked = bias || gelu_aux;
+  // The epilogue's bias in D's type: the fp32 bias for an fp32 Y; for a bf16 Y its bf16 rounding,
+  // bias16 where given, else rounded into scratch (cb16).
+  const bool b16 = bias && is_bf16(Y.t);
+  const bool cb16 = b16 && !bias16;
+  const void* bias_probe = !bias ? nullptr : !b16 ? static_cast<const void*>(bias)
+                                   : bias16   ? bias16
+                                              : static_cast<const void*>(kScratchLike);
 
   // The epilogue where one is asked for, switched on, and its pointers aligned as cuBLASLt needs
   // (bias and aux 16 bytes; aux leading dimension P divisible by 8); then whether an algorithm
   // takes it. Operands converted into scratch lie on 256-byte boundaries.
   Epi epi = Epi::None;
-  if (allow_epilogue && direct && (!bias || alignment(bias) >= 16)) {
+  if (allow_epilogue && direct && (!bias || alignment(bias_probe) >= 16)) {
     if (gelu_aux && epilogues_.gelu_aux && P % 8 == 0 && alignment(gelu_aux) >= 16)
       epi = bias ? Epi::GeluAuxBias : Epi::GeluAux;
     else if (!gelu_aux && bias && epilogues_.bias)
@@ -427,37 +465,45 @@ void Gemm::forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool 
   bool fused = false;
   if (epi != Epi::None)
     fused = lt(Y.p, Y.t, cx ? kScratchLike : X.p, trans_x, zsrc ? zsrc : kScratchLike, trans_z, M, P,
-               Q, beta, epi, bias, gelu_aux, /*probe_only=*/true);
+               Q, beta, epi, bias_probe, gelu_aux, /*probe_only=*/true);
 
-  // scratch: converted operands, then the fp32 result where the output is not written directly
+  // scratch: converted operands (and the bf16 bias), then the fp32 result where the output is not
+  // written directly
   const bool need_r = !fused && (gelu_aux || !direct || (bias && is_bf16(Y.t)));
+  const bool cb = fused && cb16;
   Carve c;
   const size_t ox = cx ? c.take(nx * elem_bytes(ot)) : 0;
   const size_t oz = cz ? c.take(nz * 2) : 0;
+  const size_t ob = cb ? c.take(size_t(P) * 2) : 0;
   const size_t orr = need_r ? c.take(ny * sizeof(float)) : 0;
   char* buf = c.bytes ? static_cast<char*>(bf16_scratch(c.bytes)) : nullptr;
   Conversions conv;
   if (cx) conv.add(buf + ox, ot, X.p, nx);
   if (cz) conv.add(buf + oz, ot, Z, nz);
+  if (cb) conv.add(buf + ob, CUDA_R_16BF, bias, size_t(P));
   convert(conv, stream_, operands_, after_cast_);
+  to16_ += conv.down.count;
+  to32_ += conv.nup;
   const void* x = cx ? buf + ox : X.p;
   const void* z = cz ? buf + oz : (bf ? z16 : Z);
+  const void* bias_epi = !b16 ? static_cast<const void*>(bias) : cb ? buf + ob : bias16;
 
   if (fused) {
-    if (lt(Y.p, Y.t, x, trans_x, z, trans_z, M, P, Q, beta, epi, bias, gelu_aux)) {
-      ++fused_;
+    if (lt(Y.p, Y.t, x, trans_x, z, trans_z, M, P, Q, beta, epi, bias_epi, gelu_aux)) {
+      ++(gelu_aux ? fused_.gelu_aux : fused_.bias);
       return;
     }
     // refused at run time (nothing computed): again without the epilogue
-    forward_impl(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias, z16, gelu_aux, false);
+    forward_impl(Y, X, trans_x, Z, trans_z, M, P, Q, beta, bias, z16, gelu_aux, bias16, false);
     return;
   }
-  if (asked) ++unfused_;
+  if (asked) ++(gelu_aux ? fallback_.gelu_aux : fallback_.bias);
   float* r = need_r ? reinterpret_cast<float*>(buf + orr) : nullptr;
   if (gelu_aux) {  // r = X Z + bias; Y = gelu(r), aux = r
     if (bias) ck_rt(kern::broadcast_rows(r, bias, M, P, stream_), "broadcast_rows");
     plain(r, CUDA_R_32F, x, trans_x, z, trans_z, M, P, Q, bias ? 1.0f : 0.0f);
     ck_rt(kern::gemm_gelu_aux_bf16(Y.p, gelu_aux, r, ny, is_bf16(Y.t), stream_), "gemm_gelu_aux_bf16");
+    if (is_bf16(Y.t)) to16_ += 2;  // Y and aux rounded from the fp32 r
   } else if (bias && !is_bf16(Y.t)) {  // the product onto bias-filled rows
     ck_rt(kern::broadcast_rows(static_cast<float*>(Y.p), bias, M, P, stream_), "broadcast_rows");
     plain(Y.p, Y.t, x, trans_x, z, trans_z, M, P, Q, 1.0f);
@@ -465,11 +511,13 @@ void Gemm::forward_impl(GemmOut Y, GemmIn X, bool trans_x, const float* Z, bool 
     ck_rt(kern::broadcast_rows(r, bias, M, P, stream_), "broadcast_rows");
     plain(r, CUDA_R_32F, x, trans_x, z, trans_z, M, P, Q, 1.0f);
     ck_rt(kern::gemm_store_bf16(Y.p, r, ny, false, stream_), "gemm_store_bf16");
+    ++to16_;
   } else if (direct) {
     plain(Y.p, Y.t, x, trans_x, z, trans_z, M, P, Q, beta);
   } else {  // fp32 operands, bf16 Y: the fp32 product, then Y = bf16(r) or bf16(Y + r)
     plain(r, CUDA_R_32F, x, trans_x, z, trans_z, M, P, Q, 0.0f);
     ck_rt(kern::gemm_store_bf16(Y.p, r, ny, beta != 0.0f, stream_), "gemm_store_bf16");
+    ++to16_;
   }
 }
 
@@ -534,6 +582,8 @@ void Gemm::backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias,
   if (cx) conv.add(buf + ox, ot, inp.p, nx);
   if (cw) conv.add(buf + ow, ot, w, nw);
   convert(conv, stream_, operands_, after_cast_);
+  to16_ += conv.down.count;
+  to32_ += conv.nup;
   const void* d = cd ? buf + od : dout.p;
   const void* x = cx ? buf + ox : inp.p;
   const void* z = cw ? buf + ow : (bf ? w16 : w);
@@ -542,23 +592,25 @@ void Gemm::backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias,
   if (want_in) {
     if (dgelu) {
       if (lt(dinp.p, dinp.t, d, false, z, inout, M, K, N, 0.0f, Epi::DGelu, nullptr, gelu_aux)) {
-        ++fused_;
+        ++fused_.dgelu;
       } else {  // refused at run time, before anything was written: again without epilogues
         backward_impl(dinp, dinp_beta, dw, dbias, dout, inp, w, M, K, N, inout, w16, gelu_aux, false);
         return;
       }
     } else {
-      if (gelu_aux) ++unfused_;
+      if (gelu_aux) ++fallback_.dgelu;
       float* r = need_r ? reinterpret_cast<float*>(buf + orr) : nullptr;
       if (gelu_aux) {  // r = dout W^T; dinp = r * gelu'(aux)
         plain(r, CUDA_R_32F, d, false, z, inout, M, K, N, 0.0f);
         ck_rt(kern::gemm_dgelu_aux_bf16(dinp.p, r, gelu_aux, nx, is_bf16(dinp.t), stream_),
               "gemm_dgelu_aux_bf16");
+        if (is_bf16(dinp.t)) ++to16_;
       } else if (direct_in) {
         plain(dinp.p, dinp.t, d, false, z, inout, M, K, N, dinp_beta);
       } else {
         plain(r, CUDA_R_32F, d, false, z, inout, M, K, N, 0.0f);
         ck_rt(kern::gemm_store_bf16(dinp.p, r, nx, dinp_beta != 0.0f, stream_), "gemm_store_bf16");
+        ++to16_;
       }
     }
   }
@@ -570,7 +622,7 @@ void Gemm::backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias,
       bias_done = inout ? lt(dw, CUDA_R_32F, x, true, d, false, K, N, M, 1.0f, bgrad, bg, nullptr)
                         : lt(dw, CUDA_R_32F, d, true, x, false, N, K, M, 1.0f, bgrad, bg, nullptr);
       if (bias_done) {
-        ++fused_;
+        ++fused_.bgrad;
         ck_rt(kern::accumulate(dbias, bg, size_t(N), stream_), "accumulate (bias gradient)");
       }
     }
@@ -582,7 +634,7 @@ void Gemm::backward_impl(GemmOut dinp, float dinp_beta, float* dw, float* dbias,
     }
   }
   if (dbias && !bias_done) {  // dbias[N] += colsum(dout): a separate deterministic reduction
-    if (want_w) ++unfused_;
+    if (want_w) ++fallback_.bgrad;
     void* ws = buf + ows;
     if (!is_bf16(dout.t))
       ck_rt(kern::colsum_accumulate(dbias, static_cast<const float*>(dout.p), M, N, ws, stream_),
