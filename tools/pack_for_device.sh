@@ -187,6 +187,6 @@ chmod +x "$build/run-on-device.sh"
 size=$(du -sh "$out" | cut -f1)
 echo "pack_for_device: ${#copied[@]} libraries in $out ($size) for ${#bins[@]} binaries; wrapper $build/run-on-device.sh"
 if ((tar)); then
-  tar -cJf "$build/device-libs.tar.xz" -C "$build" device-libs
+  XZ_OPT=${XZ_OPT:--9e} tar -cJf "$build/device-libs.tar.xz" -C "$build" device-libs  # xz -9e: it travels
   echo "pack_for_device: $(du -sh "$build/device-libs.tar.xz" | cut -f1) in $build/device-libs.tar.xz"
 fi
