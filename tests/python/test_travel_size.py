@@ -1,5 +1,5 @@
 """What a GPU call carries (bench/gpu/travel_size.py, printed by bench/gpu/prepare.sh): the tracked tree
-stays within its share of the budget (12 of the 48 MiB target, 64 MiB limit), so that the stage has
+stays within its share of the budget (10 of the 48 MiB target, 64 MiB limit), so that the stage has
 room; and the size report itself fails over the limit and counts what it is given."""
 import subprocess
 import sys
