@@ -224,9 +224,9 @@ def extract(folder: Path, names: list[str], to: Path):
     if missing:
         raise SystemExit(f"results_archive: not in {arc}: {', '.join(missing)}")
     for name in names or sorted(content):
-        dest = to / name
-        if dest.resolve() != dest.absolute() or ".." in PurePosixPath(name).parts:
+        if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
             raise SystemExit(f"results_archive: {arc}: member {name!r} leaves the folder; refusing")
+        dest = to / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(content[name])
         print(dest)
