@@ -28,6 +28,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_archive as ra  # noqa: E402  (OUT's raw files on disk or in OUT/raw.tar.xz)
+
 import numpy as np
 
 SHAPES = {  # L, C, NH, I (MLP width), V, B, T, kind
@@ -63,7 +66,7 @@ GROUPS = [  # matched against "<dso> <symbol>"
 def parse_perf(path):
     """(share %, dso, symbol) per line of perf report --sort dso,symbol."""
     rows = []
-    for line in open(path, encoding="utf-8", errors="replace"):
+    for line in ra.read_bytes(path).decode("utf-8", errors="replace").splitlines():
         m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(.*?)(\s+-\s+-)?\s*$", line.rstrip())
         if m:
             rows.append((float(m.group(1)), m.group(2), m.group(3).strip()))
@@ -83,7 +86,7 @@ def group(rows):
 
 
 def step_stats(path, B):
-    m = [json.loads(l) for l in open(path) if l.strip()]
+    m = [json.loads(l) for l in ra.open_text(path) if l.strip()]
     m = [x for x in m if "step_time_s" in x and "split" not in x]
     steps = m[2:] if len(m) > 4 else m
     t = statistics.median(x["step_time_s"] for x in steps)
@@ -188,7 +191,7 @@ def main(argv):
              "floor. Ops without a floor model show '-'. `other` lists its largest symbols.", ""]
     for s in shapes:
         perf = os.path.join(out_dir, f"{s}.perf.txt")
-        if not os.path.exists(perf):
+        if not ra.is_file(perf):
             continue
         sh = SHAPES[s]
         t, T_eff = step_stats(os.path.join(out_dir, f"{s}.metrics.jsonl"), sh["B"])
@@ -199,7 +202,7 @@ def main(argv):
         w, params = work(sh, T)
         grouped, other = group(parse_perf(perf))
         total = sum(grouped.values())
-        model = open(os.path.join(out_dir, f"{s}.model.txt")).read().strip() if os.path.exists(
+        model = ra.read_text(os.path.join(out_dir, f"{s}.model.txt")).strip() if ra.is_file(
             os.path.join(out_dir, f"{s}.model.txt")) else ""
         lines += [f"## {s}: B={sh['B']}, T={T}{' (mean trimmed length)' if sh['T'] is None else ''}, "
                   f"median step {1000 * t:.1f} ms", "", f"`{model}`", "",

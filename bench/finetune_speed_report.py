@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tables of bench/finetune_speed.sh: RES/results.md and RES/results.json from RES/raw.
+"""Tables of bench/finetune_speed.sh: RES/results.md and RES/results.json from RES/raw (on disk, or in
+RES/raw.tar.xz once archived: bench/results_archive.py).
 
   python3 bench/finetune_speed_report.py RES
 
@@ -20,12 +21,14 @@ Per run (raw/<task>_<setting>_s<seed>.time, .log and folder):
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_archive as ra  # noqa: E402
 
 SETTINGS = ["nlptrain-max_length", "hf-max_length", "nlptrain-longest", "hf-longest", "nlptrain-longest-group",
             "nlptrain-packed", "nlptrain-packedrows", "hf-longest-group", "hf-longest-group-compile",
@@ -39,7 +42,7 @@ CUDNN_BUILDS = re.compile(r"cuDNN attention: (\d+) graph\(s\) built, (\d+) decli
 
 def read_json(path):
     try:
-        with open(path) as f:
+        with ra.open_text(path) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -47,7 +50,7 @@ def read_json(path):
 
 def read_text(path):
     try:
-        with open(path) as f:
+        with ra.open_text(path) as f:
             return f.read()
     except OSError:
         return ""
@@ -56,7 +59,7 @@ def read_text(path):
 def read_jsonl(path):
     out = []
     try:
-        with open(path) as f:
+        with ra.open_text(path) as f:
             for line in f:
                 line = line.strip()
                 if line:
@@ -140,7 +143,7 @@ def hf_run(d, r):
 
 def collect(res_dir):
     runs = []
-    for tf in sorted(glob.glob(os.path.join(res_dir, "raw", "*.time"))):
+    for tf in sorted(ra.glob(os.path.join(res_dir, "raw", "*.time"))):
         name = os.path.basename(tf)[:-5]
         if name.startswith("prep_"):
             continue
@@ -210,9 +213,9 @@ def main(argv):
     cmd = read_text(os.path.join(res, "command.txt")).strip() or "?"
     env = read_text(os.path.join(res, "environment.txt"))
     prep = {}
-    for p in sorted(glob.glob(os.path.join(res, "raw", "prep_*.log"))):
+    for p in sorted(ra.glob(os.path.join(res, "raw", "prep_*.log"))):
         t = os.path.basename(p)[5:-4]
-        prep[t] = [l.strip() for l in open(p) if "wrote" in l]
+        prep[t] = [l.strip() for l in ra.open_text(p) if "wrote" in l]
     out = ["# Fine-tuning speed: nlptrain vs Hugging Face Trainer", "", "Command (repository root):", "", "```sh", cmd,
            "```", "", "Environment:", "", "```", env.rstrip(), "```", "",
            "Data (tools/prep_*.py):", ""]

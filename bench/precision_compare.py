@@ -16,7 +16,8 @@ order, so that the difference is the precision's alone):
 
   python3 bench/precision_compare.py RESULT_DIR [--window 20] [--curve-tol 0.01] [--acc-floor 0.02]
                                                 [--ppl-floor-rel 0.01]
-reads RESULT_DIR/raw/TASK_PRECISION_sSEED/metrics.jsonl (TASK gpt2 or doc_cls, PRECISION fp32 or bf16),
+reads RESULT_DIR/raw/TASK_PRECISION_sSEED/metrics.jsonl (TASK gpt2 or doc_cls, PRECISION fp32 or bf16;
+on disk or in RESULT_DIR/raw.tar.xz, bench/results_archive.py),
 writes RESULT_DIR/results.md and results.json, prints the table; exit status 1 when a rule fails, 2 when
 runs are missing or unreadable.
 """
@@ -26,13 +27,16 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_archive as ra  # noqa: E402
+
 METRIC = {"gpt2": "perplexity", "doc_cls": "accuracy"}
 
 
 def read_metrics(path):
     """metrics.jsonl -> (train losses by step, last eval record). Train lines carry 'loss' and no 'split'."""
     losses, evals = {}, []
-    with open(path) as f:
+    with ra.open_text(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -107,12 +111,12 @@ def collect(raw_dir):
     """raw/TASK_PRECISION_sSEED/metrics.jsonl -> {task: {precision: {seed: (losses, eval)}}}."""
     runs = {}
     pat = re.compile(r"^(gpt2|doc_cls)_(fp32|bf16)_s(\d+)$")
-    for d in sorted(Path(raw_dir).iterdir()):
+    for d in ra.iterdir(raw_dir):
         m = pat.match(d.name)
-        if not m or not d.is_dir():
+        if not m or not ra.is_dir(d):
             continue
         f = d / "metrics.jsonl"
-        if not f.is_file():
+        if not ra.is_file(f):
             raise ValueError(f"{f}: missing (did that run fail? see {d}.log)")
         runs.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = read_metrics(f)
     if not runs:

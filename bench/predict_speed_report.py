@@ -17,21 +17,24 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_archive as ra  # noqa: E402  (RES/raw on disk or in RES/raw.tar.xz)
+
 LINE = re.compile(r"^predict \| .*\| padding ([0-9.]+)% of ([0-9]+) positions \| ([0-9.]+) s, ")
 
 
 def nlptrain_run(raw: Path, name: str) -> dict:
-    log = (raw / f"{name}.log").read_text()  # its standard output: the lines of log.txt
+    log = ra.read_text(raw / f"{name}.log")  # its standard output: the lines of log.txt
     m = next(LINE.match(line) for line in log.splitlines() if LINE.match(line))
-    ev = [json.loads(line) for line in (raw / f"{name}.metrics.jsonl").read_text().splitlines()][-1]
-    return dict(wall=float((raw / f"{name}.time").read_text().split()[-1]), seconds=float(m.group(3)),
+    ev = [json.loads(line) for line in ra.read_text(raw / f"{name}.metrics.jsonl").splitlines()][-1]
+    return dict(wall=float(ra.read_text(raw / f"{name}.time").split()[-1]), seconds=float(m.group(3)),
                 positions=int(m.group(2)), padding=ev["padding_fraction"], accuracy=ev["accuracy"],
                 loss=ev["loss"], examples=ev["tokens"])
 
 
 def hf_run(raw: Path, name: str) -> dict:
-    r = json.loads((raw / f"{name}.json").read_text())
-    return dict(wall=float((raw / f"{name}.time").read_text().split()[-1]), seconds=r["seconds"],
+    r = json.loads(ra.read_text(raw / f"{name}.json"))
+    return dict(wall=float(ra.read_text(raw / f"{name}.time").split()[-1]), seconds=r["seconds"],
                 positions=r["positions"], padding=1 - r["real_tokens"] / r["positions"],
                 accuracy=r["accuracy"], loss=r["loss"], examples=r["examples"])
 
@@ -44,7 +47,7 @@ def main(res: str, work: str) -> None:
                 "HF Trainer.predict (torch.compile)": ("hf_compile", hf_run)}
     rows = {}
     for label, (stem, read) in settings.items():
-        runs = [read(raw, p.name[:-len(".time")]) for p in sorted(raw.glob(f"{stem}_*.time"))]
+        runs = [read(raw, Path(p).name[:-len(".time")]) for p in ra.glob(str(raw / f"{stem}_*.time"))]
         if runs:
             rows[label] = {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"n": len(runs)}
     hf = rows.get("HF Trainer.predict (eager, the file's order)")

@@ -50,6 +50,8 @@ done
 skip_re='^(linux-vdso|linux-gate|ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn.*|libnccl|libnvrtc.*|libnvJitLink|libcufft|libcurand|libcusolver|libcusparse|libnvidia-.*)\.so'
 # Open MPI plugins that need a network stack the GPU node does not have are left out.
 plugin_skip_re='lib(ucp|ucs|uct|fabric|psm_infinipath|psm2|ibverbs|rdmacm|ucm)\.so'
+# OpenSHMEM's plugins (and through them liboshmem) are never loaded: nlptrain is an MPI program only.
+oshmem_skip_re='liboshmem\.so'
 
 rm -rf "$out" "$build/device-libs.tar.xz"  # no stale archive: --tar writes a fresh one
 mkdir -p "$out"
@@ -88,11 +90,16 @@ if [[ -n "${copied[libmpi.so.40]:-}" ]]; then
   mkdir -p "$out/openmpi/plugins" "$out/openmpi/share" "$out/openmpi/etc"
   nplug=0
   nskip=0
+  noshmem=0
   for so in "$pkglibdir"/mca_*.so "$pkglibdir"/libompi_dbg_msgq.so; do
     [[ -f "$so" ]] || continue
     deps=$(ldd "$so" 2>/dev/null || true)  # (not piped into grep -q: SIGPIPE + pipefail)
     if grep -Eq "$plugin_skip_re" <<<"$deps"; then
       nskip=$((nskip + 1))
+      continue
+    fi
+    if grep -Eq "$oshmem_skip_re" <<<"$deps"; then
+      noshmem=$((noshmem + 1))
       continue
     fi
     cp -L "$so" "$out/openmpi/plugins/"
@@ -111,7 +118,7 @@ if [[ -n "${copied[libmpi.so.40]:-}" ]]; then
   [[ -x "$out/openmpi/bin/orterun" ]] && ln -sf orterun "$out/openmpi/bin/mpirun"
   [[ -d "$pkgdatadir" ]] && cp -rL "$pkgdatadir/." "$out/openmpi/share/"
   [[ -d "$sysconfdir" ]] && cp -L "$sysconfdir"/*.conf "$out/openmpi/etc/" 2>/dev/null || true
-  echo "pack_for_device: Open MPI: $nplug plugins packed, $nskip left out (network stacks)"
+  echo "pack_for_device: Open MPI: $nplug plugins packed, $nskip left out (network stacks), $noshmem (OpenSHMEM)"
 fi
 
 # ---- the wrapper ----------------------------------------------------------------------------------
@@ -187,6 +194,6 @@ chmod +x "$build/run-on-device.sh"
 size=$(du -sh "$out" | cut -f1)
 echo "pack_for_device: ${#copied[@]} libraries in $out ($size) for ${#bins[@]} binaries; wrapper $build/run-on-device.sh"
 if ((tar)); then
-  tar -cJf "$build/device-libs.tar.xz" -C "$build" device-libs
+  XZ_OPT=${XZ_OPT:--9e} tar -cJf "$build/device-libs.tar.xz" -C "$build" device-libs  # xz -9e: it travels
   echo "pack_for_device: $(du -sh "$build/device-libs.tar.xz" | cut -f1) in $build/device-libs.tar.xz"
 fi

@@ -4,6 +4,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import results_archive as ra  # noqa: E402  (RES_DIR's raw files on disk or in RES_DIR/raw.tar.xz)
+
 RES = sys.argv[1]
 ENV = os.environ
 METRICS = {"mlm": ["accuracy", "perplexity", "loss"], "doc_cls": ["accuracy"], "pair_cls": ["accuracy"],
@@ -14,8 +17,7 @@ DATA = {"mlm": "NSMC text (packed), mlm_eval", "doc_cls": "NSMC", "pair_cls": "K
 
 def load(path):
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(ra.read_text(path))
     except (OSError, ValueError):
         return None
 
@@ -23,8 +25,8 @@ def load(path):
 def nl_eval(t):
     p = os.path.join(RES, f"nlptrain_{t}", "metrics.jsonl")
     last = None
-    if os.path.exists(p):
-        for line in open(p):
+    if ra.is_file(p):
+        for line in ra.open_text(p):
             r = json.loads(line)
             if r.get("split") == "eval":
                 last = r
@@ -34,8 +36,8 @@ def nl_eval(t):
 def nl_cfg(t):
     p = os.path.join(RES, f"nlptrain_{t}", "config.ini")
     cfg, sec = {}, ""
-    if os.path.exists(p):
-        for line in open(p):
+    if ra.is_file(p):
+        for line in ra.open_text(p):
             line = line.split("#")[0].strip()
             if line.startswith("["):
                 sec = line.strip("[]")
@@ -70,16 +72,16 @@ for t in ["mlm", "doc_cls", "pair_cls", "ner", "qa"]:
     # train loss over the last 10% of steps
     nll = None
     p = os.path.join(RES, f"nlptrain_{t}", "metrics.jsonl")
-    if os.path.exists(p):
-        tr = [json.loads(l) for l in open(p)]
+    if ra.is_file(p):
+        tr = [json.loads(l) for l in ra.open_text(p)]
         tr = [r for r in tr if "loss" in r and r.get("split") is None]
         if tr:
             k = max(1, len(tr) // 10)
             nll = sum(r["loss"] for r in tr[-k:]) / k
     hll = None
     p = os.path.join(RES, f"hf_{t}", "log_history.jsonl")
-    if os.path.exists(p):
-        tr = [json.loads(l) for l in open(p)]
+    if ra.is_file(p):
+        tr = [json.loads(l) for l in ra.open_text(p)]
         tr = [r for r in tr if "loss" in r]
         if tr:
             k = max(1, len(tr) // 10)

@@ -4,17 +4,25 @@
 #
 #   bash bench/gpu/prepare.sh [SHARED_DATA_DIR]      (default ../shared/data beside the checkout)
 #
+# Environment: GPU_ARCH (90: H100/H200; e.g. 80 for an A100, "80;90" for both) the GPU the stage is
+# built for, as SASS only (ARCH-real: no PTX, no second architecture); BUILD_DIR (build-gpu); JOBS
+# (nproc); CMAKE_CXX_COMPILER_LAUNCHER and CMAKE_CUDA_COMPILER_LAUNCHER (e.g. ccache) passed to cmake.
+# The normal build (CMakeLists.txt) keeps sm_80 and sm_90.
+#
 # Then on the GPU node, with bench/gpu/stage beside the tree:
 #   bash bench/gpu/run.sh                            (see there; writes everything under $OUT)
 #
-# stage/bin/   nlptrain, test_ops_cuda, test_ops_cuda_bf16, test_gemm_cuda_bf16, test_attention_cudnn_bf16, run-on-device.sh + device-libs.tar.xz (Open MPI, HDF5,
-#              OpenBLAS, Boost; the device has CUDA, cuDNN and NCCL in its PyTorch install)
+# stage/bin/   nlptrain, test_ops_cuda, test_cuda_bf16 (stripped), run-on-device.sh + device-libs.tar.xz
+#              (Open MPI, HDF5, OpenBLAS, oneDNN, Boost; the device has CUDA, cuDNN and NCCL in its
+#              PyTorch install)
 # stage/data/  gpt2_train.h5   GPT-2 BPE token stream (WikiText-2 test + Tiny Shakespeare), for the
 #                              124M benchmark (T=1024) and the small end-to-end runs
 #              nsmc_train.h5   NSMC reviews, kcbert-base WordPiece, T=128 (doc_cls), 4096 rows
 #              ft/doc_cls/     run.sh's finetune section: NSMC train (8000 reviews) and test (500) at
 #                              T=128, with the key bench/finetune_speed.sh checks before it reuses data
 #              commit.txt      the commit the binaries were built from
+# At the end: the size of what travels (bench/gpu/travel_size.py: the tree, each part of the stage, the
+# total against the 48 MiB target and the 64 MiB limit); exit 1 when it cannot be sent.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${1:-../shared/data}
@@ -26,16 +34,26 @@ for f in "$D/wikitext2/wiki.test.raw" "$D/tinyshakespeare/input.txt" "$D/vocab/g
   [[ -f "$f" ]] || { echo "prepare: missing $f (shared data)" >&2; exit 2; }
 done
 
+GPU_ARCH=${GPU_ARCH:-90}
+archs=""
+for a in ${GPU_ARCH//;/ }; do
+  [[ "$a" =~ ^[0-9]+[af]?$ ]] || { echo "prepare: GPU_ARCH=$GPU_ARCH: '$a' is not an architecture like 90 or 80" >&2; exit 2; }
+  archs="${archs:+$archs;}$a-real"
+done
+launch=()
+[[ -n "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]] && launch+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$CMAKE_CXX_COMPILER_LAUNCHER")
+[[ -n "${CMAKE_CUDA_COMPILER_LAUNCHER:-}" ]] && launch+=(-DCMAKE_CUDA_COMPILER_LAUNCHER="$CMAKE_CUDA_COMPILER_LAUNCHER")
 # -march=native off: the GPU machine's CPU may lack this machine's instructions.
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DNLPTRAIN_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
-cmake --build "$B" -j"$(nproc)" --target nlptrain test_ops_cuda test_ops_cuda_bf16 test_gemm_cuda_bf16 \
-  test_attention_cudnn_bf16
-# pack only what travels: nlptrain and the CUDA op tests (pack_for_device scans BUILD/tests/test_*)
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DNLPTRAIN_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+  "${launch[@]}" >/dev/null
+cmake --build "$B" -j"${JOBS:-$(nproc)}" --target nlptrain test_ops_cuda test_cuda_bf16
+# pack only what travels: nlptrain and the CUDA op tests (pack_for_device scans BUILD/tests/test_*),
+# stripped (symbols and debug sections; the device code is kept)
 tmp=$(mktemp -d)
 mkdir -p "$tmp/tests"
 cp "$B/nlptrain" "$tmp/"
-cp "$B/tests/test_ops_cuda" "$B/tests/test_ops_cuda_bf16" "$B/tests/test_gemm_cuda_bf16" \
-  "$B/tests/test_attention_cudnn_bf16" "$tmp/tests/"
+cp "$B/tests/test_ops_cuda" "$B/tests/test_cuda_bf16" "$tmp/tests/"
+strip --strip-unneeded "$tmp/nlptrain" "$tmp"/tests/test_*
 tools/pack_for_device.sh --tar "$tmp"
 
 rm -rf "$S" && mkdir -p "$S/bin" "$S/data"
@@ -66,4 +84,5 @@ if command -v h5repack >/dev/null; then
 else
   echo "prepare: h5repack not found (Debian hdf5-tools): the data stay uncompressed" >&2
 fi
-du -sh "$S"/* "$S"
+echo "prepare: built for GPU_ARCH=$GPU_ARCH (CMAKE_CUDA_ARCHITECTURES=$archs) from $(head -1 "$S/commit.txt")"
+python3 bench/gpu/travel_size.py --stage "$S"

@@ -38,7 +38,7 @@ def make_tree(root: Path) -> Path:
     shutil.copytree(SOURCE_DIR / "bench" / "gpu" / "inputs", gpu / "inputs")
     for f in ("run.sh", "compare.py", "collect.py", "account.py", "torch_bench.py", "ncu_busy.py", "verified_ops.txt"):
         shutil.copy(SOURCE_DIR / "bench" / "gpu" / f, gpu / f)
-    for f in ("finetune_speed.sh", "finetune_speed_report.py", "bert_accuracy/hf_trainer.py"):
+    for f in ("finetune_speed.sh", "finetune_speed_report.py", "results_archive.py", "bert_accuracy/hf_trainer.py"):
         (root / "bench" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SOURCE_DIR / "bench" / f, root / "bench" / f)
     stage = gpu / "stage"

@@ -171,7 +171,10 @@ struct Gpu {
   std::string failure;      // a device, but the attention failed to start: fail
 };
 
+bool gpu_started = false;  // gpu() has run: the teardown below has a stream and cuDNN to release
+
 Gpu& gpu() {
+  gpu_started = true;
   static Gpu g = [] {
     Gpu s;
     std::string why;
@@ -195,10 +198,12 @@ Gpu& gpu() {
   return g;
 }
 
-// Releases cuDNN and the stream after the last test, while the CUDA runtime is still up
+// Releases cuDNN and the stream after the last test, while the CUDA runtime is still up; starts
+// nothing when no test of this file ran (test_cuda_bf16 holds other files' tests too)
 class GpuEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
+    if (!gpu_started) return;
     Gpu& g = gpu();
     g.att.reset();
     if (g.stream) cudaStreamDestroy(g.stream);
