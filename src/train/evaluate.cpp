@@ -23,7 +23,7 @@ namespace {
 // 2-D files carry their own T (data.seq_len, when set, must match it); a 1-D token stream is cut
 // into windows of data.seq_len, by default min(n_positions, 1024).
 int dataset_seq_len(const Config& cfg, const ModelConfig& mc, const std::string& path) {
-  const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
+  const int positions = mc.max_sequence_length();
   int seq_len = cfg.data.seq_len;
   if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
   return seq_len;
@@ -63,16 +63,20 @@ namespace {
 TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
-  const bool bert = mc.type == "bert";
-  const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
+  const bool encoder = mc.is_encoder();
+  const int positions = mc.max_sequence_length();
   const int seq_len = dataset_seq_len(s.cfg, mc, path);
   DatasetLimits limits;
   if (has_classifier(s.task)) limits.label_range = mc.num_labels;
-  if (bert) limits.type_vocab = mc.type_vocab_size;
+  if (encoder) limits.type_vocab = mc.type_vocab_size;
+  if (encoder && mc.type_vocab_size == 1)
+    limits.type_note = cat(" (model.type = ", mc.type, " with type_vocab_size = 1: every token type must be 0; "
+                           "prepare the data with the prep tools, which write zeros for this model)");
   TokenDataset ds(path, seq_len, mc.vocab_size, limits);
   if (ds.seq_len() > positions)
     throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
-                    bert ? "max_position_embeddings" : "n_positions", " = ", positions));
+                    mc.max_sequence_key(), " = ", positions,
+                    mc.type == "roberta" ? " (roberta's positions start at pad_token_id + 1)" : ""));
   // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
   const bool predict = s.cfg.run.mode == "predict" && key == "data.eval";
   if (is_seq_cls(s.task) && !ds.has_seq_labels() && !predict)

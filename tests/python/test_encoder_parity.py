@@ -1,0 +1,235 @@
+"""RoBERTa and ELECTRA (model.type = roberta | electra) with each head against Hugging Face
+transformers on the same random weights and a padded batch (padding at the end, and attended pad
+tokens in the middle): loss, outputs and every parameter gradient of nlptrain's gradients mode
+against transformers in float64, relative error (norm-wise) at most 1e-4, as test_bert_parity.py.
+ELECTRA with embedding_size != hidden_size (embeddings_project); RoBERTa's position ids (the running
+count of non-pad tokens + padding_idx) checked directly through the rows of the position table
+that get a gradient."""
+import h5py
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import nlp_run as nr
+from test_bert_parity import B, NL, T, compare_with_transformers
+
+COMMON = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=48, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# RoBERTa: klue/roberta-base's layout (type_vocab_size 1, pad 1, eps 1e-5, positions T + pad + 1)
+ROBERTA = dict(COMMON, max_position_embeddings=T + 2, type_vocab_size=1, pad_token_id=1,
+               layer_norm_eps=1e-5)
+# ELECTRA: E != H, as KoELECTRA-small (128 -> 256)
+ELECTRA = dict(COMMON, embedding_size=16, max_position_embeddings=24, type_vocab_size=2, pad_token_id=0,
+               layer_norm_eps=1e-12)
+FAMILIES = {
+    "roberta": (transformers.RobertaConfig, ROBERTA, {
+        "doc_cls": transformers.RobertaForSequenceClassification,
+        "pair_cls": transformers.RobertaForSequenceClassification,
+        "ner": transformers.RobertaForTokenClassification,
+        "qa": transformers.RobertaForQuestionAnswering,
+        "mlm": transformers.RobertaForMaskedLM}),
+    "electra": (transformers.ElectraConfig, ELECTRA, {
+        "doc_cls": transformers.ElectraForSequenceClassification,
+        "pair_cls": transformers.ElectraForSequenceClassification,
+        "ner": transformers.ElectraForTokenClassification,
+        "qa": transformers.ElectraForQuestionAnswering}),
+}
+CASES = [(f, t) for f, (_, _, heads) in FAMILIES.items() for t in heads]
+# tensors transformers ties or rebuilds (not weights of their own)
+SKIP_KEYS = ("position_ids", "token_type_ids", "lm_head.decoder.weight", "lm_head.decoder.bias")
+ATTRS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+         "max_position_embeddings", "type_vocab_size", "pad_token_id", "embedding_size")
+
+
+def make_model(family, task, seed=11):
+    config_cls, cfg, heads = FAMILIES[family]
+    torch.manual_seed(seed)
+    config = config_cls(num_labels=2 if task == "qa" else NL, attn_implementation="eager", **cfg)
+    model = heads[task](config).double().eval()
+    with torch.no_grad():  # non-trivial LayerNorm and bias values, the padding rows too
+        for name, p in model.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+            p.copy_(p.float().double())  # round to float32: both sides see the same weights
+    return model
+
+
+def write_weights(model, family, path):
+    cfg = FAMILIES[family][1]
+    with h5py.File(path, "w") as f:
+        for k, v in model.state_dict().items():
+            if any(k.endswith(s) for s in SKIP_KEYS):
+                continue
+            f.create_dataset(k, data=v.float().numpy())
+        f.attrs["model_type"] = family
+        for k in ATTRS:
+            if k in cfg:
+                f.attrs[k] = np.int64(cfg[k])
+        f.attrs["layer_norm_eps"] = float(cfg["layer_norm_eps"])
+
+
+def make_batch(family, task, rng):
+    """A padded batch: row 1 and 2 padded at the end (pad ids, mask 0); attended pad ids (mask 1)
+    in the middle of rows 0 and 1, which move RoBERTa's later positions back by one each."""
+    pad = FAMILIES[family][1]["pad_token_id"]
+    ids = rng.integers(2, COMMON["vocab_size"], size=(B, T)).astype(np.int32)
+    mask = np.ones((B, T), dtype=np.int32)
+    mask[1, 11:] = 0
+    mask[2, 6:] = 0
+    ids[mask == 0] = pad
+    ids[0, [4, 9]] = pad
+    ids[1, 2] = pad
+    types = np.zeros((B, T), dtype=np.int32)
+    if family == "electra":  # ELECTRA has BERT's two segments
+        types[:, 8:] = 1
+        types *= mask
+    cols = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    if task in ("doc_cls", "pair_cls"):
+        cols["labels"] = rng.integers(0, NL, size=B).astype(np.int32)
+    elif task == "ner":
+        lab = rng.integers(0, NL, size=(B, T)).astype(np.int32)
+        lab[mask == 0] = -100
+        lab[:, 0] = -100
+        lab[0, 3] = -100
+        cols["labels"] = lab
+    elif task == "qa":
+        cols["start_positions"] = np.array([2, 5, 1], dtype=np.int32)
+        cols["end_positions"] = np.array([4, 9, 5], dtype=np.int32)
+    elif task == "mlm":
+        lab = np.full((B, T), -100, dtype=np.int32)
+        pick = (rng.random((B, T)) < 0.3) & (mask == 1) & (ids != pad)
+        pick[:, 0] = True
+        lab[pick] = ids[pick]
+        ids[pick] = 3  # a <mask> id
+        cols["labels"] = lab
+    return cols
+
+
+def run_gradients(tmp_path, family, task, cols, weights, extra=()):
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    out = tmp_path / "out"
+    # model.type is left out: taken from the weights' model_type
+    nr.run([f"--run.task={task}", "--run.mode=gradients", "--data.padding=max_length",
+            f"--model.weights={weights}", f"--model.num_labels={NL}", f"--data.train={data}",
+            f"--train.batch_size={B}", f"--output.dir={out}", "--run.threads=1",
+            "--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0", *extra])
+    return out / "gradients.h5"
+
+
+@pytest.mark.parametrize("family,task", CASES, ids=[f"{f}-{t}" for f, t in CASES])
+def test_encoder_head_matches_transformers(family, task, tmp_path):
+    model = make_model(family, task)
+    weights = tmp_path / "w.h5"
+    write_weights(model, family, weights)
+    cols = make_batch(family, task, np.random.default_rng(5))
+    grads = run_gradients(tmp_path, family, task, cols, weights)
+    worst = compare_with_transformers(model, task, cols, grads)
+    # the padding rows (word table; RoBERTa's position table) get no gradient from the lookup
+    pad = FAMILIES[family][1]["pad_token_id"]
+    base = model.base_model_prefix
+    with h5py.File(grads) as g:
+        if task != "mlm":  # (the tied decoder gives the word pad row its share)
+            assert np.all(g[f"{base}.embeddings.word_embeddings.weight"][pad] == 0)
+        if family == "roberta":
+            assert np.all(g["roberta.embeddings.position_embeddings.weight"][pad] == 0)
+    top = max(worst, key=worst.get)
+    print(f"{family} {task}: max relative error {worst[top]:.2e} ({top}) over {len(worst)} tensors")
+    assert worst[top] <= 1e-4, (top, worst[top])
+
+
+def test_roberta_position_ids_match_transformers(tmp_path):
+    """The rows of the position table that nlptrain's lookup reads are exactly the positions
+    transformers' create_position_ids_from_input_ids gives the non-pad tokens (pad_token_id + the
+    running count of non-pad tokens: two attended pads in row 0 move its later positions back by
+    two), and their gradients equal transformers'."""
+    model = make_model("roberta", "ner")
+    weights = tmp_path / "w.h5"
+    write_weights(model, "roberta", weights)
+    cols = make_batch("roberta", "ner", np.random.default_rng(7))
+    ids = torch.tensor(cols["input_ids"], dtype=torch.long)
+    want = model.roberta.embeddings.create_position_ids_from_input_ids(ids, 1).numpy()
+    assert (want[0, 10:] == np.arange(10, 16)).all()  # t + 2 without the pads at 4 and 9
+    grads = run_gradients(tmp_path, "roberta", "ner", cols, weights)
+    with h5py.File(grads) as g:
+        gpos = g["roberta.embeddings.position_embeddings.weight"][()]
+    used = np.flatnonzero(np.abs(gpos).sum(1) > 0)
+    assert np.array_equal(used, np.unique(want[want != 1])), (used, np.unique(want))
+    # and the gradients of those rows equal transformers'
+    kwargs = {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items()}
+    model(**kwargs).loss.backward()
+    ref = model.roberta.embeddings.position_embeddings.weight.grad.numpy()
+    err = np.linalg.norm(gpos - ref) / np.linalg.norm(ref)
+    assert err <= 1e-4, err
+
+
+def test_roberta_token_types_must_be_zero(tmp_path):
+    """type_vocab_size 1: a token type 1 (a WordPiece pair encoding's second segment) is an error
+    naming the tensor, the row and the rule, before any step."""
+    model = make_model("roberta", "pair_cls")
+    weights = tmp_path / "w.h5"
+    write_weights(model, "roberta", weights)
+    cols = make_batch("roberta", "pair_cls", np.random.default_rng(5))
+    cols["token_type_ids"][1, 5:9] = 1
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    p = nr.run(["--run.task=pair_cls", f"--model.weights={weights}", f"--data.train={data}",
+                "--train.steps=1", f"--train.batch_size={B}", f"--output.dir={tmp_path / 'out'}"], check=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert "token_type_ids[row 1, pos 5] = 1" in err and "type_vocab_size 1" in err, err
+    assert "model.type = roberta" in err and "every token type must be 0" in err, err
+
+
+def test_roberta_position_beyond_the_table(tmp_path):
+    """Rows longer than max_position_embeddings - pad_token_id - 1 (the positions start at
+    pad_token_id + 1): an error naming the limit and its keys."""
+    model = make_model("roberta", "doc_cls")
+    weights = tmp_path / "w.h5"
+    write_weights(model, "roberta", weights)
+    with h5py.File(weights, "r+") as f:  # T = 16 rows, but only 15 positions
+        del f["roberta.embeddings.position_embeddings.weight"]
+        f.create_dataset("roberta.embeddings.position_embeddings.weight",
+                         data=np.zeros((T + 1, COMMON["hidden_size"]), np.float32))
+        f.attrs["max_position_embeddings"] = np.int64(T + 1)
+    cols = make_batch("roberta", "doc_cls", np.random.default_rng(5))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    p = nr.run(["--run.task=doc_cls", f"--model.weights={weights}", f"--data.train={data}",
+                "--train.steps=1", f"--train.batch_size={B}", f"--output.dir={tmp_path / 'out'}"], check=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert f"sequence length {T} exceeds the model's max_position_embeddings - pad_token_id - 1 = {T - 1}" in err, err
+
+
+def test_electra_generator_refused(tmp_path):
+    """An ELECTRA generator (ElectraForMaskedLM) given as model.weights: an error naming its tensor."""
+    torch.manual_seed(3)
+    config = transformers.ElectraConfig(**ELECTRA)
+    gen = transformers.ElectraForMaskedLM(config)
+    weights = tmp_path / "gen.h5"
+    write_weights(gen, "electra", weights)
+    cols = make_batch("electra", "doc_cls", np.random.default_rng(5))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    p = nr.run(["--run.task=doc_cls", f"--model.weights={weights}", f"--data.train={data}",
+                f"--model.num_labels={NL}", "--train.steps=1", f"--output.dir={tmp_path / 'out'}"], check=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert "generator_lm_head.weight" in err and "ELECTRA generator" in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_electra_mlm_refused(tmp_path):
+    p = nr.run(["--model.type=electra", "--run.task=mlm", "--train.steps=1",
+                f"--output.dir={tmp_path / 'out'}"], check=False)
+    assert p.returncode != 0
+    assert "run.task = mlm" in p.stdout + p.stderr and "electra" in p.stdout + p.stderr
