@@ -171,7 +171,10 @@ const std::vector<Entry>& schema() {
        "refuse to start (before allocating) when the memory plan per rank exceeds this many GB (1e9 "
        "bytes); 0 = no limit (the device's free memory is always checked)"},
       // [model]
-      {KEY(model, type), one_of(kModelTypes), "model architecture"},
+      {KEY(model, type), one_of(kModelTypes),
+       "model architecture: gpt2, or an encoder on BERT's block (bert, roberta, electra: the model.* keys "
+       "marked bert serve all three); not set = model.weights' model_type; an encoder's weights given with "
+       "--model.weights replace an INI's other encoder type"},
       {KEY(model, weights), none(),
        "HDF5 weights to start from (a Hugging Face folder or .safetensors file is converted once with "
        "tools/hf_import.py); empty = initialise from scratch"},
@@ -993,7 +996,7 @@ bool key_applies(const std::string& owner, const std::string& type) {
   return owner.empty() || owner == type || (owner == "bert" && (type == "roberta" || type == "electra"));
 }
 
-void check_model_type_keys(const Config& c) {
+void check_model_type_keys(const Config& c, const std::string& type_where) {
   static const std::map<std::string, std::string> twin = {
       {"model.n_layer", "model.num_hidden_layers"},       {"model.n_head", "model.num_attention_heads"},
       {"model.n_embd", "model.hidden_size"},               {"model.n_positions", "model.max_position_embeddings"},
@@ -1009,7 +1012,7 @@ void check_model_type_keys(const Config& c) {
       if (b == e.name) other = g;
     }
     throw Error(cat(e.name, " = ", value_text(e, c), " (", c.where(e.name), ") applies only to model.type = ",
-                    owner, ", but model.type = ", c.model.type, " (", c.where("model.type"), ")",
+                    owner, ", but model.type = ", c.model.type, " (", type_where, ")",
                     other.empty() ? std::string() : cat("; its ", c.model.type, " key is ", other)));
   }
 }
@@ -1022,10 +1025,10 @@ bool model_type_from_weights(const Config& c) {
   return !c.is_set("model.type") && !c.preset_keys.count("model.type") && !c.model.weights.empty();
 }
 
-void check_model_type(const Config& c) {
-  check_model_type_keys(c);
+void check_model_type(const Config& c, const std::string& type_where) {
+  const std::string where = type_where.empty() ? c.where("model.type") : type_where;
+  check_model_type_keys(c, where);
   const std::string& type = c.model.type;
-  const std::string where = c.where("model.type");
   const bool causal_task = c.run.task == "clm";
   if (type == "gpt2" && !causal_task)
     throw Error(cat("run.task = ", c.run.task, " (", c.where("run.task"),

@@ -253,7 +253,8 @@ ParseResult parse_config(int argc, const char* const* argv);
 bool model_type_from_weights(const Config& c);
 // The checks that depend on model.type: keys of another type set explicitly, run.task and run.mode
 // against the type. parse_config runs them when the type is known; resolve_model_config otherwise.
-void check_model_type(const Config& c);
+// type_where: where model.type came from, for messages (default: Config::where).
+void check_model_type(const Config& c, const std::string& type_where = "");
 
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();

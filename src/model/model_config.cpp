@@ -217,7 +217,18 @@ ModelConfig resolve_model_config(const Config& cfg) {
                       "\": nlptrain runs gpt2, bert, roberta and electra"));
     Config typed = cfg;
     typed.model.type = type;
-    check_model_type(typed);
+    check_model_type(typed, cat("the model_type of weights file '", mc.weights, "'"));
+    mc.type = type;
+  }
+  // An encoder's weights given on the command line to an INI written for another encoder (job 1's
+  // INI, model.type = bert, with --model.weights=roberta.h5): the command line wins over the INI,
+  // as everywhere; the model line of the log names the type that runs.
+  const auto encoder = [](const std::string& t) { return t == "bert" || t == "roberta" || t == "electra"; };
+  if (type != mc.type && encoder(type) && encoder(mc.type) && cfg.set_on_command_line.count("model.weights") &&
+      !cfg.set_on_command_line.count("model.type")) {
+    Config typed = cfg;
+    typed.model.type = type;
+    check_model_type(typed, cat("the model_type of weights file '", mc.weights, "' (--model.weights)"));
     mc.type = type;
   }
   if (type != mc.type)

@@ -85,6 +85,11 @@ TokenDataset open_and_check(const Session& s, const std::string& path, const std
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
   if (s.task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
+  // RoBERTa's position ids count the tokens that are not pad_token_id: the data's padding must be it
+  if (mc.type == "roberta" && ds.file().has_attr("pad_id") && ds.file().attr_int("pad_id") != mc.pad_token_id)
+    throw Error(cat(key, " = '", path, "': pad_id = ", ds.file().attr_int("pad_id"), " (its root attribute) but "
+                    "the model's pad_token_id = ", mc.pad_token_id, ": roberta's position ids count the tokens "
+                    "that are not pad_token_id; prepare the data with the model's own tokenizer"));
   // Reading and checking every value takes seconds on a large file: say so before and after.
   s.log.info(cat(key, ": reading and checking '", path, "' (", ds.size(), " examples of ", ds.seq_len(),
                  " tokens) ..."));
