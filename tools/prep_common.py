@@ -452,6 +452,9 @@ def add_common_args(p: argparse.ArgumentParser, max_seq_len: int = 128, split_un
                         "beside the vocabulary, else only when the vocabulary has no upper-case tokens)")
     p.add_argument("--strip-accents", action="store_true",
                    help="strip accents (NFD + drop marks). Off by default: it destroys Hangul")
+    p.add_argument("--single-segment", action="store_true",
+                   help="write every token_type_ids 0, for a model with one token type (RoBERTa: type_vocab_size "
+                        "= 1); default: when the config.json beside the tokenizer says type_vocab_size = 1")
     p.add_argument("--max-seq-len", type=int, default=max_seq_len, metavar="T",
                    help=f"row length T including [CLS]/[SEP] (default {max_seq_len})")
     p.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file (the train part with --split-eval)")
@@ -551,13 +554,15 @@ def type_vocab_beside(path: str) -> Optional[int]:
     return v if isinstance(v, int) else None
 
 
-def mark_single_segment(tok, path: str, prog: str):
+def mark_single_segment(tok, path: str, prog: str, a_single=None):
     """tok.single_segment: the model beside the tokenizer has one token type (type_vocab_size = 1,
     RoBERTa): every token_type_ids value is then written 0, said once here."""
-    tok.single_segment = type_vocab_beside(path) == 1
+    beside = type_vocab_beside(path) == 1
+    tok.single_segment = beside or bool(getattr(a_single, "single_segment", False))
     if tok.single_segment:
-        print(f"{prog or 'prep'}: note: the model in '{os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else path}' "
-              f"has type_vocab_size = 1 (RoBERTa): token_type_ids are all 0, also for a pair's second segment",
+        why = (f"the model in '{path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))}' has "
+               f"type_vocab_size = 1 (RoBERTa)") if beside else "--single-segment"
+        print(f"{prog or 'prep'}: note: {why}: token_type_ids are all 0, also for a pair's second segment",
               file=sys.stderr)
     return tok
 
@@ -565,7 +570,7 @@ def mark_single_segment(tok, path: str, prog: str):
 def load_tokenizer(a, prog: str = ""):
     """WordPiece for --vocab, HubRows for --tokenizer (single_segment set: mark_single_segment)."""
     tok = _load_tokenizer(a, prog)
-    return mark_single_segment(tok, a.tokenizer or a.vocab, prog)
+    return mark_single_segment(tok, a.tokenizer or a.vocab, prog, a)
 
 
 def _load_tokenizer(a, prog: str = ""):

@@ -382,6 +382,13 @@ def check_encoders(w):
     check_exported(w / "runs/doc_cls_nsmc_roberta/hf", "AutoModelForSequenceClassification",
                    w / "models/klue-roberta-base")
     check_exported(w / "runs/ner_klue_electra/hf", "AutoModelForTokenClassification", w / "models/kcelectra-base")
+    rows = jsonl(w / "runs/pair_cls_kornli_roberta/predict/predictions.jsonl")
+    assert len(rows) == 20 and all(len(r["probabilities"]) == 3 for r in rows)
+    with h5py.File(w / "runs/pair_cls_kornli_roberta/predict/input.h5", "r") as f:  # pairs, one token type
+        assert f["token_type_ids"][()].max() == 0 and f.attrs["type_vocab_size"] == 1
+    rows = jsonl(w / "runs/doc_cls_nsmc_electra/predict/predictions.jsonl")
+    reviews = (w / "my_reviews.txt").read_text(encoding="utf-8").splitlines()
+    same_as_exported(w / "runs/doc_cls_nsmc_electra/hf", rows, reviews)
 
 
 def check_clm(w):
