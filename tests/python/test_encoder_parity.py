@@ -5,6 +5,8 @@ against transformers in float64, relative error (norm-wise) at most 1e-4, as tes
 ELECTRA with embedding_size != hidden_size (embeddings_project); RoBERTa's position ids (the running
 count of non-pad tokens + padding_idx) checked directly through the rows of the position table
 that get a gradient."""
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -285,3 +287,49 @@ def test_roberta_packed_equals_unpacked(task, tmp_path):
             continue
         worst = max(worst, float(np.linalg.norm(packed[k] - plain[k]) / max(np.linalg.norm(plain[k]), 1e-30)))
     assert worst <= 1e-5, worst
+
+
+def test_modes_from_scratch(tmp_path):
+    """Every mode with a model made from the INI's keys: a RoBERTa pre-trained with mlm (checkpoint
+    under transformers' names, lm_head.* and the tied decoder), evaluated; an ELECTRA with
+    embedding_size != hidden_size trained on doc_cls, then predicting; the weights it writes say
+    model_type electra and embedding_size, and load back (model.type from the weights)."""
+    cols = make_batch("roberta", "mlm", np.random.default_rng(1))
+    data = tmp_path / "mlm.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    shape = ["--model.vocab_size=120", "--model.hidden_size=32", "--model.num_hidden_layers=2",
+             "--model.num_attention_heads=4", "--model.intermediate_size=48", "--run.threads=1",
+             f"--train.batch_size={B}", "--train.steps=3", "--train.lr=1e-3"]
+    out = tmp_path / "roberta"
+    nr.run(["--model.type=roberta", "--run.task=mlm", "--model.pad_token_id=1", "--model.type_vocab_size=1",
+            f"--model.max_position_embeddings={T + 2}", f"--data.train={data}", f"--data.eval={data}",
+            f"--output.dir={out}", *shape])
+    with h5py.File(out / "best.h5") as f:
+        assert f.attrs["model_type"] == "roberta" and f.attrs["architectures"] == "RobertaForMaskedLM"
+        assert "lm_head.dense.weight" in f and "roberta.embeddings.position_embeddings.weight" in f
+        assert np.all(f["roberta.embeddings.position_embeddings.weight"][1] == 0)  # the padding row
+    ev = tmp_path / "roberta_eval"
+    nr.run(["--run.task=mlm", "--run.mode=eval", f"--model.weights={out / 'best.h5'}", f"--data.eval={data}",
+            f"--output.dir={ev}", "--run.threads=1"])
+    assert nr.metrics(ev)[1][-1]["loss"] > 0
+
+    cols = make_batch("electra", "doc_cls", np.random.default_rng(2))
+    data = tmp_path / "cls.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+        f.attrs["num_labels"] = np.int64(NL)
+    out = tmp_path / "electra"
+    nr.run(["--model.type=electra", "--run.task=doc_cls", "--model.embedding_size=16", "--model.num_labels=0",
+            f"--data.train={data}", f"--data.eval={data}", f"--output.dir={out}", *shape])
+    with h5py.File(out / "best.h5") as f:
+        assert f.attrs["model_type"] == "electra" and f.attrs["embedding_size"] == 16
+        assert f["electra.embeddings_project.weight"].shape == (32, 16)
+        assert f["classifier.out_proj.weight"].shape == (NL, 32)
+    pr = tmp_path / "electra_predict"
+    nr.run(["--run.task=doc_cls", "--run.mode=predict", f"--model.weights={out / 'best.h5'}", f"--data.eval={data}",
+            f"--output.dir={pr}", "--run.threads=1"])
+    rows = [json.loads(l) for l in (pr / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == B and all(len(r["probabilities"]) == NL for r in rows)
