@@ -333,3 +333,23 @@ def test_modes_from_scratch(tmp_path):
             f"--output.dir={pr}", "--run.threads=1"])
     rows = [json.loads(l) for l in (pr / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == B and all(len(r["probabilities"]) == NL for r in rows)
+
+
+GPU_CASES = [("roberta", "doc_cls"), ("roberta", "mlm"), ("electra", "ner"), ("electra", "qa")]
+
+
+@pytest.mark.parametrize("family,task", GPU_CASES, ids=[f"{f}-{t}" for f, t in GPU_CASES])
+def test_cuda_encoder_matches_transformers(family, task, tmp_path, report):
+    """The same comparison on the cuda backend (fp32, native attention; skipped without a GPU):
+    RoBERTa's position ids (host-computed, uploaded) and ELECTRA's embeddings_project run there."""
+    nr.cuda_device_or_skip(f"{family} {task} on the cuda backend is")
+    model = make_model(family, task)
+    weights = tmp_path / "w.h5"
+    write_weights(model, family, weights)
+    cols = make_batch(family, task, np.random.default_rng(5))
+    grads = run_gradients(tmp_path, family, task, cols, weights,
+                          extra=["--run.backend=cuda", "--train.precision=fp32", "--model.attention=native"])
+    worst = compare_with_transformers(model, task, cols, grads)
+    top = max(worst, key=worst.get)
+    report(f"{family} {task} on cuda: max relative error {worst[top]:.2e} ({top})")
+    assert worst[top] <= 1e-4, (top, worst[top])
