@@ -151,7 +151,6 @@ class Bert final : public Model {
     be_.release(arena_);
     be_.release(mlm_logits_);
     be_.release(cls_rows_);
-    be_.release(pos_ids_);
   }
 
   void set_last_block_all_rows(bool on) override { all_rows_ = on; }
@@ -328,7 +327,7 @@ class Bert final : public Model {
     if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(E) * f);
     if (pos_pad_grad) be_.copy(pad_save_ + E, pos_pad_grad, size_t(E) * f);
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dx, b.ids, b.type_ids, B, T, E, 0,
-                           fam_ == Family::Roberta ? pos_ids_ : b.pos);
+                           positions(b));
     if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(E) * f);
     if (pos_pad_grad) be_.copy(pos_pad_grad, pad_save_ + E, size_t(E) * f);
     grads_ready(0);
@@ -396,40 +395,15 @@ class Bert final : public Model {
     return {b.B * b.T, b.targets, drop_rows(b.T, b.T_key, C_, b.token_key)};
   }
 
-  // The position ids of the embedding lookup: the batch's (packed rows) or 0..T-1 (null), or for
-  // roberta transformers' create_position_ids_from_input_ids: pad_token_id + the running count of
-  // non-pad tokens in the example (restarting where a packed example starts, at pos 0), pad_token_id
-  // at a pad. Computed on the host from the uploaded ids (a read back, which on a GPU waits for the
-  // upload; the batch carries no such array) into pos_ids_ [B,T].
-  const int32_t* positions(const DeviceBatch& b) {
-    if (fam_ != Family::Roberta) return b.pos;
-    const size_t BT = size_t(b.B) * b.T;
-    host_ids_.resize(BT);
-    host_pos_.resize(BT);
-    be_.to_host(host_ids_.data(), b.ids, BT * sizeof(int32_t));
-    if (b.pos) {
-      host_restart_.resize(BT);
-      be_.to_host(host_restart_.data(), b.pos, BT * sizeof(int32_t));
-    }
-    for (int r = 0; r < b.B; ++r) {
-      int count = 0;
-      for (int t = 0; t < b.T; ++t) {
-        const size_t i = size_t(r) * b.T + t;
-        if (b.pos && host_restart_[i] == 0) count = 0;
-        if (host_ids_[i] == pad_) {
-          host_pos_[i] = pad_;
-        } else {
-          host_pos_[i] = pad_ + ++count;
-        }
-      }
-    }
-    if (BT > pos_cap_) {
-      be_.release(pos_ids_);
-      pos_ids_ = static_cast<int32_t*>(be_.alloc(BT * sizeof(int32_t)));
-      pos_cap_ = BT;
-    }
-    be_.to_device(pos_ids_, host_pos_.data(), BT * sizeof(int32_t));
-    return pos_ids_;
+  // The position ids of the embedding lookup: the batch's (packed rows) or 0..T-1 (null); for roberta
+  // the batch's counted ones (pos_counted: DeviceBatchBuffer made with the model's config fills them,
+  // batches.h count_positions: transformers' create_position_ids_from_input_ids, on the host, so
+  // that no read back waits for the GPU and a CUDA-graph step can replay).
+  const int32_t* positions(const DeviceBatch& b) const {
+    if (fam_ == Family::Roberta && !b.pos_counted)
+      throw Error("internal error: a roberta batch without its position ids (DeviceBatchBuffer needs the "
+                  "model's config)");
+    return b.pos;
   }
 
   // ---- heads: forward leaves the losses of the batch's loss units (LossTerms) ----
@@ -691,10 +665,6 @@ class Bert final : public Model {
   bool project_ = false;  // electra with E_ != C_: embeddings_project
   int proj_w_ = -1, proj_b_ = -1;
   Act xe_;  // [BT,E] the embeddings after LN and dropout (x0_ itself unless projected)
-  // roberta's position ids (positions()): backend [pos_cap_], host staging
-  int32_t* pos_ids_ = nullptr;
-  size_t pos_cap_ = 0;
-  std::vector<int32_t> host_ids_, host_pos_, host_restart_;
   BlockStack stack_;  // the transformer blocks: config, parameter indices, activations
   BlockConfig& bc_ = stack_.config;
   ParamStore ps_;

@@ -148,7 +148,7 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
   if (sorts_by_length(cfg, s.task)) sort_longest_first(mine, ds.lengths());
   const int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
 
-  DeviceBatchBuffer dbuf(s.be);
+  DeviceBatchBuffer dbuf(s.be, &s.model.config());
   TokenBatch tb;
   const bool trim = cfg.data.padding == "longest";
   s.model.reserve(B, ds.seq_len());  // no re-carving for trimmed or partial batches

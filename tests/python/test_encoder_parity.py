@@ -353,3 +353,34 @@ def test_cuda_encoder_matches_transformers(family, task, tmp_path, report):
     top = max(worst, key=worst.get)
     report(f"{family} {task} on cuda: max relative error {worst[top]:.2e} ({top})")
     assert worst[top] <= 1e-4, (top, worst[top])
+
+
+def test_roberta_packed_training_equals_unpacked(tmp_path):
+    """Training with dropout on (trainer's batches: positions counted at upload): the per-step losses of
+    a packed run equal the unpacked run's (dropout masks are keyed by example and position)."""
+    model = make_model("roberta", "doc_cls")
+    weights = tmp_path / "w.h5"
+    write_weights(model, "roberta", weights)
+    rng = np.random.default_rng(4)
+    n = 8
+    ids = rng.integers(2, COMMON["vocab_size"], size=(n, T)).astype(np.int32)
+    mask = np.zeros((n, T), dtype=np.int32)
+    for i, L in enumerate(rng.integers(3, 8, size=n)):
+        mask[i, :L] = 1
+    ids[mask == 0] = 1
+    ids[2, 1] = 1  # attended pad
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in dict(input_ids=ids, attention_mask=mask, token_type_ids=np.zeros_like(ids),
+                         labels=rng.integers(0, NL, size=n).astype(np.int32)).items():
+            f.create_dataset(k, data=v)
+    losses = {}
+    for name, extra in (("plain", []), ("packed", ["--data.packing=true", "--data.pack_batch=examples"])):
+        out = tmp_path / name
+        nr.run(["--run.task=doc_cls", f"--model.weights={weights}", f"--model.num_labels={NL}",
+                f"--data.train={data}", "--train.batch_size=4", "--train.steps=4", "--train.lr=1e-3",
+                "--data.shuffle=false", "--model.hidden_dropout_prob=0.1", "--model.attention_probs_dropout_prob=0.1",
+                "--run.log_interval=1", f"--output.dir={out}", "--run.threads=1", *extra])
+        losses[name] = [r["loss"] for r in nr.metrics(out)[0]]
+    assert len(losses["plain"]) == 4
+    assert np.allclose(losses["packed"], losses["plain"], rtol=1e-5, atol=0), losses
