@@ -4,8 +4,8 @@
     python3 tools/hf_export.py IN.h5 OUT_DIR [--format safetensors|bin]
 
 OUT_DIR gets config.json and model.safetensors (or pytorch_model.bin with --format bin) so that
-transformers' from_pretrained(OUT_DIR) loads it (AutoModelForCausalLM for GPT-2, the BERT class named
-in config.json for BERT) with no missing or unexpected keys.
+transformers' from_pretrained(OUT_DIR) loads it (AutoModelForCausalLM for GPT-2, the class named in
+config.json for BERT, RoBERTa and ELECTRA) with no missing or unexpected keys.
 
 Tensors: every float dataset at the root of IN.h5, under its own name, as float32. The 'optimizer/'
 group of a checkpoint (AdamW moments) is skipped.
@@ -137,6 +137,23 @@ def infer_architecture(model_type: str, names) -> str | None:
             return "BertForSequenceClassification" if has("bert.pooler.") else "BertForTokenClassification"
         if has("embeddings.") and not has("bert."):
             return "BertModel"
+    if model_type in ("roberta", "electra"):
+        family = "Roberta" if model_type == "roberta" else "Electra"
+
+        def has(prefix):
+            return any(n.startswith(prefix) for n in names)
+        if has("lm_head."):
+            return "RobertaForMaskedLM" if model_type == "roberta" else None
+        if has("discriminator_predictions."):
+            return "ElectraForPreTraining" if model_type == "electra" else None
+        if has("qa_outputs."):
+            return f"{family}ForQuestionAnswering"
+        if "classifier.out_proj.weight" in names:
+            return f"{family}ForSequenceClassification"
+        if "classifier.weight" in names:
+            return f"{family}ForTokenClassification"
+        if has("embeddings.") and not has(f"{model_type}."):
+            return f"{family}Model"
     return None
 
 
@@ -261,7 +278,7 @@ def build_config(in_path: Path, tensors: dict, attrs: dict, config_json: str | N
             config["label2id"] = label_maps(names)[1]
     # A classification head without num_labels / id2label: take the label count from the tensor.
     arch0 = config["architectures"][0] if config.get("architectures") else ""
-    cls_w = tensors.get("classifier.weight")
+    cls_w = tensors.get("classifier.weight", tensors.get("classifier.out_proj.weight"))
     if (cls_w is not None and cls_w.ndim == 2 and arch0.endswith("Classification")
             and "num_labels" not in config and "id2label" not in config):
         config["num_labels"] = int(cls_w.shape[0])

@@ -21,8 +21,12 @@ error nothing is left behind. When SRC_DIR also holds a tokenizer (tokenizer.jso
 merges.txt, encoder.json + vocab.bpe or vocab.txt), its fingerprints are recorded as the root
 attributes tokenizer_files, tokenizer_sha256, vocab_sha256 and tokenizer_vocab_size (defined in
 tools/hub_tokenizer.py), so that hf_export.py can copy the tokenizer along and nlptrain can check
-that a dataset was tokenized with the same vocabulary. Works for any model_type (every tensor is copied); nlptrain runs GPT-2
-(model_type "gpt2") and BERT ("bert").
+that a dataset was tokenized with the same vocabulary.
+
+Only the model types nlptrain runs are imported (model_type "gpt2", "bert", "roberta", "electra";
+any other is refused, naming these): every tensor is copied. An ELECTRA generator (ElectraForMaskedLM:
+generator_lm_head.*) is refused, as nlptrain fine-tunes the discriminator; the discriminator's own
+head of ElectraForPreTraining (discriminator_predictions.*) is kept, and nlptrain reports it unused.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_layout import (CONFIG_JSON_ATTR, TIED_HEADS, WEIGHT_FILES, Log, ToolError,  # noqa: E402
+from hf_layout import (CONFIG_JSON_ATTR, SUPPORTED_MODEL_TYPES, TIED_HEADS, WEIGHT_FILES, Log,  # noqa: E402
+                       ToolError,
                        atomic_file, config_to_attrs, is_buffer_name, is_weight_name_ok, json_text,
                        main_wrapper)
 
@@ -57,7 +62,27 @@ def read_config(src: Path) -> dict:
     mt = config.get("model_type")
     if not isinstance(mt, str) or not mt:
         raise ToolError(f"'{path}' has no 'model_type' string (e.g. \"gpt2\", \"bert\")")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        forms = "; ".join(f"{t} ({', '.join(c)})" for t, c in SUPPORTED_MODEL_TYPES.items())
+        raise ToolError(f"'{path}' has model_type = {mt!r}, which nlptrain cannot run; it runs these model "
+                        f"types, from these checkpoint forms: {forms}")
     return config
+
+
+def check_checkpoint_form(config: dict, names: list[str], src: Path, log: Log) -> None:
+    """Refuse an ELECTRA generator; say what nlptrain does with the discriminator's own head."""
+    if config["model_type"] != "electra":
+        return
+    gen = [n for n in names if n.startswith(("generator_lm_head.", "generator_predictions."))]
+    archs = config.get("architectures") or []
+    if gen or "ElectraForMaskedLM" in archs:
+        what = f"tensor '{gen[0]}'" if gen else "architectures = ['ElectraForMaskedLM']"
+        raise ToolError(f"'{src}' is an ELECTRA generator ({what}): nlptrain fine-tunes the discriminator "
+                        f"(ElectraModel or ElectraForPreTraining, e.g. the Hub's *-discriminator folders)")
+    disc = [n for n in names if n.startswith("discriminator_predictions.")]
+    if disc:
+        log.note(f"kept {len(disc)} tensor(s) of ElectraForPreTraining's discriminator head "
+                 f"(discriminator_predictions.*): nlptrain's tasks do not use them and report them unused")
 
 
 # A tensor getter: called once, returns a torch.Tensor.
@@ -266,6 +291,7 @@ def import_dir(src: Path, out: Path, log: Log) -> None:
             seen[name] = file
         if not entries:
             raise ToolError(f"'{weights_path}' holds no tensors")
+        check_checkpoint_form(config, [e[0] for e in entries], src, log)
 
         converted: dict = {}
         written = 0

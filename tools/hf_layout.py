@@ -37,6 +37,19 @@ OPTIMIZER_GROUP = "optimizer"
 TIED_HEADS = {
     "gpt2": {"lm_head.weight": "transformer.wte.weight"},  # GPT2LMHeadModel
     "bert": {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"},  # ForMaskedLM, ForPreTraining
+    "roberta": {"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight"},  # RobertaForMaskedLM
+}
+
+# The model_type values nlptrain runs (model.type), and the checkpoint forms of each that
+# tools/hf_import.py takes (transformers' class names; a base model's file has no head).
+SUPPORTED_MODEL_TYPES = {
+    "gpt2": ("GPT2Model", "GPT2LMHeadModel"),
+    "bert": ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+             "BertForTokenClassification", "BertForQuestionAnswering"),
+    "roberta": ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
+                "RobertaForTokenClassification", "RobertaForQuestionAnswering"),
+    "electra": ("ElectraModel", "ElectraForPreTraining", "ElectraForSequenceClassification",
+                "ElectraForTokenClassification", "ElectraForQuestionAnswering"),
 }
 
 # Buffers that appear in (older) state_dicts but are not weights: the causal mask of GPT-2 attention

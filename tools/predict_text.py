@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         if not weights.is_file():
             raise Fail(f"weights '{weights}' not found")
         kind = h5_attr(weights, "model_type")
-        if kind and kind != "bert":
+        if kind and kind not in ("bert", "roberta", "electra"):
             raise Fail(f"weights '{weights}' are a {kind} model (model_type = {kind}), and run.task = {task} "
                        f"('{a.ini}') needs a BERT: give a BERT fine-tuned for {task} (the job's best.h5); "
                        f"text from a {kind}: tools/generate_text.py")
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
         data = out / "input.h5"
         prep = [sys.executable, str(ROOT / "tools" / f"prep_{task}.py"), "--tokenizer", tok, "--input-format", "lines",
                 "--no-labels", "--input", a.text, "--max-seq-len", str(T), "--out", str(data), "--quiet"]
+        if h5_attr(weights, "type_vocab_size") == 1:  # RoBERTa: one token type, also for pairs
+            prep.append("--single-segment")
         run(PROG, prep)
         run(PROG, nlptrain(a.np, [a.ini, "--run.mode=predict", f"--model.weights={weights}", f"--data.eval={data}",
                                   f"--output.dir={out}"] + overrides))

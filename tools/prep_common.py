@@ -21,6 +21,13 @@ Hub tokenizers (--tokenizer PATH instead of --vocab; exactly one of them; tools/
   token_type_ids 0). The tokenizer needs a pad token. --lowercase / --strip-accents apply to a
   vocab.txt only. Special ids are those the tokenizer defines (cls_id/sep_id/... may be absent).
 
+Single-segment models (RoBERTa: klue/roberta-base, roberta-base)
+  When the config.json beside the tokenizer (or the vocabulary) has type_vocab_size = 1 (RoBERTa's
+  token type table has one row), every token_type_ids value is written 0: klue/roberta-base ships a
+  WordPiece tokenizer whose pair encoding gives the second segment type 1, which that model cannot
+  look up (nlptrain refuses it, naming the row). The tool says so once, and the output records the
+  root attribute type_vocab_size = 1.
+
 Output (HDF5, written to a temporary file beside the target and renamed into place when complete;
 with --split-eval both files appear or neither)
   input_ids, attention_mask, token_type_ids  int32 [N,T], T = --max-seq-len, padded with [PAD]
@@ -213,7 +220,8 @@ def row_arrays(rows: Sequence[Sequence[int]], T: int, tok: WordPiece,
     mask = np.zeros_like(ids)
     for i, r in enumerate(rows):
         mask[i, :len(r)] = 1
-    tt = pad_2d(types, T, 0) if types is not None else np.zeros_like(ids)
+    tt = pad_2d(types, T, 0) if types is not None and not getattr(tok, "single_segment", False) \
+        else np.zeros_like(ids)
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
 
 
@@ -387,6 +395,9 @@ def add_common_args(p: argparse.ArgumentParser, max_seq_len: int = 128, split_un
                         "beside the vocabulary, else only when the vocabulary has no upper-case tokens)")
     p.add_argument("--strip-accents", action="store_true",
                    help="strip accents (NFD + drop marks). Off by default: it destroys Hangul")
+    p.add_argument("--single-segment", action="store_true",
+                   help="write every token_type_ids 0, for a model with one token type (RoBERTa: type_vocab_size "
+                        "= 1); default: when the config.json beside the tokenizer says type_vocab_size = 1")
     p.add_argument("--max-seq-len", type=int, default=max_seq_len, metavar="T",
                    help=f"row length T including [CLS]/[SEP] (default {max_seq_len})")
     p.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file (the train part with --split-eval)")
@@ -474,8 +485,38 @@ def check_encoder_tokenizer(hub, spec: str, prog: str) -> None:
                         f"tokenizer; text for a GPT-2 goes through tools/make_dataset.py")
 
 
+def type_vocab_beside(path: str) -> Optional[int]:
+    """type_vocab_size of the config.json in a tokenizer's folder (or beside a tokenizer or
+    vocabulary file), if any."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        with open(os.path.join(folder, "config.json"), "r", encoding="utf-8") as f:
+            v = json.load(f).get("type_vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) else None
+
+
+def mark_single_segment(tok, path: str, prog: str, a_single=None):
+    """tok.single_segment: the model beside the tokenizer has one token type (type_vocab_size = 1,
+    RoBERTa): every token_type_ids value is then written 0, said once here."""
+    beside = type_vocab_beside(path) == 1
+    tok.single_segment = beside or bool(getattr(a_single, "single_segment", False))
+    if tok.single_segment:
+        why = (f"the model in '{path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))}' has "
+               f"type_vocab_size = 1 (RoBERTa)") if beside else "--single-segment"
+        print(f"{prog or 'prep'}: note: {why}: token_type_ids are all 0, also for a pair's second segment",
+              file=sys.stderr)
+    return tok
+
+
 def load_tokenizer(a, prog: str = ""):
-    """WordPiece for --vocab, HubRows for --tokenizer."""
+    """WordPiece for --vocab, HubRows for --tokenizer (single_segment set: mark_single_segment)."""
+    tok = _load_tokenizer(a, prog)
+    return mark_single_segment(tok, a.tokenizer or a.vocab, prog, a)
+
+
+def _load_tokenizer(a, prog: str = ""):
     if a.tokenizer:
         hub = ht.load(a.tokenizer, lowercase=a.lowercase, strip_accents=True if a.strip_accents else None)
         if hub.kind != "hub":
@@ -626,14 +667,16 @@ def base_attrs(a, tok, task: str, id2label: Optional[Sequence[str]], sources: It
     if hasattr(a, "no_labels"):
         at["has_labels"] = int(not a.no_labels)
     at.update(tok.attrs())
+    if getattr(tok, "single_segment", False):
+        at["type_vocab_size"] = 1
     return at
 
 
-def pad_encodings(encs, T: int, pad_id: int) -> dict:
+def pad_encodings(encs, T: int, pad_id: int, single_segment: bool = False) -> dict:
     """input_ids / attention_mask / token_type_ids [n,T] of backend encodings (unpadded), padded
-    after the tokens as transformers' padding="max_length" does."""
+    after the tokens as transformers' padding="max_length" does; single_segment: types all 0."""
     rows = [e.ids for e in encs]
-    types = [e.type_ids for e in encs]
+    types = [[0] * len(e.ids) if single_segment else e.type_ids for e in encs]
     import numpy as np
 
     ids = pad_2d(rows, T, pad_id)

@@ -105,7 +105,7 @@ def main(argv=None):
                     encs = tok.encode(group, T)
                     n_trunc += sum(1 for e in encs if e.overflowing)
                     n_empty += sum(1 for t in group if not t.strip())
-                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id, tok.single_segment)
                 else:
                     rows = []
                     for ids in tok.ids(group):

@@ -309,7 +309,7 @@ def main(argv=None):
                         wids.append(wd)
                         n_trunc += bool(e.overflowing)
                         n_lab += sum(1 for x in l if x != pc.IGNORE)
-                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id, tok.single_segment)
                 else:
                     encs = tok.encode([s.text for s in group])
                     for s, e in zip(group, encs):

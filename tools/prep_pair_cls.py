@@ -112,7 +112,7 @@ def main(argv=None):
                 if tok.is_hub:
                     encs = tok.encode(list(zip(ta, tb)), T)
                     n_trunc += sum(1 for e in encs if e.overflowing)
-                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id, tok.single_segment)
                 else:
                     rows, types = [], []
                     for x, y in zip(tok.ids(ta), tok.ids(tb)):

@@ -271,7 +271,7 @@ def main(argv=None):
                     n_found += len(found)
                     n_has += sum(1 for ex in group if ex.raw_span is not None)
                     encs = [f for _, f, _, _, _ in feats]
-                    arrays = pc.pad_encodings(encs, T, tok.pad_id)
+                    arrays = pc.pad_encodings(encs, T, tok.pad_id, tok.single_segment)
                     rows = encs
                 q_encs = [] if tok.is_hub else tok.ids([ex.question.lstrip() for ex in group])
                 for k, (ex, q) in enumerate(zip(group, q_encs)):

@@ -321,7 +321,7 @@ const char* config_file_name(const std::string& mode) {
 
 // T for the memory plan: data.seq_len, else a 2-D dataset's row length, else the stream default.
 int plan_length(const nlp::Config& cfg, const nlp::ModelConfig& mc) {
-  const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
+  const int positions = mc.max_sequence_length();
   int T = cfg.data.seq_len > 0 ? cfg.data.seq_len : std::min(positions, 1024);
   const std::string rows_file = cfg.reads_train() ? cfg.data.train : cfg.reads_eval() ? cfg.data.eval : "";
   if (cfg.data.seq_len == 0 && !rows_file.empty()) {
@@ -449,7 +449,7 @@ std::vector<std::string> init_or_load_weights(const nlp::Config& cfg, const nlp:
 void log_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Model& model, nlp::Log& log,
                const nlp::MemoryPlan& plan) {
   const size_t nparams = model.params().total();
-  const bool bert = mc.type == "bert";
+  const bool bert = mc.is_encoder();
   const int layers = bert ? mc.num_hidden_layers : mc.n_layer;
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;

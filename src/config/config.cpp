@@ -40,7 +40,7 @@ namespace po = boost::program_options;
 const std::vector<std::string> kModes = {"train", "eval", "predict", "generate", "gradients"};
 const std::vector<std::string> kTasks = {"clm", "mlm", "doc_cls", "pair_cls", "ner", "qa"};
 const std::vector<std::string> kBackends = {"cpu", "cuda"};
-const std::vector<std::string> kModelTypes = {"gpt2", "bert"};
+const std::vector<std::string> kModelTypes = {"gpt2", "bert", "roberta", "electra"};
 const std::vector<std::string> kSchedules = {"linear", "cosine", "constant"};
 const std::vector<std::string> kTokenizers = {"byte", "gpt2", "ids"};
 const std::vector<std::string> kPresets = {"", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
@@ -172,7 +172,10 @@ const std::vector<Entry>& schema() {
        "refuse to start (before allocating) when the memory plan per rank exceeds this many GB (1e9 "
        "bytes); 0 = no limit (the device's free memory is always checked)"},
       // [model]
-      {KEY(model, type), one_of(kModelTypes), "model architecture"},
+      {KEY(model, type), one_of(kModelTypes),
+       "model architecture: gpt2, or an encoder on BERT's block (bert, roberta, electra: the model.* keys "
+       "marked bert serve all three); not set = model.weights' model_type; an encoder's weights given with "
+       "--model.weights replace an INI's other encoder type"},
       {KEY(model, weights), none(),
        "HDF5 weights to start from (a Hugging Face folder or .safetensors file is converted once with "
        "tools/hf_import.py); empty = initialise from scratch"},
@@ -208,6 +211,9 @@ const std::vector<Entry>& schema() {
       {KEY(model, pad_token_id), ge(-1),
        "bert: id of the padding token, whose word-embedding row starts at zero and gets no gradient from "
        "the embedding lookup (transformers' padding_idx); -1 = none; from model.weights when it has one"},
+      {KEY(model, embedding_size), ge(0),
+       "electra: width of the embeddings (projected to model.hidden_size by embeddings_project when it "
+       "differs); 0 = model.hidden_size"},
       {KEY(model, attention), one_of(kAttention),
        "attention kernels: cudnn = cuDNN fused flash attention (bf16, no [T,T] matrix kept), native = "
        "nlptrain's own (fp32; on the cpu no [T,T] matrix kept either: the backward recomputes it); auto = "
@@ -995,7 +1001,12 @@ void resolve_alternatives(Config& c, std::map<std::string, Origin>& origins) {
 
 // A key set explicitly that the model type does not use is an error (a GPT-2 key given to BERT
 // would otherwise be silently ignored), naming BERT's or GPT-2's name for it.
-void check_model_type_keys(const Config& c) {
+// Keys owned by "bert" serve every encoder on BERT's block (bert, roberta, electra).
+bool key_applies(const std::string& owner, const std::string& type) {
+  return owner.empty() || owner == type || (owner == "bert" && (type == "roberta" || type == "electra"));
+}
+
+void check_model_type_keys(const Config& c, const std::string& type_where) {
   static const std::map<std::string, std::string> twin = {
       {"model.n_layer", "model.num_hidden_layers"},       {"model.n_head", "model.num_attention_heads"},
       {"model.n_embd", "model.hidden_size"},               {"model.n_positions", "model.max_position_embeddings"},
@@ -1004,14 +1015,14 @@ void check_model_type_keys(const Config& c) {
   for (const auto& e : schema()) {
     if (!c.is_set(e.name)) continue;
     const std::string owner = key_model_type(e.name);
-    if (owner.empty() || owner == c.model.type) continue;
+    if (key_applies(owner, c.model.type)) continue;
     std::string other;
     for (const auto& [g, b] : twin) {
       if (g == e.name) other = b;
       if (b == e.name) other = g;
     }
     throw Error(cat(e.name, " = ", value_text(e, c), " (", c.where(e.name), ") applies only to model.type = ",
-                    owner, ", but model.type = ", c.model.type, " (", c.where("model.type"), ")",
+                    owner, ", but model.type = ", c.model.type, " (", type_where, ")",
                     other.empty() ? std::string() : cat("; its ", c.model.type, " key is ", other)));
   }
 }
@@ -1019,6 +1030,30 @@ void check_model_type_keys(const Config& c) {
 }  // namespace
 
 // ---- public API ---------------------------------------------------------------------------------------
+
+bool model_type_from_weights(const Config& c) {
+  return !c.is_set("model.type") && !c.preset_keys.count("model.type") && !c.model.weights.empty();
+}
+
+void check_model_type(const Config& c, const std::string& type_where) {
+  const std::string where = type_where.empty() ? c.where("model.type") : type_where;
+  check_model_type_keys(c, where);
+  const std::string& type = c.model.type;
+  const bool causal_task = c.run.task == "clm";
+  if (type == "gpt2" && !causal_task)
+    throw Error(cat("run.task = ", c.run.task, " (", c.where("run.task"),
+                    ") needs model.type = bert, roberta or electra; model.type = gpt2 (", where,
+                    ") trains run.task = clm"));
+  if (c.model.is_encoder() && causal_task)
+    throw Error(cat("run.task = clm (", c.where("run.task"), ") needs model.type = gpt2; with model.type = ", type,
+                    " (", where, ") use mlm, doc_cls, pair_cls, ner or qa"));
+  if (type == "electra" && c.run.task == "mlm")
+    throw Error(cat("run.task = mlm (", c.where("run.task"), ") is not an objective of model.type = electra (",
+                    where, "): nlptrain runs ELECTRA's discriminator, which is fine-tuned on doc_cls, "
+                    "pair_cls, ner or qa (pre-train a small encoder with model.type = bert or roberta)"));
+  if (c.run.mode == "generate" && type != "gpt2")
+    throw Error(cat("run.mode = generate (", c.where("run.mode"), ") needs model.type = gpt2"));
+}
 
 std::string Config::to_ini() const {
   std::ostringstream os;
@@ -1032,7 +1067,7 @@ std::string Config::to_ini() const {
     const std::string owner = key_model_type(e.name);
     if (e.name == "train.steps" && train.epochs > 0)
       os << "# " << e.key() << " = " << value_text(e, *this) << "   (from train.epochs)\n";
-    else if (!owner.empty() && owner != model.type)
+    else if (!key_applies(owner, model.type))
       os << "# " << e.key() << " = " << value_text(e, *this) << "   (" << owner
          << " only: unused with model.type = " << model.type << ")\n";
     else
@@ -1060,6 +1095,7 @@ std::string key_model_type(const std::string& key) {
       "model.num_labels", "model.pad_token_id", "model.reinit_mismatched"};
   if (gpt2.count(key) || key.rfind("generate.", 0) == 0) return "gpt2";
   if (bert.count(key)) return "bert";
+  if (key == "model.embedding_size") return "electra";
   return "";
 }
 
@@ -1213,7 +1249,9 @@ ParseResult parse_config(int argc, const char* const* argv) {
     return it != origins.end() ? it->second : Origin{"default", ""};
   };
   for (const auto& e : schema()) validate(e, c, origin(e.name));
-  check_model_type_keys(c);
+  // model.type not given with model.weights: the weights' model_type decides, and
+  // resolve_model_config runs these checks once it is known
+  if (!model_type_from_weights(c)) check_model_type(c);
 
   // Cross-key checks.
   auto from = [&](const std::string& name) { return origin(name).where; };
@@ -1225,18 +1263,11 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("model.hidden_size = ", c.model.hidden_size, " (", from("model.hidden_size"),
                     ") must be divisible by model.num_attention_heads = ",
                     c.model.num_attention_heads, " (", from("model.num_attention_heads"), ")"));
-  if (c.model.type == "bert" && c.model.weights.empty() && c.model.pad_token_id >= c.model.vocab_size)
+  if (c.model.is_encoder() && c.model.weights.empty() && c.model.pad_token_id >= c.model.vocab_size)
     throw Error(cat("model.pad_token_id = ", c.model.pad_token_id, " (", from("model.pad_token_id"),
                     ") must be below model.vocab_size = ", c.model.vocab_size, " (",
                     from("model.vocab_size"), ")"));
   const bool causal_task = c.run.task == "clm";
-  if (c.model.type == "gpt2" && !causal_task)
-    throw Error(cat("run.task = ", c.run.task, " (", from("run.task"),
-                    ") needs model.type = bert; model.type = gpt2 (", from("model.type"),
-                    ") trains run.task = clm"));
-  if (c.model.type == "bert" && causal_task)
-    throw Error(cat("run.task = clm (", from("run.task"), ") needs model.type = gpt2; with model.type = bert (",
-                    from("model.type"), ") use mlm, doc_cls, pair_cls, ner or qa"));
   if (c.data.pack_fixed_examples && !(c.data.packing && c.data.pack_batch == "rows"))
     throw Error(cat("data.pack_fixed_examples = true (", from("data.pack_fixed_examples"),
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
@@ -1262,8 +1293,6 @@ ParseResult parse_config(int argc, const char* const* argv) {
   if (c.data.packing && causal_task)
     throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
                     "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));
-  if (c.run.mode == "generate" && c.model.type != "gpt2")
-    throw Error(cat("run.mode = generate (", from("run.mode"), ") needs model.type = gpt2"));
   if (c.run.mode == "predict" && c.data.eval.empty())
     throw Error(cat("run.mode = predict (", from("run.mode"),
                     ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));

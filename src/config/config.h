@@ -2,6 +2,7 @@
 // `--section.key=value` command-line overrides. Every key is declared once in the schema table in
 // config.cpp (name, type, default, validation, help); nothing else in nlptrain reads INI text.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -31,7 +32,7 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt2";   // gpt2 | bert
+  std::string type = "gpt2";   // gpt2 | bert | roberta | electra (from model.weights when not set)
   std::string weights;         // HDF5 weights; empty = initialise from scratch
   std::string preset;          // "" | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | bert-base | bert-large:
                                // the shape keys of that architecture (HF --config_name); keys set
@@ -63,6 +64,9 @@ struct ModelConfig {
   // [PAD] id: its word-embedding row starts at zero and gets no gradient from the lookup
   // (transformers' padding_idx = pad_token_id); -1 = none. From model.weights when it says.
   int pad_token_id = 0;
+  // ELECTRA (model.type = electra): width of the word/position/type embeddings and their layer norm,
+  // projected to hidden_size by embeddings_project when it differs; 0 = hidden_size.
+  int embedding_size = 0;
   // Not an INI key: the label names of a classifier task (resolve_label_names: the dataset's
   // id2label, else model.weights'), written to checkpoints as the id2label attribute.
   std::vector<std::string> id2label;
@@ -85,6 +89,23 @@ struct ModelConfig {
   // Not an INI key: how the transformer's activations and their gradients are stored (true: bf16),
   // run.bf16_activations resolved by resolve_model_config.
   bool bf16_activations = false;
+
+  // bert, roberta, electra: the encoders on BERT's block and keys (model/bert.cpp)
+  bool is_encoder() const { return type == "bert" || type == "roberta" || type == "electra"; }
+  // The longest sequence the position table serves: n_positions (gpt2), max_position_embeddings
+  // (bert, electra), max_position_embeddings - pad_token_id - 1 (roberta: positions start at
+  // pad_token_id + 1, transformers' create_position_ids_from_input_ids).
+  int max_sequence_length() const {
+    if (!is_encoder()) return n_positions;
+    if (type == "roberta") return max_position_embeddings - std::max(pad_token_id, 0) - 1;
+    return max_position_embeddings;
+  }
+  // The key that bounds max_sequence_length(), for messages.
+  std::string max_sequence_key() const {
+    if (!is_encoder()) return "n_positions";
+    if (type == "roberta") return "max_position_embeddings - pad_token_id - 1";
+    return "max_position_embeddings";
+  }
 };
 
 struct DataConfig {
@@ -226,6 +247,15 @@ struct ParseResult {
 // Throws nlp::Error with the file, key and value on unknown keys, wrong types, out-of-range values
 // and inconsistent combinations (e.g. n_embd not divisible by n_head).
 ParseResult parse_config(int argc, const char* const* argv);
+
+// model.type is taken from model.weights' model_type attribute: the INI does not set it (nor a
+// model.preset) and model.weights is given. parse_config then leaves the checks that depend on the
+// type to resolve_model_config.
+bool model_type_from_weights(const Config& c);
+// The checks that depend on model.type: keys of another type set explicitly, run.task and run.mode
+// against the type. parse_config runs them when the type is known; resolve_model_config otherwise.
+// type_where: where model.type came from, for messages (default: Config::where).
+void check_model_type(const Config& c, const std::string& type_where = "");
 
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();

@@ -189,7 +189,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
           if (tt[j] < 0 || tt[j] >= limits_.type_vocab)
             throw Error(cat("file '", path_, "': token_type_ids[row ", first + static_cast<int64_t>(j / T),
                             ", pos ", j % T, "] = ", tt[j], " is out of range for type_vocab_size ",
-                            limits_.type_vocab));
+                            limits_.type_vocab, limits_.type_note));
       }
       auto read_col = [&](const char* col, std::vector<int32_t>& out, int lo, int hi) {
         int32_t* p = out.data() + k;

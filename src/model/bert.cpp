@@ -1,6 +1,17 @@
-// BERT (HF BertModel + task heads) on the shared transformer block (post-LN, padding mask, erf GELU).
-// Embeddings: LayerNorm(word + position + token_type) then dropout. Heads by run.task, with the HF
-// state_dict names and nn.Linear [out, in] layout:
+// BERT (HF BertModel + task heads) on the shared transformer block (post-LN, padding mask, erf GELU),
+// and the encoders that differ from it only in their embeddings, heads and names (model.type):
+//   roberta (RobertaModel, names under "roberta."): position ids are pad_token_id + the running count
+//       of non-pad tokens (pads at pad_token_id, whose position row is a padding_idx: no gradient),
+//       so sequences reach max_position_embeddings - pad_token_id - 1; no pooler; doc_cls/pair_cls by
+//       RobertaClassificationHead (first token -> dropout -> classifier.dense -> tanh -> dropout ->
+//       classifier.out_proj); mlm by lm_head (dense -> GELU -> layer_norm -> decoder tied to the word
+//       embeddings + lm_head.bias); ner and qa as BERT's.
+//   electra (ElectraModel, the discriminator, names under "electra."): embeddings of width
+//       embedding_size E, projected to hidden_size H by embeddings_project when E != H; no pooler;
+//       doc_cls/pair_cls by ElectraClassificationHead (as RoBERTa's with GELU (erf) for tanh); ner
+//       and qa as BERT's; no mlm (the discriminator's objective is not one; config.cpp refuses it).
+// Embeddings: LayerNorm(word + position + token_type) then dropout (then electra's projection).
+// Heads by run.task, with the HF state_dict names and nn.Linear [out, in] layout:
 //   doc_cls, pair_cls (BertForSequenceClassification): pooler tanh(dense([CLS])) -> dropout -> classifier
 //   ner (BertForTokenClassification): dropout -> classifier on every token, ignore -100; in training
 //       on the labelled positions only (DeviceBatch::rows): the others carry no loss
@@ -29,16 +40,35 @@
 namespace nlp {
 namespace {
 
+enum class Family { Bert, Roberta, Electra };
+
+Family parse_family(const std::string& type) {
+  if (type == "roberta") return Family::Roberta;
+  if (type == "electra") return Family::Electra;
+  return Family::Bert;
+}
+
 class Bert final : public Model {
  public:
-  Bert(const ModelConfig& mc, Backend& be, Task task, bool allocate) : mc_(mc), be_(be), task_(task) {
+  Bert(const ModelConfig& mc, Backend& be, Task task, bool allocate)
+      : mc_(mc), be_(be), task_(task), fam_(parse_family(mc.type)) {
     C_ = mc.hidden_size;
     V_ = mc.vocab_size;
     L_ = mc.num_hidden_layers;
     NL_ = mc.num_labels;
     pad_ = mc.pad_token_id;
+    prefix_ = fam_ == Family::Roberta ? "roberta." : fam_ == Family::Electra ? "electra." : "bert.";
+    E_ = fam_ == Family::Electra && mc.embedding_size > 0 ? mc.embedding_size : C_;
+    project_ = E_ != C_;
     if (pad_ < -1 || pad_ >= V_)
       throw Error(cat("model.pad_token_id = ", pad_, " is outside [-1, vocab_size = ", V_, ")"));
+    if (fam_ == Family::Roberta && (pad_ < 0 || mc.max_sequence_length() < 1))
+      throw Error(cat("model.type = roberta needs a pad_token_id in [0, max_position_embeddings - 1) (its "
+                      "positions start at pad_token_id + 1); pad_token_id = ", pad_,
+                      ", max_position_embeddings = ", mc.max_position_embeddings));
+    if (fam_ == Family::Electra && task == Task::Mlm)
+      throw Error("run.task = mlm: model.type = electra is ELECTRA's discriminator, which has no mlm head "
+                  "(fine-tune it on doc_cls, pair_cls, ner or qa)");
     if (has_classifier(task) && NL_ < 2)
       throw Error(cat("model.num_labels = ", NL_, ": run.task needs at least 2 labels"));
     bc_.C = C_;
@@ -53,14 +83,19 @@ class Bert final : public Model {
     bc_.resid_pdrop = mc.hidden_dropout_prob;
     bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
 
-    const int64_t C = C_, FF = bc_.FF;
-    wte_ = ps_.add("bert.embeddings.word_embeddings.weight", {V_, C}, true);
-    wpe_ = ps_.add("bert.embeddings.position_embeddings.weight", {mc.max_position_embeddings, C}, true);
-    wtt_ = ps_.add("bert.embeddings.token_type_embeddings.weight", {mc.type_vocab_size, C}, true);
-    eln_w_ = ps_.add("bert.embeddings.LayerNorm.weight", {C}, false);
-    eln_b_ = ps_.add("bert.embeddings.LayerNorm.bias", {C}, false);
+    const int64_t C = C_, FF = bc_.FF, E = E_;
+    const std::string& pre = prefix_;
+    wte_ = ps_.add(pre + "embeddings.word_embeddings.weight", {V_, E}, true);
+    wpe_ = ps_.add(pre + "embeddings.position_embeddings.weight", {mc.max_position_embeddings, E}, true);
+    wtt_ = ps_.add(pre + "embeddings.token_type_embeddings.weight", {mc.type_vocab_size, E}, true);
+    eln_w_ = ps_.add(pre + "embeddings.LayerNorm.weight", {E}, false);
+    eln_b_ = ps_.add(pre + "embeddings.LayerNorm.bias", {E}, false);
+    if (project_) {  // electra: E -> H
+      proj_w_ = ps_.add(pre + "embeddings_project.weight", {C, E}, true);
+      proj_b_ = ps_.add(pre + "embeddings_project.bias", {C}, false);
+    }
     for (int l = 0; l < L_; ++l) {
-      const std::string p = cat("bert.encoder.layer.", l, ".");
+      const std::string p = cat(pre, "encoder.layer.", l, ".");
       BlockParamIdx li;
       // query/key/value stored back to back: one fused [3C, C] matmul (q | k | v), as the block expects.
       li.qkv_w = ps_.add(p + "attention.self.query.weight", {C, C}, true);
@@ -81,19 +116,28 @@ class Bert final : public Model {
       li.ln2_b = ps_.add(p + "output.LayerNorm.bias", {C}, false);
       stack_.layers.push_back(li);
     }
+    // doc_cls, pair_cls: BERT's pooler and classifier, or RoBERTa's / ELECTRA's classification head
+    // (its dense in pool_*, its out_proj in cls_*)
+    const bool head2 = is_seq_cls(task) && fam_ != Family::Bert;
     if (is_seq_cls(task)) {
-      pool_w_ = ps_.add("bert.pooler.dense.weight", {C, C}, true);
-      pool_b_ = ps_.add("bert.pooler.dense.bias", {C}, false);
+      pool_w_ = ps_.add(head2 ? "classifier.dense.weight" : "bert.pooler.dense.weight", {C, C}, true);
+      pool_b_ = ps_.add(head2 ? "classifier.dense.bias" : "bert.pooler.dense.bias", {C}, false);
     }
     if (has_classifier(task)) {
-      cls_w_ = ps_.add("classifier.weight", {NL_, C}, true);
-      cls_b_ = ps_.add("classifier.bias", {NL_}, false);
+      cls_w_ = ps_.add(head2 ? "classifier.out_proj.weight" : "classifier.weight", {NL_, C}, true);
+      cls_b_ = ps_.add(head2 ? "classifier.out_proj.bias" : "classifier.bias", {NL_}, false);
     }
     if (task == Task::Qa) {
       qa_w_ = ps_.add("qa_outputs.weight", {2, C}, true);
       qa_b_ = ps_.add("qa_outputs.bias", {2}, false);
     }
-    if (task == Task::Mlm) {
+    if (task == Task::Mlm && fam_ == Family::Roberta) {  // RobertaLMHead
+      mlm_b_ = ps_.add("lm_head.bias", {V_}, false);
+      tr_w_ = ps_.add("lm_head.dense.weight", {C, C}, true);
+      tr_b_ = ps_.add("lm_head.dense.bias", {C}, false);
+      tln_w_ = ps_.add("lm_head.layer_norm.weight", {C}, false);
+      tln_b_ = ps_.add("lm_head.layer_norm.bias", {C}, false);
+    } else if (task == Task::Mlm) {
       tr_w_ = ps_.add("cls.predictions.transform.dense.weight", {C, C}, true);
       tr_b_ = ps_.add("cls.predictions.transform.dense.bias", {C}, false);
       tln_w_ = ps_.add("cls.predictions.transform.LayerNorm.weight", {C}, false);
@@ -115,19 +159,21 @@ class Bert final : public Model {
   ParamStore& params() override { return ps_; }
   const ModelConfig& config() const override { return mc_; }
 
-  std::string base_prefix() const override { return "bert."; }
+  std::string base_prefix() const override { return prefix_; }
 
   bool may_be_new(const std::string& name) const override {
-    return name.rfind("bert.embeddings.", 0) != 0 && name.rfind("bert.encoder.", 0) != 0;
+    return name.rfind(prefix_ + "embeddings.", 0) != 0 && name.rfind(prefix_ + "encoder.", 0) != 0 &&
+           name.rfind(prefix_ + "embeddings_project.", 0) != 0;
   }
 
   void write_attrs(h5::File& f) const override {
     write_tokenizer_attrs(f, mc_);
-    static const char* arch[] = {"", "BertForMaskedLM", "BertForSequenceClassification",
-                                 "BertForSequenceClassification", "BertForTokenClassification",
-                                 "BertForQuestionAnswering"};
-    f.set_attr("model_type", std::string("bert"));
-    f.set_attr("architectures", std::string(arch[int(task_)]));
+    static const char* heads[] = {"", "ForMaskedLM", "ForSequenceClassification", "ForSequenceClassification",
+                                  "ForTokenClassification", "ForQuestionAnswering"};
+    const char* family = fam_ == Family::Roberta ? "Roberta" : fam_ == Family::Electra ? "Electra" : "Bert";
+    f.set_attr("model_type", mc_.type);
+    f.set_attr("architectures", cat(family, heads[int(task_)]));
+    if (fam_ == Family::Electra) f.set_attr("embedding_size", int64_t(E_));
     f.set_attr("hidden_act", std::string("gelu"));
     f.set_attr("hidden_size", int64_t(mc_.hidden_size));
     f.set_attr("num_hidden_layers", int64_t(mc_.num_hidden_layers));
@@ -166,7 +212,9 @@ class Bert final : public Model {
       }
     }
     if (pad_ >= 0)  // padding_idx
-      std::fill(views[wte_].data + size_t(pad_) * C_, views[wte_].data + size_t(pad_ + 1) * C_, 0.f);
+      std::fill(views[wte_].data + size_t(pad_) * E_, views[wte_].data + size_t(pad_ + 1) * E_, 0.f);
+    if (fam_ == Family::Roberta)  // the position table's padding_idx
+      std::fill(views[wpe_].data + size_t(pad_) * E_, views[wpe_].data + size_t(pad_ + 1) * E_, 0.f);
     ps_.upload(host);
   }
 
@@ -186,7 +234,7 @@ class Bert final : public Model {
   double flops_per_token(int T) const override {
     // embedding tables are lookups. The MLM head (transform C x C, decoder tied to the V x C word
     // embeddings) runs on the masked 15% of the tokens only.
-    const double tables = double(V_ + mc_.max_position_embeddings + mc_.type_vocab_size) * C_;
+    const double tables = double(V_ + mc_.max_position_embeddings + mc_.type_vocab_size) * E_;
     double dense = double(ps_.total()) - tables;
     if (task_ == Task::Mlm) {
       const double head = double(C_) * C_ + double(V_) * C_;
@@ -221,19 +269,22 @@ class Bert final : public Model {
     curE_ = b.examples();
     // first: without the batch's cls_rows, a copy to the device (which on a GPU synchronises)
     const OutRows* rows = head_rows(b, training);
-    const int B = b.B, T = b.T, BT = B * T, C = C_;
-    if (T > mc_.max_position_embeddings)
-      throw Error(cat("sequence length ", T, " exceeds model.max_position_embeddings = ",
-                      mc_.max_position_embeddings));
+    const int B = b.B, T = b.T, BT = B * T, E = E_;
+    if (T > mc_.max_sequence_length())
+      throw Error(cat("sequence length ", T, " exceeds model.", mc_.max_sequence_key(), " = ",
+                      mc_.max_sequence_length()));
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
-    const size_t n = size_t(BT) * C;
-    // x0[BT,C] = drop(LN(wte[ids] + wpe[t] + wtt[types]))
-    be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, C, 0,
-                          b.pos);
-    be_.layernorm_forward(x0_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, C,
+    const size_t ne = size_t(BT) * E;
+    // xe[BT,E] = drop(LN(wte[ids] + wpe[pos] + wtt[types])); x0[BT,C] = xe, or (electra, E != C)
+    // xe Wproj^T + bproj
+    const int32_t* pos = positions(b);
+    be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, E, 0, pos);
+    be_.layernorm_forward(xe_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, E,
                           mc_.layer_norm_eps);
-    be_.dropout_forward(x0_, x0_, n, p_hidden, derive_seed(seed, 0xE3B),
-                        drop_rows(T, b.T_key, C, b.token_key));
+    be_.dropout_forward(xe_, xe_, ne, p_hidden, derive_seed(seed, 0xE3B),
+                        drop_rows(T, b.T_key, E, b.token_key));
+    if (project_)
+      be_.matmul_forward(x0_, xe_, ps_.p(proj_w_), ps_.p(proj_b_), BT, E, C_, WLayout::OutIn);
     xL_ = stack_.forward(be_, ps_, x0_, b.mask, training, seed, B, T, b.T_key, b.token_key, b.attention_examples(), rows);
     return head_forward(b, training, seed);
   }
@@ -246,22 +297,39 @@ class Bert final : public Model {
     head_backward(b, dloss, training, seed);  // d xL into dres_a_
     // Final from here: the head's own tensors (after the last block; the tied MLM decoder weight is
     // the word embedding, at offset 0, which also gets the embedding backward below).
-    grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[eln_b_].offset + ps_.specs()[eln_b_].numel);
+    const int emb_last = project_ ? proj_b_ : eln_b_;
+    grads_ready(L_ > 0 ? stack_.layer_end(ps_, L_ - 1) : ps_.specs()[emb_last].offset + ps_.specs()[emb_last].numel);
     stack_.backward(be_, ps_, dres_a_, dres_b_, x0_, b.mask, training, seed, B, T, b.T_key,
                     &grad_ready_, b.token_key, b.attention_examples(), compact() ? &rows_ : nullptr);
     const float p_hidden = training ? mc_.hidden_dropout_prob : 0.f;
-    be_.dropout_backward(overwrite(dres_b_), dres_a_, n, p_hidden, derive_seed(seed, 0xE3B),
-                         drop_rows(T, b.T_key, C, b.token_key));
-    be_.layernorm_backward(overwrite(dres_a_), ps_.g(eln_w_), ps_.g(eln_b_), dres_b_, emb_, ps_.p(eln_w_),
-                           emb_mean_, emb_rstd_, BT, C);
+    const int E = E_;
+    const size_t ne = size_t(BT) * E;
+    (void)n;
+    // d x0 in dres_a_; with electra's projection d xe = d x0 Wproj (dres_b_), moved back to dres_a_'s
+    // role by swapping the two views for the rest
+    Act dx = dres_a_, tmp = dres_b_;
+    if (project_) {
+      be_.matmul_backward(overwrite(dres_b_), ps_.g(proj_w_), ps_.g(proj_b_), dres_a_, xe_, ps_.p(proj_w_), BT, E,
+                          C, WLayout::OutIn);
+      dx = dres_b_;
+      tmp = dres_a_;
+    }
+    be_.dropout_backward(overwrite(tmp), dx, ne, p_hidden, derive_seed(seed, 0xE3B),
+                         drop_rows(T, b.T_key, E, b.token_key));
+    be_.layernorm_backward(overwrite(dx), ps_.g(eln_w_), ps_.g(eln_b_), tmp, emb_, ps_.p(eln_w_),
+                           emb_mean_, emb_rstd_, BT, E);
     // transformers' nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to the pad
     // row's gradient (the tied MLM decoder, accumulated above, and earlier micro-steps still do):
-    // keep the row as it is before the scatter and put it back after.
-    float* pad_grad = pad_ >= 0 ? ps_.g(wte_) + size_t(pad_) * C : nullptr;
-    if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(C) * f);
-    be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dres_a_, b.ids, b.type_ids, B, T,
-                           C, 0, b.pos);
-    if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(C) * f);
+    // keep the row as it is before the scatter and put it back after. RoBERTa's position table has
+    // the same padding_idx (the pads' position).
+    float* pad_grad = pad_ >= 0 ? ps_.g(wte_) + size_t(pad_) * E : nullptr;
+    float* pos_pad_grad = fam_ == Family::Roberta ? ps_.g(wpe_) + size_t(pad_) * E : nullptr;
+    if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(E) * f);
+    if (pos_pad_grad) be_.copy(pad_save_ + E, pos_pad_grad, size_t(E) * f);
+    be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), ps_.g(wtt_), dx, b.ids, b.type_ids, B, T, E, 0,
+                           positions(b));
+    if (pad_grad) be_.copy(pad_grad, pad_save_, size_t(E) * f);
+    if (pos_pad_grad) be_.copy(pos_pad_grad, pad_save_ + E, size_t(E) * f);
     grads_ready(0);
   }
 
@@ -327,6 +395,17 @@ class Bert final : public Model {
     return {b.B * b.T, b.targets, drop_rows(b.T, b.T_key, C_, b.token_key)};
   }
 
+  // The position ids of the embedding lookup: the batch's (packed rows) or 0..T-1 (null); for roberta
+  // the batch's counted ones (pos_counted: DeviceBatchBuffer made with the model's config fills them,
+  // batches.h count_positions: transformers' create_position_ids_from_input_ids, on the host, so
+  // that no read back waits for the GPU and a CUDA-graph step can replay).
+  const int32_t* positions(const DeviceBatch& b) const {
+    if (fam_ == Family::Roberta && !b.pos_counted)
+      throw Error("internal error: a roberta batch without its position ids (DeviceBatchBuffer needs the "
+                  "model's config)");
+    return b.pos;
+  }
+
   // ---- heads: forward leaves the losses of the batch's loss units (LossTerms) ----
   LossTerms head_forward(const DeviceBatch& b, bool training, uint64_t seed) {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
@@ -338,14 +417,19 @@ class Bert final : public Model {
         // E examples (B unpacked). cls[E,C] = xL at each example's first token (b*T unpacked,
         // b.first packed); pooled = tanh(cls Wp^T + bp); pd = drop(pooled); logits[E,NL]
         const int E = b.examples();
+        // roberta, electra: cls dropped first (in place), pooled = tanh or gelu of the dense layer
         if (compact())  // xL is [E,C] already
           be_.copy_view(h1_, xL_, size_t(E) * C);
         else if (b.first)
           be_.rows_gather(h1_, xL_, E, C, C, b.first);
         else
           be_.rows_gather(h1_, xL_, B, C, size_t(T) * C);
+        if (fam_ != Family::Bert) be_.dropout_forward(h1_, h1_, size_t(E) * C, p_hidden, derive_seed(seed, 0x4EAF));
         be_.matmul_forward(h2_, h1_, ps_.p(pool_w_), ps_.p(pool_b_), E, C, C, WLayout::OutIn);
-        be_.tanh_forward(h3_, h2_, size_t(E) * C);
+        if (fam_ == Family::Electra)
+          be_.gelu_forward(h3_, h2_, size_t(E) * C, Gelu::Erf);
+        else
+          be_.tanh_forward(h3_, h2_, size_t(E) * C);
         be_.dropout_forward(h4_, h3_, size_t(E) * C, p_hidden, hseed);
         be_.matmul_forward(logits_, h4_, ps_.p(cls_w_), ps_.p(cls_b_), E, C, NL_, WLayout::OutIn);
         if (!b.labels) return {};
@@ -418,16 +502,24 @@ class Bert final : public Model {
         be_.zero(dh2_, size_t(E) * C * f);
         be_.dropout_backward(dh2_, dh1_, size_t(E) * C, p_hidden, hseed);
         be_.zero(dh1_, size_t(E) * C * f);
-        be_.tanh_backward(dh1_, h3_, dh2_, size_t(E) * C);
+        if (fam_ == Family::Electra)
+          be_.gelu_backward(dh1_, h2_, dh2_, size_t(E) * C, Gelu::Erf);
+        else
+          be_.tanh_backward(dh1_, h3_, dh2_, size_t(E) * C);
         be_.zero(dh2_, size_t(E) * C * f);
         be_.matmul_backward(dh2_, ps_.g(pool_w_), ps_.g(pool_b_), dh1_, h1_, ps_.p(pool_w_), E, C,
                             C, WLayout::OutIn);
+        float* dcls = dh2_;  // d cls [E,C]
+        if (fam_ != Family::Bert) {  // the dropout before the dense layer
+          be_.dropout_backward(overwrite(dh1_), dh2_, size_t(E) * C, p_hidden, derive_seed(seed, 0x4EAF));
+          dcls = dh1_;
+        }
         if (compact())  // d xL is [E,C]
-          be_.accumulate(dres_a_, dh2_, size_t(E) * C);
+          be_.accumulate(dres_a_, dcls, size_t(E) * C);
         else if (b.first)  // the examples' first tokens are distinct positions
-          be_.rows_scatter_add(dres_a_, dh2_, E, C, C, b.first);
+          be_.rows_scatter_add(dres_a_, dcls, E, C, C, b.first);
         else
-          be_.rows_scatter_add(dres_a_, dh2_, B, C, size_t(T) * C);
+          be_.rows_scatter_add(dres_a_, dcls, B, C, size_t(T) * C);
         return;
       }
       case Task::Ner: {  // d xL [N,C] (compact: the labelled rows)
@@ -499,15 +591,16 @@ class Bert final : public Model {
 
   size_t acts_numel(int B, int T) const {
     // floats; emb, x0, dres_a, dres_b at bc_.act (Carver, act_floats), the head fp32
-    const size_t BT = size_t(B) * T, C = C_;
-    const size_t a = act_floats(BT * C, bc_.act);
-    return 2 * a + 2 * BT                         // emb, x0, emb mean/rstd
+    const size_t BT = size_t(B) * T, C = C_, E = E_;
+    const size_t a = act_floats(BT * C, bc_.act), ae = act_floats(BT * E, bc_.act);
+    const size_t ad = act_floats(BT * std::max(C, E), bc_.act);
+    return ae + (project_ ? ae + a : ae) + 2 * BT  // emb, xe (and x0 when projected), emb mean/rstd
            + stack_.numel(be_, B, T)
            + 6 * BT * C + 2 * BT                  // head h1..h4, dh1, dh2, mean/rstd
            + 2 * logits_numel(B, T)               // logits, dlogits
            + 2 * BT                               // losses (qa uses 2B)
-           + 2 * a                                // dres_a, dres_b
-           + C;                                   // the pad row's gradient, kept over the lookup
+           + 2 * ad                               // dres_a, dres_b
+           + 2 * E;                               // the pad rows' gradients, kept over the lookup
   }
 
   // mlm logits and dlogits [M,V]; M varies from batch to batch, the buffer only grows.
@@ -538,10 +631,11 @@ class Bert final : public Model {
     arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
     capB_ = B;
     capT_ = T;
-    const size_t BT = size_t(B) * T, C = C_;
+    const size_t BT = size_t(B) * T, C = C_, E = E_;
     Carver take(arena_, acts_numel(B, T));
-    emb_ = take.act(BT * C, bc_.act);
-    x0_ = take.act(BT * C, bc_.act);
+    emb_ = take.act(BT * E, bc_.act);
+    xe_ = take.act(BT * E, bc_.act);
+    x0_ = project_ ? take.act(BT * C, bc_.act) : xe_;
     emb_mean_ = take(BT);
     emb_rstd_ = take(BT);
     stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
@@ -556,15 +650,21 @@ class Bert final : public Model {
     logits_ = take(logits_numel(B, T));
     dlogits_ = take(logits_numel(B, T));
     losses_ = take(2 * BT);
-    dres_a_ = take.act(BT * C, bc_.act);
-    dres_b_ = take.act(BT * C, bc_.act);
-    pad_save_ = take(C);
+    dres_a_ = take.act(BT * std::max(C, E), bc_.act);
+    dres_b_ = take.act(BT * std::max(C, E), bc_.act);
+    pad_save_ = take(2 * E);
     take.done();
   }
 
   ModelConfig mc_;
   Backend& be_;
   Task task_;
+  Family fam_;
+  std::string prefix_;  // transformers' base_model_prefix with its dot
+  int E_ = 0;            // embedding width (electra's embedding_size; else C_)
+  bool project_ = false;  // electra with E_ != C_: embeddings_project
+  int proj_w_ = -1, proj_b_ = -1;
+  Act xe_;  // [BT,E] the embeddings after LN and dropout (x0_ itself unless projected)
   BlockStack stack_;  // the transformer blocks: config, parameter indices, activations
   BlockConfig& bc_ = stack_.config;
   ParamStore ps_;

@@ -50,6 +50,9 @@ struct DeviceBatch {
   bool ragged = true;
   int attention_examples() const { return E > 0 && ragged ? E : 0; }
   const int32_t* pos = nullptr;
+  // pos holds RoBERTa's position ids (DeviceBatchBuffer with a roberta ModelConfig: pad_token_id +
+  // the running count of non-pad tokens per example, packed or not) rather than packing's 0-based ones
+  bool pos_counted = false;
   const int32_t* token_key = nullptr;
   const int32_t* first = nullptr;
   const int32_t* length = nullptr;  // [E] each example's positions (qa's per-example softmax)

@@ -88,7 +88,8 @@ NumLabels resolve_num_labels(const Config& cfg, const ModelConfig& mc) {
   NumLabels r;
   if (!mc.weights.empty()) {
     h5::File f = h5::File::open_read(mc.weights);
-    const std::string name = "classifier.weight";
+    // RoBERTa's and ELECTRA's sequence classifier is classifier.out_proj (after classifier.dense)
+    const std::string name = f.has("classifier.out_proj.weight") ? "classifier.out_proj.weight" : "classifier.weight";
     if (f.has(name)) {
       const std::vector<int64_t> shape = f.shape(name);
       if (shape.size() != 2)
@@ -206,20 +207,55 @@ ModelConfig resolve_model_config(const Config& cfg) {
   h5::File f = h5::File::open_read(mc.weights);
   if (!f.has_attr("model_type"))
     throw Error(cat("weights file '", mc.weights,
-                    "': missing root attribute 'model_type' (expected \"gpt2\" or \"bert\")"));
+                    "': missing root attribute 'model_type' (expected \"gpt2\", \"bert\", \"roberta\" or "
+                    "\"electra\")"));
   const std::string type = f.attr_string("model_type");
+  if (model_type_from_weights(cfg)) {
+    // model.type not given: the weights' model_type, then the checks parse_config left for it
+    if (type != "gpt2" && type != "bert" && type != "roberta" && type != "electra")
+      throw Error(cat("weights file '", mc.weights, "' has model_type = \"", type,
+                      "\": nlptrain runs gpt2, bert, roberta and electra"));
+    Config typed = cfg;
+    typed.model.type = type;
+    check_model_type(typed, cat("the model_type of weights file '", mc.weights, "'"));
+    mc.type = type;
+  }
+  // An encoder's weights given on the command line to an INI written for another encoder (job 1's
+  // INI, model.type = bert, with --model.weights=roberta.h5): the command line wins over the INI,
+  // as everywhere; the model line of the log names the type that runs.
+  const auto encoder = [](const std::string& t) { return t == "bert" || t == "roberta" || t == "electra"; };
+  if (type != mc.type && encoder(type) && encoder(mc.type) && cfg.set_on_command_line.count("model.weights") &&
+      !cfg.set_on_command_line.count("model.type")) {
+    Config typed = cfg;
+    typed.model.type = type;
+    check_model_type(typed, cat("the model_type of weights file '", mc.weights, "' (--model.weights)"));
+    mc.type = type;
+  }
   if (type != mc.type)
     throw Error(cat("weights file '", mc.weights, "' has model_type = \"", type,
-                    "\" but model.type = ", mc.type));
+                    "\" but model.type = ", mc.type, " (", cfg.where("model.type"),
+                    "; leave model.type out to take it from the weights)"));
   take_int(cfg, f, "vocab_size", mc.vocab_size);
   take_float(cfg, f, "initializer_range", mc.initializer_range, true, FloatRange::Positive);
-  if (type == "bert") {
+  if (mc.is_encoder()) {
+    // ELECTRA's generator (ElectraForMaskedLM) has the discriminator's names under electra. but
+    // another objective and shape: refused, rather than fine-tuned as if it were the discriminator
+    if (type == "electra")
+      for (const char* gen : {"generator_lm_head.weight", "generator_predictions.dense.weight"})
+        if (f.has(gen))
+          throw Error(cat("weights file '", mc.weights, "' holds '", gen, "': an ELECTRA generator "
+                          "(ElectraForMaskedLM); nlptrain fine-tunes the discriminator (ElectraModel, "
+                          "ElectraForPreTraining, e.g. the Hub's *-discriminator folders)"));
     take_int(cfg, f, "hidden_size", mc.hidden_size);
     take_int(cfg, f, "num_hidden_layers", mc.num_hidden_layers);
     take_int(cfg, f, "num_attention_heads", mc.num_attention_heads);
     take_int(cfg, f, "intermediate_size", mc.intermediate_size);
     take_int(cfg, f, "max_position_embeddings", mc.max_position_embeddings);
     take_int(cfg, f, "type_vocab_size", mc.type_vocab_size);
+    if (type == "electra") {
+      if (f.has_attr("embedding_size")) take_int(cfg, f, "embedding_size", mc.embedding_size);
+      else mc.embedding_size = mc.hidden_size;
+    }
     if (mc.hidden_size % mc.num_attention_heads != 0)
       throw Error(cat("weights file '", mc.weights, "': hidden_size = ", mc.hidden_size,
                       " is not divisible by num_attention_heads = ", mc.num_attention_heads));
@@ -239,6 +275,10 @@ ModelConfig resolve_model_config(const Config& cfg) {
                         " is outside [-1, vocab_size = ", mc.vocab_size, ")"));
       mc.pad_token_id = static_cast<int>(v);
     }
+    if (type == "roberta" && mc.max_sequence_length() < 1)
+      throw Error(cat("weights file '", f.path(), "': max_position_embeddings = ", mc.max_position_embeddings,
+                      " leaves no position after pad_token_id = ", mc.pad_token_id,
+                      " (roberta's positions start at pad_token_id + 1)"));
     return mc;
   }
   take_int(cfg, f, "n_layer", mc.n_layer);

@@ -16,8 +16,8 @@ std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task,
                                   bool allocate) {
   if (mc.type == "gpt2") return make_gpt2(mc, be, allocate);
-  if (mc.type == "bert") return make_bert(mc, be, task, allocate);
-  throw Error(cat("model.type: unsupported model type '", mc.type, "'"));
+  if (mc.is_encoder()) return make_bert(mc, be, task, allocate);  // bert, roberta, electra
+  throw Error(cat("model.type: unsupported model type '", mc.type, "' (gpt2, bert, roberta or electra)"));
 }
 
 namespace {
@@ -29,7 +29,8 @@ bool expected_extra(const std::string& n) {
   };
   return n == "lm_head.weight" || n.rfind("optimizer/", 0) == 0 || ends(".attn.bias") ||
          ends(".attn.masked_bias") || n == "cls.predictions.decoder.weight" ||
-         n == "cls.predictions.decoder.bias" || ends("embeddings.position_ids");
+         n == "cls.predictions.decoder.bias" || n == "lm_head.decoder.weight" ||
+         n == "lm_head.decoder.bias" || ends("embeddings.position_ids");
 }
 
 }  // namespace
@@ -53,7 +54,11 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
   if (!has_prefix && note)
     *note = cat("no tensor name in the file starts with '", prefix,
                 "': read as a base-model checkpoint (names without the prefix, as transformers saves ",
-                m.config().type == "bert" ? "BertModel" : "GPT2Model", ")");
+                m.config().type == "bert"      ? "BertModel"
+                : m.config().type == "roberta" ? "RobertaModel"
+                : m.config().type == "electra" ? "ElectraModel"
+                                               : "GPT2Model",
+                ")");
   std::vector<float> host;
   m.params().download(host);  // keeps the fresh initialisation of parameters absent from the file
   auto views = m.params().host_views(host);

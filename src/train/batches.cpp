@@ -282,7 +282,8 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   const size_t n = size_t(hb.B) * hb.T, b = size_t(hb.E > 0 ? hb.E : hb.B);  // b: examples
   const size_t r = hb.rows.size();
   const size_t np = hb.pos.size(), nk = hb.token_key.size(), nf = hb.first.size();
-  const size_t need = 4 * n + 5 * b + 3 * r + np + nk + 2 * nf;
+  const size_t nc = count_pad_ >= 0 ? n : 0;  // RoBERTa's counted positions
+  const size_t need = 4 * n + 5 * b + 3 * r + (nc ? nc : np) + nk + 2 * nf;
   if (need > cap_) {
     be_.release(buf_);
     be_.host_release(host_);
@@ -338,14 +339,32 @@ DeviceBatch DeviceBatchBuffer::upload(const HostBatch& hb) {
   db.cls_rows = cls_dev;
   if (hb.E > 0) {
     db.E = hb.E;
-    db.pos = put(hb.pos, n);
+    if (!nc) db.pos = put(hb.pos, n);
     db.token_key = put(hb.token_key, n);
     db.first = put(hb.first, b);
     db.length = put(hb.length, b);
     db.first_host = hb.first.data();
   }
+  if (nc) {
+    db.pos = put(count_positions(hb, count_pad_), n);
+    db.pos_counted = true;
+  }
   be_.to_device(buf_, host_, used * sizeof(int32_t));
   return db;
+}
+
+std::vector<int32_t> count_positions(const HostBatch& hb, int pad) {
+  std::vector<int32_t> pos(size_t(hb.B) * hb.T);
+  const bool packed = hb.E > 0 && !hb.pos.empty();
+  for (int r = 0; r < hb.B; ++r) {
+    int count = 0;
+    for (int t = 0; t < hb.T; ++t) {
+      const size_t i = size_t(r) * hb.T + t;
+      if (packed && hb.pos[i] == 0) count = 0;
+      pos[i] = hb.ids[i] == pad ? pad : pad + ++count;
+    }
+  }
+  return pos;
 }
 
 }  // namespace nlp

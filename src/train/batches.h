@@ -88,6 +88,11 @@ void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of 
 // gradient (the same dropout keys; fp32 rounding of the last block's other row count at most).
 void score_every_position(HostBatch& hb);
 
+// RoBERTa's position ids [B,T] (transformers' create_position_ids_from_input_ids): pad + the running
+// count of the tokens that are not `pad` in each example (restarting where a packed example starts,
+// hb.pos 0), pad at a pad token.
+std::vector<int32_t> count_positions(const HostBatch& hb, int pad);
+
 // data.pad_multiple = 0 (auto): 1 on the cpu, where a shape costs nothing but its work; on cuda 64
 // with cuDNN's attention, whose graphs are built per batch length (about a second of host time each
 // on an H100, where a fine-tuning step takes milliseconds: two lengths at T = 128 instead of
@@ -129,12 +134,15 @@ inline bool packs_by_rows(const Config& cfg) { return cfg.data.packing && cfg.da
 // Backend copies of one batch.
 class DeviceBatchBuffer {
  public:
-  explicit DeviceBatchBuffer(Backend& be) : be_(be) {}
+  // mc: a RoBERTa (model.type = roberta) gets its position ids with every batch (count_positions).
+  explicit DeviceBatchBuffer(Backend& be, const ModelConfig* mc = nullptr)
+      : be_(be), count_pad_(mc && mc->type == "roberta" ? mc->pad_token_id : -1) {}
   ~DeviceBatchBuffer();
   DeviceBatch upload(const HostBatch& hb);
 
  private:
   Backend& be_;
+  int count_pad_ = -1;  // >= 0: DeviceBatch::pos holds count_positions(hb, count_pad_)
   int32_t* buf_ = nullptr;   // backend memory, cap_ int32s
   int32_t* host_ = nullptr;  // its host staging (Backend::host_alloc: page-locked on GPUs), cap_ int32s
   size_t cap_ = 0;

@@ -23,7 +23,7 @@ namespace {
 // 2-D files carry their own T (data.seq_len, when set, must match it); a 1-D token stream is cut
 // into windows of data.seq_len, by default min(n_positions, 1024).
 int dataset_seq_len(const Config& cfg, const ModelConfig& mc, const std::string& path) {
-  const int positions = mc.type == "bert" ? mc.max_position_embeddings : mc.n_positions;
+  const int positions = mc.max_sequence_length();
   int seq_len = cfg.data.seq_len;
   if (seq_len == 0 && h5::File::open_read(path).has("tokens")) seq_len = std::min(positions, 1024);
   return seq_len;
@@ -63,16 +63,20 @@ namespace {
 TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
   if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
   const ModelConfig& mc = s.model.config();
-  const bool bert = mc.type == "bert";
-  const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
+  const bool encoder = mc.is_encoder();
+  const int positions = mc.max_sequence_length();
   const int seq_len = dataset_seq_len(s.cfg, mc, path);
   DatasetLimits limits;
   if (has_classifier(s.task)) limits.label_range = mc.num_labels;
-  if (bert) limits.type_vocab = mc.type_vocab_size;
+  if (encoder) limits.type_vocab = mc.type_vocab_size;
+  if (encoder && mc.type_vocab_size == 1)
+    limits.type_note = cat(" (model.type = ", mc.type, " with type_vocab_size = 1: every token type must be 0; "
+                           "prepare the data with the prep tools, which write zeros for this model)");
   TokenDataset ds(path, seq_len, mc.vocab_size, limits);
   if (ds.seq_len() > positions)
     throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
-                    bert ? "max_position_embeddings" : "n_positions", " = ", positions));
+                    mc.max_sequence_key(), " = ", positions,
+                    mc.type == "roberta" ? " (roberta's positions start at pad_token_id + 1)" : ""));
   // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
   const bool predict = s.cfg.run.mode == "predict" && key == "data.eval";
   if (is_seq_cls(s.task) && !ds.has_seq_labels() && !predict)
@@ -81,6 +85,11 @@ TokenDataset open_and_check(const Session& s, const std::string& path, const std
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
   if (s.task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
+  // RoBERTa's position ids count the tokens that are not pad_token_id: the data's padding must be it
+  if (mc.type == "roberta" && ds.file().has_attr("pad_id") && ds.file().attr_int("pad_id") != mc.pad_token_id)
+    throw Error(cat(key, " = '", path, "': pad_id = ", ds.file().attr_int("pad_id"), " (its root attribute) but "
+                    "the model's pad_token_id = ", mc.pad_token_id, ": roberta's position ids count the tokens "
+                    "that are not pad_token_id; prepare the data with the model's own tokenizer"));
   // Reading and checking every value takes seconds on a large file: say so before and after.
   s.log.info(cat(key, ": reading and checking '", path, "' (", ds.size(), " examples of ", ds.seq_len(),
                  " tokens) ..."));
@@ -139,7 +148,7 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
   if (sorts_by_length(cfg, s.task)) sort_longest_first(mine, ds.lengths());
   const int64_t nb = (static_cast<int64_t>(mine.size()) + B - 1) / B;
 
-  DeviceBatchBuffer dbuf(s.be);
+  DeviceBatchBuffer dbuf(s.be, &s.model.config());
   TokenBatch tb;
   const bool trim = cfg.data.padding == "longest";
   s.model.reserve(B, ds.seq_len());  // no re-carving for trimmed or partial batches

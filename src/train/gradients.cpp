@@ -41,7 +41,7 @@ void run_gradients(Session& s) {
   if (count == 0) throw Error("gradients: the batch has nothing to learn from (all labels are -100)");
 
   ParamStore& ps = s.model.params();
-  DeviceBatchBuffer dbuf(s.be);
+  DeviceBatchBuffer dbuf(s.be, &s.model.config());
   DeviceBatch db = dbuf.upload(hb);
   s.be.zero(ps.grad(), ps.total() * sizeof(float));
   const double loss = s.model.forward(db, /*training=*/false, 0) / double(count);

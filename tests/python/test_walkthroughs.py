@@ -8,7 +8,9 @@ itself and its commands are run in order, in one scratch folder holding `build/`
 
 - `hf download NAME --local-dir DIR` (no network here) makes DIR as the Hub would have it,
   from a tiny random model saved by transformers: BERT with the kcbert-base vocabulary (vocab.txt and
-  tokenizer.json), GPT-2 with the GPT-2 BPE, and a Korean GPT-2 folder with only config.json,
+  tokenizer.json), a RoBERTa (klue/roberta-base's layout: one token type, a WordPiece tokenizer) and an
+  ELECTRA discriminator (ElectraForPreTraining, embedding_size != hidden_size) with the same
+  vocabulary, GPT-2 with the GPT-2 BPE, and a Korean GPT-2 folder with only config.json,
   model.safetensors and tokenizer.json (a byte-fallback BPE trained here on NSMC text);
 - `hf download --repo-type dataset Salesforce/wikitext [--include GLOB] --local-dir DIR` makes the Hub's
   parquet layout (DIR/wikitext-2-raw-v1/{train,validation,test}-00000-of-00001.parquet with a `text`
@@ -69,6 +71,43 @@ def hub_bert(folder):
     shutil.copy(vocab, Path(folder) / "vocab.txt")  # the Hub folder has both
 
 
+def kcbert_tokenizer(folder, max_len=300):
+    from transformers import BertTokenizerFast
+    vocab = DATA / "vocab" / "kcbert-base" / "vocab.txt"
+    tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=False, model_max_length=max_len)
+    assert len(tok) == 30000
+    tok.save_pretrained(folder)
+    shutil.copy(vocab, Path(folder) / "vocab.txt")
+    return tok
+
+
+def hub_roberta(folder):
+    """klue/roberta-base's layout: RobertaForMaskedLM, type_vocab_size 1, a BertTokenizer's files
+    (whose pair encoding gives type 1), pad_token_id the tokenizer's [PAD]."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+    import torch
+    torch.manual_seed(0)
+    tok = kcbert_tokenizer(folder)
+    cfg = RobertaConfig(vocab_size=30000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=300 + tok.pad_token_id + 1,
+                        type_vocab_size=1, pad_token_id=tok.pad_token_id, layer_norm_eps=1e-5,
+                        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    RobertaForMaskedLM(cfg).save_pretrained(folder)
+
+
+def hub_electra(folder):
+    """beomi/KcELECTRA-base's layout (ElectraForPreTraining, a BertTokenizer), with embedding_size 16
+    != hidden_size 32 (embeddings_project, as the small ELECTRAs)."""
+    from transformers import ElectraConfig, ElectraForPreTraining
+    import torch
+    torch.manual_seed(0)
+    tok = kcbert_tokenizer(folder)
+    cfg = ElectraConfig(vocab_size=30000, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=300,
+                        pad_token_id=tok.pad_token_id)
+    ElectraForPreTraining(cfg).save_pretrained(folder)
+
+
 def hub_gpt2(folder):
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
     import torch
@@ -106,7 +145,8 @@ def hub_korean_gpt2(folder):
                                bos_token_id=fast.eos_token_id, eos_token_id=fast.eos_token_id)).save_pretrained(folder)
 
 
-HUB = {"beomi/kcbert-base": hub_bert, "gpt2": hub_gpt2, "skt/kogpt2-base-v2": hub_korean_gpt2}
+HUB = {"beomi/kcbert-base": hub_bert, "gpt2": hub_gpt2, "skt/kogpt2-base-v2": hub_korean_gpt2,
+       "klue/roberta-base": hub_roberta, "beomi/KcELECTRA-base": hub_electra}
 
 
 def hub_rows(lines):
@@ -242,7 +282,7 @@ def run_line(line, work, report):
     assert p.returncode == 0, f"{line}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
 
 
-ORDER = ["doc_cls", "pair_cls", "ner", "qa", "clm", "gen", "zero"]
+ORDER = ["doc_cls", "pair_cls", "ner", "qa", "encoders", "clm", "gen", "zero"]
 
 
 def test_readme_has_every_walkthrough():
@@ -326,6 +366,31 @@ def check_qa(w):
     check_exported(w / "runs/qa_korquad/hf", "AutoModelForQuestionAnswering", w / "models/kcbert-base")
 
 
+def check_encoders(w):
+    """Each of jobs 1-4 ran with each encoder (the log names it), the data had RoBERTa's single token
+    type, and the exports load with the task's class and the source folder's tokenizer."""
+    import h5py
+    for family in ("roberta", "electra"):
+        for run in ("doc_cls_nsmc", "pair_cls_kornli", "ner_klue", "qa_korquad"):
+            log = (w / f"runs/{run}_{family}/log.txt").read_text()
+            assert f"model: {family}, 2 layers" in log, (run, family)
+            assert (w / f"runs/{run}_{family}/best.h5").is_file()
+    with h5py.File(w / "runs/doc_cls_nsmc_roberta/best.h5", "r") as f:
+        assert f.attrs["model_type"] == "roberta" and "classifier.out_proj.weight" in f
+    with h5py.File(w / "runs/data/kornli_train.h5", "r") as f:  # the last prep: ELECTRA's two types
+        assert f["token_type_ids"][()].max() == 1
+    check_exported(w / "runs/doc_cls_nsmc_roberta/hf", "AutoModelForSequenceClassification",
+                   w / "models/klue-roberta-base")
+    check_exported(w / "runs/ner_klue_electra/hf", "AutoModelForTokenClassification", w / "models/kcelectra-base")
+    rows = jsonl(w / "runs/pair_cls_kornli_roberta/predict/predictions.jsonl")
+    assert len(rows) == 20 and all(len(r["probabilities"]) == 3 for r in rows)
+    with h5py.File(w / "runs/pair_cls_kornli_roberta/predict/input.h5", "r") as f:  # pairs, one token type
+        assert f["token_type_ids"][()].max() == 0 and f.attrs["type_vocab_size"] == 1
+    rows = jsonl(w / "runs/doc_cls_nsmc_electra/predict/predictions.jsonl")
+    reviews = (w / "my_reviews.txt").read_text(encoding="utf-8").splitlines()
+    same_as_exported(w / "runs/doc_cls_nsmc_electra/hf", rows, reviews)
+
+
 def check_clm(w):
     import h5py
     for name, split in (("train", "train"), ("valid", "validation")):
@@ -353,4 +418,5 @@ def check_zero(w):
 
 
 CHECKS = {"doc_cls": check_doc_cls, "pair_cls": check_pair_cls, "ner": check_ner, "qa": check_qa,
+          "encoders": check_encoders,
           "clm": check_clm, "gen": check_gen, "zero": check_zero}

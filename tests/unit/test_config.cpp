@@ -1072,3 +1072,34 @@ TEST_F(ConfigTest, ControlCharactersInValuesAreRejected) {
                 .config.generate.prompt,
             "a\x7f" "b\\x0\\xZZ");
 }
+
+// ---- the encoders on BERT's block (bert, roberta, electra) ------------------------------------------
+
+TEST(ConfigEncoders, BertKeysServeEveryEncoderAndTheTypeMayComeFromTheWeights) {
+  // BERT's keys apply to roberta and electra; model.embedding_size to electra only
+  Config c = parse({"--model.type=roberta", "--run.task=doc_cls", "--model.hidden_size=64",
+                    "--model.type_vocab_size=1", "--data.train=x.h5"}).config;
+  EXPECT_TRUE(c.model.is_encoder());
+  EXPECT_EQ(c.model.hidden_size, 64);
+  c = parse({"--model.type=electra", "--run.task=ner", "--model.embedding_size=16", "--data.train=x.h5"}).config;
+  EXPECT_EQ(c.model.embedding_size, 16);
+  EXPECT_CONTAINS(error_of({"--model.type=bert", "--run.task=doc_cls", "--model.embedding_size=16", "--data.train=x.h5"}),
+                  "model.embedding_size = 16 (command line) applies only to model.type = electra");
+  EXPECT_CONTAINS(error_of({"--model.type=electra", "--run.task=mlm", "--data.train=x.h5"}),
+                  "is not an objective of model.type = electra");
+  EXPECT_CONTAINS(error_of({"--model.type=roberta", "--run.task=clm", "--data.train=x.h5"}),
+                  "run.task = clm (command line) needs model.type = gpt2; with model.type = roberta");
+  // model.type not given, model.weights given: the type-dependent checks wait for the weights
+  c = parse({"--model.weights=w.h5", "--run.task=qa", "--model.hidden_dropout_prob=0", "--data.train=x.h5"}).config;
+  EXPECT_TRUE(nlp::model_type_from_weights(c));
+  EXPECT_CONTAINS(error_of({"--model.type=gpt2", "--model.weights=w.h5", "--run.task=qa", "--data.train=x.h5"}),
+                  "needs model.type = bert, roberta or electra");
+  // RoBERTa's positions start after its pad id
+  nlp::ModelConfig mc;
+  mc.type = "roberta";
+  mc.max_position_embeddings = 514;
+  mc.pad_token_id = 1;
+  EXPECT_EQ(mc.max_sequence_length(), 512);
+  mc.type = "electra";
+  EXPECT_EQ(mc.max_sequence_length(), 514);
+}
