@@ -52,8 +52,9 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 
 // The memory plan of one rank (train/memory_plan.h), from the model's parameter table without its
 // arenas. When it exceeds the memory this rank may use (the device's free memory, run.memory_limit_gb)
-// on any rank, every rank reports it with the keys that would make it fit and returns false: nothing
-// large has been allocated and nothing written to output.dir.
+// on any rank, the lowest such rank reports it with the keys that would make it fit and every rank
+// throws ReportedError (comm/agree.h): nothing large has been allocated and nothing written to
+// output.dir.
 bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::ModelConfig& mc,
                        nlp::Backend& be, int T, int device, nlp::MemoryPlan& plan) {
   using namespace nlp;
@@ -72,7 +73,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   double over = why.empty() ? 0.0 : 1.0;
   comm.allreduce_sum_host(&over, 1);
   if (over == 0.0) return true;
-  if (why.empty()) why = "the memory available on another rank (see its message)";
+  if (why.empty()) agree_on_error(comm, "");  // another rank reports it (the lowest that does not fit)
   // What would fit: the largest batch size, and the plan with recomputation.
   const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
   std::string hints;
@@ -117,16 +118,17 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const std::string acts = plan.decoder ? cat(plan.activations_label(), " ", acts_mib)
                                         : cat("activations ", acts_mib, " for train.batch_size = ", plan.B, ", T = ",
                                               plan.T, ", train.recompute = ", cfg.train.recompute);
-  std::fprintf(stderr,
-               "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
-               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), %s, workspace %.1f MiB) "
-               "exceeds %s; stopped before allocating. %s%s\n",
-               comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
-               mib(plan.optimizer), cfg.train.zero, acts.c_str(), mib(plan.workspace), why.c_str(),
-               generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: ",
-               hints.c_str());
-  std::fflush(stderr);
-  return false;
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "the memory plan does not fit: %.0f MiB per rank (weights %.1f, gradients %.1f, AdamW %.1f "
+                "(train.zero = %d), %s, workspace %.1f MiB) exceeds ",
+                mib(plan.total()), mib(plan.weights), mib(plan.grads), mib(plan.optimizer), cfg.train.zero,
+                acts.c_str(), mib(plan.workspace));
+  agree_on_error(comm, cat(head, why, "; stopped before allocating. ",
+                           generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, "
+                                           "train.recompute, train.zero: ",
+                           hints));
+  return false;  // not reached: agree_on_error throws on every rank
 }
 
 // ---- The backend ----------------------------------------------------------------------------------
@@ -199,16 +201,6 @@ struct Devices {
   std::unique_ptr<nlp::Comm> gpu;
   nlp::Comm* dcomm = nullptr;  // gpu, or the MPI communicator
 };
-
-Devices make_devices(const nlp::Config& cfg, nlp::Comm& comm, const BackendChoice& c) {
-  using namespace nlp;
-  Devices d;
-  d.be = make_backend(cfg.run.backend, c.tplan.threads, c.device, c.bopts);
-  if (c.gpu_comm == "staged") d.gpu = make_staged_comm(comm, *d.be);
-  else if (c.gpu_comm == "nccl") d.gpu = make_nccl_comm(comm, *d.be, cfg.comm.timeout_s);
-  d.dcomm = d.gpu ? d.gpu.get() : &comm;
-  return d;
-}
 
 // ---- The model's configuration --------------------------------------------------------------------
 
@@ -442,39 +434,56 @@ int run_mode(nlp::Session& s) {
   return 0;
 }
 
-// One run, in its phases; returns the exit code.
+// One run, in its phases; returns the exit code. Each start-up phase is agreed on by every rank
+// (comm/agree.h): an error in it, the same on every rank or found by some, is printed once and every
+// rank ends through MPI_Finalize (the mode's set-up agrees on its errors too: open_dataset, resume).
+// A fresh output.dir that an error ends is left as it was found (RunLock::leave_as_found).
 int run(const nlp::Config& cfg, nlp::Comm& comm) {
   using namespace nlp;
   // Before anything is written to output.dir: a second run on the same folder is refused here.
-  RunLock lock = RunLock::acquire(comm, cfg.output.dir);
-  Log log(comm.rank());
-  // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
-  claim_run_folder(comm, cfg, log);
-  const bool append = cfg.run.mode != "train" || cfg.train.resume;
-  // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
-  log.open(cfg.output.dir, append, cfg.to_ini());
-  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
+  RunLock lock = agreed(comm, [&] { return RunLock::acquire(comm, cfg.output.dir); });
+  try {
+    Log log(comm.rank());
+    // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
+    agreed(comm, [&] { claim_run_folder(comm, cfg, log); });
+    const bool append = cfg.run.mode != "train" || cfg.train.resume;
+    // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
+    log.open(cfg.output.dir, append, cfg.to_ini());
+    for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
 
-  // The backend, the gradient communicator, and the effective configuration.
-  const BackendChoice choice = choose_backend(cfg, comm);
-  Devices dev = make_devices(cfg, comm, choice);
-  const Resolved r = resolve_config(cfg, comm, choice);
-  const ModelConfig& mc = r.eff.model;
-  log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
+    // The backend, the gradient communicator, and the effective configuration.
+    const BackendChoice choice = agreed(comm, [&] { return choose_backend(cfg, comm); });
+    Devices dev;
+    dev.be = agreed(comm, [&] {
+      return make_backend(cfg.run.backend, choice.tplan.threads, choice.device, choice.bopts);
+    });
+    // The GPU communicators' set-up is collective itself: an error there ends the job (MPI_Abort)
+    if (choice.gpu_comm == "staged") dev.gpu = make_staged_comm(comm, *dev.be);
+    else if (choice.gpu_comm == "nccl") dev.gpu = make_nccl_comm(comm, *dev.be, cfg.comm.timeout_s);
+    dev.dcomm = dev.gpu ? dev.gpu.get() : &comm;
+    const Resolved r = agreed(comm, [&] { return resolve_config(cfg, comm, choice); });
+    const ModelConfig& mc = r.eff.model;
+    log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
 
-  // The memory plan, before the model's arenas exist: stop here when it does not fit.
-  MemoryPlan plan;
-  if (!check_memory_plan(cfg, comm, mc, *dev.be, plan_length(cfg, mc), choice.device, plan)) return 1;
+    // The memory plan, before the model's arenas exist: stop here when it does not fit.
+    MemoryPlan plan;
+    const int plan_T = agreed(comm, [&] { return plan_length(cfg, mc); });
+    check_memory_plan(cfg, comm, mc, *dev.be, plan_T, choice.device, plan);
 
-  // The model, its weights, and what it holds.
-  ModelStack m = build_model(cfg, mc, *dev.be, choice);
-  log_run_header(cfg, comm, log, *dev.be, choice, r);
-  std::vector<std::string> fresh = init_or_load_weights(cfg, mc, *m.model, log, r.num_labels_source);
-  log_model(cfg, mc, *m.model, log, plan);
+    // The model, its weights, and what it holds.
+    ModelStack m = agreed(comm, [&] { return build_model(cfg, mc, *dev.be, choice); });
+    log_run_header(cfg, comm, log, *dev.be, choice, r);
+    std::vector<std::string> fresh =
+        agreed(comm, [&] { return init_or_load_weights(cfg, mc, *m.model, log, r.num_labels_source); });
+    log_model(cfg, mc, *m.model, log, plan);
 
-  Session s{r.eff, r.task, *dev.dcomm, *m.model_be, log, *m.model, std::move(fresh)};
-  s.memory_plan_json = plan.json();
-  return run_mode(s);
+    Session s{r.eff, r.task, *dev.dcomm, *m.model_be, log, *m.model, std::move(fresh)};
+    s.memory_plan_json = plan.json();
+    return run_mode(s);
+  } catch (...) {
+    lock.leave_as_found();  // a fresh folder an error ends: as it was (removed when the run made it)
+    throw;
+  }
 }
 
 // Lines "key = value" of an effective configuration (Config::to_ini() without its header comment),

@@ -67,12 +67,29 @@ TokenDataset open_and_check(const Session& s, const std::string& path, const std
   const int positions = bert ? mc.max_position_embeddings : mc.n_positions;
   const int seq_len = dataset_seq_len(s.cfg, mc, path);
   DatasetLimits limits;
-  if (has_classifier(s.task)) limits.label_range = mc.num_labels;
+  if (has_classifier(s.task)) {
+    limits.label_range = mc.num_labels;
+    limits.label_key = cat("model.num_labels = ", mc.num_labels, " (",
+                           !mc.weights.empty() ? cat("model.weights '", mc.weights, "' and ", s.cfg.where("model.num_labels"))
+                           : s.cfg.is_set("model.num_labels") ? s.cfg.where("model.num_labels")
+                                                              : std::string("from the data"),
+                           "): set model.num_labels to the number of classes");
+  }
   if (bert) limits.type_vocab = mc.type_vocab_size;
   TokenDataset ds(path, seq_len, mc.vocab_size, limits);
-  if (ds.seq_len() > positions)
-    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
-                    bert ? "max_position_embeddings" : "n_positions", " = ", positions));
+  if (ds.seq_len() > positions) {
+    // The key to change: data.seq_len for a token stream (it cuts the windows), the rows' length
+    // (the prep tool's) for a 2-D file; the model's positions unless model.weights fixes them.
+    const std::string pos_key = bert ? "model.max_position_embeddings" : "model.n_positions";
+    const std::string pos_from = mc.weights.empty() ? s.cfg.where(pos_key) : cat("from model.weights '", mc.weights, "'");
+    const std::string fix =
+        ds.is_stream() ? cat("set data.seq_len to at most ", positions, " (now ", ds.seq_len(), ", ", s.cfg.where("data.seq_len"), ")")
+                       : cat("make its rows at most ", positions, " tokens long (the prep tool's --max-seq-len, "
+                             "make_dataset.py's --seq-len; data.seq_len must equal the rows' length)");
+    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds ", pos_key, " = ",
+                    positions, " (", pos_from, "): ", fix,
+                    mc.weights.empty() ? cat(", or raise ", pos_key, " to ", ds.seq_len()) : std::string()));
+  }
   // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
   const bool predict = s.cfg.run.mode == "predict" && key == "data.eval";
   if (is_seq_cls(s.task) && !ds.has_seq_labels() && !predict)
