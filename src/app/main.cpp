@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -619,6 +621,98 @@ bool parse_on_every_rank(int argc, char** argv, int rank, int size, nlp::ParseRe
   return false;
 }
 
+// ---- --check ---------------------------------------------------------------------------------------
+
+// Where a value of the effective configuration comes from, for --check: the INI, the command line, a
+// preset or the default (Config::where), the weights file's attributes, or the data.
+std::string value_source(const nlp::Config& cfg, const Resolved& r, const std::string& key, bool changed,
+                         const nlp::h5::File* weights) {
+  using namespace nlp;
+  if (key == "model.num_labels" && !r.num_labels_source.empty()) return r.num_labels_source;
+  if (key == "train.steps" && !r.epochs_line.empty()) return r.epochs_line;
+  if (key.rfind("model.", 0) == 0 && weights && key != "model.weights" && weights->has_attr(key.substr(6)))
+    return cfg.is_set(key) ? cat(cfg.where(key), ", the same in the weights '", weights->path(), "'")
+                           : cat("the weights '", weights->path(), "'");
+  if (changed) return cfg.is_set(key) ? cat(cfg.where(key), ", resolved at start-up") : "resolved at start-up";
+  return cfg.where(key);
+}
+
+// The effective configuration as the run would write it to config.ini, each value marked with its source.
+std::string annotated_config(const nlp::Config& cfg, const Resolved& r) {
+  std::unique_ptr<nlp::h5::File> weights;
+  if (!r.eff.model.weights.empty())
+    weights = std::make_unique<nlp::h5::File>(nlp::h5::File::open_read(r.eff.model.weights));
+  std::map<std::string, std::string> given;
+  for (const auto& [key, value] : config_lines(cfg.to_ini())) given[key] = value;
+  std::ostringstream out;
+  std::istringstream in(r.eff.to_ini());
+  std::string line, section;
+  while (std::getline(in, line)) {
+    const auto eq = line.find(" = ");
+    if (!line.empty() && line[0] == '[') section = line.substr(1, line.find(']') - 1);
+    if (line.empty() || line[0] == '#' || line[0] == '[' || eq == std::string::npos) {
+      out << line << "\n";
+      continue;
+    }
+    const std::string key = section + "." + line.substr(0, eq), value = line.substr(eq + 3);
+    const auto g = given.find(key);
+    out << line << "    # " << value_source(cfg, r, key, g == given.end() || g->second != value, weights.get()) << "\n";
+  }
+  return out.str();
+}
+
+// One line per dataset the mode reads: its layout as the run would cut it (headers only).
+std::vector<std::string> check_datasets(const nlp::Config& cfg, const Resolved& r) {
+  using namespace nlp;
+  std::vector<std::string> lines;
+  auto one = [&](const std::string& key, const std::string& path) {
+    const TokenDataset ds = open_dataset_header(cfg, r.eff.model, r.task, path, key);
+    lines.push_back(cat(key, " = '", path, "': ",
+                        ds.is_stream() ? cat("a token stream: ", ds.size(), " windows of ", ds.seq_len(),
+                                             " + 1 tokens (data.seq_len = ", ds.seq_len(),
+                                             cfg.data.seq_len == 0 ? ", the model's positions up to 1024" : "", ")")
+                                       : cat(ds.size(), " rows of ", ds.seq_len(), " tokens",
+                                             cfg.data.seq_len == 0 ? " (data.seq_len = 0: the rows' length)" : ""),
+                        ds.has_seq_labels() ? ", labels [examples]" : ds.has_token_labels() ? ", labels [examples, T]" : "",
+                        ds.has_positions() ? ", start/end positions" : ""));
+  };
+  if (cfg.reads_train()) one("data.train", cfg.data.train);
+  if (cfg.reads_eval() && !cfg.data.eval.empty()) one("data.eval", cfg.data.eval);
+  return lines;
+}
+
+// --check: the configuration as the run would resolve it, run nothing. Every input file is opened
+// (headers and attributes, no tensor or dataset values read): the weights' and datasets' attributes
+// give the values the run takes from them, printed with their source; a missing or unreadable file,
+// a wrong layout or values that do not fit together are errors, printed once, exit code 1.
+int run_check(const nlp::Config& cfg, int rank) {
+  using namespace nlp;
+  std::unique_ptr<Comm> comm = make_mpi_comm(cfg.comm.timeout_s);
+  try {
+    agree_on_error(*comm, check_input_files(cfg));
+    const BackendChoice choice = agreed(*comm, [&] { return choose_backend(cfg, *comm); });
+    const Resolved r = agreed(*comm, [&] { return resolve_config(cfg, *comm, choice); });
+    const std::string ini = agreed(*comm, [&] { return annotated_config(cfg, r); });
+    const std::vector<std::string> data = agreed(*comm, [&] { return check_datasets(cfg, r); });
+    if (rank != 0) return 0;
+    std::printf("%s", ini.c_str());
+    std::printf("\n# --check: the files were opened (headers and attributes; no tensor or dataset value read):\n");
+    if (!cfg.model.weights.empty())
+      std::printf("#   model.weights = '%s': model_type %s and the attributes marked above\n",
+                  cfg.model.weights.c_str(), r.eff.model.type.c_str());
+    for (const auto& l : data) std::printf("#   %s\n", l.c_str());
+    for (const auto& w : r.vocab_warnings) std::printf("#   %s\n", w.c_str());
+    if (!r.warmup.empty()) std::printf("#   %s\n", r.warmup.c_str());
+    std::printf("# not checked without running: the datasets' values (ids, masks, labels in range), the weights' "
+                "tensors (names, shapes, finite values), the memory plan against the device's memory, the "
+                "devices and GPU communicators, writing output.dir and its lock\n");
+    std::fflush(stdout);
+  } catch (const ReportedError&) {
+    return 1;
+  }
+  return 0;
+}
+
 // The MPI communicator, the input files, then the run; returns the exit code. An error after the
 // configuration was read: reported on every rank, or once where the ranks agreed on it, and with
 // more than one rank MPI_Abort, so nothing hangs.
@@ -687,10 +781,10 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (pr.check) {  // --check: the configuration is valid; print it and run nothing
-    if (rank == 0) std::printf("%s", pr.config.to_ini().c_str());
+  if (pr.check) {  // --check: the configuration and its files' headers, run nothing
+    const int code = run_check(pr.config, rank);
     MPI_Finalize();
-    return 0;
+    return code;
   }
   const int code = run_with_comm(pr.config, rank, size);  // the communicator is gone on return
   MPI_Finalize();
