@@ -1288,6 +1288,10 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("train.schedule_steps = ", c.train.schedule_steps, " (", from("train.schedule_steps"),
                     ") must exceed train.warmup_steps = ", c.train.warmup_steps, " (", from("train.warmup_steps"),
                     "): the ", c.train.schedule, " decay would never start"));
+  if (c.run.mode == "predict" && (c.run.task == "clm" || c.run.task == "mlm"))
+    throw Error(cat("run.mode = predict (", from("run.mode"), ") writes the predictions of run.task = doc_cls, "
+                    "pair_cls, ner or qa, not run.task = ", c.run.task, " (", from("run.task"),
+                    "): use run.mode = eval for its loss", c.run.task == "clm" ? ", run.mode = generate for text" : ""));
   if (c.train.epochs > 0 && c.is_set("train.steps"))
     throw Error(cat("train.epochs = ", c.train.epochs, " (", from("train.epochs"), ") and train.steps = ",
                     c.train.steps, " (", from("train.steps"), ") are both set; give one of them"));

@@ -944,7 +944,7 @@ int finish_run(StepLoop& L, bool stopped) {
 int run_train(Session& s) {
   const TrainConfig& tc = s.cfg.train;
   // Set-up: the data, the optimizer (sharded with train.zero = 1) and the state a checkpoint holds.
-  const TrainData data = open_train_data(s);
+  const TrainData data = agreed(s.comm, [&] { return open_train_data(s); });
   Optimizer optim(s, tc.zero == 1 && s.comm.size() > 1);
   TrainState st;
   st.seed = tc.seed;
@@ -963,7 +963,7 @@ int run_train(Session& s) {
   const bool nothing_to_do = tc.resume && st.step > 0 && st.step >= tc.steps;
   if (nothing_to_do) s.log.keep_config_file();
   note_optimizer(s, optim, shape, notes);
-  const TrainOrder order = example_order(s, data, shape, st, notes);
+  const TrainOrder order = agreed(s.comm, [&] { return example_order(s, data, shape, st, notes); });
   st.schedule_steps = schedule_length(tc.schedule_steps, tc.steps);  // recorded in the checkpoints
   // Resumed from a checkpoint in that folder: it must stay the same folder.
   const CheckpointDir ckpt_dir_id = st.step > 0 ? identify(s.cfg.output.dir + "/checkpoints") : CheckpointDir{};

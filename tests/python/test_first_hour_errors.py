@@ -59,6 +59,10 @@ CASES = {
                     "nlptrain: error: the memory plan does not fit: "),
     "comm.gpu": (["--data.train={d}/stream.h5", "--data.seq_len=16", "--comm.gpu=nccl"],
                  "nlptrain: error: comm.gpu = nccl needs run.backend = cuda"),
+    "global batch": (["--data.train={d}/stream.h5", "--data.seq_len=16",
+                      "--train.batch_size=1000"],
+                     "nlptrain: error: data.train = '{d}/stream.h5' has 64 examples, fewer than one global batch of "
+                     "2000 (2 ranks x train.batch_size = 1000)"),
 }
 
 
@@ -111,3 +115,31 @@ def test_a_classifier_label_mismatch_is_printed_once(data, tmp_path):
     for banner in BANNERS:
         assert banner not in p.stderr, p.stderr
     assert not out.exists()
+
+
+def test_a_bad_prompt_is_printed_once_before_the_output_starts(data, tmp_path):
+    weights = tmp_path / "w" / "checkpoints" / "step_00000002.h5"
+    nr.run(TINY + [f"--data.train={data}/stream.h5", "--data.seq_len=16", "--checkpoint.interval=2",
+                   f"--output.dir={tmp_path / 'w'}"])
+    gen = ["--run.mode=generate", f"--model.weights={weights}", "--run.threads=1", "--generate.tokenizer=byte",
+           "--generate.max_new_tokens=2"]
+    out = tmp_path / "gen"
+    p = mpirun(gen + ["--generate.prompt=abc", f"--output.dir={out}"])  # 'a' = 97 >= vocab_size 64
+    once(p, "nlptrain: error [rank 0 of 2]: generate.prompt: token id 97 (tokenizer byte) is outside the model's "
+            "vocabulary (model.vocab_size = 64)")
+    assert not out.exists()
+    p = mpirun(gen + ["--generate.prompt=" + "\x01" * 20, f"--output.dir={out}"])
+    once(p, "generate.prompt has 20 tokens; model.n_positions = 16 leaves no room to generate")
+    assert not out.exists()
+    p = mpirun(gen + ["--generate.prompt=\x01", f"--output.dir={out}"])  # a good prompt still generates
+    assert p.returncode == 0, p.stderr
+    assert (out / "generated.txt").exists()
+
+
+def test_predict_for_a_language_model_is_a_configuration_error(data, tmp_path):
+    p = mpirun(TINY + ["--run.mode=predict", f"--data.eval={data}/stream.h5", f"--output.dir={tmp_path / 'o'}"])
+    assert p.returncode == 2
+    once(p, "nlptrain: error: run.mode = predict (command line) writes the predictions of run.task = doc_cls, "
+            "pair_cls, ner or qa, not run.task = clm (default): use run.mode = eval for its loss, run.mode = "
+            "generate for text")
+    assert not (tmp_path / "o").exists()
