@@ -36,13 +36,16 @@ Types: `int`, `uint64`, `float`, `bool` (`true`/`false`, `1`/`0`, `yes`/`no`, `o
 
 ```sh
 build/nlptrain --help                             # this table, from the binary
-build/nlptrain inputs/doc_cls_nsmc.ini --check    # validate an input file and its overrides, print the
-                                                  # effective configuration; opens no dataset or weights
+build/nlptrain inputs/doc_cls_nsmc.ini --check    # validate an input file, its overrides and the headers
+                                                  # of its files; print the effective configuration
 ```
 
 `--check` runs every check of the configuration itself (keys, types, ranges, the combinations of
-keys) and exits with status 0, or 2 and the error; the checks of the files the keys name (datasets,
-weights, `output.dir`) run when the job starts, before it writes anything.
+keys; status 2 and the error), then opens the files the keys name, headers and attributes only
+(datasets, weights; status 1 and the error), and prints the effective configuration as the run would
+resolve it, each value marked with its source (command line, config file, preset, default, the
+weights, the data), and what only a run checks (the files' values and tensors, the memory plan,
+`output.dir`).
 """
 
 

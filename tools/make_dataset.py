@@ -3,21 +3,29 @@
 
 Tokenizers (--tokenizer, see tools/hub_tokenizer.py)
   byte    id = byte value (vocabulary 256).
-  gpt2    GPT-2 BPE from --vocab-dir (encoder.json + vocab.bpe); each file is tokenized as one text.
+  gpt2    GPT-2 BPE from --vocab-dir (encoder.json + vocab.bpe).
   PATH    a Hugging Face tokenizer folder (or file): tokenizer.json, vocab.json + merges.txt,
-          encoder.json + vocab.bpe or vocab.txt. Tokenized as transformers' run_clm.py does with a
-          .txt file: one example per line (the datasets `text` loader, keep_linebreaks=True: each
-          line keeps its "\n", a blank line is "\n"), each encoded with tokenizer(line), i.e. with
-          the special tokens its post-processor adds (none for GPT-2; BOS for a Llama-style
-          template), then concatenated. EOS for --eos-between-files is the tokenizer's eos token.
+          encoder.json + vocab.bpe or vocab.txt. Each example is encoded with tokenizer(example),
+          i.e. with the special tokens its post-processor adds (none for GPT-2; [CLS] ... [SEP] for
+          BERT; BOS for a Llama-style template). EOS for --eos-between-files is the tokenizer's eos
+          token.
 
-Hub dataset files (tools/hub_datasets.py): a .parquet, .jsonl/.json (JSON Lines) or .csv input is read
-row by row, its --text-column (default text) one example per row, tokenised on its own as above (with
-the special tokens of a PATH tokenizer's post-processor) and concatenated: the ids of run_clm's
-`--train_file` (or `--dataset_name`) with that column. A downloaded dataset folder (`hf download
---repo-type dataset Salesforce/wikitext --local-dir datasets/wikitext`) is read with --config (its
-sub-folder, e.g. wikitext-2-raw-v1) and --split (train, validation or test: the files whose names say
-so, e.g. train-00000-of-00001.parquet, shards in name order).
+One rule for every input, as transformers' run_clm.py reads it: the input is a sequence of examples,
+each tokenized on its own, and their ids are concatenated.
+  .txt (any other name)  one example per line, as the datasets `text` loader gives them with
+          keep_linebreaks=True: each line keeps its "\n", a blank line is "\n", a last line without
+          "\n" is kept as it is. (For byte the concatenation of the lines' bytes is the file's bytes.)
+  .parquet, .jsonl/.json (JSON Lines or one JSON array), .csv (tools/hub_datasets.py)  one example per
+          row: its --text-column (default text) as it is stored; the Hub's text datasets (e.g.
+          Salesforce/wikitext) keep each line's "\n" in the row, so the same text as .txt and as
+          such rows gives the same ids.
+  a downloaded dataset folder (`hf download --repo-type dataset Salesforce/wikitext --local-dir
+          datasets/wikitext`) is read with --config (its sub-folder, e.g. wikitext-2-raw-v1) and
+          --split (train, validation or test: the files whose names say so, e.g.
+          train-00000-of-00001.parquet, shards in name order).
+Tokenizing line by line is not tokenizing the file as one text: a BPE's pre-tokenizer joins the "\n"
+of a line with the spaces that start the next one when it sees both, so one text gives fewer ids.
+The ids above are those of run_clm's `--train_file` (or `--dataset_name`) with that column.
 
 run_clm's blocks: run_clm cuts the concatenation into block_size blocks and drops the remainder, per
 map batch of 1000 examples. `--layout rows --seq-len T --group-rows 1000` writes exactly those blocks
@@ -120,7 +128,6 @@ def parse_args(argv):
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                    help="fraction of the stream (its tail) to write to --val-out (0 <= F < 1)")
     p.add_argument("--val-out", metavar="FILE.h5", help="validation output file (with --val-fraction)")
-    p.add_argument("--chunk-chars", type=int, default=1 << 18, help=argparse.SUPPRESS)  # tokenizer piece size
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p.parse_args(argv)
 
@@ -153,9 +160,9 @@ def resolve_inputs(a):
         if a.eos_between_lines or a.eos_between_files:
             raise nd.DataError("--group-rows reproduces run_clm, which puts no EOS between examples: "
                                "drop --eos-between-lines/--eos-between-files")
-        if len(tables) != len(a.inputs) and a.tokenizer in ("byte", "gpt2"):
-            raise nd.DataError(f"--group-rows counts examples: text files have them (one per line) with a "
-                               f"tokenizer folder, not with --tokenizer {a.tokenizer}")
+        if len(tables) != len(a.inputs) and a.tokenizer == "byte":
+            raise nd.DataError("--group-rows counts examples: text files have them (one per line) with a "
+                               "gpt2 or folder tokenizer, not with --tokenizer byte (a stream of bytes)")
 
 
 def check_args(a):
@@ -193,8 +200,6 @@ def check_args(a):
             raise nd.DataError(f"output '{o}' is a folder")
         if any(os.path.abspath(o) == os.path.abspath(i) for i in a.inputs):
             raise nd.DataError(f"output '{o}' is also an input")
-    if a.chunk_chars < 16:
-        raise nd.DataError("--chunk-chars must be >= 16")
 
 
 def tokenize_to_file(a, tok, raw):
@@ -202,6 +207,7 @@ def tokenize_to_file(a, tok, raw):
     import numpy as np
 
     total = 0
+    a.text_chars = 0  # characters (bytes for byte) handed to the tokenizer
     a.group_ends = []  # with --group-rows: the stream length after every group of examples
     n_examples = 0
 
@@ -216,6 +222,7 @@ def tokenize_to_file(a, tok, raw):
         nonlocal n_examples
         if not texts:
             return
+        a.text_chars += sum(len(t) for t in texts)
         for ids in tok.ids(texts, add_special_tokens=True) if tok.name == "hub" else tok.ids(texts):
             put(ids)
             n_examples += 1
@@ -235,6 +242,7 @@ def tokenize_to_file(a, tok, raw):
 
             def flush():
                 nonlocal first
+                a.text_chars += sum(len(t) for t in batch)
                 for ids in tok.ids(batch, add_special_tokens=True) if tok.name == "hub" else tok.ids(batch):
                     if not first:
                         put([tok.eos_id])
@@ -264,9 +272,10 @@ def tokenize_to_file(a, tok, raw):
                     batch = []
             put_examples(batch)
         elif tok.name == "byte":
-            for block in nd.read_byte_blocks(path, keep_cr=a.keep_cr):
+            for block in nd.read_byte_blocks(path, keep_cr=a.keep_cr):  # = its lines' bytes, concatenated
+                a.text_chars += len(block)
                 put(np.frombuffer(block, dtype=np.uint8))
-        elif tok.name == "hub":
+        else:  # a text file: one example per line, each keeping its "\n" (the datasets `text` loader's rows)
             batch = []
             for line in nd.read_text_lines(path, keep_cr=a.keep_cr):
                 batch.append(line)
@@ -274,17 +283,6 @@ def tokenize_to_file(a, tok, raw):
                     put_examples(batch)
                     batch = []
             put_examples(batch)
-        else:
-            batch = []
-            for piece in nd.read_text_pieces(path, piece_chars=a.chunk_chars, keep_cr=a.keep_cr):
-                batch.append(piece)
-                if len(batch) >= 16:
-                    for ids in tok.ids(batch):
-                        put(ids)
-                    batch = []
-            if batch:
-                for ids in tok.ids(batch):
-                    put(ids)
     return finish()
 
 
@@ -398,6 +396,12 @@ def main(argv=None):
         temps.append(raw_path)
         with os.fdopen(fd, "wb") as raw:
             L = tokenize_to_file(a, tok, raw)
+        if L == 0 and a.text_chars > 0:
+            raise nd.DataError(
+                f"the tokenizer {tok.description} produced no tokens from {a.text_chars} characters of text in "
+                + ", ".join(f"'{p}'" for p in a.inputs)
+                + f" (its vocabulary has {tok.vocab_size} token{'' if tok.vocab_size == 1 else 's'}): the tokenizer, "
+                "not the data, is at fault; give a tokenizer whose vocabulary covers the text")
         if L == 0:
             raise nd.DataError("the inputs contain no text (0 tokens): " + ", ".join(f"'{p}'" for p in a.inputs))
         stream = np.memmap(raw_path, dtype=np.int32, mode="r", shape=(L,))

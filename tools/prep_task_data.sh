@@ -13,7 +13,7 @@ if [ -n "${2:-}" ]; then
 else
   V=$D/vocab/kcbert-base/vocab.txt
   [ -f "$V" ] || { echo "prep_task_data: vocabulary not found: $V" >&2; exit 1; }
-  TOK=("${TOK[@]}")
+  TOK=(--vocab "$V")
 fi
 # PREP_LIMIT=N: only the first N examples of each input (a quick look, and the README walkthrough test)
 LIM=(); [ -n "${PREP_LIMIT:-}" ] && LIM=(--limit "$PREP_LIMIT")

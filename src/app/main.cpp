@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -52,8 +54,9 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 
 // The memory plan of one rank (train/memory_plan.h), from the model's parameter table without its
 // arenas. When it exceeds the memory this rank may use (the device's free memory, run.memory_limit_gb)
-// on any rank, every rank reports it with the keys that would make it fit and returns false: nothing
-// large has been allocated and nothing written to output.dir.
+// on any rank, the lowest such rank reports it with the keys that would make it fit and every rank
+// throws ReportedError (comm/agree.h): nothing large has been allocated and nothing written to
+// output.dir.
 bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::ModelConfig& mc,
                        nlp::Backend& be, int T, int device, nlp::MemoryPlan& plan) {
   using namespace nlp;
@@ -72,7 +75,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   double over = why.empty() ? 0.0 : 1.0;
   comm.allreduce_sum_host(&over, 1);
   if (over == 0.0) return true;
-  if (why.empty()) why = "the memory available on another rank (see its message)";
+  if (why.empty()) agree_on_error(comm, "");  // another rank reports it (the lowest that does not fit)
   // What would fit: the largest batch size, and the plan with recomputation.
   const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
   std::string hints;
@@ -124,16 +127,17 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const std::string acts = plan.decoder ? cat(plan.activations_label(), " ", acts_mib)
                                         : cat("activations ", acts_mib, " for train.batch_size = ", plan.B, ", T = ",
                                               plan.T, ", train.recompute = ", cfg.train.recompute);
-  std::fprintf(stderr,
-               "nlptrain: error [rank %d of %d]: the memory plan does not fit: %.0f MiB per rank "
-               "(weights %.1f, gradients %.1f, AdamW %.1f (train.zero = %d), %s, workspace %.1f MiB) "
-               "exceeds %s; stopped before allocating. %s%s\n",
-               comm.rank(), comm.size(), mib(plan.total()), mib(plan.weights), mib(plan.grads),
-               mib(plan.optimizer), cfg.train.zero, acts.c_str(), mib(plan.workspace), why.c_str(),
-               generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, train.recompute, train.zero: ",
-               hints.c_str());
-  std::fflush(stderr);
-  return false;
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "the memory plan does not fit: %.0f MiB per rank (weights %.1f, gradients %.1f, AdamW %.1f "
+                "(train.zero = %d), %s, workspace %.1f MiB) exceeds ",
+                mib(plan.total()), mib(plan.weights), mib(plan.grads), mib(plan.optimizer), cfg.train.zero,
+                acts.c_str(), mib(plan.workspace));
+  agree_on_error(comm, cat(head, why, "; stopped before allocating. ",
+                           generate ? "" : "Keys that make it fit: train.batch_size, train.grad_accum, "
+                                           "train.recompute, train.zero: ",
+                           hints));
+  return false;  // not reached: agree_on_error throws on every rank
 }
 
 // --check (train mode): the memory plan per rank on `world` ranks for every train.zero / recompute /
@@ -236,16 +240,6 @@ struct Devices {
   std::unique_ptr<nlp::Comm> gpu;
   nlp::Comm* dcomm = nullptr;  // gpu, or the MPI communicator
 };
-
-Devices make_devices(const nlp::Config& cfg, nlp::Comm& comm, const BackendChoice& c) {
-  using namespace nlp;
-  Devices d;
-  d.be = make_backend(cfg.run.backend, c.tplan.threads, c.device, c.bopts);
-  if (c.gpu_comm == "staged") d.gpu = make_staged_comm(comm, *d.be);
-  else if (c.gpu_comm == "nccl") d.gpu = make_nccl_comm(comm, *d.be, cfg.comm.timeout_s);
-  d.dcomm = d.gpu ? d.gpu.get() : &comm;
-  return d;
-}
 
 // ---- The model's configuration --------------------------------------------------------------------
 
@@ -480,39 +474,56 @@ int run_mode(nlp::Session& s) {
   return 0;
 }
 
-// One run, in its phases; returns the exit code.
+// One run, in its phases; returns the exit code. Each start-up phase is agreed on by every rank
+// (comm/agree.h): an error in it, the same on every rank or found by some, is printed once and every
+// rank ends through MPI_Finalize (the mode's set-up agrees on its errors too: open_dataset, resume).
+// A fresh output.dir that an error ends is left as it was found (RunLock::leave_as_found).
 int run(const nlp::Config& cfg, nlp::Comm& comm) {
   using namespace nlp;
   // Before anything is written to output.dir: a second run on the same folder is refused here.
-  RunLock lock = RunLock::acquire(comm, cfg.output.dir);
-  Log log(comm.rank());
-  // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
-  claim_run_folder(comm, cfg, log);
-  const bool append = cfg.run.mode != "train" || cfg.train.resume;
-  // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
-  log.open(cfg.output.dir, append, cfg.to_ini());
-  for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
+  RunLock lock = agreed(comm, [&] { return RunLock::acquire(comm, cfg.output.dir); });
+  try {
+    Log log(comm.rank());
+    // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
+    agreed(comm, [&] { claim_run_folder(comm, cfg, log); });
+    const bool append = cfg.run.mode != "train" || cfg.train.resume;
+    // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
+    log.open(cfg.output.dir, append, cfg.to_ini());
+    for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's
 
-  // The backend, the gradient communicator, and the effective configuration.
-  const BackendChoice choice = choose_backend(cfg, comm);
-  Devices dev = make_devices(cfg, comm, choice);
-  const Resolved r = resolve_config(cfg, comm, choice);
-  const ModelConfig& mc = r.eff.model;
-  log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
+    // The backend, the gradient communicator, and the effective configuration.
+    const BackendChoice choice = agreed(comm, [&] { return choose_backend(cfg, comm); });
+    Devices dev;
+    dev.be = agreed(comm, [&] {
+      return make_backend(cfg.run.backend, choice.tplan.threads, choice.device, choice.bopts);
+    });
+    // The GPU communicators' set-up is collective itself: an error there ends the job (MPI_Abort)
+    if (choice.gpu_comm == "staged") dev.gpu = make_staged_comm(comm, *dev.be);
+    else if (choice.gpu_comm == "nccl") dev.gpu = make_nccl_comm(comm, *dev.be, cfg.comm.timeout_s);
+    dev.dcomm = dev.gpu ? dev.gpu.get() : &comm;
+    const Resolved r = agreed(comm, [&] { return resolve_config(cfg, comm, choice); });
+    const ModelConfig& mc = r.eff.model;
+    log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
 
-  // The memory plan, before the model's arenas exist: stop here when it does not fit.
-  MemoryPlan plan;
-  if (!check_memory_plan(cfg, comm, mc, *dev.be, plan_length(cfg, mc), choice.device, plan)) return 1;
+    // The memory plan, before the model's arenas exist: stop here when it does not fit.
+    MemoryPlan plan;
+    const int plan_T = agreed(comm, [&] { return plan_length(cfg, mc); });
+    check_memory_plan(cfg, comm, mc, *dev.be, plan_T, choice.device, plan);
 
-  // The model, its weights, and what it holds.
-  ModelStack m = build_model(cfg, mc, *dev.be, choice);
-  log_run_header(cfg, comm, log, *dev.be, choice, r);
-  std::vector<std::string> fresh = init_or_load_weights(cfg, mc, *m.model, log, r.num_labels_source);
-  log_model(cfg, mc, *m.model, log, plan);
+    // The model, its weights, and what it holds.
+    ModelStack m = agreed(comm, [&] { return build_model(cfg, mc, *dev.be, choice); });
+    log_run_header(cfg, comm, log, *dev.be, choice, r);
+    std::vector<std::string> fresh =
+        agreed(comm, [&] { return init_or_load_weights(cfg, mc, *m.model, log, r.num_labels_source); });
+    log_model(cfg, mc, *m.model, log, plan);
 
-  Session s{r.eff, r.task, *dev.dcomm, *m.model_be, log, *m.model, std::move(fresh)};
-  s.memory_plan_json = plan.json();
-  return run_mode(s);
+    Session s{r.eff, r.task, *dev.dcomm, *m.model_be, log, *m.model, std::move(fresh)};
+    s.memory_plan_json = plan.json();
+    return run_mode(s);
+  } catch (...) {
+    lock.leave_as_found();  // a fresh folder an error ends: as it was (removed when the run made it)
+    throw;
+  }
 }
 
 // Lines "key = value" of an effective configuration (Config::to_ini() without its header comment),
@@ -648,6 +659,98 @@ bool parse_on_every_rank(int argc, char** argv, int rank, int size, nlp::ParseRe
   return false;
 }
 
+// ---- --check ---------------------------------------------------------------------------------------
+
+// Where a value of the effective configuration comes from, for --check: the INI, the command line, a
+// preset or the default (Config::where), the weights file's attributes, or the data.
+std::string value_source(const nlp::Config& cfg, const Resolved& r, const std::string& key, bool changed,
+                         const nlp::h5::File* weights) {
+  using namespace nlp;
+  if (key == "model.num_labels" && !r.num_labels_source.empty()) return r.num_labels_source;
+  if (key == "train.steps" && !r.epochs_line.empty()) return r.epochs_line;
+  if (key.rfind("model.", 0) == 0 && weights && key != "model.weights" && weights->has_attr(key.substr(6)))
+    return cfg.is_set(key) ? cat(cfg.where(key), ", the same in the weights '", weights->path(), "'")
+                           : cat("the weights '", weights->path(), "'");
+  if (changed) return cfg.is_set(key) ? cat(cfg.where(key), ", resolved at start-up") : "resolved at start-up";
+  return cfg.where(key);
+}
+
+// The effective configuration as the run would write it to config.ini, each value marked with its source.
+std::string annotated_config(const nlp::Config& cfg, const Resolved& r) {
+  std::unique_ptr<nlp::h5::File> weights;
+  if (!r.eff.model.weights.empty())
+    weights = std::make_unique<nlp::h5::File>(nlp::h5::File::open_read(r.eff.model.weights));
+  std::map<std::string, std::string> given;
+  for (const auto& [key, value] : config_lines(cfg.to_ini())) given[key] = value;
+  std::ostringstream out;
+  std::istringstream in(r.eff.to_ini());
+  std::string line, section;
+  while (std::getline(in, line)) {
+    const auto eq = line.find(" = ");
+    if (!line.empty() && line[0] == '[') section = line.substr(1, line.find(']') - 1);
+    if (line.empty() || line[0] == '#' || line[0] == '[' || eq == std::string::npos) {
+      out << line << "\n";
+      continue;
+    }
+    const std::string key = section + "." + line.substr(0, eq), value = line.substr(eq + 3);
+    const auto g = given.find(key);
+    out << line << "    # " << value_source(cfg, r, key, g == given.end() || g->second != value, weights.get()) << "\n";
+  }
+  return out.str();
+}
+
+// One line per dataset the mode reads: its layout as the run would cut it (headers only).
+std::vector<std::string> check_datasets(const nlp::Config& cfg, const Resolved& r) {
+  using namespace nlp;
+  std::vector<std::string> lines;
+  auto one = [&](const std::string& key, const std::string& path) {
+    const TokenDataset ds = open_dataset_header(cfg, r.eff.model, r.task, path, key);
+    lines.push_back(cat(key, " = '", path, "': ",
+                        ds.is_stream() ? cat("a token stream: ", ds.size(), " windows of ", ds.seq_len(),
+                                             " + 1 tokens (data.seq_len = ", ds.seq_len(),
+                                             cfg.data.seq_len == 0 ? ", the model's positions up to 1024" : "", ")")
+                                       : cat(ds.size(), " rows of ", ds.seq_len(), " tokens",
+                                             cfg.data.seq_len == 0 ? " (data.seq_len = 0: the rows' length)" : ""),
+                        ds.has_seq_labels() ? ", labels [examples]" : ds.has_token_labels() ? ", labels [examples, T]" : "",
+                        ds.has_positions() ? ", start/end positions" : ""));
+  };
+  if (cfg.reads_train()) one("data.train", cfg.data.train);
+  if (cfg.reads_eval() && !cfg.data.eval.empty()) one("data.eval", cfg.data.eval);
+  return lines;
+}
+
+// --check: the configuration as the run would resolve it, run nothing. Every input file is opened
+// (headers and attributes, no tensor or dataset values read): the weights' and datasets' attributes
+// give the values the run takes from them, printed with their source; a missing or unreadable file,
+// a wrong layout or values that do not fit together are errors, printed once, exit code 1.
+int run_check(const nlp::Config& cfg, int rank) {
+  using namespace nlp;
+  std::unique_ptr<Comm> comm = make_mpi_comm(cfg.comm.timeout_s);
+  try {
+    agree_on_error(*comm, check_input_files(cfg));
+    const BackendChoice choice = agreed(*comm, [&] { return choose_backend(cfg, *comm); });
+    const Resolved r = agreed(*comm, [&] { return resolve_config(cfg, *comm, choice); });
+    const std::string ini = agreed(*comm, [&] { return annotated_config(cfg, r); });
+    const std::vector<std::string> data = agreed(*comm, [&] { return check_datasets(cfg, r); });
+    if (rank != 0) return 0;
+    std::printf("%s", ini.c_str());
+    std::printf("\n# --check: the files were opened (headers and attributes; no tensor or dataset value read):\n");
+    if (!cfg.model.weights.empty())
+      std::printf("#   model.weights = '%s': model_type %s and the attributes marked above\n",
+                  cfg.model.weights.c_str(), r.eff.model.type.c_str());
+    for (const auto& l : data) std::printf("#   %s\n", l.c_str());
+    for (const auto& w : r.vocab_warnings) std::printf("#   %s\n", w.c_str());
+    if (!r.warmup.empty()) std::printf("#   %s\n", r.warmup.c_str());
+    std::printf("# not checked without running: the datasets' values (ids, masks, labels in range), the weights' "
+                "tensors (names, shapes, finite values), the memory plan against the device's memory, the "
+                "devices and GPU communicators, writing output.dir and its lock\n");
+    std::fflush(stdout);
+  } catch (const ReportedError&) {
+    return 1;
+  }
+  return 0;
+}
+
 // The MPI communicator, the input files, then the run; returns the exit code. An error after the
 // configuration was read: reported on every rank, or once where the ranks agreed on it, and with
 // more than one rank MPI_Abort, so nothing hangs.
@@ -716,11 +819,11 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (pr.check) {  // --check: the configuration is valid; print it and run nothing
-    if (rank == 0) std::printf("%s", pr.config.to_ini().c_str());
-    if (rank == 0) print_check_memory_plan(pr.config, size);
+  if (pr.check) {  // --check: the configuration and its files' headers, run nothing
+    const int code = run_check(pr.config, rank);
+    if (code == 0 && rank == 0) print_check_memory_plan(pr.config, size);
     MPI_Finalize();
-    return 0;
+    return code;
   }
   const int code = run_with_comm(pr.config, rank, size);  // the communicator is gone on return
   MPI_Finalize();

@@ -2,7 +2,11 @@
 // (a collective), so that it is printed once and every rank can end through MPI_Finalize with an
 // exit code instead of MPI_Abort (whose banner mpirun prints after the message).
 #pragma once
+#include <exception>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "comm/comm.h"
 #include "core/error.h"
@@ -20,5 +24,36 @@ class ReportedError : public Error {
 // prints it to stderr ("nlptrain: error: ..." when every rank failed, else with "[rank R of N]"), and
 // every rank throws ReportedError. Returns when no rank has one.
 void agree_on_error(Comm& comm, const std::string& error);
+
+// Collective: runs f() on this rank; an exception it throws becomes this rank's error for
+// agree_on_error (a ReportedError, agreed inside f, passes through: every rank has it). Returns f()'s
+// value. For start-up work whose own collectives every rank reaches or none (checks that throw the
+// same on every rank, or only before or after their collectives).
+template <class F>
+auto agreed(Comm& comm, F&& f) {
+  using R = decltype(f());
+  std::string error;
+  if constexpr (std::is_void_v<R>) {
+    try {
+      f();
+    } catch (const ReportedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree_on_error(comm, error);
+  } else {
+    std::optional<R> r;
+    try {
+      r.emplace(f());
+    } catch (const ReportedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree_on_error(comm, error);
+    return R(std::move(*r));
+  }
+}
 
 }  // namespace nlp

@@ -311,6 +311,10 @@ const std::vector<Entry>& schema() {
       {KEY(train, lr), gt(0), "peak learning rate"},
       {KEY(train, min_lr_ratio), closed(0, 1), "final lr = lr * min_lr_ratio (linear and cosine)"},
       {KEY(train, warmup_steps), ge(0), "linear warmup steps from 0 to lr"},
+      {KEY(train, schedule_steps), ge(0),
+       "length of the lr schedule: linear and cosine decay to lr * min_lr_ratio at this step and stay there "
+       "after it; 0 = train.steps. Set it to the first run's train.steps to extend a run (a larger "
+       "train.steps with train.resume) without stretching its schedule"},
       {KEY(train, schedule), one_of(kSchedules), "learning-rate schedule after warmup"},
       {KEY(train, weight_decay), ge(0), "AdamW decoupled weight decay"},
       {KEY(train, beta1), closed_open(0, 1), "AdamW beta1"},
@@ -1323,6 +1327,14 @@ ParseResult parse_config(int argc, const char* const* argv) {
       throw Error(cat("generate.prompts_file = '", c.generate.prompts_file, "' (",
                       from("generate.prompts_file"), "): file not found"));
   }
+  if (c.train.schedule_steps > 0 && c.train.schedule_steps <= c.train.warmup_steps && c.train.schedule != "constant")
+    throw Error(cat("train.schedule_steps = ", c.train.schedule_steps, " (", from("train.schedule_steps"),
+                    ") must exceed train.warmup_steps = ", c.train.warmup_steps, " (", from("train.warmup_steps"),
+                    "): the ", c.train.schedule, " decay would never start"));
+  if (c.run.mode == "predict" && (c.run.task == "clm" || c.run.task == "mlm"))
+    throw Error(cat("run.mode = predict (", from("run.mode"), ") writes the predictions of run.task = doc_cls, "
+                    "pair_cls, ner or qa, not run.task = ", c.run.task, " (", from("run.task"),
+                    "): use run.mode = eval for its loss", c.run.task == "clm" ? ", run.mode = generate for text" : ""));
   if (c.train.epochs > 0 && c.is_set("train.steps"))
     throw Error(cat("train.epochs = ", c.train.epochs, " (", from("train.epochs"), ") and train.steps = ",
                     c.train.steps, " (", from("train.steps"), ") are both set; give one of them"));

@@ -134,6 +134,7 @@ struct TrainConfig {
   float lr = 6e-4f;
   float min_lr_ratio = 0.0f;   // final lr = lr * min_lr_ratio (linear and cosine schedules)
   int warmup_steps = 0;
+  int schedule_steps = 0;      // length of the lr schedule (its decay ends there); 0 = train.steps
   std::string schedule = "cosine";  // linear | cosine | constant
   float weight_decay = 0.01f;
   float beta1 = 0.9f;

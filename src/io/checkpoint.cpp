@@ -35,7 +35,8 @@ uint32_t state_crc(const TrainState& s) {
           ";nonfinite_skipped=", s.nonfinite_skipped, ";nonfinite_streak=", s.nonfinite_streak,
           // recorded since resume at another world size; older files' CRCs cover the rest only
           s.batch_size > 0 ? cat(";batch_size=", s.batch_size, ";grad_accum=", s.grad_accum) : std::string(),
-          s.packed_rows != 0 ? cat(";packed_rows=", s.packed_rows) : std::string());  // (since packed steps)
+          s.packed_rows != 0 ? cat(";packed_rows=", s.packed_rows) : std::string(),  // (since packed steps)
+          s.schedule_steps > 0 ? cat(";schedule_steps=", s.schedule_steps) : std::string());  // (since recorded)
   return crc32(text.data(), text.size());
 }
 
@@ -105,6 +106,7 @@ void write_state(h5::File& f, const TrainState& state, int64_t datasets) {
     f.set_attr("nlptrain_grad_accum", static_cast<int64_t>(state.grad_accum));
   }
   if (state.packed_rows != 0) f.set_attr("nlptrain_packed_rows", static_cast<int64_t>(state.packed_rows));
+  if (state.schedule_steps > 0) f.set_attr("nlptrain_schedule_steps", static_cast<int64_t>(state.schedule_steps));
   f.set_attr(kStateCrc, static_cast<int64_t>(state_crc(state)));
   record_checksum_count(f, datasets);
 }
@@ -240,6 +242,7 @@ TrainState read_state(const h5::File& f, const std::string& path) {
     s.grad_accum = f.attr_int("nlptrain_grad_accum");
   }
   s.packed_rows = f.has_attr("nlptrain_packed_rows") ? f.attr_int("nlptrain_packed_rows") : 0;
+  s.schedule_steps = f.has_attr("nlptrain_schedule_steps") ? f.attr_int("nlptrain_schedule_steps") : 0;
   if (f.has_attr(kStateCrc)) {
     const int64_t stored = f.attr_int(kStateCrc);
     if (stored != static_cast<int64_t>(state_crc(s)))
@@ -252,7 +255,7 @@ TrainState read_state(const h5::File& f, const std::string& path) {
   if (s.step < 0 || s.next_batch < 0 || s.world_size < 1 || s.optimizer_steps < 0 ||
       s.optimizer_steps > s.step || s.nonfinite_skipped < 0 || s.nonfinite_streak < 0 ||
       s.batch_size < 0 || s.grad_accum < 0 || (s.batch_size > 0) != (s.grad_accum > 0) ||
-      (s.packed_rows != 0 && s.packed_rows != 1))
+      (s.packed_rows != 0 && s.packed_rows != 1) || s.schedule_steps < 0)
     throw Error(cat("file '", path, "': invalid training state (nlptrain_step=", s.step,
                     ", nlptrain_next_batch=", s.next_batch, ", nlptrain_world_size=", s.world_size,
                     ", nlptrain_optimizer_steps=", s.optimizer_steps, ")"));

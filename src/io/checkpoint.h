@@ -37,6 +37,9 @@ struct TrainState {
   // 1: next_batch counts micro-batches of packed steps (data.pack_batch = rows, train.batch_size in
   // rows); 0: of train.batch_size examples (and every checkpoint written before packed steps existed).
   int64_t packed_rows = 0;
+  // The length of the lr schedule of the run that wrote it (train.schedule_steps, else train.steps);
+  // 0 = not recorded (older checkpoints).
+  int64_t schedule_steps = 0;
 };
 
 // Returns the path written.

@@ -178,7 +178,7 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
           if (lab[j] != -100 && (lab[j] < 0 || lab[j] >= limits_.label_range))
             throw Error(cat("file '", path_, "': labels[row ", first + static_cast<int64_t>(j / T), ", pos ",
                             j % T, "] = ", lab[j], " is out of range [0, ", limits_.label_range,
-                            ") (and is not -100)"));
+                            ") (and is not -100)", limits_.label_key.empty() ? "" : cat(" of ", limits_.label_key)));
       } else {
         std::copy(ids, ids + len, lab);
       }
@@ -199,7 +199,14 @@ void TokenDataset::read(const int64_t* idx, int count, TokenBatch& batch) const 
             throw Error(cat("file '", path_, "': ", col, "[", first + j, "] = ", p[j],
                             " is out of range [", lo, ", ", hi, ")"));
       };
-      if (has_seq_labels_) read_col("labels", batch.seq_labels, 0, limits_.label_range);
+      if (has_seq_labels_) {
+        try {
+          read_col("labels", batch.seq_labels, 0, limits_.label_range);
+        } catch (const Error& e) {
+          if (limits_.label_key.empty()) throw;
+          throw Error(cat(e.what(), " of ", limits_.label_key));
+        }
+      }
       if (has_positions_) {
         read_col("start_positions", batch.start_positions, 0, T_);
         read_col("end_positions", batch.end_positions, 0, T_);

@@ -40,6 +40,7 @@ struct DatasetLimits {
   int label_range = 0;  // token-level and sequence-level labels in [0, label_range); 0 = vocab_size
   int type_vocab = 2;   // token_type_ids in [0, type_vocab)
   std::string type_note;  // appended to the message of a token type out of range (the model's rule)
+  std::string label_key;  // what sets label_range, for messages ("model.num_labels = 2 (command line)")
 };
 
 class TokenDataset {

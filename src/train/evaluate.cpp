@@ -58,38 +58,64 @@ int64_t count_packed_steps(const Config& cfg, const ModelConfig& mc, int world) 
       .steps_in_epoch(0);
 }
 
-namespace {
-
-TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
-  if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", s.cfg.run.mode));
-  const ModelConfig& mc = s.model.config();
+TokenDataset open_dataset_header(const Config& cfg, const ModelConfig& mc, Task task, const std::string& path,
+                                 const std::string& key) {
+  if (path.empty()) throw Error(cat(key, " is empty: a dataset is required for run.mode = ", cfg.run.mode));
   const bool encoder = mc.is_encoder();
   const int positions = mc.max_sequence_length();
-  const int seq_len = dataset_seq_len(s.cfg, mc, path);
+  const int seq_len = dataset_seq_len(cfg, mc, path);
   DatasetLimits limits;
-  if (has_classifier(s.task)) limits.label_range = mc.num_labels;
+  if (has_classifier(task)) {
+    limits.label_range = mc.num_labels;
+    limits.label_key = cat("model.num_labels = ", mc.num_labels, " (",
+                           !mc.weights.empty() ? cat("model.weights '", mc.weights, "' and ", cfg.where("model.num_labels"))
+                           : cfg.is_set("model.num_labels") ? cfg.where("model.num_labels")
+                                                              : std::string("from the data"),
+                           "): set model.num_labels to the number of classes");
+  }
   if (encoder) limits.type_vocab = mc.type_vocab_size;
   if (encoder && mc.type_vocab_size == 1)
     limits.type_note = cat(" (model.type = ", mc.type, " with type_vocab_size = 1: every token type must be 0; "
                            "prepare the data with the prep tools, which write zeros for this model)");
   TokenDataset ds(path, seq_len, mc.vocab_size, limits);
-  if (ds.seq_len() > positions)
-    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds the model's ",
-                    mc.max_sequence_key(), " = ", positions,
-                    mc.type == "roberta" ? " (roberta's positions start at pad_token_id + 1)" : ""));
+  if (ds.seq_len() > positions) {
+    // The key to change: data.seq_len for a token stream (it cuts the windows), the rows' length
+    // (the prep tool's) for a 2-D file; the model's positions unless model.weights fixes them.
+    const std::string pos_key = encoder ? "model.max_position_embeddings" : "model.n_positions";
+    const std::string pos_from = mc.weights.empty() ? cfg.where(pos_key) : cat("from model.weights '", mc.weights, "'");
+    const std::string fix =
+        ds.is_stream() ? cat("set data.seq_len to at most ", positions, " (now ", ds.seq_len(), ", ", cfg.where("data.seq_len"), ")")
+                       : cat("make its rows at most ", positions, " tokens long (the prep tool's --max-seq-len, "
+                             "make_dataset.py's --seq-len; data.seq_len must equal the rows' length)");
+    // roberta's positions start at pad_token_id + 1: its bound is named as the formula it is
+    const std::string bound = mc.type == "roberta" ? cat("the model's ", mc.max_sequence_key()) : pos_key;
+    throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds ", bound, " = ", positions,
+                    " (", pos_from, "): ", fix,
+                    mc.weights.empty() ? cat(", or raise ", pos_key, " to ",
+                                             mc.type == "roberta" ? ds.seq_len() + std::max(mc.pad_token_id, 0) + 1
+                                                                  : ds.seq_len())
+                                       : std::string()));
+  }
   // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
-  const bool predict = s.cfg.run.mode == "predict" && key == "data.eval";
-  if (is_seq_cls(s.task) && !ds.has_seq_labels() && !predict)
-    throw Error(cat(key, " = '", path, "': run.task = ", s.cfg.run.task, " needs 1-D 'labels' [examples]"));
-  if (s.task == Task::Ner && !ds.has_token_labels() && !predict)
+  const bool predict = cfg.run.mode == "predict" && key == "data.eval";
+  if (is_seq_cls(task) && !ds.has_seq_labels() && !predict)
+    throw Error(cat(key, " = '", path, "': run.task = ", cfg.run.task, " needs 1-D 'labels' [examples]"));
+  if (task == Task::Ner && !ds.has_token_labels() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = ner needs 2-D 'labels' [examples, seq_len]"));
-  if (s.task == Task::Qa && !ds.has_positions() && !predict)
+  if (task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
   // RoBERTa's position ids count the tokens that are not pad_token_id: the data's padding must be it
   if (mc.type == "roberta" && ds.file().has_attr("pad_id") && ds.file().attr_int("pad_id") != mc.pad_token_id)
     throw Error(cat(key, " = '", path, "': pad_id = ", ds.file().attr_int("pad_id"), " (its root attribute) but "
                     "the model's pad_token_id = ", mc.pad_token_id, ": roberta's position ids count the tokens "
                     "that are not pad_token_id; prepare the data with the model's own tokenizer"));
+  return ds;
+}
+
+namespace {
+
+TokenDataset open_and_check(const Session& s, const std::string& path, const std::string& key) {
+  TokenDataset ds = open_dataset_header(s.cfg, s.model.config(), s.task, path, key);
   // Reading and checking every value takes seconds on a large file: say so before and after.
   s.log.info(cat(key, ": reading and checking '", path, "' (", ds.size(), " examples of ", ds.seq_len(),
                  " tokens) ..."));

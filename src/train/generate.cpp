@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
@@ -57,21 +58,28 @@ int32_t sample_token(const float* logits, int V, float temperature, int top_k, f
 
 // Continuations of one prompt: num_samples samples of up to max_new_tokens ids each (an end-of-text
 // id ends a sample and is kept). The random stream starts at `seed` and runs on across the samples.
+// A prompt's ids (the eos or newline token when empty) fit the model: each in its vocabulary, with room
+// to generate after them.
+static void check_prompt(const Config& cfg, const ModelConfig& mc, const std::vector<int32_t>& prompt,
+                  const std::string& what) {
+  for (int32_t id : prompt)
+    if (id >= mc.vocab_size)
+      throw Error(cat(what, ": token id ", id, " (tokenizer ", cfg.generate.tokenizer,
+                      ") is outside the model's vocabulary (model.vocab_size = ", mc.vocab_size, ")"));
+  if (static_cast<int>(std::max<size_t>(prompt.size(), 1)) >= mc.n_positions)
+    throw Error(cat(what, " has ", prompt.size(), " tokens; model.n_positions = ", mc.n_positions,
+                    " leaves no room to generate"));
+}
+
 std::vector<std::vector<int32_t>> sample_continuations(Session& s, const Tokenizer& tok,
                                                        std::vector<int32_t> prompt, uint64_t seed,
                                                        const std::string& what) {
   const GenerateConfig& g = s.cfg.generate;
   const ModelConfig& mc = s.model.config();
   if (prompt.empty()) prompt.push_back(tok.eos_id() >= 0 ? tok.eos_id() : int32_t('\n'));
-  for (int32_t id : prompt)
-    if (id >= mc.vocab_size)
-      throw Error(cat(what, ": token id ", id, " (tokenizer ", g.tokenizer,
-                      ") is outside the model's vocabulary (model.vocab_size = ", mc.vocab_size, ")"));
+  check_prompt(s.cfg, mc, prompt, what);
   // Sample only ids the tokenizer can decode (a model's vocabulary may be padded beyond it).
   const int V = std::min(mc.vocab_size, tok.vocab_size());
-  if (static_cast<int>(prompt.size()) >= mc.n_positions)
-    throw Error(cat(what, " has ", prompt.size(), " tokens; model.n_positions = ", mc.n_positions,
-                    " leaves no room to generate"));
 
   auto dec = make_decoder(s.model, s.be, 1);
   Rng rng(seed);
@@ -235,41 +243,54 @@ std::string generate_sample(Session& s, uint64_t seed) {
 }
 
 void run_generate(Session& s) {
-  begin_output(s);
-  if (s.comm.rank() != 0) return;
   const GenerateConfig& g = s.cfg.generate;
   const ModelConfig& mc = s.model.config();
   const bool by_ids = g.tokenizer == "ids";
   const bool from_file = !g.prompts_file.empty();
   std::vector<Prompt> prompts;
-  if (from_file) {
-    prompts = read_prompts_file(g.prompts_file, by_ids, mc.vocab_size);
-    s.log.info(cat("generate: ", prompts.size(), " prompts from '", g.prompts_file, "'"));
-  } else {
-    prompts.emplace_back();
-    prompts.back().text = g.prompt;
-  }
   std::unique_ptr<Tokenizer> tok;
-  if (by_ids) {
-    // The prompts' tokenizer must be the model's (vocab_sha256 of the weights, from the data it was
-    // trained on), and every prompt must come from the same one.
-    int64_t eos = -1;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const Prompt& p = prompts[i];
-      if (!p.vocab_sha256.empty() && !mc.vocab_sha256.empty() && p.vocab_sha256 != mc.vocab_sha256)
-        throw Error(cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1, " was encoded with vocab_sha256 ",
-                        p.vocab_sha256.substr(0, 12), "... but model.weights '", mc.weights,
-                        "' was trained on vocab_sha256 ", mc.vocab_sha256.substr(0, 12),
-                        "...: encode the prompts with the model's tokenizer"));
-      if (p.eos_id >= 0) eos = p.eos_id;
+  std::vector<std::vector<int32_t>> encoded;  // each prompt's ids
+  auto what = [&](size_t i) {
+    return from_file ? cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1) : std::string("generate.prompt");
+  };
+  // The prompts and their tokenizer, on rank 0 before the output starts, agreed (comm/agree.h): a bad
+  // prompt is printed once, every rank ends through MPI_Finalize, output.dir is left as it was.
+  agreed(s.comm, [&] {
+    if (s.comm.rank() != 0) return;
+    if (from_file) {
+      prompts = read_prompts_file(g.prompts_file, by_ids, mc.vocab_size);
+      s.log.info(cat("generate: ", prompts.size(), " prompts from '", g.prompts_file, "'"));
+    } else {
+      prompts.emplace_back();
+      prompts.back().text = g.prompt;
     }
-    tok = std::make_unique<IdsTokenizer>(mc.vocab_size, static_cast<int>(eos));
-    s.log.info(cat("generate: prompts as token ids (generate.tokenizer = ids), end-of-text id ",
-                   eos >= 0 ? std::to_string(eos) : std::string("none")));
-  } else {
-    tok = open_tokenizer(s.cfg, &s.log);
-    check_tokenizer(*tok, s.cfg, mc);
-  }
+    if (by_ids) {
+      // The prompts' tokenizer must be the model's (vocab_sha256 of the weights, from the data it was
+      // trained on), and every prompt must come from the same one.
+      int64_t eos = -1;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const Prompt& p = prompts[i];
+        if (!p.vocab_sha256.empty() && !mc.vocab_sha256.empty() && p.vocab_sha256 != mc.vocab_sha256)
+          throw Error(cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1, " was encoded with vocab_sha256 ",
+                          p.vocab_sha256.substr(0, 12), "... but model.weights '", mc.weights,
+                          "' was trained on vocab_sha256 ", mc.vocab_sha256.substr(0, 12),
+                          "...: encode the prompts with the model's tokenizer"));
+        if (p.eos_id >= 0) eos = p.eos_id;
+      }
+      tok = std::make_unique<IdsTokenizer>(mc.vocab_size, static_cast<int>(eos));
+      s.log.info(cat("generate: prompts as token ids (generate.tokenizer = ids), end-of-text id ",
+                     eos >= 0 ? std::to_string(eos) : std::string("none")));
+    } else {
+      tok = open_tokenizer(s.cfg, &s.log);
+      check_tokenizer(*tok, s.cfg, mc);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      encoded.push_back(by_ids ? prompts[i].ids : tok->encode(prompts[i].text));
+      check_prompt(s.cfg, mc, encoded.back().empty() ? std::vector<int32_t>{0} : encoded.back(), what(i));
+    }
+  });
+  begin_output(s);
+  if (s.comm.rank() != 0) return;
 
   char num[64];
   auto fmt = [&](double v) {
@@ -282,11 +303,9 @@ void run_generate(Session& s) {
           ",\"num_samples\":", g.num_samples, ",\"tokenizer\":", text::json_quote(g.tokenizer), "}");
   std::string jsonl, txt;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::string what = from_file ? cat("generate.prompts_file '", g.prompts_file, "' prompt ", i + 1)
-                                       : std::string("generate.prompt");
-    std::vector<int32_t> prompt = by_ids ? prompts[i].ids : tok->encode(prompts[i].text);
+    std::vector<int32_t> prompt = encoded[i];
     // Every prompt starts from generate.seed: its samples do not depend on its place in the file.
-    auto samples = sample_continuations(s, *tok, prompt, g.seed, what);
+    auto samples = sample_continuations(s, *tok, prompt, g.seed, what(i));
     if (prompt.empty()) prompt.push_back(tok->eos_id() >= 0 ? tok->eos_id() : int32_t('\n'));
     std::string texts, idss;
     for (size_t k = 0; k < samples.size(); ++k) {

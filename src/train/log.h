@@ -25,6 +25,8 @@ class Log {
   // Replace what start() writes, and under which name in dir (config.ini for training; eval,
   // predict and generate runs write config.<mode>.ini so that they keep the training run's file).
   void set_config(const std::string& file_name, const std::string& config_ini);
+  // start() then leaves the configuration file that is in output.dir as it is (a no-op resume).
+  void keep_config_file() { config_ini_.clear(); }
   // Write config.ini, open log.txt and metrics.jsonl (truncated unless appending) and write the
   // lines logged so far. Idempotent.
   void start();

@@ -54,15 +54,25 @@ std::string field(const std::string& text, const std::string& key) {
   return "";
 }
 
-// Rank 0: takes the lock; returns the fd, or -1 with the refusal in *why.
-int take(const std::string& dir, std::string* why) {
+// Rank 0: takes the lock; returns the fd, or -1 with the refusal in *why. *created: the folders it
+// created (deepest first); *lock_created: the lock file did not exist.
+int take(const std::string& dir, std::string* why, std::vector<std::string>* created, bool* lock_created) {
   std::error_code ec;
+  for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal(); !ec && !p.empty();
+       p = p.parent_path()) {
+    if (p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
+    if (std::filesystem::exists(p, ec) || ec) break;
+    created->push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  ec.clear();
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     *why = cat("output.dir: cannot create directory '", dir, "': ", ec.message());
     return -1;
   }
   const std::string path = dir + "/" + RunLock::kFileName;
+  *lock_created = !std::filesystem::exists(path, ec);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
@@ -108,13 +118,31 @@ int take(const std::string& dir, std::string* why) {
 RunLock RunLock::acquire(Comm& comm, const std::string& dir) {
   std::string why;
   int fd = -1;
-  if (comm.rank() == 0) fd = take(dir, &why);
+  std::vector<std::string> created;
+  bool lock_created = false;
+  if (comm.rank() == 0) fd = take(dir, &why, &created, &lock_created);
   uint64_t n = why.size();
   comm.broadcast_host(&n, sizeof n, 0);
   why.resize(n);
   if (n > 0) comm.broadcast_host(why.data(), n, 0);
   if (!why.empty()) throw Error(why);
-  return RunLock(fd);
+  return RunLock(fd, dir, std::move(created), lock_created);
+}
+
+void RunLock::leave_as_found() noexcept {
+  if (fd_ < 0) return;
+  std::error_code ec;
+  bool only_lock = lock_created_;
+  for (auto it = std::filesystem::directory_iterator(dir_, ec); only_lock && !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    only_lock = it->path().filename() == kFileName;
+  if (ec) only_lock = false;
+  if (only_lock) ::unlink((dir_ + "/" + kFileName).c_str());
+  ::close(fd_);
+  fd_ = -1;
+  if (!only_lock) return;
+  for (const std::string& d : created_)  // deepest first; each only when empty
+    if (::rmdir(d.c_str()) != 0) break;
 }
 
 RunLock::~RunLock() {

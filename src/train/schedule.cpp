@@ -1,6 +1,7 @@
 #include "train/schedule.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -21,6 +22,20 @@ float learning_rate(const std::string& schedule, float lr, float min_lr_ratio, i
   if (schedule == "cosine")
     return min_lr + (lr - min_lr) * 0.5f * (1.f + std::cos(3.14159265358979f * progress));
   throw Error(cat("train.schedule: unknown schedule '", schedule, "'"));
+}
+
+std::string resume_schedule_note(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,
+                                 int checkpoint_length, int length, const std::string& length_where, int step) {
+  if (checkpoint_length <= 0 || checkpoint_length == length) return "";
+  char now[32], was[32];
+  std::snprintf(now, sizeof now, "%.4g", learning_rate(schedule, lr, min_lr_ratio, warmup_steps, length, step));
+  std::snprintf(was, sizeof was, "%.4g",
+                learning_rate(schedule, lr, min_lr_ratio, warmup_steps, checkpoint_length, step));
+  return cat("train.resume: the lr schedule now ends at step ", length, " (", length_where, "), not at step ",
+             checkpoint_length, " as in the run that wrote the checkpoint: the ", schedule, " schedule is ",
+             length > checkpoint_length ? "stretched" : "shortened", "; lr at step ", step + 1, " is ", now,
+             " on this schedule, ", was, " on the checkpoint's (to keep that one: train.schedule_steps = ",
+             checkpoint_length, ")");
 }
 
 std::string warmup_warning(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,

@@ -65,6 +65,11 @@ void check_sample_tokenizer(Session& s);
 // validates every value in it: each rank checks its share of the examples (TokenDataset::validate),
 // so bad input anywhere in the file stops the run before the first step.
 TokenDataset open_dataset(const Session& s, const std::string& path, const std::string& key);
+// The checks of open_dataset that read no values (the file's layout, its length against the model's
+// positions, the columns the task needs): what --check does with each dataset. Throws an Error naming
+// the key (the caller adds "key = 'path': " when missing).
+TokenDataset open_dataset_header(const Config& cfg, const ModelConfig& mc, Task task, const std::string& path,
+                                 const std::string& key);
 // Examples (rows, or windows of a 1-D token stream) of the dataset at path as open_dataset cuts it:
 // for train.epochs, before the Session exists.
 int64_t count_examples(const Config& cfg, const ModelConfig& mc, const std::string& path);

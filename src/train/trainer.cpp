@@ -22,6 +22,7 @@
 
 #include "backend/op_account_backend.h"
 #include "backend/step_graph.h"
+#include "comm/agree.h"
 #include "comm/grad_reducer.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -189,6 +190,18 @@ void resume(Session& s, AdamW& opt, TrainState& st, RunNotes& notes) {
     notes.resumed_from = r.path;
     notes.resumed_step = st.step;
     stop_note_checkpoint(r.path, st.step, -1);  // the newest checkpoint, its write not timed here
+    const TrainConfig& tc = cfg.train;
+    const std::string where = tc.schedule_steps > 0 ? cat("train.schedule_steps, ", cfg.where("train.schedule_steps"))
+                              : cat("train.steps = ", tc.steps, ", ", tc.epochs > 0 ? std::string("from train.epochs")
+                                                                                     : cfg.where("train.steps"));
+    const std::string sched = resume_schedule_note(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps,
+                                                   static_cast<int>(st.schedule_steps),
+                                                   schedule_length(tc.schedule_steps, tc.steps), where,
+                                                   static_cast<int>(st.step));
+    if (!sched.empty() && st.step < tc.steps) {
+      s.log.info(sched);
+      notes.warnings.push_back(sched);
+    }
   }
 }
 
@@ -823,7 +836,8 @@ StepResult optimizer_step(StepLoop& L, int step) {
   PathCounts paths0;
   const bool counted = s.be.path_counts(&paths0);
   r.step = step;
-  r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps, tc.steps, step);
+  r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps,
+                       schedule_length(tc.schedule_steps, tc.steps), step);
   if (!L.grads_zero) {
     if (L.optim.grads)
       L.optim.grads->zero_shard();
@@ -999,7 +1013,8 @@ void log_done(StepLoop& L, bool stopped) {
     if (tp.steps > 0 && L.has_paths)
       s.log.info(path_counts_line(L.paths, cat("over the last ", tp.steps, " steps")));
   } else {
-    s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", L.tc.steps));
+    s.log.info(cat("nothing to do: already at step ", st.step, " of train.steps = ", L.tc.steps,
+                   "; summary.json and config.ini are left as the run that reached it wrote them"));
   }
 }
 
@@ -1046,7 +1061,9 @@ int finish_run(StepLoop& L, bool stopped) {
   if (L.graph) log_cuda_graph(L);
   L.notes.nonfinite_skipped = L.st.nonfinite_skipped;
   if (L.has_paths) L.notes.gpu_paths_json = path_counts_json(L.paths);
-  write_summary(L.s, L.times, L.order.tokens_per_step, L.data.T, L.st.step == L.tc.steps, L.notes);
+  // A no-op resume ("nothing to do") leaves the finished run's summary.json as it was.
+  if (stopped || L.steps_done_here > 0)
+    write_summary(L.s, L.times, L.order.tokens_per_step, L.data.T, L.st.step == L.tc.steps, L.notes);
   return L.st.step == L.tc.steps ? 0 : kExitRequeue;
 }
 
@@ -1056,7 +1073,7 @@ int finish_run(StepLoop& L, bool stopped) {
 int run_train(Session& s) {
   const TrainConfig& tc = s.cfg.train;
   // Set-up: the data, the optimizer (sharded with train.zero = 1) and the state a checkpoint holds.
-  const TrainData data = open_train_data(s);
+  const TrainData data = agreed(s.comm, [&] { return open_train_data(s); });
   Optimizer optim(s, tc.zero);
   TrainState st;
   st.seed = tc.seed;
@@ -1066,10 +1083,17 @@ int run_train(Session& s) {
   // Resume: the newest intact checkpoint, the batch shape that keeps its global batch, the data
   // position in this run's example order.
   RunNotes notes;
-  if (tc.resume) resume(s, optim.opt, st, notes);
-  const BatchShape shape = resume_batch_shape(s, data, st, notes);
+  // (agreed: an error is printed once and every rank ends through MPI_Finalize, comm/agree.h)
+  const BatchShape shape = agreed(s.comm, [&] {
+    if (tc.resume) resume(s, optim.opt, st, notes);
+    return resume_batch_shape(s, data, st, notes);
+  });
+  // A finished run resumed with the same steps: its results (summary.json, config.ini) stay as they are.
+  const bool nothing_to_do = tc.resume && st.step > 0 && st.step >= tc.steps;
+  if (nothing_to_do) s.log.keep_config_file();
   note_optimizer(s, optim, shape, notes);
-  const TrainOrder order = example_order(s, data, shape, st, notes);
+  const TrainOrder order = agreed(s.comm, [&] { return example_order(s, data, shape, st, notes); });
+  st.schedule_steps = schedule_length(tc.schedule_steps, tc.steps);  // recorded in the checkpoints
   // Resumed from a checkpoint in that folder: it must stay the same folder.
   const CheckpointDir ckpt_dir_id = st.step > 0 ? identify(s.cfg.output.dir + "/checkpoints") : CheckpointDir{};
 

@@ -191,6 +191,74 @@ def test_jsonl_json_and_csv_give_the_parquet_ids(rows, gpt2_folder, tmp_path):
     assert not (tmp_path / "x.h5").exists() and not list(tmp_path.glob(".x.h5.*"))
 
 
+def write_all_forms(d, texts):
+    """The same text as a .txt file (the rows concatenated: one line per row) and as parquet, JSON Lines
+    and CSV rows (column text)."""
+    (d / "t.txt").write_text("".join(texts), encoding="utf-8", newline="")
+    write_parquet(d / "t.parquet", texts)
+    with open(d / "t.jsonl", "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    with open(d / "t.csv", "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text"])
+        w.writerows([t] for t in texts)
+    return [d / n for n in ("t.txt", "t.parquet", "t.jsonl", "t.csv")]
+
+
+@pytest.mark.parametrize("tok_name", ["gpt2-folder", "bert-folder", "gpt2", "byte"])
+def test_txt_parquet_jsonl_and_csv_of_the_same_text_give_the_same_ids(tok_name, rows, gpt2_folder, bert_folder,
+                                                                      tmp_path):
+    """One rule for every input: a .txt line (with its "\n") is an example as a row is, each tokenized on
+    its own: the ids of run_clm on that .txt file (its text loader) and on the rows. The text is the first
+    1,200 lines of WikiText-2 with two blank lines before each heading, one row per line with its "\n"."""
+    texts = []
+    for line in WIKI.read_text(encoding="utf-8").splitlines(keepends=True)[:1200]:
+        texts += ["\n", "\n", line] if line.lstrip().startswith("= ") and texts else [line]
+    assert all(t.endswith("\n") and "\n" not in t[:-1] for t in texts) and rows
+    spec = {"gpt2-folder": [gpt2_folder], "bert-folder": [bert_folder], "gpt2": ["gpt2", "--vocab-dir", GPT2_VOCAB],
+            "byte": ["byte"]}[tok_name]
+    ids = {}
+    for path in write_all_forms(tmp_path, texts):
+        out = tmp_path / (path.name + ".h5")
+        tool("make_dataset.py", "--tokenizer", *spec, "--out", out, path)
+        ids[path.suffix] = read(out, "tokens")
+    for suffix in (".parquet", ".jsonl", ".csv"):
+        assert np.array_equal(ids[suffix], ids[".txt"]), suffix
+    if tok_name == "byte":
+        assert bytes(ids[".txt"].astype(np.uint8)) == "".join(texts).encode("utf-8")
+        return
+    folder = bert_folder if tok_name == "bert-folder" else gpt2_folder
+    assert np.array_equal(ids[".txt"], run_clm_stream(folder, texts))
+    if tok_name != "bert-folder":  # line by line is not the file as one text
+        from transformers import AutoTokenizer
+        whole = AutoTokenizer.from_pretrained(str(gpt2_folder))("".join(texts))["input_ids"]
+        assert len(whole) < len(ids[".txt"])  # one text merges the blank lines' "\n"s
+
+
+def test_an_empty_tokenizer_is_named_not_the_data(rows, tmp_path):
+    """A tokenizer.json whose vocabulary is empty gives no ids for any text: the message says the
+    tokenizer produced no tokens, naming it, and does not say the inputs have no text."""
+    tokenizers = pytest.importorskip("tokenizers", reason="python package 'tokenizers' is not installed")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={}, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    folder = tmp_path / "empty-tok"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    texts = [t for t in rows if t][:200]
+    for path in write_all_forms(tmp_path, texts)[:2]:
+        r = tool("make_dataset.py", "--tokenizer", folder, "--out", tmp_path / "x.h5", path, check=False)
+        assert r.returncode == 1
+        chars = sum(len(t) for t in texts)
+        assert (f"make_dataset.py: error: the tokenizer '{folder}' produced no tokens from {chars} characters of "
+                f"text in '{path}' (its vocabulary has 0 tokens): the tokenizer, not the data, is at fault") in r.stderr
+        assert "contain no text" not in r.stderr
+        assert not (tmp_path / "x.h5").exists() and not list(tmp_path.glob(".x.h5.*"))
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")  # no text at all: the inputs are named
+    r = tool("make_dataset.py", "--tokenizer", folder, "--out", tmp_path / "x.h5", tmp_path / "empty.txt", check=False)
+    assert r.returncode == 1 and f"the inputs contain no text (0 tokens): '{tmp_path / 'empty.txt'}'" in r.stderr
+
+
 def test_bad_rows_are_named(gpt2_folder, tmp_path):
     write_parquet(tmp_path / "n.parquet", ["a\n", None, "b\n"])
     r = tool("make_dataset.py", "--tokenizer", gpt2_folder, "--out", tmp_path / "x.h5", tmp_path / "n.parquet", check=False)

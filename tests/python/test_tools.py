@@ -3,6 +3,7 @@
 GPT-2 cases compare against the HF `tokenizers` library directly and skip when the shared data
 (NLPTRAIN_SHARED_DATA, default <source>/../shared/data) or the library is absent.
 """
+import functools
 import os
 import subprocess
 import sys
@@ -49,12 +50,23 @@ def need_gpt2():
     pytest.importorskip("tokenizers", reason="python package 'tokenizers' is not installed")
 
 
-def hf_ids(text):
-    """Reference ids from HF's own ByteLevelBPETokenizer (independent of tools/nlptrain_data.py)."""
+@functools.lru_cache(maxsize=1)
+def hf_tokenizer():
     from tokenizers import ByteLevelBPETokenizer
 
-    tok = ByteLevelBPETokenizer(vocab=str(VOCAB / "encoder.json"), merges=str(VOCAB / "vocab.bpe"))
-    return tok.encode(text).ids
+    return ByteLevelBPETokenizer(vocab=str(VOCAB / "encoder.json"), merges=str(VOCAB / "vocab.bpe"))
+
+
+def hf_ids(text):
+    """Reference ids from HF's own ByteLevelBPETokenizer (independent of tools/nlptrain_data.py)."""
+    return hf_tokenizer().encode(text).ids
+
+
+def hf_line_ids(text):
+    """make_dataset.py's rule for a text file (run_clm's): each line, keeping its "\n", tokenized on
+    its own by hf_ids, the ids concatenated."""
+    lines = text.split("\n")
+    return [t for line in [l + "\n" for l in lines[:-1]] + [lines[-1]] if line for t in hf_ids(line)]
 
 
 def no_temp_files(folder):
@@ -199,7 +211,7 @@ def test_rows_gpt2_pad_is_eos(tmp_path):
     src.write_text("Hello world, this is a short text.")
     out = tmp_path / "rows.h5"
     make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--layout", "rows", "--seq-len", 4, "--pad", "--out", out, src)
-    ref = hf_ids(src.read_text())
+    ref = hf_line_ids(src.read_text())
     ids, mask, labels = read(out, "input_ids"), read(out, "attention_mask"), read(out, "labels")
     n = len(ref)
     assert ids.shape == (-(-n // 4), 4)
@@ -248,20 +260,16 @@ def test_gpt2_tinyshakespeare_matches_hf(tmp_path):
     text = path.read_text(encoding="utf-8")[:50000]
     src = tmp_path / "ts.txt"
     src.write_text(text, encoding="utf-8", newline="")
-    ref = hf_ids(text)
+    ref = hf_line_ids(text)
     out = tmp_path / "ts.h5"
     make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--out", out, src)
     assert read(out, "tokens").tolist() == ref
     at = attrs(out)
     assert at["tokenizer"] == "gpt2" and at["vocab_size"] == 50257 and at["num_tokens"] == len(ref)
     assert at["eos_id"] == 50256
-    # cutting the text into small pieces must not change the tokens
-    out2 = tmp_path / "ts_pieces.h5"
-    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--chunk-chars", 300, "--out", out2, src)
-    assert read(out2, "tokens").tolist() == ref
 
 
-def test_gpt2_korean_and_crlf_pieces_match_hf(tmp_path):
+def test_gpt2_korean_and_crlf_lines_match_hf(tmp_path):
     need_gpt2()
     nsmc = SHARED / "nsmc" / "nsmc_from_raw_test.tsv"
     wiki = SHARED / "wikitext2" / "wiki.test.raw"
@@ -275,16 +283,16 @@ def test_gpt2_korean_and_crlf_pieces_match_hf(tmp_path):
     a.write_text(korean, encoding="utf-8", newline="")
     b.write_text(crlf, encoding="utf-8", newline="")
     out = tmp_path / "mix.h5"
-    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--chunk-chars", 200, "--eos-between-files",
+    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--eos-between-files",
          "--out", out, a, b)
     # CRLF is read as LF by default (as a file opened in text mode), kept with --keep-cr
     lf = crlf.replace("\r\n", "\n").replace("\r", "\n")
     assert "\r" in crlf and 198 not in hf_ids("\r")
-    assert read(out, "tokens").tolist() == hf_ids(korean) + [50256] + hf_ids(lf)
+    assert read(out, "tokens").tolist() == hf_line_ids(korean) + [50256] + hf_line_ids(lf)
     assert attrs(out)["keep_cr"] == 0
-    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--chunk-chars", 200, "--eos-between-files",
+    make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--eos-between-files",
          "--keep-cr", "--out", out, a, b)
-    assert read(out, "tokens").tolist() == hf_ids(korean) + [50256] + hf_ids(crlf)
+    assert read(out, "tokens").tolist() == hf_line_ids(korean) + [50256] + hf_line_ids(crlf)
     assert attrs(out)["keep_cr"] == 1
 
 
@@ -348,7 +356,7 @@ def test_decode_round_trip_gpt2(tmp_path):
     out = tmp_path / "g.h5"
     make("--tokenizer", "gpt2", "--vocab-dir", VOCAB, "--out", out, src, src, "--eos-between-files", "--keep-cr")
     tokens = read(out, "tokens")
-    assert tokens.tolist() == hf_ids(text) + [50256] + hf_ids(text)
+    assert tokens.tolist() == hf_line_ids(text) + [50256] + hf_line_ids(text)
     # tokenizer and vocabulary folder come from the file's attributes
     assert run(DECODE, out).stdout.decode("utf-8") == text + "<|endoftext|>" + text
     assert run(DECODE, out, "--vocab-dir", VOCAB).stdout.decode("utf-8") == text + "<|endoftext|>" + text

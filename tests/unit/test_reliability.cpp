@@ -379,6 +379,33 @@ TEST_F(Reliability, RunLockRefusesASecondHolderNamingHostAndPid) {
   EXPECT_NO_THROW(nlp::RunLock::acquire(comm, out));  // released with `moved`
 }
 
+TEST_F(Reliability, RunLockLeavesAFreshFolderAsItWasFound) {
+  namespace fs = std::filesystem;
+  SoloComm comm;
+  // Created by the run (two levels): removed, parents included, down to what existed.
+  const std::string created = p("a/b");
+  nlp::RunLock::acquire(comm, created).leave_as_found();
+  EXPECT_FALSE(fs::exists(p("a")));
+  // An empty folder that existed: stays, empty.
+  fs::create_directories(p("empty"));
+  nlp::RunLock::acquire(comm, p("empty")).leave_as_found();
+  EXPECT_TRUE(fs::is_directory(p("empty")));
+  EXPECT_TRUE(fs::is_empty(p("empty")));
+  // A folder the run wrote into (log.txt): kept with the lock file; so is a lock file from before.
+  {
+    nlp::RunLock lock = nlp::RunLock::acquire(comm, p("written/run"));
+    std::ofstream(p("written/run/log.txt")) << "x\n";
+    lock.leave_as_found();
+  }
+  EXPECT_TRUE(fs::exists(p("written/run/log.txt")));
+  EXPECT_TRUE(fs::exists(p("written/run/") + nlp::RunLock::kFileName));
+  fs::remove(p("written/run/log.txt"));
+  nlp::RunLock::acquire(comm, p("written/run")).leave_as_found();  // the lock file was there already
+  EXPECT_TRUE(fs::exists(p("written/run/") + nlp::RunLock::kFileName));
+  // Released: the folder can be locked again.
+  EXPECT_NO_THROW(nlp::RunLock::acquire(comm, p("written/run")));
+}
+
 TEST_F(Reliability, RunLockOfADeadProcessIsNoObstacle) {
   SoloComm comm;
   const std::string out = p("out");
