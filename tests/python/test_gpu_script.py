@@ -346,7 +346,8 @@ sys.exit(1 if failed else 0)
 # metrics.jsonl and summary.json (gpu_paths) like nlptrain, and notes its switches (its arguments and
 # the NLPTRAIN_CUDA_* environment) in PLAN's journal. PLAN's "nlptrain" rules, the first whose "env"
 # and "args" all match: fail (exit 1 with a sync_check error after a step), crash (SIGSEGV after a
-# step) or drift (losses 5% off).
+# step), drift (losses 5% off) or reject (exit 1 at once with the rule's "message", as nlptrain
+# refuses a key or value it does not have).
 FAKE_NLPTRAIN = """#!/usr/bin/env python3
 import json, os, sys, time
 plan = json.load(open(os.environ["FAKE_GPU_PLAN"]))
@@ -362,8 +363,11 @@ do = "ok"
 for rule in plan.get("nlptrain", []):
     if (all(os.environ.get(k) == v for k, v in rule.get("env", {{}}).items())
             and all(a in argv for a in rule.get("args", []))):
-        do = rule["do"]
+        do, message = rule["do"], rule.get("message")
         break
+if do == "reject":  # the configuration refused before the run, as a binary without a key or value
+    print("nlptrain: error: " + message, file=sys.stderr)
+    sys.exit(1)
 ini_steps = [l.split("=")[1] for l in open(argv[0]) if l.replace(" ", "").startswith("steps=")]
 steps = int(opts.get("train.steps", ini_steps[0] if ini_steps else 30))
 B = int(opts.get("train.batch_size", 16))
@@ -561,17 +565,75 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
 
 
 def test_no_rung_passing_times_nothing(tmp_path):
-    plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"}]}
-    log, results, runs, _ = run_fake(tmp_path, plan)
+    # (with the e2e and comm sections: each encoder and ZeRO stage a verdict of its own, the ones this
+    # build refuses "not in this build", below)
+    plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"},
+                         {"args": ["--train.zero=3"], "do": "reject",
+                          "message": "command line: train.zero = '3': must be in [0, 2]"},
+                         {"args": ["--train.zero=2", "--train.offload=optimizer", "--run.backend=cpu"], "do": "drift"},
+                         {"args": ["inputs/missing_small.ini"], "do": "reject",
+                          "message": "config file 'inputs/missing_small.ini', line 9: model.type = 'mistral': must be "
+                                     "one of: gpt2, bert, roberta, electra"}]}
+    log, results, runs, _ = run_fake(tmp_path, plan, SECTIONS="tests e2e bench account comm", E2E_STEPS="100",
+                                     E2E_ENCODERS="roberta_small electra_small missing_small")
     assert len(re.findall(r"ladder rung \d \w+ .*: FAIL \| exit 1: nlptrain: error: run.sync_check: matmul_forward", log)) == 5, log
     assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log
     assert "account: no rung of the new bf16 step passed its check: the new step is not accounted" in log, log
     assert [l["check"] for l in results["ladder"]] == ["fail"] * 5, results["ladder"]
     assert timed_new(results) == []
-    assert not [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]]
+    assert not [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]
+                and not any(a.startswith("--output.dir=") and "/e2e/" in a for a in r["args"])]  # (e2e's CPU runs)
     assert "new step: no rung passed its check: not timed" in (tmp_path / "out" / "summary.txt").read_text()
     # the verified benchmarks were timed
     assert {r["precision"] for r in results["records"]} == {"bf16"}, results["records"]
+    assert_encoders_and_stages(log, results, runs)
+
+
+def assert_encoders_and_stages(log, results, runs):
+    """test_no_rung_passing_times_nothing's e2e and comm sections: the encoders beside BERT and the
+    ZeRO stages beyond 0 and 1, each its own verdict; zero 3 refused by the binary, and an encoder
+    whose INI the binary refuses (missing_small: inputs/missing_small.ini, an unknown model.type),
+    each "not in this build" and skipped without failing the others."""
+    checks = {(c["section"], c["check"]): c for c in results["checks"]}
+    # the encoders: fp32 and bf16 (cuDNN), cuda against cpu, a pass each
+    for m in ("roberta_small", "electra_small"):
+        for be in ("cpu", "cuda"):
+            assert re.search(rf"e2e {m}_{be}: exit 0 \| step +100/100", log), log
+            assert re.search(rf"e2e {m}_bf16_{be}: exit 0 \| step +100/100", log), log
+        for label in (f"{m} cuda vs cpu", f"{m} bf16 cuda (cuDNN) vs cpu"):
+            assert re.search(rf"^{re.escape(label)}: PASS losses 1\.\.100", log, re.M), (label, log)
+            assert checks[("e2e", label)]["verdict"] == "pass", checks
+        ini = [r for r in runs if r["args"][0].endswith(f"inputs/{m}.ini")]
+        assert len(ini) == 4 and sum("--train.precision=bf16" in r["args"] for r in ini) == 2, ini
+        assert all("--model.attention=auto" in r["args"] for r in ini if "--train.precision=bf16" in r["args"])
+    assert re.search(r"e2e missing_small_cpu: not in this build: skipped \| nlptrain: error: .*model\.type = 'mistral'", log), log
+    assert re.search(r"e2e missing_small_cuda: not in this build: skipped", log), log
+    for label in ("missing_small cuda vs cpu", "missing_small bf16 cuda (cuDNN) vs cpu"):
+        assert f"{label}: not in this build (missing_small_" in log, log
+        assert checks[("e2e", label)]["verdict"] == "not_in_build", checks
+    # the BERT checks beside them still pass
+    assert checks[("e2e", "bert_small cuda vs cpu")]["verdict"] == "pass", checks
+    # comm: zero 0 and 1 as before; zero 2 and offload with zero 1: cuda and cpu runs, two passes each
+    comm = [r for r in runs if "--comm.gpu=staged" in r["args"] and "--debug.kill_at_step=5" not in r["args"]]
+    for name, args in (("zero2", ["--train.zero=2"]), ("zero1_offload", ["--train.zero=1", "--train.offload=optimizer"]),
+                       ("zero2_offload", ["--train.zero=2", "--train.offload=optimizer"])):
+        for be in ("cuda", "cpu"):
+            assert any(f"--run.backend={be}" in r["args"] and all(a in r["args"] for a in args) for r in comm), (name, be)
+            assert re.search(rf"comm 2 ranks {be} staged {re.escape(' '.join(args))}: exit 0 \| step +20/20", log), log
+        assert checks[("comm", f"comm {name} vs zero 0, cuda")]["verdict"] == "pass", checks
+    assert checks[("comm", "comm zero2 cpu vs cuda")]["verdict"] == "pass", checks
+    assert checks[("comm", "comm zero1_offload cpu vs cuda")]["verdict"] == "pass", checks
+    # the CPU twin that drifts fails its own check, and only that one
+    assert re.search(r"^comm zero2_offload cpu vs cuda: FAIL losses 1\.\.20", log, re.M), log
+    assert checks[("comm", "comm zero2_offload cpu vs cuda")]["verdict"] == "fail", checks
+    # zero 3: refused on cuda, logged, its CPU twin not run, both of its checks "not in this build"
+    assert "comm 2 ranks cuda staged --train.zero=3: not in this build: skipped | nlptrain: error: command line: " \
+           "train.zero = '3': must be in [0, 2]" in log, log
+    assert not [r for r in comm if "--train.zero=3" in r["args"] and "--run.backend=cpu" in r["args"]], comm
+    for label in ("comm zero3 cpu vs cuda", "comm zero3 vs zero 0, cuda"):
+        assert checks[("comm", label)]["verdict"] == "not_in_build", checks
+    assert checks[("comm", "comm cpu vs cuda")]["verdict"] == "pass" and \
+        checks[("comm", "comm zero 0 vs 1")]["verdict"] == "pass", checks
 
 
 def test_the_run_ends_by_its_deadline(tmp_path):
