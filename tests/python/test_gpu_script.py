@@ -32,6 +32,17 @@ NO_DEVICE = re.compile(r"run\.backend=cuda: no usable CUDA device")
 TORCH_NO_DEVICE = re.compile(r"no NVIDIA driver|not compiled with CUDA|no CUDA GPUs|doesn't support bf16/gpu")
 
 
+def build_has() -> dict:
+    """What this nlptrain accepts, from its --help: model.type roberta and electra, train.zero's
+    highest stage, train.offload."""
+    text = subprocess.run([binary(), "--help"], capture_output=True, text=True, timeout=60).stdout
+    mtype = next(l for l in text.splitlines() if l.strip().startswith("model.type "))
+    zero = next(l for l in text.splitlines() if l.strip().startswith("train.zero "))
+    return {"roberta": "roberta" in mtype, "electra": "electra" in mtype,
+            "zero": int(re.search(r"\(in \[0, (\d+)\]\)", zero).group(1)),
+            "offload": bool(re.search(r"^ +train\.offload ", text, re.M))}
+
+
 def make_tree(root: Path) -> Path:
     """The parts of the repository that run.sh reads, and a stage like prepare.sh's; returns bench/gpu."""
     gpu = root / "bench" / "gpu"
@@ -227,9 +238,9 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     ft_ini = tmp_path / "ft_config.ini"
     ft_ini.write_text((gpu / "inputs" / "bert_small.ini").read_text().replace("[run]", "[run]\nbackend = cuda")
                       .replace("stage/data/", str(gpu / "stage" / "data") + "/"))
-    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume faults profile",
+    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume faults comm profile",
                NCU=str(fake_ncu), FT_PROFILE_INI=str(ft_ini),
-               E2E_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
+               E2E_STEPS="3", COMM_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
                TORCH_RUNS="bert:compile:bf16 gpt2:eager:fp32",
                FT_SETTINGS="nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 "
                            "nlptrain-packedrows-bf16 hf-longest-group-compile-bf16")
@@ -240,14 +251,39 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     assert "SKIPPED" not in log, log
 
     work = Path(re.search(r"work (\S+)", log).group(1))
+    # what this binary has of the encoders beside BERT and of the ZeRO stages (its --help): the runs of
+    # the others must be refused and logged "not in this build", the rest must run
+    has = build_has()
+    encoders = [m for m in ("roberta", "electra") if has[m]]
     # e2e: the CPU references train; every GPU run stops at the device check, not before
     cpu = sorted(work.glob("e2e_*_cpu.log"))
-    assert len(cpu) == 9, cpu
+    assert len(cpu) == 13, cpu
     for f in cpu:
         name = f.stem[len("e2e_"):]
+        if name.split("_")[0] in ("roberta", "electra") and name.split("_")[0] not in encoders:
+            assert re.search(rf"e2e {name}: not in this build: skipped \| nlptrain: error: .*model\.", log), log
+            continue
         assert re.search(rf"e2e {name}: exit 0 \| step +3/3", log), f"{name}:\n{f.read_text()[-2000:]}"
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
-    assert len(gpu_logs) == 15, gpu_logs
+    assert len(gpu_logs) == 19, gpu_logs
+    for f in [f for f in gpu_logs if f.stem.split("_")[1] in ("roberta", "electra")]:
+        if f.stem.split("_")[1] not in encoders:
+            assert f"e2e {f.stem[len('e2e_'):]}: not in this build: skipped" in log, log
+            gpu_logs.remove(f)
+    # comm: zero 0 and 1 and each stage this binary takes on 2 ranks (each CPU twin trains), the others
+    # refused on cuda and not run on the CPU
+    stages = {"zero2": has["zero"] >= 2, "zero3": has["zero"] >= 3, "zero1_offload": has["offload"],
+              "zero2_offload": has["offload"] and has["zero"] >= 2}
+    for name, ok in dict(zero0=True, **stages).items():
+        args = f"--train.zero={name[4]}" + (" --train.offload=optimizer" if name.endswith("offload") else "")
+        if ok:
+            gpu_logs.append(work / f"comm_cuda_{name}.log")
+            assert f"comm 2 ranks cpu staged {args}: exit 0 | step " in log, \
+                (work / f"comm_cpu_{name}.log").read_text()[-2000:]
+        else:
+            assert f"comm 2 ranks cuda staged {args}: not in this build: skipped" in log, log
+            assert not (work / f"comm_cpu_{name}.log").exists()
+    gpu_logs.append(work / "comm_cuda_zero1.log")
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
@@ -265,7 +301,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 15 + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 15 + 2 * len(encoders) + 2 + sum(stages.values()) + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, \
+        gpu_logs
     assert "faults kill -9 of rank 0 at step 5 (2 ranks): exit" in log, log[-3000:]
     assert "ladder rung 1 all: skipped (the fused head failed its tests)" in log, log[-3000:]
     assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log[-3000:]
