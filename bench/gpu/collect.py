@@ -20,7 +20,8 @@ epilogue calls per kind, staged ops, fp32<->bf16 casts over the timed steps; nul
 has none, e.g. on the cpu backend). The new bf16 step's records (nlptrain_gpt2_124m_bf16_new_bN)
 carry the ladder's rung that was timed (rung, rung_index, rung_env, rung_args: run.sh's
 ladder/chosen.json), and results.json's "ladder" lists every rung's check (pass, fail or skipped,
-and why).
+and why). results.json's "checks": every verdict of the e2e and comm sections in the order they
+were made (run.sh's checks.jsonl: section, check, verdict pass / fail / not_in_build, detail).
 """
 from __future__ import annotations
 
@@ -118,6 +119,14 @@ def chosen_rung(work: str) -> dict:
         return {}
 
 
+def checks(work: str) -> list[dict]:
+    """The e2e and comm sections' verdicts, in order (run.sh's checks.jsonl)."""
+    try:
+        return [json.loads(l) for l in open(os.path.join(work, "checks.jsonl")) if l.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def paths_line(p: dict) -> str:
     """gpu_paths in one line: fused/fallback per epilogue kind, staged ops, casts."""
     fused, fb = p.get("gemm_fused") or {}, p.get("gemm_fallback") or {}
@@ -165,7 +174,7 @@ def main() -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(a.out, "w") as f:
         json.dump({"device": device, "date": date, "commit": commit, "peak_bf16_tflops": peak, "records": recs,
-                   "ladder": ladder(W)}, f, indent=1)
+                   "ladder": ladder(W), "checks": checks(W)}, f, indent=1)
 
     print(f"device {device} | commit {commit} | {date} | MFU against {peak} TFLOP/s dense bf16")
     for log in ["run.log"]:
@@ -183,6 +192,8 @@ def main() -> int:
               f"{r['tokens_per_s']:>10.0f} {r['seqs_per_s']:>8.1f} {mfu:>6} {mem:>8} {r.get('rung') or '-'}")
     for r in ladder(W):
         print(f"ladder rung {r.get('index')} {r.get('rung')}: {r.get('check')} | {r.get('why')}")
+    for c in checks(W):
+        print(f"check ({c.get('section')}) {c.get('check')}: {c.get('verdict')}")
     rung = chosen_rung(W)
     if ladder(W):
         print(f"new step timed at rung {rung['index']} {rung['rung']} ({' '.join(f'{k}={v}' for k, v in rung['env'].items())} "

@@ -17,7 +17,9 @@
 #              PyTorch install)
 # stage/data/  gpt2_train.h5   GPT-2 BPE token stream (WikiText-2 test + Tiny Shakespeare), for the
 #                              124M benchmark (T=1024) and the small end-to-end runs
-#              nsmc_train.h5   NSMC reviews, kcbert-base WordPiece, T=128 (doc_cls), 4096 rows
+#              nsmc_train.h5   NSMC reviews, kcbert-base WordPiece, T=128 (doc_cls), 4096 rows; also
+#                              the small RoBERTa's and ELECTRA's (inputs/roberta_small.ini: padded
+#                              with [PAD] = 0, its pad_token_id; token types all 0, type_vocab_size 1)
 #              ft/doc_cls/     run.sh's finetune section: NSMC train (8000 reviews) and test (500) at
 #                              T=128, with the key bench/finetune_speed.sh checks before it reuses data
 #              commit.txt      the commit the binaries were built from

@@ -6,7 +6,7 @@
 #   bash bench/gpu/run.sh                            # there; writes everything under $OUT
 #
 # The default sections are the ones that decide GPT-2's GPU step (info tests e2e bench torch account),
-# estimated at about 6.3 minutes (377 s); the script prints its estimate per section first and ends by
+# estimated at about 6.4 minutes (385 s); the script prints its estimate per section first and ends by
 # DEADLINE (420 s) whatever happens: a section that would start too late is skipped (and says so), and
 # every command's timeout is cut so that it ends FINISH_S (10 s) before DEADLINE, which leaves the
 # time to pack the results. The other sections (faults resume comm finetune profile) run on request
@@ -31,7 +31,10 @@
 #           the file's length and trimmed), and packed through cuDNN in its ragged and bias layouts;
 #           then run.cuda_graph (GPT-2; packed BERT with fixed examples) bitwise against eager launches;
 #           then bf16 activations (run.bf16_activations, GPT-2 and BERT) against the CPU's and against
-#           fp32 activations (losses within 2e-2)
+#           fp32 activations (losses within 2e-2); then a small RoBERTa and a small ELECTRA doc_cls
+#           (E2E_ENCODERS; inputs/roberta_small.ini, electra_small.ini: bert_small's shape on the
+#           same NSMC data) on cuda against cpu, fp32 (as BERT's) and bf16 with cuDNN (within 2e-2); a
+#           binary without model.type = roberta | electra: "not in this build", the rest goes on
 #   bench   nlptrain: GPT-2 124M (T=1024) and BERT-base doc_cls (T=128, B=32) at each BENCH_PRECISIONS
 #           (bf16), the verified path; then the new bf16 step (bf16 activations, bf16 weight copy,
 #           fused padded head, cuBLASLt epilogues) as a ladder of rungs, most complete first:
@@ -61,8 +64,12 @@
 #           a message; GPT-2 124M at batch 4096: the memory plan refuses it before allocating
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
-#           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6). NCCL needs a GPU
-#           per rank: not runnable on one GPU.
+#           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6); then (COMM_STAGES)
+#           train.zero = 2, train.zero = 3, train.offload = optimizer with zero 1 and with zero 2, each
+#           on cuda and on 2 CPU ranks: against its CPU twin (1e-4) and against cuda zero 0 (1e-6), a
+#           verdict each; a stage or key this binary refuses (train.zero's range, an unknown
+#           train.offload) is logged "not in this build" and skipped, the others go on. NCCL needs a
+#           GPU per rank: not runnable on one GPU.
 #   finetune  the GPU fine-tuning comparison: bench/finetune_speed.sh DEVICE=cuda on NSMC doc_cls (8000
 #           reviews, T=128), BERT-base from scratch, bf16, batch 32, lr FT_LR (5e-5), FT_STEPS steps:
 #           nlptrain packed (native attention; pack_batch = examples and = rows; FT_SETTINGS adds
@@ -134,16 +141,19 @@ in_time() {  # in_time NEED_SECONDS WHAT: enough time left before DEADLINE?
 
 # The estimate of each section (seconds; the H200's times of 2026-11-28 where a section ran then, else
 # the sum of its runs' estimates), printed first for the sections asked for
-declare -A EST=([info]=12 [tests]=60 [e2e]=55 [bench]=80 [torch]=125 [account]=45
-                [faults]=20 [resume]=30 [comm]=25 [finetune]=300 [profile]=20)
+# (e2e: 55 s on the H200, and 8 s for the encoders' 4 runs on cuda, whose CPU references run in the
+# background behind the tests; comm: 25 s on the H200 for zero 0 and 1, and about 10 s a stage for the
+# 4 more, cuda and cpu)
+declare -A EST=([info]=12 [tests]=60 [e2e]=63 [bench]=80 [torch]=125 [account]=45
+                [faults]=20 [resume]=30 [comm]=65 [finetune]=300 [profile]=20)
 declare -A EST_WHAT=([info]="nvidia-smi, versions"
                      [tests]="verified op tests; never-run tests, a process each"
-                     [e2e]="small GPT-2 and BERT, cuda against cpu"
+                     [e2e]="small GPT-2, BERT, RoBERTa, ELECTRA, cuda against cpu"
                      [bench]="verified GPT-2 and BERT steps; the new step's ladder; the rung timed at 3 batches"
                      [torch]="torch.compile GPT-2 and BERT"
                      [account]="run.profile of the verified and the new step"
                      [faults]="a rank killed; a batch beyond memory" [resume]="20 steps vs 10 + 10, fp32 and bf16"
-                     [comm]="2 ranks on one GPU against 2 CPU ranks" [finetune]="NSMC fine-tuning comparison, ncu, graph A/B"
+                     [comm]="2 ranks on one GPU against 2 CPU ranks, ZeRO 0-3, offload" [finetune]="NSMC fine-tuning comparison, ncu, graph A/B"
                      [profile]="run.profile of the two benchmark models")
 estimate() {
   local total=0 s
@@ -206,6 +216,42 @@ log "sections: $SECTIONS | deadline ${DEADLINE}s | work $W"
 estimate
 cat stage/commit.txt > "$W/commit.txt"
 
+# not_in_build LOG KEYS: the line of LOG in which nlptrain refused one of KEYS (a regex of key names)
+# as unknown or outside its range (a binary built before that key or value existed); nothing, and
+# status 1, when it did not (the first error only: two ranks' may share a line)
+not_in_build() {
+  grep -m1 -E "nlptrain: error: .*(unknown (key|option) '(--)?($2)'|($2) = '[^']*': must be)" "$1" 2>/dev/null \
+      | awk -F 'nlptrain: error: ' '{ print FS $2 }' | grep .
+}
+# check_record SECTION CHECK VERDICT DETAIL: one check's verdict (pass, fail, not_in_build) ->
+# $W/checks.jsonl (results.json's "checks", collect.py)
+check_record() {
+  python3 -c 'import json, sys; print(json.dumps(dict(zip(("section", "check", "verdict", "detail"), sys.argv[1:]))))' \
+      "$@" >> "$W/checks.jsonl"
+}
+# compare_losses SECTION LABEL REF_DIR TEST_DIR LOG WITHIN...: compare.py losses of two runs, its lines
+# to LOG and run.log, the verdict to checks.jsonl; a run that this build refused
+# (REF_DIR.not_in_build, written where its run was refused): "not in this build", no comparison
+compare_losses() {
+  local section=$1 label=$2 ref=$3 test=$4 clog=$5 out d
+  shift 5
+  for d in "$ref" "$test"; do
+    if [[ -f $d.not_in_build ]]; then
+      log "$label: not in this build ($(basename "$d"): $(cat "$d.not_in_build")): skipped"
+      echo "$label: not in this build ($(basename "$d"))" >> "$clog"
+      check_record "$section" "$label" not_in_build "$(cat "$d.not_in_build")"
+      return
+    fi
+  done
+  out=$(python3 compare.py losses "$ref/metrics.jsonl" "$test/metrics.jsonl" "$@" 2>&1)
+  sed "s/^/$label: /" <<< "$out" | tee -a "$clog" | tee -a "$W/run.log"
+  if grep -q '^FAIL' <<< "$out" || ! grep -q '^PASS' <<< "$out"; then
+    check_record "$section" "$label" fail "$(paste -sd';' <<< "$out")"
+  else
+    check_record "$section" "$label" pass "$(paste -sd';' <<< "$out")"
+  fi
+}
+
 # e2e_run NAME BACKEND INI ARGS...: one run of E2E_STEPS steps (100; fewer only for the CPU-only
 # check of this script, tests/python/test_gpu_script.py) into $W/e2e/NAME (log $W/e2e_NAME.log)
 E2E_STEPS=${E2E_STEPS:-100}
@@ -215,14 +261,21 @@ e2e_run() {
   (( $(left) >= 2 )) || { log "SKIPPED (deadline): e2e $name"; return; }
   timeout $(tmo 240) $NL "inputs/$ini.ini" --run.backend=$be --run.threads=$E2E_THREADS --train.steps=$E2E_STEPS "$@" \
       --output.dir="$W/e2e/$name" > "$W/e2e_$name.log" 2>&1
-  log "e2e $name: exit $? | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
+  local rc=$? why
+  # the encoders beside BERT (model.type = roberta | electra): a binary without them refuses the INI
+  if why=$(not_in_build "$W/e2e_$name.log" 'model\.(type|embedding_size)'); then
+    mkdir -p "$W/e2e"
+    echo "$why" > "$W/e2e/$name.not_in_build"
+    log "e2e $name: not in this build: skipped | $why"
+    return
+  fi
+  log "e2e $name: exit $rc | $(grep -E "^step +$E2E_STEPS/" "$W/e2e/$name/log.txt" 2>/dev/null | head -1)"
   [[ -f "$W/e2e/$name/log.txt" ]] || tail -3 "$W/e2e_$name.log" | sed "s/^/  $name: /" | tee -a "$W/run.log"
 }
 e2e_compare() {  # e2e_compare LABEL REF TEST WITHIN...: losses of two runs (compare.py)
   local label=$1 ref=$2 test=$3
   shift 3
-  python3 compare.py losses "$W/e2e/$ref/metrics.jsonl" "$W/e2e/$test/metrics.jsonl" "$@" 2>&1 \
-      | sed "s/^/$label: /" | tee -a "$W/e2e_compare.log" | tee -a "$W/run.log"
+  compare_losses e2e "$label" "$W/e2e/$ref" "$W/e2e/$test" "$W/e2e_compare.log" "$@"
 }
 TRIM=(--data.padding=longest --data.pad_multiple=64 --run.sync_check=true)
 # bf16 with the fused (cuDNN) attention against the CPU's bf16 emulation (which keeps attention in
@@ -230,6 +283,10 @@ TRIM=(--data.padding=longest --data.pad_multiple=64 --run.sync_check=true)
 BF16=(--train.precision=bf16 --run.cpu_bf16=emulate --model.attention=auto)
 ROWS=(--data.packing=true --data.pack_batch=rows)
 declare -A NO_ATTN_DROPOUT=([gpt2_small]=--model.attn_pdrop=0 [bert_small]=--model.attention_probs_dropout_prob=0)
+# the encoders beside BERT in the e2e section (model.type = roberta | electra; inputs/NAME.ini), whose
+# attention dropout has BERT's key
+E2E_ENCODERS=${E2E_ENCODERS:-"roberta_small electra_small"}
+ENC_NO_ATTN_DROPOUT=--model.attention_probs_dropout_prob=0
 E2E_THREADS=$(nproc)
 # the CPU references, in the background from the start, on all but two cores (the GPU runs' and the
 # tests' host threads)
@@ -246,6 +303,11 @@ if want e2e; then
     # packed steps (data.pack_batch = rows: 8 rows of 128, about 50 NSMC examples a step)
     e2e_run bert_small_rows_cpu cpu bert_small "${ROWS[@]}"
     e2e_run bert_small_rows_bf16_cpu cpu bert_small "${ROWS[@]}" "${BF16[@]}" "${NO_ATTN_DROPOUT[bert_small]}"
+    # the encoders beside BERT, last (a binary without them refuses each at once: not in this build)
+    for m in $E2E_ENCODERS; do
+      e2e_run ${m}_cpu cpu $m
+      e2e_run ${m}_bf16_cpu cpu $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]:-$ENC_NO_ATTN_DROPOUT}"
+    done
   ) &
   cpu_refs=$!
 fi
@@ -478,6 +540,16 @@ if want e2e && in_time 45 "e2e"; then
     e2e_run ${m}_bf16act_cuda cuda $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]}" --run.bf16_activations=true \
         --run.sync_check=true
   done
+  # Not yet run on a GPU: the encoders beside BERT on BERT's block (model.type = roberta: its position
+  # ids from pad_token_id + 1, no pooler, its classification head; electra: embeddings of width 64
+  # projected to 128, its head), fp32 with the native attention, then bf16 with cuDNN's attention
+  # (model.attention = auto), each against the same run on the CPU; a binary without them: "not in
+  # this build", the other checks go on
+  for m in $E2E_ENCODERS; do
+    e2e_run ${m}_cuda cuda $m
+    e2e_run ${m}_bf16_cuda cuda $m "${BF16[@]}" "${NO_ATTN_DROPOUT[$m]:-$ENC_NO_ATTN_DROPOUT}"
+    grep -h "attention" "$W/e2e/${m}_bf16_cuda/log.txt" 2>/dev/null | head -3 | tee -a "$W/run.log"
+  done
   log "e2e: waiting for the CPU references"
   wait $cpu_refs
   for m in gpt2_small bert_small; do
@@ -506,6 +578,10 @@ if want e2e && in_time 45 "e2e"; then
   e2e_compare "gpt2 cuda graphs vs eager launches (bitwise)" gpt2_small_cuda gpt2_small_graph_cuda --within 100:0
   e2e_compare "packed steps, fixed examples, bf16: cuda graphs vs eager launches (bitwise)" \
       bert_small_rows_fixed_bf16_cuda bert_small_rows_fixed_graph_bf16_cuda --within 100:0
+  for m in $E2E_ENCODERS; do
+    e2e_compare "$m cuda vs cpu" ${m}_cpu ${m}_cuda --within 20:1e-4 --within 100:1e-3
+    e2e_compare "$m bf16 cuda (cuDNN) vs cpu" ${m}_bf16_cpu ${m}_bf16_cuda --within 100:2e-2
+  done
 fi
 
 snapshot
@@ -730,22 +806,55 @@ if want faults && in_time 45 "faults"; then
 fi
 
 snapshot
+# comm_run NAME BACKEND ARGS...: 2 ranks of GPT-2 small sharing the GPU (or 2 CPU ranks), COMM_STEPS
+# steps -> $C/NAME (log $W/comm_NAME.log); status 2 when this build refuses a key of the ZeRO stages
+# (train.zero's value, train.offload, train.zero_prefetch): $C/NAME.not_in_build says which
+COMM_STEPS=${COMM_STEPS:-20}
+comm_run() {
+  local name=$1 be=$2 rc why
+  shift 2
+  (( $(left) >= 2 )) || { log "SKIPPED (deadline): comm $name"; return 1; }
+  timeout $(tmo 150) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
+      --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.steps=$COMM_STEPS "$@" \
+      --checkpoint.interval=0 --output.dir="$C/$name" > "$W/comm_$name.log" 2>&1
+  rc=$?
+  if why=$(not_in_build "$W/comm_$name.log" 'train\.(zero|offload|zero_prefetch)'); then
+    mkdir -p "$C"
+    echo "$why" > "$C/$name.not_in_build"
+    log "comm 2 ranks $be staged $*: not in this build: skipped | $why"
+    return 2
+  fi
+  log "comm 2 ranks $be staged $*: exit $rc | $(grep -E "^step +$COMM_STEPS/" "$C/$name/log.txt" 2>/dev/null | head -1)"
+  [[ -f "$C/$name/log.txt" ]] || tail -5 "$W/comm_$name.log" | tee -a "$W/run.log"
+  return 0
+}
+# the ZeRO stages and the optimizer offload beyond zero 0 and 1: each on cuda, then (when this build
+# takes it) on 2 CPU ranks; each against its CPU twin (1e-4 relative) and against cuda zero 0 (1e-6,
+# as zero 1): a verdict each. NAME ARGS
+COMM_STAGES=${COMM_STAGES:-"zero2:--train.zero=2 zero3:--train.zero=3 zero1_offload:--train.zero=1,--train.offload=optimizer zero2_offload:--train.zero=2,--train.offload=optimizer"}
 if want comm && in_time 70 "comm"; then
   C=$W/comm
   MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"
   for run in "cuda 0" "cuda 1" "cpu 0"; do
     read -r be z <<< "$run"
-    timeout $(tmo 150) $MPIRUN "$here/stage/bin/nlptrain" inputs/gpt2_small.ini --run.backend=$be \
-        --run.threads=$(( $(nproc) / 2 )) --comm.gpu=staged --comm.bucket_mb=1 --train.zero=$z --train.steps=20 \
-        --checkpoint.interval=0 --output.dir="$C/${be}_zero$z" > "$W/comm_${be}_zero$z.log" 2>&1
-    log "comm 2 ranks $be staged zero=$z: exit $? | $(grep -E '^step +20/' "$C/${be}_zero$z/log.txt" 2>/dev/null | head -1)"
-    [[ -f "$C/${be}_zero$z/log.txt" ]] || tail -5 "$W/comm_${be}_zero$z.log" | tee -a "$W/run.log"
+    comm_run ${be}_zero$z $be --train.zero=$z
   done
   grep -h "optimizer:" "$C/cuda_zero1/log.txt" 2>/dev/null | tee -a "$W/run.log"
-  python3 compare.py losses "$C/cpu_zero0/metrics.jsonl" "$C/cuda_zero0/metrics.jsonl" --within 20:1e-4 2>&1 \
-      | sed 's/^/comm cpu vs cuda: /' | tee "$W/comm_compare.log" | tee -a "$W/run.log"
-  python3 compare.py losses "$C/cuda_zero0/metrics.jsonl" "$C/cuda_zero1/metrics.jsonl" --within 20:1e-6 2>&1 \
-      | sed 's/^/comm zero 0 vs 1: /' | tee -a "$W/comm_compare.log" | tee -a "$W/run.log"
+  compare_losses comm "comm cpu vs cuda" "$C/cpu_zero0" "$C/cuda_zero0" "$W/comm_compare.log" --within $COMM_STEPS:1e-4
+  compare_losses comm "comm zero 0 vs 1" "$C/cuda_zero0" "$C/cuda_zero1" "$W/comm_compare.log" --within $COMM_STEPS:1e-6
+  for st in $COMM_STAGES; do
+    name=${st%%:*}
+    IFS=, read -r -a sargs <<< "${st#*:}"
+    in_time 15 "comm $name" || continue
+    comm_run cuda_$name cuda "${sargs[@]}"
+    # refused (not in this build): its CPU twin would be too, and its comparisons say so
+    [[ -f $C/cuda_$name.not_in_build ]] || comm_run cpu_$name cpu "${sargs[@]}"
+    grep -h "optimizer:" "$C/cuda_$name/log.txt" 2>/dev/null | head -1 | tee -a "$W/run.log"
+    compare_losses comm "comm $name cpu vs cuda" "$C/cpu_$name" "$C/cuda_$name" "$W/comm_compare.log" \
+        --within $COMM_STEPS:1e-4
+    compare_losses comm "comm $name vs zero 0, cuda" "$C/cuda_zero0" "$C/cuda_$name" "$W/comm_compare.log" \
+        --within $COMM_STEPS:1e-6
+  done
 fi
 snapshot
 if want finetune && in_time 150 "finetune"; then

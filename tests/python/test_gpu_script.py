@@ -32,6 +32,17 @@ NO_DEVICE = re.compile(r"run\.backend=cuda: no usable CUDA device")
 TORCH_NO_DEVICE = re.compile(r"no NVIDIA driver|not compiled with CUDA|no CUDA GPUs|doesn't support bf16/gpu")
 
 
+def build_has() -> dict:
+    """What this nlptrain accepts, from its --help: model.type roberta and electra, train.zero's
+    highest stage, train.offload."""
+    text = subprocess.run([binary(), "--help"], capture_output=True, text=True, timeout=60).stdout
+    mtype = next(l for l in text.splitlines() if l.strip().startswith("model.type "))
+    zero = next(l for l in text.splitlines() if l.strip().startswith("train.zero "))
+    return {"roberta": "roberta" in mtype, "electra": "electra" in mtype,
+            "zero": int(re.search(r"\(in \[0, (\d+)\]\)", zero).group(1)),
+            "offload": bool(re.search(r"^ +train\.offload ", text, re.M))}
+
+
 def make_tree(root: Path) -> Path:
     """The parts of the repository that run.sh reads, and a stage like prepare.sh's; returns bench/gpu."""
     gpu = root / "bench" / "gpu"
@@ -227,9 +238,9 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     ft_ini = tmp_path / "ft_config.ini"
     ft_ini.write_text((gpu / "inputs" / "bert_small.ini").read_text().replace("[run]", "[run]\nbackend = cuda")
                       .replace("stage/data/", str(gpu / "stage" / "data") + "/"))
-    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume faults profile",
+    env = dict(os.environ, OUT=str(out), SECTIONS="info tests e2e finetune bench torch resume faults comm profile",
                NCU=str(fake_ncu), FT_PROFILE_INI=str(ft_ini),
-               E2E_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
+               E2E_STEPS="3", COMM_STEPS="3", FT_STEPS="3", DEADLINE="600", TMPDIR=str(tmp_path),
                TORCH_RUNS="bert:compile:bf16 gpt2:eager:fp32",
                FT_SETTINGS="nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packed-cudnn-bf16 "
                            "nlptrain-packedrows-bf16 hf-longest-group-compile-bf16")
@@ -240,14 +251,39 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     assert "SKIPPED" not in log, log
 
     work = Path(re.search(r"work (\S+)", log).group(1))
+    # what this binary has of the encoders beside BERT and of the ZeRO stages (its --help): the runs of
+    # the others must be refused and logged "not in this build", the rest must run
+    has = build_has()
+    encoders = [m for m in ("roberta", "electra") if has[m]]
     # e2e: the CPU references train; every GPU run stops at the device check, not before
     cpu = sorted(work.glob("e2e_*_cpu.log"))
-    assert len(cpu) == 9, cpu
+    assert len(cpu) == 13, cpu
     for f in cpu:
         name = f.stem[len("e2e_"):]
+        if name.split("_")[0] in ("roberta", "electra") and name.split("_")[0] not in encoders:
+            assert re.search(rf"e2e {name}: not in this build: skipped \| nlptrain: error: .*model\.", log), log
+            continue
         assert re.search(rf"e2e {name}: exit 0 \| step +3/3", log), f"{name}:\n{f.read_text()[-2000:]}"
     gpu_logs = [f for f in work.glob("e2e_*.log") if not f.stem.endswith("_cpu") and "compare" not in f.stem]
-    assert len(gpu_logs) == 15, gpu_logs
+    assert len(gpu_logs) == 19, gpu_logs
+    for f in [f for f in gpu_logs if f.stem.split("_")[1] in ("roberta", "electra")]:
+        if f.stem.split("_")[1] not in encoders:
+            assert f"e2e {f.stem[len('e2e_'):]}: not in this build: skipped" in log, log
+            gpu_logs.remove(f)
+    # comm: zero 0 and 1 and each stage this binary takes on 2 ranks (each CPU twin trains), the others
+    # refused on cuda and not run on the CPU
+    stages = {"zero2": has["zero"] >= 2, "zero3": has["zero"] >= 3, "zero1_offload": has["offload"],
+              "zero2_offload": has["offload"] and has["zero"] >= 2}
+    for name, ok in dict(zero0=True, **stages).items():
+        args = f"--train.zero={name[4]}" + (" --train.offload=optimizer" if name.endswith("offload") else "")
+        if ok:
+            gpu_logs.append(work / f"comm_cuda_{name}.log")
+            assert f"comm 2 ranks cpu staged {args}: exit 0 | step " in log, \
+                (work / f"comm_cpu_{name}.log").read_text()[-2000:]
+        else:
+            assert f"comm 2 ranks cuda staged {args}: not in this build: skipped" in log, log
+            assert not (work / f"comm_cpu_{name}.log").exists()
+    gpu_logs.append(work / "comm_cuda_zero1.log")
     # bench, profile, resume: nlptrain's own logs (stderr) beside the work folder's files
     # (bf16 only by default)
     gpu_logs += [f for f in work.glob("nlptrain_*.log")] + [f for f in work.glob("profile_*.log")]
@@ -265,7 +301,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # run.cuda_graph's A/B: eager and graphs, two rounds
     gpu_logs += sorted(work.glob("graph_ab_*.log"))
     assert work / "profile_finetune.log" in gpu_logs  # with the two models' profiles, above
-    assert len(gpu_logs) == 15 + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, gpu_logs
+    assert len(gpu_logs) == 15 + 2 * len(encoders) + 2 + sum(stages.values()) + 2 + 3 + 1 + 2 + 6 + 4 + 1 + 4, \
+        gpu_logs
     assert "faults kill -9 of rank 0 at step 5 (2 ranks): exit" in log, log[-3000:]
     assert "ladder rung 1 all: skipped (the fused head failed its tests)" in log, log[-3000:]
     assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log[-3000:]
@@ -346,7 +383,8 @@ sys.exit(1 if failed else 0)
 # metrics.jsonl and summary.json (gpu_paths) like nlptrain, and notes its switches (its arguments and
 # the NLPTRAIN_CUDA_* environment) in PLAN's journal. PLAN's "nlptrain" rules, the first whose "env"
 # and "args" all match: fail (exit 1 with a sync_check error after a step), crash (SIGSEGV after a
-# step) or drift (losses 5% off).
+# step), drift (losses 5% off) or reject (exit 1 at once with the rule's "message", as nlptrain
+# refuses a key or value it does not have).
 FAKE_NLPTRAIN = """#!/usr/bin/env python3
 import json, os, sys, time
 plan = json.load(open(os.environ["FAKE_GPU_PLAN"]))
@@ -362,8 +400,11 @@ do = "ok"
 for rule in plan.get("nlptrain", []):
     if (all(os.environ.get(k) == v for k, v in rule.get("env", {{}}).items())
             and all(a in argv for a in rule.get("args", []))):
-        do = rule["do"]
+        do, message = rule["do"], rule.get("message")
         break
+if do == "reject":  # the configuration refused before the run, as a binary without a key or value
+    print("nlptrain: error: " + message, file=sys.stderr)
+    sys.exit(1)
 ini_steps = [l.split("=")[1] for l in open(argv[0]) if l.replace(" ", "").startswith("steps=")]
 steps = int(opts.get("train.steps", ini_steps[0] if ini_steps else 30))
 B = int(opts.get("train.batch_size", 16))
@@ -561,17 +602,75 @@ def test_crashes_and_hangs_fail_and_the_ladder_falls_through(tmp_path):
 
 
 def test_no_rung_passing_times_nothing(tmp_path):
-    plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"}]}
-    log, results, runs, _ = run_fake(tmp_path, plan)
+    # (with the e2e and comm sections: each encoder and ZeRO stage a verdict of its own, the ones this
+    # build refuses "not in this build", below)
+    plan = {"nlptrain": [{"args": ["--run.sync_check=true", "--run.bf16_activations=true"], "do": "fail"},
+                         {"args": ["--train.zero=3"], "do": "reject",
+                          "message": "command line: train.zero = '3': must be in [0, 2]"},
+                         {"args": ["--train.zero=2", "--train.offload=optimizer", "--run.backend=cpu"], "do": "drift"},
+                         {"args": ["inputs/missing_small.ini"], "do": "reject",
+                          "message": "config file 'inputs/missing_small.ini', line 9: model.type = 'mistral': must be "
+                                     "one of: gpt2, bert, roberta, electra"}]}
+    log, results, runs, _ = run_fake(tmp_path, plan, SECTIONS="tests e2e bench account comm", E2E_STEPS="100",
+                                     E2E_ENCODERS="roberta_small electra_small missing_small")
     assert len(re.findall(r"ladder rung \d \w+ .*: FAIL \| exit 1: nlptrain: error: run.sync_check: matmul_forward", log)) == 5, log
     assert "ladder: no rung passed its check: the new bf16 step is not timed" in log, log
     assert "account: no rung of the new bf16 step passed its check: the new step is not accounted" in log, log
     assert [l["check"] for l in results["ladder"]] == ["fail"] * 5, results["ladder"]
     assert timed_new(results) == []
-    assert not [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]]
+    assert not [r for r in runs if "--run.bf16_activations=true" in r["args"] and "--run.sync_check=true" not in r["args"]
+                and not any(a.startswith("--output.dir=") and "/e2e/" in a for a in r["args"])]  # (e2e's CPU runs)
     assert "new step: no rung passed its check: not timed" in (tmp_path / "out" / "summary.txt").read_text()
     # the verified benchmarks were timed
     assert {r["precision"] for r in results["records"]} == {"bf16"}, results["records"]
+    assert_encoders_and_stages(log, results, runs)
+
+
+def assert_encoders_and_stages(log, results, runs):
+    """test_no_rung_passing_times_nothing's e2e and comm sections: the encoders beside BERT and the
+    ZeRO stages beyond 0 and 1, each its own verdict; zero 3 refused by the binary, and an encoder
+    whose INI the binary refuses (missing_small: inputs/missing_small.ini, an unknown model.type),
+    each "not in this build" and skipped without failing the others."""
+    checks = {(c["section"], c["check"]): c for c in results["checks"]}
+    # the encoders: fp32 and bf16 (cuDNN), cuda against cpu, a pass each
+    for m in ("roberta_small", "electra_small"):
+        for be in ("cpu", "cuda"):
+            assert re.search(rf"e2e {m}_{be}: exit 0 \| step +100/100", log), log
+            assert re.search(rf"e2e {m}_bf16_{be}: exit 0 \| step +100/100", log), log
+        for label in (f"{m} cuda vs cpu", f"{m} bf16 cuda (cuDNN) vs cpu"):
+            assert re.search(rf"^{re.escape(label)}: PASS losses 1\.\.100", log, re.M), (label, log)
+            assert checks[("e2e", label)]["verdict"] == "pass", checks
+        ini = [r for r in runs if r["args"][0].endswith(f"inputs/{m}.ini")]
+        assert len(ini) == 4 and sum("--train.precision=bf16" in r["args"] for r in ini) == 2, ini
+        assert all("--model.attention=auto" in r["args"] for r in ini if "--train.precision=bf16" in r["args"])
+    assert re.search(r"e2e missing_small_cpu: not in this build: skipped \| nlptrain: error: .*model\.type = 'mistral'", log), log
+    assert re.search(r"e2e missing_small_cuda: not in this build: skipped", log), log
+    for label in ("missing_small cuda vs cpu", "missing_small bf16 cuda (cuDNN) vs cpu"):
+        assert f"{label}: not in this build (missing_small_" in log, log
+        assert checks[("e2e", label)]["verdict"] == "not_in_build", checks
+    # the BERT checks beside them still pass
+    assert checks[("e2e", "bert_small cuda vs cpu")]["verdict"] == "pass", checks
+    # comm: zero 0 and 1 as before; zero 2 and offload with zero 1: cuda and cpu runs, two passes each
+    comm = [r for r in runs if "--comm.gpu=staged" in r["args"] and "--debug.kill_at_step=5" not in r["args"]]
+    for name, args in (("zero2", ["--train.zero=2"]), ("zero1_offload", ["--train.zero=1", "--train.offload=optimizer"]),
+                       ("zero2_offload", ["--train.zero=2", "--train.offload=optimizer"])):
+        for be in ("cuda", "cpu"):
+            assert any(f"--run.backend={be}" in r["args"] and all(a in r["args"] for a in args) for r in comm), (name, be)
+            assert re.search(rf"comm 2 ranks {be} staged {re.escape(' '.join(args))}: exit 0 \| step +20/20", log), log
+        assert checks[("comm", f"comm {name} vs zero 0, cuda")]["verdict"] == "pass", checks
+    assert checks[("comm", "comm zero2 cpu vs cuda")]["verdict"] == "pass", checks
+    assert checks[("comm", "comm zero1_offload cpu vs cuda")]["verdict"] == "pass", checks
+    # the CPU twin that drifts fails its own check, and only that one
+    assert re.search(r"^comm zero2_offload cpu vs cuda: FAIL losses 1\.\.20", log, re.M), log
+    assert checks[("comm", "comm zero2_offload cpu vs cuda")]["verdict"] == "fail", checks
+    # zero 3: refused on cuda, logged, its CPU twin not run, both of its checks "not in this build"
+    assert "comm 2 ranks cuda staged --train.zero=3: not in this build: skipped | nlptrain: error: command line: " \
+           "train.zero = '3': must be in [0, 2]" in log, log
+    assert not [r for r in comm if "--train.zero=3" in r["args"] and "--run.backend=cpu" in r["args"]], comm
+    for label in ("comm zero3 cpu vs cuda", "comm zero3 vs zero 0, cuda"):
+        assert checks[("comm", label)]["verdict"] == "not_in_build", checks
+    assert checks[("comm", "comm cpu vs cuda")]["verdict"] == "pass" and \
+        checks[("comm", "comm zero 0 vs 1")]["verdict"] == "pass", checks
 
 
 def test_the_run_ends_by_its_deadline(tmp_path):
