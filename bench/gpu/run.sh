@@ -373,7 +373,8 @@ gtest_proc() {
 # compare.py tests (all of them at once, after the tests: $TD/verdicts.txt) goes to the log;
 # OLD_PATTERN: the tests of an older stage, when the stage has none of PATTERN
 TESTS_PATTERNS=('CudaOps.FusedResidualLayerNorm*' 'CudaOps.Bf16OperandCastsRoundAsTheHost'
-  'CudaOps.CapturedOpsReplayWithTheirSlotValues' 'CudaOps.SegmentCrossEntropy*' 'CudaOps.LmHeadBf16*'
+  'CudaOps.CapturedOpsReplayWithTheirSlotValues' 'CudaOps.SegmentCrossEntropy*' 'CudaOps.LmHeadBf16Dlogits*:CudaOps.LmHeadBf16Kernel*'
+  'CudaOps.LmHeadOnlineSoftmax*' 'CudaOps.LmHeadBf16WteAndOnlineSoftmax*'
   'CudaOps.LmHeadCrossEntropyMatchesCpu:*FusedHead*' 'CudaOps.Bf16WeightCopy*' 'CudaOps.AccountTimesGemmsAndCastsApart'
   'CudaBf16Kernels.*:CudaBf16Backend.*' 'GemmBf16Plain.*' 'GemmBf16.*'
   'GemmBf16Reference.*:GemmBf16Backward.*:CudaBackendBf16Views.*' 'CudnnBf16.*:CudnnBf16Sizes.*'
@@ -443,9 +444,19 @@ if want tests && in_time 15 "tests"; then
     log "tests: the segment cross-entropy did not pass its test: NLPTRAIN_CUDA_SEGMENT_CE=rows for the rest of the run"
   fi
   # the fused LM head's bf16 dlogits: the fp32 dlogits and the GEMM's cast
-  if ! tests_pass 'CudaOps.LmHeadBf16*'; then
+  if ! tests_pass 'CudaOps.LmHeadBf16Dlogits*:CudaOps.LmHeadBf16Kernel*' 'CudaOps.LmHeadBf16*'; then
     export NLPTRAIN_CUDA_HEAD_DLOGITS=fp32
     log "tests: the fused head's bf16 dlogits did not pass their tests: NLPTRAIN_CUDA_HEAD_DLOGITS=fp32 for the rest of the run"
+  fi
+  # the head's one-pass (online) max and sum: the two-pass loss kernel
+  if ! tests_pass 'CudaOps.LmHeadOnlineSoftmax*'; then
+    export NLPTRAIN_CUDA_HEAD_SOFTMAX=twopass
+    log "tests: the head's one-pass softmax did not pass its test: NLPTRAIN_CUDA_HEAD_SOFTMAX=twopass for the rest of the run"
+  fi
+  # the padded head's one bf16 wte copy (with the one-pass softmax): the fp32 padded copy, cast by each GEMM
+  if ! tests_pass 'CudaOps.LmHeadBf16WteAndOnlineSoftmax*'; then
+    export NLPTRAIN_CUDA_HEAD_WTE=fp32 NLPTRAIN_CUDA_HEAD_SOFTMAX=twopass
+    log "tests: the head's bf16 wte copy did not pass its test: NLPTRAIN_CUDA_HEAD_WTE=fp32 and NLPTRAIN_CUDA_HEAD_SOFTMAX=twopass for the rest of the run"
   fi
   # the fused LM head itself (its fp32 dlogits): the ladder's rungs with the fused head are skipped
   if ! tests_pass 'CudaOps.LmHeadCrossEntropyMatchesCpu:*FusedHead*'; then
