@@ -203,7 +203,8 @@ Cost AccountBackend::adamw_spans_cost(const float* param, const std::vector<Adam
 
 // ---- every COUNT entry of core/backend_ops.def: the call passed on under its label, with its cost ----
 #define NLP_ARG_DEFAULT(value)
-#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_ACCOUNT_##account(name, ret, params, args, cost)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_ACCOUNT_##account(name, ret, params, args, cost)
 #define NLP_ACCOUNT_LABEL_FAMILY_COST(label, family, cost) label, family, cost
 #define NLP_ACCOUNT_COUNT(name, ret, params, args, cost)                                        \
   ret AccountBackend::name params {                                                             \

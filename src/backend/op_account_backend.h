@@ -40,7 +40,8 @@ class AccountBackend final : public ForwardingBackend {
   void register_weights(const float* arena, size_t n) override;
 
   // ---- the ops: core/backend_ops.def's COUNT entries, each under its label with its cost ----
-#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_ACCOUNT_DECLARE_##account(name, ret, params)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_ACCOUNT_DECLARE_##account(name, ret, params)
 #define NLP_ACCOUNT_DECLARE_COUNT(name, ret, params) ret name params override;
 #define NLP_ACCOUNT_DECLARE_UNCOUNTED(name, ret, params)
 #define NLP_ACCOUNT_DECLARE_OWN(name, ret, params)

@@ -234,7 +234,8 @@ void StepGraph::unsafe(const char* name) {
 // (or the local `dloss`) stands for the op's own, so that the signature has a constant in its place
 // and the call made at a replay the recording table's value.
 #define NLP_ARG_DEFAULT(value)
-#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_STEP_GRAPH_##graph(name, ret, params, args)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_STEP_GRAPH_##graph(name, ret, params, args)
 #define NLP_STEP_GRAPH_RECORDED(name, ret, params, args)                                 \
   ret StepGraph::name params {                                                           \
     op(#name, [&] { sign_args args; }, [=](Backend& to, uint64_t) { to.name args; });    \

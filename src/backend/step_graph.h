@@ -61,7 +61,8 @@ class StepGraph final : public ForwardingBackend {
 
   // ---- the ops: each as core/backend_ops.def's graph column says (RECORDED, SEED, DLOSS: noted,
   // recorded, replayed; BETWEEN: allowed only between micro-batches; QUERY: ForwardingBackend's) ----
-#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_STEP_GRAPH_DECLARE_##graph(name, ret, params)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_STEP_GRAPH_DECLARE_##graph(name, ret, params)
 #define NLP_STEP_GRAPH_DECLARE_RECORDED(name, ret, params) ret name params override;
 #define NLP_STEP_GRAPH_DECLARE_SEED(name, ret, params) ret name params override;
 #define NLP_STEP_GRAPH_DECLARE_DLOSS(name, ret, params) ret name params override;
@@ -69,6 +70,12 @@ class StepGraph final : public ForwardingBackend {
 #define NLP_STEP_GRAPH_DECLARE_QUERY(name, ret, params)
 #define NLP_STEP_GRAPH_DECLARE_OWN(name, ret, params)
 #include "core/backend_ops.def"
+#undef NLP_STEP_GRAPH_DECLARE_RECORDED
+#undef NLP_STEP_GRAPH_DECLARE_SEED
+#undef NLP_STEP_GRAPH_DECLARE_DLOSS
+#undef NLP_STEP_GRAPH_DECLARE_BETWEEN
+#undef NLP_STEP_GRAPH_DECLARE_QUERY
+#undef NLP_STEP_GRAPH_DECLARE_OWN
   // the fused head: dloss from the table for the backward only (the forward has none)
   void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp,
@@ -77,10 +84,10 @@ class StepGraph final : public ForwardingBackend {
  private:
   enum class Mode { Pass, Check, Record };
   // One op call: f makes it on a backend, given its value (seed or slot_word(dloss); 0 for ops
-  // without one). `args` are the call's by-value arguments (pointers, sizes, flags, scalars).
+  // without one).
   using Call = std::function<void(Backend&, uint64_t)>;
-  // sign() appends the call's signature words (sign_args); op_with_value: its value (a seed, or
-  // slot_word(dloss)) comes from the recording's table.
+  // sign() appends the call's by-value arguments (pointers, sizes, flags, scalars) to the signature
+  // (sign_args); op_with_value: the value comes from the recording's table at a replay.
   template <class S, class F>
   void op(const char* name, S&& sign, F&& f);
   template <class S, class F>

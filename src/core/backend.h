@@ -132,7 +132,8 @@ class Backend {
     size_t offset, numel;
     float weight_decay;
   };
-#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_BACKEND_OP_##impl(name, ret, params)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_BACKEND_OP_##impl(name, ret, params)
 #define NLP_BACKEND_OP_PURE(name, ret, params) virtual ret name params = 0;
 #define NLP_BACKEND_OP_DEFAULT(name, ret, params) virtual ret name params;  // core/backend.cpp
 #include "core/backend_ops.def"
