@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/factory.h"
 #include "backend/op_account_backend.h"
 #include "backend/step_graph.h"
 #include "comm/agree.h"

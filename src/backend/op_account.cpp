@@ -44,6 +44,12 @@ Cost memset(int64_t bytes) {
   return c;
 }
 
+Cost copy(int64_t bytes) {
+  Cost c;
+  c.read = c.written = double(bytes);
+  return c;
+}
+
 Cost elementwise(int64_t n, int inputs, int outputs, double flops) {
   Cost c;
   c.read = 4.0 * double(n) * inputs;
@@ -67,6 +73,20 @@ Cost layernorm_backward(int64_t N, int64_t C) {
   c.read = 4.0 * 3 * nc + 4.0 * 2 * N + 4.0 * 3 * C;  // dout, inp, dinp; mean, rstd; w, dw, db
   c.written = 4.0 * nc + 4.0 * 2 * C;                  // dinp; dw, db
   c.flops = 10.0 * nc;
+  return c;
+}
+
+Cost residual_layernorm_forward(int64_t N, int64_t C) {
+  Cost c = layernorm_forward(N, C);
+  c += elementwise(N * C, 2, 0, 2);  // x and delta read; res written by the LN's read
+  c.written += 4.0 * double(N) * C;  // res
+  c.read -= 4.0 * double(N) * C;     // the LN reads res from registers, not memory
+  return c;
+}
+
+Cost layernorm_dropout_backward(int64_t N, int64_t C) {
+  Cost c = layernorm_backward(N, C);
+  c.written += 4.0 * double(N) * C;  // ddelta
   return c;
 }
 
@@ -111,6 +131,12 @@ Cost embedding_forward(int64_t tokens, int64_t C) {
   c.read = 4.0 * tokens + 4.0 * 2 * double(tokens) * C;  // ids; a wte row and a wpe row a token
   c.written = 4.0 * double(tokens) * C;
   c.flops = double(tokens) * C;
+  return c;
+}
+
+Cost embedding_backward(int64_t tokens, int64_t C) {
+  Cost c = embedding_forward(tokens, C);  // the same rows, read-modify-written
+  c.read += c.written;
   return c;
 }
 

@@ -43,6 +43,8 @@ Cost gemm(int64_t M, int64_t N, int64_t K, DType a, DType b, DType out, bool acc
 Cost cast(int64_t n, DType from, DType to);
 // bytes set to zero: written only.
 Cost memset(int64_t bytes);
+// bytes copied device to device: read and written.
+Cost copy(int64_t bytes);
 // An elementwise op over n fp32 elements with `inputs` arrays read and `outputs` written
 // (accumulating outputs count among both), `flops` per element.
 Cost elementwise(int64_t n, int inputs, int outputs, double flops = 1);
@@ -52,6 +54,11 @@ Cost layernorm_forward(int64_t N, int64_t C);
 // dinp[N,C] += ..., dw[C] +=, db[C] +=: reads dout, inp, dinp, w, mean, rstd, dw, db; writes dinp,
 // dw, db; 10 FLOPs an element.
 Cost layernorm_backward(int64_t N, int64_t C);
+// res[N,C] = x + dropout(delta), out = layernorm(res): the layer norm's, plus x and delta read
+// (2 FLOPs an element) and res written, which the layer norm then reads from registers, not memory.
+Cost residual_layernorm_forward(int64_t N, int64_t C);
+// Its backward: the layer norm's, plus ddelta[N,C] written.
+Cost layernorm_dropout_backward(int64_t N, int64_t C);
 // losses[M] of logits[M,V] (fp32) and targets[M] (int32): reads logits and targets, writes losses;
 // 4 FLOPs a logit (max, subtract, exp, sum).
 Cost crossentropy_forward(int64_t M, int64_t V);
@@ -64,6 +71,8 @@ Cost attention_forward(int64_t B, int64_t T, int64_t NH, int64_t HS, bool causal
 Cost attention_backward(int64_t B, int64_t T, int64_t NH, int64_t HS, bool causal);
 // out[B*T,C] = wte[ids] + wpe[pos]: reads ids, two rows a token; writes out.
 Cost embedding_forward(int64_t tokens, int64_t C);
+// dwte[ids] += dout, dwpe[pos] += dout: the forward's rows, read-modify-written.
+Cost embedding_backward(int64_t tokens, int64_t C);
 // AdamW over n fp32 weights: reads p, g, m, v; writes p, m, v (and the bf16 copy with `copy`);
 // 15 FLOPs an element.
 Cost adamw(int64_t n, bool copy);

@@ -27,7 +27,7 @@ AD ad(CAct v) { return v.dt == nlp::DType::BF16 ? AD::BF16 : AD::F32; }
 }  // namespace
 
 AccountBackend::AccountBackend(Backend& inner, int vocab, Precision precision)
-    : in_(inner), vocab_(vocab), bf16_(precision == Precision::Bf16) {}
+    : ForwardingBackend(inner), vocab_(vocab), bf16_(precision == Precision::Bf16) {}
 
 void AccountBackend::set_profiling(bool on) {
   if (on && !on_) {
@@ -120,22 +120,6 @@ void AccountBackend::cast_cost(const char* gemm_label, int64_t n) {
     if (want == nm) acct_.add(nm, "cast (bf16 operands)", ac::cast(n, AD::F32, AD::BF16));
 }
 
-// ---- memory ----
-void AccountBackend::zero(void* p, size_t bytes) {
-  op("memset", "memset", ac::memset(int64_t(bytes)), [&] { in_.zero(p, bytes); });
-}
-void AccountBackend::to_device(void* dst, const void* src, size_t bytes) {
-  op("host to device", "host transfer", Cost{}, [&] { in_.to_device(dst, src, bytes); });
-}
-void AccountBackend::to_host(void* dst, const void* src, size_t bytes) {
-  op("device to host", "host transfer", Cost{}, [&] { in_.to_host(dst, src, bytes); });
-}
-void AccountBackend::copy(void* dst, const void* src, size_t bytes) {
-  Cost c;
-  c.read = c.written = double(bytes);
-  op("copy", "copy", c, [&] { in_.copy(dst, src, bytes); });
-}
-
 // ---- embeddings ----
 void AccountBackend::embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
                                        const float* wte, const float* wpe, const float* wtt, int B, int T,
@@ -143,15 +127,6 @@ void AccountBackend::embedding_forward(Act out, const int32_t* ids, const int32_
   wte_ = wte;
   op("embedding_forward", "embedding", ac::embedding_forward(int64_t(B) * T, C),
      [&] { in_.embedding_forward(out, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids); });
-}
-void AccountBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
-                                        const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                                        int pos_offset, const int32_t* pos_ids) {
-  Cost c = ac::embedding_forward(int64_t(B) * T, C);  // the same rows, read-modify-written
-  c.read += c.written;
-  op("embedding_backward", "embedding", c, [&] {
-    in_.embedding_backward(dwte, dwpe, dwtt, dout, ids, type_ids, B, T, C, pos_offset, pos_ids);
-  });
 }
 
 // ---- dense layer: operands at the GEMM's precision; in bf16 the casts apart ----
@@ -223,183 +198,42 @@ void AccountBackend::matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CA
   });
 }
 
-// ---- layer norm ----
-void AccountBackend::layernorm_forward(Act out, float* mean, float* rstd, CAct inp,
-                                       const float* w, const float* b, int N, int C, float eps) {
-  op("layernorm_forward", "layernorm", at(ac::layernorm_forward(N, C), out),
-     [&] { in_.layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps); });
-}
-void AccountBackend::layernorm_backward(Act dinp, float* dw, float* db, CAct dout,
-                                        CAct inp, const float* w, const float* mean,
-                                        const float* rstd, int N, int C) {
-  op("layernorm_backward", "layernorm", at(ac::layernorm_backward(N, C), dinp),
-     [&] { in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
-}
-void AccountBackend::residual_layernorm_forward(Act res, Act out, float* mean, float* rstd,
-                                                CAct x, CAct delta, const float* w,
-                                                const float* b, int N, int C, float eps, float p,
-                                                uint64_t seed, DropRows rows) {
-  Cost c = ac::layernorm_forward(N, C);
-  c += ac::elementwise(int64_t(N) * C, 2, 0, 2);  // x and delta read; res written by the LN's read
-  c.written += 4.0 * double(N) * C;              // res
-  c.read -= 4.0 * double(N) * C;                 // the LN reads res from registers, not memory
-  op("residual_layernorm_forward", "layernorm", at(c, res), [&] {
-    in_.residual_layernorm_forward(res, out, mean, rstd, x, delta, w, b, N, C, eps, p, seed, rows);
-  });
-}
-void AccountBackend::layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw,
-                                                float* db, CAct dout, CAct inp,
-                                                const float* w, const float* mean, const float* rstd,
-                                                int N, int C, float p, uint64_t seed, DropRows rows) {
-  Cost c = ac::layernorm_backward(N, C);
-  c.written += 4.0 * double(N) * C;  // ddelta
-  op("layernorm_dropout_backward", "layernorm", at(c, dinp), [&] {
-    in_.layernorm_dropout_backward(dinp, ddelta, scratch, dw, db, dout, inp, w, mean, rstd, N, C, p, seed,
-                                   rows);
-  });
-}
-
-// ---- elementwise ----
-void AccountBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
-  op("gelu_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 10), out), [&] { in_.gelu_forward(out, inp, N, form); });
-}
-void AccountBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
-  op("gelu_backward", kElem, at(ac::elementwise(int64_t(N), 3, 1, 15), dinp),
-     [&] { in_.gelu_backward(dinp, inp, dout, N, form); });
-}
-void AccountBackend::add(Act out, CAct a, CAct b, size_t N) {
-  op("add", kElem, at(ac::elementwise(int64_t(N), 2, 1), out), [&] { in_.add(out, a, b, N); });
-}
-void AccountBackend::accumulate(Act dst, CAct src, size_t N) {
-  op("accumulate", kElem, at(ac::elementwise(int64_t(N), 2, 1), dst), [&] { in_.accumulate(dst, src, N); });
-}
-void AccountBackend::copy_view(Act dst, CAct src, size_t N) {
-  Cost c;
-  c.read = double(N) * double(dtype_bytes(src.dt));
-  c.written = double(N) * double(dtype_bytes(dst.dt));
-  op(dst.dt == src.dt ? "copy" : "convert", dst.dt == src.dt ? "copy" : "cast (activations)", c,
-     [&] { in_.copy_view(dst, src, N); });
-}
-void AccountBackend::scale(Act x, float s, size_t N) {
-  op("scale", kElem, at(ac::elementwise(int64_t(N), 1, 1), x), [&] { in_.scale(x, s, N); });
-}
-void AccountBackend::tanh_forward(Act out, CAct inp, size_t N) {
-  op("tanh_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 5), out), [&] { in_.tanh_forward(out, inp, N); });
-}
-void AccountBackend::tanh_backward(Act dinp, CAct out, CAct dout, size_t N) {
-  op("tanh_backward", kElem, at(ac::elementwise(int64_t(N), 3, 1, 3), dinp),
-     [&] { in_.tanh_backward(dinp, out, dout, N); });
-}
-void AccountBackend::rows_gather(Act out, CAct inp, int n, int C, size_t stride,
-                                 const int32_t* idx) {
-  op("rows_gather", kElem, at(ac::elementwise(int64_t(n) * C, 1, 1, 0), out),
-     [&] { in_.rows_gather(out, inp, n, C, stride, idx); });
-}
-void AccountBackend::rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
-                                      const int32_t* idx) {
-  op("rows_scatter_add", kElem, at(ac::elementwise(int64_t(n) * C, 2, 1), dinp),
-     [&] { in_.rows_scatter_add(dinp, dout, n, C, stride, idx); });
-}
-void AccountBackend::dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
-                                     DropRows rows) {
-  op("dropout_forward", kElem, at(ac::elementwise(int64_t(N), 1, 1, 2), out),
-     [&] { in_.dropout_forward(out, inp, N, p, seed, rows); });
-}
-void AccountBackend::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
-                                      DropRows rows) {
-  op("dropout_backward", kElem, at(ac::elementwise(int64_t(N), 2, 1, 2), dinp),
-     [&] { in_.dropout_backward(dinp, dout, N, p, seed, rows); });
-}
-
-// ---- attention ----
-void AccountBackend::attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
-                                       bool causal, float dropout_p, uint64_t seed, int B, int T, int NH,
-                                       int HS, int T_key, const int32_t* token_key, int examples) {
-  op("attention_forward", "attention", at(ac::attention_forward(B, T, NH, HS, causal), out), [&] {
-    in_.attention_forward(out, att, qkv, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key, token_key,
-                          examples);
-  });
-}
-void AccountBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
-                                        const float* att, const int32_t* attn_mask, bool causal,
-                                        float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                                        int T_key, const int32_t* token_key, int examples) {
-  op("attention_backward", "attention", at(ac::attention_backward(B, T, NH, HS, causal), dqkv), [&] {
-    in_.attention_backward(dqkv, scratch, dout, out, qkv, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
-                           T_key, token_key, examples);
-  });
-}
-void AccountBackend::attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
-                                      int pos, int Tmax, int NH, int HS) {
-  op("attention_decode", "attention", ac::attention_forward(B, pos + 1, NH, HS, false),
-     [&] { in_.attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS); });
-}
-
-// ---- losses ----
-void AccountBackend::crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
-                                          int M, int V) {
-  op("crossentropy_forward", "cross-entropy", ac::crossentropy_forward(M, V),
-     [&] { in_.crossentropy_forward(losses, logits, targets, M, V); });
-}
-void AccountBackend::crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                           float dloss, int M, int V) {
-  op("crossentropy_backward", "cross-entropy", ac::crossentropy_backward(M, V),
-     [&] { in_.crossentropy_backward(dlogits, logits, targets, dloss, M, V); });
-}
-void AccountBackend::segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
-                                                  const int32_t* len, const int32_t* targets, int E) {
-  op("segment_crossentropy_forward", "cross-entropy", Cost{},
-     [&] { in_.segment_crossentropy_forward(losses, x, first, len, targets, E); });
-}
-void AccountBackend::segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
-                                                   const int32_t* len, const int32_t* targets, float dloss,
-                                                   int E) {
-  op("segment_crossentropy_backward", "cross-entropy", Cost{},
-     [&] { in_.segment_crossentropy_backward(dx, x, first, len, targets, dloss, E); });
-}
-
-void AccountBackend::lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x,
-                                          const float* w, const int32_t* targets, float dloss, int M,
-                                          int C, int V, int Vp, int chunk, float* scratch) {
+// ---- the costs the list's entries name --------------------------------------------------------------
+Cost AccountBackend::lm_head_cost(int M, int C, int V, bool dx, bool dw) const {
   const AD t = bf16_ ? AD::BF16 : AD::F32;
   Cost c = ac::gemm(M, V, C, t, t, AD::F32, false);  // logits[M,V] = x[M,C] wte^T
   c += ac::crossentropy_forward(M, V);
-  if (bool(dx) || dw) {
+  if (dx || dw) {
     c += ac::crossentropy_backward(M, V);
     if (dx) c += ac::gemm(M, C, V, t, t, AD::F32, true);  // dx[M,C] += dlogits[M,V] wte
     if (dw) c += ac::gemm(V, C, M, t, t, AD::F32, true);  // dwte[V,C] += dlogits^T x
   }
-  op("lm_head_crossentropy", "gemm (lm head)", c,
-     [&] { in_.lm_head_crossentropy(losses, dx, dw, x, w, targets, dloss, M, C, V, Vp, chunk, scratch); });
+  return c;
 }
-
-// ---- reductions, optimizer ----
-double AccountBackend::sum(const float* x, size_t N) {
-  return op("sum", "reduction", ac::elementwise(int64_t(N), 1, 0), [&] { return in_.sum(x, N); });
-}
-double AccountBackend::sumsq(const float* x, size_t N) {
-  return op("sumsq", "reduction", ac::elementwise(int64_t(N), 1, 0, 2), [&] { return in_.sumsq(x, N); });
-}
-void AccountBackend::sum_into(double* acc, const float* x, size_t N, double scale) {
-  op("sum_into", "reduction", ac::elementwise(int64_t(N), 1, 0), [&] { in_.sum_into(acc, x, N, scale); });
-}
-void AccountBackend::adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
-                                  float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                                  int t) {
-  op("adamw", "optimizer", ac::adamw(int64_t(N), has_copy(param, N)), [&] {
-    in_.adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-  });
-}
-void AccountBackend::adamw_update_spans(float* param, float* grad, float* m, float* v,
-                                        const std::vector<AdamWSpan>& spans, float lr, float beta1,
-                                        float beta2, float eps, float grad_scale, int t, bool zero_grad) {
+Cost AccountBackend::adamw_spans_cost(const float* param, const std::vector<AdamWSpan>& spans,
+                                      bool zero_grad) const {
   size_t n = 0;
   for (const AdamWSpan& sp : spans) n += sp.numel;
   Cost c = ac::adamw(int64_t(n), has_copy(param, n));
   if (zero_grad) c.written += 4.0 * double(n);
-  op("adamw", "optimizer", c, [&] {
-    in_.adamw_update_spans(param, grad, m, v, spans, lr, beta1, beta2, eps, grad_scale, t, zero_grad);
-  });
+  return c;
 }
+
+// ---- every COUNT entry of core/backend_ops.def: the call passed on under its label, with its cost ----
+#define NLP_ARG_DEFAULT(value)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_ACCOUNT_##account(name, ret, params, args, cost)
+#define NLP_ACCOUNT_LABEL_FAMILY_COST(label, family, cost) label, family, cost
+#define NLP_ACCOUNT_COUNT(name, ret, params, args, cost)                                        \
+  ret AccountBackend::name params {                                                             \
+    return op(NLP_ACCOUNT_LABEL_FAMILY_COST cost, [&]() -> ret { return in_.name args; });      \
+  }
+#define NLP_ACCOUNT_UNCOUNTED(name, ret, params, args, cost)
+#define NLP_ACCOUNT_OWN(name, ret, params, args, cost)
+#include "core/backend_ops.def"
+#undef NLP_ACCOUNT_LABEL_FAMILY_COST
+#undef NLP_ACCOUNT_COUNT
+#undef NLP_ACCOUNT_UNCOUNTED
+#undef NLP_ACCOUNT_OWN
 
 }  // namespace nlp

@@ -31,11 +31,11 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/forwarding_backend.h"
 
 namespace nlp {
 
-class StepGraph final : public Backend {
+class StepGraph final : public ForwardingBackend {
  public:
   enum class How { Eager, Recorded, Replayed };
   struct Stats {
@@ -57,131 +57,51 @@ class StepGraph final : public Backend {
   // body may run up to three times (check, record, eager), so it must do nothing else.
   How run(const std::function<void()>& body);
   const Stats& stats() const { return stats_; }
-  Backend& inner() { return in_; }
   bool records() const { return native_ || emulate_; }
 
-  // ---- Backend: everything goes to inner, noted as the mode says ----
-  std::string name() const override { return in_.name(); }
-  std::string details() const override { return in_.details(); }
-  void* alloc(size_t bytes) override;
-  void release(void* p) override;
-  void zero(void* p, size_t bytes) override;
-  void to_device(void* dst, const void* host_src, size_t bytes) override;
-  void to_host(void* host_dst, const void* src, size_t bytes) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void* host_alloc(size_t bytes) override;
-  void host_release(void* p) override;
-  void synchronize() override;
-  void set_profiling(bool on) override { in_.set_profiling(on); }
-  std::string profile_report() override { return in_.profile_report(); }
-  void profile_label(const char* label) override { in_.profile_label(label); }
-  std::vector<ProfileTime> profile_times() override { return in_.profile_times(); }
-  bool path_counts(PathCounts* out) const override { return in_.path_counts(out); }
-  void register_weights(const float* arena, size_t n) override { in_.register_weights(arena, n); }
-  void weights_written(const float* p, size_t n) override { in_.weights_written(p, n); }
-  const uint16_t* bf16_weights() const override { return in_.bf16_weights(); }
-
-  void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
-                         const int32_t* pos_ids) override;
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
-                          const int32_t* ids, const int32_t* type_ids, int B, int T, int C,
-                          int pos_offset, const int32_t* pos_ids) override;
-  void matmul_forward(Act out, CAct inp, const float* w, const float* bias, int M, int K,
-                      int N, WLayout layout) override;
-  void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
-                       const float* w, int M, int K, int N, WLayout layout) override;
-  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
-                           int K, int N, WLayout layout, Gelu form) override;
-  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
-                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
-                             Act scratch) override;
-  void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
-                         const float* b, int N, int C, float eps) override;
-  void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override;
-  void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x,
-                                  CAct delta, const float* w, const float* b, int N, int C,
-                                  float eps, float p, uint64_t seed, DropRows rows) override;
-  void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db,
-                                  CAct dout, CAct inp, const float* w,
-                                  const float* mean, const float* rstd, int N, int C, float p,
-                                  uint64_t seed, DropRows rows) override;
-  void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override;
-  void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N,
-                     Gelu form) override;
-  void add(Act out, CAct a, CAct b, size_t N) override;
-  void accumulate(Act dst, CAct src, size_t N) override;
-  void copy_view(Act dst, CAct src, size_t N) override;
-  void scale(Act x, float s, size_t N) override;
-  void tanh_forward(Act out, CAct inp, size_t N) override;
-  void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override;
-  void rows_gather(Act out, CAct inp, int n, int C, size_t stride,
-                   const int32_t* idx) override;
-  void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
-                        const int32_t* idx) override;
-  void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
-                       DropRows rows) override;
-  void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
-                        DropRows rows) override;
-  void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
-                         bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
-                         int T_key, const int32_t* token_key, int examples) override;
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv,
-                          const float* att, const int32_t* attn_mask, bool causal, float dropout_p,
-                          uint64_t seed, int B, int T, int NH, int HS, int T_key,
-                          const int32_t* token_key, int examples) override;
-  size_t attention_saved_floats(int B, int T, int NH, int HS, DType act) override {
-    return in_.attention_saved_floats(B, T, NH, HS, act);
-  }
-  size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act) override {
-    return in_.attention_scratch_floats(B, T, NH, HS, act);
-  }
-  void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
-                        int pos, int Tmax, int NH, int HS) override;
-  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
-                            int V) override;
-  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                             float dloss, int M, int V) override;
-  void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
-                                    const int32_t* len, const int32_t* targets, int E) override;
-  void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
-                                     const int32_t* len, const int32_t* targets, float dloss,
-                                     int E) override;
-  size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
-    return in_.lm_head_scratch_floats(chunk, C, V, Vp);
-  }
+  // ---- the ops: each as core/backend_ops.def's graph column says (RECORDED, SEED, DLOSS: noted,
+  // recorded, replayed; BETWEEN: allowed only between micro-batches; QUERY: ForwardingBackend's) ----
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) \
+  NLP_STEP_GRAPH_DECLARE_##graph(name, ret, params)
+#define NLP_STEP_GRAPH_DECLARE_RECORDED(name, ret, params) ret name params override;
+#define NLP_STEP_GRAPH_DECLARE_SEED(name, ret, params) ret name params override;
+#define NLP_STEP_GRAPH_DECLARE_DLOSS(name, ret, params) ret name params override;
+#define NLP_STEP_GRAPH_DECLARE_BETWEEN(name, ret, params) ret name params override;
+#define NLP_STEP_GRAPH_DECLARE_QUERY(name, ret, params)
+#define NLP_STEP_GRAPH_DECLARE_OWN(name, ret, params)
+#include "core/backend_ops.def"
+#undef NLP_STEP_GRAPH_DECLARE_RECORDED
+#undef NLP_STEP_GRAPH_DECLARE_SEED
+#undef NLP_STEP_GRAPH_DECLARE_DLOSS
+#undef NLP_STEP_GRAPH_DECLARE_BETWEEN
+#undef NLP_STEP_GRAPH_DECLARE_QUERY
+#undef NLP_STEP_GRAPH_DECLARE_OWN
+  // the fused head: dloss from the table for the backward only (the forward has none)
   void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w,
                             const int32_t* targets, float dloss, int M, int C, int V, int Vp,
                             int chunk, float* scratch) override;
-  double sum(const float* x, size_t N) override;
-  double sumsq(const float* x, size_t N) override;
-  void sum_into(double* acc, const float* x, size_t N, double scale) override;
-  void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                    int t) override;
-  void adamw_update_spans(float* param, float* grad, float* m, float* v,
-                          const std::vector<AdamWSpan>& spans, float lr, float beta1, float beta2,
-                          float eps, float grad_scale, int t, bool zero_grad) override;
 
  private:
   enum class Mode { Pass, Check, Record };
   // One op call: f makes it on a backend, given its value (seed or slot_word(dloss); 0 for ops
-  // without one). `args` are the call's by-value arguments (pointers, sizes, flags, scalars).
+  // without one).
   using Call = std::function<void(Backend&, uint64_t)>;
-  template <class F>
-  void op(const char* name, std::initializer_list<uint64_t> args, F&& f);
-  template <class F>
-  void op_with_value(const char* name, std::initializer_list<uint64_t> args, uint64_t value, F&& f);
-  void note(const char* name, std::initializer_list<uint64_t> args, bool has_value);
+  // sign() appends the call's by-value arguments (pointers, sizes, flags, scalars) to the signature
+  // (sign_args); op_with_value: the value comes from the recording's table at a replay.
+  template <class S, class F>
+  void op(const char* name, S&& sign, F&& f);
+  template <class S, class F>
+  void op_with_value(const char* name, uint64_t value, S&& sign, F&& f);
+  template <class S>
+  void note(const char* name, bool has_value, S&& sign);
+  template <class... A>
+  void sign_args(const A&... a);
   struct Entry;  // a recording and the signature it was made of
   void launch(const Entry& e);
   // A call that synchronises, allocates or reads back: allowed only between micro-batches.
   void unsafe(const char* name);
   How eager(const std::function<void()>& body, const std::string& why);
 
-  Backend& in_;
   const bool native_, emulate_;
   const size_t max_recordings_;
   Mode mode_ = Mode::Pass;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/factory.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/grad_reducer.h"

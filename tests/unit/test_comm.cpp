@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 
+#include "backend/factory.h"
 #include "comm/comm.h"
 #include "comm/grad_reducer.h"
 #include "core/backend.h"

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/factory.h"
 #include "core/backend.h"
 #include "model/model.h"
 #include "train/memory_plan.h"

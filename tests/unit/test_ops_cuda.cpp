@@ -44,6 +44,7 @@
 #include "backend/op_account_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/factory.h"
 #include "config/config.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -55,7 +56,7 @@
 #if NLPTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 #endif
 
 namespace {

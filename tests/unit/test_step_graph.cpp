@@ -25,9 +25,11 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/forwarding_backend.h"
 #include "backend/step_graph.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -40,6 +42,7 @@ namespace {
 
 using nlp::Backend;
 using nlp::DropRows;
+using nlp::ForwardingBackend;
 using nlp::StepGraph;
 
 Backend& cpu() {
@@ -287,12 +290,41 @@ TEST(StepGraph, ABackendThatCannotRecordPassesEverythingThrough) {
   EXPECT_EQ(g.stats().last_why, "the backend records no graphs");
 }
 
+// Every op without a default in core/backend_ops.def, as a failure naming it (the ops with a default
+// compose these): what FakeRecorder passes on, the ops Ops does not make.
+template <class T>
+T none() {
+  if constexpr (!std::is_void_v<T>) return T{};
+}
+// (the list's types, unqualified)
+using nlp::Act, nlp::CAct, nlp::DType, nlp::Gelu, nlp::WLayout;
+class Unused final : public Backend {
+ public:
+  std::string name() const override { return "unused"; }
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) NLP_UNUSED_##impl(name, ret, params)
+#define NLP_UNUSED_PURE(name, ret, params)                                  \
+  ret name params override {                                                \
+    ADD_FAILURE() << "FakeRecorder: " #name ", an op Ops does not make";    \
+    return none<ret>();                                                     \
+  }
+#define NLP_UNUSED_DEFAULT(name, ret, params)
+#include "core/backend_ops.def"
+#undef NLP_UNUSED_PURE
+#undef NLP_UNUSED_DEFAULT
+};
+Unused& unused() {
+  static Unused u;
+  return u;
+}
+
 // A backend that records as the CUDA backend does, but on the CPU: between capture_begin and
 // capture_end it keeps each call instead of making it, with the slot bound to it, and a replay
-// makes the calls with the table's values. Only the ops of Ops are implemented. Knobs make a
-// capture fail or a replay be refused, as the CUDA backend does when a buffer grew.
-class FakeRecorder final : public Backend {
+// makes the calls with the table's values. Only the ops of Ops are implemented; the others go to
+// Unused. Knobs make a capture fail or a replay be refused, as the CUDA backend does when a buffer
+// grew.
+class FakeRecorder final : public ForwardingBackend {
  public:
+  FakeRecorder() : ForwardingBackend(unused()) {}
   bool fail_capture = false, refuse_replay = false;
   std::vector<int> bound;  // every bind_slot while recording
 
@@ -345,49 +377,6 @@ class FakeRecorder final : public Backend {
     for (const auto& [call, k] : r.calls) call(k >= 0 ? values[k] : 0);
   }
 
-#define NLP_UNUSED(...) \
-  { ADD_FAILURE() << "FakeRecorder: an op Ops does not make"; }
-  void embedding_forward(nlp::Act, const int32_t*, const int32_t*, const float*, const float*, const float*, int, int,
-                         int, int, const int32_t*) override NLP_UNUSED()
-  void embedding_backward(float*, float*, float*, nlp::CAct, const int32_t*, const int32_t*, int, int, int, int,
-                          const int32_t*) override NLP_UNUSED()
-  void matmul_forward(nlp::Act, nlp::CAct, const float*, const float*, int, int, int, nlp::WLayout) override
-      NLP_UNUSED()
-  void matmul_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, int, int, int,
-                       nlp::WLayout) override NLP_UNUSED()
-  void matmul_gelu_forward(nlp::Act, nlp::Act, nlp::CAct, const float*, const float*, int, int, int,
-                           nlp::WLayout, nlp::Gelu) override NLP_UNUSED()
-  void matmul_dgelu_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, nlp::CAct, const float*, int,
-                             int, int, nlp::WLayout, nlp::Gelu, nlp::Act) override NLP_UNUSED()
-  void layernorm_forward(nlp::Act, float*, float*, nlp::CAct, const float*, const float*, int, int, float) override
-      NLP_UNUSED()
-  void layernorm_backward(nlp::Act, float*, float*, nlp::CAct, nlp::CAct, const float*, const float*,
-                          const float*, int, int) override NLP_UNUSED()
-  void gelu_forward(nlp::Act, nlp::CAct, size_t, nlp::Gelu) override NLP_UNUSED()
-  void gelu_backward(nlp::Act, nlp::CAct, nlp::CAct, size_t, nlp::Gelu) override NLP_UNUSED()
-  void add(nlp::Act, nlp::CAct, nlp::CAct, size_t) override NLP_UNUSED()
-  void accumulate(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
-  void copy_view(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
-  void tanh_forward(nlp::Act, nlp::CAct, size_t) override NLP_UNUSED()
-  void tanh_backward(nlp::Act, nlp::CAct, nlp::CAct, size_t) override NLP_UNUSED()
-  void rows_gather(nlp::Act, nlp::CAct, int, int, size_t, const int32_t*) override NLP_UNUSED()
-  void rows_scatter_add(nlp::Act, nlp::CAct, int, int, size_t, const int32_t*) override NLP_UNUSED()
-  void dropout_backward(nlp::Act, nlp::CAct, size_t, float, uint64_t, DropRows) override NLP_UNUSED()
-  void attention_forward(nlp::Act, float*, nlp::CAct, const int32_t*, bool, float, uint64_t, int, int, int, int, int,
-                         const int32_t*, int) override NLP_UNUSED()
-  void attention_backward(nlp::Act, float*, nlp::CAct, nlp::CAct, nlp::CAct, const float*, const int32_t*, bool, float,
-                          uint64_t, int, int, int, int, int, const int32_t*, int) override NLP_UNUSED()
-  void attention_decode(float*, const float*, float*, float*, int, int, int, int, int) override NLP_UNUSED()
-  void segment_crossentropy_forward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, int) override
-      NLP_UNUSED()
-  void segment_crossentropy_backward(float*, const float*, const int32_t*, const int32_t*, const int32_t*, float,
-                                     int) override NLP_UNUSED()
-  double sum(const float*, size_t) override { NLP_UNUSED() return 0; }
-  double sumsq(const float*, size_t) override { NLP_UNUSED() return 0; }
-  void sum_into(double*, const float*, size_t, double) override NLP_UNUSED()
-  void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float, float, float,
-                    int) override NLP_UNUSED()
-#undef NLP_UNUSED
 
  private:
   struct Rec final : Recording {

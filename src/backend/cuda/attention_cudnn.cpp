@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 #include "core/error.h"
 
 namespace nlp::cuda {

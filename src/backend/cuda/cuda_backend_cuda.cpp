@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"

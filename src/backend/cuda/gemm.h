@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "core/backend.h"
-#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 
 namespace nlp::cuda {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "../../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 
 namespace nlp::cuda {
 namespace {
