@@ -30,8 +30,10 @@ def gpt2_counts(V, C, L, npos):
 
 
 def test_check_prints_the_plan_per_stage_for_gpt2_xl_on_4_ranks(tmp_path):
+    # --check opens the data's header: a small token stream of 1024-token windows
+    data = nr.pattern_stream(tmp_path / "x.h5", windows=8, seed=1, seq=1024)
     ini = tmp_path / "xl.ini"
-    ini.write_text("[model]\npreset = gpt2-xl\n[data]\ntrain = x.h5\nseq_len = 1024\n[train]\nbatch_size = 1\n"
+    ini.write_text(f"[model]\npreset = gpt2-xl\n[data]\ntrain = {data}\nseq_len = 1024\n[train]\nbatch_size = 1\n"
                    "[run]\nmemory_limit_gb = 32\n")
     p = nr.run(["--check", ini], ranks=4, timeout=120)
     rows = table(p.stdout)
