@@ -16,6 +16,16 @@ from test_zero2 import BERT, COMMON, GPT, T, TOL, V, log_rows, train
 from test_zero2 import data  # noqa: F401  (the module's fixture)
 
 
+def run_bytes(args, ranks):
+    """nr.run for runs that log byte-tokenizer samples (not UTF-8): stdout decoded with replacements."""
+    import subprocess
+    cmd = ["mpirun", "-np", str(ranks), nr.binary()] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, timeout=300, env=nr.mpi_env())
+    out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    assert p.returncode == 0, (" ".join(cmd), out[-3000:], err[-3000:])
+    return out
+
+
 def assert_close_to_zero0(c0, c3, model, ranks):
     assert sorted(c0) == sorted(c3)
     for k in c0:
@@ -50,3 +60,99 @@ def test_zero3_equals_zero0_and_zero2(data, model, ranks, tmp_path):  # noqa: F8
     assert s3["zero"] == 3
     log = (tmp_path / "z3" / "log.txt").read_text()
     assert "parameters: train.zero = 3: the parameter shard [0, " in log, log[:3000]
+
+
+def test_zero3_bitwise_repeatable_with_offload_and_recompute(data, tmp_path):  # noqa: F811
+    """A rerun, train.offload = optimizer (the host AdamW on the shard) and train.recompute = block (each
+    block gathered again for its recomputed forward) change no bit of stage 3."""
+    runs = {}
+    for name, keys in (("a", []), ("b", []), ("offload", ["--train.offload=optimizer"]),
+                       ("recompute", ["--train.recompute=block"])):
+        runs[name] = train(data, "gpt2", 2, tmp_path / name, ["--train.zero=3"] + keys)
+    for name in ("b", "offload", "recompute"):
+        assert runs[name][0] == runs["a"][0], name
+        for k in runs["a"][1]:
+            assert np.asarray(runs["a"][1][k]).tobytes() == np.asarray(runs[name][1][k]).tobytes(), (name, k)
+
+
+def test_zero3_evaluation_samples_and_best_h5_on_2_ranks(tmp_path):
+    """Evaluation (an eval set whose batches differ in number and length between the 2 ranks), best.h5 and
+    the training samples run at stage 3 on the whole parameters, gathered once on every rank: the run ends
+    normally with stage 2's eval losses and best.h5 bitwise."""
+    rng = np.random.default_rng(3)
+    train_h5 = nr.pattern_stream(tmp_path / "train.h5", windows=128, seed=5)
+    n = 7  # 4 examples on one rank, 3 on the other
+    ids = rng.integers(1, V, size=(n, T))
+    mask = np.ones((n, T), np.int32)
+    for i in range(n):
+        mask[i, 3 + 2 * i:] = 0
+    ev = tmp_path / "eval.h5"
+    nr.write_rows(ev, ids, mask=mask)
+    keys = [a for a in GPT if "vocab_size" not in a] + [
+        "--model.vocab_size=256", f"--data.train={train_h5}", f"--data.eval={ev}", "--eval.interval=3",
+        "--data.padding=longest", "--train.sample_interval=4", "--generate.tokenizer=byte",
+        "--generate.prompt=ab", "--generate.max_new_tokens=3", "--run.threads=1", "--train.steps=8",
+        "--train.batch_size=2", "--checkpoint.interval=8"]
+    evals = {}
+    for z in (2, 3):
+        out = tmp_path / f"z{z}"
+        stdout = run_bytes(keys + [f"--train.zero={z}", f"--output.dir={out}"], ranks=2)
+        train_rows, eval_rows = nr.metrics(out)
+        assert len(eval_rows) == 3, eval_rows  # steps 3, 6, 8
+        evals[z] = ([r["loss"] for r in train_rows],
+                    [{k: v for k, v in r.items() if k != "run_id" and "_s" not in k and "time" not in k}
+                     for r in eval_rows])
+        assert "sample step 4" in stdout and "eval  step 3" in stdout, stdout[-3000:]
+        assert (out / "best.h5").exists()
+    assert evals[2] == evals[3]
+    import h5py
+    with h5py.File(tmp_path / "z2" / "best.h5") as a, h5py.File(tmp_path / "z3" / "best.h5") as b:
+        names = []
+        a.visititems(lambda n_, o: names.append(n_) if isinstance(o, h5py.Dataset) else None)
+        assert len(names) > 10
+        for k in names:
+            assert a[k][()].tobytes() == b[k][()].tobytes(), k
+
+
+def test_zero3_generate_and_predict_on_2_ranks_end(tmp_path):
+    """run.mode = generate and predict with train.zero = 3 on 2 ranks: prompts of different lengths, an eval
+    set that gives the ranks different numbers and lengths of batches; both end normally (those modes hold
+    the weights as loaded on every rank and issue no per-block collective)."""
+    rng = np.random.default_rng(4)
+    train_h5 = nr.pattern_stream(tmp_path / "train.h5", windows=64, seed=6)
+    base = [a for a in GPT if "vocab_size" not in a] + ["--model.vocab_size=256", "--run.threads=1"]
+    out = tmp_path / "t"
+    nr.run(base + [f"--data.train={train_h5}", "--train.zero=3", "--train.steps=2", "--checkpoint.interval=2",
+                   f"--output.dir={out}"], ranks=2, timeout=300)
+    w = out / "checkpoints" / "step_00000002.h5"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": "abcdefgh"}\n{"prompt": "abc"}\n')
+    stdout = run_bytes(base + ["--run.mode=generate", f"--model.weights={w}", "--train.zero=3",
+                               "--generate.tokenizer=byte", f"--generate.prompts_file={prompts}",
+                               "--generate.max_new_tokens=4", f"--output.dir={tmp_path / 'g'}"], ranks=2)
+    assert len((tmp_path / "g" / "generated.jsonl").read_bytes().splitlines()) == 3, stdout
+    # predict (a BERT task): 5 examples of different lengths, 3 batches on one rank and 2 on the other
+    n = 5
+    ids = rng.integers(1, V, size=(n, T))
+    mask = np.ones((n, T), np.int32)
+    for i in range(n):
+        mask[i, 2 + 3 * i:] = 0
+    cls = tmp_path / "cls.h5"
+    nr.write_rows(cls, ids, mask=mask, labels=rng.integers(0, 3, size=n))
+    bout = tmp_path / "bert"
+    nr.run(BERT + [f"--data.train={cls}", "--train.zero=3", "--train.steps=2", "--train.batch_size=1",
+                   "--checkpoint.interval=2", "--run.threads=1", f"--output.dir={bout}"], ranks=2, timeout=300)
+    pred = tmp_path / "p"
+    nr.run(BERT + ["--run.mode=predict", f"--model.weights={bout / 'checkpoints' / 'step_00000002.h5'}",
+                   "--train.zero=3", f"--data.eval={cls}", "--data.padding=longest", "--train.batch_size=1",
+                   "--run.threads=1", f"--output.dir={pred}"], ranks=2, timeout=120)
+    assert len((pred / "predictions.jsonl").read_text().splitlines()) == n
+
+
+def test_zero3_refuses_the_cuda_backend_and_cuda_graph(data, tmp_path):  # noqa: F811
+    for keys, words in ((["--run.backend=cuda"], "run.backend"), (["--run.cuda_graph=true"], "run.cuda_graph")):
+        p = nr.run(data["gpt2"] + COMMON + ["--train.zero=3"] + keys + [f"--output.dir={tmp_path / 'o'}"],
+                   check=False, timeout=60)
+        assert p.returncode != 0
+        assert "train.zero = 3" in p.stderr and words in p.stderr, p.stderr
+        assert not (tmp_path / "o").exists()
