@@ -6,6 +6,17 @@
 
 namespace nlp {
 
+size_t zero3_buffer_floats(const ParamStore& ps) {
+  size_t resident = 0, block = 0;
+  for (const GradRegion& r : zero2_regions(ps)) {
+    if (r.layer < 0)
+      resident += r.hi - r.lo;
+    else
+      block = std::max(block, r.hi - r.lo);
+  }
+  return resident + block;
+}
+
 ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank)
     : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), lo_(sh.lo(rank)), n_(sh.count[rank]) {
   NLP_ASSERT(sh.total == ps.total() && ps.data() != nullptr);

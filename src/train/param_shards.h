@@ -27,6 +27,10 @@
 
 namespace nlp {
 
+// The parameter floats one rank holds with train.zero = 3 besides its shard: the resident tensors' and
+// one block buffer (the largest block).
+size_t zero3_buffer_floats(const ParamStore& ps);
+
 class ParamShards {
  public:
   // Takes this rank's shard and the resident tensors from the parameter store's arena (which must
