@@ -187,3 +187,18 @@ def test_zero3_peak_rss_on_4_ranks_below_half_of_stage0s_model_state(tmp_path):
             assert 0 < plan["gathered_weights_bytes"] < plan["weights_bytes"]
     assert state[3] <= 0.5 * state[0], (state[3] / 2**20, state[0] / 2**20)
     assert state[3] < state[2] < state[0]
+
+
+def test_zero3_through_the_staged_communicator_and_without_overlap(data, tmp_path):  # noqa: F811
+    """comm.gpu = staged (device -> host -> MPI -> device; plain copies on the CPU backend): each block's
+    all-gather goes through a host buffer; with comm.overlap = false each block's reduce-scatter is waited
+    for at once. Both equal the MPI, overlapped run bitwise, on 4 ranks (uneven parts of the blocks)."""
+    a = train(data, "bert", 4, tmp_path / "mpi", ["--train.zero=3"])
+    b = train(data, "bert", 4, tmp_path / "staged", ["--train.zero=3", "--comm.gpu=staged"])
+    c = train(data, "bert", 4, tmp_path / "blocking", ["--train.zero=3", "--comm.overlap=false"])
+    for name, r in (("staged", b), ("blocking", c)):
+        assert r[0] == a[0], name
+        for k in a[1]:
+            assert np.asarray(a[1][k]).tobytes() == np.asarray(r[1][k]).tobytes(), (name, k)
+    log = (tmp_path / "staged" / "log.txt").read_text()
+    assert "(gradients: staged, ZeRO-3" in log, log[:2000]
