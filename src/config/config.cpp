@@ -338,6 +338,11 @@ const std::vector<Entry>& schema() {
        "and one block buffer into which each block's parameters are all-gathered just before its forward "
        "and its backward (blocking; evaluation and samples gather the whole parameters for their "
        "duration; cpu backend only); checkpoints hold the full state at every stage"},
+      {KEY(train, zero_prefetch), ge(0),
+       "train.zero = 3: the blocks whose parameter all-gather is started ahead of their use (the next ones "
+       "in the forward, the previous ones in the backward), each in its own block buffer, so that it runs "
+       "while the current block computes (MPI's communication thread; through the staged and nccl "
+       "communicators the gathers are blocking); 0 = each block gathered when it is needed"},
       {KEY(train, offload), one_of(kOffload),
        "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
        "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "

@@ -47,7 +47,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   const bool zero3 = train && cfg.train.zero == 3;
   if (zero3) {
     p.bf16_copy = 0;
-    p.gathered = zero3_buffer_floats(mm.params()) * sizeof(float);
+    p.gathered = zero3_buffer_floats(mm.params(), cfg.train.zero_prefetch) * sizeof(float);
     p.weights = shard + p.gathered;
   }
   p.host_is_device = cfg.run.backend == "cpu";

@@ -307,7 +307,8 @@ struct Optimizer {
       opt.set_grads(grads->shard());
     }
     if (stage == 3) {
-      params = std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0);
+      params = std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
+                                             s.cfg.train.zero_prefetch);
       opt.set_params(params->shard());
       ParamShards* p = params.get();
       s.model.set_block_hook([p](int l) { p->use_block(l); });
@@ -391,10 +392,11 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
     const size_t shard_b = o.params->shard_size() * sizeof(float), buf_b = o.params->buffer_bytes();
     s.log.info(cat("parameters: train.zero = 3: the parameter shard [", opt.lo(), ", ", opt.hi(), ") ",
                    std::lround(double(shard_b) / mib * 10) / 10.0, " MiB and the tensors outside the blocks with "
-                   "one block buffer ", std::lround(double(buf_b) / mib * 10) / 10.0, " MiB on this rank, instead "
-                   "of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0, " MiB arena; each block "
-                   "all-gathered just before it is used (blocking, no prefetch); evaluation and samples gather the "
-                   "whole arena for their duration"));
+                   "1 + ", tc.zero_prefetch, " block buffer(s) ", std::lround(double(buf_b) / mib * 10) / 10.0,
+                   " MiB on this rank, instead of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0,
+                   " MiB arena; each block all-gathered before it is used, the next ", tc.zero_prefetch,
+                   " started ahead (train.zero_prefetch); evaluation and samples gather the whole arena for their "
+                   "duration"));
   }
   if (opt.offloaded())
     s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "

@@ -45,8 +45,9 @@ def test_check_prints_the_plan_per_stage_for_gpt2_xl_on_4_ranks(tmp_path):
         z = int(keys.split("train.zero = ")[1][0])
         offload = "offload" in keys
         shard = P / (N if z >= 1 else 1)
-        # stage 3: the parameter shard, the resident tensors and one block buffer (train/param_shards.h)
-        assert close(weights, 4 * P if z < 3 else 4 * (P / N + resident + block)), (keys, weights)
+        # stage 3: the parameter shard, the resident tensors and 1 + train.zero_prefetch (default 1) block
+        # buffers (train/param_shards.h)
+        assert close(weights, 4 * P if z < 3 else 4 * (P / N + resident + 2 * block)), (keys, weights)
         assert close(grads, 4 * P if z < 2 else 4 * (P / N + resident + 2 * block)), (keys, grads)
         assert close(opt, 0 if offload else 8 * shard), (keys, opt)
         assert close(host, 16 * shard if offload else 0), (keys, host)

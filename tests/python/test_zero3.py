@@ -1,8 +1,8 @@
 """ZeRO-3 (train.zero = 3, train/param_shards.h): no parameter arena; each rank keeps its 1/N fp32
 parameter shard, the tensors outside the blocks whole (gathered after every update: GPT-2's tied word
-embedding serves the input and the LM head from one gather and gets one gradient) and one block buffer
-into which each block is all-gathered just before its forward and its backward (and its recomputed
-forward); gradients go as with ZeRO-2. On 1, 2 and 4 ranks, GPT-2 and BERT, with grad_accum 2 and active
+embedding serves the input and the LM head from one gather and gets one gradient) and 1 +
+train.zero_prefetch block buffers into which each block is all-gathered before its forward and its
+backward (and its recomputed forward), the next blocks' gathers started ahead; gradients go as with ZeRO-2. On 1, 2 and 4 ranks, GPT-2 and BERT, with grad_accum 2 and active
 clipping: losses, gradient norms and the final weights and moments equal train.zero = 0's to fp32
 summation order over 20 steps, and ZeRO-2's bitwise (the same gradient path, the same update, exact
 gathers); a rerun is bitwise the same."""
@@ -202,3 +202,20 @@ def test_zero3_through_the_staged_communicator_and_without_overlap(data, tmp_pat
             assert np.asarray(a[1][k]).tobytes() == np.asarray(r[1][k]).tobytes(), (name, k)
     log = (tmp_path / "staged" / "log.txt").read_text()
     assert "(gradients: staged, ZeRO-3" in log, log[:2000]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+def test_zero3_prefetch_depths_change_no_bit(data, model, tmp_path):  # noqa: F811
+    """train.zero_prefetch = 0 (each block gathered when needed), 1 (the default) and 3 on 4 ranks, with
+    recompute for 3: the gathers started ahead run on MPI's communication thread while the current block
+    computes; every run is bitwise the same."""
+    runs = {}
+    for name, keys in (("0", ["--train.zero_prefetch=0"]), ("1", []),
+                       ("3", ["--train.zero_prefetch=3", "--train.recompute=block"])):
+        runs[name] = train(data, model, 4, tmp_path / name, ["--train.zero=3"] + keys)
+    for name in ("0", "3"):
+        assert runs[name][0] == runs["1"][0], name
+        for k in runs["1"][1]:
+            assert np.asarray(runs["1"][1][k]).tobytes() == np.asarray(runs[name][1][k]).tobytes(), (name, k)
+    log = (tmp_path / "3" / "log.txt").read_text()
+    assert "1 + 3 block buffer(s)" in log and "the next 3 started ahead (train.zero_prefetch)" in log, log[:3000]

@@ -306,6 +306,56 @@ TEST(Zero3Params, BlocksGatheredInOrderAndResultsBitwiseTheArenas) {
     want.insert(want.end(), {0, 1, 2});  // the forward on the whole parameters: the hook runs, gathers nothing
     EXPECT_EQ(order, want) << "recompute " << recompute;
   }
-  EXPECT_EQ(zero3_buffer_floats(make_model(mc, *be, "clm", false)->params()),
+  EXPECT_EQ(zero3_buffer_floats(make_model(mc, *be, "clm", false)->params(), 0),
             zero2_buffer_floats(make_model(mc, *be, "clm", false)->params(), 1));
+  EXPECT_EQ(zero3_buffer_floats(make_model(mc, *be, "clm", false)->params(), 1),
+            zero2_buffer_floats(make_model(mc, *be, "clm", false)->params(), 2));
+}
+
+// train.zero_prefetch = d: 1 + d block buffers, the next d blocks in the direction of travel gathered
+// ahead; the results are bitwise those without prefetch, every block is gathered before it is read
+// (no block read from a buffer that holds another), and ahead-of-use gathers happen.
+TEST(Zero3Params, PrefetchedGathersChangeNoBit) {
+  auto be = make_cpu_backend(1);
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 5;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.vocab_size = 50;
+  mc.n_positions = 16;
+  for (bool recompute : {false, true}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (int depth : {0, 1, 2, 7}) {
+      auto m = make_model(mc, *be, "clm");
+      m->init_weights(3);
+      m->set_recompute(recompute);
+      m->reserve(2, 8);
+      ParamStore& ps = m->params();
+      OneRank comm;
+      ParamShards shards(comm, *be, ps, ShardLayout::even(ps.total(), 1), 0, depth);
+      shards.refresh();
+      m->set_block_hook([&](int l) { shards.use_block(l); });
+      DeviceBatchBuffer dbuf(*be);
+      double loss = 0;
+      for (int micro = 0; micro < 2; ++micro) {  // two micro-batches: the turn at block 0 too
+        const DeviceBatch db = dbuf.upload(test::clm_batch(2, 8, 5 + micro, 50));
+        loss += m->forward(db, true, 11 + micro);
+        m->backward(db, 0.01f, true, 11 + micro);
+      }
+      losses.push_back(loss);
+      grads.emplace_back(ps.grad(), ps.grad() + ps.total());
+      if (depth == 0) EXPECT_EQ(shards.prefetched(), 0);
+      if (depth > 0) EXPECT_GT(shards.prefetched(), 0) << depth;
+      // buffers: resident + min(1 + depth, layers) blocks
+      EXPECT_EQ(shards.buffer_bytes(),
+                zero3_buffer_floats(ps, std::min(depth, mc.n_layer - 1)) * sizeof(float)) << depth;
+      m->set_block_hook(nullptr);
+    }
+    for (size_t k = 1; k < losses.size(); ++k) {
+      EXPECT_EQ(losses[k], losses[0]) << k;
+      EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float))) << k;
+    }
+  }
 }
