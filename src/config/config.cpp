@@ -335,9 +335,9 @@ const std::vector<Entry>& schema() {
        "train.grad_accum) and accumulated into this rank's 1/N gradient shard, the backward writing into "
        "two reused block buffers and the tensors outside the blocks; 3 = also no parameter arena: each rank "
        "keeps its 1/N parameter shard, the tensors outside the blocks whole (gathered after each update) "
-       "and one block buffer into which each block's parameters are all-gathered just before its forward "
-       "and its backward (blocking; evaluation and samples gather the whole parameters for their "
-       "duration; cpu backend only); checkpoints hold the full state at every stage"},
+       "and block buffers into which each block's parameters are all-gathered before its forward and its "
+       "backward, the next ones ahead (train.zero_prefetch); evaluation and samples gather the whole "
+       "parameters for their duration; cpu backend only; checkpoints hold the full state at every stage"},
       {KEY(train, zero_prefetch), ge(0),
        "train.zero = 3: the blocks whose parameter all-gather is started ahead of their use (the next ones "
        "in the forward, the previous ones in the backward), each in its own block buffer, so that it runs "
