@@ -46,6 +46,10 @@ class Comm {
   virtual void reduce_scatter_sum_start(float* bucket, size_t lo, size_t n, const ShardLayout& sh) = 0;
   // all_gather: every rank's range of buf is copied into that range on every other rank.
   virtual void all_gather(float* buf, const ShardLayout& sh) = 0;
+  // The non-blocking form of all_gather (train.zero = 3's prefetch of the next blocks): started now,
+  // with the ordering rules of allreduce_sum_start, complete after allreduce_wait(). By default it runs
+  // at once, blocking (MPI overrides it; the staged and NCCL communicators keep the default).
+  virtual void all_gather_start(float* buf, const ShardLayout& sh) { all_gather(buf, sh); }
   // Host floats to one rank (checkpoints of the sharded AdamW state): rank r sends sh.count[r] floats
   // from `mine`; `root` receives them at sh.offset[r] of `all` (sh.total floats; unused elsewhere).
   virtual void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) = 0;

@@ -192,6 +192,28 @@ class MpiComm final : public Comm {
     idle();
   }
 
+  // The same as a started collective: on the worker thread (or, without one, an MPI_Iallgatherv on the
+  // caller's thread, its count arrays kept until the wait), complete after allreduce_wait().
+  void all_gather_start(float* buf, const ShardLayout& sh) override {
+    if (size_ == 1) return;
+    NLP_ASSERT(sh.ranks() == size_);
+    auto c = std::make_shared<std::vector<int>>(ints(sh.count, "all-gather count"));
+    auto d = std::make_shared<std::vector<int>>(ints(sh.offset, "all-gather offset"));
+    auto start = [buf, c, d](MPI_Request* r) {
+      return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c->data(), d->data(), MPI_FLOAT,
+                             MPI_COMM_WORLD, r);
+    };
+    if (threaded_) {
+      submit({start, nullptr, "parameter all-gather (train.zero = 3)", sh.total});
+      return;
+    }
+    inline_.emplace_back();
+    check(start(&inline_.back()), "MPI_Iallgatherv");
+    inline_keep_.push_back(c);
+    inline_keep_.push_back(d);
+    if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
+  }
+
   void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
     NLP_ASSERT(sh.ranks() == size_);
     if (size_ == 1) {
@@ -223,6 +245,7 @@ class MpiComm final : public Comm {
           inline_.clear();
           for (auto& f : inline_done_) f();
           inline_done_.clear();
+          inline_keep_.clear();
           inline_t0_ = Clock::time_point();
           break;
         }
@@ -354,6 +377,7 @@ class MpiComm final : public Comm {
   // not threaded: requests started on the caller's thread
   std::vector<MPI_Request> inline_;
   std::vector<std::function<void()>> inline_done_;  // run in order once they are complete
+  std::vector<std::shared_ptr<std::vector<int>>> inline_keep_;  // count arrays of started all-gathers
   Clock::time_point inline_t0_{};
 };
 

@@ -336,15 +336,23 @@ const std::vector<Entry>& schema() {
        "activation recomputation: none = keep every block's activations for the backward; block = keep "
        "only each transformer block's input and rerun its forward just before its backward (bitwise the "
        "same gradients, about one extra forward of the blocks, far less activation memory)"},
-      {KEY(train, zero), closed(0, 2),
+      {KEY(train, zero), closed(0, 3),
        "ZeRO stage: 0 = every rank holds the AdamW state and updates every parameter; 1 = the gradient "
        "is reduce-scattered, each rank keeps AdamW m and v for and updates only its 1/N of the "
        "parameters, which are then all-gathered (optimizer memory per rank / N; with comm.overlap the "
        "reduce-scatter goes out in buckets during the backward); 2 = also no gradient arena: each "
        "block's gradients are reduce-scattered as its backward ends (every micro-batch of "
        "train.grad_accum) and accumulated into this rank's 1/N gradient shard, the backward writing into "
-       "two reused block buffers and the tensors outside the blocks; checkpoints hold the full state "
-       "at every stage"},
+       "two reused block buffers and the tensors outside the blocks; 3 = also no parameter arena: each rank "
+       "keeps its 1/N parameter shard, the tensors outside the blocks whole (gathered after each update) "
+       "and block buffers into which each block's parameters are all-gathered before its forward and its "
+       "backward, the next ones ahead (train.zero_prefetch); evaluation and samples gather the whole "
+       "parameters for their duration; cpu backend only; checkpoints hold the full state at every stage"},
+      {KEY(train, zero_prefetch), ge(0),
+       "train.zero = 3: the blocks whose parameter all-gather is started ahead of their use (the next ones "
+       "in the forward, the previous ones in the backward), each in its own block buffer, so that it runs "
+       "while the current block computes (MPI's communication thread; through the staged and nccl "
+       "communicators the gathers are blocking); 0 = each block gathered when it is needed"},
       {KEY(train, offload), one_of(kOffload),
        "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
        "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "
@@ -1277,8 +1285,12 @@ ParseResult parse_config(int argc, const char* const* argv) {
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),
                     ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
-  if (c.train.zero == 2 && c.run.cuda_graph)
-    throw Error(cat("train.zero = 2 (", from("train.zero"), ") reduces each block's gradients during the "
+  if (c.train.zero == 3 && c.run.backend == "cuda")
+    throw Error(cat("train.zero = 3 (", from("train.zero"), ") has run on the cpu backend only; with run.backend "
+                    "= cuda (", from("run.backend"), ") use train.zero = 2 (with train.offload = optimizer to move "
+                    "the optimizer state to the host)"));
+  if (c.train.zero >= 2 && c.run.cuda_graph)
+    throw Error(cat("train.zero = ", c.train.zero, " (", from("train.zero"), ") reduces each block's gradients during the "
                     "backward; run.cuda_graph = true (", from("run.cuda_graph"), ") records a micro-batch without "
                     "communication: use train.zero = 1 with it"));
   if (c.run.cuda_graph) {

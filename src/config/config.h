@@ -148,7 +148,8 @@ struct TrainConfig {
   std::string nonfinite = "stop";  // stop | skip: a step whose loss or gradient norm is not finite
   int nonfinite_max = 5;       // skip: stop once this many consecutive steps were skipped
   std::string recompute = "none";  // none | block: keep only each block's input, recompute in backward
-  int zero = 0;                // 0 | 1 | 2: ZeRO-1 (AdamW state and update sharded), ZeRO-2 (gradients too)
+  int zero = 0;                // 0-3: ZeRO-1 (AdamW state and update sharded), ZeRO-2 (gradients too), ZeRO-3 (parameters too)
+  int zero_prefetch = 1;       // train.zero = 3: blocks whose all-gather is started ahead of their use
   std::string offload = "none";  // none | optimizer: master weights and AdamW state on the host
 };
 

@@ -218,6 +218,7 @@ class Bert final : public Model {
     ps_.upload(host);
   }
 
+  void set_block_hook(std::function<void(int)> hook) override { stack_.before_block = std::move(hook); }
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;

@@ -291,6 +291,7 @@ CAct BlockStack::forward(Backend& be, ParamStore& ps, CAct x0, const int32_t* ma
   check_fits(be, token_key ? std::max(B, examples) : B, T);
   CAct x = x0;
   for (size_t l = 0; l < layers.size(); ++l) {
+    if (before_block) before_block(int(l));
     block_forward(be, config, block_weights(ps, layers[l], false), acts_[l], x, mask, training,
                   keyed(block_seeds(seed, int(l), T_key), token_key, examples), B, T,
                   l + 1 == layers.size() ? out_rows : nullptr);
@@ -337,6 +338,7 @@ void BlockStack::backward(Backend& be, ParamStore& ps, Act& da, Act& db, CAct x0
   for (int l = int(layers.size()) - 1; l >= 0; --l) {
     const CAct x = l > 0 ? CAct(acts_[l - 1].out) : x0;
     const OutRows* rows = l + 1 == int(layers.size()) ? out_rows : nullptr;
+    if (before_block) before_block(l);
     if (recompute) {
       // Rerun block l's forward into the shared working set (its output into the working set's own
       // buffer, so the kept outputs stay untouched); same seeds, so the same dropout masks.

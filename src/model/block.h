@@ -130,6 +130,9 @@ class BlockStack {
   // same dropout seeds: bitwise the same activations) just before block l's backward.
   // Set before carve() (the models re-carve when it changes).
   bool recompute = false;
+  // train.zero = 3 (train/param_shards.h): called with l just before block l's parameters are read
+  // (its forward, its recomputed forward, its backward), to gather them; empty: not called.
+  std::function<void(int)> before_block;
 
   // floats of activations + scratch for a B x T batch (the attention parts sized by `be`)
   size_t numel(Backend& be, int B, int T) const;

@@ -116,6 +116,7 @@ class Gpt2 final : public Model {
   int num_layers() const override { return L_; }
   int width() const override { return C_; }
 
+  void set_block_hook(std::function<void(int)> hook) override { stack_.before_block = std::move(hook); }
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;

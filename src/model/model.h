@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "core/backend.h"
+#include "core/error.h"
 #include "io/h5.h"
 #include "model/params.h"
 
@@ -158,6 +159,13 @@ class Model {
   // embeddings with lo = 0): the overlapped gradient reduction (comm/grad_reducer.h) starts their sum
   // while the earlier blocks' backward runs. On GPU backends "final" means "queued on the stream".
   // lo only decreases within one backward; an empty hook is not called.
+  // train.zero = 3: `hook(l)` runs just before transformer block l's parameters are read, in the
+  // forward, a recomputed forward and the backward (train/param_shards.h gathers them there); an
+  // empty hook unsets it. A model without transformer blocks run this way refuses it.
+  virtual void set_block_hook(std::function<void(int)> hook) {
+    (void)hook;
+    throw Error("train.zero = 3 is not available for this model (its blocks cannot be gathered one at a time)");
+  }
   using GradReadyHook = std::function<void(size_t lo)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 

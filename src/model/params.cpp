@@ -28,8 +28,10 @@ void ParamStore::allocate(Backend& be) {
 
 ParamStore::~ParamStore() {
   if (be_) {
-    be_->register_weights(params_, 0);  // no bf16 copy outlives its weights
-    be_->release(params_);
+    if (params_) {
+      be_->register_weights(params_, 0);  // no bf16 copy outlives its weights
+      be_->release(params_);
+    }
     if (grads_) be_->release(grads_);
   }
 }
@@ -50,6 +52,23 @@ void ParamStore::release_grads() {
   grads_ = nullptr;
 }
 
+void ParamStore::map_param(int i, float* p) {
+  if (pmap_.empty()) {
+    pmap_.resize(specs_.size());
+    for (size_t k = 0; k < specs_.size(); ++k) pmap_[k] = params_ ? params_ + specs_[k].offset : nullptr;
+  }
+  pmap_[static_cast<size_t>(i)] = p;
+}
+
+void ParamStore::release_params() {
+  if (!params_) return;
+  for (float*& p : pmap_)
+    if (p >= params_ && p < params_ + total_) p = nullptr;
+  be_->register_weights(params_, 0);
+  be_->release(params_);
+  params_ = nullptr;
+}
+
 int ParamStore::index(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return static_cast<int>(i);
@@ -65,12 +84,17 @@ std::vector<NamedTensor> ParamStore::host_views(std::vector<float>& host) const 
 }
 
 void ParamStore::download(std::vector<float>& host) const {
+  if (!params_)
+    throw Error("internal error: the parameter arena was released (train.zero = 3 keeps only shards); "
+                "the whole parameters are not on this rank");
   host.resize(total_);
   be_->to_host(host.data(), params_, total_ * sizeof(float));
 }
 
 void ParamStore::upload(const std::vector<float>& host) {
   NLP_ASSERT(host.size() == total_);
+  if (!params_)
+    throw Error("internal error: the parameter arena was released (train.zero = 3 keeps only shards)");
   be_->to_device(params_, host.data(), total_ * sizeof(float));
 }
 

@@ -31,12 +31,18 @@ class ParamStore {
   size_t total() const { return total_; }
   float* data() { return params_; }
   float* grad() { return grads_; }
-  float* p(int i) { return params_ + specs_[i].offset; }
+  float* p(int i) { return pmap_.empty() ? params_ + specs_[i].offset : pmap_[i]; }
   float* g(int i) { return gmap_.empty() ? grads_ + specs_[i].offset : gmap_[i]; }
   // train.zero = 2 (train/grad_shards.h): tensor i's gradient lives at p instead of in the arena.
   void map_grad(int i, float* p);
   // Frees the gradient arena: grad() is null afterwards and every tensor's gradient must be mapped.
   void release_grads();
+  // train.zero = 3 (train/param_shards.h): tensor i's parameters live at p instead of in the arena.
+  void map_param(int i, float* p);
+  // Frees the parameter arena (and its bf16 copy): data() is null afterwards, every tensor's
+  // parameters must be mapped, and download/upload throw.
+  void release_params();
+  bool params_released() const { return params_ == nullptr && be_ != nullptr; }
   int index(const std::string& name) const;  // throws when unknown
 
   // Host copies in HF layout for I/O: fills `host` (resized to total()) and returns views into it.
@@ -51,6 +57,7 @@ class ParamStore {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<float*> gmap_;  // map_grad's pointers (empty: the arena's)
+  std::vector<float*> pmap_;  // map_param's pointers (empty: the arena's)
 };
 
 }  // namespace nlp

@@ -14,6 +14,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "train/grad_shards.h"
+#include "train/param_shards.h"
 
 namespace nlp {
 namespace {
@@ -40,7 +41,15 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   const size_t shard = ShardLayout::even(mm.params().total(), p.ranks).largest() * sizeof(float);
   p.optimizer = train ? 2 * shard : 0;
   // train.zero = 2 (train/grad_shards.h): the shard and the backward's buffers instead of the arena
-  if (train && cfg.train.zero == 2) p.grads = shard + zero2_buffer_floats(mm.params(), 2) * sizeof(float);
+  if (train && cfg.train.zero >= 2) p.grads = shard + zero2_buffer_floats(mm.params(), 2) * sizeof(float);
+  // train.zero = 3 (train/param_shards.h): the parameter shard and the gathered buffers instead of the
+  // arena; no persistent bf16 copy (the arena it copies is freed)
+  const bool zero3 = train && cfg.train.zero == 3;
+  if (zero3) {
+    p.bf16_copy = 0;
+    p.gathered = zero3_buffer_floats(mm.params(), cfg.train.zero_prefetch) * sizeof(float);
+    p.weights = shard + p.gathered;
+  }
   p.host_is_device = cfg.run.backend == "cpu";
   if (train && cfg.train.offload == "optimizer") {  // train/optimizer.h: master, m, v, gradient copy
     p.optimizer = 0;
@@ -78,6 +87,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     }
     p.workspace += host;
   }
+  // train.zero = 3: evaluation and samples run on the whole parameters, gathered for their duration
+  if (zero3 && (!cfg.data.eval.empty() || cfg.train.sample_interval > 0)) p.workspace += P;
   return p;
 }
 
@@ -96,6 +107,12 @@ std::string MemoryPlan::table() const {
                   " | offloaded to the host (train.offload = optimizer: master weights, m, v, gradient copy) "
                   "%.1f%s",
                   mib(offload_host), host_is_device ? ", in the total" : ", not in the device total");
+    out += h;
+  }
+  if (gathered > 0) {
+    char h[192];
+    std::snprintf(h, sizeof h, " | of the weights, gathered (train.zero = 3: the tensors outside the blocks, one block) %.1f",
+                  mib(gathered));
     out += h;
   }
   return out;
@@ -117,7 +134,7 @@ std::string MemoryPlan::activations_label() const {
 std::string MemoryPlan::json() const {
   std::ostringstream o;
   o << "{\"weights_bytes\":" << weights << ",\"bf16_weights_bytes\":" << bf16_copy
-    << ",\"gradients_bytes\":" << grads
+    << ",\"gathered_weights_bytes\":" << gathered << ",\"gradients_bytes\":" << grads
     << ",\"optimizer_bytes\":" << optimizer << ",\"offload_host_bytes\":" << offload_host << ",\"activations_bytes\":" << activations
     << ",\"lm_head_bytes\":" << lm_head << ",\"lm_head_fused\":" << (lm_head_fused ? "true" : "false")
     << ",\"workspace_bytes\":" << workspace << ",\"total_bytes\":" << total() << ",\"batch_size\":" << B
@@ -139,7 +156,9 @@ std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int wor
   for (int pass = 0; pass < 4; ++pass) {
     const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
     if ((pass & 1 && rc0) || (pass & 2 && off0)) continue;  // the same as an earlier pass
-    for (int z = cfg.train.zero; z <= 2; ++z) {
+    // train.zero = 3 has run on the cpu backend only (config.cpp refuses it on cuda)
+    const int top = cfg.run.backend == "cuda" ? 2 : 3;
+    for (int z = cfg.train.zero; z <= top; ++z) {
       Config c = cfg;
       c.train.zero = z;
       c.train.recompute = rc ? "block" : "none";

@@ -16,6 +16,8 @@ namespace nlp {
 struct MemoryPlan {
   size_t weights = 0;      // parameters (fp32), and their bf16 copy when there is one
   size_t bf16_copy = 0;    // of which the persistent bf16 copy (run.bf16_weights)
+  size_t gathered = 0;     // train.zero = 3: of which the gathered buffers (the tensors outside the
+                           // blocks and one block buffer, train/param_shards.h); the rest is the shard
   size_t grads = 0;        // their gradients (every mode allocates the arena: model/params.cpp)
   size_t optimizer = 0;    // AdamW m and v (train mode): this rank's shard with train.zero = 1; 0 when
                            // offloaded (train.offload = optimizer)
@@ -44,11 +46,13 @@ struct MemoryPlan {
 
 // `m` may be a model whose arenas are not allocated (make_model(..., allocate = false)); `world` is
 // the number of ranks (train.zero >= 1 divides the optimizer state by it, train.zero = 2 the
-// gradients too: the shard plus train/grad_shards.h's buffers).
+// gradients too: the shard plus train/grad_shards.h's buffers, train.zero = 3 the weights too: the
+// shard plus train/param_shards.h's buffers, and the whole parameters in the workspace while an
+// evaluation or a sample runs).
 MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 
 // The settings that shrink the plan, in the order they cost speed: train.zero from the configured
-// stage up to 2, then the same with train.recompute = block, then with train.offload = optimizer, then
+// stage up to 3, then the same with train.recompute = block, then with train.offload = optimizer, then
 // both (the configured settings first; each setting at least as strong as the configured one). `m`
 // is an unallocated model (its recompute flag is set per option and restored).
 struct PlanOption {

@@ -46,7 +46,7 @@ AdamW::~AdamW() {
 }
 
 void AdamW::load_master() {
-  if (offload_ && hi_ > lo_) be_.to_host(master_, ps_.data() + lo_, (hi_ - lo_) * sizeof(float));
+  if (offload_ && hi_ > lo_) be_.to_host(master_, params(), (hi_ - lo_) * sizeof(float));
 }
 
 void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
@@ -56,10 +56,10 @@ void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
     be_.to_host(host_grad_, grads(), bytes);
     if (zero_grad) be_.zero(grads(), bytes);
     host_adamw_update(master_, host_grad_, m_, v_, spans_, lr, tc_.beta1, tc_.beta2, tc_.adam_eps, grad_scale, t);
-    be_.to_device(ps_.data() + lo_, master_, bytes);
+    be_.to_device(params(), master_, bytes);
     return;
   }
-  be_.adamw_update_spans(ps_.data() + lo_, grads(), m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
+  be_.adamw_update_spans(params(), grads(), m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
                          tc_.adam_eps, grad_scale, t, zero_grad);
 }
 

@@ -55,6 +55,12 @@ class AdamW {
   // gradient shard with train.zero = 2 (train/grad_shards.h).
   void set_grads(float* g) { grad_src_ = g; }
   float* grads() { return grad_src_ ? grad_src_ : ps_.grad() + lo_; }
+  // The range's parameters (hi - lo floats in backend memory) that step() updates: the arena's range
+  // by default, the parameter shard with train.zero = 3 (train/param_shards.h).
+  void set_params(float* p) { param_src_ = p; }
+  bool sharded_params() const { return param_src_ != nullptr; }
+  float* params() { return param_src_ ? param_src_ : ps_.data() + lo_; }
+  const float* params() const { return param_src_ ? param_src_ : ps_.data() + lo_; }
 
  private:
   ParamStore& ps_;
@@ -67,6 +73,7 @@ class AdamW {
   float* master_ = nullptr;  // offload: the range's fp32 weights on the host
   float* host_grad_ = nullptr;  // offload: the range's gradients copied to the host
   float* grad_src_ = nullptr;   // set_grads
+  float* param_src_ = nullptr;  // set_params
   // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
   std::vector<Backend::AdamWSpan> spans_;
 };

@@ -290,6 +290,11 @@ ResumeOutcome resume_from_checkpoint(Session& s, AdamW& opt, TrainState& st) {
   const auto& specs = ps.specs();
   auto take = [&](int group, size_t i, const float* data) {
     const ParamSpec& sp = specs[i];
+    if (group == 0 && opt.sharded_params()) {  // train.zero = 3: this rank's part into its shard
+      const size_t a = std::max(sp.offset, opt.lo()), b = std::min(sp.offset + sp.numel, opt.hi());
+      if (a < b) s.be.to_device(opt.params() + (a - opt.lo()), data + (a - sp.offset), (b - a) * sizeof(float));
+      return;
+    }
     if (group == 0) {
       s.be.to_device(ps.data() + sp.offset, data, sp.numel * sizeof(float));  // refreshes the bf16 copy
       return;

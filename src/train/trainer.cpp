@@ -32,6 +32,7 @@
 #include "train/batches.h"
 #include "train/grad_shards.h"
 #include "train/optimizer.h"
+#include "train/param_shards.h"
 #include "train/resume.h"
 #include "train/run_folder.h"
 #include "train/schedule.h"
@@ -93,15 +94,22 @@ ShardLayout tensor_split(const ParamSpec& sp, const ShardLayout& sh) {
 
 // Moment `which` of tensor `sp` on rank 0 in `out` (sp.numel floats; null elsewhere), gathered from
 // the ranks that own its parts (a collective with train.zero = 1 or 2: every rank calls it).
+// which = -1: the parameters themselves, from the shards of train.zero = 3 (AdamW::params).
 void gather_moment(Session& s, const AdamW& opt, const ShardLayout& sh, int which, const ParamSpec& sp, float* out) {
+  auto read = [&](size_t a, size_t b, float* host) {
+    if (which >= 0)
+      opt.read_moment(which, a, b, host);
+    else if (b > a)
+      s.be.to_host(host, opt.params() + (a - opt.lo()), (b - a) * sizeof(float));
+  };
   if (sh.ranks() == 1) {
-    if (s.comm.rank() == 0) opt.read_moment(which, sp.offset, sp.offset + sp.numel, out);
+    if (s.comm.rank() == 0) read(sp.offset, sp.offset + sp.numel, out);
     return;
   }
   const ShardLayout t = tensor_split(sp, sh);
   const int r = s.comm.rank();
   std::vector<float> mine(std::max<size_t>(t.count[r], 1));
-  if (t.count[r] > 0) opt.read_moment(which, sp.offset + t.offset[r], sp.offset + t.offset[r] + t.count[r], mine.data());
+  if (t.count[r] > 0) read(sp.offset + t.offset[r], sp.offset + t.offset[r] + t.count[r], mine.data());
   s.comm.gather_host(mine.data(), r == 0 ? out : nullptr, t, 0);
 }
 
@@ -120,7 +128,9 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
     for (const auto& sp : specs) names.push_back({sp.name, sp.shape, nullptr});
     path = save_checkpoint(s.cfg.output.dir, st, names,
                            [&](int group, size_t i, float* out) {
-                             if (group == 0)
+                             if (group == 0 && opt.sharded_params())  // train.zero = 3
+                               gather_moment(s, opt, shards, -1, specs[i], out);
+                             else if (group == 0)
                                s.be.to_host(out, ps.data() + specs[i].offset, specs[i].numel * sizeof(float));
                              else
                                gather_moment(s, opt, shards, group - 1, specs[i], out);
@@ -140,6 +150,8 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
     }
     check_checkpoint_dir(dir, dir_id, st.step, "while writing");
   } else if (shards.ranks() > 1) {  // the writer's gathers, in its order
+    if (opt.sharded_params())
+      for (const auto& sp : specs) gather_moment(s, opt, shards, -1, sp, nullptr);
     for (int which = 0; which < 2; ++which)
       for (const auto& sp : specs) gather_moment(s, opt, shards, which, sp, nullptr);
   }
@@ -231,8 +243,13 @@ void log_eval(Session& s, int step, const EvalResult& r) {
 void save_best(Session& s, const TrainState& st, const EvalResult& r) {
   if (s.comm.rank() == 0) {
     std::vector<float> hp;
-    auto params = s.model.params().host_views(hp);
-    s.model.params().download(hp);
+    ParamStore& ps = s.model.params();
+    auto params = ps.host_views(hp);
+    if (ps.params_released())  // train.zero = 3: the gathered tensors (ParamShards::gather_all)
+      for (size_t i = 0; i < ps.specs().size(); ++i)
+        s.be.to_host(params[i].data, ps.p(static_cast<int>(i)), ps.specs()[i].numel * sizeof(float));
+    else
+      ps.download(hp);
     save_weights(s.cfg.output.dir + "/best.h5", params, [&](h5::File& f) {
       s.model.write_attrs(f);
       f.set_attr("nlptrain_step", int64_t(st.step));
@@ -288,17 +305,30 @@ struct Optimizer {
   int stage;  // train.zero
   ShardLayout shards;
   AdamW opt;
-  std::unique_ptr<GradShards> grads;  // train.zero = 2
+  std::unique_ptr<GradShards> grads;  // train.zero = 2 and 3
+  std::unique_ptr<ParamShards> params;  // train.zero = 3
+  Model& model;
   Optimizer(Session& s, int stage_)
       : zero(stage_ >= 1 && s.comm.size() > 1), stage(stage_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
-            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer") {
-    if (stage == 2) {
+            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer"),
+        model(s.model) {
+    if (stage >= 2) {
       grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
                                            s.cfg.comm.overlap && s.comm.size() > 1);
       opt.set_grads(grads->shard());
     }
+    if (stage == 3) {
+      params = std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
+                                             s.cfg.train.zero_prefetch);
+      opt.set_params(params->shard());
+      ParamShards* p = params.get();
+      s.model.set_block_hook([p](int l) { p->use_block(l); });
+    }
+  }
+  ~Optimizer() {
+    if (params) model.set_block_hook(nullptr);
   }
   bool sharded_grads() const { return zero || grads; }  // the gradient is summed in this rank's range only
 };
@@ -362,7 +392,7 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
   s.log.info(buf);
   if (o.grads) {
     const size_t shard_b = o.grads->shard_size() * sizeof(float), buf_b = o.grads->buffer_bytes();
-    s.log.info(cat("gradients: train.zero = 2: the gradient shard [", opt.lo(), ", ", opt.hi(), ") ",
+    s.log.info(cat("gradients: train.zero = ", tc.zero, ": the gradient shard [", opt.lo(), ", ", opt.hi(), ") ",
                    std::lround(double(shard_b) / mib * 10) / 10.0, " MiB and the backward's buffers (the tensors "
                    "outside the blocks, two block slots) ", std::lround(double(buf_b) / mib * 10) / 10.0,
                    " MiB on this rank, instead of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0,
@@ -370,6 +400,16 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
     notes.gradient_bytes = static_cast<int64_t>(shard_b + buf_b);
   } else {
     notes.gradient_bytes = static_cast<int64_t>(total * sizeof(float));
+  }
+  if (o.params) {
+    const size_t shard_b = o.params->shard_size() * sizeof(float), buf_b = o.params->buffer_bytes();
+    s.log.info(cat("parameters: train.zero = 3: the parameter shard [", opt.lo(), ", ", opt.hi(), ") ",
+                   std::lround(double(shard_b) / mib * 10) / 10.0, " MiB and the tensors outside the blocks with "
+                   "1 + ", tc.zero_prefetch, " block buffer(s) ", std::lround(double(buf_b) / mib * 10) / 10.0,
+                   " MiB on this rank, instead of the ", std::lround(double(total * sizeof(float)) / mib * 10) / 10.0,
+                   " MiB arena; each block all-gathered before it is used, the next ", tc.zero_prefetch,
+                   " started ahead (train.zero_prefetch); evaluation and samples gather the whole arena for their "
+                   "duration"));
   }
   if (opt.offloaded())
     s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "
@@ -805,7 +845,12 @@ void apply_update(StepLoop& L, const StepResult& r, double& t_comm) {
     const bool zero_grad = !zero || L.optim.grads != nullptr;
     opt.step(r.lr, grad_scale, static_cast<int>(st.optimizer_steps + 1), zero_grad);
     L.grads_zero = zero_grad;
-    if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
+    if (L.optim.params) {  // train.zero = 3: only the resident tensors are gathered now, the blocks as used
+      const auto tp = Clock::now();
+      L.optim.params->refresh();
+      s.be.synchronize();
+      t_comm += seconds_since(tp);
+    } else if (zero) {  // every rank updated its shard: gather the whole parameter arena everywhere
       const auto tp = Clock::now();
       s.comm.all_gather(ps.data(), L.optim.shards);
       // the other ranks' shards were written by the collective: their bf16 copy (core/backend.h)
@@ -936,7 +981,13 @@ bool evaluate_and_checkpoint(StepLoop& L) {
   const Config& cfg = L.cfg;
   TrainState& st = L.st;
   const bool last = st.step == L.tc.steps;
-  if (L.data.eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last)) {
+  const bool do_eval = L.data.eval && ((cfg.eval.interval > 0 && st.step % cfg.eval.interval == 0) || last);
+  const bool do_sample = L.tc.sample_interval > 0 && (st.step % L.tc.sample_interval == 0 || last);
+  // train.zero = 3: evaluation, best.h5 and the sample run on the whole parameters, gathered once here on
+  // every rank (param_shards.h), so their data-dependent lengths issue no collective
+  ParamShards* whole = (do_eval || do_sample) ? L.optim.params.get() : nullptr;
+  if (whole) whole->gather_all();
+  if (do_eval) {
     EvalResult r = evaluate(s, *L.data.eval, cfg.eval.batches);
     log_eval(s, static_cast<int>(st.step), r);
     const bool better = std::isnan(st.best_metric) ||
@@ -953,8 +1004,8 @@ bool evaluate_and_checkpoint(StepLoop& L) {
     s.log.info(cat("checkpoint: ", path));
     checkpointed = true;
   }
-  if (L.tc.sample_interval > 0 && (st.step % L.tc.sample_interval == 0 || last))
-    log_sample(s, static_cast<int>(st.step));
+  if (do_sample) log_sample(s, static_cast<int>(st.step));
+  if (whole) whole->release_all();
 
   // A stop signal on any rank, or the stop file seen by any rank, stops every rank at the same step
   // boundary. [0]: a signal; [1]: the stop file (each rank looks in its own output.dir: node-local
@@ -1086,6 +1137,7 @@ int run_train(Session& s) {
   // (agreed: an error is printed once and every rank ends through MPI_Finalize, comm/agree.h)
   const BatchShape shape = agreed(s.comm, [&] {
     if (tc.resume) resume(s, optim.opt, st, notes);
+    if (optim.params) optim.params->refresh();  // train.zero = 3: the resident tensors from the shards
     return resume_batch_shape(s, data, st, notes);
   });
   // A finished run resumed with the same steps: its results (summary.json, config.ini) stay as they are.

@@ -1,7 +1,7 @@
 """The memory plan per ZeRO stage, recompute and offload (train/memory_plan.h): `nlptrain --check` on
 4 ranks prints, for the GPT-2 XL preset with run.memory_limit_gb = 32, the weights, gradients,
 optimizer state (device and host), activations and total per rank of every train.zero / recompute /
-offload setting and marks what fits; the model-state columns equal the sizes computed here from the
+offload setting (stage 3 on the cpu backend) and marks what fits; the model-state columns equal the sizes computed here from the
 architecture (the parameter count of GPT-2 XL; the 16-float alignment of each tensor is below 0.01%).
 A run whose plan does not fit stops before allocating and names the smallest setting that fits."""
 import re
@@ -37,7 +37,7 @@ def test_check_prints_the_plan_per_stage_for_gpt2_xl_on_4_ranks(tmp_path):
                    "[run]\nmemory_limit_gb = 32\n")
     p = nr.run(["--check", ini], ranks=4, timeout=120)
     rows = table(p.stdout)
-    assert len(rows) == 12, p.stdout[-3000:]
+    assert len(rows) == 16, p.stdout[-3000:]  # stages 0-3, each without and with recompute, offload, both
     P, resident, block = gpt2_counts(50257, 1600, 48, 1024)
     assert P == 1557611200  # GPT-2 XL (HF's count, tied head)
     N = 4
@@ -47,7 +47,9 @@ def test_check_prints_the_plan_per_stage_for_gpt2_xl_on_4_ranks(tmp_path):
         z = int(keys.split("train.zero = ")[1][0])
         offload = "offload" in keys
         shard = P / (N if z >= 1 else 1)
-        assert close(weights, 4 * P), keys
+        # stage 3: the parameter shard, the resident tensors and 1 + train.zero_prefetch (default 1) block
+        # buffers (train/param_shards.h)
+        assert close(weights, 4 * P if z < 3 else 4 * (P / N + resident + 2 * block)), (keys, weights)
         assert close(grads, 4 * P if z < 2 else 4 * (P / N + resident + 2 * block)), (keys, grads)
         assert close(opt, 0 if offload else 8 * shard), (keys, opt)
         assert close(host, 16 * shard if offload else 0), (keys, host)
@@ -61,6 +63,8 @@ def test_check_prints_the_plan_per_stage_for_gpt2_xl_on_4_ranks(tmp_path):
     assert f"smallest setting that fits 30518 MiB: {first}" in p.stdout
     # ZeRO-2's gradients are about 1/N of the arena plus the embeddings and two blocks
     assert rows["train.zero = 2"][0][1] < rows["train.zero = 1"][0][1] / 2.5
+    # ZeRO-3's weights likewise
+    assert rows["train.zero = 3"][0][0] < rows["train.zero = 2"][0][0] / 2.5
 
 
 def test_a_plan_that_does_not_fit_names_the_smallest_stage_that_does(tmp_path):

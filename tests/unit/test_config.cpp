@@ -40,7 +40,7 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.epochs", "train.batch_size", "train.grad_accum", "train.lr", "train.min_lr_ratio",
     "train.warmup_steps", "train.schedule_steps", "train.schedule", "train.weight_decay", "train.beta1", "train.beta2",
     "train.adam_eps", "train.clip", "train.seed", "train.resume", "train.sample_interval",
-    "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute", "train.zero", "train.offload",
+    "train.precision", "train.nonfinite", "train.nonfinite_max", "train.recompute", "train.zero", "train.zero_prefetch", "train.offload",
     "eval.interval", "eval.batches", "eval.sort_by_length",
     "checkpoint.interval", "checkpoint.keep",
     "comm.gpu", "comm.bucket_mb", "comm.overlap", "comm.timeout_s",

@@ -18,6 +18,9 @@
 #include "model/params.h"
 #include "train/grad_shards.h"
 #include "train/optimizer.h"
+#include "train/param_shards.h"
+#include "train/batches.h"
+#include "small_models.h"
 
 using namespace nlp;
 
@@ -208,5 +211,151 @@ TEST(Zero2Regions, BlocksOfGpt2AndBertTileTheArena) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("transformer.ln_mid.weight"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+// One rank, no MPI: the collectives of a single rank are no-ops (ParamShards copies its own part).
+class OneRank final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  void allreduce_sum(float*, size_t) override {}
+  void allreduce_sum_host(double*, size_t) override {}
+  void broadcast_host(void*, size_t, int) override {}
+  void allreduce_sum_start(float*, size_t) override {}
+  void allreduce_wait() override {}
+  void reduce_scatter_sum(float*, const ShardLayout&) override {}
+  void reduce_scatter_sum_start(float*, size_t, size_t, const ShardLayout&) override {}
+  void all_gather(float*, const ShardLayout& sh) override { ++gathers; (void)sh; }
+  void gather_host(const float* mine, float* all, const ShardLayout& sh, int) override {
+    std::memcpy(all, mine, sh.count[0] * sizeof(float));
+  }
+  void barrier() override {}
+  [[noreturn]] void abort(int) override { std::abort(); }
+  int gathers = 0;
+};
+}  // namespace
+
+// ZeRO-3's parameters (train/param_shards.h) on one rank: after the arena is freed, every tensor reads
+// from the resident buffers or the block buffer, the block hook gathers each block just before it is
+// read (forward 0..L-1, backward L-1..0, the block held at the turn not gathered again; with recompute
+// the same), and a forward and backward are bitwise those of the arena.
+TEST(Zero3Params, BlocksGatheredInOrderAndResultsBitwiseTheArenas) {
+  auto be = make_cpu_backend(1);
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.vocab_size = 50;
+  mc.n_positions = 16;
+  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  const HostBatch hb = test::clm_batch(2, 8, 5, 50);
+  for (bool recompute : {false, true}) {
+    auto run = [&](bool zero3, std::vector<int>* order, std::vector<float>* grads) {
+      auto m = make_model(mc, *be, "clm");
+      m->init_weights(3);
+      m->set_recompute(recompute);
+      m->reserve(2, 8);
+      ParamStore& ps = m->params();
+      OneRank comm;
+      std::unique_ptr<ParamShards> shards;
+      if (zero3) {
+        shards = std::make_unique<ParamShards>(comm, *be, ps, ShardLayout::even(ps.total(), 1), 0);
+        EXPECT_EQ(ps.data(), nullptr);
+        std::vector<float> host;
+        EXPECT_THROW(ps.download(host), Error);
+        shards->refresh();
+        m->set_block_hook([&](int l) {
+          order->push_back(l);
+          shards->use_block(l);
+        });
+      }
+      DeviceBatchBuffer dbuf(*be);
+      const DeviceBatch db = dbuf.upload(hb);
+      const double loss = m->forward(db, true, 11);
+      m->backward(db, 0.01f, true, 11);
+      grads->assign(ps.grad(), ps.grad() + ps.total());
+      if (zero3) {
+        EXPECT_EQ(shards->gathers(), 2 * mc.n_layer - 1);  // the last block kept for the turn
+        // a whole gather maps every tensor into one arena, a release back to the buffers
+        shards->gather_all();
+        EXPECT_TRUE(shards->whole());
+        for (size_t i = 1; i < ps.specs().size(); ++i)
+          EXPECT_EQ(ps.p(int(i)) - ps.p(0), std::ptrdiff_t(ps.specs()[i].offset)) << ps.specs()[i].name;
+        EXPECT_EQ(m->forward(db, true, 11), loss);  // no block gathered while whole
+        EXPECT_EQ(shards->gathers(), 2 * mc.n_layer - 1);
+        shards->release_all();
+        m->set_block_hook(nullptr);
+      }
+      return loss;
+    };
+    std::vector<int> order;
+    std::vector<float> g0, g3;
+    const double l0 = run(false, nullptr, &g0);
+    const double l3 = run(true, &order, &g3);
+    EXPECT_EQ(l0, l3) << "recompute " << recompute;
+    ASSERT_EQ(g0.size(), g3.size());
+    EXPECT_EQ(0, std::memcmp(g0.data(), g3.data(), g0.size() * sizeof(float))) << "recompute " << recompute;
+    // forward 0, 1, 2; backward 2, 1, 0 (once per block: its recomputed forward and its backward)
+    std::vector<int> want = {0, 1, 2};
+    for (int l = 2; l >= 0; --l) want.push_back(l);
+    want.insert(want.end(), {0, 1, 2});  // the forward on the whole parameters: the hook runs, gathers nothing
+    EXPECT_EQ(order, want) << "recompute " << recompute;
+  }
+  EXPECT_EQ(zero3_buffer_floats(make_model(mc, *be, "clm", false)->params(), 0),
+            zero2_buffer_floats(make_model(mc, *be, "clm", false)->params(), 1));
+  EXPECT_EQ(zero3_buffer_floats(make_model(mc, *be, "clm", false)->params(), 1),
+            zero2_buffer_floats(make_model(mc, *be, "clm", false)->params(), 2));
+}
+
+// train.zero_prefetch = d: 1 + d block buffers, the next d blocks in the direction of travel gathered
+// ahead; the results are bitwise those without prefetch, every block is gathered before it is read
+// (no block read from a buffer that holds another), and ahead-of-use gathers happen.
+TEST(Zero3Params, PrefetchedGathersChangeNoBit) {
+  auto be = make_cpu_backend(1);
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 5;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.vocab_size = 50;
+  mc.n_positions = 16;
+  for (bool recompute : {false, true}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (int depth : {0, 1, 2, 7}) {
+      auto m = make_model(mc, *be, "clm");
+      m->init_weights(3);
+      m->set_recompute(recompute);
+      m->reserve(2, 8);
+      ParamStore& ps = m->params();
+      OneRank comm;
+      ParamShards shards(comm, *be, ps, ShardLayout::even(ps.total(), 1), 0, depth);
+      shards.refresh();
+      m->set_block_hook([&](int l) { shards.use_block(l); });
+      DeviceBatchBuffer dbuf(*be);
+      double loss = 0;
+      for (int micro = 0; micro < 2; ++micro) {  // two micro-batches: the turn at block 0 too
+        const DeviceBatch db = dbuf.upload(test::clm_batch(2, 8, 5 + micro, 50));
+        loss += m->forward(db, true, 11 + micro);
+        m->backward(db, 0.01f, true, 11 + micro);
+      }
+      losses.push_back(loss);
+      grads.emplace_back(ps.grad(), ps.grad() + ps.total());
+      if (depth == 0) EXPECT_EQ(shards.prefetched(), 0);
+      if (depth > 0) EXPECT_GT(shards.prefetched(), 0) << depth;
+      // buffers: resident + min(1 + depth, layers) blocks
+      EXPECT_EQ(shards.buffer_bytes(),
+                zero3_buffer_floats(ps, std::min(depth, mc.n_layer - 1)) * sizeof(float)) << depth;
+      m->set_block_hook(nullptr);
+    }
+    for (size_t k = 1; k < losses.size(); ++k) {
+      EXPECT_EQ(losses[k], losses[0]) << k;
+      EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float))) << k;
+    }
   }
 }

@@ -1,0 +1,206 @@
+#include "train/param_shards.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace nlp {
+
+size_t zero3_buffer_floats(const ParamStore& ps, int prefetch) {
+  size_t resident = 0, block = 0;
+  for (const GradRegion& r : zero2_regions(ps)) {
+    if (r.layer < 0)
+      resident += r.hi - r.lo;
+    else
+      block = std::max(block, r.hi - r.lo);
+  }
+  return resident + size_t(1 + std::max(prefetch, 0)) * block;
+}
+
+ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch)
+    : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), prefetch_(std::max(prefetch, 0)), lo_(sh.lo(rank)),
+      n_(sh.count[rank]) {
+  NLP_ASSERT(sh.total == ps.total() && ps.data() != nullptr);
+  auto alloc = [&](size_t n) {
+    auto* p = static_cast<float*>(be.alloc(std::max<size_t>(n, 1) * sizeof(float)));
+    owned_.push_back(p);
+    buffer_floats_ += n;
+    return p;
+  };
+  size_t block = 0;
+  int layers = 0;
+  const std::vector<GradRegion> regions = zero2_regions(ps);
+  for (const GradRegion& r : regions)
+    if (r.layer >= 0) block = std::max(block, r.hi - r.lo), layers = std::max(layers, r.layer + 1);
+  // more buffers than blocks would never be used
+  if (block > 0)
+    for (int k = 0; k < std::min(1 + prefetch_, layers); ++k) slots_.push_back({alloc(block)});
+  layer_region_.assign(size_t(layers), -1);
+  layer_tensors_.resize(size_t(layers));
+  for (const GradRegion& r : regions) {
+    float* buf = nullptr;
+    if (r.layer < 0) {
+      buf = alloc(r.hi - r.lo);
+      be.copy(buf, ps.data() + r.lo, (r.hi - r.lo) * sizeof(float));  // the whole tensors, as loaded
+    } else {
+      layer_region_[size_t(r.layer)] = static_cast<int>(regions_.size());
+    }
+    regions_.push_back({r.lo, r.hi, r.layer, buf});
+  }
+  const auto& specs = ps.specs();
+  for (size_t i = 0; i < specs.size(); ++i)
+    for (const Region& r : regions_)
+      if (r.layer >= 0 && specs[i].offset >= r.lo && specs[i].offset < r.hi)
+        layer_tensors_[size_t(r.layer)].push_back(static_cast<int>(i));
+  shard_ = static_cast<float*>(be.alloc(std::max<size_t>(n_, 1) * sizeof(float)));
+  if (n_ > 0) be.copy(shard_, ps.data() + lo_, n_ * sizeof(float));
+  ps.release_params();
+  map_buffers();
+}
+
+ParamShards::~ParamShards() {
+  try {
+    wait_all();  // no collective may still write into a buffer freed here
+  } catch (...) {
+  }
+  if (full_) be_.release(full_);
+  for (float* p : owned_) be_.release(p);
+  be_.release(shard_);
+}
+
+void ParamShards::map_buffers() {
+  const auto& specs = ps_.specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const size_t off = specs[i].offset;
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [off](const Region& r) { return off >= r.lo && off < r.hi; });
+    NLP_ASSERT(it != regions_.end() && off + specs[i].numel <= it->hi);
+    float* base = it->buf;
+    if (it->layer >= 0) {  // the buffer holding the block, else the first one (read only after a gather)
+      const int s = slot_of(it->layer);
+      base = slots_[size_t(s >= 0 ? s : 0)].buf;
+    }
+    ps_.map_param(static_cast<int>(i), base + (off - it->lo));
+  }
+}
+
+void ParamShards::gather(float* buf, size_t lo, size_t hi, bool start) {
+  // The region's split over the ranks, relative to lo: each rank's part of [lo, hi) of the arena.
+  ShardLayout t;
+  t.total = hi - lo;
+  for (int r = 0; r < sh_.ranks(); ++r) {
+    const auto [a, b] = sh_.part(r, lo, hi);
+    t.offset.push_back(std::min(a, hi) - lo);
+    t.count.push_back(b - a);
+  }
+  if (t.count[rank_] > 0)
+    be_.copy(buf + t.offset[rank_], shard_ + (lo + t.offset[rank_] - lo_), t.count[rank_] * sizeof(float));
+  if (start)
+    comm_.all_gather_start(buf, t);
+  else
+    comm_.all_gather(buf, t);
+}
+
+void ParamShards::wait_all() {
+  bool any = false;
+  for (const Slot& s : slots_) any = any || s.pending;
+  if (!any) return;
+  comm_.allreduce_wait();
+  for (Slot& s : slots_) s.pending = false;
+}
+
+int ParamShards::slot_of(int l) const {
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k].layer == l) return static_cast<int>(k);
+  return -1;
+}
+
+int ParamShards::victim(int keep) const {
+  int pick = -1;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Slot& s = slots_[k];
+    if (int(k) == keep) continue;
+    if (s.layer < 0) return static_cast<int>(k);
+    if (std::find(upcoming_.begin(), upcoming_.end(), s.layer) != upcoming_.end()) continue;
+    if (pick < 0) pick = static_cast<int>(k);
+  }
+  return pick;
+}
+
+void ParamShards::start_block(int l, int slot, bool ahead) {
+  Slot& s = slots_[size_t(slot)];
+  if (s.pending) wait_all();  // never gather into a buffer a started gather still writes
+  const Region& r = regions_[size_t(layer_region_[size_t(l)])];
+  s.layer = l;
+  gather(s.buf, r.lo, r.hi, ahead);
+  s.pending = ahead;
+  ++gathers_;
+  if (ahead) ++prefetched_;
+}
+
+void ParamShards::use_block(int l) {
+  if (full_) return;
+  NLP_ASSERT(l >= 0 && size_t(l) < layer_region_.size() && layer_region_[size_t(l)] >= 0);
+  const int L = static_cast<int>(layer_region_.size());
+  // the direction: up from block 0, down from the last block, else as the blocks go
+  if (l == 0)
+    up_ = true;
+  else if (l == L - 1)
+    up_ = false;
+  else if (prev_ >= 0 && l != prev_)
+    up_ = l > prev_;
+  prev_ = l;
+  upcoming_.clear();
+  for (int k = 1; k <= prefetch_; ++k) {
+    const int c = up_ ? l + k : l - k;
+    if (c < 0 || c >= L) break;
+    upcoming_.push_back(c);
+  }
+  int s = slot_of(l);
+  if (s < 0) {
+    s = victim(-1);
+    NLP_ASSERT(s >= 0);
+    start_block(l, s, /*ahead=*/false);
+  }
+  if (slots_[size_t(s)].pending) wait_all();
+  current_ = s;
+  float* buf = slots_[size_t(s)].buf;
+  const Region& r = regions_[size_t(layer_region_[size_t(l)])];
+  for (int i : layer_tensors_[size_t(l)])
+    ps_.map_param(i, buf + (ps_.specs()[size_t(i)].offset - r.lo));
+  // the next blocks' gathers, started now to run while block l computes
+  for (int c : upcoming_) {
+    if (slot_of(c) >= 0) continue;
+    const int v = victim(current_);
+    if (v < 0) break;
+    start_block(c, v, /*ahead=*/true);
+  }
+}
+
+void ParamShards::refresh() {
+  NLP_ASSERT(!full_);
+  wait_all();
+  for (const Region& r : regions_)
+    if (r.layer < 0) gather(r.buf, r.lo, r.hi, false);
+  for (Slot& s : slots_) s.layer = -1;
+  current_ = prev_ = -1;
+  up_ = true;
+}
+
+void ParamShards::gather_all() {
+  if (full_) return;
+  wait_all();
+  full_ = static_cast<float*>(be_.alloc(std::max<size_t>(ps_.total(), 1) * sizeof(float)));
+  gather(full_, 0, ps_.total(), false);
+  const auto& specs = ps_.specs();
+  for (size_t i = 0; i < specs.size(); ++i) ps_.map_param(static_cast<int>(i), full_ + specs[i].offset);
+}
+
+void ParamShards::release_all() {
+  if (!full_) return;
+  be_.release(full_);
+  full_ = nullptr;
+  map_buffers();
+}
+
+}  // namespace nlp

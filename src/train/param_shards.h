@@ -1,0 +1,104 @@
+// ZeRO-3's parameters (train.zero = 3): no parameter arena. Each rank keeps persistently only its fp32
+// shard of the parameters (its range [sh.lo(rank), sh.hi(rank)) of the arena, comm/shard.h; the
+// optimizer updates it in place) and, for the forward and backward to read,
+//  - the "resident" tensors outside the transformer blocks (embeddings, final LayerNorm, heads), whole
+//    (grad_shards.h's regions): GPT-2's tied word embedding is one tensor, gathered once per update,
+//    that serves the input embedding and the LM head alike (and gets one gradient, grad_shards.h);
+//  - 1 + prefetch block buffers: before block l's parameters are read (Model::set_block_hook: its
+//    forward, its recomputed forward with train.recompute = block, its backward) they are all-gathered
+//    into a buffer from the ranks' shards unless a buffer holds block l already, and the gathers of the
+//    next `prefetch` blocks in the current direction (up in the forward, down in the backward; at block
+//    0 up, at the last block down) are started (Comm::all_gather_start) into the other buffers, so that
+//    they run while block l computes (where the communicator runs them in the background: MPI's
+//    communication thread; the staged and NCCL communicators gather at once).
+// After every update (and a resume) refresh() waits for started gathers, gathers the resident tensors
+// again and empties the block buffers.
+//
+// Every rank issues every gather in the same order: which blocks are gathered and prefetched depends
+// only on the sequence of blocks used, and the training forward and backward visit the same blocks in
+// the same order on every rank (the same micro-batch count per step). Evaluation, the training samples
+// and best.h5 instead gather the whole arena once (gather_all, every rank at the same point of the
+// step), run on it, and release it (release_all), so no data-dependent path (an evaluation batch
+// count, a sample's length) issues a collective.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/backend.h"
+#include "model/params.h"
+#include "train/grad_shards.h"
+
+namespace nlp {
+
+// The parameter floats one rank holds with train.zero = 3 besides its shard: the resident tensors' and
+// 1 + prefetch block buffers (the largest block's size).
+size_t zero3_buffer_floats(const ParamStore& ps, int prefetch);
+
+class ParamShards {
+ public:
+  // Takes this rank's shard and the resident tensors from the parameter store's arena (which must
+  // hold the whole parameters, as loaded), then frees the arena (ps.release_params) and maps the
+  // tensors into this object's buffers.
+  ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch = 0);
+  ~ParamShards();
+  ParamShards(const ParamShards&) = delete;
+  ParamShards& operator=(const ParamShards&) = delete;
+
+  float* shard() { return shard_; }  // arena [sh.lo(rank), sh.hi(rank)) of the parameters
+  size_t shard_size() const { return n_; }
+  // The shard changed (an update, a resume): gather the resident tensors again, empty the block buffers.
+  void refresh();
+  // Block l's parameters into a block buffer and the next blocks' gathers started (a collective: every
+  // rank calls it for the same l).
+  void use_block(int l);
+  // The whole arena gathered on every rank and every tensor mapped into it (a collective), and back.
+  void gather_all();
+  void release_all();
+  bool whole() const { return full_ != nullptr; }
+  size_t buffer_bytes() const { return buffer_floats_ * sizeof(float); }  // resident + block buffers
+  int gathers() const { return gathers_; }        // block gathers so far, prefetched or not
+  int prefetched() const { return prefetched_; }  // of which started ahead of their use
+
+ private:
+  // Arena [lo, hi) into buf (hi - lo floats): this rank's part from the shard, the rest all-gathered
+  // (started only, with start = true: complete after wait_all()).
+  void gather(float* buf, size_t lo, size_t hi, bool start);
+  void wait_all();     // every started gather complete
+  int slot_of(int l) const;
+  int victim(int keep) const;  // a buffer to gather into: empty first; not `keep` nor an upcoming block
+  void start_block(int l, int slot, bool ahead);
+  void map_buffers();  // every tensor to its resident buffer, or a block's to the buffer holding it
+  Comm& comm_;
+  Backend& be_;
+  ParamStore& ps_;
+  ShardLayout sh_;
+  int rank_;
+  int prefetch_;
+  size_t lo_, n_;
+  float* shard_ = nullptr;
+  float* full_ = nullptr;  // gather_all's arena
+  struct Region {
+    size_t lo, hi;
+    int layer;
+    float* buf;  // resident: its own buffer; a block: null (it lives in a slot)
+  };
+  struct Slot {
+    float* buf;
+    int layer = -1;  // the block it holds (-1: none)
+    bool pending = false;  // its gather started, not yet waited for
+  };
+  std::vector<Region> regions_;
+  std::vector<int> layer_region_;                // layer -> index into regions_
+  std::vector<std::vector<int>> layer_tensors_;  // layer -> its tensors' indices
+  std::vector<Slot> slots_;
+  std::vector<float*> owned_;
+  size_t buffer_floats_ = 0;
+  int current_ = -1;  // the slot of the block in use
+  int prev_ = -1;     // the block used last
+  bool up_ = true;    // the direction of the prefetch
+  std::vector<int> upcoming_;  // the blocks to prefetch after the last use
+  int gathers_ = 0, prefetched_ = 0;
+};
+
+}  // namespace nlp

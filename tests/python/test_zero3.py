@@ -1,0 +1,221 @@
+"""ZeRO-3 (train.zero = 3, train/param_shards.h): no parameter arena; each rank keeps its 1/N fp32
+parameter shard, the tensors outside the blocks whole (gathered after every update: GPT-2's tied word
+embedding serves the input and the LM head from one gather and gets one gradient) and 1 +
+train.zero_prefetch block buffers into which each block is all-gathered before its forward and its
+backward (and its recomputed forward), the next blocks' gathers started ahead; gradients go as with ZeRO-2. On 1, 2 and 4 ranks, GPT-2 and BERT, with grad_accum 2 and active
+clipping: losses, gradient norms and the final weights and moments equal train.zero = 0's to fp32
+summation order over 20 steps, and ZeRO-2's bitwise (the same gradient path, the same update, exact
+gathers); a rerun is bitwise the same."""
+import json
+
+import numpy as np
+import pytest
+
+import nlp_run as nr
+from test_zero2 import BERT, COMMON, GPT, T, TOL, V, log_rows, train
+from test_zero2 import data  # noqa: F401  (the module's fixture)
+
+
+def run_bytes(args, ranks):
+    """nr.run for runs that log byte-tokenizer samples (not UTF-8): stdout decoded with replacements."""
+    import subprocess
+    cmd = ["mpirun", "-np", str(ranks), nr.binary()] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, timeout=300, env=nr.mpi_env())
+    out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    assert p.returncode == 0, (" ".join(cmd), out[-3000:], err[-3000:])
+    return out
+
+
+def assert_close_to_zero0(c0, c3, model, ranks):
+    assert sorted(c0) == sorted(c3)
+    for k in c0:
+        x, y = np.asarray(c0[k]), np.asarray(c3[k])
+        assert x.shape == y.shape, k
+        if x.dtype.kind != "f":
+            assert np.array_equal(x, y), k
+            continue
+        if "key.bias" in k:  # zero gradient in exact arithmetic: rounding noise decides it (test_zero2.py)
+            continue
+        err = np.linalg.norm((y - x).ravel()) / max(np.linalg.norm(x.ravel()), 1e-30)
+        assert err <= (1e-3 if k.startswith("optimizer/") else 1e-4), (model, ranks, k, err)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_zero3_equals_zero0_and_zero2(data, model, ranks, tmp_path):  # noqa: F811
+    l0, c0 = train(data, model, ranks, tmp_path / "z0", ["--train.zero=0"])
+    l2, c2 = train(data, model, ranks, tmp_path / "z2", ["--train.zero=2"])
+    l3, c3 = train(data, model, ranks, tmp_path / "z3", ["--train.zero=3"])
+    assert [r[0] for r in l3] == list(range(1, 21))
+    for a, b in zip(l0, l3):
+        for x, y, what in ((a[1], b[1], "loss"), (a[2], b[2], "grad_norm")):
+            assert abs(x - y) <= TOL * abs(x), (model, ranks, a[0], what, x, y)
+    assert max(r[2] for r in l0) > 0.5  # clipping acted
+    assert_close_to_zero0(c0, c3, model, ranks)
+    # the same reductions and update as ZeRO-2, on exactly gathered parameters: bitwise
+    assert l3 == l2
+    for k in c2:
+        assert np.asarray(c2[k]).tobytes() == np.asarray(c3[k]).tobytes(), (model, ranks, k)
+    s3 = json.loads((tmp_path / "z3" / "summary.json").read_text())
+    assert s3["zero"] == 3
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert "parameters: train.zero = 3: the parameter shard [0, " in log, log[:3000]
+
+
+def test_zero3_bitwise_repeatable_with_offload_and_recompute(data, tmp_path):  # noqa: F811
+    """A rerun, train.offload = optimizer (the host AdamW on the shard) and train.recompute = block (each
+    block gathered again for its recomputed forward) change no bit of stage 3."""
+    runs = {}
+    for name, keys in (("a", []), ("b", []), ("offload", ["--train.offload=optimizer"]),
+                       ("recompute", ["--train.recompute=block"])):
+        runs[name] = train(data, "gpt2", 2, tmp_path / name, ["--train.zero=3"] + keys)
+    for name in ("b", "offload", "recompute"):
+        assert runs[name][0] == runs["a"][0], name
+        for k in runs["a"][1]:
+            assert np.asarray(runs["a"][1][k]).tobytes() == np.asarray(runs[name][1][k]).tobytes(), (name, k)
+
+
+def test_zero3_evaluation_samples_and_best_h5_on_2_ranks(tmp_path):
+    """Evaluation (an eval set whose batches differ in number and length between the 2 ranks), best.h5 and
+    the training samples run at stage 3 on the whole parameters, gathered once on every rank: the run ends
+    normally with stage 2's eval losses and best.h5 bitwise."""
+    rng = np.random.default_rng(3)
+    train_h5 = nr.pattern_stream(tmp_path / "train.h5", windows=128, seed=5)
+    n = 7  # 4 examples on one rank, 3 on the other
+    ids = rng.integers(1, V, size=(n, T))
+    mask = np.ones((n, T), np.int32)
+    for i in range(n):
+        mask[i, 3 + 2 * i:] = 0
+    ev = tmp_path / "eval.h5"
+    nr.write_rows(ev, ids, mask=mask)
+    keys = [a for a in GPT if "vocab_size" not in a] + [
+        "--model.vocab_size=256", f"--data.train={train_h5}", f"--data.eval={ev}", "--eval.interval=3",
+        "--data.padding=longest", "--train.sample_interval=4", "--generate.tokenizer=byte",
+        "--generate.prompt=ab", "--generate.max_new_tokens=3", "--run.threads=1", "--train.steps=8",
+        "--train.batch_size=2", "--checkpoint.interval=8"]
+    evals = {}
+    for z in (2, 3):
+        out = tmp_path / f"z{z}"
+        stdout = run_bytes(keys + [f"--train.zero={z}", f"--output.dir={out}"], ranks=2)
+        train_rows, eval_rows = nr.metrics(out)
+        assert len(eval_rows) == 3, eval_rows  # steps 3, 6, 8
+        evals[z] = ([r["loss"] for r in train_rows],
+                    [{k: v for k, v in r.items() if k != "run_id" and "_s" not in k and "time" not in k}
+                     for r in eval_rows])
+        assert "sample step 4" in stdout and "eval  step 3" in stdout, stdout[-3000:]
+        assert (out / "best.h5").exists()
+    assert evals[2] == evals[3]
+    import h5py
+    with h5py.File(tmp_path / "z2" / "best.h5") as a, h5py.File(tmp_path / "z3" / "best.h5") as b:
+        names = []
+        a.visititems(lambda n_, o: names.append(n_) if isinstance(o, h5py.Dataset) else None)
+        assert len(names) > 10
+        for k in names:
+            assert a[k][()].tobytes() == b[k][()].tobytes(), k
+
+
+def test_zero3_generate_and_predict_on_2_ranks_end(tmp_path):
+    """run.mode = generate and predict with train.zero = 3 on 2 ranks: prompts of different lengths, an eval
+    set that gives the ranks different numbers and lengths of batches; both end normally (those modes hold
+    the weights as loaded on every rank and issue no per-block collective)."""
+    rng = np.random.default_rng(4)
+    train_h5 = nr.pattern_stream(tmp_path / "train.h5", windows=64, seed=6)
+    base = [a for a in GPT if "vocab_size" not in a] + ["--model.vocab_size=256", "--run.threads=1"]
+    out = tmp_path / "t"
+    nr.run(base + [f"--data.train={train_h5}", "--train.zero=3", "--train.steps=2", "--checkpoint.interval=2",
+                   f"--output.dir={out}"], ranks=2, timeout=300)
+    w = out / "checkpoints" / "step_00000002.h5"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": "abcdefgh"}\n{"prompt": "abc"}\n')
+    stdout = run_bytes(base + ["--run.mode=generate", f"--model.weights={w}", "--train.zero=3",
+                               "--generate.tokenizer=byte", f"--generate.prompts_file={prompts}",
+                               "--generate.max_new_tokens=4", f"--output.dir={tmp_path / 'g'}"], ranks=2)
+    assert len((tmp_path / "g" / "generated.jsonl").read_bytes().splitlines()) == 3, stdout
+    # predict (a BERT task): 5 examples of different lengths, 3 batches on one rank and 2 on the other
+    n = 5
+    ids = rng.integers(1, V, size=(n, T))
+    mask = np.ones((n, T), np.int32)
+    for i in range(n):
+        mask[i, 2 + 3 * i:] = 0
+    cls = tmp_path / "cls.h5"
+    nr.write_rows(cls, ids, mask=mask, labels=rng.integers(0, 3, size=n))
+    bout = tmp_path / "bert"
+    nr.run(BERT + [f"--data.train={cls}", "--train.zero=3", "--train.steps=2", "--train.batch_size=1",
+                   "--checkpoint.interval=2", "--run.threads=1", f"--output.dir={bout}"], ranks=2, timeout=300)
+    pred = tmp_path / "p"
+    nr.run(BERT + ["--run.mode=predict", f"--model.weights={bout / 'checkpoints' / 'step_00000002.h5'}",
+                   "--train.zero=3", f"--data.eval={cls}", "--data.padding=longest", "--train.batch_size=1",
+                   "--run.threads=1", f"--output.dir={pred}"], ranks=2, timeout=120)
+    assert len((pred / "predictions.jsonl").read_text().splitlines()) == n
+
+
+def test_zero3_refuses_the_cuda_backend_and_cuda_graph(data, tmp_path):  # noqa: F811
+    for keys, words in ((["--run.backend=cuda"], "run.backend"), (["--run.cuda_graph=true"], "run.cuda_graph")):
+        p = nr.run(data["gpt2"] + COMMON + ["--train.zero=3"] + keys + [f"--output.dir={tmp_path / 'o'}"],
+                   check=False, timeout=60)
+        assert p.returncode != 0
+        assert "train.zero = 3" in p.stderr and words in p.stderr, p.stderr
+        assert not (tmp_path / "o").exists()
+
+
+def test_zero3_peak_rss_on_4_ranks_below_half_of_stage0s_model_state(tmp_path):
+    """Measured by the operating system (rank 0's getrusage peak, summary.json), an 8-layer 256-wide GPT-2
+    on 4 CPU ranks: the peak less a tiny run's (the process's own) is within 15% of the plan's difference
+    at stages 0, 2 and 3, and stage 3's model-state part (that difference less the planned activations)
+    is at most half of stage 0's."""
+    from test_recompute import peak_and_plan
+    rng = np.random.default_rng(5)
+    stream = tmp_path / "s.h5"
+    nr.write_stream(stream, rng.integers(0, 64, size=8 * 128 * 4 + 1))
+    base = [f"--data.train={stream}", "--run.threads=1", "--model.n_positions=128", "--data.seq_len=128",
+            "--comm.bucket_mb=1"]
+    tiny = base + ["--model.n_layer=1", "--model.n_head=1", "--model.n_embd=8", "--model.vocab_size=64",
+                   "--train.batch_size=1"]
+    big = base + ["--model.n_layer=8", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=1024",
+                  "--train.batch_size=2"]
+    p0, e0 = peak_and_plan(tiny, tmp_path / "tiny", [], ranks=4)
+    state = {}
+    for z in (0, 2, 3):
+        p, e = peak_and_plan(big, tmp_path / f"z{z}", [f"--train.zero={z}"], ranks=4)
+        plan = json.loads((tmp_path / f"z{z}" / "summary.json").read_text())["memory_plan"]
+        measured, planned = p - p0, e - e0
+        print(f"4 ranks, train.zero = {z}: peak {p / 2**20:.1f} MiB, plan {e / 2**20:.1f} MiB; difference measured "
+              f"{measured / 2**20:.1f} vs planned {planned / 2**20:.1f} MiB")
+        assert abs(measured - planned) <= 0.15 * planned, (z, measured / 2**20, planned / 2**20)
+        state[z] = measured - plan["activations_bytes"]
+        if z == 3:
+            assert 0 < plan["gathered_weights_bytes"] < plan["weights_bytes"]
+    assert state[3] <= 0.5 * state[0], (state[3] / 2**20, state[0] / 2**20)
+    assert state[3] < state[2] < state[0]
+
+
+def test_zero3_through_the_staged_communicator_and_without_overlap(data, tmp_path):  # noqa: F811
+    """comm.gpu = staged (device -> host -> MPI -> device; plain copies on the CPU backend): each block's
+    all-gather goes through a host buffer; with comm.overlap = false each block's reduce-scatter is waited
+    for at once. Both equal the MPI, overlapped run bitwise, on 4 ranks (uneven parts of the blocks)."""
+    a = train(data, "bert", 4, tmp_path / "mpi", ["--train.zero=3"])
+    b = train(data, "bert", 4, tmp_path / "staged", ["--train.zero=3", "--comm.gpu=staged"])
+    c = train(data, "bert", 4, tmp_path / "blocking", ["--train.zero=3", "--comm.overlap=false"])
+    for name, r in (("staged", b), ("blocking", c)):
+        assert r[0] == a[0], name
+        for k in a[1]:
+            assert np.asarray(a[1][k]).tobytes() == np.asarray(r[1][k]).tobytes(), (name, k)
+    log = (tmp_path / "staged" / "log.txt").read_text()
+    assert "(gradients: staged, ZeRO-3" in log, log[:2000]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+def test_zero3_prefetch_depths_change_no_bit(data, model, tmp_path):  # noqa: F811
+    """train.zero_prefetch = 0 (each block gathered when needed), 1 (the default) and 3 on 4 ranks, with
+    recompute for 3: the gathers started ahead run on MPI's communication thread while the current block
+    computes; every run is bitwise the same."""
+    runs = {}
+    for name, keys in (("0", ["--train.zero_prefetch=0"]), ("1", []),
+                       ("3", ["--train.zero_prefetch=3", "--train.recompute=block"])):
+        runs[name] = train(data, model, 4, tmp_path / name, ["--train.zero=3"] + keys)
+    for name in ("0", "3"):
+        assert runs[name][0] == runs["1"][0], name
+        for k in runs["1"][1]:
+            assert np.asarray(runs["1"][1][k]).tobytes() == np.asarray(runs[name][1][k]).tobytes(), (name, k)
+    log = (tmp_path / "3" / "log.txt").read_text()
+    assert "1 + 3 block buffer(s)" in log and "the next 3 started ahead (train.zero_prefetch)" in log, log[:3000]
