@@ -13,7 +13,7 @@
 #
 #   bash bench/zero_stages.sh                      # PRESET=small, 2 and 4 ranks (minutes on 2 cores)
 #   PRESET=124m ROUNDS=3 bash bench/zero_stages.sh # GPT-2 124M (gpt2)
-#   PRESET=350m RANKS=4 bash bench/zero_stages.sh  # GPT-2 medium, 355M (needs ~4 GB a rank at stage 1)
+#   PRESET=350m RANKS=4 bash bench/zero_stages.sh  # GPT-2 medium, 355M (4.5 GB peak RSS a rank at stage 1, 2 ranks)
 #   PRESET=tiny ROUNDS=1 STEPS=3 bash bench/zero_stages.sh   # a check that the script runs (seconds)
 #
 # Configurations: z1 = train.zero 1, z2 = 2, z3 = 3, z1off / z2off / z3off = the same with
