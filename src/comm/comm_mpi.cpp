@@ -166,7 +166,8 @@ class MpiComm final : public Comm {
       } else {
         inline_.emplace_back();
         check(start(&inline_.back()), "MPI_Ireduce_scatter");
-        inline_done_.push_back(move_home);
+        // the counts array stays alive until the wait: MPI may read it until the request completes
+        inline_done_.push_back([move_home, counts] { move_home(); });
         if (inline_t0_ == Clock::time_point()) inline_t0_ = Clock::now();
       }
     }
