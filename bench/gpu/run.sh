@@ -217,10 +217,11 @@ estimate
 cat stage/commit.txt > "$W/commit.txt"
 
 # not_in_build LOG KEYS: the line of LOG in which nlptrain refused one of KEYS (a regex of key names)
-# as unknown or outside its range (a binary built before that key or value existed); nothing, and
-# status 1, when it did not (the first error only: two ranks' may share a line)
+# as unknown or outside its range (a binary built before that key or value existed), or as a value
+# that has run on the cpu backend only (train.zero = 3: refused on cuda); nothing, and status 1, when
+# it did not (the first error only: two ranks' may share a line)
 not_in_build() {
-  grep -m1 -E "nlptrain: error: .*(unknown (key|option) '(--)?($2)'|($2) = '[^']*': must be)" "$1" 2>/dev/null \
+  grep -m1 -E "nlptrain: error: .*(unknown (key|option) '(--)?($2)'|($2) = '[^']*': must be|($2) = [^ ]+ \([^)]*\) has run on the cpu backend only)" "$1" 2>/dev/null \
       | awk -F 'nlptrain: error: ' '{ print FS $2 }' | grep .
 }
 # check_record SECTION CHECK VERDICT DETAIL: one check's verdict (pass, fail, not_in_build) ->
