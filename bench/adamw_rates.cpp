@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/factory.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "train/host_adamw.h"
