@@ -59,7 +59,7 @@ struct Bf16Copies {
   }
 };
 // Vector: 8 elements a thread, 16-byte loads and stores where an array's pointers are 16-byte
-// aligned (the default; not yet run on a GPU). Scalar: one element a thread over the concatenation
+// aligned (the default; not yet run on a GPU: docs/gpu.md's status table). Scalar: one element a thread over the concatenation
 // (the kernel the 2026-11-23 and -28 GPU runs verified). Both give the same bits.
 enum class Bf16Cast { Vector, Scalar };
 cudaError_t to_bf16_many(const Bf16Copies& c, cudaStream_t s, Bf16Cast cast = Bf16Cast::Vector);

@@ -8,6 +8,7 @@ the binary's own schema as `nlptrain --help` prints it, so that the document can
 
 Every line under a `[section]` header of the help must be a key row (KEY TYPE DEFAULT MEANING); any
 other line there is an error, so a change of the help's layout cannot silently drop keys."""
+import env_switches  # noqa: E402  (tools/, beside this file)
 import argparse
 import difflib
 import re
@@ -84,6 +85,8 @@ def document(rows):
     parts = [INTRO, "Sections: " + ", ".join(f"[`[{name}]`](#{name})" for name, _ in sections) + ".\n"]
     for name, sec_rows in sections:
         parts.append(f"## {name}\n\n{table(sec_rows)}\n")
+    parts.append("## Environment switches\n\nRead at start-up, not keys of the INI (from tools/env_switches.py):\n\n"
+                 f"{env_switches.table()}\n")
     return "\n".join(parts)
 
 

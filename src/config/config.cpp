@@ -139,14 +139,14 @@ const std::vector<Entry>& schema() {
        "plan), written by the AdamW update in the same pass and refreshed after loading, resume and "
        "the ZeRO all-gather, which the dense-layer GEMMs read instead of rounding each weight at every "
        "call; the same bits as without it. Not yet run on a GPU: off by default until a GPU run has "
-       "checked it"},
+       "checked it (docs/gpu.md, the status table)"},
       {KEY(run, bf16_activations), none(),
        "with train.precision = bf16: the transformer's activations and their gradients (the "
        "embedding output, every block's tensors, the final layer norm's output and the gradients "
        "flowing back through them) stored in bf16, half the bytes; weights, their gradients, the "
        "optimizer state, layer-norm statistics, logits and losses stay fp32 and every sum is fp32. "
        "The cpu rounds at the same stores (the reference). Not yet run on a GPU: off by default "
-       "until a GPU run has checked it (docs/design.md, precision)"},
+       "until a GPU run has checked it (docs/gpu.md, the status table; docs/design.md, precision)"},
       {KEY(run, log_interval), ge(1), "log a line every N steps"},
       {KEY(run, verbose), none(),
        "the log also lists the full effective configuration (every key); it is always written to "
@@ -167,7 +167,7 @@ const std::vector<Entry>& schema() {
        "clm; mlm's masked positions vary; other shapes launch eagerly, "
        "up to 8 recordings), with its own dropout seeds and loss scale: the same bits as eager launches. "
        "The gradient reduction then runs after the backward (comm.overlap does not apply). Not yet run "
-       "on a GPU: off by default until a GPU run has checked it"},
+       "on a GPU: off by default until a GPU run has checked it (docs/gpu.md, the status table)"},
       {KEY(run, memory_limit_gb), ge(0),
        "refuse to start (before allocating) when the memory plan per rank exceeds this many GB (1e9 "
        "bytes); 0 = no limit (the device's free memory is always checked)"},

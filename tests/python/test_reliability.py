@@ -1,4 +1,4 @@
-"""End-to-end tests of the reliability features (README "Checkpoints and resume"): a damaged newest
+"""End-to-end tests of the reliability features (docs/running.md "Checkpoints and resume"): a damaged newest
 checkpoint makes resume fall back to the previous intact one (warning in log.txt and summary.json),
 all damaged is an error listing what was tried, a damaged best.h5 as model.weights is a checksum
 error, one run per output.dir (flock; a dead holder is no obstacle), metrics.jsonl holds each step

@@ -1,4 +1,4 @@
-"""Resume at another world size (README "Checkpoints and resume"): a checkpoint written by 2 ranks
+"""Resume at another world size (docs/running.md "Checkpoints and resume"): a checkpoint written by 2 ranks
 resumes on 1 and on 4 ranks with the global batch kept (grad_accum adjusted), the data position carried
 over in examples (same epoch, nothing repeated or skipped), and losses equal to the uninterrupted run's
 up to the summation order; a global batch that cannot be kept stops with a message naming the keys, and

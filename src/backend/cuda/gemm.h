@@ -53,7 +53,7 @@ struct GemmEpilogues {
   bool bgrad = true;
 };
 // NLPTRAIN_CUDA_GEMM_EPILOGUES, read by the Gemm constructor: unset or "bias" = BIAS only (the
-// epilogue the fp32 path runs); "all" = every epilogue above (not yet run on a GPU); "none" = the
+// epilogue the fp32 path runs); "all" = every epilogue above (not yet run on a GPU: docs/gpu.md's status table); "none" = the
 // plain products and separate kernels; or a comma list of kinds switched on, e.g. "bias,bgrad" (each
 // of bias, gelu_aux, dgelu, bgrad; at least one). Another value throws nlp::Error naming the variable
 // and the allowed values.
