@@ -17,7 +17,7 @@ SWITCHES = [
      "which cuBLASLt epilogues the GEMMs fuse (`all` adds GELU_AUX, DGELU and BGRAD)", CUDA_README),
     ("NLPTRAIN_CUDA_HEAD_DLOGITS", "`bf16` \\| `fp32`", "`bf16`",
      "the storage of the LM head's dlogits in bf16 precision", CUDA_README),
-    ("NLPTRAIN_CUDA_HEAD_SOFTMAX", "`onepass` \\| `twopass`", "`onepass`",
+    ("NLPTRAIN_CUDA_HEAD_SOFTMAX", "`online` \\| `twopass`", "`online`",
      "the LM head's softmax kernel: one pass with a running max, or the two-pass kernel", CUDA_README),
     ("NLPTRAIN_CUDA_HEAD_WTE", "`bf16` \\| `fp32`", "`bf16`",
      "the fused head's padded copy of wte in bf16 precision: bf16, or the fp32 copy each GEMM rounds", CUDA_README),
