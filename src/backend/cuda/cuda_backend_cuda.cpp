@@ -104,9 +104,10 @@ bool head_softmax_online_from_env() {
 }
 
 // NLPTRAIN_CUDA_HEAD_WTE (the fused LM head in bf16 precision): unset or "bf16" = the head's GEMMs
-// read wte as bf16: with the padded vocabulary one padded bf16 copy per call, made from the
-// persistent bf16 copy (run.bf16_weights; else rounded once from wte), without it the persistent
-// copy itself; "fp32" = the fp32 padded copy, rounded by every GEMM that reads it (the path built
+// read wte as bf16: with the padded vocabulary one padded bf16 copy in a buffer of its own, made
+// from the persistent bf16 copy (run.bf16_weights) once each time wte is written (so once per
+// optimizer step, whatever train.grad_accum) or, without that copy, rounded from wte at every call;
+// unpadded, the persistent copy itself; "fp32" = the fp32 padded copy, rounded by every GEMM that reads it (the path built
 // first). fp32 and tf32 precision always read the fp32 weights.
 bool head_wte_bf16_from_env() {
   const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_WTE");
@@ -217,6 +218,7 @@ class CudaBackend final : public Backend {
     fused_.reset();
     gemm_.reset();
     if (wcopy_) cudaFreeAsync(wcopy_, stream_);
+    if (hw_.p) cudaFreeAsync(hw_.p, stream_);
     if (ws_) cudaFreeAsync(ws_, stream_);
     if (span_start_) cudaFreeAsync(span_start_, stream_);
     if (ce_stats_.se) cudaFreeAsync(ce_stats_.se, stream_);
@@ -239,6 +241,7 @@ class CudaBackend final : public Backend {
                " | fused head dlogits: ",
                head_dl16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)" : "fp32"),
                ", wte: ", head_w16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_WTE)" : "fp32"),
+               head_w16_ ? cat(" (padded copies made: ", head_wte_builds_, ")") : std::string(),
                ", softmax: ", head_online_ ? "online" : "two passes (NLPTRAIN_CUDA_HEAD_SOFTMAX)");
   }
   cudaStream_t stream() const { return stream_; }
@@ -312,6 +315,7 @@ class CudaBackend final : public Backend {
     wcopy_ = nullptr;
     warena_ = nullptr;
     wn_ = 0;
+    hw_.w = nullptr;  // the head's padded copy was made from the old copy
     if (n == 0) return;
     wcopy_ = static_cast<uint16_t*>(alloc(std::max<size_t>(n, 1) * sizeof(uint16_t)));
     warena_ = arena;
@@ -322,6 +326,7 @@ class CudaBackend final : public Backend {
   // rounding of the GEMM's operand casts and of the AdamW kernel).
   void weights_written(const float* p, size_t n) override {
     if (!warena_ || !n || p + n <= warena_ || p >= warena_ + wn_) return;
+    forget_head_wte(p, n);
     const size_t lo = p > warena_ ? size_t(p - warena_) : 0;
     const size_t hi = std::min(wn_, size_t(p + n - warena_));
     op(kern::to_bf16(wcopy_ + lo, warena_ + lo, hi - lo, stream_), "cast: weights (bf16 copy)");
@@ -1072,23 +1077,28 @@ class CudaBackend final : public Backend {
   // at the end (the padded rows' gradient is dropped). The parameters, their gradients, the optimizer,
   // checkpoints and exports keep V rows. Not yet run on a GPU: model.fused_head and model.pad_vocab
   // are off by default on this backend.
-  // Scratch: the chunk's fp32 logits [chunk, Vp]; with Vp > V the padded w and dw [Vp, C] each; in
-  // bf16 precision with NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (head_dl16_) also the chunk's bf16 dlogits
+  // Scratch: the chunk's fp32 logits [chunk, Vp]; with Vp > V the padded dw [Vp, C] and, unless the
+  // padded w is bf16 (head_w16_, in a buffer of its own), the padded fp32 w [Vp, C]; in bf16 precision with NLPTRAIN_CUDA_HEAD_DLOGITS=bf16 (head_dl16_) also the chunk's bf16 dlogits
   // [chunk, Vp] on a 256-byte boundary (head_dlogits16), which the backward GEMMs read as their
   // operand; otherwise the dlogits overwrite the logits in fp32 and the GEMM casts them.
   // The padded w: in bf16 precision with NLPTRAIN_CUDA_HEAD_WTE=bf16 (head_w16_) a bf16 [Vp, C] in
-  // the first half of its place, copied from the persistent bf16 copy (or rounded once from w where
-  // there is none), which every GEMM of the call reads as its weight operand (z16/w16); else fp32,
-  // which each GEMM rounds again in bf16 precision.
+  // its own buffer (hw_, head_wte), which every GEMM of the call reads as its weight operand
+  // (z16/w16): copied from the persistent bf16 copy and kept while wte is unwritten (remade on the
+  // first call after a write, so once per optimizer step), or rounded from w at every call where
+  // there is no persistent copy; else fp32 in the scratch, which each GEMM rounds again in bf16
+  // precision.
+  size_t padded_floats(int C, int V, int Vp) const {  // the scratch's padded w and dw
+    return Vp > V ? (head_w16_ ? 1 : 2) * size_t(Vp) * C : 0;
+  }
   size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override {
     const size_t dl16 = head_dl16_ ? kAlignFloats + (size_t(chunk) * Vp + 1) / 2 : 0;
-    return size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0) + dl16;
+    return size_t(chunk) * Vp + padded_floats(C, V, Vp) + dl16;
   }
   static constexpr size_t kAlignFloats = 64;  // 256 bytes
   // The bf16 dlogits' place in the scratch: past the logits and the padded copies, rounded up to
   // 256 bytes (within the kAlignFloats floats lm_head_scratch_floats adds for it).
-  static void* head_dlogits16(float* scratch, int chunk, int C, int V, int Vp) {
-    const float* end = scratch + size_t(chunk) * Vp + (Vp > V ? 2 * size_t(Vp) * C : 0);
+  void* head_dlogits16(float* scratch, int chunk, int C, int V, int Vp) const {
+    const float* end = scratch + size_t(chunk) * Vp + padded_floats(C, V, Vp);
     const uintptr_t a = reinterpret_cast<uintptr_t>(end);
     return reinterpret_cast<void*>((a + 4 * kAlignFloats - 1) / (4 * kAlignFloats) * (4 * kAlignFloats));
   }
@@ -1105,21 +1115,9 @@ class CudaBackend final : public Backend {
     const void* w16 = nullptr;  // the GEMMs' bf16 weight operand [N, C] (head_w16_), else null
     const size_t vc = size_t(V) * C, pc = size_t(Vp - V) * C;
     if (Vp > V) {
-      float* wp = scratch + size_t(chunk) * Vp;
+      float* wp = scratch + size_t(chunk) * Vp;  // the padded fp32 w (not head_w16_), then dw
       if (head_w16_) {
-        // one padded bf16 copy for the whole call: rows 0..V from the persistent copy (a copy, no
-        // rounding) or rounded once from w, rows V..Vp zero; the fp32 w is not read by the GEMMs
-        uint16_t* wp16 = reinterpret_cast<uint16_t*>(wp);
-        if (const uint16_t* pw = persistent(w, vc)) {
-          op(cudaMemcpyAsync(wp16, pw, vc * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_),
-             "lm_head_crossentropy (padded bf16 wte)");
-        } else {
-          op(kern::to_bf16(wp16, w, vc, stream_), "lm_head_crossentropy (padded bf16 wte)");
-          ++to16_;
-        }
-        op(cudaMemsetAsync(wp16 + vc, 0, pc * sizeof(uint16_t), stream_),
-           "lm_head_crossentropy (padded bf16 wte)");
-        w16 = wp16;
+        w16 = head_wte(w, C, V, Vp);  // the fp32 w is not read by the GEMMs
         wg = nullptr;
       } else {
         copy(wp, w, vc * sizeof(float));
@@ -1127,7 +1125,7 @@ class CudaBackend final : public Backend {
         wg = wp;
       }
       if (dw) {
-        dwg = wp + size_t(Vp) * C;
+        dwg = wp + (head_w16_ ? 0 : size_t(Vp) * C);
         zero(dwg, size_t(Vp) * C * sizeof(float));
       }
     } else if (head_w16_) {
@@ -1225,6 +1223,7 @@ class CudaBackend final : public Backend {
     const float step_size = static_cast<float>((double)lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     const float decay = 1.0f - lr * weight_decay;
+    forget_head_wte(param, N);
     op(kern::adamw_update(param, grad, m, v, N, step_size, bc2_sqrt, decay, beta1, beta2, eps,
                           grad_scale, stream_, copy_of(param, N)),
        "adamw_update");
@@ -1258,6 +1257,7 @@ class CudaBackend final : public Backend {
     const float decay_on = 1.0f - lr * wd;
     const float decay_off = 1.0f - lr * 0.0f;
     const size_t n_total = spans.back().offset + spans.back().numel;
+    forget_head_wte(param, n_total);
     op(kern::adamw_update_spans(param, grad, m, v, span_start_, span_end_, span_decay_,
                                 int(spans.size()), n_total, step_size, bc2_sqrt, decay_on,
                                 decay_off, beta1, beta2, eps, grad_scale, stream_,
@@ -1600,6 +1600,51 @@ class CudaBackend final : public Backend {
   }
   void* copy_of(const float* p, size_t n) { return const_cast<uint16_t*>(persistent(p, n)); }
 
+  // The fused head's padded bf16 wte [Vp, C] (head_w16_, Vp > V): rows 0..V the bf16 of w, rows
+  // V..Vp zero, in hw_'s buffer. Made from the persistent copy (a copy, no rounding) and then kept
+  // (hw_.w = w) until a write to wte forgets it (forget_head_wte: weights_written, adamw_update(_spans),
+  // register_weights), so one copy per optimizer step however many micro-batches read it; rounded
+  // from w (kern::to_bf16) at every call where w has no persistent copy. While recording a CUDA graph
+  // the copy is made inside the recording (each replay remakes it from the persistent copy as it is
+  // then: a replay never reads a copy older than the weights) and hw_ is left forgotten, since the
+  // recorded ops have not run. The buffer grows like the workspace (never while recording).
+  const uint16_t* head_wte(const float* w, int C, int V, int Vp) {
+    const size_t vc = size_t(V) * C, pc = size_t(Vp - V) * C, n = vc + pc;
+    const uint16_t* pw = persistent(w, vc);
+    if (pw && !cap_ && hw_.w == w && hw_.C == C && hw_.V == V && hw_.Vp == Vp) return hw_.p;
+    if (n > hw_.cap) {
+      no_capture("the fused head's padded wte would grow");
+      ++grows_;
+      if (hw_.p) ck(cudaFreeAsync(hw_.p, stream_), "cudaFreeAsync(padded wte)");
+      hw_.p = nullptr;
+      hw_.cap = 0;
+      hw_.p = static_cast<uint16_t*>(alloc(n * sizeof(uint16_t)));
+      hw_.cap = n;
+    }
+    hw_.w = nullptr;
+    if (pw) {
+      op(cudaMemcpyAsync(hw_.p, pw, vc * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_),
+         "lm_head_crossentropy (padded bf16 wte)");
+    } else {
+      op(kern::to_bf16(hw_.p, w, vc, stream_), "lm_head_crossentropy (padded bf16 wte)");
+      ++to16_;
+    }
+    op(cudaMemsetAsync(hw_.p + vc, 0, pc * sizeof(uint16_t), stream_),
+       "lm_head_crossentropy (padded bf16 wte)");
+    ++head_wte_builds_;
+    if (pw && !cap_) {
+      hw_.w = w;
+      hw_.C = C;
+      hw_.V = V;
+      hw_.Vp = Vp;
+    }
+    return hw_.p;
+  }
+  // A write to [p, p + n) of the weights: the head's padded copy is remade if it covers any of it.
+  void forget_head_wte(const float* p, size_t n) {
+    if (hw_.w && n && p < hw_.w + size_t(hw_.V) * hw_.C && p + n > hw_.w) hw_.w = nullptr;
+  }
+
   bool fused(int B, int T, int NH, int HS) { return fused_ && fused_->supports(B, T, NH, HS); }
 
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
@@ -1714,6 +1759,13 @@ class CudaBackend final : public Backend {
   const float* warena_ = nullptr;  // the registered weights (register_weights)
   size_t wn_ = 0;
   uint16_t* wcopy_ = nullptr;      // their bf16 rounding (device)
+  struct HeadWte {                 // the fused head's padded bf16 wte (head_wte)
+    uint16_t* p = nullptr;         // device [cap]
+    size_t cap = 0;
+    const float* w = nullptr;      // the wte it holds, kept across calls; null: remade at the next
+    int C = 0, V = 0, Vp = 0;
+  } hw_;
+  int64_t head_wte_builds_ = 0;    // padded copies made (recorded ones once, not per replay)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> fused_;  // BackendOptions::fused_attention
