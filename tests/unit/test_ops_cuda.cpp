@@ -1186,7 +1186,8 @@ std::unique_ptr<Backend> head_backend(const char* wte, const char* softmax, bool
 }
 
 // The fused head's bf16 wte (NLPTRAIN_CUDA_HEAD_WTE=bf16, the default: the GEMMs read one bf16 copy
-// of wte, padded per call from the persistent copy, or the persistent copy itself unpadded) and the
+// of wte, padded from the persistent copy (kept across calls: LmHeadPaddedBf16WteIsMadeOncePerWeightWrite)
+// or rounded per call without it, or the persistent copy itself unpadded) and the
 // one-pass softmax, against the path built first (fp32 padded wte cast by every GEMM, two-pass
 // softmax) on the same inputs, in bf16 precision with bf16 dlogits: both round wte the same way
 // (round to nearest even), so the GEMMs multiply the same operands: losses within 1e-6 relative,
@@ -1262,6 +1263,168 @@ TEST_F(CudaOps, LmHeadBf16WteAndOnlineSoftmaxMatchTheFirstPath) {
       }
   }
 }
+
+
+#if NLPTRAIN_HAVE_CUDA
+// The padded bf16 copies of wte the fused head has made so far, from details() ("padded bf16 wte
+// copies made: N"), or -1 when details() does not say.
+long head_wte_copies(const Backend& be) {
+  const std::string d = be.details(), key = "padded bf16 wte copies made: ";
+  const size_t at = d.find(key);
+  return at == std::string::npos ? -1 : std::atol(d.c_str() + at + key.size());
+}
+
+// The padded bf16 wte kept across calls (NLPTRAIN_CUDA_HEAD_WTE=bf16 with the persistent bf16 copy):
+// made once, then reused while wte is unwritten, and made again after each kind of write to it: to_device
+// into the arena, a write from outside the backend followed by weights_written (the ZeRO all-gather),
+// adamw_update and adamw_update_spans; a write to the arena outside wte keeps it. Each call's losses, dx
+// and dW against a backend without the persistent copy (the padded copy rounded from wte at every call,
+// the path before this one) on the same wte: both GEMMs read the same bf16 operands, so equal (losses
+// bitwise; dx and dW within 1e-6 relative, cuBLASLt's algorithm aside). A stale copy would fail this:
+// each write changes wte by far more than 1e-6. Without the persistent copy the head makes one copy a
+// call. A micro-batch recorded into a CUDA graph remakes the copy at every replay: a replay after wte
+// was written equals an eager call on the new wte.
+TEST_F(CudaOps, LmHeadPaddedBf16WteIsMadeOncePerWeightWrite) {
+  auto kept = head_backend("bf16", "online", true), per_call = head_backend("bf16", "online", false);
+  const int M = 37, C = 24, V = 301, Vp = 384, chunk = 16, E = 1000;  // E: weights before wte
+  const size_t vc = size_t(V) * C;
+  uint64_t seed = 2700;
+  const VF x = randn(size_t(M) * C, ++seed), dx0 = randn(x.size(), ++seed, 0.1f);
+  const VF dw0 = randn(vc, ++seed, 0.1f);
+  VI tg = randi(M, ++seed, 0, V);
+  for (int m = 1; m < M; m += 4) tg[m] = nlp::kIgnoreIndex;
+  // One backend's buffers: the arena [E + V*C] (wte at E), x, targets, outputs, scratch, AdamW state.
+  struct Bufs {
+    Backend& g;
+    float *arena, *x, *dx, *dw, *loss, *scr, *grad, *m, *v;
+    int32_t* tg;
+  };
+  auto make = [&](Backend& g, bool reg) {
+    Bufs b{g, upload(g, randn(E + vc, 2799, 0.3f)), upload(g, x), upload(g, dx0), upload(g, dw0),
+           upload(g, VF(M, NAN)), upload(g, VF(g.lm_head_scratch_floats(chunk, C, V, Vp), NAN)),
+           upload(g, randn(E + vc, 2798, 0.01f)), upload(g, VF(E + vc, 0.f)),
+           upload(g, VF(E + vc, 0.f)), static_cast<int32_t*>(g.alloc(tg.size() * sizeof(int32_t)))};
+    g.to_device(b.tg, tg.data(), tg.size() * sizeof(int32_t));
+    if (reg) g.register_weights(b.arena, E + vc);
+    return b;
+  };
+  Bufs k = make(*kept, true), p = make(*per_call, false);
+  struct Out { VF loss, dx, dw; };
+  auto call = [&](Bufs& b) {  // one head call, dx and dW accumulated onto dx0 and dw0
+    b.g.to_device(b.dx, dx0.data(), dx0.size() * sizeof(float));
+    b.g.to_device(b.dw, dw0.data(), dw0.size() * sizeof(float));
+    b.g.lm_head_crossentropy(b.loss, b.dx, b.dw, b.x, b.arena + E, b.tg, 0.37f, M, C, V, Vp, chunk,
+                             b.scr);
+  };
+  auto results = [&](Bufs& b) {
+    return Out{download(b.g, b.loss, M), download(b.g, b.dx, x.size()), download(b.g, b.dw, vc)};
+  };
+  // the per-call path on kept's present wte
+  auto reference = [&]() {
+    const VF w = download(*kept, k.arena + E, vc);
+    per_call->to_device(p.arena + E, w.data(), vc * sizeof(float));
+    call(p);
+    return results(p);
+  };
+  auto expect_equal = [&](const Out& a, const Out& r, const char* what) {
+    EXPECT_TRUE(bitwise_equal(a.loss, r.loss)) << what << ": losses";
+    EXPECT_LE(rel_err(a.dx, r.dx), 1e-6) << what << ": dx";
+    EXPECT_LE(rel_err(a.dw, r.dw), 1e-6) << what << ": dW";
+  };
+  const long k0 = head_wte_copies(*kept), p0 = head_wte_copies(*per_call);
+  ASSERT_GE(k0, 0) << kept->details();
+  ASSERT_GE(p0, 0) << per_call->details();
+
+  call(k);
+  const Out first = results(k);
+  EXPECT_EQ(head_wte_copies(*kept), k0 + 1) << "the first call makes the copy";
+  expect_equal(first, reference(), "first call");
+  EXPECT_EQ(head_wte_copies(*per_call), p0 + 1);
+  call(k);
+  EXPECT_EQ(head_wte_copies(*kept), k0 + 1) << "wte unwritten: the copy is reused";
+  const Out second = results(k);
+  EXPECT_TRUE(bitwise_equal(second.loss, first.loss) && bitwise_equal(second.dx, first.dx) &&
+              bitwise_equal(second.dw, first.dw))
+      << "the second call on the same weights";
+  EXPECT_EQ(head_wte_copies(*per_call), p0 + 1);
+
+  // a write to the arena outside wte (another tensor) keeps the copy
+  const VF other = randn(E, ++seed, 0.3f);
+  kept->to_device(k.arena, other.data(), E * sizeof(float));
+  call(k);
+  EXPECT_EQ(head_wte_copies(*kept), k0 + 1) << "a write outside wte";
+  expect_equal(results(k), first, "after a write outside wte");
+
+  long made = k0 + 1;
+  // to_device into wte (a checkpoint load, an initialisation)
+  {
+    const VF w = randn(vc, ++seed, 0.3f);
+    kept->to_device(k.arena + E, w.data(), vc * sizeof(float));
+    call(k);
+    EXPECT_EQ(head_wte_copies(*kept), ++made) << "after to_device into wte";
+    const Out a = results(k);
+    expect_equal(a, reference(), "after to_device into wte");
+    EXPECT_GT(rel_err(a.loss, first.loss), 1e-3) << "the new wte changes the losses";
+  }
+  // a write from outside the backend (as the ZeRO all-gather's) followed by weights_written over it;
+  // only the last rows of wte change
+  {
+    const size_t rows = 7, at = E + vc - rows * C;
+    const VF w = randn(rows * C, ++seed, 3.0f);
+    kept->synchronize();
+    ASSERT_EQ(cudaMemcpy(k.arena + at, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    kept->weights_written(k.arena + at, w.size());
+    call(k);
+    EXPECT_EQ(head_wte_copies(*kept), ++made) << "after weights_written";
+    expect_equal(results(k), reference(), "after weights_written");
+  }
+  // an optimizer step over the whole arena, then one over spans
+  kept->adamw_update(k.arena, k.grad, k.m, k.v, E + vc, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 1);
+  call(k);
+  EXPECT_EQ(head_wte_copies(*kept), ++made) << "after adamw_update";
+  expect_equal(results(k), reference(), "after adamw_update");
+  call(k);
+  EXPECT_EQ(head_wte_copies(*kept), made) << "the next micro-batch of the step";
+  const std::vector<Backend::AdamWSpan> spans = {{0, size_t(E), 0.1f}, {size_t(E), vc, 0.f}};
+  kept->adamw_update_spans(k.arena, k.grad, k.m, k.v, spans, 1e-2f, 0.9f, 0.999f, 1e-8f, 1.0f, 2,
+                           false);
+  call(k);
+  EXPECT_EQ(head_wte_copies(*kept), ++made) << "after adamw_update_spans";
+  expect_equal(results(k), reference(), "after adamw_update_spans");
+
+  // recorded: the copy is made inside the recording, so a replay after a write reads the new wte
+  std::string why;
+  ASSERT_TRUE(kept->can_capture(&why)) << why;
+  kept->capture_begin(0);
+  kept->lm_head_crossentropy(k.loss, k.dx, k.dw, k.x, k.arena + E, k.tg, 0.37f, M, C, V, Vp, chunk,
+                             k.scr);
+  std::shared_ptr<Backend::Recording> rec = kept->capture_end(&why);
+  ASSERT_TRUE(rec) << "capture_end: " << why;
+  EXPECT_EQ(head_wte_copies(*kept), ++made) << "the recording makes its copy";
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(testing::Message() << "replay " << r);
+    const VF w = randn(vc, ++seed, 0.3f);
+    kept->to_device(k.arena + E, w.data(), vc * sizeof(float));
+    kept->to_device(k.dx, dx0.data(), dx0.size() * sizeof(float));
+    kept->to_device(k.dw, dw0.data(), dw0.size() * sizeof(float));
+    kept->replay(*rec, nullptr, 0);
+    expect_equal(results(k), reference(), "a replay after wte was written");
+  }
+  call(k);  // eager after the recording: made again (the recording left it forgotten)
+  EXPECT_EQ(head_wte_copies(*kept), ++made) << "eager after a recording";
+  expect_equal(results(k), reference(), "eager after the replays");
+
+  rec.reset();
+  kept->register_weights(k.arena, 0);
+  for (Bufs* b : {&k, &p}) {
+    for (float* q : {b->arena, b->x, b->dx, b->dw, b->loss, b->scr, b->grad, b->m, b->v})
+      b->g.release(q);
+    b->g.release(b->tg);
+    b->g.synchronize();
+  }
+}
+#endif
 
 #if NLPTRAIN_HAVE_CUDA
 // The two loss kernels of kernels/lm_head.cu on the same logits [M, ld]: lm_head_crossentropy_bf16's

@@ -241,8 +241,8 @@ class CudaBackend final : public Backend {
                " | fused head dlogits: ",
                head_dl16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_DLOGITS)" : "fp32"),
                ", wte: ", head_w16_ ? "bf16" : (bf16_prec_ ? "fp32 (NLPTRAIN_CUDA_HEAD_WTE)" : "fp32"),
-               head_w16_ ? cat(" (padded copies made: ", head_wte_builds_, ")") : std::string(),
-               ", softmax: ", head_online_ ? "online" : "two passes (NLPTRAIN_CUDA_HEAD_SOFTMAX)");
+               ", softmax: ", head_online_ ? "online" : "two passes (NLPTRAIN_CUDA_HEAD_SOFTMAX)",
+               head_w16_ ? cat(", padded bf16 wte copies made: ", head_wte_builds_) : std::string());
   }
   cudaStream_t stream() const { return stream_; }
   // bf16 activation views: the native bf16 kernels (true) or the staged fp32 ops (the ops on views)
