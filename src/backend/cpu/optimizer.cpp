@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/round.h"
 #include "backend/cpu/vmath.h"
+#include "core/adamw_math.h"
 #include "core/error.h"
 
 namespace nlp::cpu {
@@ -43,10 +44,6 @@ double sumsq(const float* x, size_t N) { return blocked_sum<true>(x, N); }
 
 namespace {
 
-struct AdamWScalars {
-  float step_size, bc2_sqrt, decay, beta1, beta2, one_minus_b1, one_minus_b2, eps, grad_scale;
-};
-
 // kZero: write 0 over the gradient element once it is read, in the same pass (the gradient's cache
 // line is already there; a separate zeroing pass would stream the whole gradient again). Every
 // pointer is restrict (the gradient is read and zeroed through the same one), so the loop vectorises.
@@ -57,15 +54,8 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
                 uint16_t* __restrict p16, size_t N, const AdamWScalars s) {
 #pragma omp parallel for schedule(static) if (N >= 16384)
   for (size_t i = 0; i < N; ++i) {
-    const float g = grad[i] * s.grad_scale;
+    const float p = adamw_element(param[i], grad[i], m[i], v[i], s);
     if constexpr (kZero) grad[i] = 0.0f;
-    float p = param[i] * s.decay;
-    const float mi = s.beta1 * m[i] + s.one_minus_b1 * g;
-    const float vi = s.beta2 * v[i] + s.one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    p -= s.step_size * (mi / denom);
     param[i] = p;
     if constexpr (kBf16) p16[i] = to_bf16_bits(p);
   }
@@ -80,11 +70,7 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                   int t, float* zero_grad, uint16_t* bf16_param) {
-  const double bc1 = 1.0 - std::pow((double)beta1, t);
-  const double bc2 = 1.0 - std::pow((double)beta2, t);
-  const AdamWScalars s{static_cast<float>((double)lr / bc1), static_cast<float>(std::sqrt(bc2)),
-                       1.0f - lr * weight_decay, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
-                       grad_scale};
+  const AdamWScalars s = adamw_scalars(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
   NLP_ASSERT(zero_grad == nullptr || zero_grad == grad);
   float* g = zero_grad ? zero_grad : const_cast<float*>(grad);  // read only unless zero_grad
   if (zero_grad && bf16_param) adamw_loop<true, true>(param, g, m, v, bf16_param, N, s);
