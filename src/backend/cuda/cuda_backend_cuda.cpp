@@ -26,6 +26,7 @@
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_workspace.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/op_profile.h"
 #include "core/error.h"
@@ -219,7 +220,7 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     if (wcopy_) cudaFreeAsync(wcopy_, stream_);
     if (hw_.p) cudaFreeAsync(hw_.p, stream_);
-    if (ws_) cudaFreeAsync(ws_, stream_);
+    ws_.free_async(stream_);
     if (span_start_) cudaFreeAsync(span_start_, stream_);
     if (ce_stats_.se) cudaFreeAsync(ce_stats_.se, stream_);
     for (auto& b : stage_)
@@ -1431,11 +1432,11 @@ class CudaBackend final : public Backend {
   };
   std::unique_ptr<Capture> cap_;
   const uint64_t* slot_ = nullptr;  // bind_slot: the word of cap_'s table the next ops read
-  size_t grows_ = 0;                // reallocations of ws_ and ce_stats_
+  size_t grows_ = 0;  // reallocations of ce_stats_, the staging buffers and the head's padded wte
 
   // Reallocations of every grow-only buffer a recorded kernel may point into.
   size_t memory_generation() const {
-    return grows_ + gemm_->grows() + (fused_ ? size_t(fused_->grows()) : 0);
+    return grows_ + ws_.grows() + gemm_->grows() + (fused_ ? size_t(fused_->grows()) : 0);
   }
   long cudnn_builds() const { return fused_ ? fused_->builds() : 0; }
   // dloss from the bound slot: the float in the word's low 32 bits (little-endian: its first 4 bytes)
@@ -1649,16 +1650,8 @@ class CudaBackend final : public Backend {
 
   // Scratch that lives until the next call needing more (stream order makes reuse safe).
   void* workspace(size_t bytes) {
-    if (bytes <= ws_bytes_) return ws_;
-    no_capture("the workspace would grow");
-    ++grows_;
-    if (ws_) ck(cudaFreeAsync(ws_, stream_), "cudaFreeAsync(workspace)");
-    ws_ = nullptr;
-    ws_bytes_ = 0;
-    const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
-    ck(cudaMallocAsync(&ws_, n, stream_), "cudaMallocAsync(workspace)");
-    ws_bytes_ = n;
-    return ws_;
+    return ws_.get(
+        bytes, stream_, [this](size_t, size_t) { no_capture("the workspace would grow"); }, ck);
   }
 
   double reduce(const float* x, size_t N, bool square) {
@@ -1769,8 +1762,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> fused_;  // BackendOptions::fused_attention
-  void* ws_ = nullptr;
-  size_t ws_bytes_ = 0;
+  cuda::DeviceWorkspace ws_{"workspace"};
   void* small_ = nullptr;       // device: [0] double reduction result, [64] int bad row
   void* host_small_ = nullptr;  // pinned mirror
 };
