@@ -59,6 +59,24 @@ __device__ __forceinline__ bool skipped_row(float* losses, G* g, int ld, int32_t
   return false;
 }
 
+// The row's loss from its statistics (max mx, sum of exp se, the target's logit xt) and, with
+// `grad`, its dlogits (softmax - onehot(t)) * dloss into g[0, V) and zeros into g[V, ld). g may be
+// the row x itself: the statistics' reductions end every read of x before this writes.
+template <typename G>
+__device__ __forceinline__ void row_loss_and_grad(float* losses, G* g, const float* x, int ld,
+                                                  int32_t t, int V, int m, float xt, float mx,
+                                                  double se, float dloss, bool grad) {
+  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
+  if (!grad) return;
+  const float f = static_cast<float>((double)dloss / se);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float gv = 0.f + expf(x[v] - mx) * f;
+    if (v == t) gv -= dloss;
+    store_dlogit(g, v, gv);
+  }
+  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
+}
+
 // Two passes over x[0, V): the row's max (*mx), then the sum of exp(x - max) in double (*se), to
 // every thread of the block; the sum's reduction ends after every thread's reads of the row.
 // redf/redd: __shared__ scratch of 32 each.
@@ -88,15 +106,7 @@ __global__ void lm_head_ce_k(float* __restrict__ losses, float* __restrict__ log
   float mx;
   double se;
   two_pass_row_stats(x, V, &mx, &se, redf, redd);  // ends after every thread's reads of the row
-  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
-  if (!grad) return;
-  const float f = static_cast<float>((double)dloss / se);
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float gv = 0.f + expf(x[v] - mx) * f;
-    if (v == t) gv -= dloss;
-    x[v] = gv;
-  }
-  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) x[v] = 0.f;
+  row_loss_and_grad(losses, x, x, ld, t, V, m, xt, mx, se, dloss, grad);
 }
 
 // lm_head_ce_k with grad, the dlogits stored as bf16 in dl[M, ld] (the logits are only read). The
@@ -183,15 +193,7 @@ __global__ void lm_head_ce_online_k(float* __restrict__ losses, const float* log
   float mx;
   double se;
   online_row_stats(x, V, &mx, &se, redf, redd);
-  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
-  if (!grad) return;
-  const float f = static_cast<float>((double)dloss / se);
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float gv = 0.f + expf(x[v] - mx) * f;
-    if (v == t) gv -= dloss;
-    store_dlogit(g, v, gv);
-  }
-  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
+  row_loss_and_grad(losses, g, x, ld, t, V, m, xt, mx, se, dloss, grad);
 }
 
 inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >= 64 ? 64 : 32)); }
