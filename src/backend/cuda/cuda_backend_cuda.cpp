@@ -25,6 +25,19 @@ void ck(cudaError_t e, const char* what) {
   }
 }
 
+namespace {
+
+// An environment switch of two values: true when `name` is unset or `first`, false when `second`;
+// any other value is refused, naming the variable and both values.
+bool env_first(const char* name, const char* first, const char* second) {
+  const char* v = std::getenv(name);
+  if (!v || std::string(v) == first) return true;
+  if (std::string(v) == second) return false;
+  throw Error(cat(name, " = '", v, "': expected ", first, " or ", second));
+}
+
+}  // namespace
+
 // NLPTRAIN_CUDA_FUSED_LN: unset or 1 = the fused residual/layer-norm kernels, 0 = Backend's
 // default sequence of separate ops (the path every earlier GPU run verified).
 bool fused_layernorm_from_env() {
@@ -39,30 +52,22 @@ bool fused_layernorm_from_env() {
 // GPU run verified; it reached about 0.5 TB/s, and its casts were 39% of a packed BERT-base step's
 // GPU time on an H200); both round each element the same way.
 Bf16Operands bf16_operands_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_BF16_CAST");
-  if (!v || std::string(v) == "vector") return Bf16Operands::Vector;
-  if (std::string(v) == "scalar") return Bf16Operands::Scalar;
-  throw Error(cat("NLPTRAIN_CUDA_BF16_CAST = '", v, "': expected vector or scalar"));
+  return env_first("NLPTRAIN_CUDA_BF16_CAST", "vector", "scalar") ? Bf16Operands::Vector
+                                                                 : Bf16Operands::Scalar;
 }
 
 // NLPTRAIN_CUDA_SEGMENT_CE: unset or "kernel" = segment cross-entropy in one launch over every
 // segment; "rows" = the row op once per segment (the packed qa path every earlier GPU run verified),
 // its offsets and lengths first copied to the host (a synchronisation per call).
 bool segment_ce_rows_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_SEGMENT_CE");
-  if (!v || std::string(v) == "kernel") return false;
-  if (std::string(v) == "rows") return true;
-  throw Error(cat("NLPTRAIN_CUDA_SEGMENT_CE = '", v, "': expected kernel or rows"));
+  return !env_first("NLPTRAIN_CUDA_SEGMENT_CE", "kernel", "rows");
 }
 
 // NLPTRAIN_CUDA_BF16_ACTS: unset or "native" = bf16 activation views go to the ops' native bf16
 // kernels where they have them; "staged" = always through the fp32 ops, the views widened and
 // rounded around them (CudaBackend::Stage). Neither has run on a GPU yet.
 bool native_bf16_acts_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_BF16_ACTS");
-  if (!v || std::string(v) == "native") return true;
-  if (std::string(v) == "staged") return false;
-  throw Error(cat("NLPTRAIN_CUDA_BF16_ACTS = '", v, "': expected native or staged"));
+  return env_first("NLPTRAIN_CUDA_BF16_ACTS", "native", "staged");
 }
 
 namespace {
@@ -73,20 +78,14 @@ namespace {
 // (the path built first). Both give the GEMMs the same bf16 operand; neither has run on a GPU yet.
 // fp32 and tf32 precision always keep fp32 dlogits.
 bool head_dlogits_bf16_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_DLOGITS");
-  if (!v || std::string(v) == "bf16") return true;
-  if (std::string(v) == "fp32") return false;
-  throw Error(cat("NLPTRAIN_CUDA_HEAD_DLOGITS = '", v, "': expected bf16 or fp32"));
+  return env_first("NLPTRAIN_CUDA_HEAD_DLOGITS", "bf16", "fp32");
 }
 
 // NLPTRAIN_CUDA_HEAD_SOFTMAX (the fused LM head's loss kernel): unset or "online" = each row's max
 // and sum of exp in one pass (kern::lm_head_crossentropy's online form); "twopass" = the max, then
 // the sum (the kernel built first). Neither has run on a GPU yet.
 bool head_softmax_online_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_SOFTMAX");
-  if (!v || std::string(v) == "online") return true;
-  if (std::string(v) == "twopass") return false;
-  throw Error(cat("NLPTRAIN_CUDA_HEAD_SOFTMAX = '", v, "': expected online or twopass"));
+  return env_first("NLPTRAIN_CUDA_HEAD_SOFTMAX", "online", "twopass");
 }
 
 // NLPTRAIN_CUDA_HEAD_WTE (the fused LM head in bf16 precision): unset or "bf16" = the head's GEMMs
@@ -96,10 +95,7 @@ bool head_softmax_online_from_env() {
 // unpadded, the persistent copy itself; "fp32" = the fp32 padded copy, rounded by every GEMM that reads it (the path built
 // first). fp32 and tf32 precision always read the fp32 weights.
 bool head_wte_bf16_from_env() {
-  const char* v = std::getenv("NLPTRAIN_CUDA_HEAD_WTE");
-  if (!v || std::string(v) == "bf16") return true;
-  if (std::string(v) == "fp32") return false;
-  throw Error(cat("NLPTRAIN_CUDA_HEAD_WTE = '", v, "': expected bf16 or fp32"));
+  return env_first("NLPTRAIN_CUDA_HEAD_WTE", "bf16", "fp32");
 }
 
 const char* bf16_operands_name(cuda::Bf16Operands o) {
