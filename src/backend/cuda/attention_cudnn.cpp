@@ -728,12 +728,9 @@ void CudnnAttention::forward_bf16(void* out, float* saved, const void* qkv,
   float* stats = reinterpret_cast<float*>(align_up(saved));  // [R,NH,T,1]
   NLP_ASSERT(!packed || attn_mask);
   check_bf16_io("forward", C, {{"qkv", qkv}, {"out", out}});
-  const Impl::Bf16Call call = m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed,
-                                          examples, dropout_p, false);
-  const Key& k = call.k;
-  const Plan& p = *call.p;
-  const bool ragged = call.ragged, staged = call.staged;
-  const size_t qkv_room = call.qkv_room, o_room = call.o_room;
+  const auto [k, plan, ragged, staged, qkv_room, o_room] =
+      m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, false);
+  const Plan& p = *plan;
   const Impl::CallBuffers cb = m.buffers(p, k, staged ? qkv_room + o_room : 0);
   if (packed) count_packed(ragged);
 
@@ -778,12 +775,9 @@ void CudnnAttention::backward_bf16(void* dqkv, bool accumulate, float* scratch, 
   char* dout16 = align_up(scratch);  // [R,T,C] bf16: dO with dead rows zeroed, or staged
   NLP_ASSERT(!packed || attn_mask);
   check_bf16_io("backward", C, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}});
-  const Impl::Bf16Call call = m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed,
-                                          examples, dropout_p, true);
-  const Key& k = call.k;
-  const Plan& p = *call.p;
-  const bool ragged = call.ragged, staged = call.staged;
-  const size_t qkv_room = call.qkv_room, o_room = call.o_room;
+  const auto [k, plan, ragged, staged, qkv_room, o_room] =
+      m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, true);
+  const Plan& p = *plan;
   // workspace past cuDNN's: staged q|k|v, O and dq|dk|dv, or the dq|dk|dv temporary of an accumulate
   const size_t extra = staged ? 2 * qkv_room + o_room : accumulate ? sdpa_align(BT * 3 * C * 2) : 0;
   const Impl::CallBuffers cb = m.buffers(p, k, extra);
