@@ -18,8 +18,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
-
 #define CHUNK_STRIDE(j, chunks) \
   for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < (chunks); j += (size_t)gridDim.x * blockDim.x)
 

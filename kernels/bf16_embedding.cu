@@ -19,7 +19,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kSegChunk = 32;     // sorted positions per block in the piece sums
 constexpr int kSegThreads = 128;  // channels in parallel (>= kSegChunk)
 

@@ -69,5 +69,11 @@ inline unsigned grid_for(size_t n, int threads, size_t cap = 8192) {
   return static_cast<unsigned>(g < cap ? g : cap);
 }
 
+// Threads per block of the one-thread-per-element kernels, and their grid-stride loop over
+// i in [0, n) (launched with grid_for(n, kThreads) blocks).
+constexpr int kThreads = 256;
+#define GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
 }  // namespace kern
 }  // namespace nlp

@@ -10,11 +10,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
-
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 // dst[n] = float(src[n])
 __global__ void from_bf16_k(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src, size_t n) {
   GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);

@@ -14,11 +14,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
-
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 // out[n] = a + b   (out may alias a or b)
 __global__ void add_k(float* out, const float* a, const float* b, size_t n) {
   GRID_STRIDE(i, n) out[i] = a[i] + b[i];

@@ -21,7 +21,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kSegChunk = 32;    // sorted positions per block in step 2
 constexpr int kSegThreads = 128; // channels in parallel (>= kSegChunk)
 

@@ -9,7 +9,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;

@@ -18,11 +18,6 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
-
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 template <typename T>
 __device__ __forceinline__ float load(const T* p, size_t i) { return to_f(p[i]); }
 template <typename T>

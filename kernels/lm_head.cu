@@ -34,6 +34,63 @@ namespace {
 
 constexpr int32_t kIgnore = -100;  // core/backend.h kIgnoreIndex
 
+// One dlogit of the row g, stored in G (float, or bf16 rounded to nearest even).
+__device__ __forceinline__ void store_dlogit(float* g, int v, float x) { g[v] = x; }
+__device__ __forceinline__ void store_dlogit(__nv_bfloat16* g, int v, float x) {
+  g[v] = __float2bfloat16_rn(x);
+}
+
+// Row m with target t, when t is the ignore index or outside [0, V): its loss 0 or NaN (the latter
+// lowering *bad_row to row_base + m), with `grad` its dlogits g[0, ld) zeros; true then (the block
+// has nothing more to do with the row).
+template <typename G>
+__device__ __forceinline__ bool skipped_row(float* losses, G* g, int ld, int32_t t, int V, int m,
+                                            int row_base, int* bad_row, bool grad) {
+  const bool bad = t != kIgnore && (t < 0 || t >= V);
+  if (t == kIgnore || bad) {
+    if (threadIdx.x == 0) {
+      losses[m] = bad ? NAN : 0.f;
+      if (bad) atomicMin(bad_row, row_base + m);
+    }
+    if (grad)
+      for (int v = threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
+    return true;
+  }
+  return false;
+}
+
+// The row's loss from its statistics (max mx, sum of exp se, the target's logit xt) and, with
+// `grad`, its dlogits (softmax - onehot(t)) * dloss into g[0, V) and zeros into g[V, ld). g may be
+// the row x itself: the statistics' reductions end every read of x before this writes.
+template <typename G>
+__device__ __forceinline__ void row_loss_and_grad(float* losses, G* g, const float* x, int ld,
+                                                  int32_t t, int V, int m, float xt, float mx,
+                                                  double se, float dloss, bool grad) {
+  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
+  if (!grad) return;
+  const float f = static_cast<float>((double)dloss / se);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float gv = 0.f + expf(x[v] - mx) * f;
+    if (v == t) gv -= dloss;
+    store_dlogit(g, v, gv);
+  }
+  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
+}
+
+// Two passes over x[0, V): the row's max (*mx), then the sum of exp(x - max) in double (*se), to
+// every thread of the block; the sum's reduction ends after every thread's reads of the row.
+// redf/redd: __shared__ scratch of 32 each.
+__device__ __forceinline__ void two_pass_row_stats(const float* x, int V, float* mx, double* se,
+                                                   float* redf, double* redd) {
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+  m = block_max(m, redf);
+  double sum = 0.0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += (double)expf(x[v] - m);
+  *se = block_sum(sum, redd);
+  *mx = m;
+}
+
 __global__ void lm_head_ce_k(float* __restrict__ losses, float* __restrict__ logits, int ld,
                              const int32_t* __restrict__ targets, float dloss,
                              const float* __restrict__ dloss_slot, int V, int row_base, int* bad_row,
@@ -44,32 +101,12 @@ __global__ void lm_head_ce_k(float* __restrict__ losses, float* __restrict__ log
   if (dloss_slot) dloss = *dloss_slot;  // a replayed CUDA graph's value, read at run time
   float* x = logits + (size_t)m * ld;
   const int32_t t = targets[m];
-  const bool bad = t != kIgnore && (t < 0 || t >= V);
-  if (t == kIgnore || bad) {
-    if (threadIdx.x == 0) {
-      losses[m] = bad ? NAN : 0.f;
-      if (bad) atomicMin(bad_row, row_base + m);
-    }
-    if (grad)
-      for (int v = threadIdx.x; v < ld; v += blockDim.x) x[v] = 0.f;
-    return;
-  }
+  if (skipped_row(losses, x, ld, t, V, m, row_base, bad_row, grad)) return;
   const float xt = x[t];  // read by every thread before any thread writes the row
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
-  mx = block_max(mx, redf);
-  double se = 0.0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) se += (double)expf(x[v] - mx);
-  se = block_sum(se, redd);  // ends after every thread's reads above
-  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
-  if (!grad) return;
-  const float f = static_cast<float>((double)dloss / se);
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float gv = 0.f + expf(x[v] - mx) * f;
-    if (v == t) gv -= dloss;
-    x[v] = gv;
-  }
-  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) x[v] = 0.f;
+  float mx;
+  double se;
+  two_pass_row_stats(x, V, &mx, &se, redf, redd);  // ends after every thread's reads of the row
+  row_loss_and_grad(losses, x, x, ld, t, V, m, xt, mx, se, dloss, grad);
 }
 
 // lm_head_ce_k with grad, the dlogits stored as bf16 in dl[M, ld] (the logits are only read). The
@@ -89,7 +126,7 @@ __global__ void lm_head_ce_bf16_k(float* __restrict__ losses, const float* __res
   const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
   const int32_t t = targets[m];
   const bool bad = t != kIgnore && (t < 0 || t >= V);
-  if (t == kIgnore || bad) {
+  if (t == kIgnore || bad) {  // skipped_row with the zero of the stores below
     if (threadIdx.x == 0) {
       losses[m] = bad ? NAN : 0.f;
       if (bad) atomicMin(bad_row, row_base + m);
@@ -98,12 +135,9 @@ __global__ void lm_head_ce_bf16_k(float* __restrict__ losses, const float* __res
     return;
   }
   const float xt = x[t];
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
-  mx = block_max(mx, redf);
-  double se = 0.0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) se += (double)expf(x[v] - mx);
-  se = block_sum(se, redd);
+  float mx;
+  double se;
+  two_pass_row_stats(x, V, &mx, &se, redf, redd);
   if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
   const float f = static_cast<float>((double)dloss / se);
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
@@ -138,11 +172,6 @@ __device__ __forceinline__ void online_row_stats(const float* __restrict__ x, in
   *mx = M;
 }
 
-__device__ __forceinline__ void store_dlogit(float* g, int v, float x) { g[v] = x; }
-__device__ __forceinline__ void store_dlogit(__nv_bfloat16* g, int v, float x) {
-  g[v] = __float2bfloat16_rn(x);
-}
-
 // lm_head_ce_k (G = float: the dlogits over the logits, `grad` optional) and lm_head_ce_bf16_k
 // (G = __nv_bfloat16: the dlogits into dl, grad always) with the one-pass statistics. In the fp32
 // form dl is the logits row itself; every read of the row ends at the block reductions, before any
@@ -159,29 +188,12 @@ __global__ void lm_head_ce_online_k(float* __restrict__ losses, const float* log
   const float* x = logits + (size_t)m * ld;
   G* g = dl + (size_t)m * ld;
   const int32_t t = targets[m];
-  const bool bad = t != kIgnore && (t < 0 || t >= V);
-  if (t == kIgnore || bad) {
-    if (threadIdx.x == 0) {
-      losses[m] = bad ? NAN : 0.f;
-      if (bad) atomicMin(bad_row, row_base + m);
-    }
-    if (grad)
-      for (int v = threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
-    return;
-  }
+  if (skipped_row(losses, g, ld, t, V, m, row_base, bad_row, grad)) return;
   const float xt = x[t];
   float mx;
   double se;
   online_row_stats(x, V, &mx, &se, redf, redd);
-  if (threadIdx.x == 0) losses[m] = static_cast<float>(log(se) + ((double)mx - (double)xt));
-  if (!grad) return;
-  const float f = static_cast<float>((double)dloss / se);
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float gv = 0.f + expf(x[v] - mx) * f;
-    if (v == t) gv -= dloss;
-    store_dlogit(g, v, gv);
-  }
-  for (int v = V + threadIdx.x; v < ld; v += blockDim.x) store_dlogit(g, v, 0.f);
+  row_loss_and_grad(losses, g, x, ld, t, V, m, xt, mx, se, dloss, grad);
 }
 
 inline int threads_for(int V) { return V >= 4096 ? 512 : (V >= 512 ? 256 : (V >= 64 ? 64 : 32)); }

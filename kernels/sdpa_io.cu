@@ -24,11 +24,7 @@ namespace nlp {
 namespace kern {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr float kMaskedBias = -1e9f;  // finite: exp underflows to 0, no inf - inf = NaN in the softmax
-
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 // bias[B, rows, ld] (bf16) for j < T: 0 where query r sees key j, kMaskedBias where not, by backend.h's
 // segment rule (key j real, and query r padding or of j's segment); rows == 1 (one row broadcast over

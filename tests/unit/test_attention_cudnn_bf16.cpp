@@ -43,7 +43,7 @@
 #if defined(NLPTRAIN_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/backend.h"

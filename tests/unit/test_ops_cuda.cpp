@@ -37,6 +37,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -57,6 +58,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
+#include "backend/cuda/device_workspace.h"
 #endif
 
 namespace {
@@ -3035,5 +3037,51 @@ TEST_F(CudaOps, FusedAttentionFactory) {
     }
   }
 }
+
+#if NLPTRAIN_HAVE_CUDA
+// The grow-only buffer of the backend's workspace, the GEMM's bf16 scratch and cuDNN's workspace
+// (backend/cuda/device_workspace.h): a request that fits returns the buffer held without asking;
+// a larger one asks refuse(held, wanted) first, counts the growth and holds a new buffer of whole
+// MiB; a refusal (refuse throws) leaves the buffer, its size and the count as they were.
+TEST_F(CudaOps, DeviceWorkspaceGrowsOnlyForMoreAndAsksFirst) {
+  cudaStream_t st = static_cast<cudaStream_t>(nlp::cuda_backend_stream(gpu()));
+  const size_t mib = size_t(1) << 20;
+  nlp::cuda::DeviceWorkspace ws("test workspace");
+  std::vector<std::pair<size_t, size_t>> asked;
+  auto ask = [&](size_t held, size_t want) { asked.emplace_back(held, want); };
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw nlp::Error(nlp::cat(what, ": ", cudaGetErrorString(e)));
+  };
+  EXPECT_EQ(ws.data(), nullptr);
+  EXPECT_EQ(ws.bytes(), 0u);
+  void* a = ws.get(1, st, ask, check);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(ws.bytes(), mib);
+  EXPECT_EQ(ws.grows(), 1u);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], std::make_pair(size_t(0), size_t(1)));
+  EXPECT_EQ(ws.get(mib, st, ask, check), a);  // fits: the same buffer, nothing asked
+  EXPECT_EQ(ws.grows(), 1u);
+  EXPECT_EQ(asked.size(), 1u);
+  void* b = ws.get(mib + 1, st, ask, check);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(ws.bytes(), 2 * mib);
+  EXPECT_EQ(ws.grows(), 2u);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1], std::make_pair(mib, mib + 1));
+  ASSERT_EQ(cudaMemsetAsync(b, 0x5a, ws.bytes(), st), cudaSuccess);  // all of it is usable
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  auto refuse = [](size_t, size_t) { throw nlp::Error("refused"); };
+  EXPECT_THROW(ws.get(3 * mib, st, refuse, check), nlp::Error);
+  EXPECT_EQ(ws.data(), b);
+  EXPECT_EQ(ws.bytes(), 2 * mib);
+  EXPECT_EQ(ws.grows(), 2u);
+  EXPECT_EQ(ws.get(2 * mib, st, refuse, check), b);  // fits: refuse is not asked
+  ws.free_async(st);
+  EXPECT_EQ(ws.data(), nullptr);
+  EXPECT_EQ(ws.bytes(), 0u);
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+}
+#endif
 
 }  // namespace

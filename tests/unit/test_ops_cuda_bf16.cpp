@@ -48,7 +48,7 @@
 #if NLPTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "../../kernels/kernels.cuh"  // the repository root is not an include directory
+#include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 
 namespace {
 

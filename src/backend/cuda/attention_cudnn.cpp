@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
+#include "backend/cuda/device_workspace.h"
 #include "core/error.h"
 
 namespace nlp::cuda {
@@ -271,9 +272,7 @@ struct CudnnAttention::Impl {
   // masked variant (key.mask ignored) -> the bias layout in use, per direction
   std::map<Key, MaskKind> mask_forward, mask_backward;
   std::set<Key> ragged_refused;  // ragged variants already reported as not building
-  void* ws = nullptr;                 // grow-only: cuDNN workspace | bias | first keys
-  size_t ws_bytes = 0;
-  long ws_grows = 0;                  // reallocations of ws (grows())
+  DeviceWorkspace ws{"workspace"};   // grow-only: cuDNN workspace | bias | first keys (grows())
   int64_t* philox = nullptr;  // device [2]: Philox seed, offset of the dropout
 
   // Whether the stream is being captured into a CUDA graph (the backend's capture_begin): building
@@ -493,20 +492,39 @@ struct CudnnAttention::Impl {
     if (room > used) ck_cuda(cudaMemsetAsync(dst + used, 0, room - used, stream), what);
   }
 
+  // One bf16-I/O call (forward_bf16, backward_bf16): its variant and graph (require: throws when
+  // cuDNN has none), whether it is ragged and staged (attention_cudnn.h: E x T tokens past the
+  // buffers), and the rooms of the staged q|k|v [R,T,3C] and O [R,T,C] (bf16, R = max(B, examples))
+  struct Bf16Call {
+    Key k;
+    const Plan* p = nullptr;
+    bool ragged = false, staged = false;
+    size_t qkv_room = 0, o_room = 0;
+  };
+  Bf16Call bf16_call(int B, int T, int NH, int HS, bool causal, bool masked, bool packed,
+                     int examples, float dropout_p, bool is_backward) {
+    const int C = NH * HS;
+    const int R = std::max(B, examples);
+    Bf16Call c{key_of(B, T, NH, HS, causal, masked, packed, examples, dropout_p, is_backward,
+                      /*bf16_io=*/true)};
+    c.p = &require(c.k, is_backward);
+    c.ragged = c.k.mask == MaskKind::Ragged;
+    c.staged = c.ragged && examples > B;
+    c.qkv_room = sdpa_align(size_t(R) * T * 3 * C * 2);
+    c.o_room = sdpa_align(size_t(R) * T * C * 2);
+    return c;
+  }
+
   // The grow-only buffer (stream order makes reuse by the next call safe).
   void* grow(size_t bytes) {
-    if (bytes <= ws_bytes) return ws;
-    if (capturing())
-      throw Error(cat("cuDNN attention: the workspace would grow from ", ws_bytes, " to ", bytes,
-                      " bytes while recording a CUDA graph; run the op once before recording"));
-    ++ws_grows;
-    if (ws) ck_cuda(cudaFreeAsync(ws, stream), "cudaFreeAsync(workspace)");
-    ws = nullptr;
-    ws_bytes = 0;
-    const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
-    ck_cuda(cudaMallocAsync(&ws, n, stream), "cudaMallocAsync(workspace)");
-    ws_bytes = n;
-    return ws;
+    return ws.get(
+        bytes, stream,
+        [this](size_t held, size_t want) {
+          if (capturing())
+            throw Error(cat("cuDNN attention: the workspace would grow from ", held, " to ", want,
+                            " bytes while recording a CUDA graph; run the op once before recording"));
+        },
+        ck_cuda);
   }
 
   // Mask bias and first keys (masked calls), ragged offsets and lengths (ragged calls; the rows are
@@ -563,7 +581,7 @@ CudnnAttention::~CudnnAttention() {
   cudaStreamSynchronize(impl_->stream);
   impl_->forward.clear();  // the plans hold cuDNN descriptors: released before the handle
   impl_->backward.clear();
-  if (impl_->ws) cudaFreeAsync(impl_->ws, impl_->stream);
+  impl_->ws.free_async(impl_->stream);
   cudaStreamSynchronize(impl_->stream);
   if (impl_->philox) cudaFree(impl_->philox);
   if (impl_->handle) cudnnDestroy(impl_->handle);
@@ -593,7 +611,7 @@ bool CudnnAttention::supports(int B, int T, int NH, int HS) {
   return ok;
 }
 
-long CudnnAttention::grows() const { return impl_->ws_grows; }
+long CudnnAttention::grows() const { return long(impl_->ws.grows()); }
 long CudnnAttention::builds() const { return impl_->graphs_built + impl_->graphs_declined; }
 
 // out[B,T,C] = attention(q, k, v); saved <- stats, O, q|k|v (bf16)
@@ -710,13 +728,9 @@ void CudnnAttention::forward_bf16(void* out, float* saved, const void* qkv,
   float* stats = reinterpret_cast<float*>(align_up(saved));  // [R,NH,T,1]
   NLP_ASSERT(!packed || attn_mask);
   check_bf16_io("forward", C, {{"qkv", qkv}, {"out", out}});
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p,
-                         false, /*bf16_io=*/true);
-  const Plan& p = m.require(k, false);
-  const bool ragged = k.mask == MaskKind::Ragged;
-  const bool staged = ragged && examples > B;  // attention_cudnn.h: E x T tokens past the buffers
-  const size_t qkv_room = sdpa_align(size_t(R) * T * 3 * C * 2);
-  const size_t o_room = sdpa_align(size_t(R) * T * C * 2);
+  const auto [k, plan, ragged, staged, qkv_room, o_room] =
+      m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, false);
+  const Plan& p = *plan;
   const Impl::CallBuffers cb = m.buffers(p, k, staged ? qkv_room + o_room : 0);
   if (packed) count_packed(ragged);
 
@@ -757,18 +771,13 @@ void CudnnAttention::backward_bf16(void* dqkv, bool accumulate, float* scratch, 
   Impl& m = *impl_;
   const int C = NH * HS;
   const size_t BT = size_t(B) * T;
-  const int R = std::max(B, examples);
   float* stats = reinterpret_cast<float*>(align_up(saved));
   char* dout16 = align_up(scratch);  // [R,T,C] bf16: dO with dead rows zeroed, or staged
   NLP_ASSERT(!packed || attn_mask);
   check_bf16_io("backward", C, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}});
-  const Key k = m.key_of(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p,
-                         true, /*bf16_io=*/true);
-  const Plan& p = m.require(k, true);
-  const bool ragged = k.mask == MaskKind::Ragged;
-  const bool staged = ragged && examples > B;
-  const size_t qkv_room = sdpa_align(size_t(R) * T * 3 * C * 2);
-  const size_t o_room = sdpa_align(size_t(R) * T * C * 2);
+  const auto [k, plan, ragged, staged, qkv_room, o_room] =
+      m.bf16_call(B, T, NH, HS, causal, attn_mask != nullptr, packed, examples, dropout_p, true);
+  const Plan& p = *plan;
   // workspace past cuDNN's: staged q|k|v, O and dq|dk|dv, or the dq|dk|dv temporary of an accumulate
   const size_t extra = staged ? 2 * qkv_room + o_room : accumulate ? sdpa_align(BT * 3 * C * 2) : 0;
   const Impl::CallBuffers cb = m.buffers(p, k, extra);

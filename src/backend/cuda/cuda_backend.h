@@ -1,6 +1,6 @@
 // The CUDA backend: every op of core/backend.h in fp32 on one GPU (cuBLASLt GEMMs, the hand-written
-// kernels of kernels/*.cu). Implemented in cuda_backend_cuda.cpp when built with CUDA; the stub
-// (cuda_backend_stub.cpp) throws nlp::Error in builds without CUDA.
+// kernels of kernels/*.cu). Implemented by cuda_backend_impl.h and its *_cuda.cpp files when built
+// with CUDA; the stub (cuda_backend_stub.cpp) throws nlp::Error in builds without CUDA.
 #pragma once
 #include <memory>
 #include <string>

@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/device_workspace.h"
 #include "core/backend.h"
 #include "kernels.cuh"  // kernels/ (an include directory of CUDA builds)
 
@@ -137,7 +138,7 @@ class Gemm {
   // Reallocations of the bf16 operand scratch so far: a CUDA graph recorded before the last one
   // points into freed memory. While the stream is being captured the scratch does not grow: the
   // call throws nlp::Error instead.
-  size_t grows() const { return bf16_grows_; }
+  size_t grows() const { return bf16_.grows(); }
   // Called after each launch of the bf16 operand casts (run.profile times them apart); null = none.
   void set_after_cast(std::function<void()> f) { after_cast_ = std::move(f); }
 
@@ -155,6 +156,11 @@ class Gemm {
   // opA, opB, m, n, k, bias epilogue, alignments of A, B, C, bias
   using Key = std::tuple<int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
   Plan& plan(const Key& key, const float* bias);
+  // The set-up both plan kinds share (gemm_cuda.cpp): the descriptor with its transposes, then,
+  // after the epilogue's attributes, the layouts and the heuristic's algorithm.
+  void begin_plan(Plan& p, int opa, int opb, cublasComputeType_t compute) const;
+  void end_plan(Plan& p, int opa, int opb, int m, int n, int k, cudaDataType_t ab, cudaDataType_t c,
+                uint32_t ala, uint32_t alb, uint32_t alc) const;
 
   // ---- typed path ----
   enum class Epi { None, Bias, GeluAux, GeluAuxBias, DGelu, BGradA, BGradB };
@@ -187,9 +193,7 @@ class Gemm {
   cudaStream_t stream_;
   GemmMode mode_;
   Bf16Operands operands_;
-  void* bf16_ = nullptr;  // bf16 copies of the operands (Bf16 mode)
-  size_t bf16_bytes_ = 0;
-  size_t bf16_grows_ = 0;  // grows()
+  DeviceWorkspace bf16_{"bf16 scratch"};  // bf16 copies of the operands (Bf16 mode); grows()
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;

@@ -151,38 +151,30 @@ Gemm::~Gemm() {
     if (p.desc) cublasLtMatmulDescDestroy(p.desc);
   }
   cudaStreamSynchronize(stream_);
-  if (bf16_) cudaFreeAsync(bf16_, stream_);
+  bf16_.free_async(stream_);
   cudaStreamSynchronize(stream_);
   if (blas_) cublasDestroy(blas_);  // before the workspace it was given
   if (lt_) cublasLtDestroy(lt_);
   if (workspace_) cudaFree(workspace_);
 }
 
-Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
-  const auto [opa, opb, m, n, k, use_bias, ala, alb, alc, albias] = key;
-  (void)albias;
-  Plan p;
+// A plan's descriptor (fp32 scale) with its transposes; the epilogue's attributes come after it.
+void Gemm::begin_plan(Plan& p, int opa, int opb, cublasComputeType_t compute) const {
   const cublasOperation_t ta = opa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = opb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasComputeType_t compute = compute_type();
-  const cudaDataType_t ab = operand_type();
   ck_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
   ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
-  if (use_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = CUDA_R_32F;
-    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
-    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
-    // the heuristic reads the bias pointer's alignment
-    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "set BIAS_POINTER");
-  }
+}
+
+// The plan's layouts (A and B in ab, C = D in c) and the heuristic's first algorithm for the
+// operands' alignments within the cuBLASLt workspace (p.ok: one was found).
+void Gemm::end_plan(Plan& p, int opa, int opb, int m, int n, int k, cudaDataType_t ab,
+                    cudaDataType_t c, uint32_t ala, uint32_t alb, uint32_t alc) const {
   // stored shapes (column-major): A is m x k (op N) or k x m (op T); B is k x n or n x k; C is m x n
   ck_lt(cublasLtMatrixLayoutCreate(&p.a, ab, opa ? k : m, opa ? m : k, opa ? k : m), "layout A");
   ck_lt(cublasLtMatrixLayoutCreate(&p.b, ab, opb ? n : k, opb ? k : n, opb ? n : k), "layout B");
-  ck_lt(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, m, n, m), "layout C");
+  ck_lt(cublasLtMatrixLayoutCreate(&p.c, c, m, n, m), "layout C");
 
   cublasLtMatmulPreference_t pref = nullptr;
   ck_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -201,6 +193,25 @@ Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
     p.algo = res.algo;
     p.ok = true;
   }
+}
+
+Gemm::Plan& Gemm::plan(const Key& key, const float* bias) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [opa, opb, m, n, k, use_bias, ala, alb, alc, albias] = key;
+  (void)albias;
+  Plan p;
+  const cudaDataType_t ab = operand_type();
+  begin_plan(p, opa, opb, compute_type());
+  if (use_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_32F;
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
+    // the heuristic reads the bias pointer's alignment
+    ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "set BIAS_POINTER");
+  }
+  end_plan(p, opa, opb, m, n, k, ab, CUDA_R_32F, ala, alb, alc);
   return plans_.emplace(key, p).first->second;
 }
 
@@ -322,11 +333,7 @@ Gemm::Plan& Gemm::typed_plan(const TKey& key, const void* bias, const void* aux)
   const Epi epi = static_cast<Epi>(epi_i);
   const cudaDataType_t ab = static_cast<cudaDataType_t>(abt), c = static_cast<cudaDataType_t>(ct);
   Plan p;
-  const cublasOperation_t ta = opa ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = opb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ck_lt(cublasLtMatmulDescCreate(&p.desc, compute_type(), CUDA_R_32F), "cublasLtMatmulDescCreate");
-  ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
-  ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+  begin_plan(p, opa, opb, compute_type());
   if (epi != Epi::None) {
     cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_DEFAULT;
     switch (epi) {
@@ -355,27 +362,7 @@ Gemm::Plan& Gemm::typed_plan(const TKey& key, const void* bias, const void* aux)
     ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), "set EPILOGUE_AUX_LD");
     ck_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), "set EPILOGUE_AUX_POINTER");
   }
-  ck_lt(cublasLtMatrixLayoutCreate(&p.a, ab, opa ? k : m, opa ? m : k, opa ? k : m), "layout A");
-  ck_lt(cublasLtMatrixLayoutCreate(&p.b, ab, opb ? n : k, opb ? k : n, opb ? n : k), "layout B");
-  ck_lt(cublasLtMatrixLayoutCreate(&p.c, c, m, n, m), "layout C");
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  ck_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  const uint64_t ws = workspace_bytes_;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ala, sizeof ala);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alb, sizeof alb);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc);
-  cublasLtMatmulHeuristicResult_t res{};
-  int returned = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
-    p.algo = res.algo;
-    p.ok = true;
-  }
+  end_plan(p, opa, opb, m, n, k, ab, c, ala, alb, alc);
   return tplans_.emplace(key, p).first->second;
 }
 
@@ -651,20 +638,16 @@ cublasComputeType_t Gemm::compute_type() const {
 
 // Grow-only scratch for the bf16 operand copies (stream order makes reuse safe).
 void* Gemm::bf16_scratch(size_t bytes) {
-  if (bytes <= bf16_bytes_) return bf16_;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  ck_rt(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone)
-    throw Error(cat("cuda backend: the bf16 GEMM operand scratch would grow from ", bf16_bytes_,
-                    " to ", bytes, " bytes while recording a CUDA graph"));
-  ++bf16_grows_;
-  if (bf16_) ck_rt(cudaFreeAsync(bf16_, stream_), "cudaFreeAsync(bf16 scratch)");
-  bf16_ = nullptr;
-  bf16_bytes_ = 0;
-  const size_t n = (bytes + (size_t(1) << 20) - 1) / (size_t(1) << 20) * (size_t(1) << 20);
-  ck_rt(cudaMallocAsync(&bf16_, n, stream_), "cudaMallocAsync(bf16 scratch)");
-  bf16_bytes_ = n;
-  return bf16_;
+  return bf16_.get(
+      bytes, stream_,
+      [this](size_t held, size_t want) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        ck_rt(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+        if (capture != cudaStreamCaptureStatusNone)
+          throw Error(cat("cuda backend: the bf16 GEMM operand scratch would grow from ", held,
+                          " to ", want, " bytes while recording a CUDA graph"));
+      },
+      ck_rt);
 }
 
 }  // namespace nlp::cuda

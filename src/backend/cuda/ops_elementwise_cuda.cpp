@@ -1,0 +1,208 @@
+// CudaBackend (cuda_backend_impl.h): the elementwise ops and dropout (kernels/elementwise.cu,
+// kernels/gelu.cu; bf16 storage: kernels/bf16_elementwise.cu) and copy_view's conversions
+// (kernels/convert.cu).
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace nlp::cuda {
+
+void CudaBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
+  if (out.f32() && inp.f32()) return gelu_forward_f32(out.fp(), inp.fp(), N, form);
+  if (native_bf16_views({out, inp})) {
+    forget_ce_stats(out.p);
+    op(kern::gelu_forward_bf16(out.p, inp.p, N, form == Gelu::Tanh, stream_), "gelu_forward (bf16)");
+    return;
+  }
+  Stage st(*this, "gelu_forward (staged)");
+  const float* i = st.in(inp, N);
+  gelu_forward_f32(st.out(out, N), i, N, form);
+  st.finish();
+}
+
+void CudaBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
+  if (dinp.f32() && inp.f32() && dout.f32()) {
+    return gelu_backward_f32(acc_f32(dinp, N), inp.fp(), dout.fp(), N, form);
+  }
+  if (native_bf16_views({dinp, inp, dout})) {
+    forget_ce_stats(dinp.p);
+    op(kern::gelu_backward_bf16(dinp.p, !dinp.write, inp.p, dout.p, N, form == Gelu::Tanh, stream_),
+       "gelu_backward (bf16)");
+    return;
+  }
+  Stage st(*this, "gelu_backward (staged)");
+  const float* i = st.in(inp, N);
+  const float* d = st.in(dout, N);
+  gelu_backward_f32(st.acc(dinp, N), i, d, N, form);
+  st.finish();
+}
+
+void CudaBackend::add(Act out, CAct a, CAct b, size_t N) {
+  if (out.f32() && a.f32() && b.f32()) return add_f32(out.fp(), a.fp(), b.fp(), N);
+  if (native_bf16_views({out, a, b})) {
+    forget_ce_stats(out.p);
+    op(kern::add_bf16(out.p, a.p, b.p, N, stream_), "add (bf16)");
+    return;
+  }
+  Stage st(*this, "add (staged)");
+  const float* ia = st.in(a, N);
+  const float* ib = st.in(b, N);
+  add_f32(st.out(out, N), ia, ib, N);
+  st.finish();
+}
+
+void CudaBackend::accumulate(Act dst, CAct src, size_t N) {
+  if (dst.f32() && src.f32()) return accumulate_f32(dst.fp(), src.fp(), N);
+  if (native_bf16() && dst.p && src.p) {  // an accumulation whatever the flag, any mix of dtypes
+    forget_ce_stats(dst.p);
+    if (!dst.f32() && !src.f32())
+      op(kern::accumulate_bf16_bf16(dst.p, src.p, N, stream_), "accumulate (bf16)");
+    else if (!dst.f32())
+      op(kern::accumulate_f32_into_bf16(dst.p, src.fp(), N, stream_), "accumulate (bf16 += fp32)");
+    else
+      op(kern::accumulate_bf16(dst.fp(), src.p, N, stream_), "accumulate (fp32 += bf16)");
+    return;
+  }
+  Act d = dst;
+  d.write = false;  // an accumulation whatever the flag
+  Stage st(*this, "accumulate (staged)");
+  const float* s = st.in(src, N);
+  accumulate_f32(st.acc(d, N), s, N);
+  st.finish();
+}
+
+void CudaBackend::scale(Act x, float s, size_t N) {
+  if (x.f32()) return scale_f32(x.fp(), s, N);
+  if (native_bf16_views({x})) {
+    forget_ce_stats(x.p);
+    op(kern::scale_bf16(x.p, s, N, stream_), "scale (bf16)");
+    return;
+  }
+  Act d = x;
+  d.write = false;
+  Stage st(*this, "scale (staged)");
+  scale_f32(st.acc(d, N), s, N);
+  st.finish();
+}
+
+void CudaBackend::copy_view(Act dst, CAct src, size_t N) {
+  if (dst.dt == src.dt) return copy(dst.p, src.p, N * dtype_bytes(dst.dt));
+  forget_ce_stats(dst.p);
+  if (dst.f32()) {
+    op(kern::from_bf16(dst.fp(), src.p, N, stream_), "copy_view");
+    ++to32_;
+  } else {
+    op(kern::to_bf16(dst.p, src.fp(), N, stream_), "copy_view");
+    ++to16_;
+  }
+}
+
+void CudaBackend::tanh_forward(Act out, CAct inp, size_t N) {
+  if (out.f32() && inp.f32()) return tanh_forward_f32(out.fp(), inp.fp(), N);
+  Stage st(*this, "tanh_forward (staged)");
+  const float* i = st.in(inp, N);
+  tanh_forward_f32(st.out(out, N), i, N);
+  st.finish();
+}
+
+void CudaBackend::tanh_backward(Act dinp, CAct out, CAct dout, size_t N) {
+  if (dinp.f32() && out.f32() && dout.f32()) {
+    return tanh_backward_f32(acc_f32(dinp, N), out.fp(), dout.fp(), N);
+  }
+  Stage st(*this, "tanh_backward (staged)");
+  const float* o = st.in(out, N);
+  const float* d = st.in(dout, N);
+  tanh_backward_f32(st.acc(dinp, N), o, d, N);
+  st.finish();
+}
+
+void CudaBackend::dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
+                                  DropRows rows) {
+  if (out.f32() && inp.f32()) return dropout_forward_f32(out.fp(), inp.fp(), N, p, seed, rows);
+  if (native_bf16_views({out, inp})) {
+    if (p <= 0.0f) return copy(out.p, inp.p, N * dtype_bytes(DType::BF16));
+    forget_ce_stats(out.p);
+    op(kern::dropout_forward_bf16(out.p, inp.p, N, p, seed, slot_, rows.row, rows.row_key,
+                                  rows.token_key, rows.width, stream_),
+       "dropout_forward (bf16)");
+    return;
+  }
+  Stage st(*this, "dropout_forward (staged)");
+  const float* i = st.in(inp, N);
+  dropout_forward_f32(st.out(out, N), i, N, p, seed, rows);
+  st.finish();
+}
+
+void CudaBackend::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
+                                   DropRows rows) {
+  if (dinp.f32() && dout.f32()) {
+    return dropout_backward_f32(acc_f32(dinp, N), dout.fp(), N, p, seed, rows);
+  }
+  if (native_bf16_views({dinp, dout})) {
+    if (p <= 0.0f) {
+      if (dinp.write) return copy(dinp.p, dout.p, N * dtype_bytes(DType::BF16));
+      return accumulate(dinp, dout, N);
+    }
+    forget_ce_stats(dinp.p);
+    op(kern::dropout_backward_bf16(dinp.p, !dinp.write, dout.p, N, p, seed, slot_, rows.row,
+                                   rows.row_key, rows.token_key, rows.width, stream_),
+       "dropout_backward (bf16)");
+    return;
+  }
+  Stage st(*this, "dropout_backward (staged)");
+  const float* d = st.in(dout, N);
+  dropout_backward_f32(st.acc(dinp, N), d, N, p, seed, rows);
+  st.finish();
+}
+
+// ---- the fp32 ops (float* views) ----
+void CudaBackend::gelu_forward_f32(float* out, const float* inp, size_t N, Gelu form) {
+  op(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
+}
+
+void CudaBackend::gelu_backward_f32(float* dinp, const float* inp, const float* dout, size_t N,
+                                    Gelu form) {
+  op(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
+}
+
+void CudaBackend::add_f32(float* out, const float* a, const float* b, size_t N) {
+  op(kern::add(out, a, b, N, stream_), "add");
+}
+
+void CudaBackend::accumulate_f32(float* dst, const float* src, size_t N) {
+  op(kern::accumulate(dst, src, N, stream_), "accumulate");
+}
+
+void CudaBackend::scale_f32(float* x, float s, size_t N) {
+  op(kern::scale(x, s, N, stream_), "scale");
+}
+
+void CudaBackend::tanh_forward_f32(float* out, const float* inp, size_t N) {
+  op(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
+}
+
+void CudaBackend::tanh_backward_f32(float* dinp, const float* out, const float* dout, size_t N) {
+  op(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
+}
+
+void CudaBackend::dropout_forward_f32(float* out, const float* inp, size_t N, float p,
+                                      uint64_t seed, DropRows rows) {
+  if (p <= 0.0f) {
+    copy(out, inp, N * sizeof(float));
+    return;
+  }
+  op(kern::dropout_forward(out, inp, N, p, seed, slot_, rows.row, rows.row_key, rows.token_key,
+                           rows.width, stream_),
+     "dropout_forward");
+}
+
+void CudaBackend::dropout_backward_f32(float* dinp, const float* dout, size_t N, float p,
+                                       uint64_t seed, DropRows rows) {
+  if (p <= 0.0f) {
+    accumulate(dinp, dout, N);
+    return;
+  }
+  op(kern::dropout_backward(dinp, dout, N, p, seed, slot_, rows.row, rows.row_key, rows.token_key,
+                            rows.width, stream_),
+     "dropout_backward");
+}
+
+}  // namespace nlp::cuda
