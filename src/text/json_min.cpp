@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <limits>
 #include <sstream>
+#include <string_view>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -178,31 +179,13 @@ class Parser {
       ++i_;
       const char e = peek();
       ++i_;
+      // the one-character escapes: \" \\ \/ \b \f \n \r \t
+      static constexpr std::string_view kEscaped = "\"\\/bfnrt", kMeans = "\"\\/\b\f\n\r\t";
+      if (const size_t k = kEscaped.find(e); k != std::string_view::npos) {
+        out.push_back(kMeans[k]);
+        continue;
+      }
       switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
         case 'u': {
           char32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {  // high surrogate: a low one must follow
