@@ -22,30 +22,7 @@ class Parser {
   // ["a", "b", ...]
   std::vector<std::string> parse_string_array() {
     std::vector<std::string> out;
-    skip_ws();
-    expect('[');
-    skip_ws();
-    if (peek() == ']') {
-      ++i_;
-    } else {
-      for (;;) {
-        skip_ws();
-        out.push_back(parse_string());
-        skip_ws();
-        const char c = peek();
-        if (c == ',') {
-          ++i_;
-          continue;
-        }
-        if (c == ']') {
-          ++i_;
-          break;
-        }
-        fail(i_, "expected ',' or ']'");
-      }
-    }
-    skip_ws();
-    if (i_ != s_.size()) fail(i_, "unexpected data after the array");
+    parse_items('[', ']', "array", [&] { out.push_back(parse_string()); });
     return out;
   }
 
@@ -53,49 +30,58 @@ class Parser {
   std::vector<std::pair<std::string, V>> parse_object() {
     std::vector<std::pair<std::string, V>> out;
     std::unordered_set<std::string> seen;
+    parse_items('{', '}', "object", [&] {
+      const size_t key_at = i_;
+      std::string key = parse_string();
+      skip_ws();
+      expect(':');
+      skip_ws();
+      V v;
+      if constexpr (std::is_same_v<V, std::string>) {
+        if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
+        v = parse_string();
+      } else if constexpr (std::is_same_v<V, FlatValue>) {
+        v = parse_flat_value(key);
+      } else {
+        v = parse_int();
+      }
+      if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
+      out.emplace_back(std::move(key), v);
+    });
+    return out;
+  }
+
+ private:
+  // The whole input: `open`, items separated by ',' (each read by item() between white space),
+  // `close`; `what` names it in the error about data after it.
+  template <class Item>
+  void parse_items(char open, char close, const char* what, Item item) {
     skip_ws();
-    expect('{');
+    expect(open);
     skip_ws();
-    if (peek() == '}') {
+    if (peek() == close) {
       ++i_;
     } else {
       for (;;) {
         skip_ws();
-        const size_t key_at = i_;
-        std::string key = parse_string();
-        skip_ws();
-        expect(':');
-        skip_ws();
-        V v;
-        if constexpr (std::is_same_v<V, std::string>) {
-          if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
-          v = parse_string();
-        } else if constexpr (std::is_same_v<V, FlatValue>) {
-          v = parse_flat_value(key);
-        } else {
-          v = parse_int();
-        }
-        if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
-        out.emplace_back(std::move(key), v);
+        item();
         skip_ws();
         const char c = peek();
         if (c == ',') {
           ++i_;
           continue;
         }
-        if (c == '}') {
+        if (c == close) {
           ++i_;
           break;
         }
-        fail(i_, "expected ',' or '}'");
+        fail(i_, cat("expected ',' or '", close, "'"));
       }
     }
     skip_ws();
-    if (i_ != s_.size()) fail(i_, "unexpected data after the object");
-    return out;
+    if (i_ != s_.size()) fail(i_, cat("unexpected data after the ", what));
   }
 
- private:
   FlatValue parse_flat_value(const std::string& key) {
     FlatValue v;
     if (peek() == '"') {
