@@ -72,17 +72,11 @@ class Bert final : public Model {
                   "(fine-tune it on doc_cls, pair_cls, ner or qa)");
     if (has_classifier(task) && NL_ < 2)
       throw Error(cat("model.num_labels = ", NL_, ": run.task needs at least 2 labels"));
-    bc_.C = C_;
-    bc_.NH = mc.num_attention_heads;
-    bc_.FF = mc.intermediate_size;
-    bc_.pre_ln = false;
-    bc_.causal = false;
-    bc_.gelu = Gelu::Erf;
-    bc_.layout = WLayout::OutIn;
-    bc_.ln_eps = mc.layer_norm_eps;
-    bc_.attn_pdrop = mc.attention_probs_dropout_prob;
-    bc_.resid_pdrop = mc.hidden_dropout_prob;
-    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
+    // the block: post-LN, bidirectional, erf GELU, nn.Linear weights [out, in]
+    bc_ = BlockConfig{.C = C_, .NH = mc.num_attention_heads, .FF = mc.intermediate_size, .pre_ln = false,
+                      .causal = false, .gelu = Gelu::Erf, .layout = WLayout::OutIn, .ln_eps = mc.layer_norm_eps,
+                      .attn_pdrop = mc.attention_probs_dropout_prob, .resid_pdrop = mc.hidden_dropout_prob,
+                      .act = mc.bf16_activations ? DType::BF16 : DType::F32};
 
     const int64_t C = C_, FF = bc_.FF, E = E_;
     const std::string& pre = prefix_;

@@ -21,17 +21,10 @@ class Gpt2 final : public Model {
     C_ = mc.n_embd;
     V_ = mc.vocab_size;
     L_ = mc.n_layer;
-    bc_.C = C_;
-    bc_.NH = mc.n_head;
-    bc_.FF = 4 * C_;
-    bc_.pre_ln = true;
-    bc_.causal = true;
-    bc_.gelu = Gelu::Tanh;
-    bc_.layout = WLayout::InOut;
-    bc_.ln_eps = mc.layer_norm_epsilon;
-    bc_.attn_pdrop = mc.attn_pdrop;
-    bc_.resid_pdrop = mc.resid_pdrop;
-    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
+    // the block: pre-LN, causal, gelu_new, Conv1D weights [in, out]
+    bc_ = BlockConfig{.C = C_, .NH = mc.n_head, .FF = 4 * C_, .pre_ln = true, .causal = true, .gelu = Gelu::Tanh,
+                      .layout = WLayout::InOut, .ln_eps = mc.layer_norm_epsilon, .attn_pdrop = mc.attn_pdrop,
+                      .resid_pdrop = mc.resid_pdrop, .act = mc.bf16_activations ? DType::BF16 : DType::F32};
 
     const int64_t C = C_, FF = bc_.FF;
     wte_ = ps_.add("transformer.wte.weight", {V_, C}, true);
