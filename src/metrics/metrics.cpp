@@ -505,6 +505,27 @@ void require_golds(const char* fn, const std::vector<std::string>& golds) {
   if (golds.empty()) throw Error(cat(fn, ": no gold answers"));
 }
 
+// 1 when the prediction's units (units(answer): normalised tokens) equal some gold answer's, else 0.
+template <typename Units>
+double best_exact_match(const char* fn, const std::string& pred, const std::vector<std::string>& golds,
+                        Units units) {
+  require_golds(fn, golds);
+  const auto p = units(pred);
+  for (const std::string& g : golds)
+    if (units(g) == p) return 1.0;
+  return 0.0;
+}
+
+// The best overlap F1 of the prediction against the gold answers, over units(answer).
+template <typename Units>
+double best_f1(const char* fn, const std::string& pred, const std::vector<std::string>& golds, Units units) {
+  require_golds(fn, golds);
+  const auto p = units(pred);
+  double best = 0.0;
+  for (const std::string& g : golds) best = std::max(best, overlap_f1(p, units(g)));
+  return best;
+}
+
 }  // namespace
 
 // ---- SQuAD v1.1 ---------------------------------------------------------------------------------
@@ -512,38 +533,21 @@ void require_golds(const char* fn, const std::vector<std::string>& golds) {
 std::string squad_normalize(const std::string& s) { return join_tokens(squad_tokens(s)); }
 
 double squad_exact_match(const std::string& pred, const std::vector<std::string>& golds) {
-  require_golds("squad_exact_match", golds);
-  const std::vector<U32> p = squad_tokens(pred);
-  for (const std::string& g : golds)
-    if (squad_tokens(g) == p) return 1.0;
-  return 0.0;
+  return best_exact_match("squad_exact_match", pred, golds, squad_tokens);
 }
 
 double squad_f1(const std::string& pred, const std::vector<std::string>& golds) {
-  require_golds("squad_f1", golds);
-  const std::vector<U32> p = squad_tokens(pred);
-  double best = 0.0;
-  for (const std::string& g : golds) best = std::max(best, overlap_f1(p, squad_tokens(g)));
-  return best;
+  return best_f1("squad_f1", pred, golds, squad_tokens);
 }
 
 // ---- KorQuAD 1.0 --------------------------------------------------------------------------------
 
 double korquad_exact_match(const std::string& pred, const std::vector<std::string>& golds) {
-  require_golds("korquad_exact_match", golds);
-  const std::vector<U32> p = korquad_tokens(pred);
-  for (const std::string& g : golds)
-    if (korquad_tokens(g) == p) return 1.0;
-  return 0.0;
+  return best_exact_match("korquad_exact_match", pred, golds, korquad_tokens);
 }
 
-double korquad_f1(const std::string& pred, const std::vector<std::string>& golds) {
-  require_golds("korquad_f1", golds);
-  const std::vector<char32_t> p = chars_of(korquad_tokens(pred));
-  double best = 0.0;
-  for (const std::string& g : golds)
-    best = std::max(best, overlap_f1(p, chars_of(korquad_tokens(g))));
-  return best;
+double korquad_f1(const std::string& pred, const std::vector<std::string>& golds) {  // over characters
+  return best_f1("korquad_f1", pred, golds, [](const std::string& s) { return chars_of(korquad_tokens(s)); });
 }
 
 }  // namespace nlp

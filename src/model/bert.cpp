@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/block.h"
+#include "model/activation_arena.h"
 #include "model/carver.h"
 #include "model/model.h"
 #include "model/task.h"
@@ -71,17 +72,11 @@ class Bert final : public Model {
                   "(fine-tune it on doc_cls, pair_cls, ner or qa)");
     if (has_classifier(task) && NL_ < 2)
       throw Error(cat("model.num_labels = ", NL_, ": run.task needs at least 2 labels"));
-    bc_.C = C_;
-    bc_.NH = mc.num_attention_heads;
-    bc_.FF = mc.intermediate_size;
-    bc_.pre_ln = false;
-    bc_.causal = false;
-    bc_.gelu = Gelu::Erf;
-    bc_.layout = WLayout::OutIn;
-    bc_.ln_eps = mc.layer_norm_eps;
-    bc_.attn_pdrop = mc.attention_probs_dropout_prob;
-    bc_.resid_pdrop = mc.hidden_dropout_prob;
-    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
+    // the block: post-LN, bidirectional, erf GELU, nn.Linear weights [out, in]
+    bc_ = BlockConfig{.C = C_, .NH = mc.num_attention_heads, .FF = mc.intermediate_size, .pre_ln = false,
+                      .causal = false, .gelu = Gelu::Erf, .layout = WLayout::OutIn, .ln_eps = mc.layer_norm_eps,
+                      .attn_pdrop = mc.attention_probs_dropout_prob, .resid_pdrop = mc.hidden_dropout_prob,
+                      .act = mc.bf16_activations ? DType::BF16 : DType::F32};
 
     const int64_t C = C_, FF = bc_.FF, E = E_;
     const std::string& pre = prefix_;
@@ -148,7 +143,6 @@ class Bert final : public Model {
   }
 
   ~Bert() override {
-    be_.release(arena_);
     be_.release(mlm_logits_);
     be_.release(cls_rows_);
   }
@@ -222,7 +216,7 @@ class Bert final : public Model {
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
-    curB_ = curT_ = capB_ = capT_ = 0;  // re-carve the activations at the next forward
+    arena_.invalidate();  // the activations carved anew at the next forward
   }
 
   size_t activation_bytes(int B, int T) const override {
@@ -265,8 +259,8 @@ class Bert final : public Model {
     // [B,T,...] slots (an example has at least one position); ragged attention's state needs
     // max(B, E) rows, which the trainer reserves as train.batch_size examples (data.pack_batch =
     // examples). Rows planned by data.pack_batch = rows are not ragged: the arena stays at B rows.
-    reserve(std::max(b.B, b.attention_examples()), b.T);
-    ensure_acts(b.B, b.T);
+    arena_.reserve(std::max(b.B, b.attention_examples()), b.T);
+    arena_.use(b.B, b.T);
     curE_ = b.examples();
     // first: without the batch's cls_rows, a copy to the device (which on a GPU synchronises)
     const OutRows* rows = head_rows(b, training);
@@ -292,7 +286,7 @@ class Bert final : public Model {
 
   void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) override {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
-    NLP_ASSERT(B == curB_ && T == curT_);
+    NLP_ASSERT(B == arena_.B() && T == arena_.T());
     const size_t n = size_t(BT) * C, f = sizeof(float);
     be_.zero_act(dres_a_, n);
     head_backward(b, dloss, training, seed);  // d xL into dres_a_
@@ -337,7 +331,7 @@ class Bert final : public Model {
   const float* logits() const override { return task_ == Task::Mlm ? mlm_logits_ : logits_; }
 
   std::vector<OutputView> outputs() const override {
-    const int B = curB_, T = curT_;
+    const int B = arena_.B(), T = arena_.T();
     switch (task_) {
       case Task::Qa:  // packed: the rows' positions (each example's at first/length)
         return {OutputView{"start_logits", {B, T}, logits_}, OutputView{"end_logits", {B, T}, logits_ + size_t(B) * T}};
@@ -614,26 +608,11 @@ class Bert final : public Model {
     mlm_dlogits_ = mlm_logits_ + size_t(mlm_cap_) * V_;
   }
 
-  void reserve(int B, int T) override {
-    if (B <= capB_ && T <= capT_) return;
-    carve(std::max(B, capB_), std::max(T, capT_));
-  }
+  void reserve(int B, int T) override { arena_.reserve(B, T); }
 
-  // The batch of the next forward is B x T: carved for at least that (each tensor is used as the
-  // prefix of its slot, laid out for capB_ x capT_).
-  void ensure_acts(int B, int T) {
-    reserve(B, T);
-    curB_ = B;
-    curT_ = T;
-  }
-
-  void carve(int B, int T) {
-    be_.release(arena_);
-    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
-    capB_ = B;
-    capT_ = T;
+  // The activations laid out in the arena for B x T (ActivationArena::carve).
+  void carve(Carver& take, int B, int T) {
     const size_t BT = size_t(B) * T, C = C_, E = E_;
-    Carver take(arena_, acts_numel(B, T));
     emb_ = take.act(BT * E, bc_.act);
     xe_ = take.act(BT * E, bc_.act);
     x0_ = project_ ? take.act(BT * C, bc_.act) : xe_;
@@ -654,7 +633,6 @@ class Bert final : public Model {
     dres_a_ = take.act(BT * std::max(C, E), bc_.act);
     dres_b_ = take.act(BT * std::max(C, E), bc_.act);
     pad_save_ = take(2 * E);
-    take.done();
   }
 
   ModelConfig mc_;
@@ -675,10 +653,10 @@ class Bert final : public Model {
   int pool_w_ = -1, pool_b_ = -1, cls_w_ = -1, cls_b_ = -1, qa_w_ = -1, qa_b_ = -1;
   int tr_w_ = -1, tr_b_ = -1, tln_w_ = -1, tln_b_ = -1, mlm_b_ = -1;
 
-  int curB_ = 0, curT_ = 0;  // the last forward's batch shape
-  int curE_ = 0;             // and its examples (curB_ unless packed)
-  int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
-  float* arena_ = nullptr;
+  // the activations; the last forward's batch shape (arena_.B(), T())
+  ActivationArena arena_{be_, [this](int B, int T) { return acts_numel(B, T); },
+                         [this](Carver& take, int B, int T) { carve(take, B, T); }};
+  int curE_ = 0;  // the last forward's examples (arena_.B() unless packed)
   CAct xL_;
   Act emb_, x0_;  // [BT,C] at bc_.act
   float *emb_mean_ = nullptr, *emb_rstd_ = nullptr;

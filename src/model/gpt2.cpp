@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/block.h"
+#include "model/activation_arena.h"
 #include "model/carver.h"
 #include "model/lm_head.h"
 #include "model/model.h"
@@ -20,17 +21,10 @@ class Gpt2 final : public Model {
     C_ = mc.n_embd;
     V_ = mc.vocab_size;
     L_ = mc.n_layer;
-    bc_.C = C_;
-    bc_.NH = mc.n_head;
-    bc_.FF = 4 * C_;
-    bc_.pre_ln = true;
-    bc_.causal = true;
-    bc_.gelu = Gelu::Tanh;
-    bc_.layout = WLayout::InOut;
-    bc_.ln_eps = mc.layer_norm_epsilon;
-    bc_.attn_pdrop = mc.attn_pdrop;
-    bc_.resid_pdrop = mc.resid_pdrop;
-    bc_.act = mc.bf16_activations ? DType::BF16 : DType::F32;
+    // the block: pre-LN, causal, gelu_new, Conv1D weights [in, out]
+    bc_ = BlockConfig{.C = C_, .NH = mc.n_head, .FF = 4 * C_, .pre_ln = true, .causal = true, .gelu = Gelu::Tanh,
+                      .layout = WLayout::InOut, .ln_eps = mc.layer_norm_epsilon, .attn_pdrop = mc.attn_pdrop,
+                      .resid_pdrop = mc.resid_pdrop, .act = mc.bf16_activations ? DType::BF16 : DType::F32};
 
     const int64_t C = C_, FF = bc_.FF;
     wte_ = ps_.add("transformer.wte.weight", {V_, C}, true);
@@ -56,8 +50,6 @@ class Gpt2 final : public Model {
     lnf_b_ = ps_.add("transformer.ln_f.bias", {C}, false);
     if (allocate) ps_.allocate(be_);
   }
-
-  ~Gpt2() override { be_.release(arena_); }
 
   ParamStore& params() override { return ps_; }
   std::string base_prefix() const override { return "transformer."; }
@@ -120,7 +112,7 @@ class Gpt2 final : public Model {
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
-    curB_ = curT_ = capB_ = capT_ = 0;  // re-carve the activations at the next forward
+    arena_.invalidate();  // the activations carved anew at the next forward
   }
 
   size_t activation_bytes(int B, int T) const override {
@@ -149,7 +141,7 @@ class Gpt2 final : public Model {
 
   LossTerms run_forward(const DeviceBatch& b, bool training, uint64_t seed, bool defer_head = false) {
     pending_loss_ = nullptr;
-    ensure_acts(b.B, b.T);
+    arena_.use(b.B, b.T);
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(T <= mc_.n_positions);
     const size_t n = size_t(BT) * C;
@@ -179,7 +171,7 @@ class Gpt2 final : public Model {
 
   void backward(const DeviceBatch& b, float dloss, bool training, uint64_t seed) override {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
-    NLP_ASSERT(B == curB_ && T == curT_ && b.targets);
+    NLP_ASSERT(B == arena_.B() && T == arena_.T() && b.targets);
     const size_t n = size_t(BT) * C, f = sizeof(float);
     // the first writer of each activation gradient overwrites it (overwrite(), backend.h)
     if (head_.fused) {
@@ -211,7 +203,7 @@ class Gpt2 final : public Model {
   const float* logits() const override { return head_.fused ? nullptr : logits_; }
   std::vector<OutputView> outputs() const override {
     if (head_.fused) return {};
-    return {OutputView{"logits", {curB_, curT_, V_}, logits_}};
+    return {OutputView{"logits", {arena_.B(), arena_.T(), V_}, logits_}};
   }
 
   // ---- used by the decoder ----
@@ -244,26 +236,11 @@ class Gpt2 final : public Model {
            + 3 * a;                                // dlnf, dres_a, dres_b
   }
 
-  void reserve(int B, int T) override {
-    if (B <= capB_ && T <= capT_) return;
-    carve(std::max(B, capB_), std::max(T, capT_));
-  }
+  void reserve(int B, int T) override { arena_.reserve(B, T); }
 
-  // The batch of the next forward is B x T: carved for at least that (each tensor is used as the
-  // prefix of its slot, laid out for capB_ x capT_).
-  void ensure_acts(int B, int T) {
-    reserve(B, T);
-    curB_ = B;
-    curT_ = T;
-  }
-
-  void carve(int B, int T) {
-    be_.release(arena_);
-    arena_ = static_cast<float*>(be_.alloc(acts_numel(B, T) * sizeof(float)));
-    capB_ = B;
-    capT_ = T;
+  // The activations laid out in the arena for B x T (ActivationArena::carve).
+  void carve(Carver& take, int B, int T) {
     const size_t BT = size_t(B) * T, C = C_;
-    Carver take(arena_, acts_numel(B, T));
     x0_ = take.act(BT * C, bc_.act);
     stack_.carve(be_, take(stack_.numel(be_, B, T)), B, T);
     lnf_ = take.act(BT * C, bc_.act);
@@ -282,7 +259,6 @@ class Gpt2 final : public Model {
     dlnf_ = take.act(BT * C, bc_.act);
     dres_a_ = take.act(BT * C, bc_.act);
     dres_b_ = take.act(BT * C, bc_.act);
-    take.done();
   }
 
   ModelConfig mc_;
@@ -293,9 +269,9 @@ class Gpt2 final : public Model {
   int C_, V_, L_;
   int wte_, wpe_, lnf_w_, lnf_b_;
 
-  int curB_ = 0, curT_ = 0;  // the last forward's batch shape
-  int capB_ = 0, capT_ = 0;  // the shape the arena is carved for (>= the batch's)
-  float* arena_ = nullptr;  // all activations, carved per (B, T)
+  // all activations, carved per (B, T); the last forward's batch shape (arena_.B(), T())
+  ActivationArena arena_{be_, [this](int B, int T) { return acts_numel(B, T); },
+                         [this](Carver& take, int B, int T) { carve(take, B, T); }};
   CAct xL_;  // the last block's output
   Act x0_, lnf_;  // [BT,C] at bc_.act
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;

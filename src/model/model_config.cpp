@@ -54,6 +54,13 @@ void take_float(const Config& cfg, const h5::File& f, const std::string& key, fl
   field = v;
 }
 
+// The weights file's width must split evenly over its heads.
+void check_heads(const ModelConfig& mc, const char* width_key, int width, const char* heads_key, int heads) {
+  if (width % heads != 0)
+    throw Error(cat("weights file '", mc.weights, "': ", width_key, " = ", width, " is not divisible by ", heads_key,
+                    " = ", heads));
+}
+
 // The dataset whose num_labels / id2label describe the task: data.train when the run trains (train,
 // gradients), else data.eval (eval, predict: data.train may name a file of another machine), each
 // falling back to the other when empty.
@@ -256,9 +263,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
       if (f.has_attr("embedding_size")) take_int(cfg, f, "embedding_size", mc.embedding_size);
       else mc.embedding_size = mc.hidden_size;
     }
-    if (mc.hidden_size % mc.num_attention_heads != 0)
-      throw Error(cat("weights file '", mc.weights, "': hidden_size = ", mc.hidden_size,
-                      " is not divisible by num_attention_heads = ", mc.num_attention_heads));
+    check_heads(mc, "hidden_size", mc.hidden_size, "num_attention_heads", mc.num_attention_heads);
     take_float(cfg, f, "layer_norm_eps", mc.layer_norm_eps, false, FloatRange::Positive);
     take_float(cfg, f, "hidden_dropout_prob", mc.hidden_dropout_prob, true, FloatRange::Probability);
     take_float(cfg, f, "attention_probs_dropout_prob", mc.attention_probs_dropout_prob, true, FloatRange::Probability);
@@ -285,9 +290,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
   take_int(cfg, f, "n_head", mc.n_head);
   take_int(cfg, f, "n_embd", mc.n_embd);
   take_int(cfg, f, "n_positions", mc.n_positions);
-  if (mc.n_embd % mc.n_head != 0)
-    throw Error(cat("weights file '", mc.weights, "': n_embd = ", mc.n_embd,
-                    " is not divisible by n_head = ", mc.n_head));
+  check_heads(mc, "n_embd", mc.n_embd, "n_head", mc.n_head);
   take_float(cfg, f, "layer_norm_epsilon", mc.layer_norm_epsilon, false, FloatRange::Positive);
   take_float(cfg, f, "embd_pdrop", mc.embd_pdrop, true, FloatRange::Probability);
   take_float(cfg, f, "attn_pdrop", mc.attn_pdrop, true, FloatRange::Probability);

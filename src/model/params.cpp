@@ -36,34 +36,40 @@ ParamStore::~ParamStore() {
   }
 }
 
-void ParamStore::map_grad(int i, float* p) {
-  if (gmap_.empty()) {
-    gmap_.resize(specs_.size());
-    for (size_t k = 0; k < specs_.size(); ++k) gmap_[k] = grads_ ? grads_ + specs_[k].offset : nullptr;
+namespace {
+
+// Tensor i at p in `map`, the per-tensor pointers that replace the arena's: filled from the arena
+// (each tensor at its offset, or null without an arena) at the first mapping.
+void map_tensor(std::vector<float*>& map, float* arena, const std::vector<ParamSpec>& specs, int i, float* p) {
+  if (map.empty()) {
+    map.resize(specs.size());
+    for (size_t k = 0; k < specs.size(); ++k) map[k] = arena ? arena + specs[k].offset : nullptr;
   }
-  gmap_[static_cast<size_t>(i)] = p;
+  map[static_cast<size_t>(i)] = p;
 }
+
+// Before the arena [arena, arena + total) is freed: what still points into it points nowhere.
+void unmap_arena(std::vector<float*>& map, const float* arena, size_t total) {
+  for (float*& p : map)
+    if (p >= arena && p < arena + total) p = nullptr;
+}
+
+}  // namespace
+
+void ParamStore::map_grad(int i, float* p) { map_tensor(gmap_, grads_, specs_, i, p); }
 
 void ParamStore::release_grads() {
   if (!grads_) return;
-  for (float*& p : gmap_)  // what still points into the arena points nowhere
-    if (p >= grads_ && p < grads_ + total_) p = nullptr;
+  unmap_arena(gmap_, grads_, total_);
   be_->release(grads_);
   grads_ = nullptr;
 }
 
-void ParamStore::map_param(int i, float* p) {
-  if (pmap_.empty()) {
-    pmap_.resize(specs_.size());
-    for (size_t k = 0; k < specs_.size(); ++k) pmap_[k] = params_ ? params_ + specs_[k].offset : nullptr;
-  }
-  pmap_[static_cast<size_t>(i)] = p;
-}
+void ParamStore::map_param(int i, float* p) { map_tensor(pmap_, params_, specs_, i, p); }
 
 void ParamStore::release_params() {
   if (!params_) return;
-  for (float*& p : pmap_)
-    if (p >= params_ && p < params_ + total_) p = nullptr;
+  unmap_arena(pmap_, params_, total_);
   be_->register_weights(params_, 0);
   be_->release(params_);
   params_ = nullptr;

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <limits>
 #include <sstream>
+#include <string_view>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -21,30 +22,7 @@ class Parser {
   // ["a", "b", ...]
   std::vector<std::string> parse_string_array() {
     std::vector<std::string> out;
-    skip_ws();
-    expect('[');
-    skip_ws();
-    if (peek() == ']') {
-      ++i_;
-    } else {
-      for (;;) {
-        skip_ws();
-        out.push_back(parse_string());
-        skip_ws();
-        const char c = peek();
-        if (c == ',') {
-          ++i_;
-          continue;
-        }
-        if (c == ']') {
-          ++i_;
-          break;
-        }
-        fail(i_, "expected ',' or ']'");
-      }
-    }
-    skip_ws();
-    if (i_ != s_.size()) fail(i_, "unexpected data after the array");
+    parse_items('[', ']', "array", [&] { out.push_back(parse_string()); });
     return out;
   }
 
@@ -52,49 +30,58 @@ class Parser {
   std::vector<std::pair<std::string, V>> parse_object() {
     std::vector<std::pair<std::string, V>> out;
     std::unordered_set<std::string> seen;
+    parse_items('{', '}', "object", [&] {
+      const size_t key_at = i_;
+      std::string key = parse_string();
+      skip_ws();
+      expect(':');
+      skip_ws();
+      V v;
+      if constexpr (std::is_same_v<V, std::string>) {
+        if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
+        v = parse_string();
+      } else if constexpr (std::is_same_v<V, FlatValue>) {
+        v = parse_flat_value(key);
+      } else {
+        v = parse_int();
+      }
+      if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
+      out.emplace_back(std::move(key), v);
+    });
+    return out;
+  }
+
+ private:
+  // The whole input: `open`, items separated by ',' (each read by item() between white space),
+  // `close`; `what` names it in the error about data after it.
+  template <class Item>
+  void parse_items(char open, char close, const char* what, Item item) {
     skip_ws();
-    expect('{');
+    expect(open);
     skip_ws();
-    if (peek() == '}') {
+    if (peek() == close) {
       ++i_;
     } else {
       for (;;) {
         skip_ws();
-        const size_t key_at = i_;
-        std::string key = parse_string();
-        skip_ws();
-        expect(':');
-        skip_ws();
-        V v;
-        if constexpr (std::is_same_v<V, std::string>) {
-          if (peek() != '"') fail(i_, cat("the value of \"", key, "\" must be a string"));
-          v = parse_string();
-        } else if constexpr (std::is_same_v<V, FlatValue>) {
-          v = parse_flat_value(key);
-        } else {
-          v = parse_int();
-        }
-        if (!seen.insert(key).second) fail(key_at, cat("duplicate key \"", key, "\""));
-        out.emplace_back(std::move(key), v);
+        item();
         skip_ws();
         const char c = peek();
         if (c == ',') {
           ++i_;
           continue;
         }
-        if (c == '}') {
+        if (c == close) {
           ++i_;
           break;
         }
-        fail(i_, "expected ',' or '}'");
+        fail(i_, cat("expected ',' or '", close, "'"));
       }
     }
     skip_ws();
-    if (i_ != s_.size()) fail(i_, "unexpected data after the object");
-    return out;
+    if (i_ != s_.size()) fail(i_, cat("unexpected data after the ", what));
   }
 
- private:
   FlatValue parse_flat_value(const std::string& key) {
     FlatValue v;
     if (peek() == '"') {
@@ -178,31 +165,13 @@ class Parser {
       ++i_;
       const char e = peek();
       ++i_;
+      // the one-character escapes: \" \\ \/ \b \f \n \r \t
+      static constexpr std::string_view kEscaped = "\"\\/bfnrt", kMeans = "\"\\/\b\f\n\r\t";
+      if (const size_t k = kEscaped.find(e); k != std::string_view::npos) {
+        out.push_back(kMeans[k]);
+        continue;
+      }
       switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
         case 'u': {
           char32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {  // high surrogate: a low one must follow

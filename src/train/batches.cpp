@@ -36,6 +36,21 @@ MlmSpec read_mlm_spec(const TokenDataset& ds, int vocab_size) {
   return m;
 }
 
+namespace {
+
+// mlm, ner: the positions the head's loss reads (rows) and their targets, in flat order.
+void list_scored_positions(HostBatch& hb) {
+  hb.rows.clear();
+  hb.row_targets.clear();
+  for (size_t i = 0; i < hb.targets.size(); ++i)
+    if (hb.targets[i] != kIgnoreIndex) {
+      hb.rows.push_back(static_cast<int32_t>(i));
+      hb.row_targets.push_back(hb.targets[i]);
+    }
+}
+
+}  // namespace
+
 HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64_t seed) {
   HostBatch hb;
   hb.B = tb.n;
@@ -75,12 +90,7 @@ HostBatch make_batch(Task task, const TokenBatch& tb, const MlmSpec* mlm, uint64
     hb.targets = tb.labels;  // mlm with given labels, ner (unlabelled ner: ignored targets, below)
   }
   if (hb.targets.empty()) hb.targets.assign(n, kIgnoreIndex);
-  if (task == Task::Mlm || task == Task::Ner)  // the positions the head's loss reads
-    for (size_t i = 0; i < n; ++i)
-      if (hb.targets[i] != kIgnoreIndex) {
-        hb.rows.push_back(static_cast<int32_t>(i));
-        hb.row_targets.push_back(hb.targets[i]);
-      }
+  if (task == Task::Mlm || task == Task::Ner) list_scored_positions(hb);
   for (int32_t m : hb.mask) {
     hb.real_tokens += m != 0;
     hb.has_padding |= m == 0;
@@ -115,12 +125,12 @@ void trim_to_longest(HostBatch& hb, int multiple) {
   hb.has_padding = std::find(hb.mask.begin(), hb.mask.end(), 0) != hb.mask.end();
 }
 
-void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of, int rows, int fixed_per_row) {
+namespace {
+
+// Each example's length: its attention_mask must be ones then zeros, and every target and answer
+// position must lie within the ones.
+std::vector<int> example_lengths(const HostBatch& hb) {
   const int B = hb.B, T = hb.T;
-  NLP_ASSERT(hb.E == 0 && T > 0);
-  NLP_ASSERT(!rows_of || (static_cast<int>(rows_of->size()) == B && rows >= 1));
-  // each example's length: its attention_mask must be ones then zeros, and every target and
-  // answer position must lie within the ones
   std::vector<int> len(B);
   for (int b = 0; b < B; ++b) {
     const int32_t* m = hb.mask.data() + size_t(b) * T;
@@ -144,73 +154,83 @@ void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of,
       throw Error(cat("data.packing: example ", b, " of the batch has no token (attention_mask all 0)"));
     len[b] = n;
   }
-  // first-fit, longest first (ties by index), into rows of L positions: row_of/off_of/seg_of of each
-  // example; returns the number of rows
-  std::vector<int> order(B);
-  for (int b = 0; b < B; ++b) order[b] = b;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] > len[b]; });
-  std::vector<int> fill, count, row_of(B), off_of(B), seg_of(B);
-  auto place = [&](int L) {
-    fill.clear();
-    count.clear();
-    for (int b : order) {
-      size_t r = 0;
-      while (r < fill.size() && fill[r] + len[b] > L) ++r;
-      if (r == fill.size()) {
-        fill.push_back(0);
-        count.push_back(0);
-      }
-      row_of[b] = int(r);
-      off_of[b] = fill[r];
-      seg_of[b] = ++count[r];
-      fill[r] += len[b];
-    }
-    return static_cast<int>(fill.size());
-  };
-  // Rows given (PackedSampler): each example at the end of its row so far, in index order.
-  auto place_given = [&] {
-    fill.assign(static_cast<size_t>(rows), 0);
-    count.assign(static_cast<size_t>(rows), 0);
-    for (int b = 0; b < B; ++b) {
-      const int r = (*rows_of)[static_cast<size_t>(b)];
-      NLP_ASSERT(r >= 0 && r < rows);
-      row_of[b] = r;
-      off_of[b] = fill[static_cast<size_t>(r)];
-      seg_of[b] = ++count[static_cast<size_t>(r)];
-      fill[static_cast<size_t>(r)] += len[b];
-    }
-    const int longest = *std::max_element(fill.begin(), fill.end());
-    if (longest > T)
-      throw Error(cat("data.packing: a packed row holds ", longest, " tokens, more than the file's ", T,
-                      " (the example lengths changed since the step was planned?)"));
-    return longest;
-  };
-  // The row length: the file's, or (multiple > 0) the multiple of `multiple` from the longest example
-  // up to T whose rows hold the fewest positions (rows x length; tried shortest first, so the
-  // shortest wins a tie); with the rows given, the longest row rounded up to `multiple`
-  int Tn = T;
-  if (rows_of) {
-    const int longest = place_given();
-    if (multiple > 0) Tn = std::min(T, std::max(1, (longest + multiple - 1) / multiple * multiple));
-  } else if (multiple > 0) {
-    const int shortest = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
-    int64_t best = INT64_MAX;
-    for (int L = shortest;; L = std::min(T, L + multiple)) {
-      if (const int64_t cost = int64_t(place(L)) * L; cost < best) best = cost, Tn = L;
-      if (L == T) break;
-    }
+  return len;
+}
+
+// Where each example goes: its row, its offset in the row, its segment id (1, 2, ... in the row).
+struct Placement {
+  std::vector<int> row_of, off_of, seg_of;
+  std::vector<int> fill, count;  // per row: positions used, examples
+  explicit Placement(int B) : row_of(B), off_of(B), seg_of(B) {}
+  void put(int b, size_t r, int len) {
+    row_of[b] = int(r);
+    off_of[b] = fill[r];
+    seg_of[b] = ++count[r];
+    fill[r] += len;
   }
-  const int R = rows_of ? rows : place(Tn);
+};
+
+// First-fit in `order` (longest first, ties by index) into rows of L positions; returns the rows.
+int place_first_fit(const std::vector<int>& len, const std::vector<int>& order, int L, Placement& p) {
+  p.fill.clear();
+  p.count.clear();
+  for (int b : order) {
+    size_t r = 0;
+    while (r < p.fill.size() && p.fill[r] + len[b] > L) ++r;
+    if (r == p.fill.size()) {
+      p.fill.push_back(0);
+      p.count.push_back(0);
+    }
+    p.put(b, r, len[b]);
+  }
+  return static_cast<int>(p.fill.size());
+}
+
+// Rows given (PackedSampler): each example at the end of its row so far, in index order; returns
+// the longest row's length (at most T).
+int place_given(const std::vector<int>& len, const std::vector<int32_t>& rows_of, int rows, int T, Placement& p) {
+  p.fill.assign(static_cast<size_t>(rows), 0);
+  p.count.assign(static_cast<size_t>(rows), 0);
+  for (size_t b = 0; b < len.size(); ++b) {
+    const int r = rows_of[b];
+    NLP_ASSERT(r >= 0 && r < rows);
+    p.put(static_cast<int>(b), static_cast<size_t>(r), len[b]);
+  }
+  const int longest = *std::max_element(p.fill.begin(), p.fill.end());
+  if (longest > T)
+    throw Error(cat("data.packing: a packed row holds ", longest, " tokens, more than the file's ", T,
+                    " (the example lengths changed since the step was planned?)"));
+  return longest;
+}
+
+// Without given rows, with multiple > 0: the multiple of `multiple` from the longest example up to T
+// whose rows hold the fewest positions (rows x length; tried shortest first, so the shortest wins a
+// tie).
+int cheapest_row_length(const std::vector<int>& len, const std::vector<int>& order, int multiple, int T,
+                        Placement& p) {
+  const int shortest = std::min(T, (len[order[0]] + multiple - 1) / multiple * multiple);
+  int64_t best = INT64_MAX;
+  int Tn = T;
+  for (int L = shortest;; L = std::min(T, L + multiple)) {
+    if (const int64_t cost = int64_t(place_first_fit(len, order, L, p)) * L; cost < best) best = cost, Tn = L;
+    if (L == T) break;
+  }
+  return Tn;
+}
+
+// The examples copied into R rows of Tn positions as placed: ids, segment ids, targets, token types,
+// positions restarting per example, dropout keys of the padded layout (T_key Tk); first and length.
+void write_rows(HostBatch& hb, const std::vector<int>& len, const Placement& p, int R, int Tn, int Tk) {
+  const int B = hb.B, T = hb.T;
   const size_t n = size_t(R) * Tn;
   std::vector<int32_t> ids(n, 0), mask(n, 0), targets(n, kIgnoreIndex), types(n, 0), pos(n, 0), keys(n, 0);
-  const int Tk = key_length(T, hb.T_key);  // dropout keys: the padded batch's layout
   hb.first.resize(B);
   hb.length.resize(B);
   for (int b = 0; b < B; ++b) {
-    const size_t src = size_t(b) * T, dst = size_t(row_of[b]) * Tn + off_of[b];
+    const size_t src = size_t(b) * T, dst = size_t(p.row_of[b]) * Tn + p.off_of[b];
     for (int t = 0; t < len[b]; ++t) {
       ids[dst + t] = hb.ids[src + t];
-      mask[dst + t] = seg_of[b];
+      mask[dst + t] = p.seg_of[b];
       targets[dst + t] = hb.targets[src + t];
       types[dst + t] = hb.type_ids[src + t];
       pos[dst + t] = t;
@@ -225,34 +245,54 @@ void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of,
   hb.type_ids.swap(types);
   hb.pos.swap(pos);
   hb.token_key.swap(keys);
-  if (!hb.rows.empty()) {  // mlm, ner: the scored positions again, in flat order of the packed rows
-    hb.rows.clear();
-    hb.row_targets.clear();
-    for (size_t i = 0; i < n; ++i)
-      if (hb.targets[i] != kIgnoreIndex) {
-        hb.rows.push_back(static_cast<int32_t>(i));
-        hb.row_targets.push_back(hb.targets[i]);
-      }
+}
+
+// Fixed examples: R x min(fixed_per_row, Tn) of them, the real B first; the others are ignored
+// (label, start, end -100: no loss, no gradient, no loss unit), one position long, each at its own
+// position where no example starts (the heads gather and scatter-add rows at `first`, and the
+// scatter needs them distinct). There are enough: R x Tn positions, B of them firsts. Returns E.
+int add_ignored_examples(HostBatch& hb, int R, int Tn, int fixed_per_row) {
+  const int B = hb.B;
+  const int E = R * std::min(fixed_per_row, Tn);
+  NLP_ASSERT(E >= B);  // PackedSampler put at most fixed_per_row examples in a row, each a token or more
+  std::vector<char> starts(size_t(R) * Tn, 0);
+  for (int b = 0; b < B; ++b) starts[size_t(hb.first[b])] = 1;
+  size_t at = 0;
+  for (int e = B; e < E; ++e, ++at) {
+    while (starts[at]) ++at;
+    hb.first.push_back(static_cast<int32_t>(at));
+    hb.length.push_back(1);
   }
-  // Fixed examples: R x min(fixed_per_row, Tn) of them, the real B first; the others are ignored
-  // (label, start, end -100: no loss, no gradient, no loss unit), one position long, each at its own
-  // position where no example starts (the heads gather and scatter-add rows at `first`, and the
-  // scatter needs them distinct). There are enough: R x Tn positions, B of them firsts.
-  int E = B;
-  if (rows_of && fixed_per_row > 0) {
-    E = R * std::min(fixed_per_row, Tn);
-    NLP_ASSERT(E >= B);  // PackedSampler put at most fixed_per_row examples in a row, each a token or more
-    std::vector<char> starts(n, 0);
-    for (int b = 0; b < B; ++b) starts[size_t(hb.first[b])] = 1;
-    size_t at = 0;
-    for (int e = B; e < E; ++e, ++at) {
-      while (starts[at]) ++at;
-      hb.first.push_back(static_cast<int32_t>(at));
-      hb.length.push_back(1);
-    }
-    for (auto* v : {&hb.labels, &hb.start, &hb.end})
-      if (v->size() == size_t(B)) v->resize(size_t(E), kIgnoreIndex);
+  for (auto* v : {&hb.labels, &hb.start, &hb.end})
+    if (v->size() == size_t(B)) v->resize(size_t(E), kIgnoreIndex);
+  return E;
+}
+
+}  // namespace
+
+void pack_rows(HostBatch& hb, int multiple, const std::vector<int32_t>* rows_of, int rows, int fixed_per_row) {
+  const int B = hb.B, T = hb.T;
+  NLP_ASSERT(hb.E == 0 && T > 0);
+  NLP_ASSERT(!rows_of || (static_cast<int>(rows_of->size()) == B && rows >= 1));
+  const std::vector<int> len = example_lengths(hb);
+  std::vector<int> order(B);
+  for (int b = 0; b < B; ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] > len[b]; });
+  Placement placed(B);
+  // The row length: the file's, or (multiple > 0) the cheapest multiple; with the rows given, the
+  // longest row rounded up to `multiple`
+  int Tn = T;
+  if (rows_of) {
+    const int longest = place_given(len, *rows_of, rows, T, placed);
+    if (multiple > 0) Tn = std::min(T, std::max(1, (longest + multiple - 1) / multiple * multiple));
+  } else if (multiple > 0) {
+    Tn = cheapest_row_length(len, order, multiple, T, placed);
   }
+  const int R = rows_of ? rows : place_first_fit(len, order, Tn, placed);
+  const int Tk = key_length(T, hb.T_key);  // dropout keys: the padded batch's layout
+  write_rows(hb, len, placed, R, Tn, Tk);
+  if (!hb.rows.empty()) list_scored_positions(hb);  // mlm, ner: again, in the packed rows' order
+  const int E = rows_of && fixed_per_row > 0 ? add_ignored_examples(hb, R, Tn, fixed_per_row) : B;
   hb.E = E;
   hb.B = R;
   hb.T = Tn;

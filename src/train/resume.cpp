@@ -59,42 +59,25 @@ BatchPlan packed_rows_plan(BatchPlan p, const TrainState& st, int world, int64_t
   return p;
 }
 
-}  // namespace
+// The checkpoint's batch shape and its data position in examples.
+struct FromShape {
+  int64_t W0, B0, A0;  // ranks, batch, accumulation
+  int64_t G0, m0;      // global batch; examples per micro-batch over the ranks
+  int64_t bpe0;        // micro-batches per epoch
+  int64_t epoch, seen;  // the epoch of the data position; its examples already used
+};
 
-BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const Config& cfg) {
-  BatchPlan p;
-  const int64_t Bc = cfg.train.batch_size, Ac = cfg.train.grad_accum;
-  p.batch_size = static_cast<int>(Bc);
-  p.grad_accum = static_cast<int>(Ac);
-  p.next_batch = st.next_batch;
-  const int64_t W0 = st.world_size;
-  int64_t B0 = st.batch_size, A0 = st.grad_accum;
-  if (B0 <= 0) {  // an older checkpoint: its batch shape is not recorded
-    if (W0 == world) return p;  // as before: same world, this run's keys
-    B0 = Bc;
-    A0 = Ac;
-    p.warnings.push_back(cat("warning: the checkpoint does not record its train.batch_size and train.grad_accum "
-                             "(an older nlptrain wrote it); assuming they were this run's, batch ", Bc,
-                             " x accum ", Ac));
-  }
-  if (W0 == world && B0 == Bc && A0 == Ac) return p;  // same shape: bitwise the uninterrupted run
-  p.changed = true;
-  const int64_t G0 = W0 * B0 * A0, m0 = W0 * B0;
-  const int64_t bpe0 = n / m0;
-  if (bpe0 < 1)
-    throw Error(cat("train.resume: the checkpoint was written by ", W0, " ranks x train.batch_size ", B0,
-                    ", more than the ", n, " examples of data.train: is it the same dataset?"));
-  const int64_t epoch = st.next_batch / bpe0;
-  const int64_t seen = (st.next_batch % bpe0) * m0;  // examples of the current epoch already used
+// A batch shape for this run: per-rank batch and accumulation.
+struct Cand {
+  int64_t b, a;
+};
 
-  // A key is "given" for this run when set on the command line or to another value than the checkpoint's.
-  auto given = [&](const char* key, int64_t v, int64_t old) {
-    return cfg.set_on_command_line.count(key) > 0 || v != old;
-  };
-  const bool gB = given("train.batch_size", Bc, B0), gA = given("train.grad_accum", Ac, A0);
-  struct Cand {
-    int64_t b, a;
-  };
+// The shapes that keep the checkpoint's global batch on `world` ranks, in the order preferred (the
+// keys given for this run fixed: gB, gA); the given keys as they are when none keeps it. Throws when
+// nothing is given and no shape keeps it.
+std::vector<Cand> candidate_shapes(const FromShape& f, int world, int64_t n, int64_t Bc, int64_t Ac, bool gB,
+                                   bool gA) {
+  const int64_t W0 = f.W0, B0 = f.B0, A0 = f.A0, G0 = f.G0;
   std::vector<Cand> cands;
   if (gB && gA) {
     cands.push_back({Bc, Ac});
@@ -128,15 +111,15 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
                     " --train.grad_accum=", sa, ": global batch ", world * sb * sa,
                     "), which continues with that global batch, or resume on a number of ranks that divides ", G0));
   }
-  Cand c = cands.front();
-  for (const Cand& x : cands)  // prefer a shape whose micro-batch ends where the checkpoint's data position is
-    if (seen % (world * x.b) == 0) {
-      c = x;
-      break;
-    }
-  p.batch_size = static_cast<int>(c.b);
-  p.grad_accum = static_cast<int>(c.a);
-  if (packs_by_rows(cfg)) return packed_rows_plan(p, st, world, G0, B0, A0, Bc, Ac);
+  return cands;
+}
+
+// Micro-batches of examples (not packed rows) in shape c: the data position in this run's
+// micro-batches (rounded up: no example seen twice in an epoch), the log and warning lines, and
+// summary.json's resume_world object.
+BatchPlan examples_plan(BatchPlan p, const FromShape& f, Cand c, int world, int64_t n, int64_t Bc, int64_t Ac) {
+  const int64_t W0 = f.W0, B0 = f.B0, A0 = f.A0, G0 = f.G0, m0 = f.m0, bpe0 = f.bpe0, epoch = f.epoch,
+                seen = f.seen;
   const int64_t G = world * c.b * c.a, m = world * c.b, bpe = n / m;
   int64_t within = (seen + m - 1) / m;  // round up: an example is never seen twice in an epoch
   const int64_t skipped = std::min(within * m, n) - seen;
@@ -189,6 +172,53 @@ BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const 
   j.integer("epoch", epoch).integer("examples_seen_in_epoch", seen).integer("examples_skipped", skipped);
   p.json = j.done();
   return p;
+}
+
+}  // namespace
+
+BatchPlan plan_resume_batches(const TrainState& st, int world, int64_t n, const Config& cfg) {
+  BatchPlan p;
+  const int64_t Bc = cfg.train.batch_size, Ac = cfg.train.grad_accum;
+  p.batch_size = static_cast<int>(Bc);
+  p.grad_accum = static_cast<int>(Ac);
+  p.next_batch = st.next_batch;
+  const int64_t W0 = st.world_size;
+  int64_t B0 = st.batch_size, A0 = st.grad_accum;
+  if (B0 <= 0) {  // an older checkpoint: its batch shape is not recorded
+    if (W0 == world) return p;  // as before: same world, this run's keys
+    B0 = Bc;
+    A0 = Ac;
+    p.warnings.push_back(cat("warning: the checkpoint does not record its train.batch_size and train.grad_accum "
+                             "(an older nlptrain wrote it); assuming they were this run's, batch ", Bc,
+                             " x accum ", Ac));
+  }
+  if (W0 == world && B0 == Bc && A0 == Ac) return p;  // same shape: bitwise the uninterrupted run
+  p.changed = true;
+  const int64_t G0 = W0 * B0 * A0, m0 = W0 * B0;
+  const int64_t bpe0 = n / m0;
+  if (bpe0 < 1)
+    throw Error(cat("train.resume: the checkpoint was written by ", W0, " ranks x train.batch_size ", B0,
+                    ", more than the ", n, " examples of data.train: is it the same dataset?"));
+  const int64_t epoch = st.next_batch / bpe0;
+  const int64_t seen = (st.next_batch % bpe0) * m0;  // examples of the current epoch already used
+  const FromShape from{W0, B0, A0, G0, m0, bpe0, epoch, seen};
+
+  // A key is "given" for this run when set on the command line or to another value than the checkpoint's.
+  auto given = [&](const char* key, int64_t v, int64_t old) {
+    return cfg.set_on_command_line.count(key) > 0 || v != old;
+  };
+  const bool gB = given("train.batch_size", Bc, B0), gA = given("train.grad_accum", Ac, A0);
+  const std::vector<Cand> cands = candidate_shapes(from, world, n, Bc, Ac, gB, gA);
+  Cand c = cands.front();
+  for (const Cand& x : cands)  // prefer a shape whose micro-batch ends where the checkpoint's data position is
+    if (seen % (world * x.b) == 0) {
+      c = x;
+      break;
+    }
+  p.batch_size = static_cast<int>(c.b);
+  p.grad_accum = static_cast<int>(c.a);
+  if (packs_by_rows(cfg)) return packed_rows_plan(p, st, world, G0, B0, A0, Bc, Ac);
+  return examples_plan(p, from, c, world, n, Bc, Ac);
 }
 
 int64_t packed_resume_position(const TrainState& from, int world, int B, int A, const Config& cfg,

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -125,10 +124,17 @@ struct TrainOrder {
   std::unique_ptr<PackedSampler> packed;  // data.pack_batch = rows
 };
 
-// counts of a step on this rank: loss units, computed positions, real tokens, the sum of the
-// micro-batches' lengths, rows and examples (summed over ranks with the loss units: one host sum
-// per step)
-using StepCounts = std::array<double, 6>;
+// What a step's micro-batches hold: on this rank as read, then summed over ranks in one host sum
+// per step (sum_over_ranks).
+struct StepCounts {
+  double loss_units = 0;   // what the loss is divided by (target tokens, sequences or questions)
+  double computed = 0;     // positions computed: rows x the micro-batch's length
+  double real_tokens = 0;  // positions that are not padding
+  double length_sum = 0;   // the micro-batches' lengths, summed
+  double rows = 0;
+  double examples = 0;
+  void sum_over_ranks(Comm& comm);
+};
 
 // What the steps share, set up once before the first: the batches, the buffers, the gradient
 // reducer, the timers and the checkpoint folder's identity.

@@ -15,6 +15,18 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The counts of every rank, summed (one host allreduce).
+void StepCounts::sum_over_ranks(Comm& comm) {
+  double v[6] = {loss_units, computed, real_tokens, length_sum, rows, examples};
+  comm.allreduce_sum_host(v, 6);
+  loss_units = v[0];
+  computed = v[1];
+  real_tokens = v[2];
+  length_sum = v[3];
+  rows = v[4];
+  examples = v[5];
+}
+
 // The A micro-batches of a step on this rank, read from data position first_batch into out.
 StepCounts read_step(StepLoop& L, int step_no, int64_t first_batch, std::vector<HostBatch>& out) {
   const Config& cfg = L.cfg;
@@ -27,7 +39,7 @@ StepCounts read_step(StepLoop& L, int step_no, int64_t first_batch, std::vector<
     const std::vector<int64_t> idx = o.packed ? std::move(m.idx) : o.sampler->indices(first_batch + a);
     L.data.train.read(idx.data(), static_cast<int>(idx.size()), L.tb);
     out[a] = make_batch(L.s.task, L.tb, L.data.mlm.get(), derive_seed(L.seed, step_no, a, 1000 + L.rank));
-    c[5] += out[a].B;  // examples
+    c.examples += out[a].B;
     if (o.packed) {
       pack_rows(out[a], o.pack_multiple, &m.row, m.rows, cfg.data.pack_fixed_examples ? cfg.data.pack_max_per_row : 0);
       if (cfg.data.pack_fixed_examples && L.s.task == Task::Ner) score_every_position(out[a]);
@@ -36,11 +48,11 @@ StepCounts read_step(StepLoop& L, int step_no, int64_t first_batch, std::vector<
       pack_rows(out[a], o.pack_multiple);
     else if (o.trim)
       trim_to_longest(out[a], cfg.data.pad_multiple);
-    c[0] += static_cast<double>(out[a].loss_units(L.s.task));
-    c[1] += static_cast<double>(out[a].B) * out[a].T;
-    c[2] += static_cast<double>(out[a].real_tokens);
-    c[3] += out[a].T;
-    c[4] += out[a].B;  // rows
+    c.loss_units += static_cast<double>(out[a].loss_units(L.s.task));
+    c.computed += static_cast<double>(out[a].B) * out[a].T;
+    c.real_tokens += static_cast<double>(out[a].real_tokens);
+    c.length_sum += out[a].T;
+    c.rows += out[a].B;
   }
   return c;
 }
@@ -59,17 +71,17 @@ StepCounts take_step_batches(StepLoop& L, int step, double& t_data, double& t_co
     t_data += seconds_since(tp);
   }
   tp = Clock::now();
-  L.s.comm.allreduce_sum_host(counts.data(), counts.size());
+  counts.sum_over_ranks(L.s.comm);
   RunNotes& notes = L.notes;
   notes.micro_batches += double(L.A) * L.world;
-  notes.batch_len_sum += counts[3];
+  notes.batch_len_sum += counts.length_sum;
   notes.file_tokens += double(L.order.tokens_per_step);
-  notes.computed_tokens += counts[1];
-  notes.real_tokens += counts[2];
-  notes.rows += counts[4];
-  notes.examples += counts[5];
+  notes.computed_tokens += counts.computed;
+  notes.real_tokens += counts.real_tokens;
+  notes.rows += counts.rows;
+  notes.examples += counts.examples;
   t_comm += seconds_since(tp);
-  if (counts[0] <= 0)
+  if (counts.loss_units <= 0)
     throw Error(cat("step ", step + 1, ": the batch has nothing to learn from (all labels are -100) in '",
                     L.cfg.data.train, "'"));
   return counts;
@@ -249,10 +261,10 @@ StepResult optimizer_step(StepLoop& L, int step) {
   L.grads_zero = false;
 
   r.counts = take_step_batches(L, step, t_data, t_comm);
-  forward_backward(L, step, static_cast<float>(1.0 / r.counts[0]));
+  forward_backward(L, step, static_cast<float>(1.0 / r.counts.loss_units));
   t_comm += L.t_hook;
   finish_gradients(L, step, t_comm);
-  loss_and_norm(L, r.counts[0], r, t_comm);
+  loss_and_norm(L, r.counts.loss_units, r, t_comm);
   apply_update(L, r, t_comm);
 
   L.st.step = step + 1;
@@ -260,7 +272,7 @@ StepResult optimizer_step(StepLoop& L, int step) {
   r.dt = seconds_since(t0);
   L.train_seconds += r.dt;
   ++L.steps_done_here;
-  if (L.steps_done_here > 1) L.times.add(r.dt, t_data, t_comm, r.counts[1], r.counts[2]);
+  if (L.steps_done_here > 1) L.times.add(r.dt, t_data, t_comm, r.counts.computed, r.counts.real_tokens);
   PathCounts paths1;
   if (L.steps_done_here > 1 && counted && s.be.path_counts(&paths1)) {
     L.paths += paths1 - paths0;
@@ -278,7 +290,7 @@ void report_step(StepLoop& L, const StepResult& r) {
   const TrainConfig& tc = L.tc;
   const TrainState& st = L.st;
   const StepCounts& counts = r.counts;
-  const double tok_s = counts[1] / r.dt, real_s = counts[2] / r.dt;  // positions computed; real tokens
+  const double tok_s = counts.computed / r.dt, real_s = counts.real_tokens / r.dt;  // positions computed; real tokens
   if (st.step % cfg.run.log_interval == 0 || st.step == tc.steps || st.step == 1 || !r.finite) {
     const double elapsed = seconds_since(L.t_start);
     const double eta = L.train_seconds / L.steps_done_here * (tc.steps - st.step);
@@ -287,13 +299,13 @@ void report_step(StepLoop& L, const StepResult& r) {
                   "step %6lld/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s (%.0f real, "
                   "len %.0f) | %.3f s/step | elapsed %s | eta %s",
                   static_cast<long long>(st.step), tc.steps, r.loss, r.lr, r.norm, tok_s, real_s,
-                  counts[3] / (double(L.A) * L.world), r.dt,
+                  counts.length_sum / (double(L.A) * L.world), r.dt,
                   format_duration(elapsed).c_str(), format_duration(eta).c_str());
     std::string line = buf;
     if (L.order.pack) {  // examples per computed row this step
       char ex[96];
-      std::snprintf(ex, sizeof ex, " | %.0f examples, %.1f ex/row", counts[5],
-                    counts[4] > 0 ? counts[5] / counts[4] : 0.0);
+      std::snprintf(ex, sizeof ex, " | %.0f examples, %.1f ex/row", counts.examples,
+                    counts.rows > 0 ? counts.examples / counts.rows : 0.0);
       line += ex;
     }
     if (!r.finite)
@@ -307,7 +319,7 @@ void report_step(StepLoop& L, const StepResult& r) {
   rec.integer("step", st.step).exact("loss", r.loss).num("lr", r.lr).num("grad_norm", r.norm)
       .num("tokens_per_s", tok_s).num("computed_tokens_per_s", tok_s).num("real_tokens_per_s", real_s)
       .num("step_time_s", r.dt);
-  if (L.order.pack) rec.integer("examples", static_cast<int64_t>(counts[5]));
+  if (L.order.pack) rec.integer("examples", static_cast<int64_t>(counts.examples));
   if (!r.finite) rec.boolean("skipped", true);
   if (st.nonfinite_skipped > 0) rec.integer("nonfinite_skipped", st.nonfinite_skipped);
   s.log.metrics(rec.done());

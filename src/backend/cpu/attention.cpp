@@ -182,6 +182,19 @@ inline void key_positions(int* kpos, const int32_t* token_key, int b, int T, uin
     kpos[j] = token_key ? static_cast<int>((uint64_t)token_key[(size_t)b * T + j] % Tk) : j;
 }
 
+// One sequence's masks, in per-thread buffers: each position's segment id, each row's key span
+// (key_spans) and each key's dropout position (key_positions).
+struct SequenceMasks {
+  std::vector<int> seg, lo, hi, first, last, kpos;
+  explicit SequenceMasks(int T) : seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T) {}
+  // for sequence b of the batch
+  void set(const int32_t* attn_mask, const int32_t* token_key, int b, int T, bool causal, uint64_t Tk) {
+    segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
+    key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
+    key_positions(kpos.data(), token_key, b, T, Tk);
+  }
+};
+
 // The keys a block of rows [i0, i0 + n) may see: [*jlo, *jhi), jlo rounded down to a multiple of 16
 // (so that 16-wide tiles from there stay inside the Tp-padded buffers); 0, 0 when none.
 inline void block_span(const int* lo, const int* hi, int i0, int n, int* jlo, int* jhi) {
@@ -233,13 +246,11 @@ void attention_forward(float* out, float* stats, const float* qkv, const int32_t
     // zero padding stays zero: only rows t < T / columns d < HS are ever written
     std::vector<float> qs((size_t)Tp * Hp), kt((size_t)Hp * Tp), vb((size_t)Tp * Hp);
     std::vector<float> s((size_t)kRows * Tp), o((size_t)kRows * Hp);
-    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T);
+    SequenceMasks m(T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
-      key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
-      key_positions(kpos.data(), token_key, b, T, Tk);
+      m.set(attn_mask, token_key, b, T, causal, Tk);
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // q pre-scaled by 1/sqrt(HS)
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
       gather_rows(vb.data(), Hp, qkv, b, h, 2, T, C, HS, 1.0f);
@@ -247,14 +258,14 @@ void attention_forward(float* out, float* stats, const float* qkv, const int32_t
       for (int i0 = 0; i0 < T; i0 += kRows) {
         const int ni = T - i0 < kRows ? T - i0 : kRows;
         int jlo, jhi;  // the keys this row block can see (a packed row's other examples are skipped)
-        block_span(lo.data(), hi.data(), i0, ni, &jlo, &jhi);
+        block_span(m.lo.data(), m.hi.data(), i0, ni, &jlo, &jhi);
         scores(s.data(), qs.data(), kt.data(), i0, jlo, jhi, Tp, Hp, HS);
         for (int r = 0; r < ni; ++r) {
           const int i = i0 + r;
           float* __restrict srow = s.data() + (size_t)r * Tp;
           // masked softmax; a fully masked row gives zeros. Branch-free over j (the segment ids as
           // ints, exp by vmath's exp_nonpositive), so the compiler vectorises the three passes.
-          const int* __restrict sg = seg.data();
+          const int* __restrict sg = m.seg.data();
           const int si = sg[i];
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
@@ -275,7 +286,7 @@ void attention_forward(float* out, float* stats, const float* qkv, const int32_t
           // the row of dropout(A), A = the probabilities, for the product with v
           if (drop) {  // branch-free, so the mask hash vectorises (A >= 0: A * 0 is the dropped 0)
             const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
-            const int* __restrict kp = kpos.data();
+            const int* __restrict kp = m.kpos.data();
 #pragma omp simd
             for (int j = jlo; j < jhi; ++j)
               srow[j] = srow[j] * inv * (uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f);
@@ -327,17 +338,15 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     std::vector<float> s((size_t)kRows * Tp);  // a row block's scores, then its probabilities A
     std::vector<float> dq(th), dk(th), dv(th);
     std::vector<float> kfrow(Tp);
-    std::vector<int> seg(T), lo(T), hi(T), first(T + 1), last(T + 1), kpos(T);
+    SequenceMasks m(T);
     const int nblk = (T + kRows - 1) / kRows;
     std::vector<int> blo(nblk), bhi(nblk);  // the keys each row block sees (block_span)
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      segment_ids(seg.data(), attn_mask ? attn_mask + (size_t)b * T : nullptr, T);
-      key_spans(lo.data(), hi.data(), seg.data(), T, causal, first.data(), last.data());
-      key_positions(kpos.data(), token_key, b, T, Tk);
+      m.set(attn_mask, token_key, b, T, causal, Tk);
       for (int k = 0; k < nblk; ++k)
-        block_span(lo.data(), hi.data(), k * kRows, T - k * kRows < kRows ? T - k * kRows : kRows,
+        block_span(m.lo.data(), m.hi.data(), k * kRows, T - k * kRows < kRows ? T - k * kRows : kRows,
                    &blo[k], &bhi[k]);
       gather_rows(qs.data(), Hp, qkv, b, h, 0, T, C, HS, sc);  // as the forward: the same scores
       gather_transposed(kt.data(), Tp, qkv, b, h, 1, T, C, HS);
@@ -347,7 +356,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int t = 0; t < T; ++t)
         std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
                     sizeof(float) * HS);
-      const int* __restrict sg = seg.data();
+      const int* __restrict sg = m.seg.data();
       for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
         const int ni = T - i0 < kRows ? T - i0 : kRows;
         // dA'[i, j] = dout_i . v_j  (the tiles of the keys the row block sees)
@@ -364,7 +373,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
           float* __restrict drow = ds.data() + (size_t)i * Tp;
           float* __restrict aprow = ap.data() + (size_t)i * Tp;
           float* __restrict kf = kfrow.data();
-          const int jlo = lo[i], jhi = hi[i], si = sg[i];
+          const int jlo = m.lo[i], jhi = m.hi[i], si = sg[i];
           const float* st = stats + ((size_t)bh * T + i) * 2;
           const float mx = st[0], inv = st[1];
 #pragma omp simd
@@ -372,7 +381,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             arow[j] = unnormalised(arow[j], mx, sees(sg, si, i, j, causal)) * inv;
           const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
           if (drop) {
-            const int* __restrict kp = kpos.data();
+            const int* __restrict kp = m.kpos.data();
 #pragma omp simd
             for (int j = jlo; j < jhi; ++j) {
               const float keep = uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f;
@@ -406,7 +415,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         // there): one run unpacked (every row; causal: from j0), in a packed row the keys' example
         // and the padding tail (whose rows see every real key) apart
         const int j0 = i0;
-        auto sees = [&](int i) { return lo[i] < j0 + kRows && hi[i] > j0; };
+        auto sees = [&](int i) { return m.lo[i] < j0 + kRows && m.hi[i] > j0; };
         bool first_run = true;
         for (int l0 = 0; l0 < T;) {
           if (!sees(l0)) {

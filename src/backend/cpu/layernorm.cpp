@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/column_blocks.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/vmath.h"
 #include "core/rng.h"
@@ -54,13 +55,8 @@ inline void layernorm_param_grads(float* dw, float* db, const float* dout, const
                            const float* rstd, int N, int C) {
   if (dw || db) {
     // Parameter gradients: column blocks per thread, rows summed in order.
-    constexpr int kBlock = 64;
-    const int nblocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < nblocks; ++blk) {
-      const int c0 = blk * kBlock;
-      const int c1 = c0 + kBlock < C ? c0 + kBlock : C;
-      float aw[kBlock], ab[kBlock];
+    for_column_blocks(C, [&](int c0, int c1) {
+      float aw[kColumnBlock], ab[kColumnBlock];
       for (int c = c0; c < c1; ++c) aw[c - c0] = ab[c - c0] = 0.0f;
       for (int n = 0; n < N; ++n) {
         const float* __restrict x = inp + (size_t)n * C;
@@ -75,7 +71,7 @@ inline void layernorm_param_grads(float* dw, float* db, const float* dout, const
         if (dw) dw[c] += aw[c - c0];
         if (db) db[c] += ab[c - c0];
       }
-    }
+    });
   }
 }
 

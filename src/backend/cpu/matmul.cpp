@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/column_blocks.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace nlp::cpu {
@@ -71,20 +72,15 @@ template void matmul_backward<bf16>(GemmLib, float*, float*, const bf16*, const 
 void matmul_dbias(float* dbias, const float* dout, int M, int N) {
   if (M <= 0 || N <= 0) return;
   // Column blocks per thread; each column sums its rows in order m = 0..M-1.
-  constexpr int kBlock = 64;
-  const int nblocks = (N + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int blk = 0; blk < nblocks; ++blk) {
-    const int n0 = blk * kBlock;
-    const int n1 = n0 + kBlock < N ? n0 + kBlock : N;
-    float acc[kBlock];
+  for_column_blocks(N, [&](int n0, int n1) {
+    float acc[kColumnBlock];
     for (int n = n0; n < n1; ++n) acc[n - n0] = 0.0f;
     for (int m = 0; m < M; ++m) {
       const float* __restrict row = dout + (size_t)m * N;
       for (int n = n0; n < n1; ++n) acc[n - n0] += row[n];
     }
     for (int n = n0; n < n1; ++n) dbias[n] += acc[n - n0];
-  }
+  });
 }
 
 }  // namespace nlp::cpu
