@@ -357,7 +357,8 @@ const std::vector<Entry>& schema() {
       {KEY(train, offload), one_of(kOffload),
        "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
        "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "
-       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back; the "
+       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back (on cuda "
+       "in chunks on a copy stream, overlapping the host AdamW; not yet run on a GPU, docs/gpu.md); the "
        "device holds no optimizer state. none = the optimizer state in backend memory"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},

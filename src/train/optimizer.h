@@ -12,7 +12,12 @@
 // weights back into the parameter arena (which rounds its bf16 copy, core/backend.h). The backend then
 // holds no optimizer state. The master copy is the arena's range as of the last load_master(): call it
 // whenever the arena's parameters were written from outside the optimizer (initialisation, resume).
+// On cuda the step is pipelined over chunks of the shard (backend/cuda/host_copy.h: copies on their
+// own stream, ordered by events): the gradients go to the host chunk by chunk, the host AdamW updates
+// each chunk as it arrives while the next ones copy, and the weights go back without blocking the
+// backend's stream (bitwise the synchronous path, which the CPU backend keeps).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "config/config.h"
@@ -20,6 +25,8 @@
 #include "model/params.h"
 
 namespace nlp {
+
+class HostCopier;
 
 class AdamW {
  public:
@@ -76,6 +83,10 @@ class AdamW {
   float* param_src_ = nullptr;  // set_params
   // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
   std::vector<Backend::AdamWSpan> spans_;
+  // offload on cuda: the copies of the pipelined step (null elsewhere: the synchronous step)
+  std::unique_ptr<HostCopier> copier_;
+  static constexpr size_t kOffloadChunk = size_t(1) << 20;  // floats per chunk of the pipelined step
+  void step_pipelined(float lr, float grad_scale, int t, bool zero_grad);
 };
 
 }  // namespace nlp
