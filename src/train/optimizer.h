@@ -61,6 +61,12 @@ class AdamW {
   // The range's gradients (hi - lo floats in backend memory): the arena's range by default, the
   // gradient shard with train.zero = 2 (train/grad_shards.h).
   void set_grads(float* g) { grad_src_ = g; }
+  // offload on cuda: the gradients of arena [a, b) (within [lo, hi)) hold this step's sum (queued on
+  // the backend's stream; train/grad_shards.h's final hook): their copy to the host starts now, and
+  // step() uses it when such ranges tile the whole range (else it copies all again). A range that
+  // meets one already started begins a new list (the last step was skipped: no step() came). No-op
+  // elsewhere.
+  void grads_final(size_t a, size_t b);
   float* grads() { return grad_src_ ? grad_src_ : ps_.grad() + lo_; }
   // The range's parameters (hi - lo floats in backend memory) that step() updates: the arena's range
   // by default, the parameter shard with train.zero = 3 (train/param_shards.h).
@@ -86,6 +92,11 @@ class AdamW {
   // offload on cuda: the copies of the pipelined step (null elsewhere: the synchronous step)
   std::unique_ptr<HostCopier> copier_;
   static constexpr size_t kOffloadChunk = size_t(1) << 20;  // floats per chunk of the pipelined step
+  struct Early {
+    size_t a, b;  // range-relative [a, b)
+    int ticket;
+  };
+  std::vector<Early> early_;  // grads_final's copies started this step, in order
   void step_pipelined(float lr, float grad_scale, int t, bool zero_grad);
 };
 

@@ -10,7 +10,8 @@
 //  - train.offload = optimizer on cuda: the pipelined step (backend/cuda/host_copy.h, the shard in
 //    chunks of 2^20 floats, here 2 or 3 of them) is bitwise the CPU backend's offloaded step (the same
 //    host AdamW on the same gradients), the gradients zeroed when asked, over 3 steps, for a shard
-//    that cuts tensors mid-way.
+//    that cuts tensors mid-way; also with ZeRO-2's early copies of the final regions (grads_final:
+//    tiling the range in either order, a stale list replaced, a partial list falling back).
 // Without a usable GPU (or in a CPU build) the CUDA tests are skipped with cuda_device_count()'s reason.
 #include <gtest/gtest.h>
 
@@ -244,6 +245,22 @@ TEST(OffloadCuda, ThePipelinedStepIsBitwiseTheCpuBackendsOffloadedStep) {
       std::memcpy(pc.grad(), g.data(), total * sizeof(float));
       gpu->to_device(pg.grad(), g.data(), total * sizeof(float));
       const bool zero_grad = t != 2;
+      // ZeRO-2's early copies (AdamW::grads_final, in the order a backward completes regions): step 1
+      // starts the first half twice (a skipped step's list, then a new one) and the second half, which
+      // tile the range; step 2 only the second half (no tiling: all copied again); step 3 both halves
+      // in reverse order
+      const size_t lo = sh.lo(r), mid = lo + sh.count[r] / 3, hi = sh.hi(r);
+      if (t == 1) {
+        b.grads_final(lo, mid);
+        b.grads_final(lo, mid);
+        b.grads_final(mid, hi);
+      } else if (t == 2) {
+        b.grads_final(mid, hi);
+      } else {
+        b.grads_final(mid, hi);
+        b.grads_final(lo, mid);
+      }
+      a.grads_final(lo, hi);  // the CPU backend: a no-op
       a.step(3e-3f, 0.6f, t, zero_grad);
       b.step(3e-3f, 0.6f, t, zero_grad);
       std::vector<float> wg(total), gg(total);

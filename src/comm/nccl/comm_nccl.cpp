@@ -174,7 +174,8 @@ class NcclComm final : public Comm {
     check_enqueue(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, s), "ncclAllReduce");
   }
   // Every rank's range of buf to every rank, in place on stream s. Equal ranges packed from 0:
-  // ncclAllGather (sendbuff = recvbuff + rank * count); otherwise one ncclBroadcast per range from its owner, in one group.
+  // ncclAllGather (sendbuff = recvbuff + rank * count); otherwise one ncclBroadcast per range from
+  // its owner, in one group.
   void enqueue_gather(float* buf, const ShardLayout& sh, cudaStream_t s) {
     bool packed = sh.equal_counts();  // and each range at rank * count (a block's split, train.zero = 3)
     for (int r = 0; packed && r < size(); ++r) packed = sh.lo(r) == size_t(r) * sh.count[0];
