@@ -65,7 +65,7 @@
 #   comm    2 ranks sharing the GPU through the packed mpirun (comm.gpu = staged, 1 MiB buckets
 #           overlapped with the backward): GPT-2 small 20 steps with train.zero = 0 and 1 against 2 CPU
 #           ranks (losses within 1e-4 relative; zero 1 against zero 0 within 1e-6); then (COMM_STAGES)
-#           train.zero = 2, train.zero = 3, train.offload = optimizer with zero 1 and with zero 2, each
+#           train.zero = 2, train.zero = 3, train.offload = optimizer with zero 1, 2 and 3, each
 #           on cuda and on 2 CPU ranks: against its CPU twin (1e-4) and against cuda zero 0 (1e-6), a
 #           verdict each; a stage or key this binary refuses (train.zero's range, an unknown
 #           train.offload) is logged "not in this build" and skipped, the others go on. NCCL needs a
@@ -145,7 +145,7 @@ in_time() {  # in_time NEED_SECONDS WHAT: enough time left before DEADLINE?
 # background behind the tests; comm: 25 s on the H200 for zero 0 and 1, and about 10 s a stage for the
 # 4 more, cuda and cpu)
 declare -A EST=([info]=12 [tests]=60 [e2e]=63 [bench]=80 [torch]=125 [account]=45
-                [faults]=20 [resume]=30 [comm]=65 [finetune]=300 [profile]=20)
+                [faults]=20 [resume]=30 [comm]=75 [finetune]=300 [profile]=20)
 declare -A EST_WHAT=([info]="nvidia-smi, versions"
                      [tests]="verified op tests; never-run tests, a process each"
                      [e2e]="small GPT-2, BERT, RoBERTa, ELECTRA, cuda against cpu"
@@ -218,7 +218,7 @@ cat stage/commit.txt > "$W/commit.txt"
 
 # not_in_build LOG KEYS: the line of LOG in which nlptrain refused one of KEYS (a regex of key names)
 # as unknown or outside its range (a binary built before that key or value existed), or as a value
-# that has run on the cpu backend only (train.zero = 3: refused on cuda); nothing, and status 1, when
+# that has run on the cpu backend only (a binary that refuses train.zero = 3 on cuda); nothing, and status 1, when
 # it did not (the first error only: two ranks' may share a line)
 not_in_build() {
   grep -m1 -E "nlptrain: error: .*(unknown (key|option) '(--)?($2)'|($2) = '[^']*': must be|($2) = [^ ]+ \([^)]*\) has run on the cpu backend only)" "$1" 2>/dev/null \
@@ -843,7 +843,7 @@ comm_run() {
 # the ZeRO stages and the optimizer offload beyond zero 0 and 1: each on cuda, then (when this build
 # takes it) on 2 CPU ranks; each against its CPU twin (1e-4 relative) and against cuda zero 0 (1e-6,
 # as zero 1): a verdict each. NAME ARGS
-COMM_STAGES=${COMM_STAGES:-"zero2:--train.zero=2 zero3:--train.zero=3 zero1_offload:--train.zero=1,--train.offload=optimizer zero2_offload:--train.zero=2,--train.offload=optimizer"}
+COMM_STAGES=${COMM_STAGES:-"zero2:--train.zero=2 zero3:--train.zero=3 zero1_offload:--train.zero=1,--train.offload=optimizer zero2_offload:--train.zero=2,--train.offload=optimizer zero3_offload:--train.zero=3,--train.offload=optimizer"}
 if want comm && in_time 70 "comm"; then
   C=$W/comm
   MPIRUN="$here/stage/bin/run-on-device.sh mpirun -np 2 --oversubscribe --bind-to none"

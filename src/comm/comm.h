@@ -48,7 +48,8 @@ class Comm {
   virtual void all_gather(float* buf, const ShardLayout& sh) = 0;
   // The non-blocking form of all_gather (train.zero = 3's prefetch of the next blocks): started now,
   // with the ordering rules of allreduce_sum_start, complete after allreduce_wait(). By default it runs
-  // at once, blocking (MPI overrides it; the staged and NCCL communicators keep the default).
+  // at once, blocking (the staged communicator keeps this default; MPI runs it on its communication
+  // thread, NCCL on its communication stream after the work queued so far on the backend's stream).
   virtual void all_gather_start(float* buf, const ShardLayout& sh) { all_gather(buf, sh); }
   // Host floats to one rank (checkpoints of the sharded AdamW state): rank r sends sh.count[r] floats
   // from `mine`; `root` receives them at sh.offset[r] of `all` (sh.total floats; unused elsewhere).

@@ -347,16 +347,18 @@ const std::vector<Entry>& schema() {
        "keeps its 1/N parameter shard, the tensors outside the blocks whole (gathered after each update) "
        "and block buffers into which each block's parameters are all-gathered before its forward and its "
        "backward, the next ones ahead (train.zero_prefetch); evaluation and samples gather the whole "
-       "parameters for their duration; cpu backend only; checkpoints hold the full state at every stage"},
+       "parameters for their duration; on cuda through comm.gpu = nccl or staged, not yet run on a GPU "
+       "(docs/gpu.md); checkpoints hold the full state at every stage"},
       {KEY(train, zero_prefetch), ge(0),
        "train.zero = 3: the blocks whose parameter all-gather is started ahead of their use (the next ones "
        "in the forward, the previous ones in the backward), each in its own block buffer, so that it runs "
-       "while the current block computes (MPI's communication thread; through the staged and nccl "
-       "communicators the gathers are blocking); 0 = each block gathered when it is needed"},
+       "while the current block computes (MPI's communication thread, NCCL's communication stream; through "
+       "the staged communicator the gathers are blocking); 0 = each block gathered when it is needed"},
       {KEY(train, offload), one_of(kOffload),
        "optimizer = this rank's fp32 master weights and AdamW m and v (its shard with train.zero = 1) live in "
        "host memory (page-locked on cuda): each step copies the shard's gradients to the host, runs a "
-       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back; the "
+       "multithreaded host AdamW (bitwise the cpu backend's) and copies the updated weights back (on cuda "
+       "in chunks on a copy stream, overlapping the host AdamW; not yet run on a GPU, docs/gpu.md); the "
        "device holds no optimizer state. none = the optimizer state in backend memory"},
       // [eval]
       {KEY(eval, interval), ge(0), "evaluate every N steps and at the end; 0 = only at the end"},
@@ -1285,10 +1287,6 @@ ParseResult parse_config(int argc, const char* const* argv) {
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),
                     ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
-  if (c.train.zero == 3 && c.run.backend == "cuda")
-    throw Error(cat("train.zero = 3 (", from("train.zero"), ") has run on the cpu backend only; with run.backend "
-                    "= cuda (", from("run.backend"), ") use train.zero = 2 (with train.offload = optimizer to move "
-                    "the optimizer state to the host)"));
   if (c.train.zero >= 2 && c.run.cuda_graph)
     throw Error(cat("train.zero = ", c.train.zero, " (", from("train.zero"), ") reduces each block's gradients during the "
                     "backward; run.cuda_graph = true (", from("run.cuda_graph"), ") records a micro-batch without "

@@ -137,7 +137,8 @@ GradShards::~GradShards() {
 
 void GradShards::zero_shard() { be_.zero(shard_, std::max<size_t>(n_, 1) * sizeof(float)); }
 
-void GradShards::begin() {
+void GradShards::begin(bool last) {
+  last_ = last;
   for (Region& r : regions_) r.started = r.pending = false;
   next_ = regions_.size();
   buckets_.clear();
@@ -156,6 +157,7 @@ void GradShards::drain() {
     if (!r.pending) continue;
     const auto [a, b] = sh_.part(rank_, r.lo, r.hi);
     if (b > a) be_.accumulate(shard_ + (a - lo_), r.buf + (a - r.lo), b - a);
+    if (b > a && last_ && final_) final_(a, b);
     be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));
     r.pending = false;
   }

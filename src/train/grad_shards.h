@@ -18,6 +18,7 @@
 // internal error, raised before any buffer is overwritten out of turn.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -52,8 +53,13 @@ class GradShards {
   size_t shard_size() const { return n_; }
   void zero_shard();
   // One micro-batch's backward: begin() before it, ready() as its hook, end() after it (starts what is
-  // left, waits, accumulates into the shard; every buffer is zero again on return).
-  void begin();
+  // left, waits, accumulates into the shard; every buffer is zero again on return). last: the step's
+  // last micro-batch (its accumulations complete the shard: the final hook below is called).
+  void begin(bool last = true);
+  // Called in the last micro-batch as each region's part of this rank's range, arena [a, b), holds
+  // the step's sum (queued on the backend's stream): train.offload = optimizer starts its copy to the
+  // host there (AdamW::grads_final), while the backward of the earlier blocks goes on.
+  void set_final_hook(std::function<void(size_t a, size_t b)> hook) { final_ = std::move(hook); }
   void ready(size_t lo);
   void end();
   size_t buffer_bytes() const { return buffer_floats_ * sizeof(float); }  // resident + slots
@@ -81,6 +87,8 @@ class GradShards {
   std::vector<Region> regions_;  // in arena order
   size_t buffer_floats_ = 0;
   size_t next_;  // regions_[next_, size) are started in this micro-batch (next_ decreases)
+  bool last_ = true;
+  std::function<void(size_t, size_t)> final_;
   std::vector<std::pair<size_t, size_t>> buckets_;
 };
 

@@ -156,15 +156,13 @@ std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int wor
   for (int pass = 0; pass < 4; ++pass) {
     const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
     if ((pass & 1 && rc0) || (pass & 2 && off0)) continue;  // the same as an earlier pass
-    // train.zero = 3 has run on the cpu backend only (config.cpp refuses it on cuda)
-    const int top = cfg.run.backend == "cuda" ? 2 : 3;
-    for (int z = cfg.train.zero; z <= top; ++z) {
+    for (int z = cfg.train.zero; z <= 3; ++z) {
       Config c = cfg;
       c.train.zero = z;
       c.train.recompute = rc ? "block" : "none";
       c.train.offload = off ? "optimizer" : "none";
       m.set_recompute(rc);
-      out.push_back({z, rc, off, plan_memory(c, m, T, world)});
+      out.push_back({z, rc, off, cfg.run.backend == "cuda" && z == 3, plan_memory(c, m, T, world)});
     }
   }
   m.set_recompute(rc0);
@@ -201,6 +199,8 @@ std::string plan_options_table(const std::vector<PlanOption>& options, double bu
     o << "  nothing fits " << std::lround(mib(size_t(budget))) << " MiB: lower train.batch_size, or more ranks\n";
   o << "  (host: train.offload's master weights, m, v and gradient copy, outside the device on cuda and in the "
        "total on the cpu)\n";
+  if (std::any_of(options.begin(), options.end(), [](const PlanOption& p) { return p.untried; }))
+    o << "  (train.zero = 3 on cuda: selectable, not yet run on a GPU; docs/gpu.md)\n";
   return o.str();
 }
 

@@ -58,6 +58,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world);
 struct PlanOption {
   int zero = 0;
   bool recompute = false, offload = false;
+  bool untried = false;  // a setting of run.backend = cuda not yet run on a GPU (train.zero = 3, docs/gpu.md)
   MemoryPlan plan;
   std::string keys() const;  // "train.zero = 2, train.recompute = block, train.offload = optimizer"
 };

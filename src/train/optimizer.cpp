@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cuda/host_copy.h"
 #include "core/error.h"
 #include "train/host_adamw.h"
 
@@ -25,6 +26,7 @@ AdamW::AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size
     v_ = host_zeros(be, n);
     master_ = host_zeros(be, n);
     host_grad_ = host_zeros(be, n);
+    copier_ = make_host_copier(be);  // cuda: the pipelined step below; null elsewhere
     load_master();
   } else {
     m_ = static_cast<float*>(be.alloc(n * sizeof(float)));
@@ -37,6 +39,7 @@ AdamW::AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size
 }
 
 AdamW::~AdamW() {
+  copier_.reset();  // its copies complete before the host buffers go
   if (offload_) {
     for (float* p : {m_, v_, master_, host_grad_}) be_.host_release(p);
     return;
@@ -51,6 +54,10 @@ void AdamW::load_master() {
 
 void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
   if (spans_.empty()) return;
+  if (offload_ && copier_) {
+    step_pipelined(lr, grad_scale, t, zero_grad);
+    return;
+  }
   if (offload_) {
     const size_t bytes = (hi_ - lo_) * sizeof(float);
     be_.to_host(host_grad_, grads(), bytes);
@@ -61,6 +68,64 @@ void AdamW::step(float lr, float grad_scale, int t, bool zero_grad) {
   }
   be_.adamw_update_spans(params(), grads(), m_, v_, spans_, lr, tc_.beta1, tc_.beta2,
                          tc_.adam_eps, grad_scale, t, zero_grad);
+}
+
+void AdamW::grads_final(size_t a, size_t b) {
+  if (!copier_ || a >= b) return;
+  NLP_ASSERT(lo_ <= a && b <= hi_);
+  const size_t x = a - lo_, y = b - lo_;
+  for (const Early& e : early_)
+    if (x < e.b && e.a < y) {
+      early_.clear();
+      break;
+    }
+  early_.push_back({x, y, copier_->to_host_start(host_grad_ + x, grads() + x, (y - x) * sizeof(float))});
+}
+
+// The offloaded step on cuda: with ZeRO-2 and 3 the gradients went to the host region by region as the
+// last micro-batch's backward completed them (grads_final); otherwise every chunk's gradients start
+// to the host now (the copy stream runs them in order, after the kernels queued so far). The host
+// updates each piece as it arrives (the later ones still copying) and starts its weights back, so
+// the copies both ways overlap the host AdamW. The backend's stream then waits for the copies on the
+// GPU, not the host: the next kernels, the bf16 copy's rounding (weights_written) and the zeroing of
+// the gradients queue behind them. The
+// elements and their arithmetic are those of one host_adamw_update over the shard, so the result is
+// bitwise the synchronous path's. master_ is written again only after a later ticket's wait (the
+// next step's first chunk to the host, queued behind this step's copies back).
+void AdamW::step_pipelined(float lr, float grad_scale, int t, bool zero_grad) {
+  const size_t n = hi_ - lo_;
+  // the pieces in the order their copies were started: grads_final's when they tile [0, n), else chunks
+  std::vector<Early> pieces = early_;
+  early_.clear();
+  {
+    std::vector<Early> sorted = pieces;
+    std::sort(sorted.begin(), sorted.end(), [](const Early& p, const Early& q) { return p.a < q.a; });
+    size_t at = 0;
+    for (const Early& e : sorted) at = e.a == at ? e.b : n + 1;
+    if (at != n) pieces.clear();
+  }
+  if (pieces.empty())
+    for (size_t a = 0; a < n; a += kOffloadChunk) {
+      const size_t b = std::min(n, a + kOffloadChunk);
+      pieces.push_back({a, b, copier_->to_host_start(host_grad_ + a, grads() + a, (b - a) * sizeof(float))});
+    }
+  std::vector<Backend::AdamWSpan> part;
+  for (const Early& pc : pieces) {
+    const size_t a = pc.a, b = pc.b;
+    part.clear();  // the spans clipped to [a, b), relative to a
+    for (const auto& sp : spans_) {
+      const size_t x = std::max(sp.offset, a), y = std::min(sp.offset + sp.numel, b);
+      if (x < y) part.push_back({x - a, y - x, sp.weight_decay});
+    }
+    copier_->wait_host(pc.ticket);
+    if (!part.empty())
+      host_adamw_update(master_ + a, host_grad_ + a, m_ + a, v_ + a, part, lr, tc_.beta1, tc_.beta2, tc_.adam_eps,
+                        grad_scale, t);
+    copier_->to_device_start(params() + a, master_ + a, (b - a) * sizeof(float));
+  }
+  copier_->order_backend();
+  be_.weights_written(params(), n);  // the copies wrote past the backend: its bf16 copy (core/backend.h)
+  if (zero_grad) be_.zero(grads(), n * sizeof(float));
 }
 
 void AdamW::download(const float* dev, std::vector<float>& host) const {

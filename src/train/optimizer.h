@@ -12,7 +12,12 @@
 // weights back into the parameter arena (which rounds its bf16 copy, core/backend.h). The backend then
 // holds no optimizer state. The master copy is the arena's range as of the last load_master(): call it
 // whenever the arena's parameters were written from outside the optimizer (initialisation, resume).
+// On cuda the step is pipelined over chunks of the shard (backend/cuda/host_copy.h: copies on their
+// own stream, ordered by events): the gradients go to the host chunk by chunk, the host AdamW updates
+// each chunk as it arrives while the next ones copy, and the weights go back without blocking the
+// backend's stream (bitwise the synchronous path, which the CPU backend keeps).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "config/config.h"
@@ -20,6 +25,8 @@
 #include "model/params.h"
 
 namespace nlp {
+
+class HostCopier;
 
 class AdamW {
  public:
@@ -54,6 +61,12 @@ class AdamW {
   // The range's gradients (hi - lo floats in backend memory): the arena's range by default, the
   // gradient shard with train.zero = 2 (train/grad_shards.h).
   void set_grads(float* g) { grad_src_ = g; }
+  // offload on cuda: the gradients of arena [a, b) (within [lo, hi)) hold this step's sum (queued on
+  // the backend's stream; train/grad_shards.h's final hook): their copy to the host starts now, and
+  // step() uses it when such ranges tile the whole range (else it copies all again). A range that
+  // meets one already started begins a new list (the last step was skipped: no step() came). No-op
+  // elsewhere.
+  void grads_final(size_t a, size_t b);
   float* grads() { return grad_src_ ? grad_src_ : ps_.grad() + lo_; }
   // The range's parameters (hi - lo floats in backend memory) that step() updates: the arena's range
   // by default, the parameter shard with train.zero = 3 (train/param_shards.h).
@@ -76,6 +89,15 @@ class AdamW {
   float* param_src_ = nullptr;  // set_params
   // One per parameter tensor that overlaps [lo, hi), clipped to it and with offsets relative to lo.
   std::vector<Backend::AdamWSpan> spans_;
+  // offload on cuda: the copies of the pipelined step (null elsewhere: the synchronous step)
+  std::unique_ptr<HostCopier> copier_;
+  static constexpr size_t kOffloadChunk = size_t(1) << 20;  // floats per chunk of the pipelined step
+  struct Early {
+    size_t a, b;  // range-relative [a, b)
+    int ticket;
+  };
+  std::vector<Early> early_;  // grads_final's copies started this step, in order
+  void step_pipelined(float lr, float grad_scale, int t, bool zero_grad);
 };
 
 }  // namespace nlp

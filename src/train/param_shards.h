@@ -10,7 +10,7 @@
 //    next `prefetch` blocks in the current direction (up in the forward, down in the backward; at block
 //    0 up, at the last block down) are started (Comm::all_gather_start) into the other buffers, so that
 //    they run while block l computes (where the communicator runs them in the background: MPI's
-//    communication thread; the staged and NCCL communicators gather at once).
+//    communication thread, NCCL's communication stream; the staged communicator gathers at once).
 // After every update (and a resume) refresh() waits for started gathers, gathers the resident tensors
 // again and empties the block buffers.
 //

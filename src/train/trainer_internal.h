@@ -87,6 +87,8 @@ struct Optimizer {
       grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
                                            s.cfg.comm.overlap && s.comm.size() > 1);
       opt.set_grads(grads->shard());
+      AdamW* o = &opt;  // offload on cuda: each region's final gradients start to the host at once
+      if (opt.offloaded()) grads->set_final_hook([o](size_t a, size_t b) { o->grads_final(a, b); });
     }
     if (stage == 3) {
       params = std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,

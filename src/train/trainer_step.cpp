@@ -108,7 +108,7 @@ void forward_backward(StepLoop& L, int step, float dloss) {
       DeviceBatch db = L.dbuf.upload(L.micro[a]);
       const uint64_t dseed = derive_seed(L.seed, step, a, L.rank);
       s.model.forward_into(db, /*training=*/true, dseed, L.loss_dev.get());
-      gs.begin();
+      gs.begin(/*last=*/a + 1 == L.A);
       s.model.set_grad_ready_hook(hook2);
       s.model.backward(db, dloss, /*training=*/true, dseed);
       s.model.set_grad_ready_hook(nullptr);

@@ -275,7 +275,8 @@ def test_gpu_script_runs_whole_without_a_gpu(tmp_path):
     # comm: zero 0 and 1 and each stage this binary takes on 2 ranks (each CPU twin trains), the others
     # refused on cuda and not run on the CPU
     stages = {"zero2": has["zero"] >= 2, "zero3": has["zero"] >= 3 and has["zero3_cuda"], "zero1_offload": has["offload"],
-              "zero2_offload": has["offload"] and has["zero"] >= 2}
+              "zero2_offload": has["offload"] and has["zero"] >= 2,
+              "zero3_offload": has["offload"] and has["zero"] >= 3 and has["zero3_cuda"]}
     for name, ok in dict(zero0=True, **stages).items():
         args = f"--train.zero={name[4]}" + (" --train.offload=optimizer" if name.endswith("offload") else "")
         if ok:
@@ -673,12 +674,14 @@ def assert_encoders_and_stages(log, results, runs):
     # the CPU twin that drifts fails its own check, and only that one
     assert re.search(r"^comm zero2_offload cpu vs cuda: FAIL losses 1\.\.20", log, re.M), log
     assert checks[("comm", "comm zero2_offload cpu vs cuda")]["verdict"] == "fail", checks
-    # zero 3: refused on cuda, logged, its CPU twin not run, both of its checks "not in this build"
-    assert "comm 2 ranks cuda staged --train.zero=3: not in this build: skipped | nlptrain: error: command line: " \
-           "train.zero = '3': must be in [0, 2]" in log, log
+    # zero 3 (alone and with offload): refused on cuda, logged, its CPU twin not run, both of its checks
+    # "not in this build"
+    for name, args in (("zero3", "--train.zero=3"), ("zero3_offload", "--train.zero=3 --train.offload=optimizer")):
+        assert f"comm 2 ranks cuda staged {args}: not in this build: skipped | nlptrain: error: command line: " \
+               "train.zero = '3': must be in [0, 2]" in log, log
+        for label in (f"comm {name} cpu vs cuda", f"comm {name} vs zero 0, cuda"):
+            assert checks[("comm", label)]["verdict"] == "not_in_build", checks
     assert not [r for r in comm if "--train.zero=3" in r["args"] and "--run.backend=cpu" in r["args"]], comm
-    for label in ("comm zero3 cpu vs cuda", "comm zero3 vs zero 0, cuda"):
-        assert checks[("comm", label)]["verdict"] == "not_in_build", checks
     assert checks[("comm", "comm cpu vs cuda")]["verdict"] == "pass" and \
         checks[("comm", "comm zero 0 vs 1")]["verdict"] == "pass", checks
 

@@ -6,7 +6,8 @@
 // (stream order: no extra synchronisation). Overlapped buckets run on a communication stream that
 // waits on an event recorded on the backend's stream after the kernels that produced the bucket;
 // allreduce_wait makes the backend's stream wait on the last bucket and polls its completion
-// (with train.zero = 1 the buckets are ncclReduce calls to each part's owner instead).
+// (with train.zero = 1 the buckets are ncclReduce calls to each part's owner instead). train.zero = 3's
+// prefetched block gathers (all_gather_start) run on the communication stream the same way.
 // Every wait polls ncclCommGetAsyncError and a deadline: on an NCCL error or a collective that is
 // stuck past comm.timeout_s, ncclCommAbort frees the GPU side and an nlp::Error goes to main, which
 // MPI_Aborts every rank with the message (no rank hangs in a collective).
@@ -139,19 +140,21 @@ class NcclComm final : public Comm {
 
   void all_gather(float* buf, const ShardLayout& sh) override {
     if (size() == 1) return;
-    if (sh.equal_counts()) {
-      const size_t c = sh.count[0];
-      check_enqueue(ncclAllGather(buf + size_t(rank()) * c, buf, c, ncclFloat, comm_, stream_), "ncclAllGather");
-    } else {
-      nccl(ncclGroupStart(), "ncclGroupStart");
-      for (int r = 0; r < size(); ++r)
-        if (sh.count[r] > 0)
-          check_grouped(ncclBroadcast(buf + sh.lo(r), buf + sh.lo(r), sh.count[r], ncclFloat, r, comm_, stream_),
-                        "ncclBroadcast");
-      check_enqueue(ncclGroupEnd(), "ncclGroupEnd");
-    }
+    enqueue_gather(buf, sh, stream_);
     cuda(cudaEventRecord(reduced_, stream_), "cudaEventRecord");
     wait_event(reduced_, "parameter all-gather (train.zero = 1)");
+  }
+
+  // train.zero = 3's prefetch of a block: on the communication stream, like the buckets. It waits on
+  // an event recorded now on the backend's stream, so it runs after the kernels queued so far: those
+  // that wrote this rank's part into buf, and those that still read the block buffer's previous
+  // block. allreduce_wait then orders the backend's stream after it, before the block is read.
+  void all_gather_start(float* buf, const ShardLayout& sh) override {
+    if (size() == 1) return;
+    cuda(cudaEventRecord(produced_, stream_), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(comm_stream_, produced_, 0), "cudaStreamWaitEvent");
+    enqueue_gather(buf, sh, comm_stream_);
+    started_ = true;
   }
 
   void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
@@ -169,6 +172,24 @@ class NcclComm final : public Comm {
  private:
   void enqueue(float* buf, size_t n, cudaStream_t s) {
     check_enqueue(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, s), "ncclAllReduce");
+  }
+  // Every rank's range of buf to every rank, in place on stream s. Equal ranges packed from 0:
+  // ncclAllGather (sendbuff = recvbuff + rank * count); otherwise one ncclBroadcast per range from
+  // its owner, in one group.
+  void enqueue_gather(float* buf, const ShardLayout& sh, cudaStream_t s) {
+    bool packed = sh.equal_counts();  // and each range at rank * count (a block's split, train.zero = 3)
+    for (int r = 0; packed && r < size(); ++r) packed = sh.lo(r) == size_t(r) * sh.count[0];
+    if (packed) {
+      const size_t c = sh.count[0];
+      check_enqueue(ncclAllGather(buf + size_t(rank()) * c, buf, c, ncclFloat, comm_, s), "ncclAllGather");
+      return;
+    }
+    nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r)
+      if (sh.count[r] > 0)
+        check_grouped(ncclBroadcast(buf + sh.lo(r), buf + sh.lo(r), sh.count[r], ncclFloat, r, comm_, s),
+                      "ncclBroadcast");
+    check_enqueue(ncclGroupEnd(), "ncclGroupEnd");
   }
 
   // Inside ncclGroupStart/End a call is only recorded: its state is settled by ncclGroupEnd's.
