@@ -9,6 +9,7 @@
 // where the text was read; range, choice and cross-key checks run on the final values and name where
 // each value came from (INI file and line, command line, or default).
 #include "config/config.h"
+#include "config/config_stages.h"
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -626,11 +627,8 @@ std::string value_text(const Entry& e, const Config& cc) {
       e.field);
 }
 
-// Where a value was read: "config file 'x.ini', line 4", "command line" or "default".
-struct Origin {
-  std::string where;
-  std::string text;  // the value as given
-};
+using cfg::Origin;
+using cfg::Origins;
 
 [[noreturn]] void bad_value(const Entry& e, const Origin& o, const std::string& why) {
   throw Error(cat(o.where, ": ", e.name, " = '", o.text, "': ", why));
@@ -884,8 +882,12 @@ po::options_description key_options() {
   return desc;
 }
 
+}  // namespace
+
+namespace cfg {
+
 // Read the INI file into c; records explicitly set keys and their origins.
-void read_ini(const std::string& path, Config& c, std::map<std::string, Origin>& origins) {
+void read_ini(const std::string& path, Config& c, Origins& origins) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(cat("config file '", path, "' not found"));
@@ -930,7 +932,7 @@ void read_ini(const std::string& path, Config& c, std::map<std::string, Origin>&
 
 // model.preset: the shape keys of a standard architecture, for keys not set explicitly (HF's
 // --config_name NAME --config_overrides k=v,...). The values are those of the Hub's config.json.
-void apply_preset(Config& c, std::map<std::string, Origin>& origins) {
+void apply_preset(Config& c, Origins& origins) {
   if (c.model.preset.empty()) return;
   using KV = std::vector<std::pair<const char*, const char*>>;
   auto gpt2 = [](const char* layers, const char* heads, const char* width) {
@@ -970,7 +972,7 @@ void apply_preset(Config& c, std::map<std::string, Origin>& origins) {
 // command line > INI file > model.preset > default): the INI's key goes back to its default, and
 // Config::notes gets one line saying so. Both from the same source stay an error (parse_config's
 // cross-key checks, apply_preset).
-void resolve_alternatives(Config& c, std::map<std::string, Origin>& origins) {
+void resolve_alternatives(Config& c, Origins& origins) {
   struct Pair {
     const char* a;
     const char* b;
@@ -1010,6 +1012,10 @@ void resolve_alternatives(Config& c, std::map<std::string, Origin>& origins) {
                           " (", lost_where, "): the command line wins over the INI file"));
   }
 }
+
+}  // namespace cfg
+
+namespace {
 
 // A key set explicitly that the model type does not use is an error (a GPT-2 key given to BERT
 // would otherwise be silently ignored), naming BERT's or GPT-2's name for it.
@@ -1175,98 +1181,23 @@ std::string config_help() {
   return os.str();
 }
 
-ParseResult parse_config(int argc, const char* const* argv) {
-  ParseResult result;
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    // "--section.key=" (empty value): Boost rejects it, so pass the empty value as the next token.
-    if (a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1) {
-      args.push_back(a.substr(0, a.size() - 1));
-      args.emplace_back();
-    } else {
-      args.push_back(a);
-    }
-  }
+// ---- cross-key checks: run on the final values; each names where every value came from ----------
 
-  po::options_description desc = key_options();
-  desc.add_options()("help,h", "")("version", "")("check", "")("ini-file", po::value<std::vector<std::string>>(), "");
-  po::positional_options_description pos;
-  pos.add("ini-file", -1);
-  const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
-                    po::command_line_style::long_allow_next | po::command_line_style::allow_short |
-                    po::command_line_style::short_allow_next |
-                    po::command_line_style::allow_dash_for_short;
-  po::parsed_options parsed(nullptr);
-  try {
-    parsed = po::command_line_parser(args)
-                 .options(desc)
-                 .positional(pos)
-                 .style(style)
-                 .allow_unregistered()
-                 .run();
-  } catch (const po::error& err) {
-    throw Error(cat("command line: ", err.what()));
-  }
+namespace cfg {
+namespace {
 
-  std::vector<std::string> inis;
-  std::vector<const po::option*> overrides;
-  for (const auto& opt : parsed.options) {
-    if (opt.string_key == "help") result.help = true;
-    else if (opt.string_key == "version") result.version = true;
-    else if (opt.string_key == "check") result.check = true;
-    else if (opt.string_key == "ini-file") inis.insert(inis.end(), opt.value.begin(), opt.value.end());
-    else overrides.push_back(&opt);
+// Where a key's final value came from: "config file 'x.ini', line 4", "command line",
+// "model.preset = P" or "default".
+struct From {
+  const Origins& origins;
+  std::string operator()(const std::string& name) const {
+    const auto it = origins.find(name);
+    return it != origins.end() ? it->second.where : "default";
   }
-  if (result.help) {
-    result.help_text = config_help();
-    return result;
-  }
-  if (result.version) return result;
+};
 
-  for (const auto* opt : overrides) {
-    if (opt->unregistered || !find_entry(opt->string_key)) {
-      std::string token = opt->original_tokens.empty() ? opt->string_key : opt->original_tokens.front();
-      if (token.rfind("--", 0) != 0)
-        throw Error(cat("command line: unknown option '", token, "' (see --help)"));
-      std::string name = token.substr(2, token.find('=') == std::string::npos ? std::string::npos
-                                                                               : token.find('=') - 2);
-      throw Error(cat("command line: ", unknown_key_message(name, true), " (in '", token, "')"));
-    }
-  }
-  if (inis.size() > 1)
-    throw Error(cat("command line: more than one INI file given ('", join(inis, "', '"),
-                    "'); keys are overridden with --section.key=value"));
-
-  Config& c = result.config;
-  std::map<std::string, Origin> origins;
-  if (!inis.empty()) {
-    c.source = inis.front();
-    read_ini(c.source, c, origins);
-  }
-  for (const auto* opt : overrides) {
-    const Entry& e = *find_entry(opt->string_key);
-    const std::string value = opt->value.empty() ? "" : opt->value.front();
-    Origin o{"command line", value};
-    assign(e, c, value, o);
-    origins[e.name] = o;
-    c.explicitly_set.insert(e.name);
-    c.set_on_command_line.insert(e.name);
-  }
-
-  resolve_alternatives(c, origins);
-  apply_preset(c, origins);
-  auto origin = [&](const std::string& name) {
-    auto it = origins.find(name);
-    return it != origins.end() ? it->second : Origin{"default", ""};
-  };
-  for (const auto& e : schema()) validate(e, c, origin(e.name));
-  // model.type not given with model.weights: the weights' model_type decides, and
-  // resolve_model_config runs these checks once it is known
-  if (!model_type_from_weights(c)) check_model_type(c);
-
-  // Cross-key checks.
-  auto from = [&](const std::string& name) { return origin(name).where; };
+// The model's shape keys against each other.
+void check_model_shape(const Config& c, const From& from) {
   if (c.model.n_embd % c.model.n_head != 0)
     throw Error(cat("model.n_embd = ", c.model.n_embd, " (", from("model.n_embd"),
                     ") must be divisible by model.n_head = ", c.model.n_head, " (",
@@ -1279,12 +1210,22 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("model.pad_token_id = ", c.model.pad_token_id, " (", from("model.pad_token_id"),
                     ") must be below model.vocab_size = ", c.model.vocab_size, " (",
                     from("model.vocab_size"), ")"));
-  const bool causal_task = c.run.task == "clm";
+}
+
+// data.packing and its keys.
+void check_packing(const Config& c, const From& from) {
   if (c.data.pack_fixed_examples && !(c.data.packing && c.data.pack_batch == "rows"))
     throw Error(cat("data.pack_fixed_examples = true (", from("data.pack_fixed_examples"),
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),
                     ") and data.pack_batch = rows (now ", c.data.pack_batch, ", ", from("data.pack_batch"), ")"));
+  if (c.data.packing && c.run.task == "clm")
+    throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
+                    "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));
+}
+
+// train.zero and run.cuda_graph against the backend and each other.
+void check_zero_and_graph(const Config& c, const From& from) {
   if (c.train.zero == 3 && c.run.backend == "cuda")
     throw Error(cat("train.zero = 3 (", from("train.zero"), ") has run on the cpu backend only; with run.backend "
                     "= cuda (", from("run.backend"), ") use train.zero = 2 (with train.offload = optimizer to move "
@@ -1293,25 +1234,23 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("train.zero = ", c.train.zero, " (", from("train.zero"), ") reduces each block's gradients during the "
                     "backward; run.cuda_graph = true (", from("run.cuda_graph"), ") records a micro-batch without "
                     "communication: use train.zero = 1 with it"));
-  if (c.run.cuda_graph) {
-    // NLPTRAIN_STEP_GRAPH_EMULATE=1: the CPU backend emulates the recording (tests of the trainer's
-    // graph path; no gain in speed)
-    const char* emulate = std::getenv("NLPTRAIN_STEP_GRAPH_EMULATE");
-    if (c.run.backend != "cuda" && !(emulate && std::string(emulate) == "1"))
-      throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") needs run.backend = cuda (now ",
-                      c.run.backend, ", ", from("run.backend"), ")"));
-    for (const auto& [key, on] : {std::pair<const char*, bool>{"run.profile", c.run.profile},
-                                  {"run.sync_check", c.run.sync_check}})
-      if (on)
-        throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") cannot be combined with ", key,
-                        " = true (", from(key), "), which needs every op launched on its own"));
-  }
-  if (c.data.packing && causal_task)
-    throw Error(cat("data.packing = true (", from("data.packing"), ") packs the bert tasks' short examples; "
-                    "run.task = clm (", from("run.task"), ") rows are full windows, with nothing to pack"));
-  if (c.run.mode == "predict" && c.data.eval.empty())
-    throw Error(cat("run.mode = predict (", from("run.mode"),
-                    ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));
+  if (!c.run.cuda_graph) return;
+  // NLPTRAIN_STEP_GRAPH_EMULATE=1: the CPU backend emulates the recording (tests of the trainer's
+  // graph path; no gain in speed)
+  const char* emulate = std::getenv("NLPTRAIN_STEP_GRAPH_EMULATE");
+  if (c.run.backend != "cuda" && !(emulate && std::string(emulate) == "1"))
+    throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") needs run.backend = cuda (now ",
+                    c.run.backend, ", ", from("run.backend"), ")"));
+  for (const auto& [key, on] : {std::pair<const char*, bool>{"run.profile", c.run.profile},
+                                {"run.sync_check", c.run.sync_check}})
+    if (on)
+      throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") cannot be combined with ", key,
+                      " = true (", from(key), "), which needs every op launched on its own"));
+}
+
+// The generate.* keys: the gpt2 tokenizer's files, generate.prompt or generate.prompts_file, the ids
+// tokenizer's prompts.
+void check_generation(const Config& c, const From& from) {
   if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty()) {
     if (c.model.weights.empty())
       throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
@@ -1339,17 +1278,6 @@ ParseResult parse_config(int argc, const char* const* argv) {
       throw Error(cat("generate.prompts_file = '", c.generate.prompts_file, "' (",
                       from("generate.prompts_file"), "): file not found"));
   }
-  if (c.train.schedule_steps > 0 && c.train.schedule_steps <= c.train.warmup_steps && c.train.schedule != "constant")
-    throw Error(cat("train.schedule_steps = ", c.train.schedule_steps, " (", from("train.schedule_steps"),
-                    ") must exceed train.warmup_steps = ", c.train.warmup_steps, " (", from("train.warmup_steps"),
-                    "): the ", c.train.schedule, " decay would never start"));
-  if (c.run.mode == "predict" && (c.run.task == "clm" || c.run.task == "mlm"))
-    throw Error(cat("run.mode = predict (", from("run.mode"), ") writes the predictions of run.task = doc_cls, "
-                    "pair_cls, ner or qa, not run.task = ", c.run.task, " (", from("run.task"),
-                    "): use run.mode = eval for its loss", c.run.task == "clm" ? ", run.mode = generate for text" : ""));
-  if (c.train.epochs > 0 && c.is_set("train.steps"))
-    throw Error(cat("train.epochs = ", c.train.epochs, " (", from("train.epochs"), ") and train.steps = ",
-                    c.train.steps, " (", from("train.steps"), ") are both set; give one of them"));
   if (c.generate.tokenizer == "ids" && c.train.sample_interval > 0)
     throw Error(cat("train.sample_interval = ", c.train.sample_interval, " (", from("train.sample_interval"),
                     ") samples from generate.prompt, which generate.tokenizer = ids (",
@@ -1358,6 +1286,28 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("generate.tokenizer = ids (", from("generate.tokenizer"),
                     ") takes its prompts from generate.prompts_file (lines with \"prompt_ids\", written by "
                     "tools/encode_prompts.py); set generate.prompts_file"));
+}
+
+// The length of training and its learning-rate schedule.
+void check_schedule(const Config& c, const From& from) {
+  if (c.train.schedule_steps > 0 && c.train.schedule_steps <= c.train.warmup_steps && c.train.schedule != "constant")
+    throw Error(cat("train.schedule_steps = ", c.train.schedule_steps, " (", from("train.schedule_steps"),
+                    ") must exceed train.warmup_steps = ", c.train.warmup_steps, " (", from("train.warmup_steps"),
+                    "): the ", c.train.schedule, " decay would never start"));
+  if (c.train.epochs > 0 && c.is_set("train.steps"))
+    throw Error(cat("train.epochs = ", c.train.epochs, " (", from("train.epochs"), ") and train.steps = ",
+                    c.train.steps, " (", from("train.steps"), ") are both set; give one of them"));
+}
+
+// run.mode against run.task and the datasets it reads.
+void check_mode_inputs(const Config& c, const From& from) {
+  if (c.run.mode == "predict" && c.data.eval.empty())
+    throw Error(cat("run.mode = predict (", from("run.mode"),
+                    ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));
+  if (c.run.mode == "predict" && (c.run.task == "clm" || c.run.task == "mlm"))
+    throw Error(cat("run.mode = predict (", from("run.mode"), ") writes the predictions of run.task = doc_cls, "
+                    "pair_cls, ner or qa, not run.task = ", c.run.task, " (", from("run.task"),
+                    "): use run.mode = eval for its loss", c.run.task == "clm" ? ", run.mode = generate for text" : ""));
   if (c.reads_train() && c.data.train.empty())
     throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
                     ") requires data.train (an HDF5 dataset); set it in the INI file or with "
@@ -1366,6 +1316,138 @@ ParseResult parse_config(int argc, const char* const* argv) {
     throw Error(cat("run.mode = eval (", from("run.mode"),
                     ") requires data.eval (an HDF5 dataset); set it in the INI file or with "
                     "--data.eval=PATH (see --help)"));
+}
+
+}  // namespace
+
+void check_cross_keys(const Config& c, const Origins& origins) {
+  const From from{origins};
+  check_model_shape(c, from);
+  check_packing(c, from);
+  check_zero_and_graph(c, from);
+  check_generation(c, from);
+  check_schedule(c, from);
+  check_mode_inputs(c, from);
+}
+
+}  // namespace cfg
+
+// ---- the stages of parse_config (config/config_stages.h) ------------------------------------------
+
+namespace cfg {
+
+std::vector<std::string> tokenise_argv(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    // "--section.key=" (empty value): Boost rejects it, so pass the empty value as the next token.
+    if (a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1) {
+      args.push_back(a.substr(0, a.size() - 1));
+      args.emplace_back();
+    } else {
+      args.push_back(a);
+    }
+  }
+  return args;
+}
+
+CommandLine parse_command_line(const std::vector<std::string>& args) {
+  po::options_description desc = key_options();
+  desc.add_options()("help,h", "")("version", "")("check", "")("ini-file", po::value<std::vector<std::string>>(), "");
+  po::positional_options_description pos;
+  pos.add("ini-file", -1);
+  const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                    po::command_line_style::long_allow_next | po::command_line_style::allow_short |
+                    po::command_line_style::short_allow_next |
+                    po::command_line_style::allow_dash_for_short;
+  po::parsed_options parsed(nullptr);
+  try {
+    parsed = po::command_line_parser(args)
+                 .options(desc)
+                 .positional(pos)
+                 .style(style)
+                 .allow_unregistered()
+                 .run();
+  } catch (const po::error& err) {
+    throw Error(cat("command line: ", err.what()));
+  }
+
+  CommandLine out;
+  for (const auto& opt : parsed.options) {
+    if (opt.string_key == "help") out.help = true;
+    else if (opt.string_key == "version") out.version = true;
+    else if (opt.string_key == "check") out.check = true;
+    else if (opt.string_key == "ini-file") out.inis.insert(out.inis.end(), opt.value.begin(), opt.value.end());
+    else
+      out.overrides.push_back({opt.string_key, opt.value.empty() ? "" : opt.value.front(),
+                               opt.original_tokens.empty() ? opt.string_key : opt.original_tokens.front(),
+                               !opt.unregistered && find_entry(opt.string_key) != nullptr});
+  }
+  return out;
+}
+
+void check_command_line(const CommandLine& cl) {
+  for (const auto& o : cl.overrides) {
+    if (o.known) continue;
+    const std::string& token = o.token;
+    if (token.rfind("--", 0) != 0) throw Error(cat("command line: unknown option '", token, "' (see --help)"));
+    std::string name = token.substr(2, token.find('=') == std::string::npos ? std::string::npos
+                                                                             : token.find('=') - 2);
+    throw Error(cat("command line: ", unknown_key_message(name, true), " (in '", token, "')"));
+  }
+  if (cl.inis.size() > 1)
+    throw Error(cat("command line: more than one INI file given ('", join(cl.inis, "', '"),
+                    "'); keys are overridden with --section.key=value"));
+}
+
+void apply_overrides(const std::vector<CommandLine::Override>& overrides, Config& c, Origins& origins) {
+  for (const auto& opt : overrides) {
+    const Entry& e = *find_entry(opt.name);
+    Origin o{"command line", opt.value};
+    assign(e, c, opt.value, o);
+    origins[e.name] = o;
+    c.explicitly_set.insert(e.name);
+    c.set_on_command_line.insert(e.name);
+  }
+}
+
+void validate_keys(const Config& c, const Origins& origins) {
+  for (const auto& e : schema()) {
+    const auto it = origins.find(e.name);
+    validate(e, c, it != origins.end() ? it->second : Origin{"default", ""});
+  }
+}
+
+}  // namespace cfg
+
+ParseResult parse_config(int argc, const char* const* argv) {
+  using namespace cfg;
+  ParseResult result;
+  const CommandLine cl = parse_command_line(tokenise_argv(argc, argv));
+  result.help = cl.help;
+  result.version = cl.version;
+  result.check = cl.check;
+  if (cl.help) {
+    result.help_text = config_help();
+    return result;
+  }
+  if (cl.version) return result;
+  check_command_line(cl);
+
+  Config& c = result.config;
+  Origins origins;
+  if (!cl.inis.empty()) {
+    c.source = cl.inis.front();
+    read_ini(c.source, c, origins);
+  }
+  apply_overrides(cl.overrides, c, origins);
+  resolve_alternatives(c, origins);
+  apply_preset(c, origins);
+  validate_keys(c, origins);
+  // model.type not given with model.weights: the weights' model_type decides, and
+  // resolve_model_config runs these checks once it is known
+  if (!model_type_from_weights(c)) check_model_type(c);
+  check_cross_keys(c, origins);
   return result;
 }
 
