@@ -349,7 +349,7 @@ ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::
     m.account = std::make_unique<AccountBackend>(be, mc.vocab_size, c.precision);
   Backend& base_be = m.account ? static_cast<Backend&>(*m.account) : be;
   if (cfg.run.cuda_graph && cfg.run.mode == "train")
-    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
+    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config/config_checks.cpp)
   m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
   m.model = make_model(mc, *m.model_be, cfg.run.task);
   m.model->set_recompute(cfg.train.recompute == "block");

@@ -11,15 +11,10 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/config_values.h"
 
 namespace nlp::cfg {
 
-// Where a value was read: "config file 'x.ini', line 4", "command line", "model.preset = P" or
-// "default", and the value as given.
-struct Origin {
-  std::string where;
-  std::string text;
-};
 using Origins = std::map<std::string, Origin>;  // "section.key" -> its origin
 
 // argv[1..] as the tokens Boost reads: "--section.key=" (an empty value, which Boost rejects)

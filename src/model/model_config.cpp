@@ -30,7 +30,7 @@ void take_int(const Config& cfg, const h5::File& f, const std::string& key, int&
   field = static_cast<int>(v);
 }
 
-// The ranges the INI schema enforces for the same keys (config.cpp): probabilities in [0, 1),
+// The ranges the INI schema enforces for the same keys (config/config_schema.cpp): probabilities in [0, 1),
 // everything else (epsilons, initializer_range) > 0; and the value must be a finite float.
 enum class FloatRange { Probability, Positive };
 

@@ -156,7 +156,7 @@ std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int wor
   for (int pass = 0; pass < 4; ++pass) {
     const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
     if ((pass & 1 && rc0) || (pass & 2 && off0)) continue;  // the same as an earlier pass
-    // train.zero = 3 has run on the cpu backend only (config.cpp refuses it on cuda)
+    // train.zero = 3 has run on the cpu backend only (config/config_checks.cpp refuses it on cuda)
     const int top = cfg.run.backend == "cuda" ? 2 : 3;
     for (int z = cfg.train.zero; z <= top; ++z) {
       Config c = cfg;
