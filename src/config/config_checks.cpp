@@ -65,7 +65,7 @@ void check_model_type(const Config& c, const std::string& type_where) {
     throw Error(cat("run.task = mlm (", c.where("run.task"), ") is not an objective of model.type = electra (",
                     where, "): nlptrain runs ELECTRA's discriminator, which is fine-tuned on doc_cls, "
                     "pair_cls, ner or qa (pre-train a small encoder with model.type = bert or roberta)"));
-  if (c.run.mode == "generate" && type != "gpt2")
+  if (c.mode() == RunMode::Generate && type != "gpt2")
     throw Error(cat("run.mode = generate (", c.where("run.mode"), ") needs model.type = gpt2"));
 }
 
@@ -114,7 +114,7 @@ void check_packing(const Config& c, const From& from) {
 
 // train.zero and run.cuda_graph against the backend and each other.
 void check_zero_and_graph(const Config& c, const From& from) {
-  if (c.train.zero == 3 && c.run.backend == "cuda")
+  if (c.train.zero == 3 && c.on_cuda())
     throw Error(cat("train.zero = 3 (", from("train.zero"), ") has run on the cpu backend only; with run.backend "
                     "= cuda (", from("run.backend"), ") use train.zero = 2 (with train.offload = optimizer to move "
                     "the optimizer state to the host)"));
@@ -126,7 +126,7 @@ void check_zero_and_graph(const Config& c, const From& from) {
   // NLPTRAIN_STEP_GRAPH_EMULATE=1: the CPU backend emulates the recording (tests of the trainer's
   // graph path; no gain in speed)
   const char* emulate = std::getenv("NLPTRAIN_STEP_GRAPH_EMULATE");
-  if (c.run.backend != "cuda" && !(emulate && std::string(emulate) == "1"))
+  if (!c.on_cuda() && !(emulate && std::string(emulate) == "1"))
     throw Error(cat("run.cuda_graph = true (", from("run.cuda_graph"), ") needs run.backend = cuda (now ",
                     c.run.backend, ", ", from("run.backend"), ")"));
   for (const auto& [key, on] : {std::pair<const char*, bool>{"run.profile", c.run.profile},
@@ -139,7 +139,7 @@ void check_zero_and_graph(const Config& c, const From& from) {
 // The generate.* keys: the gpt2 tokenizer's files, generate.prompt or generate.prompts_file, the ids
 // tokenizer's prompts.
 void check_generation(const Config& c, const From& from) {
-  if (c.generate.tokenizer == "gpt2" && c.generate.vocab_dir.empty()) {
+  if (c.tokenizer() == PromptTokenizer::Gpt2 && c.generate.vocab_dir.empty()) {
     if (c.model.weights.empty())
       throw Error(cat("generate.tokenizer = gpt2 (", from("generate.tokenizer"),
                       ") requires generate.vocab_dir (folder with encoder.json and vocab.bpe, or "
@@ -162,15 +162,15 @@ void check_generation(const Config& c, const From& from) {
                       c.generate.prompts_file, "' (", from("generate.prompts_file"),
                       ") are both set; give one of them"));
     std::error_code ec;
-    if (c.run.mode == "generate" && !std::filesystem::is_regular_file(c.generate.prompts_file, ec))
+    if (c.mode() == RunMode::Generate && !std::filesystem::is_regular_file(c.generate.prompts_file, ec))
       throw Error(cat("generate.prompts_file = '", c.generate.prompts_file, "' (",
                       from("generate.prompts_file"), "): file not found"));
   }
-  if (c.generate.tokenizer == "ids" && c.train.sample_interval > 0)
+  if (c.tokenizer() == PromptTokenizer::Ids && c.train.sample_interval > 0)
     throw Error(cat("train.sample_interval = ", c.train.sample_interval, " (", from("train.sample_interval"),
                     ") samples from generate.prompt, which generate.tokenizer = ids (",
                     from("generate.tokenizer"), ") cannot encode; use byte or gpt2, or run.mode = generate"));
-  if (c.generate.tokenizer == "ids" && c.run.mode == "generate" && c.generate.prompts_file.empty())
+  if (c.tokenizer() == PromptTokenizer::Ids && c.mode() == RunMode::Generate && c.generate.prompts_file.empty())
     throw Error(cat("generate.tokenizer = ids (", from("generate.tokenizer"),
                     ") takes its prompts from generate.prompts_file (lines with \"prompt_ids\", written by "
                     "tools/encode_prompts.py); set generate.prompts_file"));
@@ -189,10 +189,10 @@ void check_schedule(const Config& c, const From& from) {
 
 // run.mode against run.task and the datasets it reads.
 void check_mode_inputs(const Config& c, const From& from) {
-  if (c.run.mode == "predict" && c.data.eval.empty())
+  if (c.mode() == RunMode::Predict && c.data.eval.empty())
     throw Error(cat("run.mode = predict (", from("run.mode"),
                     ") requires data.eval (the examples to predict); set it with --data.eval=PATH"));
-  if (c.run.mode == "predict" && (c.run.task == "clm" || c.run.task == "mlm"))
+  if (c.mode() == RunMode::Predict && (c.run.task == "clm" || c.run.task == "mlm"))
     throw Error(cat("run.mode = predict (", from("run.mode"), ") writes the predictions of run.task = doc_cls, "
                     "pair_cls, ner or qa, not run.task = ", c.run.task, " (", from("run.task"),
                     "): use run.mode = eval for its loss", c.run.task == "clm" ? ", run.mode = generate for text" : ""));
@@ -200,7 +200,7 @@ void check_mode_inputs(const Config& c, const From& from) {
     throw Error(cat("run.mode = ", c.run.mode, " (", from("run.mode"),
                     ") requires data.train (an HDF5 dataset); set it in the INI file or with "
                     "--data.train=PATH (see --help)"));
-  if (c.run.mode == "eval" && c.data.eval.empty())
+  if (c.mode() == RunMode::Eval && c.data.eval.empty())
     throw Error(cat("run.mode = eval (", from("run.mode"),
                     ") requires data.eval (an HDF5 dataset); set it in the INI file or with "
                     "--data.eval=PATH (see --help)"));

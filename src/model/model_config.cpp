@@ -197,7 +197,7 @@ void check_not_hub_layout(const Config& cfg) {
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
   resolve_lm_head(mc, cfg.run.backend, cfg.run.mode);
-  if (cfg.run.bf16_activations && parse_precision(cfg.train.precision, cfg.run.backend) != Precision::Bf16)
+  if (cfg.run.bf16_activations && cfg.precision() != Precision::Bf16)
     throw Error(cat("run.bf16_activations = true (", cfg.where("run.bf16_activations"),
                     ") needs train.precision = bf16, not '", cfg.train.precision, "' (",
                     cfg.where("train.precision"), "): fp32 and tf32 runs keep fp32 activations"));

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/config_schema.h"
 #include "config/config_stages.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -152,4 +154,71 @@ TEST(ConfigStages, ValidateNamesTheOrigin) {
   }
   c.train.lr = 0.5f;
   EXPECT_NO_THROW(nlp::cfg::validate_keys(c, origins));
+}
+
+namespace {
+
+// Each of the schema's choices of `key`, written to `field`, reads back through `get` as the enum
+// value at the same place in `expected`; a value outside them is an error naming the key.
+template <typename E, typename Get>
+void expect_choices(const char* key, nlp::Config& c, std::string& field, Get get, const std::vector<E>& expected) {
+  const std::vector<std::string>& names = *nlp::cfg::find_entry(key)->check.choices;
+  ASSERT_EQ(names.size(), expected.size()) << key;
+  for (size_t i = 0; i < names.size(); ++i) {
+    field = names[i];
+    EXPECT_TRUE(get(c) == expected[i]) << key << " = " << names[i];
+  }
+  field = "nonsense";
+  try {
+    get(c);
+    ADD_FAILURE() << key << ": no error";
+  } catch (const nlp::Error& e) {
+    EXPECT_EQ(std::string(e.what()), std::string(key) + ": unknown value 'nonsense'");
+  }
+  field = names.front();
+}
+
+}  // namespace
+
+TEST(ConfigStages, EnumsFollowTheSchemasChoices) {
+  using namespace nlp;
+  Config c;
+  expect_choices<RunMode>("run.mode", c, c.run.mode, [](const Config& k) { return k.mode(); },
+                          {RunMode::Train, RunMode::Eval, RunMode::Predict, RunMode::Generate, RunMode::Gradients});
+  expect_choices<ComputeBackend>("run.backend", c, c.run.backend, [](const Config& k) { return k.backend(); },
+                                 {ComputeBackend::Cpu, ComputeBackend::Cuda});
+  expect_choices<Recompute>("train.recompute", c, c.train.recompute, [](const Config& k) { return k.recompute(); },
+                            {Recompute::None, Recompute::Block});
+  expect_choices<Offload>("train.offload", c, c.train.offload, [](const Config& k) { return k.offload(); },
+                          {Offload::None, Offload::Optimizer});
+  expect_choices<Padding>("data.padding", c, c.data.padding, [](const Config& k) { return k.padding(); },
+                          {Padding::Longest, Padding::MaxLength});
+  expect_choices<PromptTokenizer>("generate.tokenizer", c, c.generate.tokenizer,
+                                  [](const Config& k) { return k.tokenizer(); },
+                                  {PromptTokenizer::Byte, PromptTokenizer::Gpt2, PromptTokenizer::Ids});
+}
+
+// train.precision: auto is bf16 on cuda and fp32 on cpu; the others are what they say on both.
+TEST(ConfigStages, PrecisionResolvedFromAutoByBackend) {
+  using nlp::Precision;
+  nlp::Config c;
+  EXPECT_EQ(c.precision(), Precision::Fp32);  // the defaults: auto on cpu
+  const std::vector<std::pair<std::string, std::pair<Precision, Precision>>> cases = {
+      {"auto", {Precision::Fp32, Precision::Bf16}},
+      {"fp32", {Precision::Fp32, Precision::Fp32}},
+      {"tf32", {Precision::Tf32, Precision::Tf32}},
+      {"bf16", {Precision::Bf16, Precision::Bf16}}};
+  ASSERT_EQ(nlp::cfg::find_entry("train.precision")->check.choices->size(), cases.size());
+  for (const auto& [text, want] : cases) {
+    c.train.precision = text;
+    c.run.backend = "cpu";
+    EXPECT_EQ(c.precision(), want.first) << text;
+    EXPECT_FALSE(c.on_cuda());
+    c.run.backend = "cuda";
+    EXPECT_EQ(c.precision(), want.second) << text;
+    EXPECT_TRUE(c.on_cuda());
+  }
+  // the strings stay the INI text
+  EXPECT_NE(c.to_ini().find("precision = bf16\n"), std::string::npos);
+  EXPECT_NE(c.to_ini().find("backend = cuda\n"), std::string::npos);
 }
