@@ -30,7 +30,7 @@ SWITCHES = [
     ("NLPTRAIN_STEP_GRAPH_EMULATE", "`1` \\| unset", "unset",
      "emulates `run.cuda_graph`'s recording and replay on the CPU backend (for the tests)", CUDA_README),
     ("NLPTRAIN_COMM_TRACE", "set \\| unset", "unset",
-     "each rank prints its gradient communication times per step on stderr", "src/train/trainer.cpp"),
+     "each rank prints its gradient communication times per step on stderr", "src/train/trainer_step.cpp"),
     ("NLPTRAIN_TEST_STALL_RANK", "a rank number", "unset",
      "that rank stops at its first gradient bucket, as a hung rank would (the test that a stuck rank ends the run)",
      "tests/python/test_comm.py"),

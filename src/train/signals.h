@@ -26,7 +26,7 @@
 // to log.txt (set_stop_log).
 //
 // The stop file: <output.dir>/STOP (kStopFileName), looked for by every rank at every step boundary
-// (train/trainer.cpp), stops a training run like SIGUSR1 under any launcher.
+// (train/trainer_after_step.cpp), stops a training run like SIGUSR1 under any launcher.
 //
 // Which thread takes the signal: one thread of its own, waiting in sigwaitinfo. main() blocks the
 // signals before MPI_Init, so every thread started after (MPI's, the communicator's, OpenMP's) blocks
