@@ -204,13 +204,13 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
   bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, c.precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
   // error of make_backend instead
-  c.auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
+  c.auto_without_cudnn = bopts.fused_attention && cfg.attention() == nlp::AttentionImpl::Auto &&
                          !cuda_fused_attention_available(&c.no_cudnn);
   if (c.auto_without_cudnn) bopts.fused_attention = false;
   // data.packing: auto keeps packed rows on the native kernels; cuDNN's paths for them (ragged
   // sequences, or a block-diagonal bias: attention_cudnn.h) are selected by model.attention = cudnn
   // alone until a GPU run has checked them (CudaOpsCudnn.PackedRowsMatchCpu*)
-  c.packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
+  c.packed_native = bopts.fused_attention && cfg.data.packing && cfg.attention() == nlp::AttentionImpl::Auto;
   if (c.packed_native) bopts.fused_attention = false;
   // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
   // devices round-robin; NCCL needs a GPU per rank.
@@ -224,9 +224,9 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
     if (c.gpu_comm == "nccl" && !have_nccl)
       throw Error(cat("comm.gpu = nccl: nlptrain was built without NCCL (", no_nccl,
                       "); use comm.gpu = staged or auto"));
-  } else if (!c.cuda && comm.size() > 1 && cfg.comm.gpu == "staged") {
+  } else if (!c.cuda && comm.size() > 1 && cfg.comm_gpu() == nlp::CommGpu::Staged) {
     c.gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
-  } else if (!c.cuda && cfg.comm.gpu == "nccl") {
+  } else if (!c.cuda && cfg.comm_gpu() == nlp::CommGpu::Nccl) {
     throw Error("comm.gpu = nccl needs run.backend = cuda (NCCL sums GPU buffers)");
   }
   c.device = comm.local_rank();
@@ -349,7 +349,7 @@ ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::
     m.account = std::make_unique<AccountBackend>(be, mc.vocab_size, c.precision);
   Backend& base_be = m.account ? static_cast<Backend&>(*m.account) : be;
   if (cfg.run.cuda_graph && cfg.mode() == nlp::RunMode::Train)
-    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config/config_checks.cpp)
+    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config_checks.cpp)
   m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
   m.model = make_model(mc, *m.model_be, cfg.run.task);
   m.model->set_recompute(cfg.recompute() == nlp::Recompute::Block);
@@ -373,7 +373,7 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
                c.bopts.fused_attention ? "cudnn" : "native", " | ", c.tplan.threads, " thread(s) per rank on ",
                c.cpus.allowed, " CPU(s) (", c.cpus.list, ")"));
   if (const std::string d = be.details(); !d.empty()) log.info(cat("backend ", be.name(), ": ", d));
-  if (std::string no_bf16; !cfg.on_cuda() && c.precision == Precision::Bf16 && cfg.run.cpu_bf16 == "auto" &&
+  if (std::string no_bf16; !cfg.on_cuda() && c.precision == Precision::Bf16 && cfg.cpu_bf16() == nlp::CpuBf16::Auto &&
                            !cpu_native_bf16(&no_bf16))
     log.info(cat("warning: train.precision = bf16 is emulated on this CPU: ", no_bf16, ". The GEMMs run in "
                  "fp32 on bf16-rounded operands, slower than fp32: for speed here use train.precision = fp32. "
@@ -381,7 +381,7 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
                  "against, without this warning.)"));
   if (!cfg.on_cuda())
     for (const std::string& w : c.tplan.warnings) log.info(w);
-  if (cfg.model.attention == "cudnn" && !cfg.on_cuda())
+  if (cfg.attention() == nlp::AttentionImpl::Cudnn && !cfg.on_cuda())
     log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
                  " backend: it has only the native attention"));
   if (c.auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", c.no_cudnn, ")"));

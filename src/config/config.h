@@ -22,6 +22,11 @@ enum class Recompute { None, Block };                              // train.reco
 enum class Offload { None, Optimizer };                            // train.offload
 enum class Padding { Longest, MaxLength };                         // data.padding
 enum class PromptTokenizer { Byte, Gpt2, Ids };                    // generate.tokenizer
+enum class Nonfinite { Stop, Skip };                               // train.nonfinite
+enum class PackBatch { Rows, Examples };                           // data.pack_batch
+enum class AttentionImpl { Auto, Cudnn, Native };                  // model.attention (as given)
+enum class CommGpu { Auto, Nccl, Staged };                         // comm.gpu (as given)
+enum class CpuBf16 { Auto, Emulate, Native };                      // run.cpu_bf16 (as given)
 enum class Precision;  // train.precision resolved: Fp32 | Tf32 | Bf16 (core/backend.h)
 
 struct RunConfig {
@@ -250,6 +255,11 @@ struct Config {
   Offload offload() const;
   Padding padding() const;
   PromptTokenizer tokenizer() const;
+  Nonfinite nonfinite() const;
+  PackBatch pack_batch() const;
+  AttentionImpl attention() const;
+  CommGpu comm_gpu() const;
+  CpuBf16 cpu_bf16() const;
   bool on_cuda() const { return backend() == ComputeBackend::Cuda; }
 
   // The datasets run.mode reads: data.train (train, gradients) and data.eval (train, eval, predict).

@@ -102,7 +102,7 @@ void check_model_shape(const Config& c, const From& from) {
 
 // data.packing and its keys.
 void check_packing(const Config& c, const From& from) {
-  if (c.data.pack_fixed_examples && !(c.data.packing && c.data.pack_batch == "rows"))
+  if (c.data.pack_fixed_examples && !(c.data.packing && c.pack_batch() == PackBatch::Rows))
     throw Error(cat("data.pack_fixed_examples = true (", from("data.pack_fixed_examples"),
                     ") pads the examples of packed rows; it needs data.packing = true (now ",
                     c.data.packing ? "true" : "false", ", ", from("data.packing"),

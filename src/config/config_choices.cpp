@@ -52,5 +52,25 @@ PromptTokenizer Config::tokenizer() const {
   static const auto& names = choices_of("generate.tokenizer");
   return choice<PromptTokenizer>(names, "generate.tokenizer", generate.tokenizer);
 }
+Nonfinite Config::nonfinite() const {
+  static const auto& names = choices_of("train.nonfinite");
+  return choice<Nonfinite>(names, "train.nonfinite", train.nonfinite);
+}
+PackBatch Config::pack_batch() const {
+  static const auto& names = choices_of("data.pack_batch");
+  return choice<PackBatch>(names, "data.pack_batch", data.pack_batch);
+}
+AttentionImpl Config::attention() const {
+  static const auto& names = choices_of("model.attention");
+  return choice<AttentionImpl>(names, "model.attention", model.attention);
+}
+CommGpu Config::comm_gpu() const {
+  static const auto& names = choices_of("comm.gpu");
+  return choice<CommGpu>(names, "comm.gpu", comm.gpu);
+}
+CpuBf16 Config::cpu_bf16() const {
+  static const auto& names = choices_of("run.cpu_bf16");
+  return choice<CpuBf16>(names, "run.cpu_bf16", run.cpu_bf16);
+}
 
 }  // namespace nlp

@@ -182,7 +182,8 @@ std::vector<int64_t> parse_step_list(const std::string& text) {
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
-    const std::string item = cfg::trim(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    const size_t n = comma == std::string::npos ? std::string::npos : comma - start;
+    const std::string item = cfg::trim(text.substr(start, n));
     long long v = 0;
     if (item.empty()) throw Error("empty element in the list");
     if (!cfg::parse_integer(item, v)) {

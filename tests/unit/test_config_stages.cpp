@@ -196,6 +196,16 @@ TEST(ConfigStages, EnumsFollowTheSchemasChoices) {
   expect_choices<PromptTokenizer>("generate.tokenizer", c, c.generate.tokenizer,
                                   [](const Config& k) { return k.tokenizer(); },
                                   {PromptTokenizer::Byte, PromptTokenizer::Gpt2, PromptTokenizer::Ids});
+  expect_choices<Nonfinite>("train.nonfinite", c, c.train.nonfinite, [](const Config& k) { return k.nonfinite(); },
+                            {Nonfinite::Stop, Nonfinite::Skip});
+  expect_choices<PackBatch>("data.pack_batch", c, c.data.pack_batch, [](const Config& k) { return k.pack_batch(); },
+                            {PackBatch::Rows, PackBatch::Examples});
+  expect_choices<AttentionImpl>("model.attention", c, c.model.attention, [](const Config& k) { return k.attention(); },
+                                {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native});
+  expect_choices<CommGpu>("comm.gpu", c, c.comm.gpu, [](const Config& k) { return k.comm_gpu(); },
+                          {CommGpu::Auto, CommGpu::Nccl, CommGpu::Staged});
+  expect_choices<CpuBf16>("run.cpu_bf16", c, c.run.cpu_bf16, [](const Config& k) { return k.cpu_bf16(); },
+                          {CpuBf16::Auto, CpuBf16::Emulate, CpuBf16::Native});
 }
 
 // train.precision: auto is bf16 on cuda and fp32 on cpu; the others are what they say on both.
