@@ -1,13 +1,13 @@
 // parse_config and its stages (config/config_stages.h), Config::to_ini() and --help, all generated
-// from the schema table (config/config_schema.cpp: every key once: type, field, validation, help).
+// from the schema table (config/config_schema.cpp).
 //
-// Parsing order: the INI file (optional, first positional argument) is read, then command-line
+// Parsing order: the INI file (optional, first positional argument) is read, then the command-line
 // overrides `--section.key=value` / `--section.key value` are applied (they win; on the command line
-// the last occurrence of a key wins, in the INI a duplicate key is an error), then model.preset
-// fills the shape keys set nowhere else. A command-line key replaces its alternative from the INI
-// (resolve_alternatives). Type errors are reported
-// where the text was read; range, choice and cross-key checks run on the final values and name where
-// each value came from (INI file and line, command line, or default).
+// the last occurrence of a key wins, in the INI a duplicate key is an error); a command-line key
+// replaces its alternative from the INI (resolve_alternatives); then model.preset fills the shape
+// keys set nowhere else. Type errors are reported where the text was read; range, choice and
+// cross-key checks run on the final values and name where each value came from (INI file and line,
+// command line, model.preset or default).
 #include "config/config.h"
 
 #include <algorithm>
