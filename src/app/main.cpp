@@ -61,7 +61,7 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::ModelConfig& mc,
                        nlp::Backend& be, int T, int device, nlp::MemoryPlan& plan) {
   using namespace nlp;
-  const bool recompute = cfg.train.recompute == "block";
+  const bool recompute = cfg.recompute() == nlp::Recompute::Block;
   auto shell = make_model(mc, be, cfg.run.task, /*allocate=*/false);
   shell->set_recompute(recompute);
   plan = plan_memory(cfg, *shell, T, comm.size());
@@ -81,7 +81,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
   const double budget = !(limit > 0) ? double(avail) : avail > 0 ? std::min(limit, double(avail)) : limit;
   std::string hints;
   int fit_b = 0;
-  const bool generate = cfg.run.mode == "generate";  // one sequence at a time: no batch to lower
+  const bool generate = cfg.mode() == nlp::RunMode::Generate;  // one sequence at a time: no batch to lower
   for (int b = cfg.train.batch_size - 1; b >= 1 && fit_b == 0 && !generate; --b) {
     Config c2 = cfg;
     c2.train.batch_size = b;
@@ -107,7 +107,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                  double(with.total()) <= budget ? "fits" : "does not fit by itself", ")");
     shell->set_recompute(false);
   }
-  if (cfg.run.mode == "train" && cfg.train.zero == 0) {
+  if (cfg.mode() == nlp::RunMode::Train && cfg.train.zero == 0) {
     Config c2 = cfg;
     c2.train.zero = 1;
     const MemoryPlan with = plan_memory(c2, *shell, T, comm.size());
@@ -116,7 +116,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
                        comm.size(), "; ", double(with.total()) <= budget ? "fits" : "does not fit by itself", ")")
                  : std::string("; train.zero = 1 shards the AdamW state over more ranks (one rank now)");
   }
-  if (cfg.run.mode == "train") {  // the smallest ZeRO stage / recompute / offload setting that fits
+  if (cfg.mode() == nlp::RunMode::Train) {  // the smallest ZeRO stage / recompute / offload setting that fits
     const std::vector<PlanOption> opts = plan_options(cfg, *shell, T, comm.size());
     const PlanOption* fit = smallest_fitting(opts, budget);
     hints += fit ? cat("; the smallest train.zero / train.recompute / train.offload setting that fits: ", fit->keys(),
@@ -147,7 +147,7 @@ bool check_memory_plan(const nlp::Config& cfg, nlp::Comm& comm, const nlp::Model
 // it says so and prints nothing); the activations are sized for the cpu backend's kernels.
 void print_check_memory_plan(const nlp::Config& cfg, int world) {
   using namespace nlp;
-  if (cfg.run.mode != "train") return;
+  if (cfg.mode() != nlp::RunMode::Train) return;
   if (!cfg.model.weights.empty() || cfg.data.seq_len == 0) {
     std::printf("# memory plan: not computed by --check (%s); a run logs it before allocating\n",
                 !cfg.model.weights.empty() ? "the model's shape is in model.weights"
@@ -158,11 +158,11 @@ void print_check_memory_plan(const nlp::Config& cfg, int world) {
     ModelConfig mc = cfg.model;
     auto be = make_cpu_backend(1);
     auto shell = make_model(mc, *be, cfg.run.task, /*allocate=*/false);
-    shell->set_recompute(cfg.train.recompute == "block");
+    shell->set_recompute(cfg.recompute() == nlp::Recompute::Block);
     const std::vector<PlanOption> opts = plan_options(cfg, *shell, cfg.data.seq_len, world);
     const double budget = double(cfg.run.memory_limit_gb) * 1e9;
     std::string table = plan_options_table(opts, budget, world);
-    if (cfg.run.backend == "cuda") table += "  (activations as the cpu backend's kernels need them)\n";
+    if (cfg.on_cuda()) table += "  (activations as the cpu backend's kernels need them)\n";
     // as INI comments, so that the output stays a valid INI file
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) std::printf("# %s\n", line.c_str());
@@ -194,7 +194,7 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
   // CPU threads from the CPUs the launcher gave this rank (core/cpu_affinity.h)
   c.cpus = current_cpu_set();
   c.tplan = plan_threads(cfg.run.threads, comm.local_size(), c.cpus);
-  c.precision = parse_precision(cfg.train.precision, cfg.run.backend);
+  c.precision = cfg.precision();
   BackendOptions& bopts = c.bopts;
   bopts.precision = c.precision;
   bopts.sync_check = cfg.run.sync_check;
@@ -204,17 +204,17 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
   bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, c.precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an
   // error of make_backend instead
-  c.auto_without_cudnn = bopts.fused_attention && cfg.model.attention == "auto" &&
+  c.auto_without_cudnn = bopts.fused_attention && cfg.attention() == nlp::AttentionImpl::Auto &&
                          !cuda_fused_attention_available(&c.no_cudnn);
   if (c.auto_without_cudnn) bopts.fused_attention = false;
   // data.packing: auto keeps packed rows on the native kernels; cuDNN's paths for them (ragged
   // sequences, or a block-diagonal bias: attention_cudnn.h) are selected by model.attention = cudnn
   // alone until a GPU run has checked them (CudaOpsCudnn.PackedRowsMatchCpu*)
-  c.packed_native = bopts.fused_attention && cfg.data.packing && cfg.model.attention == "auto";
+  c.packed_native = bopts.fused_attention && cfg.data.packing && cfg.attention() == nlp::AttentionImpl::Auto;
   if (c.packed_native) bopts.fused_attention = false;
   // Several ranks on one GPU (comm.gpu = staged, or auto with more local ranks than GPUs) share the
   // devices round-robin; NCCL needs a GPU per rank.
-  c.cuda = cfg.run.backend == "cuda";
+  c.cuda = cfg.on_cuda();
   const int ndev = c.cuda ? cuda_device_count() : 0;
   std::string no_nccl;
   const bool have_nccl = nccl_available(&no_nccl);
@@ -224,9 +224,9 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
     if (c.gpu_comm == "nccl" && !have_nccl)
       throw Error(cat("comm.gpu = nccl: nlptrain was built without NCCL (", no_nccl,
                       "); use comm.gpu = staged or auto"));
-  } else if (!c.cuda && comm.size() > 1 && cfg.comm.gpu == "staged") {
+  } else if (!c.cuda && comm.size() > 1 && cfg.comm_gpu() == nlp::CommGpu::Staged) {
     c.gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
-  } else if (!c.cuda && cfg.comm.gpu == "nccl") {
+  } else if (!c.cuda && cfg.comm_gpu() == nlp::CommGpu::Nccl) {
     throw Error("comm.gpu = nccl needs run.backend = cuda (NCCL sums GPU buffers)");
   }
   c.device = comm.local_rank();
@@ -273,7 +273,7 @@ Resolved resolve_config(const nlp::Config& cfg, nlp::Comm& comm, const BackendCh
   eff.model = mc;
   if (eff.data.pad_multiple == 0) eff.data.pad_multiple = auto_pad_multiple(c.cuda, c.bopts.fused_attention);
   std::string epochs_line;
-  if (cfg.run.mode == "train" && cfg.train.epochs > 0) {
+  if (cfg.mode() == nlp::RunMode::Train && cfg.train.epochs > 0) {
     const int64_t n = count_examples(cfg, mc, cfg.data.train);
     const int64_t global = int64_t(comm.size()) * cfg.train.batch_size * cfg.train.grad_accum;
     // packed steps (data.pack_batch = rows) hold a varying number of examples: the first epoch's count
@@ -294,7 +294,7 @@ Resolved resolve_config(const nlp::Config& cfg, nlp::Comm& comm, const BackendCh
               cfg.train.grad_accum, ") -> train.steps = ", eff.train.steps);
   }
   const std::string warmup =
-      cfg.run.mode == "train"
+      cfg.mode() == nlp::RunMode::Train
           ? warmup_warning(cfg.train.schedule, cfg.train.lr, cfg.train.min_lr_ratio, cfg.train.warmup_steps,
                            cfg.where("train.warmup_steps"), eff.train.steps,
                            cfg.train.epochs > 0 ? "from train.epochs" : cfg.where("train.steps"))
@@ -348,11 +348,11 @@ ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::
   if (cfg.run.profile)
     m.account = std::make_unique<AccountBackend>(be, mc.vocab_size, c.precision);
   Backend& base_be = m.account ? static_cast<Backend&>(*m.account) : be;
-  if (cfg.run.cuda_graph && cfg.run.mode == "train")
-    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config.cpp)
+  if (cfg.run.cuda_graph && cfg.mode() == nlp::RunMode::Train)
+    m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config_checks.cpp)
   m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
   m.model = make_model(mc, *m.model_be, cfg.run.task);
-  m.model->set_recompute(cfg.train.recompute == "block");
+  m.model->set_recompute(cfg.recompute() == nlp::Recompute::Block);
   return m;
 }
 
@@ -373,15 +373,15 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
                c.bopts.fused_attention ? "cudnn" : "native", " | ", c.tplan.threads, " thread(s) per rank on ",
                c.cpus.allowed, " CPU(s) (", c.cpus.list, ")"));
   if (const std::string d = be.details(); !d.empty()) log.info(cat("backend ", be.name(), ": ", d));
-  if (std::string no_bf16; cfg.run.backend == "cpu" && c.precision == Precision::Bf16 && cfg.run.cpu_bf16 == "auto" &&
+  if (std::string no_bf16; !cfg.on_cuda() && c.precision == Precision::Bf16 && cfg.cpu_bf16() == nlp::CpuBf16::Auto &&
                            !cpu_native_bf16(&no_bf16))
     log.info(cat("warning: train.precision = bf16 is emulated on this CPU: ", no_bf16, ". The GEMMs run in "
                  "fp32 on bf16-rounded operands, slower than fp32: for speed here use train.precision = fp32. "
                  "(run.cpu_bf16 = emulate asks for the emulation, the reference a GPU's bf16 is checked "
                  "against, without this warning.)"));
-  if (cfg.run.backend == "cpu")
+  if (!cfg.on_cuda())
     for (const std::string& w : c.tplan.warnings) log.info(w);
-  if (cfg.model.attention == "cudnn" && cfg.run.backend != "cuda")
+  if (cfg.attention() == nlp::AttentionImpl::Cudnn && !cfg.on_cuda())
     log.info(cat("model.attention = cudnn is ignored by the ", cfg.run.backend,
                  " backend: it has only the native attention"));
   if (c.auto_without_cudnn) log.info(cat("model.attention = auto: native attention (", c.no_cudnn, ")"));
@@ -449,7 +449,7 @@ void log_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Model& m
   const int heads = bert ? mc.num_attention_heads : mc.n_head;
   const int width = bert ? mc.hidden_size : mc.n_embd;
   char buf[384];
-  const bool train_mode = cfg.run.mode == "train";
+  const bool train_mode = cfg.mode() == nlp::RunMode::Train;
   std::snprintf(buf, sizeof buf,
                 "model: %s, %d layers, %d heads, width %d, vocab %d, %zu parameters (%.2fM) | "
                 "memory per rank: %s %.1f MiB, %s %.1f MiB",
@@ -487,7 +487,7 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
     Log log(comm.rank());
     // One training run per folder (train/run_folder.h): refused, or the old run moved aside, here.
     agreed(comm, [&] { claim_run_folder(comm, cfg, log); });
-    const bool append = cfg.run.mode != "train" || cfg.train.resume;
+    const bool append = cfg.mode() != nlp::RunMode::Train || cfg.train.resume;
     // Nothing in output.dir is written before the mode calls begin_output() (inputs validated).
     log.open(cfg.output.dir, append, cfg.to_ini());
     for (const std::string& note : cfg.notes) log.info(note);  // command-line keys that replaced the INI's

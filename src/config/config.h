@@ -1,6 +1,6 @@
 // The run configuration: one typed, validated object built from an INI file plus
 // `--section.key=value` command-line overrides. Every key is declared once in the schema table in
-// config.cpp (name, type, default, validation, help); nothing else in nlptrain reads INI text.
+// config_schema.cpp (name, type, default, validation, help); nothing else in nlptrain reads INI text.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -12,6 +12,22 @@
 #include <vector>
 
 namespace nlp {
+
+// Validated one-of keys as enums (Config::mode() and the like; config_choices.cpp reads their text,
+// the one place, in the order of the schema's choice lists). The strings in the structs below stay
+// the INI text that to_ini() and --help show.
+enum class RunMode { Train, Eval, Predict, Generate, Gradients };  // run.mode
+enum class ComputeBackend { Cpu, Cuda };                           // run.backend
+enum class Recompute { None, Block };                              // train.recompute
+enum class Offload { None, Optimizer };                            // train.offload
+enum class Padding { Longest, MaxLength };                         // data.padding
+enum class PromptTokenizer { Byte, Gpt2, Ids };                    // generate.tokenizer
+enum class Nonfinite { Stop, Skip };                               // train.nonfinite
+enum class PackBatch { Rows, Examples };                           // data.pack_batch
+enum class AttentionImpl { Auto, Cudnn, Native };                  // model.attention (as given)
+enum class CommGpu { Auto, Nccl, Staged };                         // comm.gpu (as given)
+enum class CpuBf16 { Auto, Emulate, Native };                      // run.cpu_bf16 (as given)
+enum class Precision;  // train.precision resolved: Fp32 | Tf32 | Bf16 (core/backend.h)
 
 struct RunConfig {
   std::string mode = "train";  // train | eval | predict | generate | gradients
@@ -228,9 +244,30 @@ struct Config {
   // file (train.steps for train.epochs, ...; see parse_config).
   std::vector<std::string> notes;
 
+  // The one-of keys as enums, read from the strings above on each call (so a Config whose strings
+  // are set by hand, as tests do, never disagrees with them); throw nlp::Error naming the key on a
+  // value outside its choices. precision(): train.precision with auto resolved (bf16 on cuda, fp32
+  // on cpu), the one place it is.
+  RunMode mode() const;
+  ComputeBackend backend() const;
+  Precision precision() const;
+  Recompute recompute() const;
+  Offload offload() const;
+  Padding padding() const;
+  PromptTokenizer tokenizer() const;
+  Nonfinite nonfinite() const;
+  PackBatch pack_batch() const;
+  AttentionImpl attention() const;
+  CommGpu comm_gpu() const;
+  CpuBf16 cpu_bf16() const;
+  bool on_cuda() const { return backend() == ComputeBackend::Cuda; }
+
   // The datasets run.mode reads: data.train (train, gradients) and data.eval (train, eval, predict).
-  bool reads_train() const { return run.mode == "train" || run.mode == "gradients"; }
-  bool reads_eval() const { return run.mode == "train" || run.mode == "eval" || run.mode == "predict"; }
+  bool reads_train() const { return mode() == RunMode::Train || mode() == RunMode::Gradients; }
+  bool reads_eval() const {
+    const RunMode m = mode();
+    return m == RunMode::Train || m == RunMode::Eval || m == RunMode::Predict;
+  }
 
   // Effective configuration as INI text (every key, sections in schema order).
   std::string to_ini() const;

@@ -9,7 +9,7 @@
 //   electra (ElectraModel, the discriminator, names under "electra."): embeddings of width
 //       embedding_size E, projected to hidden_size H by embeddings_project when E != H; no pooler;
 //       doc_cls/pair_cls by ElectraClassificationHead (as RoBERTa's with GELU (erf) for tanh); ner
-//       and qa as BERT's; no mlm (the discriminator's objective is not one; config.cpp refuses it).
+//       and qa as BERT's; no mlm (the discriminator's objective is not one; config/config_checks.cpp refuses it).
 // Embeddings: LayerNorm(word + position + token_type) then dropout (then electra's projection).
 // Heads by run.task, with the HF state_dict names and nn.Linear [out, in] layout:
 //   doc_cls, pair_cls (BertForSequenceClassification): pooler tanh(dense([CLS])) -> dropout -> classifier

@@ -30,7 +30,7 @@ void take_int(const Config& cfg, const h5::File& f, const std::string& key, int&
   field = static_cast<int>(v);
 }
 
-// The ranges the INI schema enforces for the same keys (config.cpp): probabilities in [0, 1),
+// The ranges the INI schema enforces for the same keys (config/config_schema.cpp): probabilities in [0, 1),
 // everything else (epsilons, initializer_range) > 0; and the value must be a finite float.
 enum class FloatRange { Probability, Positive };
 
@@ -204,7 +204,7 @@ void check_not_hub_layout(const Config& cfg) {
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
   resolve_lm_head(mc, cfg.run.backend, cfg.run.mode);
-  if (cfg.run.bf16_activations && parse_precision(cfg.train.precision, cfg.run.backend) != Precision::Bf16)
+  if (cfg.run.bf16_activations && cfg.precision() != Precision::Bf16)
     throw Error(cat("run.bf16_activations = true (", cfg.where("run.bf16_activations"),
                     ") needs train.precision = bf16, not '", cfg.train.precision, "' (",
                     cfg.where("train.precision"), "): fp32 and tf32 runs keep fp32 activations"));

@@ -107,7 +107,7 @@ inline int auto_pad_multiple(bool cuda, bool cudnn_attention) {
 // host time on an H100 (a BERT-base step there takes milliseconds), so one length means one graph
 // for the run. Ragged attention computes no padding, so the longer rows cost little.
 inline bool packs_full_rows(const Config& cfg, bool cuda) {
-  return cuda && cfg.model.attention == "cudnn" && !cfg.is_set("data.pad_multiple");
+  return cuda && cfg.attention() == AttentionImpl::Cudnn && !cfg.is_set("data.pad_multiple");
 }
 
 // The `multiple` pack_rows gets from the configuration (cuda: the run's backend is cuda): 0 (rows of
@@ -118,7 +118,7 @@ inline bool packs_full_rows(const Config& cfg, bool cuda) {
 // for a few positions of padding per row.
 constexpr int kPackRowMultiple = 16;
 inline int packing_multiple(const Config& cfg, bool cuda) {
-  if (cfg.data.padding == "max_length" || packs_full_rows(cfg, cuda)) return 0;
+  if (cfg.padding() == Padding::MaxLength || packs_full_rows(cfg, cuda)) return 0;
   return std::max(cfg.data.pad_multiple, kPackRowMultiple);
 }
 
@@ -129,7 +129,7 @@ Sampler train_sampler(const Config& cfg, int64_t num_examples, int B, int A, int
                       const std::vector<int32_t>* lengths);
 
 // data.packing with data.pack_batch = rows (train.batch_size counts rows).
-inline bool packs_by_rows(const Config& cfg) { return cfg.data.packing && cfg.data.pack_batch == "rows"; }
+inline bool packs_by_rows(const Config& cfg) { return cfg.data.packing && cfg.pack_batch() == PackBatch::Rows; }
 
 // Backend copies of one batch.
 class DeviceBatchBuffer {

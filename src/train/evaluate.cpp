@@ -33,7 +33,7 @@ int dataset_seq_len(const Config& cfg, const ModelConfig& mc, const std::string&
 // per example. mlm's evaluation masks are seeded per batch and clm's windows all have the file's
 // length: both keep the file's order.
 bool sorts_by_length(const Config& cfg, Task task) {
-  return cfg.eval.sort_by_length && cfg.data.padding == "longest" && task != Task::Mlm && task != Task::Clm;
+  return cfg.eval.sort_by_length && cfg.padding() == Padding::Longest && task != Task::Mlm && task != Task::Clm;
 }
 
 // `idx` ordered by length, longest first; equal lengths keep their order (the file's).
@@ -97,7 +97,7 @@ TokenDataset open_dataset_header(const Config& cfg, const ModelConfig& mc, Task 
                                        : std::string()));
   }
   // The columns the task needs (predict also takes unlabelled data: the prep tools' --no-labels).
-  const bool predict = cfg.run.mode == "predict" && key == "data.eval";
+  const bool predict = cfg.mode() == RunMode::Predict && key == "data.eval";
   if (is_seq_cls(task) && !ds.has_seq_labels() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = ", cfg.run.task, " needs 1-D 'labels' [examples]"));
   if (task == Task::Ner && !ds.has_token_labels() && !predict)
@@ -176,7 +176,7 @@ EvalResult evaluate(Session& s, const TokenDataset& ds, int max_batches, bool wr
 
   DeviceBatchBuffer dbuf(s.be, &s.model.config());
   TokenBatch tb;
-  const bool trim = cfg.data.padding == "longest";
+  const bool trim = cfg.padding() == Padding::Longest;
   s.model.reserve(B, ds.seq_len());  // no re-carving for trimmed or partial batches
   double sums[5] = {0, 0, 0, 0, 0};  // loss sum, loss units, positions computed, real tokens, examples
   for (int64_t g = 0; g < nb; ++g) {

@@ -120,9 +120,9 @@ class IdsTokenizer : public Tokenizer {
 };
 
 std::unique_ptr<Tokenizer> open_tokenizer(const Config& c, Log* log) {
-  if (c.generate.tokenizer == "ids")
+  if (c.tokenizer() == PromptTokenizer::Ids)
     throw Error("generate.tokenizer = ids: prompts come from generate.prompts_file (internal error)");
-  if (c.generate.tokenizer != "gpt2") return make_tokenizer(c.generate.tokenizer, "");
+  if (c.tokenizer() != PromptTokenizer::Gpt2) return make_tokenizer(c.generate.tokenizer, "");
   const std::string dir = gpt2_vocab_dir(c);
   auto tok = make_tokenizer("gpt2", dir);
   if (log) {
@@ -150,7 +150,7 @@ void check_tokenizer(const Tokenizer& tok, const Config& cfg, const ModelConfig&
   const std::string mine = tok.vocab_sha256();
   if (mine == mc.vocab_sha256) return;
   throw Error(cat("generate.tokenizer = ", cfg.generate.tokenizer,
-                  cfg.generate.tokenizer == "gpt2" ? cat(" ('", gpt2_vocab_dir(cfg), "')") : std::string(),
+                  cfg.tokenizer() == PromptTokenizer::Gpt2 ? cat(" ('", gpt2_vocab_dir(cfg), "')") : std::string(),
                   " has vocab_sha256 ", mine.substr(0, 12), "... but model.weights '", mc.weights,
                   "' was trained on vocab_sha256 ", mc.vocab_sha256.substr(0, 12),
                   "...: use the model's tokenizer (generate.tokenizer = ids with tools/generate_text.py "
@@ -245,7 +245,7 @@ std::string generate_sample(Session& s, uint64_t seed) {
 void run_generate(Session& s) {
   const GenerateConfig& g = s.cfg.generate;
   const ModelConfig& mc = s.model.config();
-  const bool by_ids = g.tokenizer == "ids";
+  const bool by_ids = s.cfg.tokenizer() == PromptTokenizer::Ids;
   const bool from_file = !g.prompts_file.empty();
   std::vector<Prompt> prompts;
   std::unique_ptr<Tokenizer> tok;

@@ -35,7 +35,7 @@ void run_gradients(Session& s) {
   // for doc_cls/pair_cls; `example_first`/`example_length` say where each example sits)
   if (cfg.data.packing)
     pack_rows(hb, packing_multiple(cfg, s.be.name() == "cuda"));
-  else if (cfg.data.padding == "longest")
+  else if (cfg.padding() == Padding::Longest)
     trim_to_longest(hb, cfg.data.pad_multiple);
   const int64_t count = hb.loss_units(s.task);
   if (count == 0) throw Error("gradients: the batch has nothing to learn from (all labels are -100)");

@@ -25,13 +25,13 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   MemoryPlan p;
   Model& mm = const_cast<Model&>(m);  // params() is not const; nothing is changed
   const size_t P = mm.params().total() * sizeof(float);
-  const bool train = cfg.run.mode == "train";
+  const bool train = cfg.mode() == RunMode::Train;
   p.B = cfg.train.batch_size;
   p.T = T;
-  p.recompute = cfg.train.recompute == "block";
+  p.recompute = cfg.recompute() == Recompute::Block;
   p.weights = P;
   // run.bf16_weights: the persistent bf16 copy beside the fp32 weights (core/backend.h), 2 bytes each
-  if (cfg.run.bf16_weights && parse_precision(cfg.train.precision, cfg.run.backend) == Precision::Bf16)
+  if (cfg.run.bf16_weights && cfg.precision() == Precision::Bf16)
     p.bf16_copy = mm.params().total() * 2;
   p.weights += p.bf16_copy;
   p.grads = P;
@@ -50,12 +50,12 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     p.gathered = zero3_buffer_floats(mm.params(), cfg.train.zero_prefetch) * sizeof(float);
     p.weights = shard + p.gathered;
   }
-  p.host_is_device = cfg.run.backend == "cpu";
-  if (train && cfg.train.offload == "optimizer") {  // train/optimizer.h: master, m, v, gradient copy
+  p.host_is_device = !cfg.on_cuda();
+  if (train && cfg.offload() == Offload::Optimizer) {  // train/optimizer.h: master, m, v, gradient copy
     p.optimizer = 0;
     p.offload_host = 4 * shard;
   }
-  if (cfg.run.mode == "generate") {
+  if (cfg.mode() == RunMode::Generate) {
     // generation runs no batch forward: one sequence at a time through the KV-cache decoder
     // (make_decoder(m, be, 1)), whose cache spans the model's positions
     p.decoder = true;
@@ -68,7 +68,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // batch buffers (ids, mask, targets, types per micro-batch, the next one read ahead)
     p.workspace = 2 * 4 * size_t(p.B) * T * sizeof(int32_t);
   }
-  if (cfg.run.backend == "cpu") {
+  if (!cfg.on_cuda()) {
     // Host buffers that live in the same memory as the arenas, at the peak; they never coincide, so
     // the largest counts. Outside training: the host copy of the parameters that initialisation and
     // weights files go through. In training that copy is freed before the first step touches the
@@ -151,7 +151,7 @@ std::string PlanOption::keys() const {
 }
 
 std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int world) {
-  const bool rc0 = cfg.train.recompute == "block", off0 = cfg.train.offload == "optimizer";
+  const bool rc0 = cfg.recompute() == Recompute::Block, off0 = cfg.offload() == Offload::Optimizer;
   std::vector<PlanOption> out;
   for (int pass = 0; pass < 4; ++pass) {
     const bool rc = rc0 || (pass & 1), off = off0 || (pass & 2);
@@ -162,7 +162,7 @@ std::vector<PlanOption> plan_options(const Config& cfg, Model& m, int T, int wor
       c.train.recompute = rc ? "block" : "none";
       c.train.offload = off ? "optimizer" : "none";
       m.set_recompute(rc);
-      out.push_back({z, rc, off, cfg.run.backend == "cuda" && z == 3, plan_memory(c, m, T, world)});
+      out.push_back({z, rc, off, cfg.on_cuda() && z == 3, plan_memory(c, m, T, world)});
     }
   }
   m.set_recompute(rc0);
@@ -205,7 +205,7 @@ std::string plan_options_table(const std::vector<PlanOption>& options, double bu
 }
 
 size_t available_memory(const Config& cfg, int device, int local_ranks, std::string* what) {
-  if (cfg.run.backend == "cuda") {
+  if (cfg.on_cuda()) {
     size_t free_b = 0, total_b = 0;
     if (!cuda_mem_info(device, &free_b, &total_b)) return 0;
     if (what) *what = cat("free memory of GPU ", device, " (cudaMemGetInfo)");

@@ -164,7 +164,7 @@ void write_run_id(const std::string& dir, const std::string& id) {
 }
 
 void claim_run_folder(Comm& comm, const Config& cfg, Log& log) {
-  if (cfg.run.mode != "train") return;
+  if (cfg.mode() != RunMode::Train) return;
   const std::string dir = cfg.output.dir;
   std::string error, id;
   bool move = false;

@@ -81,7 +81,7 @@ struct Optimizer {
       : zero(stage_ >= 1 && s.comm.size() > 1), stage(stage_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
-            shards.hi(zero ? s.comm.rank() : 0), s.cfg.train.offload == "optimizer"),
+            shards.hi(zero ? s.comm.rank() : 0), s.cfg.offload() == Offload::Optimizer),
         model(s.model) {
     if (stage >= 2) {
       grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
@@ -194,7 +194,7 @@ struct StepLoop {
       : s(s_), cfg(s_.cfg), tc(s_.cfg.train), data(d), order(o), optim(opt), st(st_), notes(n),
         rank(s_.comm.rank()), world(s_.comm.size()), A(o.A), seed(st_.seed),
         inject_nonfinite(parse_step_list(s_.cfg.debug.inject_nonfinite_step)),
-        skip_nonfinite(s_.cfg.train.nonfinite == "skip"), ckpt_dir_id(dir_id), dbuf(s_.be, &s_.model.config()),
+        skip_nonfinite(s_.cfg.nonfinite() == Nonfinite::Skip), ckpt_dir_id(dir_id), dbuf(s_.be, &s_.model.config()),
         loss_dev(static_cast<double*>(s_.be.alloc(sizeof(double))), [&be = s_.be](double* p) { be.release(p); }),
         micro(o.A), next_micro(o.A), graph(dynamic_cast<StepGraph*>(&s_.be)),
         reducer(s_.comm, s_.model.params().grad(), s_.model.params().total(), s_.cfg.comm.bucket_floats(),

@@ -116,7 +116,7 @@ TrainOrder example_order(Session& s, const TrainData& d, const BatchShape& b, Tr
       for (const auto& line : lines) s.log.info(line);
     }
   }
-  o.trim = cfg.data.padding == "longest";
+  o.trim = cfg.padding() == Padding::Longest;
   o.pack = cfg.data.packing;
   o.pack_multiple = packing_multiple(cfg, s.be.name() == "cuda");
   o.tokens_per_step = int64_t(B) * d.T * A * world;
