@@ -17,8 +17,12 @@ from test_zero_resume import TINY, log, straight
 from test_zero_resume import data  # noqa: F401  (the module's fixture)
 
 
+# With test_zero_resume.py's pairs, every pair of (stage, ranks) in {(0, 1), (1, 2), (2, 4), (3, 4), (3, 2)}
+# (issue 53) is resumed one way or the other: (0,1)-(1,2), (1,2)-(2,4), (2,4)-(0,1) there; (3,4)-(3,2),
+# (2,4)-(3,4), (3,2)-(0,1), (0,1)-(3,4), (3,4)-(1,2), (1,2)-(3,2), (3,2)-(2,4) here.
 @pytest.mark.parametrize("written,resumed", [((3, 4), (3, 2)), ((2, 4), (3, 4)), ((3, 2), (0, 1)),
-                                             ((3, 2), (3, 2))])
+                                             ((3, 2), (3, 2)), ((0, 1), (3, 4)), ((3, 4), (1, 2)),
+                                             ((1, 2), (3, 2)), ((3, 2), (2, 4))])
 def test_zero3_resume_at_another_stage_and_world_size(data, tmp_path, written, resumed):  # noqa: F811
     inis, train = data
     src = straight(data, tmp_path, *written)
