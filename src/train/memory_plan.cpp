@@ -102,17 +102,19 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md), and
     // what can sit beside a full step is a checkpoint's two tensor buffers (written and read a
     // tensor at a time: the writer's or reader's buffer and the gathered or broadcast copy, each the
-    // largest tensor), and MPI's temporary buffers for the gradient sum: the largest sum started at
-    // once with comm.overlap (largest_sum_floats: Open MPI's non-blocking reduce-scatter holds a
-    // temporary of it on rank 0, measured by tests/python/test_zero_peak_rss.py), up to the whole
-    // arena for one blocking collective.
+    // largest tensor), and MPI's temporary buffers for the gradient sum: with comm.overlap, twice the
+    // largest sum started at once on 3 or more ranks, once on 2 (largest_sum_floats: Open MPI's
+    // non-blocking reduce-scatter reduces to rank 0 along a binomial tree, and rank 0 receives into
+    // and reduces in two buffers of the whole sum when it has two or more partners; measured by
+    // tests/python/test_zero_peak_rss.py), up to the whole arena for one blocking collective.
     size_t host = train ? 0 : P;
     size_t largest = 0;
     for (const auto& sp : mm.params().specs()) largest = std::max(largest, sp.numel);
     if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 2 * largest * sizeof(float);
     if (train && world > 1) {
       host = std::max(host, cfg.comm.overlap
-                                ? largest_sum_floats(mm.params(), cfg.comm.bucket_floats(), cfg.train.zero) * sizeof(float)
+                                ? (world > 2 ? 2 : 1) *
+                                      largest_sum_floats(mm.params(), cfg.comm.bucket_floats(), cfg.train.zero) * sizeof(float)
                                 : P);
     }
     p.workspace += host;

@@ -110,8 +110,9 @@ TEST(MemoryPlanGenerate, CountsTheDecoderNotTrainingActivations) {
   EXPECT_EQ(t.optimizer, 2 * P);
 }
 
-// Training on several ranks with comm.overlap: the workspace counts MPI's temporary of the largest
-// gradient sum handed to it at once (rank 0 of Open MPI's non-blocking reduce-scatter holds one; the
+// Training on several ranks with comm.overlap: the workspace counts MPI's temporaries of the largest
+// gradient sum handed to it at once (rank 0 of Open MPI's non-blocking reduce-scatter holds one on 2
+// ranks, two on more; the
 // peak resident memory of GPT-2 124M shows it: tests/python/test_zero_peak_rss.py). GPT-2's embeddings
 // (wte, wpe: before the blocks in the arena) are summed as one piece at every stage, however small
 // the buckets; with buckets larger than the arena, stages 0 and 1 sum it whole.
@@ -139,6 +140,8 @@ TEST(MemoryPlanTrain, MpiWorkspaceIsTheLargestGradientSum) {
     cfg.train.zero = zero;
     const nlp::MemoryPlan p = nlp::plan_memory(cfg, *shell, 16, 2);
     EXPECT_EQ(p.workspace - batch_buffers, blocks_lo * sizeof(float)) << "train.zero = " << zero;
+    // rank 0 of 3 or more ranks reduces in two buffers of the sum
+    EXPECT_EQ(nlp::plan_memory(cfg, *shell, 16, 4).workspace - batch_buffers, 2 * blocks_lo * sizeof(float));
   }
   cfg.comm.bucket_mb = 100.f;  // one bucket holds everything: stages 0 and 1 sum the arena at once
   for (int zero : {0, 1}) {
