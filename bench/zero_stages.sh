@@ -70,16 +70,17 @@ cmd_of() {  # cmd_of RANKS CONFIG OUT
   echo --comm.bucket_mb="$BUCKET_MB" --train.zero="$z" --train.offload="$(offload_of "$2")"
 }
 
-# Does the binary accept train.zero = 3? (one step of the tiny shape on 2 ranks)
+# Does the binary accept train.zero = 3? (one step of a one-layer shape on 2 ranks, with the preset's
+# vocabulary: the token file holds ids up to VOCAB, and a smaller vocab_size refuses the data, not the stage)
 Z3=yes
 probe=$WORK/probe_z3
 rm -rf "$probe"
 if ! mpirun -np 2 "$BIN" --data.train="$WORK/tokens.h5" --output.dir="$probe" --model.n_layer=1 --model.n_head=1 \
-     --model.n_embd=16 --model.vocab_size=256 --model.n_positions=32 --data.seq_len=16 --train.batch_size=1 \
+     --model.n_embd=16 --model.vocab_size="$VOCAB" --model.n_positions=32 --data.seq_len=16 --train.batch_size=1 \
      --train.steps=1 --run.threads=1 --checkpoint.interval=0 --train.zero=3 >"$WORK/probe_z3.log" 2>&1; then
   Z3=no
   echo "zero_stages.sh: this nlptrain refuses train.zero = 3, so z3 and z3off are skipped:"
-  grep -m1 -i "zero" "$WORK/probe_z3.log" | sed 's/^/    /' || true
+  grep -m1 -i "error" "$WORK/probe_z3.log" | sed 's/^/    /' || true
 fi
 RUN_CONFIGS=""
 for c in $CONFIGS; do

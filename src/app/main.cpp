@@ -353,6 +353,9 @@ ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::
   m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
   m.model = make_model(mc, *m.model_be, cfg.run.task);
   m.model->set_recompute(cfg.recompute() == nlp::Recompute::Block);
+  // train.zero >= 2 trains without the gradient arena (train/grad_shards.h): freed before the weights
+  // are initialised or loaded, so that it is never resident beside them and what replaces it
+  if (cfg.mode() == nlp::RunMode::Train && cfg.train.zero >= 2) m.model->params().release_grads();
   return m;
 }
 

@@ -216,6 +216,7 @@ struct GenerateConfig {
 struct DebugConfig {
   std::string inject_nonfinite_step;  // "3,7": NaN gradient at these (1-based) steps; "" = none
   int kill_at_step = 0;               // rank 0 SIGKILLs itself after step N's metrics; 0 = never
+  int kill_in_checkpoint = 0;         // rank 0 SIGKILLs itself halfway through writing step N's checkpoint
   int startup_sleep_ms = 0;           // testing: start-up ends with a sleep this long
   int step_sleep_ms = 0;              // testing: every training step sleeps this long after its backward
 };

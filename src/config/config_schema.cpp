@@ -364,6 +364,9 @@ const std::vector<Entry>& schema() {
        "testing: make the gradient NaN at these steps (1-based, comma-separated, e.g. 3,7); empty = never"},
       {KEY(debug, kill_at_step), ge(0),
        "testing: rank 0 kills itself with SIGKILL right after writing step N's metrics (a crash); 0 = never"},
+      {KEY(debug, kill_in_checkpoint), ge(0),
+       "testing: rank 0 kills itself with SIGKILL halfway through writing step N's checkpoint (the weights "
+       "written, the AdamW moments not: a crash mid-write); 0 = never"},
       {KEY(debug, startup_sleep_ms), ge(0),
        "testing: training start-up ends with a sleep of this many milliseconds before the first step (a "
        "long start-up, to stop in it); 0 = never"},

@@ -76,28 +76,31 @@ class Gpt2 final : public Model {
 
   // HF GPT2PreTrainedModel._init_weights: weights N(0, initializer_range), residual projections
   // (attn.c_proj, mlp.c_proj) N(0, initializer_range / sqrt(2 n_layer)), biases 0, LayerNorm 1/0.
+  // A tensor at a time through one host buffer (the largest tensor's size, not the whole parameters:
+  // the set-up's resident memory stays below the optimizer step's with every train.zero).
   void init_weights(uint64_t seed) override {
     std::vector<float> host;
-    auto views = ps_.host_views(host);
     Rng rng(derive_seed(seed, 0x1417));
     const float std0 = mc_.initializer_range;
     const float std_res = std0 / std::sqrt(2.0f * L_);
-    for (auto& t : views) {
-      const auto& n = t.name;
+    const auto& specs = ps_.specs();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& n = specs[i].name;
       auto ends = [&n](const std::string& s) {
         return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
       };
-      const int64_t cnt = t.numel();
+      const size_t cnt = specs[i].numel;
+      host.resize(cnt);
       if (ends(".bias")) {
-        std::fill(t.data, t.data + cnt, 0.f);
+        std::fill(host.begin(), host.end(), 0.f);
       } else if (n.find(".ln_") != std::string::npos) {
-        std::fill(t.data, t.data + cnt, 1.f);
+        std::fill(host.begin(), host.end(), 1.f);
       } else {
         const float sd = ends("c_proj.weight") ? std_res : std0;
-        rng.fill_normal(t.data, cnt, sd);
+        rng.fill_normal(host.data(), int64_t(cnt), sd);
       }
+      ps_.upload_tensor(int(i), host.data());
     }
-    ps_.upload(host);
   }
 
   double flops_per_token(int T) const override {

@@ -104,4 +104,10 @@ void ParamStore::upload(const std::vector<float>& host) {
   be_->to_device(params_, host.data(), total_ * sizeof(float));
 }
 
+void ParamStore::upload_tensor(int i, const float* host) {
+  if (!params_)
+    throw Error("internal error: the parameter arena was released (train.zero = 3 keeps only shards)");
+  be_->to_device(p(i), host, specs_[static_cast<size_t>(i)].numel * sizeof(float));
+}
+
 }  // namespace nlp

@@ -49,6 +49,7 @@ class ParamStore {
   std::vector<NamedTensor> host_views(std::vector<float>& host) const;
   void download(std::vector<float>& host) const;           // backend -> host, all params
   void upload(const std::vector<float>& host);             // host -> backend, all params
+  void upload_tensor(int i, const float* host);            // host -> backend, tensor i (numel floats)
 
  private:
   Backend* be_ = nullptr;

@@ -19,6 +19,32 @@
 namespace nlp {
 namespace {
 double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
+
+// The largest single gradient sum the ranks hand MPI with comm.overlap, in floats: train.zero >= 2
+// sums each region of train/grad_shards.h on its own (a block, or the tensors before or after the
+// blocks: GPT-2's embeddings, 39.4M floats at 124M); stages 0 and 1 (comm/grad_reducer.h) start
+// [lo, started) at a block's end once it holds `bucket` floats, and the rest (the embeddings and what
+// is left) at the end. An arena the regions do not describe: one bucket.
+size_t largest_sum_floats(const ParamStore& ps, size_t bucket, int zero) {
+  std::vector<GradRegion> regions;
+  try {
+    regions = zero2_regions(ps);
+  } catch (const Error&) {
+    return std::min(ps.total(), bucket);
+  }
+  size_t largest = 0;
+  if (zero >= 2) {
+    for (const GradRegion& r : regions) largest = std::max(largest, r.hi - r.lo);
+    return largest;
+  }
+  size_t started = ps.total();
+  for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
+    if (it->layer < 0 || started - it->lo < std::max<size_t>(bucket, 1)) continue;
+    largest = std::max(largest, started - it->lo);
+    started = it->lo;
+  }
+  return std::max(largest, started);
+}
 }  // namespace
 
 MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
@@ -76,14 +102,20 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
     // bench/results/overlap-zero-20261123-epyc-zen3-5d8d630/overlap-zero-20261123.md), and
     // what can sit beside a full step is a checkpoint's two tensor buffers (written and read a
     // tensor at a time: the writer's or reader's buffer and the gathered or broadcast copy, each the
-    // largest tensor), and MPI's temporary buffers for the gradient sum: about one bucket with
-    // comm.overlap, up to the whole arena for one blocking collective.
+    // largest tensor), and MPI's temporary buffers for the gradient sum: with comm.overlap, twice the
+    // largest sum started at once on 3 or more ranks, once on 2 (largest_sum_floats: Open MPI's
+    // non-blocking reduce-scatter reduces to rank 0 along a binomial tree, and rank 0 receives into
+    // and reduces in two buffers of the whole sum when it has two or more partners; measured by
+    // tests/python/test_zero_peak_rss.py), up to the whole arena for one blocking collective.
     size_t host = train ? 0 : P;
     size_t largest = 0;
     for (const auto& sp : mm.params().specs()) largest = std::max(largest, sp.numel);
     if (train && (cfg.checkpoint.interval > 0 || cfg.train.resume)) host = 2 * largest * sizeof(float);
     if (train && world > 1) {
-      host = std::max(host, cfg.comm.overlap ? std::min(P, cfg.comm.bucket_floats() * sizeof(float)) : P);
+      host = std::max(host, cfg.comm.overlap
+                                ? (world > 2 ? 2 : 1) *
+                                      largest_sum_floats(mm.params(), cfg.comm.bucket_floats(), cfg.train.zero) * sizeof(float)
+                                : P);
     }
     p.workspace += host;
   }

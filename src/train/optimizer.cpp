@@ -27,7 +27,7 @@ AdamW::AdamW(ParamStore& ps, Backend& be, const TrainConfig& tc, size_t lo, size
     master_ = host_zeros(be, n);
     host_grad_ = host_zeros(be, n);
     copier_ = make_host_copier(be);  // cuda: the pipelined step below; null elsewhere
-    load_master();
+    if (ps.data()) load_master();  // train.zero = 3 frees the arena first: loaded once set_params gave the shard
   } else {
     m_ = static_cast<float*>(be.alloc(n * sizeof(float)));
     v_ = static_cast<float*>(be.alloc(n * sizeof(float)));

@@ -1,5 +1,6 @@
 // The checkpoints a training run writes (streamed, with the moments gathered from their shards) and
 // train.resume: the checkpoint resumed from, the metrics after it dropped, the batch shape kept.
+#include <csignal>
 #include "train/trainer_internal.h"
 
 namespace nlp::trainer {
@@ -82,6 +83,8 @@ std::string checkpoint_now(Session& s, AdamW& opt, const ShardLayout& shards, co
                                s.be.to_host(out, ps.data() + specs[i].offset, specs[i].numel * sizeof(float));
                              else
                                gather_moment(s, opt, shards, group - 1, specs[i], out);
+                             // debug.kill_in_checkpoint: a crash with the weights written, the moments not
+                             if (group == 1 && i == 0 && st.step == s.cfg.debug.kill_in_checkpoint) std::raise(SIGKILL);
                            },
                            [&](h5::File& f) {
                              s.model.write_attrs(f);

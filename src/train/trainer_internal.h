@@ -69,31 +69,44 @@ struct TrainData {
 // train.offload = optimizer: that state (and the master weights) on the host (optimizer.h).
 // train.zero = 2: also no gradient arena, only this rank's gradient shard and the buffers the
 // backward writes into (grad_shards.h); AdamW reads the shard.
+// Made in this order (the members' order): the gradient arena freed (train.zero >= 2: nothing in it is
+// needed), the parameter shard taken and the parameter arena freed (3), the gradient shard and buffers
+// (2, 3), then the AdamW state; so no arena is ever resident beside what replaces it and the optimizer
+// state, and the set-up stays below the steps' peak (made the other way round, it was the peak of
+// every stage-2 and stage-3 run: GPT-2 124M on 4 ranks at stage 3, the whole parameter arena beside
+// every shard).
 struct Optimizer {
   bool zero;  // sharded: train.zero >= 1 on several ranks
   int stage;  // train.zero
   ShardLayout shards;
-  AdamW opt;
-  std::unique_ptr<GradShards> grads;  // train.zero = 2 and 3
   std::unique_ptr<ParamShards> params;  // train.zero = 3
+  std::unique_ptr<GradShards> grads;  // train.zero = 2 and 3
+  AdamW opt;
   Model& model;
   Optimizer(Session& s, int stage_)
       : zero(stage_ >= 1 && s.comm.size() > 1), stage(stage_),
         shards(ShardLayout::even(s.model.params().total(), zero ? s.comm.size() : 1)),
+        params([&]() -> std::unique_ptr<ParamShards> {
+          if (stage_ != 3) return nullptr;
+          s.model.params().release_grads();  // before the parameter shard and buffers are allocated
+          return std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
+                                               s.cfg.train.zero_prefetch);
+        }()),
+        grads(stage_ >= 2 ? std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards,
+                                                         zero ? s.comm.rank() : 0,
+                                                         s.cfg.comm.overlap && s.comm.size() > 1)
+                          : nullptr),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
             shards.hi(zero ? s.comm.rank() : 0), s.cfg.offload() == Offload::Optimizer),
         model(s.model) {
-    if (stage >= 2) {
-      grads = std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
-                                           s.cfg.comm.overlap && s.comm.size() > 1);
+    if (grads) {
       opt.set_grads(grads->shard());
       AdamW* o = &opt;  // offload on cuda: each region's final gradients start to the host at once
       if (opt.offloaded()) grads->set_final_hook([o](size_t a, size_t b) { o->grads_final(a, b); });
     }
-    if (stage == 3) {
-      params = std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
-                                             s.cfg.train.zero_prefetch);
+    if (params) {
       opt.set_params(params->shard());
+      opt.load_master();  // train.offload = optimizer: the master weights from the shard (no arena now)
       ParamShards* p = params.get();
       s.model.set_block_hook([p](int l) { p->use_block(l); });
     }

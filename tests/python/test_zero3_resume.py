@@ -2,8 +2,9 @@
 shards that hold its parts (no rank holds the whole parameters to write), and a resume puts each rank's
 part of every tensor into its shard. A run saved at (stage, ranks) resumes at stage 3 and a stage-3 run at
 another (stage, ranks) with the same global batch onto the uninterrupted run (to fp32 summation order),
-bitwise at the same (stage, ranks); a killed stage-3 run and a truncated newest checkpoint fall back as
-at the other stages; tools/hf_export.py exports a ZeRO-3 checkpoint as it does a ZeRO-0 one."""
+bitwise at the same (stage, ranks); a stage-3 run killed after a step or mid-checkpoint, and a truncated
+newest checkpoint, fall back as at the other stages; tools/hf_export.py exports a ZeRO-3 checkpoint as it
+does a ZeRO-0 one."""
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,12 @@ from test_zero_resume import TINY, log, straight
 from test_zero_resume import data  # noqa: F401  (the module's fixture)
 
 
+# With test_zero_resume.py's pairs, every pair of (stage, ranks) in {(0, 1), (1, 2), (2, 4), (3, 4), (3, 2)}
+# (issue 53) is resumed one way or the other: (0,1)-(1,2), (1,2)-(2,4), (2,4)-(0,1) there; (3,4)-(3,2),
+# (2,4)-(3,4), (3,2)-(0,1), (0,1)-(3,4), (3,4)-(1,2), (1,2)-(3,2), (3,2)-(2,4) here.
 @pytest.mark.parametrize("written,resumed", [((3, 4), (3, 2)), ((2, 4), (3, 4)), ((3, 2), (0, 1)),
-                                             ((3, 2), (3, 2))])
+                                             ((3, 2), (3, 2)), ((0, 1), (3, 4)), ((3, 4), (1, 2)),
+                                             ((1, 2), (3, 2)), ((3, 2), (2, 4))])
 def test_zero3_resume_at_another_stage_and_world_size(data, tmp_path, written, resumed):  # noqa: F811
     inis, train = data
     src = straight(data, tmp_path, *written)
@@ -104,3 +109,32 @@ def test_zero3_killed_and_damaged_checkpoint_fall_back_bitwise(data, tmp_path): 
         a, b = checkpoint(out, 20), checkpoint(src, 20)
         assert sorted(a) == sorted(b)
         assert all(np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a)
+
+
+def test_zero3_killed_mid_checkpoint_falls_back_bitwise(data, tmp_path):  # noqa: F811
+    """kill -9 mid-checkpoint at stage 3 (debug.kill_in_checkpoint: rank 0 SIGKILLs itself with the
+    step-15 checkpoint's weights written, gathered from the shards, and its moments not, while the other
+    rank waits in the gather): the job ends (no hang), no step-15 checkpoint exists, only the unfinished
+    write's temporary file; the resume removes it, starts from step 10 and ends bitwise on the straight
+    run."""
+    inis, train = data
+    keys = ["--train.zero=3", "--checkpoint.interval=5"]
+    src = tmp_path / "straight"
+    nr.run([inis[2], train] + TINY + keys + [f"--output.dir={src}"], ranks=2, timeout=300)
+    out = tmp_path / "killed"
+    p = nr.run([inis[2], train] + TINY + keys + ["--debug.kill_in_checkpoint=15", f"--output.dir={out}"], ranks=2,
+               timeout=120, check=False)
+    assert p.returncode != 0
+    ckpt = out / "checkpoints"
+    assert not (ckpt / "step_00000015.h5").exists() and (ckpt / "step_00000010.h5").exists()
+    tmp = list(ckpt.glob("step_00000015.h5.tmp*"))
+    assert len(tmp) == 1, sorted(ckpt.iterdir())
+    p = nr.run([inis[2], train] + TINY + keys + ["--train.resume=true", f"--output.dir={out}"], ranks=2, timeout=300)
+    assert "step_00000010.h5' at step 10" in p.stdout and "temporary file(s) of an unfinished write" in p.stdout, \
+        p.stdout[-3000:]
+    assert not tmp[0].exists()
+    got, ref = log(out), log(src)
+    assert sorted(got) == list(range(1, 21)) and all(got[s] == ref[s] for s in got)
+    a, b = checkpoint(out, 20), checkpoint(src, 20)
+    assert sorted(a) == sorted(b)
+    assert all(np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a)

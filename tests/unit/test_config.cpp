@@ -48,7 +48,8 @@ const std::vector<std::string> kAllKeys = {
     "generate.prompt", "generate.max_new_tokens", "generate.temperature", "generate.top_k",
     "generate.top_p", "generate.seed", "generate.num_samples", "generate.tokenizer",
     "generate.vocab_dir", "generate.prompts_file",
-    "debug.inject_nonfinite_step", "debug.kill_at_step", "debug.startup_sleep_ms", "debug.step_sleep_ms"};
+    "debug.inject_nonfinite_step", "debug.kill_at_step", "debug.kill_in_checkpoint", "debug.startup_sleep_ms",
+    "debug.step_sleep_ms"};
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "nlptrain");
@@ -159,6 +160,7 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.generate.prompts_file, b.generate.prompts_file);
   EXPECT_EQ(a.debug.inject_nonfinite_step, b.debug.inject_nonfinite_step);
   EXPECT_EQ(a.debug.kill_at_step, b.debug.kill_at_step);
+  EXPECT_EQ(a.debug.kill_in_checkpoint, b.debug.kill_in_checkpoint);
 }
 
 class ConfigTest : public ::testing::Test {
@@ -1018,13 +1020,15 @@ TEST(ConfigReliability, DefaultsAndValidation) {
   EXPECT_EQ(d.train.nonfinite_max, 5);
   EXPECT_EQ(d.debug.inject_nonfinite_step, "");
   EXPECT_EQ(d.debug.kill_at_step, 0);
+  EXPECT_EQ(d.debug.kill_in_checkpoint, 0);
   const ParseResult ok = parse({"--data.train=x.h5", "--train.nonfinite=skip", "--train.nonfinite_max=2",
                                 "--debug.inject_nonfinite_step=2,4"});
   EXPECT_EQ(ok.config.train.nonfinite, "skip");
   EXPECT_EQ(ok.config.train.nonfinite_max, 2);
   EXPECT_EQ(nlp::parse_step_list(ok.config.debug.inject_nonfinite_step), (std::vector<int64_t>{2, 4}));
   for (const std::string bad : {"--train.nonfinite=ignore", "--train.nonfinite_max=0",
-                                "--debug.inject_nonfinite_step=2,x", "--debug.kill_at_step=-1"}) {
+                                "--debug.inject_nonfinite_step=2,x", "--debug.kill_at_step=-1",
+                                "--debug.kill_in_checkpoint=-1"}) {
     try {
       parse({"--data.train=x.h5", bad});
       ADD_FAILURE() << bad << " was accepted";

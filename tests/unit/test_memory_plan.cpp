@@ -109,3 +109,47 @@ TEST(MemoryPlanGenerate, CountsTheDecoderNotTrainingActivations) {
   EXPECT_EQ(t.activations, shell->activation_bytes(8, 128));
   EXPECT_EQ(t.optimizer, 2 * P);
 }
+
+// Training on several ranks with comm.overlap: the workspace counts MPI's temporaries of the largest
+// gradient sum handed to it at once (rank 0 of Open MPI's non-blocking reduce-scatter holds one on 2
+// ranks, two on more; the
+// peak resident memory of GPT-2 124M shows it: tests/python/test_zero_peak_rss.py). GPT-2's embeddings
+// (wte, wpe: before the blocks in the arena) are summed as one piece at every stage, however small
+// the buckets; with buckets larger than the arena, stages 0 and 1 sum it whole.
+TEST(MemoryPlanTrain, MpiWorkspaceIsTheLargestGradientSum) {
+  nlp::ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 32;
+  mc.vocab_size = 1000;  // the embeddings (1000 x 32 + 64 x 32) outweigh a block (~12.7K floats)
+  mc.n_positions = 64;
+  auto be = nlp::make_backend("cpu", 1, 0, nlp::BackendOptions{});
+  auto shell = nlp::make_model(mc, *be, "clm", /*allocate=*/false);
+  const auto& specs = shell->params().specs();
+  size_t blocks_lo = shell->params().total();
+  for (const auto& s : specs)
+    if (s.name.find(".h.") != std::string::npos) blocks_lo = std::min(blocks_lo, s.offset);
+  nlp::Config cfg;
+  cfg.model = mc;
+  cfg.run.mode = "train";
+  cfg.train.batch_size = 2;
+  cfg.comm.bucket_mb = 0.001f;  // 262 floats: every block its own bucket
+  const size_t batch_buffers = size_t(2) * 4 * 2 * 16 * sizeof(int32_t);
+  for (int zero : {0, 1, 2, 3}) {
+    cfg.train.zero = zero;
+    const nlp::MemoryPlan p = nlp::plan_memory(cfg, *shell, 16, 2);
+    EXPECT_EQ(p.workspace - batch_buffers, blocks_lo * sizeof(float)) << "train.zero = " << zero;
+    // rank 0 of 3 or more ranks reduces in two buffers of the sum
+    EXPECT_EQ(nlp::plan_memory(cfg, *shell, 16, 4).workspace - batch_buffers, 2 * blocks_lo * sizeof(float));
+  }
+  cfg.comm.bucket_mb = 100.f;  // one bucket holds everything: stages 0 and 1 sum the arena at once
+  for (int zero : {0, 1}) {
+    cfg.train.zero = zero;
+    const nlp::MemoryPlan p = nlp::plan_memory(cfg, *shell, 16, 2);
+    EXPECT_EQ(p.workspace - batch_buffers, shell->params().total() * sizeof(float)) << "train.zero = " << zero;
+  }
+  cfg.comm.overlap = false;  // one blocking sum of the whole arena
+  cfg.train.zero = 1;
+  EXPECT_EQ(nlp::plan_memory(cfg, *shell, 16, 2).workspace - batch_buffers, shell->params().total() * sizeof(float));
+}
