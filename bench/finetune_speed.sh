@@ -55,7 +55,8 @@
 #
 # Environment (defaults): MODEL (bert; roberta, electra: above), EMBED (HIDDEN: electra's embedding_size),
 #   TASKS ("doc_cls pair_cls ner qa"), STEPS (200), SEEDS ("1234"), SETTINGS (the
-#   six above; a subset restricts), RES (bench/results/finetune-speed-DATE-HARDWARE-COMMIT,
+#   six above; a subset restricts), FIRST_SEED_SETTINGS (empty; those of SETTINGS run with the first of SEEDS
+#   only, e.g. the slow hf-longest-group-compile once it has been seen slower than eager), RES (bench/results/finetune-speed-DATE-HARDWARE-COMMIT,
 #   bench/result_dir.sh; with -MODEL after it for roberta and electra), WORK
 #   (bench/finetune_speed_work: data and run folders, not for committing), LR (3e-4), WARMUP (STEPS/10),
 #   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
@@ -81,6 +82,7 @@ TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
 SETTINGS=${SETTINGS:-$ALL_SETTINGS}
+FIRST_SEED_SETTINGS=${FIRST_SEED_SETTINGS:-}
 RES=${RES:-$(. bench/result_dir.sh && result_dir finetune-speed "${DEVICE:-cpu}")$([ "$MODEL" = bert ] || echo "-$MODEL")}
 WORK=${WORK:-bench/finetune_speed_work}
 LR=${LR:-3e-4}
@@ -110,6 +112,9 @@ LAUNCH=${LAUNCH:-"mpirun --allow-run-as-root -np 1 --bind-to none"}
 case $DEVICE in cpu|cuda) ;; *) echo "finetune_speed: DEVICE=$DEVICE (expected cpu or cuda)" >&2; exit 2;; esac
 VOCAB=$SHARED/vocab/kcbert-base/vocab.txt
 
+for s in $FIRST_SEED_SETTINGS; do
+  case " $SETTINGS " in *" $s "*) ;; *) echo "finetune_speed: FIRST_SEED_SETTINGS: '$s' is not in SETTINGS" >&2; exit 2;; esac
+done
 for s in $SETTINGS; do
   case " $ALL_SETTINGS " in *" $s "*) ;; *) echo "finetune_speed: unknown setting '$s' (known: $ALL_SETTINGS)" >&2; exit 2;; esac
 done
@@ -123,7 +128,7 @@ mkdir -p "$RES/raw" "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=$THREADS
 
 # The exact command (every setting spelled out, so that it reproduces this run whatever the defaults become).
-CMD="MODEL=$MODEL TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\" RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
+CMD="MODEL=$MODEL TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\"$([ -z "$FIRST_SEED_SETTINGS" ] || echo " FIRST_SEED_SETTINGS=\"$FIRST_SEED_SETTINGS\"") RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
 CMD+=" BATCH=$BATCH THREADS=$THREADS MAXLEN=$MAXLEN QA_MAXLEN=$QA_MAXLEN DOC_STRIDE=$DOC_STRIDE EVAL_N=$EVAL_N"
 CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE PACK_ROWS=$PACK_ROWS NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
 CMD+=" DEVICE=$DEVICE LAUNCH=\"$LAUNCH\" HIDDEN=$HIDDEN LAYERS=$LAYERS HEADS=$HEADS INTER=$INTER MAXPOS=$MAXPOS"
@@ -290,6 +295,7 @@ for seed in $SEEDS; do
   for t in $TASKS; do
     for s in $ALL_SETTINGS; do
       case " $SETTINGS " in *" $s "*) ;; *) continue;; esac
+      case " $FIRST_SEED_SETTINGS " in *" $s "*) [ "$seed" = "${SEEDS%% *}" ] || continue;; esac
       echo "finetune_speed: $t $s seed $seed ($(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
       case $s in nlptrain-*) run_nlptrain "$t" "$s" "$seed";; hf-*) run_hf "$t" "$s" "$seed";; esac
     done

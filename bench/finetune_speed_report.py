@@ -101,7 +101,7 @@ def nlptrain_run(d, r):
     summ = read_json(os.path.join(d, "summary.json")) or {}
     r["summary"] = summ
     r["parameters"] = summ.get("parameters")
-    m = re.search(r"^\s*type\s*=\s*(\S+)", read_text(os.path.join(d, "config.ini")), re.M)
+    m = re.search(r"^\[model\][^\[]*?^type\s*=\s*(\S+)", read_text(os.path.join(d, "config.ini")), re.M | re.S)
     r["model_type"] = m.group(1) if m else None
     if train:
         steps = {x["step"]: x for x in train}  # one line per step (log_interval 1)
