@@ -218,6 +218,43 @@ def parameter_counts(runs):
     return out
 
 
+def seed_spread_lines(runs, seeds):
+    """Per task: each nlptrain setting's metric per seed and mean against the seed spread (min..max over
+    the seeds) of HF's fastest setting (the smallest mean train s among the HF settings run with every
+    seed), and the mean time ratio to HF's fastest of each seed."""
+    out = ["## Metric against HF's seed spread", "",
+           "HF fastest: the HF setting with the smallest mean train s among those run with every seed; its "
+           "spread: its lowest to highest metric over the seeds. inside: nlptrain's mean metric is within it.", "",
+           "| task | nlptrain setup | metric per seed | mean | HF fastest | its metric per seed | inside? | "
+           "vs HF fastest per seed | mean |", "|---|---|---|---:|---|---|---|---|---:|"]
+    for t in TASKS:
+        rs = [r for r in runs if r["task"] == t and r.get("train_s") and r.get("metric") is not None]
+        full = {}
+        for s in SETTINGS:
+            mine = {r["seed"]: r for r in rs if r["setting"] == s}
+            if set(mine) >= set(seeds):
+                full[s] = mine
+        hf = [s for s in full if s.startswith("hf-")]
+        if not hf:
+            continue
+        best = min(hf, key=lambda s: statistics.mean(full[s][k]["train_s"] for k in seeds))
+        pct = 1 if t == "qa" else 100  # korquad_f1 is a percentage already
+        hm = [full[best][k]["metric"] for k in seeds]
+        lo, hi = min(hm), max(hm)
+        for s in (x for x in full if x.startswith("nlptrain-")):
+            m = [full[s][k]["metric"] for k in seeds]
+            mean = statistics.mean(m)
+            where = "yes" if lo <= mean <= hi else f"no ({pct * (mean - (lo if mean < lo else hi)):+.2f})"
+            ratios = [full[s][k].get("vs_hf_fastest") for k in seeds]
+            out.append("| {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} |".format(
+                t, s, " / ".join(f"{pct * x:.2f}" for x in m), pct * mean, best,
+                " / ".join(f"{pct * x:.2f}" for x in hm), where,
+                " / ".join(f(x, "{:.2f}") for x in ratios),
+                f(statistics.mean(ratios), "{:.2f}") if all(x is not None for x in ratios) else "-"))
+    out.append("")
+    return out
+
+
 def f(x, fmt="{:.1f}"):
     return "-" if x is None else fmt.format(x)
 
@@ -302,6 +339,8 @@ def main(argv):
                     f(statistics.mean(r["real_tokens_per_s"] for r in rs), "{:.0f}"),
                     f(statistics.mean(m), "{:.4f}") if m else "-"))
         out.append("")
+    if len(seeds) > 1:
+        out += seed_spread_lines(runs, seeds)
     md = "\n".join(out) + "\n"
     with open(os.path.join(res, "results.md"), "w") as fh:
         fh.write(md)
