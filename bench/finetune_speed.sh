@@ -134,10 +134,11 @@ CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE PACK_ROWS=$P
 CMD+=" DEVICE=$DEVICE LAUNCH=\"$LAUNCH\" HIDDEN=$HIDDEN LAYERS=$LAYERS HEADS=$HEADS INTER=$INTER MAXPOS=$MAXPOS"
 [ "$MODEL" = electra ] && CMD+=" EMBED=$EMBED"
 CMD+=" bash bench/finetune_speed.sh"
-echo "$CMD" > "$RES/command.txt"
+echo "$CMD" >> "$RES/command.txt"  # appended: a folder that gathers several invocations (one seed each) keeps every command
 echo "finetune_speed: $CMD"
 
-{ echo "date: $(date -Is)"; echo "host: $(uname -a)"
+{ [ ! -s "$RES/environment.txt" ] || echo "---- the next invocation in this folder"
+  echo "date: $(date -Is)"; echo "host: $(uname -a)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "nproc: $(nproc)"; echo "loadavg at start: $(cat /proc/loadavg)"
   echo "threads: nlptrain $LAUNCH --run.threads=$THREADS; HF torch.set_num_threads($THREADS); OMP_NUM_THREADS=$THREADS"
@@ -147,8 +148,8 @@ echo "finetune_speed: $CMD"
   echo "nlptrain: $("$BIN" --version 2>&1 | head -1)"
   echo "mpirun: $(mpirun --version 2>&1 | head -1)"
   "$PY" -c "import sys, torch, transformers, accelerate; print('python', sys.version.split()[0]); print('torch', torch.__version__); print('transformers', transformers.__version__); print('accelerate', accelerate.__version__); print('torch parallel:', ' | '.join(l.strip() for l in torch.__config__.parallel_info().splitlines() if l.strip()))"
-} > "$RES/environment.txt" 2>&1 || true  # a record only: a tree without git (the GPU machine's copy) or a missing package must not stop the runs
-cat "$RES/environment.txt"
+} >> "$RES/environment.txt" 2>&1 || true  # a record only: a tree without git (the GPU machine's copy) or a missing package must not stop the runs
+tail -n 25 "$RES/environment.txt"
 
 # ---- data (tools/prep_*.py as in bench/bert_accuracy/prep.sh; row lengths MAXLEN / QA_MAXLEN) ----------------
 lim() { [ -n "$LIMIT" ] && echo "--limit $LIMIT" || true; }            # cap for smoke runs
