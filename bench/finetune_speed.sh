@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # Fine-tuning speed: nlptrain vs Hugging Face Trainer, with and without per-batch padding.
 #
+# MODEL=bert (default) | roberta | electra: the family of the from-scratch model on both sides (nlptrain
+# --model.type; hf_trainer.py --model-type: BertConfig / RobertaConfig / ElectraConfig and the task's class);
+# everything else below is the same for the three. roberta: type_vocab_size 1 (the data prepared with
+# --single-segment: every token type 0, also a pair's second sentence, in WORK/data/TASK-single),
+# max_position_embeddings MAXPOS + pad id + 1 (its positions run from pad id + 1, so rows of MAXPOS
+# tokens fit, as klue/roberta-base's 514 = 512 + pad id 1 + 1), the pad id the data's ([PAD]);
+# electra: embedding_size = HIDDEN (EMBED, default HIDDEN: no embeddings_project, as the base models),
+# type_vocab_size 2 and the same data as bert. Each side prints its parameter count (nlptrain's
+# summary.json, HF's result.json): the report shows both and flags a difference.
+#
 # For each BERT task on real data (doc_cls: NSMC, pair_cls: KorNLI, ner: KLUE NER, qa: KorQuAD) both
 # sides train the same from-scratch model (4 layers, hidden 256, 4 heads, intermediate 1024, kcbert
 # vocabulary, dropout 0.1) with the same lr, warmup, batch (32) and number of steps (= the same
@@ -43,9 +53,11 @@
 #   bash bench/finetune_speed.sh                                   # everything (defaults below)
 #   TASKS=ner STEPS=5 LIMIT=300 bash bench/finetune_speed.sh       # a smoke run
 #
-# Environment (defaults): TASKS ("doc_cls pair_cls ner qa"), STEPS (200), SEEDS ("1234"), SETTINGS (the
-#   six above; a subset restricts), RES (bench/results/finetune-speed-DATE-HARDWARE-COMMIT,
-#   bench/result_dir.sh), WORK
+# Environment (defaults): MODEL (bert; roberta, electra: above), EMBED (HIDDEN: electra's embedding_size),
+#   TASKS ("doc_cls pair_cls ner qa"), STEPS (200), SEEDS ("1234"), SETTINGS (the
+#   six above; a subset restricts), FIRST_SEED_SETTINGS (empty; those of SETTINGS run with the first of SEEDS
+#   only, e.g. the slow hf-longest-group-compile once it has been seen slower than eager), RES (bench/results/finetune-speed-DATE-HARDWARE-COMMIT,
+#   bench/result_dir.sh; with -MODEL after it for roberta and electra), WORK
 #   (bench/finetune_speed_work: data and run folders, not for committing), LR (3e-4), WARMUP (STEPS/10),
 #   BATCH (32), THREADS (2), MAXLEN (128: doc_cls, pair_cls, ner row length), QA_MAXLEN (256),
 #   DOC_STRIDE (64), EVAL_N (500: NSMC test / XNLI dev examples evaluated), EVAL_FRAC (0.1: the
@@ -64,11 +76,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL_SETTINGS="nlptrain-max_length hf-max_length nlptrain-longest hf-longest nlptrain-longest-group nlptrain-packed nlptrain-packedrows hf-longest-group hf-longest-group-compile nlptrain-longest-group-bf16 nlptrain-packed-bf16 nlptrain-packedrows-bf16 nlptrain-packedrowsfixed nlptrain-packedrowsfixed-bf16 nlptrain-packedrowsgraph-bf16 hf-longest-group-bf16 nlptrain-longest-groupshuffled-bf16 hf-longest-groupshuffled-bf16 nlptrain-packed-cudnn-bf16 hf-longest-group-compile-bf16"
+MODEL=${MODEL:-bert}
+case $MODEL in bert|roberta|electra) ;; *) echo "finetune_speed: MODEL=$MODEL (expected bert, roberta or electra)" >&2; exit 2;; esac
 TASKS=${TASKS:-"doc_cls pair_cls ner qa"}
 STEPS=${STEPS:-200}
 SEEDS=${SEEDS:-1234}
 SETTINGS=${SETTINGS:-$ALL_SETTINGS}
-RES=${RES:-$(. bench/result_dir.sh && result_dir finetune-speed "${DEVICE:-cpu}")}
+FIRST_SEED_SETTINGS=${FIRST_SEED_SETTINGS:-}
+RES=${RES:-$(. bench/result_dir.sh && result_dir finetune-speed "${DEVICE:-cpu}")$([ "$MODEL" = bert ] || echo "-$MODEL")}
 WORK=${WORK:-bench/finetune_speed_work}
 LR=${LR:-3e-4}
 WARMUP=${WARMUP:-$((STEPS / 10))}
@@ -89,12 +104,17 @@ if [ -z "${SHARED:-}" ]; then
   if [ -d ../shared/data ]; then SHARED=$(cd ../shared/data && pwd); else SHARED=/work/shared/data; fi
 fi
 HIDDEN=${HIDDEN:-256}; LAYERS=${LAYERS:-4}; HEADS=${HEADS:-4}; INTER=${INTER:-1024}; MAXPOS=${MAXPOS:-256}
+EMBED=${EMBED:-$HIDDEN}
+[ "$MODEL" = electra ] || [ "$EMBED" = "$HIDDEN" ] || { echo "finetune_speed: EMBED is electra's (MODEL=electra)" >&2; exit 2; }
 DROPOUT=0.1; WD=0.01
 DEVICE=${DEVICE:-cpu}
 LAUNCH=${LAUNCH:-"mpirun --allow-run-as-root -np 1 --bind-to none"}
 case $DEVICE in cpu|cuda) ;; *) echo "finetune_speed: DEVICE=$DEVICE (expected cpu or cuda)" >&2; exit 2;; esac
 VOCAB=$SHARED/vocab/kcbert-base/vocab.txt
 
+for s in $FIRST_SEED_SETTINGS; do
+  case " $SETTINGS " in *" $s "*) ;; *) echo "finetune_speed: FIRST_SEED_SETTINGS: '$s' is not in SETTINGS" >&2; exit 2;; esac
+done
 for s in $SETTINGS; do
   case " $ALL_SETTINGS " in *" $s "*) ;; *) echo "finetune_speed: unknown setting '$s' (known: $ALL_SETTINGS)" >&2; exit 2;; esac
 done
@@ -108,58 +128,64 @@ mkdir -p "$RES/raw" "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=$THREADS
 
 # The exact command (every setting spelled out, so that it reproduces this run whatever the defaults become).
-CMD="TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\" RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
+CMD="MODEL=$MODEL TASKS=\"$TASKS\" STEPS=$STEPS SEEDS=\"$SEEDS\" SETTINGS=\"$SETTINGS\"$([ -z "$FIRST_SEED_SETTINGS" ] || echo " FIRST_SEED_SETTINGS=\"$FIRST_SEED_SETTINGS\"") RES=$RES WORK=$WORK LR=$LR WARMUP=$WARMUP"
 CMD+=" BATCH=$BATCH THREADS=$THREADS MAXLEN=$MAXLEN QA_MAXLEN=$QA_MAXLEN DOC_STRIDE=$DOC_STRIDE EVAL_N=$EVAL_N"
 CMD+=" EVAL_FRAC=$EVAL_FRAC LIMIT=$LIMIT PAD_MULTIPLE=$PAD_MULTIPLE PACK_ROWS=$PACK_ROWS NLPTRAIN_BIN=$BIN PYTHON=$PY SHARED=$SHARED"
 CMD+=" DEVICE=$DEVICE LAUNCH=\"$LAUNCH\" HIDDEN=$HIDDEN LAYERS=$LAYERS HEADS=$HEADS INTER=$INTER MAXPOS=$MAXPOS"
+[ "$MODEL" = electra ] && CMD+=" EMBED=$EMBED"
 CMD+=" bash bench/finetune_speed.sh"
-echo "$CMD" > "$RES/command.txt"
+echo "$CMD" >> "$RES/command.txt"  # appended: a folder that gathers several invocations (one seed each) keeps every command
 echo "finetune_speed: $CMD"
 
-{ echo "date: $(date -Is)"; echo "host: $(uname -a)"
+{ [ ! -s "$RES/environment.txt" ] || echo "---- the next invocation in this folder"
+  echo "date: $(date -Is)"; echo "host: $(uname -a)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "nproc: $(nproc)"; echo "loadavg at start: $(cat /proc/loadavg)"
   echo "threads: nlptrain $LAUNCH --run.threads=$THREADS; HF torch.set_num_threads($THREADS); OMP_NUM_THREADS=$THREADS"
   echo "device: $DEVICE$([ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/ /')"
-  echo "model: hidden $HIDDEN, layers $LAYERS, heads $HEADS, intermediate $INTER, max positions $MAXPOS"
+  echo "model: $MODEL, hidden $HIDDEN, layers $LAYERS, heads $HEADS, intermediate $INTER, max positions $MAXPOS$([ "$MODEL" = roberta ] && echo " (+ pad id + 1: roberta)")$([ "$MODEL" = electra ] && echo ", embedding size $EMBED")"
   echo "git: $(git rev-parse HEAD 2>/dev/null || echo '?')"; git status --short 2>/dev/null | head -30 | sed 's/^/  /'
   echo "nlptrain: $("$BIN" --version 2>&1 | head -1)"
   echo "mpirun: $(mpirun --version 2>&1 | head -1)"
   "$PY" -c "import sys, torch, transformers, accelerate; print('python', sys.version.split()[0]); print('torch', torch.__version__); print('transformers', transformers.__version__); print('accelerate', accelerate.__version__); print('torch parallel:', ' | '.join(l.strip() for l in torch.__config__.parallel_info().splitlines() if l.strip()))"
-} > "$RES/environment.txt" 2>&1 || true  # a record only: a tree without git (the GPU machine's copy) or a missing package must not stop the runs
-cat "$RES/environment.txt"
+} >> "$RES/environment.txt" 2>&1 || true  # a record only: a tree without git (the GPU machine's copy) or a missing package must not stop the runs
+tail -n 25 "$RES/environment.txt"
 
 # ---- data (tools/prep_*.py as in bench/bert_accuracy/prep.sh; row lengths MAXLEN / QA_MAXLEN) ----------------
 lim() { [ -n "$LIMIT" ] && echo "--limit $LIMIT" || true; }            # cap for smoke runs
 limmin() { local n=$1; [ -n "$LIMIT" ] && [ "$LIMIT" -lt "$n" ] && n=$LIMIT; echo "--limit $n"; }
 # $(lim) / $(limmin N) are unquoted on purpose: nothing, or the two words --limit N.
 # shellcheck disable=SC2046
-prep() {  # prep TASK -> $WORK/data/TASK/{train,eval}.h5 (redone when its parameters change)
-  local t=$1 d=$WORK/data/$1 key
+# roberta: one token type (--single-segment), its own folder WORK/data/TASK-single; bert and electra share WORK/data/TASK
+SEG=(); DSUF=""
+[ "$MODEL" = roberta ] && { SEG=(--single-segment); DSUF=-single; }
+prep() {  # prep TASK -> $WORK/data/TASK$DSUF/{train,eval}.h5 (redone when its parameters change)
+  local t=$1 d=$WORK/data/$1$DSUF key
   case $t in
     doc_cls)  key="nsmc train $(limmin 8000) test $(limmin "$EVAL_N") T$MAXLEN";;
     pair_cls) key="xnli test $(lim) dev $(limmin "$EVAL_N") T$MAXLEN";;
     ner)      key="klue-ner dev $(lim) split $EVAL_FRAC T$MAXLEN";;
     qa)       key="korquad dev $(lim) split $EVAL_FRAC T$QA_MAXLEN stride $DOC_STRIDE";;
   esac
+  [ -n "$DSUF" ] && key+=" single-segment"
   if [ -f "$d/eval.h5" ] && [ "$(cat "$d/key" 2>/dev/null)" = "$key" ]; then return 0; fi
   rm -rf "$d"; mkdir -p "$d"
   case $t in
     doc_cls)
-      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" --input "$SHARED/nsmc/nsmc_from_raw_train.tsv" $(limmin 8000) \
+      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/nsmc/nsmc_from_raw_train.tsv" $(limmin 8000) \
         --max-seq-len "$MAXLEN" --out "$d/train.h5"
-      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" --input "$SHARED/nsmc/nsmc_from_raw_test.tsv" $(limmin "$EVAL_N") \
+      "$PY" tools/prep_doc_cls.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/nsmc/nsmc_from_raw_test.tsv" $(limmin "$EVAL_N") \
         --max-seq-len "$MAXLEN" --out "$d/eval.h5";;
     pair_cls)
-      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" --input "$SHARED/kornli/xnli.test.ko.tsv" $(lim) \
+      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/kornli/xnli.test.ko.tsv" $(lim) \
         --max-seq-len "$MAXLEN" --out "$d/train.h5"
-      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" --input "$SHARED/kornli/xnli.dev.ko.tsv" $(limmin "$EVAL_N") \
+      "$PY" tools/prep_pair_cls.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/kornli/xnli.dev.ko.tsv" $(limmin "$EVAL_N") \
         --max-seq-len "$MAXLEN" --out "$d/eval.h5";;
     ner)
-      "$PY" tools/prep_ner.py --vocab "$VOCAB" --input "$SHARED/klue-ner/klue-ner-v1.1_dev.tsv" $(lim) \
+      "$PY" tools/prep_ner.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/klue-ner/klue-ner-v1.1_dev.tsv" $(lim) \
         --max-seq-len "$MAXLEN" --out "$d/train.h5" --split-eval "$EVAL_FRAC" --eval-out "$d/eval.h5";;
     qa)
-      "$PY" tools/prep_qa.py --vocab "$VOCAB" --input "$SHARED/korquad/KorQuAD_v1.0_dev.json" $(lim) \
+      "$PY" tools/prep_qa.py --vocab "$VOCAB" "${SEG[@]}" --input "$SHARED/korquad/KorQuAD_v1.0_dev.json" $(lim) \
         --max-seq-len "$QA_MAXLEN" --doc-stride "$DOC_STRIDE" --out "$d/train.h5" --split-eval "$EVAL_FRAC" \
         --eval-out "$d/eval.h5";;
   esac
@@ -167,6 +193,15 @@ prep() {  # prep TASK -> $WORK/data/TASK/{train,eval}.h5 (redone when its parame
 }
 
 h5attr() { "$PY" -c "import h5py,sys; print(int(h5py.File(sys.argv[1],'r').attrs[sys.argv[2]]))" "$1" "$2"; }
+# the family's shape beyond BERT's keys (the same on both sides)
+TYPES=2; FAMILY_ARGS=(); HF_FAMILY_ARGS=()
+case $MODEL in
+  roberta) TYPES=1; HF_FAMILY_ARGS=(--model-type roberta --type-vocab 1);;
+  electra) FAMILY_ARGS=(--model.embedding_size=$EMBED); HF_FAMILY_ARGS=(--model-type electra --embedding-size $EMBED);;
+esac
+maxpos() {  # maxpos DATA_DIR: max_position_embeddings (roberta: MAXPOS + the data's pad id + 1)
+  if [ "$MODEL" = roberta ]; then echo $((MAXPOS + $(h5attr "$1/train.h5" pad_id) + 1)); else echo "$MAXPOS"; fi
+}
 
 timed() {  # timed NAME CMD... : log to raw/NAME.log; wall time, load before/after, rc to raw/NAME.time
   local name=$1; shift
@@ -181,7 +216,7 @@ timed() {  # timed NAME CMD... : log to raw/NAME.log; wall time, load before/aft
 }
 
 run_nlptrain() {  # run_nlptrain TASK SETTING SEED
-  local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
+  local t=$1 s=$2 seed=$3 d=$WORK/data/$1$DSUF name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local pad=longest group=false extra=()
   case $s in *max_length) pad=max_length;; esac
   case $s in *-group|*-group-bf16) group=true;; esac
@@ -209,10 +244,10 @@ print(int(want) if want else max(1, round(batch * mean / T)), steps * batch / n)
   rm -rf "$out"
   # shellcheck disable=SC2086  # LAUNCH: words
   timed "$name" $LAUNCH "$BIN" --run.mode=train --run.task=$t \
-    --model.type=bert --model.weights= --model.vocab_size="$(h5attr "$d/train.h5" vocab_size)" \
+    --model.type=$MODEL --model.weights= --model.vocab_size="$(h5attr "$d/train.h5" vocab_size)" \
     --model.pad_token_id="$(h5attr "$d/train.h5" pad_id)" --model.hidden_size=$HIDDEN --model.num_hidden_layers=$LAYERS \
-    --model.num_attention_heads=$HEADS --model.intermediate_size=$INTER --model.max_position_embeddings=$MAXPOS \
-    --model.type_vocab_size=2 --model.num_labels=0 --model.hidden_dropout_prob=$DROPOUT \
+    --model.num_attention_heads=$HEADS --model.intermediate_size=$INTER --model.max_position_embeddings=$(maxpos "$d") \
+    --model.type_vocab_size=$TYPES "${FAMILY_ARGS[@]}" --model.num_labels=0 --model.hidden_dropout_prob=$DROPOUT \
     --model.attention_probs_dropout_prob=$DROPOUT \
     --data.train="$d/train.h5" --data.eval="$d/eval.h5" --data.padding=$pad --data.group_by_length=$group "${extra[@]}" \
     "${steps[@]}" --train.grad_accum=1 --train.lr=$LR --train.warmup_steps=$WARMUP \
@@ -225,7 +260,7 @@ print(int(want) if want else max(1, round(batch * mean / T)), steps * batch / n)
 }
 
 run_hf() {  # run_hf TASK SETTING SEED
-  local t=$1 s=$2 seed=$3 d=$WORK/data/$1 name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
+  local t=$1 s=$2 seed=$3 d=$WORK/data/$1$DSUF name=$1_$2_s$3 out=$WORK/runs/$1_$2_s$3
   local extra=(--padding longest)
   case $s in *max_length) extra=(--padding max_length);; esac
   case $s in *-group|*-group-compile|*-group-bf16|*-group-compile-bf16) extra+=(--group-by-length);; esac
@@ -239,8 +274,8 @@ run_hf() {  # run_hf TASK SETTING SEED
   rm -rf "$out"
   timed "$name" "$PY" bench/bert_accuracy/hf_trainer.py --task $t --train "$d/train.h5" --eval "$d/eval.h5" \
     --out "$out" --steps $STEPS --batch $BATCH --lr $LR --warmup $WARMUP --weight-decay $WD --seed $seed \
-    --threads $THREADS --hidden $HIDDEN --layers $LAYERS --heads $HEADS --intermediate $INTER --max-pos $MAXPOS \
-    --dropout $DROPOUT --log-steps 10 "${extra[@]}"
+    --threads $THREADS --hidden $HIDDEN --layers $LAYERS --heads $HEADS --intermediate $INTER --max-pos "$(maxpos "$d")" \
+    --dropout $DROPOUT --log-steps 10 "${extra[@]}" "${HF_FAMILY_ARGS[@]}"
   mkdir -p "$RES/raw/$name"
   cp "$out"/result.json "$out"/log_history.jsonl "$RES/raw/$name/" 2>/dev/null || true
   rm -rf "$out/trainer"
@@ -251,16 +286,17 @@ for t in $TASKS; do
   echo "finetune_speed: data for $t"
   prep "$t" > "$RES/raw/prep_$t.log" 2>&1 || { cat "$RES/raw/prep_$t.log" >&2; exit 1; }
   grep -h "wrote" "$RES/raw/prep_$t.log" || true
-  cp "$WORK/data/$t/key" "$RES/raw/prep_$t.key"
+  cp "$WORK/data/$t$DSUF/key" "$RES/raw/prep_$t.key"
 done
 if [ -n "${PREP_ONLY:-}" ]; then  # bench/gpu/prepare.sh: the data alone, for a machine without the sources
-  echo "finetune_speed: PREP_ONLY: data in $WORK/data"
+  echo "finetune_speed: PREP_ONLY: data in $WORK/data (folders TASK$DSUF)"
   exit 0
 fi
 for seed in $SEEDS; do
   for t in $TASKS; do
     for s in $ALL_SETTINGS; do
       case " $SETTINGS " in *" $s "*) ;; *) continue;; esac
+      case " $FIRST_SEED_SETTINGS " in *" $s "*) [ "$seed" = "${SEEDS%% *}" ] || continue;; esac
       echo "finetune_speed: $t $s seed $seed ($(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
       case $s in nlptrain-*) run_nlptrain "$t" "$s" "$seed";; hf-*) run_hf "$t" "$s" "$seed";; esac
     done

@@ -15,6 +15,9 @@ Per run (raw/<task>_<setting>_s<seed>.time, .log and folder):
   mean len  computed positions per row (batch length), pad % = 1 - real / computed positions
   metric    on the held-out file: accuracy (doc_cls, pair_cls), entity F1 (ner), KorQuAD EM / F1 (qa)
   vs HF fastest  train_s / the smallest train_s of the HF settings of the same task and seed
+  model     the family (bert, roberta, electra: finetune_speed.sh MODEL) and the parameter count of each
+            side (nlptrain: summary.json parameters; HF: result.json parameters), per task; a count that
+            differs between the sides is flagged in results.md
   step ms (after 20)  the median step time after the first 20 steps (steady state: torch.compile's
             compilations are mostly in the first steps; HF: between the ends of consecutive training_step
             calls, nlptrain: step_time_s); vs HF fastest step: the same ratio on it
@@ -97,6 +100,9 @@ def nlptrain_run(d, r):
     evals = [x for x in lines if x.get("split") == "eval"]
     summ = read_json(os.path.join(d, "summary.json")) or {}
     r["summary"] = summ
+    r["parameters"] = summ.get("parameters")
+    m = re.search(r"^\[model\][^\[]*?^type\s*=\s*(\S+)", read_text(os.path.join(d, "config.ini")), re.M | re.S)
+    r["model_type"] = m.group(1) if m else None
     if train:
         steps = {x["step"]: x for x in train}  # one line per step (log_interval 1)
         train = [steps[k] for k in sorted(steps)]
@@ -130,6 +136,8 @@ def hf_run(d, r):
     if not res:
         return
     r["result"] = res
+    r["parameters"] = res.get("parameters")
+    r["model_type"] = res.get("model_type", "bert")  # hf_trainer.py before --model-type: BERT only
     r["train_s"] = res.get("train_s")
     r["eval_s"] = res.get("eval_s")
     r["real_tokens"] = res.get("real_tokens")
@@ -194,6 +202,59 @@ def collect(res_dir):
     return runs
 
 
+def parameter_counts(runs):
+    """task -> 'family: nlptrain N, HF M (equal | DIFFER)' from the runs that report their counts."""
+    out = {}
+    for t in TASKS:
+        rs = [r for r in runs if r["task"] == t and r.get("parameters")]
+        if not rs:
+            continue
+        fam = sorted({r.get("model_type") or "?" for r in rs})
+        side = {k: sorted({r["parameters"] for r in rs if r["side"] == k}) for k in ("nlptrain", "hf")}
+        text = ", ".join(f"{'HF' if k == 'hf' else k} {' / '.join(str(v) for v in vs)}" for k, vs in side.items() if vs)
+        same = len(side["nlptrain"]) == 1 and side["nlptrain"] == side["hf"]
+        out[t] = f"{' / '.join(fam)}: {text}" + (" (equal)" if same else
+                                                 " (DIFFER)" if side["nlptrain"] and side["hf"] else "")
+    return out
+
+
+def seed_spread_lines(runs, seeds):
+    """Per task: each nlptrain setting's metric per seed and mean against the seed spread (min..max over
+    the seeds) of HF's fastest setting (the smallest mean train s among the HF settings run with every
+    seed), and the mean time ratio to HF's fastest of each seed."""
+    out = ["## Metric against HF's seed spread", "",
+           "HF fastest: the HF setting with the smallest mean train s among those run with every seed; its "
+           "spread: its lowest to highest metric over the seeds. inside: nlptrain's mean metric is within it.", "",
+           "| task | nlptrain setup | metric per seed | mean | HF fastest | its metric per seed | inside? | "
+           "vs HF fastest per seed | mean |", "|---|---|---|---:|---|---|---|---|---:|"]
+    for t in TASKS:
+        rs = [r for r in runs if r["task"] == t and r.get("train_s") and r.get("metric") is not None]
+        full = {}
+        for s in SETTINGS:
+            mine = {r["seed"]: r for r in rs if r["setting"] == s}
+            if set(mine) >= set(seeds):
+                full[s] = mine
+        hf = [s for s in full if s.startswith("hf-")]
+        if not hf:
+            continue
+        best = min(hf, key=lambda s: statistics.mean(full[s][k]["train_s"] for k in seeds))
+        pct = 1 if t == "qa" else 100  # korquad_f1 is a percentage already
+        hm = [full[best][k]["metric"] for k in seeds]
+        lo, hi = min(hm), max(hm)
+        for s in (x for x in full if x.startswith("nlptrain-")):
+            m = [full[s][k]["metric"] for k in seeds]
+            mean = statistics.mean(m)
+            where = "yes" if lo <= mean <= hi else f"no ({pct * (mean - (lo if mean < lo else hi)):+.2f})"
+            ratios = [full[s][k].get("vs_hf_fastest") for k in seeds]
+            out.append("| {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} |".format(
+                t, s, " / ".join(f"{pct * x:.2f}" for x in m), pct * mean, best,
+                " / ".join(f"{pct * x:.2f}" for x in hm), where,
+                " / ".join(f(x, "{:.2f}") for x in ratios),
+                f(statistics.mean(ratios), "{:.2f}") if all(x is not None for x in ratios) else "-"))
+    out.append("")
+    return out
+
+
 def f(x, fmt="{:.1f}"):
     return "-" if x is None else fmt.format(x)
 
@@ -216,12 +277,20 @@ def main(argv):
     for p in sorted(ra.glob(os.path.join(res, "raw", "prep_*.log"))):
         t = os.path.basename(p)[5:-4]
         prep[t] = [l.strip() for l in ra.open_text(p) if "wrote" in l]
-    out = ["# Fine-tuning speed: nlptrain vs Hugging Face Trainer", "", "Command (repository root):", "", "```sh", cmd,
+    families = sorted({r["model_type"] for r in runs if r.get("model_type")})
+    title = "# Fine-tuning speed: nlptrain vs Hugging Face Trainer" + (
+        f" ({', '.join(families)} from scratch)" if families else "")
+    out = [title, "", "Command (repository root):", "", "```sh", cmd,
            "```", "", "Environment:", "", "```", env.rstrip(), "```", "",
            "Data (tools/prep_*.py):", ""]
     for t, ls in prep.items():
         for l in ls:
             out.append(f"- {t}: {l}")
+    counts = parameter_counts(runs)
+    if counts:
+        out += ["", "Model and parameters (each side's own count of the from-scratch model):", ""]
+        for t, c in counts.items():
+            out.append(f"- {t}: {c}")
     out += ["", "train s: nlptrain = sum of its per-step times (steps 1..N, no start-up or evaluation); HF = "
             "trainer.train() wall time. real tok/s = sum of attention_mask over the trained batches / train s. "
             "vs HF fastest = train s / the smallest HF train s of that task and seed (< 1: faster); step ms: the "
@@ -270,6 +339,8 @@ def main(argv):
                     f(statistics.mean(r["real_tokens_per_s"] for r in rs), "{:.0f}"),
                     f(statistics.mean(m), "{:.4f}") if m else "-"))
         out.append("")
+    if len(seeds) > 1:
+        out += seed_spread_lines(runs, seeds)
     md = "\n".join(out) + "\n"
     with open(os.path.join(res, "results.md"), "w") as fh:
         fh.write(md)

@@ -8,6 +8,13 @@ evaluates with the same metrics nlptrain reports, written to <out>/result.json.
       --lr 5e-4 --warmup 30 [--hidden 256 --layers 4 --heads 4 --intermediate 1024 --max-pos 256]
   hf_trainer.py --task doc_cls --init DIR_OF_MLM/model --train ... --eval ... --out ... --steps ... --batch 32
 
+--model-type roberta | electra (from scratch; bench/finetune_speed.sh MODEL=...): transformers' RobertaConfig /
+ElectraConfig and the task's Roberta* / Electra* class in place of BERT's, the same shapes and dropout,
+initializer_range 0.02 and layer_norm_eps 1e-12 (the configs' defaults, as nlptrain's); RoBERTa with
+type_vocab_size 1 (the rows' token types must be 0: tools/prep_*.py --single-segment) and its positions
+from pad_id + 1; ELECTRA with embedding_size = --embedding-size (default --hidden). The model's
+parameter count is printed and written to result.json (parameters), to compare with nlptrain's.
+
 Matching nlptrain: AdamW (betas 0.9/0.999, eps 1e-8) with Trainer's no-decay groups (biases,
 LayerNorm weights), global-norm clipping 1.0, dropout 0.1, fp32, one process with
 torch.set_num_threads(THREADS), no dataloader workers. The schedule is nlptrain's, not HF's stock
@@ -72,6 +79,16 @@ def parse_args(argv=None):
     p.add_argument("--intermediate", type=int, default=1024)
     p.add_argument("--max-pos", type=int, default=256)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--model-type", choices=["bert", "roberta", "electra"], default="bert",
+                   help="the from-scratch model's family: bert (BertConfig, default), roberta (RobertaConfig: "
+                        "type_vocab_size 1, positions from pad_id + 1, so --max-pos must exceed the rows' length "
+                        "+ pad_id; RobertaClassificationHead) or electra (ElectraConfig, the discriminator: "
+                        "embeddings of width --embedding-size; ElectraClassificationHead)")
+    p.add_argument("--type-vocab", type=int, default=0,
+                   help="token types of the from-scratch model (0 = the family's: 2 for bert and electra, 1 for "
+                        "roberta)")
+    p.add_argument("--embedding-size", type=int, default=0,
+                   help="electra: width of the embeddings (0 = --hidden: no embeddings_project)")
     p.add_argument("--log-steps", type=int, default=20)
     p.add_argument("--padding", choices=["max_length", "longest"], default="max_length",
                    help="max_length: every row at the file's length (default); longest: rows cut to their real "
@@ -98,6 +115,11 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.shuffle_groups and not a.group_by_length:
         p.error("--shuffle-groups reorders the length groups of --group-by-length; give both")
+    if a.embedding_size and a.model_type != "electra":
+        p.error("--embedding-size is electra's (--model-type electra)")
+    if a.init and a.model_type != "bert":
+        p.error("--init loads a saved BERT (the MLM pre-training of bert_accuracy); --model-type is for "
+                "from-scratch models")
     return a
 
 
@@ -388,12 +410,24 @@ def evaluate(model, ds, task, batch, seed):
     return res
 
 
+def model_classes(model_type, task):
+    """(config class, model class) of transformers for a family and task (electra: the discriminator's
+    heads; it has no masked-LM head)."""
+    import transformers as tf
+
+    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra"}[model_type]
+    head = {"mlm": "ForMaskedLM", "doc_cls": "ForSequenceClassification", "pair_cls": "ForSequenceClassification",
+            "ner": "ForTokenClassification", "qa": "ForQuestionAnswering"}[task]
+    if model_type == "electra" and task == "mlm":
+        raise SystemExit("hf_trainer: --model-type electra has no mlm head (the discriminator); use bert or roberta")
+    return getattr(tf, name + "Config"), getattr(tf, name + head)
+
+
 def main(argv=None):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
     import transformers
-    from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
-                              BertForTokenClassification, Trainer, TrainingArguments)
+    from transformers import Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
     os.makedirs(a.out, exist_ok=True)
@@ -401,19 +435,24 @@ def main(argv=None):
     train = H5Rows(a.train, a.task, padding=a.padding)
     evds = H5Rows(a.eval, a.task)
     transformers.set_seed(a.seed)
-    cls = {"mlm": BertForMaskedLM, "doc_cls": BertForSequenceClassification, "pair_cls": BertForSequenceClassification,
-           "ner": BertForTokenClassification, "qa": BertForQuestionAnswering}[a.task]
+    config_cls, cls = model_classes(a.model_type, a.task)
     kw = {}
     if a.task in ("doc_cls", "pair_cls", "ner"):
         kw["num_labels"] = int(train.attrs["num_labels"])
     if a.init:
         model = cls.from_pretrained(a.init, hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, **kw)
     else:
-        cfg = BertConfig(vocab_size=int(train.attrs["vocab_size"]), hidden_size=a.hidden, num_hidden_layers=a.layers,
+        fam = {}
+        if a.model_type == "electra":
+            fam["embedding_size"] = a.embedding_size or a.hidden
+        cfg = config_cls(vocab_size=int(train.attrs["vocab_size"]), hidden_size=a.hidden, num_hidden_layers=a.layers,
                          num_attention_heads=a.heads, intermediate_size=a.intermediate, max_position_embeddings=a.max_pos,
-                         type_vocab_size=2, hidden_act="gelu", hidden_dropout_prob=a.dropout,
-                         attention_probs_dropout_prob=a.dropout, pad_token_id=int(train.attrs["pad_id"]), **kw)
+                         type_vocab_size=a.type_vocab or (1 if a.model_type == "roberta" else 2), hidden_act="gelu",
+                         hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout,
+                         pad_token_id=int(train.attrs["pad_id"]), **fam, **kw)
         model = cls(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"hf_trainer: {type(model).__name__} ({a.model_type}), {n_params} parameters", flush=True)
     if a.padding == "longest":
         pad = PadCollator(train.pad_id, a.pad_multiple, train.T)
         collator = MlmCollator(train.attrs, model.config.vocab_size, pad=pad) if a.task == "mlm" else pad
@@ -491,7 +530,9 @@ def main(argv=None):
     with open(os.path.join(a.out, "log_history.jsonl"), "w") as f:
         for r in trainer.state.log_history:
             f.write(json.dumps(r) + "\n")
-    out = {"task": a.task, "eval": res, "steps": a.steps, "global_batch": a.batch, "lr": a.lr, "warmup": a.warmup,
+    out = {"task": a.task, "model_type": a.model_type, "model_class": type(model).__name__, "parameters": n_params,
+           "max_position_embeddings": model.config.max_position_embeddings,
+           "type_vocab_size": model.config.type_vocab_size, "eval": res, "steps": a.steps, "global_batch": a.batch, "lr": a.lr, "warmup": a.warmup,
            "train_s": t_train, "eval_s": t_eval, "wall_s": time.time() - t0, "threads": a.threads,
            "train_loss": tr.training_loss, "transformers": transformers.__version__, "torch": torch.__version__,
            "device": a.device if a.device == "cpu" else torch.cuda.get_device_name(0),
