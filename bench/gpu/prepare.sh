@@ -24,7 +24,7 @@
 #                              T=128, with the key bench/finetune_speed.sh checks before it reuses data
 #              commit.txt      the commit the binaries were built from
 # At the end: the size of what travels (bench/gpu/travel_size.py: the tree, each part of the stage, the
-# total against the 48 MiB target and the 64 MiB limit); exit 1 when it cannot be sent.
+# total against the 50 MiB target and the 64 MiB limit); exit 1 when it cannot be sent.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${1:-../shared/data}

@@ -3,8 +3,8 @@
 stage (bench/gpu/stage/, git-ignored, sent beside it), against the budget of docs/gpu.md:
 
   LIMIT   64 MiB   the most one call to the GPU node carries (tree and carried paths together)
-  TARGET  48 MiB   what prepare.sh aims at, leaving room for what a run adds
-  TREE    10 MiB   the tree's share (tests/python/test_travel_size.py checks the tracked tree in CI)
+  TARGET  50 MiB   what prepare.sh aims at, leaving room for what a run adds
+  TREE    12 MiB   the tree's share (tests/python/test_travel_size.py checks the tracked tree in CI)
   STAGE   38 MiB   the stage's share: nlptrain, test_ops_cuda, test_cuda_bf16, device-libs.tar.xz, data
 
   python3 bench/gpu/travel_size.py [--stage DIR] [--tracked-only]
@@ -23,8 +23,8 @@ from pathlib import Path
 
 MIB = 1 << 20
 LIMIT = 64 * MIB
-TARGET = 48 * MIB
-TREE_SHARE = 10 * MIB
+TARGET = 50 * MIB
+TREE_SHARE = 12 * MIB
 STAGE_SHARE = TARGET - TREE_SHARE
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""Every NLPTRAIN_ environment variable that src/ reads with getenv is a row of tools/env_switches.py (the
+"""Every NLPTRAIN_ environment variable that src/ reads (with getenv, or through the CUDA backend's
+env_first(name, first, second) helper, which calls getenv on its first argument) is a row of tools/env_switches.py (the
 table docs/configuration.md renders), and every NLPTRAIN_ row of it is read in src/."""
 import re
 import sys
@@ -8,7 +9,8 @@ SRC = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRC / "tools"))
 import env_switches  # noqa: E402
 
-GETENV = re.compile(r'getenv\(\s*"(NLPTRAIN_[A-Z0-9_]+)"')
+# std::getenv("NLPTRAIN_X") or env_first("NLPTRAIN_X", ...)
+GETENV = re.compile(r'\b(?:getenv|env_first)\(\s*"(NLPTRAIN_[A-Z0-9_]+)"')
 
 
 def read_in_src():
