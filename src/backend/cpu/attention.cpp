@@ -236,7 +236,7 @@ struct Geometry {
   float dscale;
 };
 Geometry geometry(int B, int T, int NH, int HS, int T_key, float dropout_p) {
-  return {key_length(T, T_key), NH * HS, round_rows(T), round16(HS), B * NH,
+  return {uint64_t(key_length(T, T_key)), NH * HS, round_rows(T), round16(HS), B * NH,
           1.0f / std::sqrt(static_cast<float>(HS)), dropout_p > 0.0f, dropout_scale(dropout_p)};
 }
 
