@@ -179,26 +179,36 @@ cudaError_t rows_scatter_add(float* dinp, const float* dout, int rows, int C, si
   return cudaGetLastError();
 }
 
+namespace {
+
+// dropout_forward and dropout_backward: one launch of `kernel` (dropout_fwd_k or dropout_bwd_k, which
+// take the same arguments) over n elements; packed rows (token_key) need their width
+using DropoutKernel = void (*)(float*, const float*, size_t, float, float, uint64_t, const uint64_t*,
+                               size_t, size_t, const int32_t*, size_t);
+cudaError_t launch_dropout(DropoutKernel kernel, float* dst, const float* src, size_t n, float p,
+                           uint64_t seed, const uint64_t* seed_slot, size_t row, size_t row_key,
+                           const int32_t* token_key, size_t width, cudaStream_t s) {
+  if (token_key && width == 0) return cudaErrorInvalidValue;
+  if (n)
+    kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n, p, dropout_scale(p), seed,
+                                                      seed_slot, row, row_key, token_key, width);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t seed,
                             const uint64_t* seed_slot, size_t row, size_t row_key,
                             const int32_t* token_key, size_t width, cudaStream_t s) {
-  if (token_key && width == 0) return cudaErrorInvalidValue;
-  if (n)
-    dropout_fwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n, p, dropout_scale(p),
-                                                             seed, seed_slot, row, row_key,
-                                                             token_key, width);
-  return cudaGetLastError();
+  return launch_dropout(dropout_fwd_k, out, inp, n, p, seed, seed_slot, row, row_key, token_key,
+                        width, s);
 }
 
 cudaError_t dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t seed,
                              const uint64_t* seed_slot, size_t row, size_t row_key,
                              const int32_t* token_key, size_t width, cudaStream_t s) {
-  if (token_key && width == 0) return cudaErrorInvalidValue;
-  if (n)
-    dropout_bwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, dout, n, p, dropout_scale(p),
-                                                             seed, seed_slot, row, row_key,
-                                                             token_key, width);
-  return cudaGetLastError();
+  return launch_dropout(dropout_bwd_k, dinp, dout, n, p, seed, seed_slot, row, row_key, token_key,
+                        width, s);
 }
 
 cudaError_t broadcast_rows(float* out, const float* bias, int M, int N, cudaStream_t s) {

@@ -6,6 +6,7 @@
 // copy after the kernels that produced the gradients) and starts the inner non-blocking sum;
 // allreduce_wait waits for them and copies every bucket back (with ZeRO-1, this rank's part of it).
 #include "comm/comm.h"
+#include "comm/host_forwarding_comm.h"
 #include "core/backend.h"
 
 #include <algorithm>
@@ -15,22 +16,15 @@
 namespace nlp {
 namespace {
 
-class StagedComm final : public Comm {
+class StagedComm final : public HostForwardingComm {
  public:
-  StagedComm(Comm& inner, Backend& be, size_t chunk) : in_(inner), be_(be), chunk_(std::max<size_t>(chunk, 1)) {}
+  StagedComm(Comm& inner, Backend& be, size_t chunk) : HostForwardingComm(inner), be_(be), chunk_(std::max<size_t>(chunk, 1)) {}
   ~StagedComm() override {
     for (auto& b : bufs_) be_.host_release(b.host);
   }
 
-  int rank() const override { return in_.rank(); }
-  int size() const override { return in_.size(); }
-  int local_rank() const override { return in_.local_rank(); }
-  int local_size() const override { return in_.local_size(); }
-  void allreduce_sum_host(double* buf, size_t n) override { in_.allreduce_sum_host(buf, n); }
-  void broadcast_host(void* buf, size_t bytes, int root) override { in_.broadcast_host(buf, bytes, root); }
-  void barrier() override { in_.barrier(); }
   [[noreturn]] void abort(int code) override {
-    in_.abort(code);
+    host_.abort(code);
     std::_Exit(code);  // not reached
   }
 
@@ -40,7 +34,7 @@ class StagedComm final : public Comm {
     for (size_t off = 0; off < n; off += chunk_) {
       const size_t cnt = std::min(chunk_, n - off);
       be_.to_host(host, buf + off, cnt * sizeof(float));
-      in_.allreduce_sum(host, cnt);
+      host_.allreduce_sum(host, cnt);
       be_.to_device(buf + off, host, cnt * sizeof(float));
     }
   }
@@ -49,7 +43,7 @@ class StagedComm final : public Comm {
     if (size() == 1 || n == 0) return;
     float* host = buffer(started_.size() + 1, n);  // buffer 0 is the blocking path's
     be_.to_host(host, buf, n * sizeof(float));
-    in_.allreduce_sum_start(host, n);
+    host_.allreduce_sum_start(host, n);
     started_.push_back({buf, host, n});
   }
   // A ZeRO-1 bucket: all of it to its own host buffer (every rank contributes to every part), only
@@ -58,11 +52,11 @@ class StagedComm final : public Comm {
     if (size() == 1 || n == 0) return;
     float* host = buffer(started_.size() + 1, n);
     be_.to_host(host, bucket, n * sizeof(float));
-    in_.reduce_scatter_sum_start(host, lo, n, sh);
+    host_.reduce_scatter_sum_start(host, lo, n, sh);
     const auto [a, b] = sh.part(rank(), lo, lo + n);
     started_.push_back({bucket + (a - lo), host + (a - lo), b - a});
   }
-  void progress() override { in_.progress(); }
+  void progress() override { host_.progress(); }
 
   // ZeRO-1 through host memory: the whole arena goes to the host for the reduce-scatter (MPI needs
   // every rank's full contribution) and only this rank's range comes back; for the all-gather only
@@ -71,7 +65,7 @@ class StagedComm final : public Comm {
     if (size() == 1) return;
     float* host = buffer(0, sh.total);
     be_.to_host(host, buf, sh.total * sizeof(float));
-    in_.reduce_scatter_sum(host, sh);
+    host_.reduce_scatter_sum(host, sh);
     const size_t lo = sh.lo(rank());
     be_.to_device(buf + lo, host + lo, sh.count[rank()] * sizeof(float));
   }
@@ -80,14 +74,11 @@ class StagedComm final : public Comm {
     float* host = buffer(0, sh.total);
     const size_t lo = sh.lo(rank());
     be_.to_host(host + lo, buf + lo, sh.count[rank()] * sizeof(float));
-    in_.all_gather(host, sh);
+    host_.all_gather(host, sh);
     be_.to_device(buf, host, sh.total * sizeof(float));
   }
-  void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
-    in_.gather_host(mine, all, sh, root);
-  }
   void allreduce_wait() override {
-    in_.allreduce_wait();
+    host_.allreduce_wait();
     for (const auto& s : started_) be_.to_device(s.dev, s.host, s.n * sizeof(float));
     started_.clear();
   }
@@ -116,7 +107,6 @@ class StagedComm final : public Comm {
     return b.host;
   }
 
-  Comm& in_;
   Backend& be_;
   size_t chunk_;
   std::vector<HostBuf> bufs_;

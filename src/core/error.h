@@ -17,7 +17,7 @@ template <typename... Args>
 std::string cat(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
-  return os.str();
+  return std::string(os.view());
 }
 
 }  // namespace nlp

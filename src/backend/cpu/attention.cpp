@@ -226,6 +226,20 @@ inline void scores(float* s, const float* qs, const float* kt, int i0, int jlo, 
   tiles(qs + (size_t)i0 * Hp, Hp, kt, Tp, HS, s, Tp, jlo, jhi, Tp);
 }
 
+// What the forward and the backward derive from a call's shapes: the mask's key length (backend.h),
+// C, the padded tile sizes, the heads in the batch, the score scale and dropout's keep factor.
+struct Geometry {
+  uint64_t Tk;
+  int C, Tp, Hp, BH;
+  float sc;
+  bool drop;
+  float dscale;
+};
+Geometry geometry(int B, int T, int NH, int HS, int T_key, float dropout_p) {
+  return {uint64_t(key_length(T, T_key)), NH * HS, round_rows(T), round16(HS), B * NH,
+          1.0f / std::sqrt(static_cast<float>(HS)), dropout_p > 0.0f, dropout_scale(dropout_p)};
+}
+
 }  // namespace
 
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  stats[B,NH,T,2] = each row's softmax
@@ -233,13 +247,7 @@ inline void scores(float* s, const float* qs, const float* kt, int i0, int jlo, 
 void attention_forward(float* out, float* stats, const float* qkv, const int32_t* attn_mask,
                        bool causal, float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
                        int T_key, const int32_t* token_key) {
-  const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
-  const int C = NH * HS;
-  const int Tp = round_rows(T), Hp = round16(HS);
-  const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
-  const bool drop = dropout_p > 0.0f;
-  const float dscale = dropout_scale(dropout_p);
-  const int BH = B * NH;
+  const auto [Tk, C, Tp, Hp, BH, sc, drop, dscale] = geometry(B, T, NH, HS, T_key, dropout_p);
 
 #pragma omp parallel
   {
@@ -320,14 +328,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         uint64_t seed, int B, int T, int NH, int HS, int T_key,
                         const int32_t* token_key) {
   (void)scratch;
-  const uint64_t Tk = key_length(T, T_key);  // the mask's key length (backend.h)
-  const int C = NH * HS;
+  const auto [Tk, C, Tp, Hp, BH, sc, drop, dscale] = geometry(B, T, NH, HS, T_key, dropout_p);
   const size_t C3 = 3 * (size_t)C;
-  const int Tp = round_rows(T), Hp = round16(HS);
-  const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
-  const bool drop = dropout_p > 0.0f;
-  const float dscale = dropout_scale(dropout_p);
-  const int BH = B * NH;
 
 #pragma omp parallel
   {

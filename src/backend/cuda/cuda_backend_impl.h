@@ -96,7 +96,6 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
   std::string details() const override;
   bool path_counts(PathCounts* out) const override;
-  void synchronize() override;
   void set_profiling(bool on) override;
   void profile_label(const char* label) override;
   std::vector<ProfileTime> profile_times() override;
@@ -105,16 +104,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   // bf16 activation views: the native bf16 kernels (true) or the staged fp32 ops (the ops on views)
   bool native_bf16() const { return native_bf16_acts_; }
-
-  // memory_cuda.cpp
-  void* alloc(size_t bytes) override;
-  void release(void* p) override;
-  void zero(void* p, size_t bytes) override;
-  void to_device(void* dst, const void* host_src, size_t bytes) override;
-  void* host_alloc(size_t bytes) override;
-  void host_release(void* p) override;
-  void to_host(void* host_dst, const void* src, size_t bytes) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
 
   // weights_bf16_cuda.cpp
   void register_weights(const float* arena, size_t n) override;
@@ -128,92 +117,13 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Recording> capture_end(std::string* why) override;
   void replay(Recording& recording, const uint64_t* values, size_t n) override;
 
-  // ops_embedding_cuda.cpp
-  void embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids, const float* wte,
-                         const float* wpe, const float* wtt, int B, int T, int C, int pos_offset,
-                         const int32_t* pos_ids) override;
-  void embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout, const int32_t* ids,
-                          const int32_t* type_ids, int B, int T, int C, int pos_offset,
-                          const int32_t* pos_ids) override;
-  void rows_gather(Act out, CAct inp, int n, int C, size_t stride, const int32_t* idx) override;
-  void rows_scatter_add(Act dinp, CAct dout, int n, int C, size_t stride,
-                        const int32_t* idx) override;
-
-  // ops_dense_cuda.cpp
-  void matmul_forward(Act out, CAct inp, const float* w, const float* bias, int M, int K, int N,
-                      WLayout layout) override;
-  void matmul_backward(Act dinp, float* dw, float* dbias, CAct dout, CAct inp, const float* w,
-                       int M, int K, int N, WLayout layout) override;
-  void matmul_gelu_forward(Act out, Act pre, CAct inp, const float* w, const float* bias, int M,
-                           int K, int N, WLayout layout, Gelu form) override;
-  void matmul_dgelu_backward(Act dpre, float* dw, float* dbias, CAct dout, CAct h, CAct pre,
-                             const float* w, int M, int K, int N, WLayout layout, Gelu form,
-                             Act scratch) override;
-
-  // ops_layernorm_cuda.cpp
-  void layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
-                         const float* b, int N, int C, float eps) override;
-  void layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp, const float* w,
-                          const float* mean, const float* rstd, int N, int C) override;
-  void residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x, CAct delta,
-                                  const float* w, const float* b, int N, int C, float eps, float p,
-                                  uint64_t seed, DropRows rows) override;
-  void layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db,
-                                  CAct dout, CAct inp, const float* w, const float* mean,
-                                  const float* rstd, int N, int C, float p, uint64_t seed,
-                                  DropRows rows) override;
-
-  // ops_elementwise_cuda.cpp
-  void gelu_forward(Act out, CAct inp, size_t N, Gelu form) override;
-  void gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) override;
-  void add(Act out, CAct a, CAct b, size_t N) override;
-  void accumulate(Act dst, CAct src, size_t N) override;
-  void scale(Act x, float s, size_t N) override;
-  void copy_view(Act dst, CAct src, size_t N) override;
-  void tanh_forward(Act out, CAct inp, size_t N) override;
-  void tanh_backward(Act dinp, CAct out, CAct dout, size_t N) override;
-  void dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed, DropRows rows) override;
-  void dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
-                        DropRows rows) override;
-
-  // ops_attention_cuda.cpp
-  void attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask, bool causal,
-                         float dropout_p, uint64_t seed, int B, int T, int NH, int HS, int T_key,
-                         const int32_t* token_key, int examples) override;
-  void attention_backward(Act dqkv, float* scratch, CAct dout, CAct out, CAct qkv, const float* att,
-                          const int32_t* attn_mask, bool causal, float dropout_p, uint64_t seed,
-                          int B, int T, int NH, int HS, int T_key, const int32_t* token_key,
-                          int examples) override;
-  size_t attention_saved_floats(int B, int T, int NH, int HS, DType act) override;
-  size_t attention_scratch_floats(int B, int T, int NH, int HS, DType act) override;
-  void attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache, int B,
-                        int pos, int Tmax, int NH, int HS) override;
-
-  // ops_lm_head_cuda.cpp
-  void lm_head_crossentropy(float* losses, Act dx, float* dw, CAct x, const float* w,
-                            const int32_t* targets, float dloss, int M, int C, int V, int Vp,
-                            int chunk, float* scratch) override;
-  size_t lm_head_scratch_floats(int chunk, int C, int V, int Vp) override;
-  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int M,
-                            int V) override;
-  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                             float dloss, int M, int V) override;
-  void segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
-                                    const int32_t* len, const int32_t* targets, int E) override;
-  void segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
-                                     const int32_t* len, const int32_t* targets, float dloss,
-                                     int E) override;
-
-  // ops_optimizer_cuda.cpp
-  double sum(const float* x, size_t N) override;
-  double sumsq(const float* x, size_t N) override;
-  void sum_into(double* acc, const float* x, size_t N, double scale) override;
-  void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                    int t) override;
-  void adamw_update_spans(float* param, float* grad, float* m, float* v,
-                          const std::vector<AdamWSpan>& spans, float lr, float beta1, float beta2,
-                          float eps, float grad_scale, int t, bool zero_grad) override;
+  // Every op of core/backend_ops.def, declared from the list (CudaBackend implements all of them):
+  // the memory ops in memory_cuda.cpp, synchronize in cuda_backend_cuda.cpp, the others in their
+  // family's ops_<family>_cuda.cpp (the files above). An op added to the list is defined in one of
+  // those files and declared nowhere else.
+#define NLP_ARG_DEFAULT(value)
+#define NLP_OP(name, ret, params, args, impl, graph, account, cost) ret name params override;
+#include "core/backend_ops.def"
 
  private:
   // fp32 stand-ins for one op's views (staging_cuda.cpp): in() an input, out() a written output,
@@ -274,7 +184,8 @@ class CudaBackend final : public Backend {
   bool native_bf16_views(std::initializer_list<CAct> views) const;
   float* stage_buf(size_t k, size_t n);
   size_t strided_extent(int n, int C, size_t stride, const int32_t* idx);
-  // ops_*_cuda.cpp: the fp32 ops (float* views), the verified path the typed views fall back on
+  // ops_*_cuda.cpp: the fp32 ops (float* views), the verified path the typed views fall back on (an
+  // op whose fp32 path is one launch that no other op runs keeps it inside the op, as tanh_forward)
   void embedding_forward_f32(float* out, const int32_t* ids, const int32_t* type_ids,
                              const float* wte, const float* wpe, const float* wtt, int B, int T,
                              int C, int pos_offset, const int32_t* pos_ids);
@@ -302,13 +213,7 @@ class CudaBackend final : public Backend {
                                       float* db, const float* dout, const float* inp,
                                       const float* w, const float* mean, const float* rstd, int N,
                                       int C, float p, uint64_t seed, DropRows rows);
-  void gelu_forward_f32(float* out, const float* inp, size_t N, Gelu form);
-  void gelu_backward_f32(float* dinp, const float* inp, const float* dout, size_t N, Gelu form);
   void add_f32(float* out, const float* a, const float* b, size_t N);
-  void accumulate_f32(float* dst, const float* src, size_t N);
-  void scale_f32(float* x, float s, size_t N);
-  void tanh_forward_f32(float* out, const float* inp, size_t N);
-  void tanh_backward_f32(float* dinp, const float* out, const float* dout, size_t N);
   void dropout_forward_f32(float* out, const float* inp, size_t N, float p, uint64_t seed,
                            DropRows rows);
   void dropout_backward_f32(float* dinp, const float* dout, size_t N, float p, uint64_t seed,

@@ -6,7 +6,10 @@
 namespace nlp::cuda {
 
 void CudaBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
-  if (out.f32() && inp.f32()) return gelu_forward_f32(out.fp(), inp.fp(), N, form);
+  const auto f32 = [&](float* o, const float* i) {
+    op(kern::gelu_forward(o, i, N, form == Gelu::Tanh, stream_), "gelu_forward");
+  };
+  if (out.f32() && inp.f32()) return f32(out.fp(), inp.fp());
   if (native_bf16_views({out, inp})) {
     forget_ce_stats(out.p);
     op(kern::gelu_forward_bf16(out.p, inp.p, N, form == Gelu::Tanh, stream_), "gelu_forward (bf16)");
@@ -14,14 +17,15 @@ void CudaBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
   }
   Stage st(*this, "gelu_forward (staged)");
   const float* i = st.in(inp, N);
-  gelu_forward_f32(st.out(out, N), i, N, form);
+  f32(st.out(out, N), i);
   st.finish();
 }
 
 void CudaBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
-  if (dinp.f32() && inp.f32() && dout.f32()) {
-    return gelu_backward_f32(acc_f32(dinp, N), inp.fp(), dout.fp(), N, form);
-  }
+  const auto f32 = [&](float* di, const float* i, const float* d) {
+    op(kern::gelu_backward(di, i, d, N, form == Gelu::Tanh, stream_), "gelu_backward");
+  };
+  if (dinp.f32() && inp.f32() && dout.f32()) return f32(acc_f32(dinp, N), inp.fp(), dout.fp());
   if (native_bf16_views({dinp, inp, dout})) {
     forget_ce_stats(dinp.p);
     op(kern::gelu_backward_bf16(dinp.p, !dinp.write, inp.p, dout.p, N, form == Gelu::Tanh, stream_),
@@ -31,7 +35,7 @@ void CudaBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu fo
   Stage st(*this, "gelu_backward (staged)");
   const float* i = st.in(inp, N);
   const float* d = st.in(dout, N);
-  gelu_backward_f32(st.acc(dinp, N), i, d, N, form);
+  f32(st.acc(dinp, N), i, d);
   st.finish();
 }
 
@@ -50,7 +54,10 @@ void CudaBackend::add(Act out, CAct a, CAct b, size_t N) {
 }
 
 void CudaBackend::accumulate(Act dst, CAct src, size_t N) {
-  if (dst.f32() && src.f32()) return accumulate_f32(dst.fp(), src.fp(), N);
+  const auto f32 = [&](float* d, const float* s) {
+    op(kern::accumulate(d, s, N, stream_), "accumulate");
+  };
+  if (dst.f32() && src.f32()) return f32(dst.fp(), src.fp());
   if (native_bf16() && dst.p && src.p) {  // an accumulation whatever the flag, any mix of dtypes
     forget_ce_stats(dst.p);
     if (!dst.f32() && !src.f32())
@@ -65,12 +72,13 @@ void CudaBackend::accumulate(Act dst, CAct src, size_t N) {
   d.write = false;  // an accumulation whatever the flag
   Stage st(*this, "accumulate (staged)");
   const float* s = st.in(src, N);
-  accumulate_f32(st.acc(d, N), s, N);
+  f32(st.acc(d, N), s);
   st.finish();
 }
 
 void CudaBackend::scale(Act x, float s, size_t N) {
-  if (x.f32()) return scale_f32(x.fp(), s, N);
+  const auto f32 = [&](float* v) { op(kern::scale(v, s, N, stream_), "scale"); };
+  if (x.f32()) return f32(x.fp());
   if (native_bf16_views({x})) {
     forget_ce_stats(x.p);
     op(kern::scale_bf16(x.p, s, N, stream_), "scale (bf16)");
@@ -79,7 +87,7 @@ void CudaBackend::scale(Act x, float s, size_t N) {
   Act d = x;
   d.write = false;
   Stage st(*this, "scale (staged)");
-  scale_f32(st.acc(d, N), s, N);
+  f32(st.acc(d, N));
   st.finish();
 }
 
@@ -95,22 +103,28 @@ void CudaBackend::copy_view(Act dst, CAct src, size_t N) {
   }
 }
 
+// An op without a native bf16 kernel, in the form an added op takes (docs/design.md, "Adding an
+// op"): the fp32 launch, run on the views' own buffers when they are fp32, else on fp32 stand-ins.
 void CudaBackend::tanh_forward(Act out, CAct inp, size_t N) {
-  if (out.f32() && inp.f32()) return tanh_forward_f32(out.fp(), inp.fp(), N);
+  const auto f32 = [&](float* o, const float* i) {
+    op(kern::tanh_forward(o, i, N, stream_), "tanh_forward");
+  };
+  if (out.f32() && inp.f32()) return f32(out.fp(), inp.fp());
   Stage st(*this, "tanh_forward (staged)");
   const float* i = st.in(inp, N);
-  tanh_forward_f32(st.out(out, N), i, N);
+  f32(st.out(out, N), i);
   st.finish();
 }
 
 void CudaBackend::tanh_backward(Act dinp, CAct out, CAct dout, size_t N) {
-  if (dinp.f32() && out.f32() && dout.f32()) {
-    return tanh_backward_f32(acc_f32(dinp, N), out.fp(), dout.fp(), N);
-  }
+  const auto f32 = [&](float* di, const float* o, const float* d) {
+    op(kern::tanh_backward(di, o, d, N, stream_), "tanh_backward");
+  };
+  if (dinp.f32() && out.f32() && dout.f32()) return f32(acc_f32(dinp, N), out.fp(), dout.fp());
   Stage st(*this, "tanh_backward (staged)");
   const float* o = st.in(out, N);
   const float* d = st.in(dout, N);
-  tanh_backward_f32(st.acc(dinp, N), o, d, N);
+  f32(st.acc(dinp, N), o, d);
   st.finish();
 }
 
@@ -153,34 +167,9 @@ void CudaBackend::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint6
   st.finish();
 }
 
-// ---- the fp32 ops (float* views) ----
-void CudaBackend::gelu_forward_f32(float* out, const float* inp, size_t N, Gelu form) {
-  op(kern::gelu_forward(out, inp, N, form == Gelu::Tanh, stream_), "gelu_forward");
-}
-
-void CudaBackend::gelu_backward_f32(float* dinp, const float* inp, const float* dout, size_t N,
-                                    Gelu form) {
-  op(kern::gelu_backward(dinp, inp, dout, N, form == Gelu::Tanh, stream_), "gelu_backward");
-}
-
+// ---- the fp32 ops the fused layer norm's fallback also runs (ops_layernorm_cuda.cpp) ----
 void CudaBackend::add_f32(float* out, const float* a, const float* b, size_t N) {
   op(kern::add(out, a, b, N, stream_), "add");
-}
-
-void CudaBackend::accumulate_f32(float* dst, const float* src, size_t N) {
-  op(kern::accumulate(dst, src, N, stream_), "accumulate");
-}
-
-void CudaBackend::scale_f32(float* x, float s, size_t N) {
-  op(kern::scale(x, s, N, stream_), "scale");
-}
-
-void CudaBackend::tanh_forward_f32(float* out, const float* inp, size_t N) {
-  op(kern::tanh_forward(out, inp, N, stream_), "tanh_forward");
-}
-
-void CudaBackend::tanh_backward_f32(float* dinp, const float* out, const float* dout, size_t N) {
-  op(kern::tanh_backward(dinp, out, dout, N, stream_), "tanh_backward");
 }
 
 void CudaBackend::dropout_forward_f32(float* out, const float* inp, size_t N, float p,

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "comm/comm.h"
+#include "comm/host_forwarding_comm.h"
 #include "core/error.h"
 
 namespace nlp {
@@ -28,17 +29,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class NcclComm final : public Comm {
+class NcclComm final : public HostForwardingComm {
  public:
-  NcclComm(Comm& mpi, Backend& be, double timeout_s) : mpi_(mpi), timeout_s_(timeout_s) {
+  NcclComm(Comm& mpi, Backend& be, double timeout_s) : HostForwardingComm(mpi), timeout_s_(timeout_s) {
     stream_ = static_cast<cudaStream_t>(cuda_backend_stream(be));
     if (!stream_) throw Error("comm.gpu = nccl needs the cuda backend");
     ncclUniqueId id{};
-    if (mpi_.rank() == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    mpi_.broadcast_host(&id, sizeof id, 0);
+    if (host_.rank() == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    host_.broadcast_host(&id, sizeof id, 0);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // returns at once; completion polled below, with the timeout
-    ncclResult_t rc = ncclCommInitRankConfig(&comm_, mpi_.size(), id, mpi_.rank(), &config);
+    ncclResult_t rc = ncclCommInitRankConfig(&comm_, host_.size(), id, host_.rank(), &config);
     if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclCommInitRankConfig");
     settle("ncclCommInitRankConfig");
     cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -69,17 +70,10 @@ class NcclComm final : public Comm {
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
   }
 
-  int rank() const override { return mpi_.rank(); }
-  int size() const override { return mpi_.size(); }
-  int local_rank() const override { return mpi_.local_rank(); }
-  int local_size() const override { return mpi_.local_size(); }
-  void allreduce_sum_host(double* buf, size_t n) override { mpi_.allreduce_sum_host(buf, n); }
-  void broadcast_host(void* buf, size_t bytes, int root) override { mpi_.broadcast_host(buf, bytes, root); }
-  void barrier() override { mpi_.barrier(); }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
-    mpi_.abort(code);
+    host_.abort(code);
     std::_Exit(code);  // not reached
   }
 
@@ -155,10 +149,6 @@ class NcclComm final : public Comm {
     cuda(cudaStreamWaitEvent(comm_stream_, produced_, 0), "cudaStreamWaitEvent");
     enqueue_gather(buf, sh, comm_stream_);
     started_ = true;
-  }
-
-  void gather_host(const float* mine, float* all, const ShardLayout& sh, int root) override {
-    mpi_.gather_host(mine, all, sh, root);
   }
 
   void allreduce_wait() override {
@@ -262,7 +252,6 @@ class NcclComm final : public Comm {
     if (rc != ncclSuccess) fail(rc, what);
   }
 
-  Comm& mpi_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr, comm_stream_ = nullptr;
