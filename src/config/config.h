@@ -27,7 +27,20 @@ enum class PackBatch { Rows, Examples };                           // data.pack_
 enum class AttentionImpl { Auto, Cudnn, Native };                  // model.attention (as given)
 enum class CommGpu { Auto, Nccl, Staged };                         // comm.gpu (as given)
 enum class CpuBf16 { Auto, Emulate, Native };                      // run.cpu_bf16 (as given)
-enum class Precision;  // train.precision resolved: Fp32 | Tf32 | Bf16 (core/backend.h)
+enum class ModelType { Gpt2, Bert, Roberta, Electra };             // model.type
+enum class Task { Clm, Mlm, DocCls, PairCls, Ner, Qa };           // run.task (model/task.h)
+enum class Schedule { Linear, Cosine, Constant };                 // train.schedule
+enum class FusedHead { Auto, On, Off };                            // model.fused_head (as given)
+enum class PadVocab { Auto, Off, Pad128 };                         // model.pad_vocab (as given)
+enum class Precision;   // train.precision resolved: Fp32 | Tf32 | Bf16 (core/backend.h)
+enum class GroupOrder;  // data.group_order: LongestFirst | Shuffled (io/dataset.h)
+
+// The text of run.task, model.type and train.schedule as enums, for code that holds the text
+// without its Config (make_model's task, a schedule name); throw nlp::Error naming the key on a
+// value outside its choices.
+Task parse_task(const std::string& text);
+ModelType parse_model_type(const std::string& text);
+Schedule parse_schedule(const std::string& text);
 
 struct RunConfig {
   std::string mode = "train";  // train | eval | predict | generate | gradients
@@ -106,20 +119,24 @@ struct ModelConfig {
   // run.bf16_activations resolved by resolve_model_config.
   bool bf16_activations = false;
 
+  // model.type, model.fused_head and model.pad_vocab as enums (config_choices.cpp, as Config::mode())
+  ModelType model_type() const;
+  FusedHead fused_head_mode() const;
+  PadVocab pad_vocab_mode() const;
   // bert, roberta, electra: the encoders on BERT's block and keys (model/bert.cpp)
-  bool is_encoder() const { return type == "bert" || type == "roberta" || type == "electra"; }
+  bool is_encoder() const { return model_type() != ModelType::Gpt2; }
   // The longest sequence the position table serves: n_positions (gpt2), max_position_embeddings
   // (bert, electra), max_position_embeddings - pad_token_id - 1 (roberta: positions start at
   // pad_token_id + 1, transformers' create_position_ids_from_input_ids).
   int max_sequence_length() const {
     if (!is_encoder()) return n_positions;
-    if (type == "roberta") return max_position_embeddings - std::max(pad_token_id, 0) - 1;
+    if (model_type() == ModelType::Roberta) return max_position_embeddings - std::max(pad_token_id, 0) - 1;
     return max_position_embeddings;
   }
   // The key that bounds max_sequence_length(), for messages.
   std::string max_sequence_key() const {
     if (!is_encoder()) return "n_positions";
-    if (type == "roberta") return "max_position_embeddings - pad_token_id - 1";
+    if (model_type() == ModelType::Roberta) return "max_position_embeddings - pad_token_id - 1";
     return "max_position_embeddings";
   }
 };
@@ -261,6 +278,9 @@ struct Config {
   AttentionImpl attention() const;
   CommGpu comm_gpu() const;
   CpuBf16 cpu_bf16() const;
+  Task task() const;
+  Schedule schedule() const;
+  GroupOrder group_order() const;
   bool on_cuda() const { return backend() == ComputeBackend::Cuda; }
 
   // The datasets run.mode reads: data.train (train, gradients) and data.eval (train, eval, predict).

@@ -14,6 +14,7 @@
 #include "config/config_stages.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "io/dataset.h"
 
 namespace fs = std::filesystem;
 using nlp::cfg::CommandLine;
@@ -206,6 +207,26 @@ TEST(ConfigStages, EnumsFollowTheSchemasChoices) {
                           {CommGpu::Auto, CommGpu::Nccl, CommGpu::Staged});
   expect_choices<CpuBf16>("run.cpu_bf16", c, c.run.cpu_bf16, [](const Config& k) { return k.cpu_bf16(); },
                           {CpuBf16::Auto, CpuBf16::Emulate, CpuBf16::Native});
+  expect_choices<Task>("run.task", c, c.run.task, [](const Config& k) { return k.task(); },
+                       {Task::Clm, Task::Mlm, Task::DocCls, Task::PairCls, Task::Ner, Task::Qa});
+  expect_choices<Schedule>("train.schedule", c, c.train.schedule, [](const Config& k) { return k.schedule(); },
+                           {Schedule::Linear, Schedule::Cosine, Schedule::Constant});
+  expect_choices<GroupOrder>("data.group_order", c, c.data.group_order,
+                             [](const Config& k) { return k.group_order(); },
+                             {GroupOrder::LongestFirst, GroupOrder::Shuffled});
+  expect_choices<ModelType>("model.type", c, c.model.type, [](const Config& k) { return k.model.model_type(); },
+                            {ModelType::Gpt2, ModelType::Bert, ModelType::Roberta, ModelType::Electra});
+  expect_choices<FusedHead>("model.fused_head", c, c.model.fused_head,
+                            [](const Config& k) { return k.model.fused_head_mode(); },
+                            {FusedHead::Auto, FusedHead::On, FusedHead::Off});
+  expect_choices<PadVocab>("model.pad_vocab", c, c.model.pad_vocab,
+                           [](const Config& k) { return k.model.pad_vocab_mode(); },
+                           {PadVocab::Auto, PadVocab::Off, PadVocab::Pad128});
+  // the free functions for text held without its Config read the same lists
+  EXPECT_EQ(parse_task("pair_cls"), Task::PairCls);
+  EXPECT_EQ(parse_model_type("electra"), ModelType::Electra);
+  EXPECT_EQ(parse_schedule("constant"), Schedule::Constant);
+  EXPECT_THROW(parse_schedule("step"), Error);
 }
 
 // train.precision: auto is bf16 on cuda and fp32 on cpu; the others are what they say on both.
