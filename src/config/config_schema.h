@@ -1,5 +1,5 @@
-// The schema of the configuration: every key once (name, the Config field it fills and so its type,
-// validation, help), in config_schema.cpp. --help, the INI and command-line parsing, validation and
+// The schema of the configuration: every key (name, the Config field it fills and so its type,
+// validation, help), from its one row in config_keys.def, in config_schema.cpp. --help, the INI and command-line parsing, validation and
 // Config::to_ini() are all generated from it. Internal to src/config/ (and its tests).
 #pragma once
 #include <cstdint>
