@@ -217,7 +217,7 @@ void check_model_type(const Config& c, const std::string& type_where = "");
 // Usage and the full key reference (every key with type, default and meaning).
 std::string config_help();
 
-// Keys that name a file or folder (data.train, model.weights, output.dir, ...). Their values may
+// Keys that name a file or folder (data.train, model.weights, output.dir, ...: .path() in their rows). Their values may
 // differ between ranks (a job script that copies inputs to node-local scratch gives each node its
 // own path), so the cross-rank agreement check compares the files they name, not the strings.
 bool is_path_key(const std::string& key);
@@ -226,8 +226,8 @@ bool is_path_key(const std::string& key);
 // (a Hugging Face model folder imported with tools/hf_import.py keeps vocab.json and merges.txt there).
 std::string gpt2_vocab_dir(const Config& c);
 
-// The model type a key belongs to ("gpt2" for model.n_layer, "bert" for model.hidden_size, ...), or ""
-// for keys shared by both. A key set for the other type is an error (parse_config); Config::to_ini()
+// The model type a key belongs to ("gpt2" for model.n_layer, "bert" for model.hidden_size, ...: its
+// row's .only() in config_keys.def), or "" for keys shared by both. A key set for the other type is an error (parse_config); Config::to_ini()
 // writes such keys as comments.
 std::string key_model_type(const std::string& key);
 

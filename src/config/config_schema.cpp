@@ -3,7 +3,6 @@
 #include "config/config_schema.h"
 
 #include <algorithm>
-#include <set>
 
 namespace nlp::cfg {
 
@@ -103,27 +102,15 @@ bool key_applies(const std::string& owner, const std::string& type) {
 
 namespace nlp {
 
+// Both from the key's row (config_keys.def: its check's .only(type) and .path()).
 std::string key_model_type(const std::string& key) {
-  static const std::set<std::string> gpt2 = {
-      "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.embd_pdrop",
-      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval",
-      "model.fused_head", "model.head_chunk", "model.pad_vocab"};
-  static const std::set<std::string> bert = {
-      "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
-      "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
-      "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
-      "model.num_labels", "model.pad_token_id", "model.reinit_mismatched"};
-  if (gpt2.count(key) || key.rfind("generate.", 0) == 0) return "gpt2";
-  if (bert.count(key)) return "bert";
-  if (key == "model.embedding_size") return "electra";
-  return "";
+  const cfg::Entry* e = cfg::find_entry(key);
+  return e ? e->check.owner : "";
 }
 
 bool is_path_key(const std::string& key) {
-  static const std::set<std::string> kPathKeys = {"model.weights", "data.train", "data.eval",
-                                                  "output.dir", "generate.prompts_file",
-                                                  "generate.vocab_dir"};
-  return kPathKeys.count(key) > 0;
+  const cfg::Entry* e = cfg::find_entry(key);
+  return e && e->check.names_path;
 }
 
 }  // namespace nlp

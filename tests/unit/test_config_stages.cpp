@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -252,4 +253,33 @@ TEST(ConfigStages, PrecisionResolvedFromAutoByBackend) {
   // the strings stay the INI text
   EXPECT_NE(c.to_ini().find("precision = bf16\n"), std::string::npos);
   EXPECT_NE(c.to_ini().find("backend = cuda\n"), std::string::npos);
+}
+
+// The model type each key belongs to and the keys that name files, read from the keys' rows
+// (config_keys.def's .only() and .path()), against the lists written out here.
+TEST(ConfigStages, KeyOwnersAndPathKeysFromTheRows) {
+  const std::set<std::string> gpt2 = {
+      "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.embd_pdrop",
+      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval",
+      "model.fused_head", "model.head_chunk", "model.pad_vocab"};
+  const std::set<std::string> bert = {
+      "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+      "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
+      "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
+      "model.num_labels", "model.pad_token_id", "model.reinit_mismatched"};
+  const std::set<std::string> paths = {"model.weights", "data.train", "data.eval", "output.dir",
+                                       "generate.prompts_file", "generate.vocab_dir"};
+  size_t owned = 0;
+  for (const auto& e : nlp::cfg::schema()) {
+    const std::string want = gpt2.count(e.name) || e.section() == "generate" ? "gpt2"
+                             : bert.count(e.name)                           ? "bert"
+                             : e.name == "model.embedding_size"             ? "electra"
+                                                                            : "";
+    EXPECT_EQ(nlp::key_model_type(e.name), want) << e.name;
+    EXPECT_EQ(nlp::is_path_key(e.name), paths.count(e.name) > 0) << e.name;
+    owned += !want.empty();
+  }
+  EXPECT_EQ(owned, gpt2.size() + bert.size() + 1 + 10);  // + embedding_size + the 10 generate.* keys
+  EXPECT_EQ(nlp::key_model_type("model.no_such_key"), "");
+  EXPECT_FALSE(nlp::is_path_key("model.no_such_key"));
 }
