@@ -173,6 +173,13 @@ void print_check_memory_plan(const nlp::Config& cfg, int world) {
 
 // ---- The backend ----------------------------------------------------------------------------------
 
+// What sums the gradients of several ranks: MPI on host buffers, or on the cuda backend (comm.gpu
+// resolved) NCCL or the staged communicator.
+enum class GradComm { Mpi, Nccl, Staged };
+const char* grad_comm_name(GradComm g) {
+  return g == GradComm::Nccl ? "nccl" : g == GradComm::Staged ? "staged" : "mpi";
+}
+
 // What the backend is built with: threads, precision, attention kernels, and on several ranks what
 // sums the gradients (gpu_comm) and the device of this rank.
 struct BackendChoice {
@@ -184,7 +191,7 @@ struct BackendChoice {
   bool auto_without_cudnn = false;  // model.attention = auto without cuDNN: the native kernels
   bool packed_native = false;       // model.attention = auto with data.packing: the native kernels
   bool cuda = false;
-  std::string gpu_comm = "mpi";  // what sums the gradients
+  GradComm gpu_comm = GradComm::Mpi;  // what sums the gradients
   int device = 0;
 };
 
@@ -219,18 +226,20 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
   std::string no_nccl;
   const bool have_nccl = nccl_available(&no_nccl);
   if (c.cuda && comm.size() > 1) {
-    c.gpu_comm = cfg.comm.gpu;
-    if (c.gpu_comm == "auto") c.gpu_comm = have_nccl && comm.local_size() <= std::max(ndev, 1) ? "nccl" : "staged";
-    if (c.gpu_comm == "nccl" && !have_nccl)
+    const CommGpu asked = cfg.comm_gpu();
+    const bool nccl = asked == CommGpu::Nccl ||
+                      (asked == CommGpu::Auto && have_nccl && comm.local_size() <= std::max(ndev, 1));
+    c.gpu_comm = nccl ? GradComm::Nccl : GradComm::Staged;
+    if (nccl && !have_nccl)
       throw Error(cat("comm.gpu = nccl: nlptrain was built without NCCL (", no_nccl,
                       "); use comm.gpu = staged or auto"));
   } else if (!c.cuda && comm.size() > 1 && cfg.comm_gpu() == nlp::CommGpu::Staged) {
-    c.gpu_comm = "staged";  // on the CPU backend the staging copies are plain copies (for testing)
+    c.gpu_comm = GradComm::Staged;  // on the CPU backend the staging copies are plain copies (for testing)
   } else if (!c.cuda && cfg.comm_gpu() == nlp::CommGpu::Nccl) {
     throw Error("comm.gpu = nccl needs run.backend = cuda (NCCL sums GPU buffers)");
   }
   c.device = comm.local_rank();
-  if (c.cuda && c.gpu_comm == "staged" && ndev > 0) c.device = comm.local_rank() % ndev;
+  if (c.cuda && c.gpu_comm == GradComm::Staged && ndev > 0) c.device = comm.local_rank() % ndev;
   return c;
 }
 
@@ -257,7 +266,7 @@ struct Resolved {
 Resolved resolve_config(const nlp::Config& cfg, nlp::Comm& comm, const BackendChoice& c) {
   using namespace nlp;
   ModelConfig mc = resolve_model_config(cfg);
-  const Task task = parse_task(cfg.run.task);
+  const Task task = cfg.task();
   std::string num_labels_source;
   if (has_classifier(task)) {
     const NumLabels nl = resolve_num_labels(cfg, mc);
@@ -304,12 +313,15 @@ Resolved resolve_config(const nlp::Config& cfg, nlp::Comm& comm, const BackendCh
 }
 
 // The name of the effective configuration's copy in output.dir, by mode.
-const char* config_file_name(const std::string& mode) {
-  return mode == "train" ? "config.ini"
-         : mode == "eval" ? "config.eval.ini"
-         : mode == "predict" ? "config.predict.ini"
-         : mode == "generate" ? "config.generate.ini"
-                              : "config.gradients.ini";
+const char* config_file_name(nlp::RunMode mode) {
+  switch (mode) {
+    case nlp::RunMode::Train: return "config.ini";
+    case nlp::RunMode::Eval: return "config.eval.ini";
+    case nlp::RunMode::Predict: return "config.predict.ini";
+    case nlp::RunMode::Generate: return "config.generate.ini";
+    case nlp::RunMode::Gradients: break;
+  }
+  return "config.gradients.ini";
 }
 
 // ---- The memory plan ------------------------------------------------------------------------------
@@ -366,7 +378,7 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
   using namespace nlp;
   log.info(cat("nlptrain ", NLPTRAIN_VERSION, " | mode ", cfg.run.mode, " | task ", cfg.run.task,
                " | ", comm.size(), " rank(s) | backend ", be.name(),
-               comm.size() > 1 ? cat(" (gradients: ", c.gpu_comm,
+               comm.size() > 1 ? cat(" (gradients: ", grad_comm_name(c.gpu_comm),
                                      cfg.train.zero >= 1 ? cat(", ZeRO-", cfg.train.zero) : std::string(),
                                      cfg.comm.overlap ? ", overlapped" : "", ")")
                                : std::string(),
@@ -468,13 +480,13 @@ void log_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::Model& m
 
 int run_mode(nlp::Session& s) {
   using namespace nlp;
-  const std::string& mode = s.cfg.run.mode;
-  if (mode == "train") return run_train(s);
-  else if (mode == "eval") run_eval(s);
-  else if (mode == "predict") run_predict(s);
-  else if (mode == "generate") run_generate(s);
-  else if (mode == "gradients") run_gradients(s);
-  else throw Error(cat("run.mode: unknown mode '", mode, "'"));
+  switch (s.cfg.mode()) {
+    case RunMode::Train: return run_train(s);
+    case RunMode::Eval: run_eval(s); break;
+    case RunMode::Predict: run_predict(s); break;
+    case RunMode::Generate: run_generate(s); break;
+    case RunMode::Gradients: run_gradients(s); break;
+  }
   return 0;
 }
 
@@ -502,12 +514,12 @@ int run(const nlp::Config& cfg, nlp::Comm& comm) {
       return make_backend(cfg.run.backend, choice.tplan.threads, choice.device, choice.bopts);
     });
     // The GPU communicators' set-up is collective itself: an error there ends the job (MPI_Abort)
-    if (choice.gpu_comm == "staged") dev.gpu = make_staged_comm(comm, *dev.be);
-    else if (choice.gpu_comm == "nccl") dev.gpu = make_nccl_comm(comm, *dev.be, cfg.comm.timeout_s);
+    if (choice.gpu_comm == GradComm::Staged) dev.gpu = make_staged_comm(comm, *dev.be);
+    else if (choice.gpu_comm == GradComm::Nccl) dev.gpu = make_nccl_comm(comm, *dev.be, cfg.comm.timeout_s);
     dev.dcomm = dev.gpu ? dev.gpu.get() : &comm;
     const Resolved r = agreed(comm, [&] { return resolve_config(cfg, comm, choice); });
     const ModelConfig& mc = r.eff.model;
-    log.set_config(config_file_name(cfg.run.mode), r.eff.to_ini());
+    log.set_config(config_file_name(cfg.mode()), r.eff.to_ini());
 
     // The memory plan, before the model's arenas exist: stop here when it does not fit.
     MemoryPlan plan;

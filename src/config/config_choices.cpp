@@ -10,6 +10,7 @@
 #include "config/config_schema.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "io/dataset.h"
 
 namespace nlp {
 namespace {
@@ -26,6 +27,29 @@ E choice(const std::vector<std::string>& names, const char* key, const std::stri
 }
 
 }  // namespace
+
+Task parse_task(const std::string& text) {
+  static const auto& names = choices_of("run.task");
+  return choice<Task>(names, "run.task", text);
+}
+ModelType parse_model_type(const std::string& text) {
+  static const auto& names = choices_of("model.type");
+  return choice<ModelType>(names, "model.type", text);
+}
+Schedule parse_schedule(const std::string& text) {
+  static const auto& names = choices_of("train.schedule");
+  return choice<Schedule>(names, "train.schedule", text);
+}
+
+ModelType ModelConfig::model_type() const { return parse_model_type(type); }
+FusedHead ModelConfig::fused_head_mode() const {
+  static const auto& names = choices_of("model.fused_head");
+  return choice<FusedHead>(names, "model.fused_head", fused_head);
+}
+PadVocab ModelConfig::pad_vocab_mode() const {
+  static const auto& names = choices_of("model.pad_vocab");
+  return choice<PadVocab>(names, "model.pad_vocab", pad_vocab);
+}
 
 RunMode Config::mode() const {
   static const auto& names = choices_of("run.mode");
@@ -71,6 +95,12 @@ CommGpu Config::comm_gpu() const {
 CpuBf16 Config::cpu_bf16() const {
   static const auto& names = choices_of("run.cpu_bf16");
   return choice<CpuBf16>(names, "run.cpu_bf16", run.cpu_bf16);
+}
+Task Config::task() const { return parse_task(run.task); }
+Schedule Config::schedule() const { return parse_schedule(train.schedule); }
+GroupOrder Config::group_order() const {
+  static const auto& names = choices_of("data.group_order");
+  return choice<GroupOrder>(names, "data.group_order", data.group_order);
 }
 
 }  // namespace nlp

@@ -1,5 +1,5 @@
-// The schema of the configuration: every key once (name, the Config field it fills and so its type,
-// validation, help), in config_schema.cpp. --help, the INI and command-line parsing, validation and
+// The schema of the configuration: every key (name, the Config field it fills and so its type,
+// validation, help), from its one row in config_keys.def, in config_schema.cpp. --help, the INI and command-line parsing, validation and
 // Config::to_ini() are all generated from it. Internal to src/config/ (and its tests).
 #pragma once
 #include <cstdint>
@@ -19,13 +19,27 @@ using FieldRef = std::variant<std::string* (*)(Config&), int* (*)(Config&), floa
 enum class Type { String = 0, Int = 1, Float = 2, Bool = 3, UInt64 = 4 };
 inline constexpr const char* kTypeNames[] = {"string", "int", "float", "bool", "uint64"};
 
-// Validation of one key's value: numeric bounds (open or closed) or a set of allowed strings.
+// Validation of one key's value: numeric bounds (open or closed) or a set of allowed strings; and
+// what the checks across keys need to know of it: the model type it belongs to, whether it names a file.
 struct Check {
   std::optional<double> lo, hi;
   bool lo_open = false, hi_open = false;
   const std::vector<std::string>* choices = nullptr;
   bool nonempty = false;
   bool step_list = false;  // a string holding parse_step_list's format
+  const char* owner = "";  // key_model_type: "gpt2", "bert" (every encoder), "electra"; "" = every type
+  bool names_path = false;  // is_path_key: a file or folder, compared across ranks by what it names
+
+  Check only(const char* model_type) const {
+    Check k = *this;
+    k.owner = model_type;
+    return k;
+  }
+  Check path() const {
+    Check k = *this;
+    k.names_path = true;
+    return k;
+  }
 };
 
 struct Entry {

@@ -43,16 +43,16 @@ namespace {
 
 enum class Family { Bert, Roberta, Electra };
 
-Family parse_family(const std::string& type) {
-  if (type == "roberta") return Family::Roberta;
-  if (type == "electra") return Family::Electra;
+Family parse_family(ModelType type) {
+  if (type == ModelType::Roberta) return Family::Roberta;
+  if (type == ModelType::Electra) return Family::Electra;
   return Family::Bert;
 }
 
 class Bert final : public Model {
  public:
   Bert(const ModelConfig& mc, Backend& be, Task task, bool allocate)
-      : mc_(mc), be_(be), task_(task), fam_(parse_family(mc.type)) {
+      : mc_(mc), be_(be), task_(task), fam_(parse_family(mc.model_type())) {
     C_ = mc.hidden_size;
     V_ = mc.vocab_size;
     L_ = mc.num_hidden_layers;

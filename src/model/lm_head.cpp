@@ -14,17 +14,21 @@ bool fused_auto(const std::string& /*backend*/) { return false; }
 // products, bitwise the same results); off on cuda until a GPU has run it.
 int pad_auto(const std::string& backend) { return backend == "cpu" ? 128 : 0; }
 
-int pad_multiple(const std::string& v, const std::string& backend) {
-  if (v == "auto") return pad_auto(backend);
-  if (v == "off") return 0;
-  if (v == "128") return 128;
-  throw Error(cat("model.pad_vocab: unknown value '", v, "' (expected auto, off or 128)"));
+int pad_multiple(const ModelConfig& mc, const std::string& backend) {
+  switch (mc.pad_vocab_mode()) {
+    case PadVocab::Auto: return pad_auto(backend);
+    case PadVocab::Off: return 0;
+    case PadVocab::Pad128: return 128;
+  }
+  return 0;
 }
-bool fused(const std::string& v, const std::string& backend) {
-  if (v == "auto") return fused_auto(backend);
-  if (v == "on") return true;
-  if (v == "off") return false;
-  throw Error(cat("model.fused_head: unknown value '", v, "' (expected auto, on or off)"));
+bool fused(const ModelConfig& mc, const std::string& backend) {
+  switch (mc.fused_head_mode()) {
+    case FusedHead::Auto: return fused_auto(backend);
+    case FusedHead::On: return true;
+    case FusedHead::Off: return false;
+  }
+  return false;
 }
 
 // Chunks of at most about 1 GiB of fp32 logits, the rows split evenly in multiples of 128: GPT-2 at
@@ -33,16 +37,18 @@ bool fused(const std::string& v, const std::string& backend) {
 constexpr size_t kChunkFloats = size_t(256) << 20;
 }  // namespace
 
-void resolve_lm_head(ModelConfig& mc, const std::string& backend, const std::string& mode) {
-  const bool reads_logits = mode != "train" && mode != "eval";
-  mc.fused_head = fused(mc.fused_head, backend) && !reads_logits ? "on" : "off";
-  mc.pad_vocab = pad_multiple(mc.pad_vocab, backend) ? "128" : "off";
+void resolve_lm_head(ModelConfig& mc, const std::string& backend, RunMode mode) {
+  const bool reads_logits = mode != RunMode::Train && mode != RunMode::Eval;
+  const bool on = fused(mc, backend) && !reads_logits;
+  const bool pad = pad_multiple(mc, backend) != 0;
+  mc.fused_head = on ? "on" : "off";
+  mc.pad_vocab = pad ? "128" : "off";
 }
 
 LmHeadPlan lm_head_plan(const ModelConfig& mc, const std::string& backend, int V, int rows) {
   LmHeadPlan p;
-  p.fused = fused(mc.fused_head, backend);
-  p.Vp = padded_vocab(V, pad_multiple(mc.pad_vocab, backend));
+  p.fused = fused(mc, backend);
+  p.Vp = padded_vocab(V, pad_multiple(mc, backend));
   if (mc.head_chunk > 0) {
     p.chunk = mc.head_chunk;
   } else {

@@ -24,7 +24,7 @@ struct LmHeadPlan {
 
 // "auto" of model.fused_head and model.pad_vocab resolved for the backend ("cpu" | "cuda"), and
 // fused_head off in the run modes that read the logits (gradients, predict, generate).
-void resolve_lm_head(ModelConfig& mc, const std::string& backend, const std::string& mode);
+void resolve_lm_head(ModelConfig& mc, const std::string& backend, RunMode mode);
 
 // The plan for a model of vocabulary V whose activations are carved for `rows` = B*T rows.
 LmHeadPlan lm_head_plan(const ModelConfig& mc, const std::string& backend, int V, int rows);

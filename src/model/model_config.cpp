@@ -203,7 +203,7 @@ void check_not_hub_layout(const Config& cfg) {
 
 ModelConfig resolve_model_config(const Config& cfg) {
   ModelConfig mc = cfg.model;
-  resolve_lm_head(mc, cfg.run.backend, cfg.run.mode);
+  resolve_lm_head(mc, cfg.run.backend, cfg.mode());
   if (cfg.run.bf16_activations && cfg.precision() != Precision::Bf16)
     throw Error(cat("run.bf16_activations = true (", cfg.where("run.bf16_activations"),
                     ") needs train.precision = bf16, not '", cfg.train.precision, "' (",
@@ -247,7 +247,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
   if (mc.is_encoder()) {
     // ELECTRA's generator (ElectraForMaskedLM) has the discriminator's names under electra. but
     // another objective and shape: refused, rather than fine-tuned as if it were the discriminator
-    if (type == "electra")
+    if (mc.model_type() == ModelType::Electra)
       for (const char* gen : {"generator_lm_head.weight", "generator_predictions.dense.weight"})
         if (f.has(gen))
           throw Error(cat("weights file '", mc.weights, "' holds '", gen, "': an ELECTRA generator "
@@ -259,7 +259,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
     take_int(cfg, f, "intermediate_size", mc.intermediate_size);
     take_int(cfg, f, "max_position_embeddings", mc.max_position_embeddings);
     take_int(cfg, f, "type_vocab_size", mc.type_vocab_size);
-    if (type == "electra") {
+    if (mc.model_type() == ModelType::Electra) {
       if (f.has_attr("embedding_size")) take_int(cfg, f, "embedding_size", mc.embedding_size);
       else mc.embedding_size = mc.hidden_size;
     }
@@ -280,7 +280,7 @@ ModelConfig resolve_model_config(const Config& cfg) {
                         " is outside [-1, vocab_size = ", mc.vocab_size, ")"));
       mc.pad_token_id = static_cast<int>(v);
     }
-    if (type == "roberta" && mc.max_sequence_length() < 1)
+    if (mc.model_type() == ModelType::Roberta && mc.max_sequence_length() < 1)
       throw Error(cat("weights file '", f.path(), "': max_position_embeddings = ", mc.max_position_embeddings,
                       " leaves no position after pad_token_id = ", mc.pad_token_id,
                       " (roberta's positions start at pad_token_id + 1)"));

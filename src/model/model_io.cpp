@@ -15,9 +15,8 @@ std::unique_ptr<Model> make_bert(const ModelConfig& mc, Backend& be, const std::
 
 std::unique_ptr<Model> make_model(const ModelConfig& mc, Backend& be, const std::string& task,
                                   bool allocate) {
-  if (mc.type == "gpt2") return make_gpt2(mc, be, allocate);
-  if (mc.is_encoder()) return make_bert(mc, be, task, allocate);  // bert, roberta, electra
-  throw Error(cat("model.type: unsupported model type '", mc.type, "' (gpt2, bert, roberta or electra)"));
+  if (mc.model_type() == ModelType::Gpt2) return make_gpt2(mc, be, allocate);
+  return make_bert(mc, be, task, allocate);  // bert, roberta, electra
 }
 
 namespace {
@@ -54,10 +53,10 @@ void load_model_weights(Model& m, const std::string& path, std::vector<std::stri
   if (!has_prefix && note)
     *note = cat("no tensor name in the file starts with '", prefix,
                 "': read as a base-model checkpoint (names without the prefix, as transformers saves ",
-                m.config().type == "bert"      ? "BertModel"
-                : m.config().type == "roberta" ? "RobertaModel"
-                : m.config().type == "electra" ? "ElectraModel"
-                                               : "GPT2Model",
+                m.config().model_type() == ModelType::Bert      ? "BertModel"
+                : m.config().model_type() == ModelType::Roberta ? "RobertaModel"
+                : m.config().model_type() == ModelType::Electra ? "ElectraModel"
+                                                                : "GPT2Model",
                 ")");
   std::vector<float> host;
   m.params().download(host);  // keeps the fresh initialisation of parameters absent from the file

@@ -1,22 +1,8 @@
 // Training objectives (run.task) and what each needs from a batch.
 #pragma once
-#include <string>
-
-#include "core/error.h"
+#include "config/config.h"  // enum Task, parse_task (run.task's text)
 
 namespace nlp {
-
-enum class Task { Clm, Mlm, DocCls, PairCls, Ner, Qa };
-
-inline Task parse_task(const std::string& s) {
-  if (s == "clm") return Task::Clm;
-  if (s == "mlm") return Task::Mlm;
-  if (s == "doc_cls") return Task::DocCls;
-  if (s == "pair_cls") return Task::PairCls;
-  if (s == "ner") return Task::Ner;
-  if (s == "qa") return Task::Qa;
-  throw Error(cat("run.task: unknown task '", s, "'"));
-}
 
 inline bool is_seq_cls(Task t) { return t == Task::DocCls || t == Task::PairCls; }
 // Tasks whose loss is over token positions (targets [B,T]).

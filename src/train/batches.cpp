@@ -308,7 +308,7 @@ void score_every_position(HostBatch& hb) {
 
 Sampler train_sampler(const Config& cfg, int64_t num_examples, int B, int A, int rank, int world,
                       const std::vector<int32_t>* lengths) {
-  const GroupOrder order = cfg.data.group_order == "shuffled" ? GroupOrder::Shuffled : GroupOrder::LongestFirst;
+  const GroupOrder order = cfg.group_order();
   return Sampler(num_examples, B, rank, world, cfg.train.seed, cfg.data.shuffle,
                  cfg.data.group_by_length ? lengths : nullptr, int64_t(world) * B * A, order);
 }

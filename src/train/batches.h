@@ -136,7 +136,7 @@ class DeviceBatchBuffer {
  public:
   // mc: a RoBERTa (model.type = roberta) gets its position ids with every batch (count_positions).
   explicit DeviceBatchBuffer(Backend& be, const ModelConfig* mc = nullptr)
-      : be_(be), count_pad_(mc && mc->type == "roberta" ? mc->pad_token_id : -1) {}
+      : be_(be), count_pad_(mc && mc->model_type() == ModelType::Roberta ? mc->pad_token_id : -1) {}
   ~DeviceBatchBuffer();
   DeviceBatch upload(const HostBatch& hb);
 

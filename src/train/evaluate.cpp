@@ -88,11 +88,11 @@ TokenDataset open_dataset_header(const Config& cfg, const ModelConfig& mc, Task 
                        : cat("make its rows at most ", positions, " tokens long (the prep tool's --max-seq-len, "
                              "make_dataset.py's --seq-len; data.seq_len must equal the rows' length)");
     // roberta's positions start at pad_token_id + 1: its bound is named as the formula it is
-    const std::string bound = mc.type == "roberta" ? cat("the model's ", mc.max_sequence_key()) : pos_key;
+    const std::string bound = mc.model_type() == ModelType::Roberta ? cat("the model's ", mc.max_sequence_key()) : pos_key;
     throw Error(cat(key, " = '", path, "': sequence length ", ds.seq_len(), " exceeds ", bound, " = ", positions,
                     " (", pos_from, "): ", fix,
                     mc.weights.empty() ? cat(", or raise ", pos_key, " to ",
-                                             mc.type == "roberta" ? ds.seq_len() + std::max(mc.pad_token_id, 0) + 1
+                                             mc.model_type() == ModelType::Roberta ? ds.seq_len() + std::max(mc.pad_token_id, 0) + 1
                                                                   : ds.seq_len())
                                        : std::string()));
   }
@@ -105,7 +105,7 @@ TokenDataset open_dataset_header(const Config& cfg, const ModelConfig& mc, Task 
   if (task == Task::Qa && !ds.has_positions() && !predict)
     throw Error(cat(key, " = '", path, "': run.task = qa needs 'start_positions' and 'end_positions'"));
   // RoBERTa's position ids count the tokens that are not pad_token_id: the data's padding must be it
-  if (mc.type == "roberta" && ds.file().has_attr("pad_id") && ds.file().attr_int("pad_id") != mc.pad_token_id)
+  if (mc.model_type() == ModelType::Roberta && ds.file().has_attr("pad_id") && ds.file().attr_int("pad_id") != mc.pad_token_id)
     throw Error(cat(key, " = '", path, "': pad_id = ", ds.file().attr_int("pad_id"), " (its root attribute) but "
                     "the model's pad_token_id = ", mc.pad_token_id, ": roberta's position ids count the tokens "
                     "that are not pad_token_id; prepare the data with the model's own tokenizer"));

@@ -1,11 +1,14 @@
 // Learning-rate schedules: linear warmup over warmup_steps, then linear or cosine decay to
-// lr * min_lr_ratio at `steps`, or constant. step is 0-based (the step about to be taken).
+// lr * min_lr_ratio at `steps`, or constant. step is 0-based (the step about to be taken). The notes
+// below take the schedule's name (train.schedule's text), which they print.
 #pragma once
 #include <string>
 
+#include "config/config.h"  // enum Schedule (train.schedule), parse_schedule
+
 namespace nlp {
 
-float learning_rate(const std::string& schedule, float lr, float min_lr_ratio, int warmup_steps,
+float learning_rate(Schedule schedule, float lr, float min_lr_ratio, int warmup_steps,
                     int total_steps, int step);
 
 // The warning for train.warmup_steps >= train.steps (the schedule never leaves its warmup), saying

@@ -144,7 +144,7 @@ void log_data_plan(Session& s, const TrainData& d, const TrainOrder& o) {
     for (int32_t L : lengths) sum += L;
     s.log.info(cat("data: group_by_length: mega-batches of ", o.sampler->mega_batch_steps(), " optimizer steps (",
                    int64_t(world) * B * A, " examples each) sorted by length, steps in ",
-                   cfg.data.group_order == "shuffled" ? "a shuffled order" : "each mega-batch's order, longest first",
+                   cfg.group_order() == GroupOrder::Shuffled ? "a shuffled order" : "each mega-batch's order, longest first",
                    " (data.group_order = ", cfg.data.group_order, "); mean example length ",
                    sum / double(lengths.size()), " of ", T));
   }

@@ -250,7 +250,7 @@ StepResult optimizer_step(StepLoop& L, int step) {
   PathCounts paths0;
   const bool counted = s.be.path_counts(&paths0);
   r.step = step;
-  r.lr = learning_rate(tc.schedule, tc.lr, tc.min_lr_ratio, tc.warmup_steps,
+  r.lr = learning_rate(parse_schedule(tc.schedule), tc.lr, tc.min_lr_ratio, tc.warmup_steps,
                        schedule_length(tc.schedule_steps, tc.steps), step);
   if (!L.grads_zero) {
     if (L.optim.grads)

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "config/config_stages.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "io/dataset.h"
 
 namespace fs = std::filesystem;
 using nlp::cfg::CommandLine;
@@ -206,6 +208,26 @@ TEST(ConfigStages, EnumsFollowTheSchemasChoices) {
                           {CommGpu::Auto, CommGpu::Nccl, CommGpu::Staged});
   expect_choices<CpuBf16>("run.cpu_bf16", c, c.run.cpu_bf16, [](const Config& k) { return k.cpu_bf16(); },
                           {CpuBf16::Auto, CpuBf16::Emulate, CpuBf16::Native});
+  expect_choices<Task>("run.task", c, c.run.task, [](const Config& k) { return k.task(); },
+                       {Task::Clm, Task::Mlm, Task::DocCls, Task::PairCls, Task::Ner, Task::Qa});
+  expect_choices<Schedule>("train.schedule", c, c.train.schedule, [](const Config& k) { return k.schedule(); },
+                           {Schedule::Linear, Schedule::Cosine, Schedule::Constant});
+  expect_choices<GroupOrder>("data.group_order", c, c.data.group_order,
+                             [](const Config& k) { return k.group_order(); },
+                             {GroupOrder::LongestFirst, GroupOrder::Shuffled});
+  expect_choices<ModelType>("model.type", c, c.model.type, [](const Config& k) { return k.model.model_type(); },
+                            {ModelType::Gpt2, ModelType::Bert, ModelType::Roberta, ModelType::Electra});
+  expect_choices<FusedHead>("model.fused_head", c, c.model.fused_head,
+                            [](const Config& k) { return k.model.fused_head_mode(); },
+                            {FusedHead::Auto, FusedHead::On, FusedHead::Off});
+  expect_choices<PadVocab>("model.pad_vocab", c, c.model.pad_vocab,
+                           [](const Config& k) { return k.model.pad_vocab_mode(); },
+                           {PadVocab::Auto, PadVocab::Off, PadVocab::Pad128});
+  // the free functions for text held without its Config read the same lists
+  EXPECT_EQ(parse_task("pair_cls"), Task::PairCls);
+  EXPECT_EQ(parse_model_type("electra"), ModelType::Electra);
+  EXPECT_EQ(parse_schedule("constant"), Schedule::Constant);
+  EXPECT_THROW(parse_schedule("step"), Error);
 }
 
 // train.precision: auto is bf16 on cuda and fp32 on cpu; the others are what they say on both.
@@ -231,4 +253,33 @@ TEST(ConfigStages, PrecisionResolvedFromAutoByBackend) {
   // the strings stay the INI text
   EXPECT_NE(c.to_ini().find("precision = bf16\n"), std::string::npos);
   EXPECT_NE(c.to_ini().find("backend = cuda\n"), std::string::npos);
+}
+
+// The model type each key belongs to and the keys that name files, read from the keys' rows
+// (config_keys.def's .only() and .path()), against the lists written out here.
+TEST(ConfigStages, KeyOwnersAndPathKeysFromTheRows) {
+  const std::set<std::string> gpt2 = {
+      "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.embd_pdrop",
+      "model.attn_pdrop", "model.resid_pdrop", "model.layer_norm_epsilon", "train.sample_interval",
+      "model.fused_head", "model.head_chunk", "model.pad_vocab"};
+  const std::set<std::string> bert = {
+      "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+      "model.intermediate_size", "model.max_position_embeddings", "model.type_vocab_size",
+      "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
+      "model.num_labels", "model.pad_token_id", "model.reinit_mismatched"};
+  const std::set<std::string> paths = {"model.weights", "data.train", "data.eval", "output.dir",
+                                       "generate.prompts_file", "generate.vocab_dir"};
+  size_t owned = 0;
+  for (const auto& e : nlp::cfg::schema()) {
+    const std::string want = gpt2.count(e.name) || e.section() == "generate" ? "gpt2"
+                             : bert.count(e.name)                           ? "bert"
+                             : e.name == "model.embedding_size"             ? "electra"
+                                                                            : "";
+    EXPECT_EQ(nlp::key_model_type(e.name), want) << e.name;
+    EXPECT_EQ(nlp::is_path_key(e.name), paths.count(e.name) > 0) << e.name;
+    owned += !want.empty();
+  }
+  EXPECT_EQ(owned, gpt2.size() + bert.size() + 1 + 10);  // + embedding_size + the 10 generate.* keys
+  EXPECT_EQ(nlp::key_model_type("model.no_such_key"), "");
+  EXPECT_FALSE(nlp::is_path_key("model.no_such_key"));
 }

@@ -338,18 +338,20 @@ TEST(LmHead, FusedModelKeepsNoLogits) {
 TEST(LmHead, ConfigurationResolves) {
   for (const std::string be_name : {"cpu", "cuda"}) {
     nlp::ModelConfig mc = gpt2("auto", "auto");
-    nlp::resolve_lm_head(mc, be_name, "train");
+    nlp::resolve_lm_head(mc, be_name, nlp::RunMode::Train);
     EXPECT_EQ(mc.fused_head, "off") << be_name;
     EXPECT_EQ(mc.pad_vocab, be_name == "cpu" ? "128" : "off");
     for (const std::string mode : {"train", "eval", "gradients", "predict", "generate"}) {
       nlp::ModelConfig on = gpt2("on", "128");
-      nlp::resolve_lm_head(on, be_name, mode);
+      nlp::Config modes;
+      modes.run.mode = mode;
+      nlp::resolve_lm_head(on, be_name, modes.mode());
       EXPECT_EQ(on.fused_head, mode == "train" || mode == "eval" ? "on" : "off") << mode;
       EXPECT_EQ(on.pad_vocab, "128");
     }
   }
   nlp::ModelConfig bad = gpt2("maybe", "off");
-  EXPECT_THROW(nlp::resolve_lm_head(bad, "cpu", "train"), nlp::Error);
+  EXPECT_THROW(nlp::resolve_lm_head(bad, "cpu", nlp::RunMode::Train), nlp::Error);
   // the plan: chunk clamped to the rows; auto: at most ~1 GiB of fp32 logits a chunk, the rows split
   // evenly in multiples of 128
   nlp::ModelConfig mc = gpt2("on", "128");

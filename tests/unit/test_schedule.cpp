@@ -13,12 +13,12 @@ using nlp::warmup_warning;
 
 TEST(Schedule, WarmupThenDecay) {
   // warmup 4 of 10: (step + 1) / 4 x lr, then cosine from lr to lr x min_lr_ratio
-  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 0), 0.25e-3f);
-  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 3), 1e-3f);
-  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 4), 1e-3f);
-  EXPECT_NEAR(learning_rate("cosine", 1e-3f, 0.f, 4, 10, 7), 1e-3 * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-9);
-  EXPECT_NEAR(learning_rate("linear", 1e-3f, 0.1f, 0, 10, 5), 1e-4 + 9e-4 * 0.5, 1e-9);
-  EXPECT_FLOAT_EQ(learning_rate("constant", 1e-3f, 0.f, 0, 10, 9), 1e-3f);
+  EXPECT_FLOAT_EQ(learning_rate(nlp::Schedule::Cosine, 1e-3f, 0.f, 4, 10, 0), 0.25e-3f);
+  EXPECT_FLOAT_EQ(learning_rate(nlp::Schedule::Cosine, 1e-3f, 0.f, 4, 10, 3), 1e-3f);
+  EXPECT_FLOAT_EQ(learning_rate(nlp::Schedule::Cosine, 1e-3f, 0.f, 4, 10, 4), 1e-3f);
+  EXPECT_NEAR(learning_rate(nlp::Schedule::Cosine, 1e-3f, 0.f, 4, 10, 7), 1e-3 * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-9);
+  EXPECT_NEAR(learning_rate(nlp::Schedule::Linear, 1e-3f, 0.1f, 0, 10, 5), 1e-4 + 9e-4 * 0.5, 1e-9);
+  EXPECT_FLOAT_EQ(learning_rate(nlp::Schedule::Constant, 1e-3f, 0.f, 0, 10, 9), 1e-3f);
 }
 
 TEST(Schedule, WarmupCoveringTheRunWarns) {
@@ -31,7 +31,7 @@ TEST(Schedule, WarmupCoveringTheRunWarns) {
                    "never starts"),
             std::string::npos)
       << w;
-  EXPECT_NEAR(learning_rate("linear", 5e-5f, 0.f, 100, 40, 39), 2e-5, 1e-12);
+  EXPECT_NEAR(learning_rate(nlp::Schedule::Linear, 5e-5f, 0.f, 100, 40, 39), 2e-5, 1e-12);
   // equal: the peak is reached at the last step
   const std::string eq = warmup_warning("cosine", 1e-3f, 0.f, 10, "default", 10, "from train.epochs");
   EXPECT_NE(eq.find("reaches 0.001 (train.lr) only at the last step"), std::string::npos) << eq;
@@ -42,7 +42,7 @@ TEST(Schedule, ScheduleStepsAndTheResumeNote) {
   EXPECT_EQ(nlp::schedule_length(0, 50), 50);  // 0: train.steps
   EXPECT_EQ(nlp::schedule_length(40, 50), 40);
   // past its length a linear or cosine schedule stays at lr x min_lr_ratio
-  EXPECT_FLOAT_EQ(learning_rate("cosine", 1e-3f, 0.1f, 0, 40, 45), 1e-4f);
+  EXPECT_FLOAT_EQ(learning_rate(nlp::Schedule::Cosine, 1e-3f, 0.1f, 0, 40, 45), 1e-4f);
   // the same length, or none recorded (older checkpoints): nothing to say
   EXPECT_EQ(nlp::resume_schedule_note("cosine", 1e-3f, 0.f, 0, 40, 40, "train.steps = 40, command line", 40), "");
   EXPECT_EQ(nlp::resume_schedule_note("cosine", 1e-3f, 0.f, 0, 0, 50, "train.steps = 50, command line", 40), "");
