@@ -109,7 +109,7 @@ HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant",
 HIDDEN = {"gpt2": 768, "gpt2-medium": 1024, "gpt2-large": 1280, "gpt2-xl": 1600, "bert-base-uncased": 768,
           "bert-base-cased": 768, "bert-large-uncased": 1024, "bert-large-cased": 1024}
 
-# nlptrain's keys this tool writes, with their type and range (src/config/config_schema.cpp's schema).
+# nlptrain's keys this tool writes, with their type and range (their rows in src/config/config_keys.def).
 SECTIONS = ("run", "data", "train", "comm", "eval", "checkpoint", "output")
 RANGES = {
     "train.zero": ("int", 0, 3), "train.zero_prefetch": ("int", 1, None),
