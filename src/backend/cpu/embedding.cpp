@@ -1,6 +1,5 @@
 // Token (+ position, + token-type) embeddings.
 #include "backend/cpu/cpu_backend_impl.h"
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/staged.h"
 
 namespace nlp::cpu {

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend_impl.h"
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 

@@ -93,7 +93,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 // res[N,C] = x + dropout(delta) (delta may alias res), then out = layernorm(res): row by row, one
-// pass, bitwise what dropout_forward, add and layernorm_forward give in turn
+// pass, bitwise what dropout_forward, add and layernorm_forward give in turn. The fused residual forms
+// of Backend (core/backend.h): rows keyed as DropRows {row, row_key, token_key, C}.
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
                                 const float* delta, const float* w, const float* b, int N, int C,
                                 float eps, float p, uint64_t seed, size_t row, size_t row_key,

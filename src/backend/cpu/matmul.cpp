@@ -6,12 +6,12 @@
 
 #include "backend/cpu/column_blocks.h"
 #include "backend/cpu/cpu_backend_impl.h"
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/staged.h"
 
 namespace nlp::cpu {
 
-// out[M,N] = inp[M,K] @ W + bias[N]
+// out[M,N] = inp[M,K] @ W + bias[N]  (T = float, or bf16 for native bf16 operands; outputs and
+// gradients fp32)
 template <class T>
 void matmul_forward(GemmLib lib, float* out, const T* inp, const T* w, const float* bias, int M,
                     int K, int N, WLayout layout) {

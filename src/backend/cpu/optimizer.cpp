@@ -3,7 +3,6 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend_impl.h"
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/round.h"
 #include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
@@ -69,6 +68,8 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
 //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
 // Bias corrections in double as torch does (python floats), the per-element update in float.
+// zero_grad: nullptr, or grad itself (writable), whose elements are set to 0 as they are read.
+// bf16_param: nullptr, or N bf16 patterns that receive the updated weights rounded (to_bf16_bits).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                   int t, float* zero_grad, uint16_t* bf16_param) {

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend_impl.h"
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/staged.h"
 
 namespace nlp::cpu {
