@@ -516,8 +516,7 @@ void attention_decode(float* out, const float* qkv_new, float* kcache, float* vc
   }
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 // The forward keeps two floats per query row; the backward recomputes the probabilities from them
 // and needs no scratch (attention_backward above)

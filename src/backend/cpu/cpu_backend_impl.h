@@ -40,7 +40,9 @@ class CpuBackend final : public Backend {
 
   // Every PURE op of core/backend_ops.def, declared from the list: the memory ops in
   // cpu_backend.cpp, the others in their family's file (above). An op added to the list is defined
-  // in one of those files and declared nowhere else.
+  // in one of those files and declared nowhere else. Each op hands its function fp32 stand-ins of
+  // its views (cpu/staged.h): fp32 views are their own memory; bf16 ones are widened on entry and
+  // rounded where the op stores them.
 #define NLP_ARG_DEFAULT(value)
 #define NLP_CPU_OP_PURE(name, ret, params) ret name params override;
 #define NLP_CPU_OP_DEFAULT(name, ret, params)
@@ -81,17 +83,14 @@ class CpuBackend final : public Backend {
     ~CastTimer();
   };
 
-  // cpu_backend.cpp
-  // (zero's memset, in parallel pieces)
+  // cpu_backend.cpp: zero's memset in parallel pieces, and its streaming stores
   void zero_bytes(void* p, size_t bytes);
-  // dst[0, n) = 0 with streaming (non-temporal) stores where the CPU has them
   static void stream_zero(char* dst, size_t n);
-  // x[n] (bf16) widened to fp32 (exact) in scratch slot `slot`
-  const float* widened(int slot, const bf16* x, size_t n);
-  // A copy of x[n] rounded to this backend's operand precision, in scratch slot `slot` (0..2).
+  // cpu_backend.cpp: the GEMM operands' casts into scratch slot `slot` (0..2), each timed by a
+  // CastTimer: x[n] (bf16) widened to fp32, x[n] rounded to the operand precision, x[n] as bf16
+  const float* widened(int slot, const cpu::bf16* x, size_t n);
   const float* rounded(int slot, const float* x, size_t n);
-  // A bf16 copy of x[n] (rounded to nearest even, as rounded()), in scratch slot `slot` (0..2).
-  const bf16* to_bf16(int slot, const float* x, size_t n);
+  const cpu::bf16* to_bf16(int slot, const float* x, size_t n);
 
   // rows.cpp: elements of a [rows, stride] tensor that a row op over n rows of width C touches
   static size_t strided_extent(int n, int C, size_t stride, const int32_t* idx);

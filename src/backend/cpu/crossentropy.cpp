@@ -167,8 +167,7 @@ void segment_crossentropy_backward(float* dx, const float* x, const int32_t* fir
   }
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 // The forward keeps each row's max and sum of exp; a backward on the same logits (pointer, M, V,
 // unchanged since: the contract of core/backend.h; forgotten when this backend writes that buffer)

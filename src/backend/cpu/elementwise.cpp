@@ -124,8 +124,7 @@ void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_
   });
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 void CpuBackend::add(Act out, CAct a, CAct b, size_t N) {
   cpu::In ia(a, N), ib(b, N);

@@ -71,8 +71,7 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
   }
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 void CpuBackend::embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
                                    const float* wte, const float* wpe, const float* wtt, int B,

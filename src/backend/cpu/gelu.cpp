@@ -79,8 +79,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, G
   }
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 void CpuBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
   cpu::In i(inp, N);

@@ -177,8 +177,7 @@ void layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db
   layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C);
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 void CpuBackend::layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
                                    const float* b, int N, int C, float eps) {

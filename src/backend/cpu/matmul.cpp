@@ -85,8 +85,7 @@ void matmul_dbias(float* dbias, const float* dout, int M, int N) {
   });
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 // Tf32/Bf16: the operands are rounded as the GPU's tensor cores read them (cpu/round.h); the bias,
 // the accumulation and the outputs stay fp32, and dbias sums the unrounded dout as the GPU does.

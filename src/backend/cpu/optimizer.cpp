@@ -82,8 +82,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t N,
   else adamw_loop<false, false>(param, g, m, v, nullptr, N, s);
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 double CpuBackend::sum(const float* x, size_t N) { return cpu::sum(x, N); }
 

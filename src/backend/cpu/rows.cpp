@@ -38,8 +38,7 @@ void rows_scatter_add(float* dinp, const float* dout, int n, int C, size_t strid
   }
 }
 
-// ---- CpuBackend's ops (cpu_backend_impl.h): the views as fp32 stand-ins (cpu/staged.h), then the
-// functions above ----
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
 
 void CpuBackend::tanh_forward(Act out, CAct inp, size_t N) {
   cpu::In i(inp, N);
