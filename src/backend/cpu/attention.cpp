@@ -23,7 +23,9 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/cpu_backend_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -512,6 +514,47 @@ void attention_decode(float* out, const float* qkv_new, float* kcache, float* vc
       }
     }
   }
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+// The forward keeps two floats per query row; the backward recomputes the probabilities from them
+// and needs no scratch (attention_backward above)
+size_t CpuBackend::attention_saved_floats(int B, int T, int NH, int HS, DType) {
+  (void)HS;
+  return cpu::attention_stats_floats(B, T, NH);
+}
+
+size_t CpuBackend::attention_scratch_floats(int B, int T, int NH, int HS, DType) {
+  (void)B, (void)T, (void)NH, (void)HS;
+  return 0;
+}
+
+void CpuBackend::attention_forward(Act out, float* att, CAct qkv, const int32_t* attn_mask,
+                                   bool causal, float dropout_p, uint64_t seed, int B, int T,
+                                   int NH, int HS, int T_key, const int32_t* token_key,
+                                   int /*examples*/) {
+  const size_t n = size_t(B) * T * NH * HS;
+  cpu::In q(qkv, 3 * n);
+  cpu::Out o(out, n);
+  cpu::attention_forward(o, att, q, attn_mask, causal, dropout_p, seed, B, T, NH, HS, T_key,
+                         token_key);
+}
+
+void CpuBackend::attention_backward(Act dqkv, float* scratch, CAct dout, CAct /*out*/, CAct qkv,
+                                    const float* att, const int32_t* attn_mask, bool causal,
+                                    float dropout_p, uint64_t seed, int B, int T, int NH, int HS,
+                                    int T_key, const int32_t* token_key, int /*examples*/) {
+  const size_t n = size_t(B) * T * NH * HS;
+  cpu::In d(dout, n), q(qkv, 3 * n);
+  cpu::Acc g(dqkv, 3 * n);
+  cpu::attention_backward(g, scratch, d, q, att, attn_mask, causal, dropout_p, seed, B, T, NH, HS,
+                          T_key, token_key);
+}
+
+void CpuBackend::attention_decode(float* out, const float* qkv_new, float* kcache, float* vcache,
+                                  int B, int pos, int Tmax, int NH, int HS) {
+  cpu::attention_decode(out, qkv_new, kcache, vcache, B, pos, Tmax, NH, HS);
 }
 
 }  // namespace nlp::cpu

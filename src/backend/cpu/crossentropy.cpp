@@ -1,10 +1,13 @@
 // Fused softmax + cross-entropy over logits[M,V], or over segments of one vector (packed qa: each
 // example's positions), max-shifted log-sum-exp; ignore index -100.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/cpu_backend_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 #include "core/error.h"
 
@@ -161,6 +164,88 @@ void segment_crossentropy_backward(float* dx, const float* x, const int32_t* fir
     double se;
     row_stats(x + first[e], len[e], &mx, &se);
     row_grad(dx + first[e], x + first[e], len[e], targets[e], dloss, mx, se);
+  }
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+// The forward keeps each row's max and sum of exp; a backward on the same logits (pointer, M, V,
+// unchanged since: the contract of core/backend.h; forgotten when this backend writes that buffer)
+// reuses them: one read of the [M,V] logits instead of three, bitwise the same gradient.
+void CpuBackend::crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                      int M, int V) {
+  if (ce_mx_.size() < size_t(std::max(M, 0))) ce_mx_.resize(M), ce_se_.resize(M);
+  cpu::crossentropy_forward(losses, logits, targets, M, V, ce_mx_.data(), ce_se_.data());
+  ce_logits_ = logits, ce_M_ = M, ce_V_ = V;
+}
+
+void CpuBackend::crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                       float dloss, int M, int V) {
+  const bool reuse = ce_logits_ == logits && ce_M_ == M && ce_V_ == V;
+  cpu::crossentropy_backward(dlogits, logits, targets, dloss, M, V, reuse ? ce_mx_.data() : nullptr,
+                             reuse ? ce_se_.data() : nullptr);
+}
+
+void CpuBackend::segment_crossentropy_forward(float* losses, const float* x, const int32_t* first,
+                                              const int32_t* len, const int32_t* targets, int E) {
+  cpu::segment_crossentropy_forward(losses, x, first, len, targets, E);
+}
+
+void CpuBackend::segment_crossentropy_backward(float* dx, const float* x, const int32_t* first,
+                                               const int32_t* len, const int32_t* targets,
+                                               float dloss, int E) {
+  cpu::segment_crossentropy_backward(dx, x, first, len, targets, dloss, E);
+}
+
+// ---- the LM head fused with its loss ----
+// The chunk's logits live in scratch [chunk, Vp]; every GEMM runs over the V real columns with
+// leading dimension Vp, so the padding changes strides only: the same products, the same bits
+// as Vp = V. The operands are rounded (or converted to bf16) once per call, as matmul_* round them.
+size_t CpuBackend::lm_head_scratch_floats(int chunk, int C, int V, int Vp) {
+  (void)C, (void)V;
+  return size_t(chunk) * Vp;
+}
+
+void CpuBackend::lm_head_crossentropy(float* losses, Act dx_v, float* dw, CAct x_v, const float* w,
+                                      const int32_t* targets, float dloss, int M, int C, int V,
+                                      int Vp, int chunk, float* scratch) {
+  NLP_ASSERT(Vp >= V && chunk > 0);
+  if (M <= 0) return;
+  forget_ce_stats(scratch);
+  const bool bwd = bool(dx_v) || dw;
+  const size_t nx = size_t(M) * C, nw = size_t(V) * C;
+  cpu::In x(x_v, nx);
+  cpu::Acc dxs(dx_v, nx);
+  float* dx = dxs.get();
+  const float *xf = x, *wf = w;
+  const cpu::bf16 *xb = nullptr, *wb = nullptr;
+  if (native_bf16_) {
+    xb = to_bf16(1, x, nx);
+    wb = to_bf16(2, w, nw);
+  } else if (precision_ != Precision::Fp32) {
+    xf = rounded(1, x, nx);
+    wf = rounded(2, w, nw);
+  }
+  for (int r0 = 0; r0 < M; r0 += chunk) {
+    const int rows = std::min(chunk, M - r0);
+    const size_t xo = size_t(r0) * C;
+    // logits[rows, V] (row stride Vp) = x[r0.., C] @ w[V, C]^T
+    if (native_bf16_)
+      cpu::gemm(lib_, false, true, rows, V, C, xb + xo, C, wb, C, 0.0f, scratch, Vp);
+    else
+      cpu::gemm(lib_, false, true, rows, V, C, xf + xo, C, wf, C, 0.0f, scratch, Vp);
+    cpu::crossentropy_rows(losses + r0, scratch, Vp, targets + r0, dloss, rows, V, bwd);
+    if (!bwd) continue;
+    // dx[rows, C] += dlogits @ w;  dw[V, C] += dlogits^T @ x (matmul_backward's OutIn products)
+    if (native_bf16_) {
+      const cpu::bf16* db = to_bf16(0, scratch, size_t(rows) * Vp);
+      if (dx) cpu::gemm(lib_, false, false, rows, C, V, db, Vp, wb, C, 1.0f, dx + xo, C);
+      if (dw) cpu::gemm(lib_, true, false, V, C, rows, db, Vp, xb + xo, C, 1.0f, dw, C);
+    } else {
+      const float* d = precision_ == Precision::Fp32 ? scratch : rounded(0, scratch, size_t(rows) * Vp);
+      if (dx) cpu::gemm(lib_, false, false, rows, C, V, d, Vp, wf, C, 1.0f, dx + xo, C);
+      if (dw) cpu::gemm(lib_, true, false, V, C, rows, d, Vp, xf + xo, C, 1.0f, dw, C);
+    }
   }
 }
 

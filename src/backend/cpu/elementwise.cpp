@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/cpu_backend_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/staged.h"
 #include "core/rng.h"
 
 namespace nlp::cpu {
@@ -120,6 +122,53 @@ void dropout_backward(float* dinp, const float* dout, size_t N, float p, uint64_
   for_keyed_rows(N, row, row_key, token_key, width, [&](size_t i0, size_t n, uint64_t k0) {
     drop_bwd_row(dinp + i0, dout + i0, n, p, s, seed, k0);
   });
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+void CpuBackend::add(Act out, CAct a, CAct b, size_t N) {
+  cpu::In ia(a, N), ib(b, N);
+  cpu::Out o(out, N);
+  cpu::add(o, ia, ib, N);
+}
+
+void CpuBackend::accumulate(Act dst, CAct src, size_t N) {
+  cpu::In s(src, N);
+  Act d = dst;
+  d.write = false;  // accumulate is an accumulation whatever the flag
+  cpu::Acc g(d, N);
+  cpu::accumulate(g, s, N);
+}
+
+void CpuBackend::scale(Act x, float s, size_t N) {
+  Act d = x;
+  d.write = false;
+  cpu::Acc g(d, N);
+  cpu::scale(g, s, N);
+}
+
+void CpuBackend::copy_view(Act dst, CAct src, size_t N) {
+  if (dst.dt == src.dt) {
+    copy(dst.p, src.p, N * dtype_bytes(dst.dt));
+    return;
+  }
+  cpu::In s(src, N);
+  cpu::Out o(dst, N);
+  std::memcpy(o.get(), s.get(), N * sizeof(float));
+}
+
+void CpuBackend::dropout_forward(Act out, CAct inp, size_t N, float p, uint64_t seed,
+                                 DropRows rows) {
+  cpu::In i(inp, N);
+  cpu::Out o(out, N);
+  cpu::dropout_forward(o, i, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+}
+
+void CpuBackend::dropout_backward(Act dinp, CAct dout, size_t N, float p, uint64_t seed,
+                                  DropRows rows) {
+  cpu::In d(dout, N);
+  cpu::Acc g(dinp, N);
+  cpu::dropout_backward(g, d, N, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
 }
 
 }  // namespace nlp::cpu

@@ -1,5 +1,6 @@
 // Token (+ position, + token-type) embeddings.
-#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_backend_impl.h"
+#include "backend/cpu/staged.h"
 
 namespace nlp::cpu {
 
@@ -68,6 +69,22 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
       }
     }
   }
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+void CpuBackend::embedding_forward(Act out, const int32_t* ids, const int32_t* type_ids,
+                                   const float* wte, const float* wpe, const float* wtt, int B,
+                                   int T, int C, int pos_offset, const int32_t* pos_ids) {
+  cpu::Out o(out, size_t(B) * T * C);
+  cpu::embedding_forward(o, ids, type_ids, wte, wpe, wtt, B, T, C, pos_offset, pos_ids);
+}
+
+void CpuBackend::embedding_backward(float* dwte, float* dwpe, float* dwtt, CAct dout,
+                                    const int32_t* ids, const int32_t* type_ids, int B, int T,
+                                    int C, int pos_offset, const int32_t* pos_ids) {
+  cpu::In d(dout, size_t(B) * T * C);
+  cpu::embedding_backward(dwte, dwpe, dwtt, d, ids, type_ids, B, T, C, pos_offset, pos_ids);
 }
 
 }  // namespace nlp::cpu

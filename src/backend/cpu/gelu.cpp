@@ -3,7 +3,8 @@
 //   Erf  (exact):       0.5 x (1 + erf(x / sqrt(2)))
 #include <cmath>
 
-#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_backend_impl.h"
+#include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 
 namespace nlp::cpu {
@@ -76,6 +77,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, G
       dinp[i] += d * dout[i];
     }
   }
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+void CpuBackend::gelu_forward(Act out, CAct inp, size_t N, Gelu form) {
+  cpu::In i(inp, N);
+  cpu::Out o(out, N);
+  cpu::gelu_forward(o, i, N, form);
+}
+
+void CpuBackend::gelu_backward(Act dinp, CAct inp, CAct dout, size_t N, Gelu form) {
+  cpu::In i(inp, N), d(dout, N);
+  cpu::Acc g(dinp, N);
+  cpu::gelu_backward(g, i, d, N, form);
 }
 
 }  // namespace nlp::cpu

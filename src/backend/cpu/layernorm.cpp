@@ -2,10 +2,13 @@
 // fused with the residual add and dropout before it (forward) and the dropout gradient after it
 // (backward), one pass over the rows instead of three to five.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/column_blocks.h"
+#include "backend/cpu/cpu_backend_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 #include "core/rng.h"
 
@@ -90,7 +93,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 // res[N,C] = x + dropout(delta) (delta may alias res), then out = layernorm(res): row by row, one
-// pass, bitwise what dropout_forward, add and layernorm_forward give in turn
+// pass, bitwise what dropout_forward, add and layernorm_forward give in turn. The fused residual forms
+// of Backend (core/backend.h): rows keyed as DropRows {row, row_key, token_key, C}.
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* x,
                                 const float* delta, const float* w, const float* b, int N, int C,
                                 float eps, float p, uint64_t seed, size_t row, size_t row_key,
@@ -171,6 +175,84 @@ void layernorm_dropout_backward(float* dinp, float* ddelta, float* dw, float* db
     }
   }
   layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C);
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+void CpuBackend::layernorm_forward(Act out, float* mean, float* rstd, CAct inp, const float* w,
+                                   const float* b, int N, int C, float eps) {
+  const size_t n = size_t(N) * C;
+  cpu::In i(inp, n);
+  cpu::Out o(out, n);
+  cpu::layernorm_forward(o, mean, rstd, i, w, b, N, C, eps);
+}
+
+void CpuBackend::layernorm_backward(Act dinp, float* dw, float* db, CAct dout, CAct inp,
+                                    const float* w, const float* mean, const float* rstd, int N,
+                                    int C) {
+  const size_t n = size_t(N) * C;
+  cpu::In d(dout, n), i(inp, n);
+  cpu::Acc g(dinp, n);
+  cpu::layernorm_backward(g, dw, db, d, i, w, mean, rstd, N, C);
+}
+
+// A bf16 res is stored rounded, and the layer norm reads the rounded value, as the GPU's
+// bf16 kernel does: the statistics belong to the residual stream the backward reads.
+void CpuBackend::residual_layernorm_forward(Act res, Act out, float* mean, float* rstd, CAct x,
+                                            CAct delta, const float* w, const float* b, int N,
+                                            int C, float eps, float p, uint64_t seed,
+                                            DropRows rows) {
+  NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
+  const size_t n = size_t(N) * C;
+  if (!res.f32()) {  // res = x + dropout(delta) in fp32, rounded once; the norm of the rounded res
+    std::vector<float> r(n);
+    {
+      cpu::In xi(x, n), di(delta, n);
+      cpu::dropout_forward(r.data(), di, n, p, seed, rows.row, rows.row_key, rows.token_key,
+                           rows.width);
+      cpu::add(r.data(), r.data(), xi, n);
+    }
+    {
+      cpu::Out ro(res, n);
+      std::memcpy(ro.get(), r.data(), n * sizeof(float));
+    }
+    cpu::widen_bf16(r.data(), res.bf(), n);
+    cpu::Out o(out, n);
+    cpu::layernorm_forward(o, mean, rstd, r.data(), w, b, N, C, eps);
+    return;
+  }
+  cpu::In xi(x, n), di(delta, n);
+  cpu::Out o(out, n);
+  cpu::residual_layernorm_forward(res.fp(), o, mean, rstd, xi, di, w, b, N, C, eps, p, seed,
+                                  rows.row, rows.row_key, rows.token_key);
+}
+
+void CpuBackend::layernorm_dropout_backward(Act dinp, Act ddelta, Act scratch, float* dw, float* db,
+                                            CAct dout, CAct inp, const float* w, const float* mean,
+                                            const float* rstd, int N, int C, float p, uint64_t seed,
+                                            DropRows rows) {
+  (void)scratch;
+  NLP_ASSERT(!rows.token_key || rows.width == size_t(C));
+  const size_t n = size_t(N) * C;
+  if (!dinp.f32() || !ddelta.f32()) {  // the bf16 GPU path's stores: the gradient, then each output
+    std::vector<float> g(n, 0.0f);
+    {
+      cpu::In d(dout, n), i(inp, n);
+      cpu::layernorm_backward(g.data(), dw, db, d, i, w, mean, rstd, N, C);
+    }
+    {
+      cpu::Acc di(dinp, n);
+      cpu::accumulate(di, g.data(), n);
+    }
+    cpu::Out dd(ddelta, n);
+    std::memset(dd.get(), 0, n * sizeof(float));
+    cpu::dropout_backward(dd, g.data(), n, p, seed, rows.row, rows.row_key, rows.token_key, rows.width);
+    return;
+  }
+  cpu::In d(dout, n), i(inp, n);
+  cpu::Acc di(dinp, n);
+  cpu::layernorm_dropout_backward(di, ddelta.fp(), dw, db, d, i, w, mean, rstd, N, C, p, seed,
+                                  rows.row, rows.row_key, rows.token_key);
 }
 
 }  // namespace nlp::cpu

@@ -5,11 +5,13 @@
 #include <type_traits>
 
 #include "backend/cpu/column_blocks.h"
-#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_backend_impl.h"
+#include "backend/cpu/staged.h"
 
 namespace nlp::cpu {
 
-// out[M,N] = inp[M,K] @ W + bias[N]
+// out[M,N] = inp[M,K] @ W + bias[N]  (T = float, or bf16 for native bf16 operands; outputs and
+// gradients fp32)
 template <class T>
 void matmul_forward(GemmLib lib, float* out, const T* inp, const T* w, const float* bias, int M,
                     int K, int N, WLayout layout) {
@@ -81,6 +83,57 @@ void matmul_dbias(float* dbias, const float* dout, int M, int N) {
     }
     for (int n = n0; n < n1; ++n) dbias[n] += acc[n - n0];
   });
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+// Tf32/Bf16: the operands are rounded as the GPU's tensor cores read them (cpu/round.h); the bias,
+// the accumulation and the outputs stay fp32, and dbias sums the unrounded dout as the GPU does.
+// Native bf16 rounds the same way into bf16 copies that the GEMM library multiplies in hardware.
+void CpuBackend::matmul_forward(Act out_v, CAct inp_v, const float* w, const float* bias, int M,
+                                int K, int N, WLayout layout) {
+  forget_ce_stats(out_v.p);
+  cpu::Out out_s(out_v, size_t(M) * N);
+  cpu::In inp_s(inp_v, size_t(M) * K);
+  float* out = out_s.get();
+  const float* inp = inp_s.get();
+  const cpu::bf16* w16 = persistent(w, size_t(K) * N);
+  if (native_bf16_) {
+    cpu::matmul_forward(lib_, out, to_bf16(0, inp, size_t(M) * K),
+                        w16 ? w16 : to_bf16(1, w, size_t(K) * N), bias, M, K, N, layout);
+  } else if (precision_ == Precision::Fp32) {
+    cpu::matmul_forward(lib_, out, inp, w, bias, M, K, N, layout);
+  } else {
+    cpu::matmul_forward(lib_, out, rounded(0, inp, size_t(M) * K),
+                        w16 ? widened(1, w16, size_t(K) * N) : rounded(1, w, size_t(K) * N), bias,
+                        M, K, N, layout);
+  }
+}
+
+void CpuBackend::matmul_backward(Act dinp_v, float* dw, float* dbias, CAct dout_v, CAct inp_v,
+                                 const float* w, int M, int K, int N, WLayout layout) {
+  cpu::Acc dinp_s(dinp_v, size_t(M) * K);
+  cpu::In dout_s(dout_v, size_t(M) * N);
+  cpu::In inp_s(dw ? inp_v : CAct(), size_t(M) * K);
+  float* dinp = dinp_s.get();
+  const float* dout = dout_s.get();
+  const float* inp = inp_s.get();
+  if (native_bf16_) {
+    const cpu::bf16* bd = to_bf16(0, dout, size_t(M) * N);
+    const cpu::bf16* bi = dw ? to_bf16(1, inp, size_t(M) * K) : nullptr;
+    const cpu::bf16* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+    const cpu::bf16* bw = w16 ? w16 : dinp ? to_bf16(2, w, size_t(K) * N) : nullptr;
+    cpu::matmul_backward(lib_, dinp, dw, bd, bi, bw, M, K, N, layout);
+  } else if (precision_ == Precision::Fp32) {
+    cpu::matmul_backward(lib_, dinp, dw, dout, inp, w, M, K, N, layout);
+  } else {
+    const float* rd = rounded(0, dout, size_t(M) * N);
+    const float* ri = dw ? rounded(1, inp, size_t(M) * K) : nullptr;
+    const cpu::bf16* w16 = dinp ? persistent(w, size_t(K) * N) : nullptr;
+    const float* rw = w16 ? widened(2, w16, size_t(K) * N) : dinp ? rounded(2, w, size_t(K) * N) : nullptr;
+    cpu::matmul_backward(lib_, dinp, dw, rd, ri, rw, M, K, N, layout);
+  }
+  if (dbias) cpu::matmul_dbias(dbias, dout, M, N);
 }
 
 }  // namespace nlp::cpu

@@ -2,8 +2,9 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_backend_impl.h"
 #include "backend/cpu/round.h"
+#include "backend/cpu/staged.h"
 #include "backend/cpu/vmath.h"
 #include "core/adamw_math.h"
 #include "core/error.h"
@@ -67,6 +68,8 @@ void adamw_loop(float* __restrict param, float* __restrict grad, float* __restri
 //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
 // Bias corrections in double as torch does (python floats), the per-element update in float.
+// zero_grad: nullptr, or grad itself (writable), whose elements are set to 0 as they are read.
+// bf16_param: nullptr, or N bf16 patterns that receive the updated weights rounded (to_bf16_bits).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                   int t, float* zero_grad, uint16_t* bf16_param) {
@@ -77,6 +80,33 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t N,
   else if (zero_grad) adamw_loop<true, false>(param, g, m, v, nullptr, N, s);
   else if (bf16_param) adamw_loop<false, true>(param, g, m, v, bf16_param, N, s);
   else adamw_loop<false, false>(param, g, m, v, nullptr, N, s);
+}
+
+// ---- CpuBackend's ops (cpu_backend_impl.h): each view as an fp32 stand-in (cpu/staged.h) ----
+
+double CpuBackend::sum(const float* x, size_t N) { return cpu::sum(x, N); }
+
+double CpuBackend::sumsq(const float* x, size_t N) { return cpu::sumsq(x, N); }
+
+void CpuBackend::sum_into(double* acc, const float* x, size_t N, double scale) {
+  *acc += scale * cpu::sum(x, N);
+}
+
+void CpuBackend::adamw_update(float* param, const float* grad, float* m, float* v, size_t N,
+                              float lr, float beta1, float beta2, float eps, float weight_decay,
+                              float grad_scale, int t) {
+  cpu::adamw_update(param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, grad_scale, t,
+                    nullptr, copy_of(param, N));
+}
+
+void CpuBackend::adamw_update_spans(float* param, float* grad, float* m, float* v,
+                                    const std::vector<AdamWSpan>& spans, float lr, float beta1,
+                                    float beta2, float eps, float grad_scale, int t,
+                                    bool zero_grad) {
+  for (const AdamWSpan& sp : spans)
+    cpu::adamw_update(param + sp.offset, grad + sp.offset, m + sp.offset, v + sp.offset, sp.numel, lr, beta1,
+                      beta2, eps, sp.weight_decay, grad_scale, t, zero_grad ? grad + sp.offset : nullptr,
+                      copy_of(param + sp.offset, sp.numel));
 }
 
 }  // namespace nlp::cpu
