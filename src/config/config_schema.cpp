@@ -80,7 +80,9 @@ const std::vector<Entry>& schema() {
        "cpu with train.precision = bf16: native = bf16 operands multiplied in hardware (oneDNN on "
        "AMX-BF16 / AVX512-BF16; fp32 accumulation, fp32 master weights), emulate = operands rounded "
        "to bf16 and multiplied in fp32 (the reference the GPU is compared with); auto = native where "
-       "the CPU has it, else emulate, with a warning: slower than fp32 there (the log says which)"},
+       "the CPU has AMX-BF16 (measured faster than fp32 there), else emulate, also on AVX512-BF16 "
+       "without AMX (native measured 2.1x slower than fp32 there), with a warning: slower than fp32 "
+       "(the log line 'backend cpu: ... bf16:' says which and why)"},
       {KEY(run, bf16_weights), none(),
        "with train.precision = bf16: keep a bf16 copy of the weights (2 bytes a parameter, in the memory "
        "plan), written by the AdamW update in the same pass and refreshed after loading, resume and "
