@@ -389,8 +389,9 @@ void log_run_header(const nlp::Config& cfg, nlp::Comm& comm, nlp::Log& log, nlp:
                c.cpus.allowed, " CPU(s) (", c.cpus.list, ")"));
   if (const std::string d = be.details(); !d.empty()) log.info(cat("backend ", be.name(), ": ", d));
   if (std::string no_bf16; !cfg.on_cuda() && c.precision == Precision::Bf16 && cfg.cpu_bf16() == nlp::CpuBf16::Auto &&
-                           !cpu_native_bf16(&no_bf16))
-    log.info(cat("warning: train.precision = bf16 is emulated on this CPU: ", no_bf16, ". The GEMMs run in "
+                           !cpu_auto_native_bf16(&no_bf16))
+    log.info(cat("warning: train.precision = bf16 is emulated on this CPU (run.cpu_bf16 = auto, ", no_bf16,
+                 "). The GEMMs run in "
                  "fp32 on bf16-rounded operands, slower than fp32: for speed here use train.precision = fp32. "
                  "(run.cpu_bf16 = emulate asks for the emulation, the reference a GPU's bf16 is checked "
                  "against, without this warning.)"));

@@ -188,7 +188,8 @@ class Bert final : public Model {
   }
 
   // HF BertPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
-  // LayerNorm 1/0, the padding row (pad_token_id) of the word embeddings zero.
+  // LayerNorm 1/0 (BERT's "LayerNorm" modules and RobertaLMHead's "layer_norm"), the padding row
+  // (pad_token_id) of the word embeddings zero.
   void init_weights(uint64_t seed) override {
     std::vector<float> host;
     auto views = ps_.host_views(host);
@@ -197,9 +198,10 @@ class Bert final : public Model {
       const auto& n = t.name;
       const int64_t cnt = t.numel();
       const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-      if (n.find("LayerNorm.weight") != std::string::npos) {
+      const bool norm = n.find("LayerNorm.") != std::string::npos || n.find("layer_norm.") != std::string::npos;
+      if (norm && !is_bias) {
         std::fill(t.data, t.data + cnt, 1.f);
-      } else if (is_bias || n.find("LayerNorm.") != std::string::npos) {
+      } else if (is_bias) {
         std::fill(t.data, t.data + cnt, 0.f);
       } else {
         rng.fill_normal(t.data, cnt, mc_.initializer_range);

@@ -384,3 +384,54 @@ def test_roberta_packed_training_equals_unpacked(tmp_path):
         losses[name] = [r["loss"] for r in nr.metrics(out)[0]]
     assert len(losses["plain"]) == 4
     assert np.allclose(losses["packed"], losses["plain"], rtol=1e-5, atol=0), losses
+
+
+INIT_CASES = [("roberta", "mlm"), ("roberta", "doc_cls"), ("electra", "doc_cls")]
+
+
+@pytest.mark.parametrize("family,task", INIT_CASES, ids=[f"{f}-{t}" for f, t in INIT_CASES])
+def test_from_scratch_init_follows_transformers(family, task, tmp_path):
+    """A model made from the INI's keys starts as transformers' `_init_weights` makes the same config:
+    every tensor transformers sets to ones (the norms' weights) or zeros (biases, the norms' biases) is
+    so in nlptrain, and so are the padding rows transformers zeroes; every other tensor is
+    N(0, initializer_range) (std within 15%, mean within 5 standard errors). nlptrain's weights are
+    those of one step at lr 1e-12 (the initialisation moved by about 1e-12), as its checkpoint writes them."""
+    config_cls, cfg, heads = FAMILIES[family]
+    cfg = dict(cfg, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(3)
+    hf = heads[task](config_cls(num_labels=2 if task == "qa" else NL, **cfg)).state_dict()
+    cols = make_batch(family, task, np.random.default_rng(4))
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+    out = tmp_path / "out"
+    args = [f"--model.type={family}", f"--run.task={task}", f"--data.train={data}", f"--data.eval={data}",
+            f"--output.dir={out}", "--run.threads=1", f"--train.batch_size={B}", "--train.steps=1",
+            "--train.lr=1e-12", "--train.warmup_steps=0"]
+    args += [f"--model.{k}={cfg[k]}" for k in ATTRS if k in cfg]
+    if task in ("doc_cls", "pair_cls", "ner"):
+        args.append(f"--model.num_labels={NL}")
+    nr.run(args)
+    range_ = config_cls().initializer_range
+    with h5py.File(out / "best.h5") as f:
+        checked = 0
+        for k, v in hf.items():
+            if any(k.endswith(s) for s in SKIP_KEYS):
+                continue
+            assert k in f, f"{k}: not in nlptrain's weights"
+            ours, theirs = f[k][()].astype(np.float64), v.double().numpy()
+            assert ours.shape == theirs.shape, (k, ours.shape, theirs.shape)
+            if np.all(theirs == 1) or np.all(theirs == 0):
+                assert np.abs(ours - theirs).max() < 1e-6, f"{k}: transformers starts it at {theirs.flat[0]}"
+                checked += 1
+                continue
+            zero_rows = [r for r in range(theirs.shape[0]) if theirs.ndim == 2 and np.all(theirs[r] == 0)]
+            for r in zero_rows:  # padding_idx
+                assert np.abs(ours[r]).max() < 1e-6, f"{k}: row {r} is zero in transformers"
+            rest = np.delete(ours, zero_rows, axis=0).ravel() if zero_rows else ours.ravel()
+            if rest.size >= 256:
+                assert abs(rest.std() / range_ - 1) < 0.15, (k, rest.std())
+                assert abs(rest.mean()) < 5 * range_ / np.sqrt(rest.size), (k, rest.mean())
+            checked += 1
+        assert checked >= 20, checked

@@ -351,9 +351,51 @@ TEST(CpuGemmOptions, ValuesAndErrors) {
   }
   std::string what;
   const bool native = nlp::cpu::native_bf16_available(&what);
+  // auto on this machine: what the rule below picks for its instruction set, and the log line says why
+  std::string auto_why;
+  const bool auto_native = nlp::cpu::auto_native_bf16(nlp::cpu::bf16_isa(), &auto_why);
   const std::string d = nlp::make_cpu_backend(1, Precision::Bf16, "auto", "auto")->details();
-  EXPECT_NE(d.find(native ? "bf16: native" : "bf16: emulated"), std::string::npos) << d;
+  EXPECT_NE(d.find(auto_native ? "bf16: native" : "bf16: emulated"), std::string::npos) << d;
+  EXPECT_NE(d.find(nlp::cat("(run.cpu_bf16 = auto, ", auto_why, ")")), std::string::npos) << d;
+  EXPECT_TRUE(!auto_native || native);  // auto never picks what native would refuse
   if (!native) expect_error("auto", "native", "run.cpu_bf16 = native");
+  if (native) {  // an explicit native runs natively whatever auto would pick, and says nothing about auto
+    const std::string n = nlp::make_cpu_backend(1, Precision::Bf16, "auto", "native")->details();
+    EXPECT_NE(n.find("bf16: native"), std::string::npos) << n;
+    EXPECT_EQ(n.find("run.cpu_bf16 = auto"), std::string::npos) << n;
+  }
+  std::printf("[ note ] run.cpu_bf16 = auto here: %s\n", d.c_str());
+}
+
+// run.cpu_bf16 = auto as a function of the CPU's bf16 arithmetic: native only with AMX-BF16 (measured
+// faster than fp32 on the xeon-amx), emulate with AVX512-BF16 alone (native measured 2.1x slower than
+// fp32 on the xeon without AMX) and without either; the reason names the instruction set.
+TEST(CpuGemmOptions, AutoBf16Rule) {
+  using nlp::cpu::auto_native_bf16;
+  using nlp::cpu::Bf16Isa;
+  std::string why;
+  EXPECT_TRUE(auto_native_bf16(Bf16Isa{true, true, "avx512_core_amx (AMX-BF16)"}, &why));
+  EXPECT_EQ(why.rfind("native: ", 0), 0u) << why;
+  EXPECT_NE(why.find("AMX-BF16"), std::string::npos) << why;
+  EXPECT_NE(why.find("avx512_core_amx"), std::string::npos) << why;
+
+  EXPECT_FALSE(auto_native_bf16(Bf16Isa{true, false, "avx512_core_bf16"}, &why));
+  EXPECT_EQ(why.rfind("emulated: ", 0), 0u) << why;
+  EXPECT_NE(why.find("avx512_core_bf16"), std::string::npos) << why;
+  EXPECT_NE(why.find("not AMX-BF16"), std::string::npos) << why;
+  EXPECT_NE(why.find("run.cpu_bf16 = native"), std::string::npos) << why;  // how to ask for it anyway
+
+  EXPECT_FALSE(auto_native_bf16(Bf16Isa{false, false, "avx2"}, &why));
+  EXPECT_EQ(why.rfind("emulated: ", 0), 0u) << why;
+  EXPECT_NE(why.find("avx2"), std::string::npos) << why;
+  EXPECT_FALSE(auto_native_bf16(Bf16Isa{false, false, "avx512_core"}));  // why is optional
+
+  // the flags read from this machine agree with what native accepts
+  const Bf16Isa here = nlp::cpu::bf16_isa();
+  EXPECT_EQ(here.avx512_bf16, nlp::cpu::native_bf16_available());
+  EXPECT_TRUE(!here.amx_bf16 || here.avx512_bf16);
+  std::printf("[ note ] bf16 here: avx512_bf16 %d, amx_bf16 %d (%s)\n", here.avx512_bf16, here.amx_bf16,
+              here.isa.c_str());
 }
 
 }  // namespace

@@ -45,19 +45,23 @@ CpuBackend::CpuBackend(int threads, Precision precision, const std::string& gemm
     }
     if (bf16 != "auto" && bf16 != "emulate" && bf16 != "native")
       throw Error(cat("run.cpu_bf16: unknown value '", bf16, "' (expected auto, emulate or native)"));
-    if (precision == Precision::Bf16 && bf16 != "emulate") {
-      const bool have = cpu::native_bf16_available(&bf16_isa_);
-      if (bf16 == "native" && !have)
+    if (precision == Precision::Bf16 && bf16 == "native") {
+      if (!cpu::native_bf16_available(&bf16_isa_))
         throw Error(cat("run.cpu_bf16 = native: ", bf16_isa_, "; use run.cpu_bf16 = emulate or auto"));
-      native_bf16_ = have;
+      native_bf16_ = true;
+    } else if (precision == Precision::Bf16 && bf16 == "auto") {
+      const cpu::Bf16Isa hw = cpu::bf16_isa();
+      native_bf16_ = cpu::auto_native_bf16(hw, &bf16_auto_);
+      bf16_isa_ = hw.isa;
     }
   }
 
 std::string CpuBackend::details() const {
     std::string d = cat("GEMMs: ", cpu::gemm_lib_description(lib_));
     if (precision_ == Precision::Bf16)
-      d += native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
-                        : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)");
+      d += cat(native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
+                            : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)"),
+               bf16_auto_.empty() ? "" : cat(" (run.cpu_bf16 = auto, ", bf16_auto_, ")"));
     if (wcopy_on_) d += " | weights: persistent bf16 copy (run.bf16_weights)";
     return d;
   }
@@ -227,6 +231,7 @@ void CpuBackend::stream_zero(char* dst, size_t n) {
 }  // namespace cpu
 
 bool cpu_native_bf16(std::string* why) { return cpu::native_bf16_available(why); }
+bool cpu_auto_native_bf16(std::string* why) { return cpu::auto_native_bf16(cpu::bf16_isa(), why); }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision,
                                           const std::string& gemm, const std::string& bf16,

@@ -116,6 +116,7 @@ class CpuBackend final : public Backend {
   cpu::GemmLib lib_ = cpu::GemmLib::OpenBlas;
   bool native_bf16_ = false;
   std::string bf16_isa_;
+  std::string bf16_auto_;  // run.cpu_bf16 = auto: what it picked and why (cpu::auto_native_bf16)
   std::vector<float> round_buf_[3];
   std::vector<cpu::bf16> bf16_buf_[3];
   bool wcopy_on_ = false;             // run.bf16_weights with Precision::Bf16

@@ -38,6 +38,21 @@ bool onednn_available(std::string* why = nullptr);
 // Whether this CPU multiplies bf16 natively through oneDNN (AMX-BF16 or AVX512-BF16 enabled by the
 // OS); `what` names the instruction set found, or why there is none.
 bool native_bf16_available(std::string* what = nullptr);
+
+// The bf16 arithmetic oneDNN can use here (its effective instruction set: the CPU has it and the OS
+// enables it): AVX512-BF16 (dot products on vector registers), AMX-BF16 (tile multiplies, which
+// implies AVX512-BF16); isa: oneDNN's name for the set, or why there is none (no oneDNN in the build).
+struct Bf16Isa {
+  bool avx512_bf16 = false;
+  bool amx_bf16 = false;
+  std::string isa;
+};
+Bf16Isa bf16_isa();
+// What run.cpu_bf16 = auto picks on a CPU with that arithmetic: native only with AMX-BF16, where
+// oneDNN's bf16 GEMMs were measured 2-4x its fp32 sgemm (xeon-amx, docs/performance.md "CPU GEMM
+// libraries"); else emulate, also with AVX512-BF16 alone, where native bf16 training was measured
+// 2.1x slower than fp32 (xeon without AMX, RoBERTa NSMC). why: the choice and its reason, for the log.
+bool auto_native_bf16(const Bf16Isa& hw, std::string* why = nullptr);
 // "OpenBLAS (core Prescott)" / "oneDNN 2.6.3 (isa avx512_core_amx)" / "oneDNN 2.6.3 (isa avx2),
 // weight gradients OpenBLAS (core Zen)": for the log.
 std::string gemm_lib_description(GemmLib lib);
