@@ -19,10 +19,10 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool de
   return static_cast<int>(specs_.size()) - 1;
 }
 
-void ParamStore::allocate(Backend& be) {
+void ParamStore::allocate(Backend& be, bool grads) {
   be_ = &be;
   params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
-  grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  if (grads) grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
   be.register_weights(params_, total_);  // the persistent bf16 copy, where the backend keeps one
 }
 

@@ -24,7 +24,8 @@ class ParamStore {
   // Register a tensor before allocate(); returns its index. packed = placed immediately after the
   // previous tensor (no alignment gap), so that e.g. BERT's query/key/value form one [3C, C] matrix.
   int add(const std::string& name, std::vector<int64_t> shape, bool decay, bool packed = false);
-  void allocate(Backend& be);  // params and grads arenas, zeroed
+  // params and grads arenas, zeroed; grads = false: no gradient arena (as after release_grads)
+  void allocate(Backend& be, bool grads = true);
   ~ParamStore();
 
   const std::vector<ParamSpec>& specs() const { return specs_; }

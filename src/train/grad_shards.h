@@ -38,13 +38,31 @@ std::vector<GradRegion> zero2_regions(const ParamStore& ps);
 // The gradient floats one rank holds with train.zero = 2 and `slots` block buffers, besides its shard:
 // the resident tensors' and the slots'.
 size_t zero2_buffer_floats(const ParamStore& ps, int slots);
+// The regions with each range of `own` (arena [lo, hi), inside a resident region) a resident region
+// of its own: the resident region around it split before and after it (train.zero = 3's tensors whose
+// weights' buffer turns into their gradient's, param_shards.h). Throws nlp::Error when a range is not
+// inside one resident region.
+std::vector<GradRegion> split_regions(std::vector<GradRegion> regions,
+                                      const std::vector<std::pair<size_t, size_t>>& own);
+
+// A range [lo, hi) of the arena whose gradient the backward writes into a buffer its caller owns
+// (train.zero = 3: the weights' buffer of a tensor that the backward no longer reads by then,
+// param_shards.h); GradShards sums it as a region of its own and zeroes it after.
+struct GradBuffer {
+  size_t lo = 0, hi = 0;
+  float* buf = nullptr;
+};
 
 class GradShards {
  public:
   // Frees the parameter store's gradient arena (ps.release_grads) and maps its tensors' gradients
-  // into this object's buffers. overlap = false: each block's sum is waited for at once.
+  // into this object's buffers (and the `external` ranges' into theirs). overlap = false: each
+  // block's sum is waited for at once. piece > 0: the resident regions are summed in pieces of at
+  // most `piece` floats, one reduce-scatter each, one after the other, so that MPI's temporaries
+  // (a whole sum's size, twice on rank 0: memory_plan.cpp) stay at a piece's size (train.zero = 3
+  // passes the largest block's size; the sums are elementwise, so the pieces give the same bits).
   GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, bool overlap,
-             int slots = 2);
+             int slots = 2, std::vector<GradBuffer> external = {}, size_t piece = 0);
   ~GradShards();
   GradShards(const GradShards&) = delete;
   GradShards& operator=(const GradShards&) = delete;
@@ -81,6 +99,7 @@ class GradShards {
   ShardLayout sh_;
   int rank_;
   bool overlap_;
+  size_t piece_;   // the resident regions' sums in pieces of at most this many floats (0: whole)
   size_t lo_, n_;  // this rank's range
   float* shard_ = nullptr;
   std::vector<float*> owned_;  // buffers allocated here
