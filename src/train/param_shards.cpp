@@ -18,10 +18,11 @@ size_t zero3_buffer_floats(const ParamStore& ps, int prefetch) {
 }
 
 ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch,
-                         const std::vector<int>& weights_then_grads)
+                         const std::vector<int>& weights_then_grads, const std::function<void()>& init)
     : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), prefetch_(std::max(prefetch, 0)), lo_(sh.lo(rank)),
       n_(sh.count[rank]) {
-  NLP_ASSERT(sh.total == ps.total() && ps.data() != nullptr);
+  const bool from_init = ps.data() == nullptr;  // no arena: the shard initialised here
+  NLP_ASSERT(sh.total == ps.total() && (!from_init || init));
   auto alloc = [&](size_t n) {
     auto* p = static_cast<float*>(be.alloc(std::max<size_t>(n, 1) * sizeof(float)));
     owned_.push_back(p);
@@ -45,13 +46,13 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
     float* buf = nullptr;
     if (r.layer < 0) {
       buf = alloc(r.hi - r.lo);
-      be.copy(buf, ps.data() + r.lo, (r.hi - r.lo) * sizeof(float));  // the whole tensors, as loaded
+      if (!from_init) be.copy(buf, ps.data() + r.lo, (r.hi - r.lo) * sizeof(float));  // as loaded
     } else {
       layer_region_[size_t(r.layer)] = static_cast<int>(regions_.size());
     }
     const bool then_grads =
         std::find(own.begin(), own.end(), std::make_pair(r.lo, r.hi)) != own.end();
-    regions_.push_back({r.lo, r.hi, r.layer, buf, then_grads});
+    regions_.push_back({r.lo, r.hi, r.layer, buf, then_grads, /*valid=*/!from_init});
   }
   const auto& specs = ps.specs();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -59,13 +60,25 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
       if (r.layer >= 0 && specs[i].offset >= r.lo && specs[i].offset < r.hi)
         layer_tensors_[size_t(r.layer)].push_back(static_cast<int>(i));
   shard_ = static_cast<float*>(be.alloc(std::max<size_t>(n_, 1) * sizeof(float)));
-  if (n_ > 0) be.copy(shard_, ps.data() + lo_, n_ * sizeof(float));
+  if (from_init) {
+    ps.set_upload_window(shard_, lo_, lo_ + n_);  // every tensor drawn, this rank's part kept
+    try {
+      init();
+    } catch (...) {
+      ps.set_upload_window(nullptr, 0, 0);
+      throw;
+    }
+    ps.set_upload_window(nullptr, 0, 0);
+  } else if (n_ > 0) {
+    be.copy(shard_, ps.data() + lo_, n_ * sizeof(float));
+  }
   ps.release_params();
   // the block buffers after the arena is gone (the backend zeroes them: they are resident at once);
   // more buffers than blocks would never be used
   if (block > 0)
     for (int k = 0; k < std::min(1 + prefetch_, layers); ++k) slots_.push_back({alloc(block)});
   map_buffers();
+  if (from_init) refresh();  // the whole resident tensors from the shards
 }
 
 ParamShards::~ParamShards() {

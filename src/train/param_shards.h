@@ -34,6 +34,7 @@
 // issues a collective (need() and done() do nothing while it is held).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "comm/comm.h"
@@ -54,8 +55,12 @@ class ParamShards {
   // tensors into this object's buffers.
   // weights_then_grads: the tensors (indices into ps.specs(), each outside the blocks) whose buffer
   // turns into their gradient's in the backward (Model::weights_then_grads).
+  // Without a parameter arena (ps.data() null: a run initialised from scratch, app/main.cpp), `init`
+  // fills the parameters instead: it runs with the store's upload window on this rank's shard
+  // (ParamStore::set_upload_window: the model's init_weights draws every tensor as always and keeps
+  // this rank's part), then the resident tensors are gathered from the shards (a collective).
   ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch = 0,
-              const std::vector<int>& weights_then_grads = {});
+              const std::vector<int>& weights_then_grads = {}, const std::function<void()>& init = {});
   ~ParamShards();
   ParamShards(const ParamShards&) = delete;
   ParamShards& operator=(const ParamShards&) = delete;

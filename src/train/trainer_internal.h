@@ -89,8 +89,19 @@ struct Optimizer {
         params([&]() -> std::unique_ptr<ParamShards> {
           if (stage_ != 3) return nullptr;
           s.model.params().release_grads();  // before the parameter shard and buffers are allocated
+          // a run from scratch has no parameter arena (app/main.cpp): each rank initialises its shard
+          auto init = [&s] {
+            const auto t0 = std::chrono::steady_clock::now();
+            s.model.init_weights(s.cfg.train.seed);
+            char b[32];
+            std::snprintf(b, sizeof b, "%.1f",
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            s.log.info(cat("model: ", s.cfg.model.type, " initialised from scratch (seed ", s.cfg.train.seed,
+                           ") into each rank's parameter shard (train.zero = 3: every tensor drawn, this "
+                           "rank's part kept) in ", b, " s"));
+          };
           return std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
-                                               s.cfg.train.zero_prefetch, s.model.weights_then_grads());
+                                               s.cfg.train.zero_prefetch, s.model.weights_then_grads(), init);
         }()),
         // train.zero = 3: the weights-then-gradients tensors' gradients in their weights' buffers, the
         // resident regions summed in pieces of a block's size (param_shards.h, grad_shards.h)

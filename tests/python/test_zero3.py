@@ -97,10 +97,10 @@ def test_zero3_embeddings_in_one_buffer_and_summed_in_pieces(data, ranks, tmp_pa
 @pytest.mark.parametrize("model", ["gpt2", "bert"])
 def test_zero3_initial_weights_equal_zero0s(data, model, tmp_path):  # noqa: F811
     """The initial weights: step 1's update skipped (debug.inject_nonfinite_step = 1, train.nonfinite =
-    skip), so the step-1 checkpoint holds them. Stage 3 on 4 ranks (each rank initialises a tensor at a
-    time, takes its shard and frees the arena; rank 0 writes each tensor gathered from the shards)
-    equals stage 0 on 1 rank bitwise, BERT (a tensor at a time like GPT-2, the padding row zero) and
-    GPT-2."""
+    skip), so the step-1 checkpoint holds them. Stage 3 on 4 ranks from scratch (no parameter arena:
+    each rank draws every tensor, a tensor at a time, and keeps only its shard's part; rank 0 writes
+    each tensor gathered from the shards) equals stage 0 on 1 rank bitwise, BERT (the padding row
+    zero) and GPT-2."""
     keys = ["--run.threads=1", "--train.batch_size=1", "--train.steps=1", "--checkpoint.interval=1",
             "--train.nonfinite=skip", "--debug.inject_nonfinite_step=1"]
     got = {}
@@ -113,6 +113,8 @@ def test_zero3_initial_weights_equal_zero0s(data, model, tmp_path):  # noqa: F81
     assert len(weights) > 20, sorted(got[0])
     for k in weights:
         assert np.asarray(got[0][k]).tobytes() == np.asarray(got[3][k]).tobytes(), (model, k)
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert "initialised from scratch (seed 1234) into each rank's parameter shard" in log, log[:3000]
     # drawn, not left zero: the embeddings and a block's weights
     emb = "transformer.wte.weight" if model == "gpt2" else "bert.embeddings.word_embeddings.weight"
     assert np.std(got[3][emb]) > 0.01, emb
