@@ -145,6 +145,7 @@ GradShards::GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayou
       buf = slot[k];
     }
     regions_.push_back({r.lo, r.hi, r.layer, buf});
+    regions_.back().external = ext != external.end();
   }
   shard_ = static_cast<float*>(be.alloc(std::max<size_t>(n_, 1) * sizeof(float)));
   // every tensor's gradient into its region's buffer
@@ -190,7 +191,7 @@ void GradShards::drain() {
     const auto [a, b] = sh_.part(rank_, r.lo, r.hi);
     if (b > a) be_.accumulate(shard_ + (a - lo_), r.buf + (a - r.lo), b - a);
     if (b > a && last_ && final_) final_(a, b);
-    be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));
+    if (!r.external) be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));  // an external one: its owner's
     r.pending = false;
   }
 }

@@ -47,7 +47,8 @@ std::vector<GradRegion> split_regions(std::vector<GradRegion> regions,
 
 // A range [lo, hi) of the arena whose gradient the backward writes into a buffer its caller owns
 // (train.zero = 3: the weights' buffer of a tensor that the backward no longer reads by then,
-// param_shards.h); GradShards sums it as a region of its own and zeroes it after.
+// param_shards.h, which zeroes it at that point and gathers the weights into it again before the next
+// forward); GradShards sums it as a region of its own and leaves it as it is after.
 struct GradBuffer {
   size_t lo = 0, hi = 0;
   float* buf = nullptr;
@@ -71,7 +72,7 @@ class GradShards {
   size_t shard_size() const { return n_; }
   void zero_shard();
   // One micro-batch's backward: begin() before it, ready() as its hook, end() after it (starts what is
-  // left, waits, accumulates into the shard; every buffer is zero again on return). last: the step's
+  // left, waits, accumulates into the shard; every buffer it owns is zero again on return). last: the step's
   // last micro-batch (its accumulations complete the shard: the final hook below is called).
   void begin(bool last = true);
   // Called in the last micro-batch as each region's part of this rank's range, arena [a, b), holds
@@ -90,6 +91,7 @@ class GradShards {
     int layer;   // -1: resident
     float* buf;  // the region's gradients: buf[i - lo] for arena offset i
     bool started = false, pending = false;
+    bool external = false;  // a GradBuffer: its owner zeroes it before the backward writes it
   };
   void start(Region& r);
   void drain();  // wait for every started sum, add the parts into the shard, zero the buffers

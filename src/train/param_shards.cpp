@@ -205,7 +205,7 @@ void ParamShards::refresh() {
   wait_all();
   for (Region& r : regions_) {
     if (r.then_grads)
-      r.valid = false;  // gathered at the next forward's need() (now it may hold a gradient's zeros)
+      r.valid = false;  // gathered at the next forward's need() (it holds the last gradient now)
     else if (r.layer < 0)
       gather(r.buf, r.lo, r.hi, false);
   }
