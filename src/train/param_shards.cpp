@@ -234,7 +234,7 @@ void ParamShards::done(int tensor) {
   NLP_ASSERT(!full_);  // no backward runs on gather_all's arena
   Region& r = region_of_tensor(tensor);
   if (!r.valid) return;  // its gradient already (a model may say so twice in one backward)
-  // the backward adds into it from here (GradShards zeroes it again after its sum)
+  // the backward adds into it from here (the next forward gathers the weights over it)
   be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));
   r.valid = false;
 }

@@ -156,6 +156,20 @@ def test_zero3_bert_mlm_tied_decoder_in_one_buffer(data, ranks, tmp_path):  # no
             "bert.embeddings.token_type_embeddings.weight: one buffer each" in log), log[:4000]
 
 
+def test_zero3_fused_head_keeps_wte_whole(data, tmp_path):  # noqa: F811
+    """model.fused_head = on reads wte chunk by chunk as it writes its gradient: wte stays whole (weights
+    and gradient apart, its gradient still summed in pieces), wpe alone has one buffer; bitwise stage
+    2's on 2 ranks."""
+    keys = ["--model.vocab_size=1000", "--model.fused_head=on"]
+    l2, c2 = train(data, "gpt2", 2, tmp_path / "z2", keys + ["--train.zero=2"])
+    l3, c3 = train(data, "gpt2", 2, tmp_path / "z3", keys + ["--train.zero=3"])
+    assert l3 == l2
+    for k in c2:
+        assert np.asarray(c2[k]).tobytes() == np.asarray(c3[k]).tobytes(), k
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert "parameters: train.zero = 3: transformer.wpe.weight: one buffer each" in log, log[:4000]
+
+
 def test_zero3_bitwise_repeatable_with_offload_and_recompute(data, tmp_path):  # noqa: F811
     """A rerun, train.offload = optimizer (the host AdamW on the shard) and train.recompute = block (each
     block gathered again for its recomputed forward) change no bit of stage 3."""
