@@ -363,11 +363,17 @@ ModelStack build_model(const nlp::Config& cfg, const nlp::ModelConfig& mc, nlp::
   if (cfg.run.cuda_graph && cfg.mode() == nlp::RunMode::Train)
     m.graph = std::make_unique<StepGraph>(base_be, /*emulate=*/!c.cuda);  // cpu: NLPTRAIN_STEP_GRAPH_EMULATE (config_checks.cpp)
   m.model_be = m.graph ? static_cast<Backend*>(m.graph.get()) : &base_be;
-  m.model = make_model(mc, *m.model_be, cfg.run.task);
+  // train.zero >= 2 trains without the gradient arena (train/grad_shards.h): never allocated, so that
+  // it is never resident beside the weights and what replaces it (the backend zeroes what it
+  // allocates: allocated and freed at once, it was beside the parameter arena, the start-up peak of
+  // stage 3 on GPT-2 124M, 4 ranks)
+  const bool no_grad_arena = cfg.mode() == nlp::RunMode::Train && cfg.train.zero >= 2;
+  // train.zero = 3 from scratch: no parameter arena either; each rank initialises only its shard
+  // (train/param_shards.h), so no rank ever holds the whole parameters
+  const bool no_param_arena = no_grad_arena && cfg.train.zero == 3 && mc.weights.empty();
+  m.model = make_model(mc, *m.model_be, cfg.run.task, /*allocate=*/!no_grad_arena);
+  if (no_grad_arena) m.model->params().allocate(*m.model_be, /*grads=*/false, /*params=*/!no_param_arena);
   m.model->set_recompute(cfg.recompute() == nlp::Recompute::Block);
-  // train.zero >= 2 trains without the gradient arena (train/grad_shards.h): freed before the weights
-  // are initialised or loaded, so that it is never resident beside them and what replaces it
-  if (cfg.mode() == nlp::RunMode::Train && cfg.train.zero >= 2) m.model->params().release_grads();
   return m;
 }
 
@@ -426,7 +432,8 @@ std::vector<std::string> init_or_load_weights(const nlp::Config& cfg, const nlp:
   bool any_new = mc.weights.empty();
   for (const auto& sp : model.params().specs()) any_new = any_new || model.may_be_new(sp.name);
   // A large model takes seconds to initialise and load: say so before, and how long it took after.
-  if (nparams >= size_t(50) * 1000 * 1000)
+  const bool into_shards = model.params().data() == nullptr;
+  if (nparams >= size_t(50) * 1000 * 1000 && !into_shards)
     log.info(cat("model: ", any_new ? "initialising" : "", any_new && !mc.weights.empty() ? " and " : "",
                  mc.weights.empty() ? "" : cat("loading '", mc.weights, "'"), " (", nparams, " parameters) ..."));
   const auto t_model = std::chrono::steady_clock::now();
@@ -435,10 +442,15 @@ std::vector<std::string> init_or_load_weights(const nlp::Config& cfg, const nlp:
     std::snprintf(b, sizeof b, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count());
     return std::string(b);
   };
-  if (any_new) model.init_weights(cfg.train.seed);
+  // without a parameter arena (train.zero = 3 from scratch) each rank initialises its shard when the
+  // optimizer is set up (train/trainer_internal.h)
+  if (any_new && !into_shards) model.init_weights(cfg.train.seed);
   if (!num_labels_source.empty())
     log.info(cat("model: num_labels = ", mc.num_labels, " (", num_labels_source, ")"));
-  if (mc.weights.empty()) {
+  if (mc.weights.empty() && into_shards) {
+    log.info(cat("model: ", mc.type, " to be initialised from scratch (seed ", cfg.train.seed,
+                 ") into each rank's parameter shard (train.zero = 3)"));
+  } else if (mc.weights.empty()) {
     log.info(cat("model: ", mc.type, " initialised from scratch (seed ", cfg.train.seed, ") in ", model_seconds(), " s"));
   } else {
     std::vector<std::string> unused;

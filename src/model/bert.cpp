@@ -189,32 +189,39 @@ class Bert final : public Model {
 
   // HF BertPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
   // LayerNorm 1/0 (BERT's "LayerNorm" modules and RobertaLMHead's "layer_norm"), the padding row
-  // (pad_token_id) of the word embeddings zero.
+  // (pad_token_id) of the word embeddings zero. A tensor at a time through one host buffer (the
+  // largest tensor's size), the draws in the tensors' order as before: no whole-parameter host copy
+  // beside the arena at start-up (with train.zero = 3 it was the start-up's peak, P floats on every
+  // rank before the shards are taken).
   void init_weights(uint64_t seed) override {
     std::vector<float> host;
-    auto views = ps_.host_views(host);
     Rng rng(derive_seed(seed, 0xBE27));
-    for (auto& t : views) {
-      const auto& n = t.name;
-      const int64_t cnt = t.numel();
+    const auto& specs = ps_.specs();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& n = specs[i].name;
+      const size_t cnt = specs[i].numel;
+      host.resize(cnt);
       const bool is_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
       const bool norm = n.find("LayerNorm.") != std::string::npos || n.find("layer_norm.") != std::string::npos;
       if (norm && !is_bias) {
-        std::fill(t.data, t.data + cnt, 1.f);
+        std::fill(host.begin(), host.end(), 1.f);
       } else if (is_bias) {
-        std::fill(t.data, t.data + cnt, 0.f);
+        std::fill(host.begin(), host.end(), 0.f);
       } else {
-        rng.fill_normal(t.data, cnt, mc_.initializer_range);
+        rng.fill_normal(host.data(), int64_t(cnt), mc_.initializer_range);
       }
+      // padding_idx: the word embeddings' row, and RoBERTa's position table's
+      if (pad_ >= 0 && (int(i) == wte_ || (fam_ == Family::Roberta && int(i) == wpe_)))
+        std::fill(host.begin() + size_t(pad_) * E_, host.begin() + size_t(pad_ + 1) * E_, 0.f);
+      ps_.upload_tensor(int(i), host.data());
     }
-    if (pad_ >= 0)  // padding_idx
-      std::fill(views[wte_].data + size_t(pad_) * E_, views[wte_].data + size_t(pad_ + 1) * E_, 0.f);
-    if (fam_ == Family::Roberta)  // the position table's padding_idx
-      std::fill(views[wpe_].data + size_t(pad_) * E_, views[wpe_].data + size_t(pad_ + 1) * E_, 0.f);
-    ps_.upload(host);
   }
 
   void set_block_hook(std::function<void(int)> hook) override { stack_.before_block = std::move(hook); }
+  // train.zero = 3 (train/param_shards.h): the embedding tables, read in the forward's lookup (and
+  // the word embeddings by the tied MLM decoder's input gradient, run apart from its weight gradient
+  // when the hook is set), their gradients first written after that
+  std::vector<int> weights_then_grads() const override { return {wte_, wpe_, wtt_}; }
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
@@ -275,6 +282,7 @@ class Bert final : public Model {
     // xe[BT,E] = drop(LN(wte[ids] + wpe[pos] + wtt[types])); x0[BT,C] = xe, or (electra, E != C)
     // xe Wproj^T + bproj
     const int32_t* pos = positions(b);
+    for (int i : weights_then_grads()) weights_needed(i);  // train.zero = 3: gathered here
     be_.embedding_forward(emb_, b.ids, b.type_ids, ps_.p(wte_), ps_.p(wpe_), ps_.p(wtt_), B, T, E, 0, pos);
     be_.layernorm_forward(xe_, emb_mean_, emb_rstd_, emb_, ps_.p(eln_w_), ps_.p(eln_b_), BT, E,
                           mc_.layer_norm_eps);
@@ -319,6 +327,7 @@ class Bert final : public Model {
     // row's gradient (the tied MLM decoder, accumulated above, and earlier micro-steps still do):
     // keep the row as it is before the scatter and put it back after. RoBERTa's position table has
     // the same padding_idx (the pads' position).
+    for (int i : weights_then_grads()) weights_done(i);  // train.zero = 3: their gradients from here
     float* pad_grad = pad_ >= 0 ? ps_.g(wte_) + size_t(pad_) * E : nullptr;
     float* pos_pad_grad = fam_ == Family::Roberta ? ps_.g(wpe_) + size_t(pad_) * E : nullptr;
     if (pad_grad) be_.copy(pad_save_, pad_grad, size_t(E) * f);
@@ -555,8 +564,17 @@ class Bert final : public Model {
         be_.zero(mlm_dlogits_, size_t(M) * V_ * f);
         be_.crossentropy_backward(mlm_dlogits_, mlm_logits_, b.row_targets, dloss, M, V_);
         be_.zero(dh2_, n * f);
-        be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, ps_.p(wte_), M, C,
-                            V_, WLayout::OutIn);
+        if (weights_hook_) {
+          // train.zero = 3: dh2 = dlogits @ wte, then wte's buffer becomes its gradient, then dwte and
+          // the bias: the same products as below, one at a time
+          be_.matmul_backward(dh2_, nullptr, nullptr, mlm_dlogits_, h2_, ps_.p(wte_), M, C, V_, WLayout::OutIn);
+          weights_done(wte_);
+          be_.matmul_backward(Act{}, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, nullptr, M, C, V_,
+                              WLayout::OutIn);
+        } else {
+          be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, ps_.p(wte_), M, C,
+                              V_, WLayout::OutIn);
+        }
         be_.zero(dh1_, n * f);
         be_.layernorm_backward(dh1_, ps_.g(tln_w_), ps_.g(tln_b_), dh2_, h3_, ps_.p(tln_w_), hmean_,
                                hrstd_, M, C);

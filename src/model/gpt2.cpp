@@ -112,6 +112,13 @@ class Gpt2 final : public Model {
   int width() const override { return C_; }
 
   void set_block_hook(std::function<void(int)> hook) override { stack_.before_block = std::move(hook); }
+  // wte: read last by the unfused head's input gradient, its gradient written first by the head's
+  // weight gradient (the backward runs the two products apart when the hook is set); the fused head
+  // reads wte chunk by chunk as it writes its gradient. wpe: read in the forward only.
+  std::vector<int> weights_then_grads() const override {
+    if (lm_head_plan(mc_, be_.name(), V_, 1).fused) return {wpe_};
+    return {wte_, wpe_};
+  }
   void set_recompute(bool on) override {
     if (stack_.recompute == on) return;
     stack_.recompute = on;
@@ -148,6 +155,7 @@ class Gpt2 final : public Model {
     const int B = b.B, T = b.T, BT = B * T, C = C_;
     NLP_ASSERT(T <= mc_.n_positions);
     const size_t n = size_t(BT) * C;
+    for (int i : weights_then_grads()) weights_needed(i);  // train.zero = 3: gathered here
     // x0[BT,C] = drop(wte[ids] + wpe[t])
     be_.embedding_forward(x0_, b.ids, nullptr, ps_.p(wte_), ps_.p(wpe_), nullptr, B, T, C, 0);
     be_.dropout_forward(x0_, x0_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
@@ -186,8 +194,17 @@ class Gpt2 final : public Model {
     } else {
       be_.zero(dlogits_, size_t(BT) * V_ * f);
       be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
-      be_.matmul_backward(overwrite(dlnf_), ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C,
-                          V_, WLayout::OutIn);
+      if (weights_hook_) {
+        // train.zero = 3: dlnf = dlogits @ wte, then wte's buffer becomes its gradient (weights_done),
+        // then dwte += dlogits^T @ lnf: the same two products as below, one at a time
+        be_.matmul_backward(overwrite(dlnf_), nullptr, nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
+                            WLayout::OutIn);
+        weights_done(wte_);
+        be_.matmul_backward(Act{}, ps_.g(wte_), nullptr, dlogits_, lnf_, nullptr, BT, C, V_, WLayout::OutIn);
+      } else {
+        be_.matmul_backward(overwrite(dlnf_), ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C,
+                            V_, WLayout::OutIn);
+      }
     }
     be_.layernorm_backward(overwrite(dres_a_), ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);
@@ -198,6 +215,7 @@ class Gpt2 final : public Model {
     // dres_a = d x0 (after embedding dropout)
     be_.dropout_backward(overwrite(dlnf_), dres_a_, n, training ? mc_.embd_pdrop : 0.f, seed_embd(seed),
                          drop_rows(T, b.T_key, C));
+    weights_done(wpe_);  // train.zero = 3: wpe's buffer its gradient from here
     be_.embedding_backward(ps_.g(wte_), ps_.g(wpe_), nullptr, dlnf_, b.ids, nullptr, B, T, C, 0);
     grads_ready(0);
   }

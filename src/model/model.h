@@ -168,8 +168,25 @@ class Model {
   }
   using GradReadyHook = std::function<void(size_t lo)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  // train.zero = 3 (train/param_shards.h): the tensors outside the blocks whose weights each backward
+  // stops reading before it first writes their gradient, so that one buffer can hold the weights in
+  // the forward and the gradient in the backward (GPT-2: the tied wte, unless the fused head reads it
+  // while writing its gradient, and wpe; BERT: its three embedding tables, the word embeddings also
+  // the tied MLM decoder's weight). With the hook set, the model calls hook(i, false) before a
+  // forward first reads tensor i and hook(i, true) at that point of the backward (at least once per
+  // backward; a second call does nothing).
+  virtual std::vector<int> weights_then_grads() const { return {}; }
+  using WeightsHook = std::function<void(int tensor, bool done)>;
+  void set_weights_hook(WeightsHook hook) { weights_hook_ = std::move(hook); }
 
  protected:
+  void weights_needed(int tensor) {
+    if (weights_hook_) weights_hook_(tensor, false);
+  }
+  void weights_done(int tensor) {
+    if (weights_hook_) weights_hook_(tensor, true);
+  }
+  WeightsHook weights_hook_;
   void grads_ready(size_t lo) {
     if (grad_ready_) grad_ready_(lo);
   }

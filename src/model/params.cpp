@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace nlp {
@@ -19,11 +21,17 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool de
   return static_cast<int>(specs_.size()) - 1;
 }
 
-void ParamStore::allocate(Backend& be) {
+void ParamStore::allocate(Backend& be, bool grads, bool params) {
   be_ = &be;
-  params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
-  grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
-  be.register_weights(params_, total_);  // the persistent bf16 copy, where the backend keeps one
+  if (params) params_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  if (grads) grads_ = static_cast<float*>(be.alloc(total_ * sizeof(float)));
+  if (params) be.register_weights(params_, total_);  // the persistent bf16 copy, where the backend keeps one
+}
+
+void ParamStore::set_upload_window(float* dst, size_t lo, size_t hi) {
+  window_ = dst;
+  window_lo_ = lo;
+  window_hi_ = hi;
 }
 
 ParamStore::~ParamStore() {
@@ -105,6 +113,12 @@ void ParamStore::upload(const std::vector<float>& host) {
 }
 
 void ParamStore::upload_tensor(int i, const float* host) {
+  if (!params_ && window_) {  // train.zero = 3's initialisation: this rank's part only
+    const ParamSpec& s = specs_[static_cast<size_t>(i)];
+    const size_t a = std::max(s.offset, window_lo_), b = std::min(s.offset + s.numel, window_hi_);
+    if (a < b) be_->to_device(window_ + (a - window_lo_), host + (a - s.offset), (b - a) * sizeof(float));
+    return;
+  }
   if (!params_)
     throw Error("internal error: the parameter arena was released (train.zero = 3 keeps only shards)");
   be_->to_device(p(i), host, specs_[static_cast<size_t>(i)].numel * sizeof(float));

@@ -24,7 +24,13 @@ class ParamStore {
   // Register a tensor before allocate(); returns its index. packed = placed immediately after the
   // previous tensor (no alignment gap), so that e.g. BERT's query/key/value form one [3C, C] matrix.
   int add(const std::string& name, std::vector<int64_t> shape, bool decay, bool packed = false);
-  void allocate(Backend& be);  // params and grads arenas, zeroed
+  // params and grads arenas, zeroed; grads = false: no gradient arena (as after release_grads);
+  // params = false: no parameter arena either (train.zero = 3 initialising into its shards)
+  void allocate(Backend& be, bool grads = true, bool params = true);
+  // train.zero = 3's initialisation into this rank's shard (train/param_shards.h): while set, and
+  // without a parameter arena, upload_tensor keeps only the tensor's part in arena [lo, hi), written
+  // to dst + (offset - lo). dst = nullptr unsets it.
+  void set_upload_window(float* dst, size_t lo, size_t hi);
   ~ParamStore();
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -59,6 +65,8 @@ class ParamStore {
   float* grads_ = nullptr;
   std::vector<float*> gmap_;  // map_grad's pointers (empty: the arena's)
   std::vector<float*> pmap_;  // map_param's pointers (empty: the arena's)
+  float* window_ = nullptr;   // set_upload_window's
+  size_t window_lo_ = 0, window_hi_ = 0;
 };
 
 }  // namespace nlp

@@ -89,12 +89,34 @@ size_t zero2_buffer_floats(const ParamStore& ps, int slots) {
   return resident + size_t(std::min(slots, blocks)) * block;
 }
 
+std::vector<GradRegion> split_regions(std::vector<GradRegion> regions,
+                                      const std::vector<std::pair<size_t, size_t>>& own) {
+  for (const auto& [lo, hi] : own) {
+    auto it = std::find_if(regions.begin(), regions.end(),
+                           [lo = lo, hi = hi](const GradRegion& r) { return r.layer < 0 && lo >= r.lo && hi <= r.hi; });
+    if (it == regions.end() || hi <= lo)
+      throw Error(cat("internal error: train.zero = 3: the arena range [", lo, ", ", hi,
+                      ") is not inside one of the regions outside the transformer blocks"));
+    const GradRegion r = *it;
+    it = regions.erase(it);
+    std::vector<GradRegion> parts;
+    if (r.lo < lo) parts.push_back({r.lo, lo, -1});
+    parts.push_back({lo, hi, -1});
+    if (hi < r.hi) parts.push_back({hi, r.hi, -1});
+    regions.insert(it, parts.begin(), parts.end());
+  }
+  return regions;
+}
+
 GradShards::GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, bool overlap,
-                       int slots)
-    : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), overlap_(overlap), lo_(sh.lo(rank)),
+                       int slots, std::vector<GradBuffer> external, size_t piece)
+    : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), overlap_(overlap), piece_(piece), lo_(sh.lo(rank)),
       n_(sh.count[rank]) {
   NLP_ASSERT(sh.total == ps.total() && slots >= 2);
-  const std::vector<GradRegion> regions = zero2_regions(ps);  // throws before anything is freed
+  std::vector<std::pair<size_t, size_t>> own;
+  for (const GradBuffer& e : external) own.emplace_back(e.lo, e.hi);
+  // throws before anything is freed
+  const std::vector<GradRegion> regions = split_regions(zero2_regions(ps), own);
   // The arena (zero: nothing in it is needed) goes before the shard and the buffers are allocated, so
   // they never coexist: allocated first, the rank's peak resident memory was the arena + the shard +
   // the buffers at this point (GPT-2 124M on 2 ranks: 142 MiB above ZeRO-1's peak, all of it here).
@@ -111,7 +133,11 @@ GradShards::GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayou
   std::vector<float*> slot;
   for (const GradRegion& r : regions) {
     float* buf = nullptr;
-    if (r.layer < 0) {
+    auto ext = std::find_if(external.begin(), external.end(),
+                            [&r](const GradBuffer& e) { return e.lo == r.lo && e.hi == r.hi; });
+    if (ext != external.end()) {
+      buf = ext->buf;  // the caller's (zero when the backward first writes it)
+    } else if (r.layer < 0) {
       buf = alloc(r.hi - r.lo);
     } else {
       const size_t k = size_t(r.layer) % size_t(slots);
@@ -119,6 +145,7 @@ GradShards::GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayou
       buf = slot[k];
     }
     regions_.push_back({r.lo, r.hi, r.layer, buf});
+    regions_.back().external = ext != external.end();
   }
   shard_ = static_cast<float*>(be.alloc(std::max<size_t>(n_, 1) * sizeof(float)));
   // every tensor's gradient into its region's buffer
@@ -150,7 +177,10 @@ void GradShards::begin(bool last) {
 void GradShards::start(Region& r) {
   r.started = r.pending = true;
   buckets_.emplace_back(r.lo, r.hi);
-  comm_.reduce_scatter_sum_start(r.buf, r.lo, r.hi - r.lo, sh_);
+  const size_t n = r.hi - r.lo, piece = r.layer < 0 && piece_ > 0 ? piece_ : n;
+  // in pieces: each a collective of its own, run in the order started (comm.h)
+  for (size_t off = 0; off < n; off += piece)
+    comm_.reduce_scatter_sum_start(r.buf + off, r.lo + off, std::min(piece, n - off), sh_);
   if (!overlap_) drain();
 }
 
@@ -161,7 +191,7 @@ void GradShards::drain() {
     const auto [a, b] = sh_.part(rank_, r.lo, r.hi);
     if (b > a) be_.accumulate(shard_ + (a - lo_), r.buf + (a - r.lo), b - a);
     if (b > a && last_ && final_) final_(a, b);
-    be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));
+    if (!r.external) be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));  // an external one: its owner's
     r.pending = false;
   }
 }

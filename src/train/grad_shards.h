@@ -38,13 +38,32 @@ std::vector<GradRegion> zero2_regions(const ParamStore& ps);
 // The gradient floats one rank holds with train.zero = 2 and `slots` block buffers, besides its shard:
 // the resident tensors' and the slots'.
 size_t zero2_buffer_floats(const ParamStore& ps, int slots);
+// The regions with each range of `own` (arena [lo, hi), inside a resident region) a resident region
+// of its own: the resident region around it split before and after it (train.zero = 3's tensors whose
+// weights' buffer turns into their gradient's, param_shards.h). Throws nlp::Error when a range is not
+// inside one resident region.
+std::vector<GradRegion> split_regions(std::vector<GradRegion> regions,
+                                      const std::vector<std::pair<size_t, size_t>>& own);
+
+// A range [lo, hi) of the arena whose gradient the backward writes into a buffer its caller owns
+// (train.zero = 3: the weights' buffer of a tensor that the backward no longer reads by then,
+// param_shards.h, which zeroes it at that point and gathers the weights into it again before the next
+// forward); GradShards sums it as a region of its own and leaves it as it is after.
+struct GradBuffer {
+  size_t lo = 0, hi = 0;
+  float* buf = nullptr;
+};
 
 class GradShards {
  public:
   // Frees the parameter store's gradient arena (ps.release_grads) and maps its tensors' gradients
-  // into this object's buffers. overlap = false: each block's sum is waited for at once.
+  // into this object's buffers (and the `external` ranges' into theirs). overlap = false: each
+  // block's sum is waited for at once. piece > 0: the resident regions are summed in pieces of at
+  // most `piece` floats, one reduce-scatter each, one after the other, so that MPI's temporaries
+  // (a whole sum's size, twice on rank 0: memory_plan.cpp) stay at a piece's size (train.zero = 3
+  // passes the largest block's size; the sums are elementwise, so the pieces give the same bits).
   GradShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, bool overlap,
-             int slots = 2);
+             int slots = 2, std::vector<GradBuffer> external = {}, size_t piece = 0);
   ~GradShards();
   GradShards(const GradShards&) = delete;
   GradShards& operator=(const GradShards&) = delete;
@@ -53,7 +72,7 @@ class GradShards {
   size_t shard_size() const { return n_; }
   void zero_shard();
   // One micro-batch's backward: begin() before it, ready() as its hook, end() after it (starts what is
-  // left, waits, accumulates into the shard; every buffer is zero again on return). last: the step's
+  // left, waits, accumulates into the shard; every buffer it owns is zero again on return). last: the step's
   // last micro-batch (its accumulations complete the shard: the final hook below is called).
   void begin(bool last = true);
   // Called in the last micro-batch as each region's part of this rank's range, arena [a, b), holds
@@ -72,6 +91,7 @@ class GradShards {
     int layer;   // -1: resident
     float* buf;  // the region's gradients: buf[i - lo] for arena offset i
     bool started = false, pending = false;
+    bool external = false;  // a GradBuffer: its owner zeroes it before the backward writes it
   };
   void start(Region& r);
   void drain();  // wait for every started sum, add the parts into the shard, zero the buffers
@@ -81,6 +101,7 @@ class GradShards {
   ShardLayout sh_;
   int rank_;
   bool overlap_;
+  size_t piece_;   // the resident regions' sums in pieces of at most this many floats (0: whole)
   size_t lo_, n_;  // this rank's range
   float* shard_ = nullptr;
   std::vector<float*> owned_;  // buffers allocated here

@@ -34,8 +34,13 @@ size_t largest_sum_floats(const ParamStore& ps, size_t bucket, int zero) {
   }
   size_t largest = 0;
   if (zero >= 2) {
-    for (const GradRegion& r : regions) largest = std::max(largest, r.hi - r.lo);
-    return largest;
+    size_t block = 0;
+    for (const GradRegion& r : regions) {
+      largest = std::max(largest, r.hi - r.lo);
+      if (r.layer >= 0) block = std::max(block, r.hi - r.lo);
+    }
+    // train.zero = 3 sums the resident regions in pieces of the largest block's size (grad_shards.h)
+    return zero == 3 && block > 0 ? block : largest;
   }
   size_t started = ps.total();
   for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
@@ -72,6 +77,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& m, int T, int world) {
   // arena; no persistent bf16 copy (the arena it copies is freed)
   const bool zero3 = train && cfg.train.zero == 3;
   if (zero3) {
+    // the weights-then-gradients tensors' gradients live in their weights' buffers (param_shards.h)
+    size_t shared = 0;
+    for (int i : m.weights_then_grads()) shared += mm.params().specs().at(size_t(i)).numel;
+    p.grads -= shared * sizeof(float);
     p.bf16_copy = 0;
     p.gathered = zero3_buffer_floats(mm.params(), cfg.train.zero_prefetch) * sizeof(float);
     p.weights = shard + p.gathered;

@@ -17,10 +17,12 @@ size_t zero3_buffer_floats(const ParamStore& ps, int prefetch) {
   return resident + size_t(1 + std::max(prefetch, 0)) * block;
 }
 
-ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch)
+ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch,
+                         const std::vector<int>& weights_then_grads, const std::function<void()>& init)
     : comm_(comm), be_(be), ps_(ps), sh_(sh), rank_(rank), prefetch_(std::max(prefetch, 0)), lo_(sh.lo(rank)),
       n_(sh.count[rank]) {
-  NLP_ASSERT(sh.total == ps.total() && ps.data() != nullptr);
+  const bool from_init = ps.data() == nullptr;  // no arena: the shard initialised here
+  NLP_ASSERT(sh.total == ps.total() && (!from_init || init));
   auto alloc = [&](size_t n) {
     auto* p = static_cast<float*>(be.alloc(std::max<size_t>(n, 1) * sizeof(float)));
     owned_.push_back(p);
@@ -29,23 +31,28 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
   };
   size_t block = 0;
   int layers = 0;
-  const std::vector<GradRegion> regions = zero2_regions(ps);
+  std::vector<std::pair<size_t, size_t>> own;
+  for (int i : weights_then_grads) {
+    const auto& sp = ps.specs().at(size_t(i));
+    own.emplace_back(sp.offset, sp.offset + sp.numel);
+  }
+  const std::vector<GradRegion> regions = split_regions(zero2_regions(ps), own);
   for (const GradRegion& r : regions)
     if (r.layer >= 0) block = std::max(block, r.hi - r.lo), layers = std::max(layers, r.layer + 1);
-  // more buffers than blocks would never be used
-  if (block > 0)
-    for (int k = 0; k < std::min(1 + prefetch_, layers); ++k) slots_.push_back({alloc(block)});
+  block_ = block;
   layer_region_.assign(size_t(layers), -1);
   layer_tensors_.resize(size_t(layers));
   for (const GradRegion& r : regions) {
     float* buf = nullptr;
     if (r.layer < 0) {
       buf = alloc(r.hi - r.lo);
-      be.copy(buf, ps.data() + r.lo, (r.hi - r.lo) * sizeof(float));  // the whole tensors, as loaded
+      if (!from_init) be.copy(buf, ps.data() + r.lo, (r.hi - r.lo) * sizeof(float));  // as loaded
     } else {
       layer_region_[size_t(r.layer)] = static_cast<int>(regions_.size());
     }
-    regions_.push_back({r.lo, r.hi, r.layer, buf});
+    const bool then_grads =
+        std::find(own.begin(), own.end(), std::make_pair(r.lo, r.hi)) != own.end();
+    regions_.push_back({r.lo, r.hi, r.layer, buf, then_grads, /*valid=*/!from_init});
   }
   const auto& specs = ps.specs();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -53,9 +60,25 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
       if (r.layer >= 0 && specs[i].offset >= r.lo && specs[i].offset < r.hi)
         layer_tensors_[size_t(r.layer)].push_back(static_cast<int>(i));
   shard_ = static_cast<float*>(be.alloc(std::max<size_t>(n_, 1) * sizeof(float)));
-  if (n_ > 0) be.copy(shard_, ps.data() + lo_, n_ * sizeof(float));
+  if (from_init) {
+    ps.set_upload_window(shard_, lo_, lo_ + n_);  // every tensor drawn, this rank's part kept
+    try {
+      init();
+    } catch (...) {
+      ps.set_upload_window(nullptr, 0, 0);
+      throw;
+    }
+    ps.set_upload_window(nullptr, 0, 0);
+  } else if (n_ > 0) {
+    be.copy(shard_, ps.data() + lo_, n_ * sizeof(float));
+  }
   ps.release_params();
+  // the block buffers after the arena is gone (the backend zeroes them: they are resident at once);
+  // more buffers than blocks would never be used
+  if (block > 0)
+    for (int k = 0; k < std::min(1 + prefetch_, layers); ++k) slots_.push_back({alloc(block)});
   map_buffers();
+  if (from_init) refresh();  // the whole resident tensors from the shards
 }
 
 ParamShards::~ParamShards() {
@@ -180,11 +203,47 @@ void ParamShards::use_block(int l) {
 void ParamShards::refresh() {
   NLP_ASSERT(!full_);
   wait_all();
-  for (const Region& r : regions_)
-    if (r.layer < 0) gather(r.buf, r.lo, r.hi, false);
+  for (Region& r : regions_) {
+    if (r.then_grads)
+      r.valid = false;  // gathered at the next forward's need() (it holds the last gradient now)
+    else if (r.layer < 0)
+      gather(r.buf, r.lo, r.hi, false);
+  }
   for (Slot& s : slots_) s.layer = -1;
   current_ = prev_ = -1;
   up_ = true;
+}
+
+ParamShards::Region& ParamShards::region_of_tensor(int tensor) {
+  const size_t off = ps_.specs().at(size_t(tensor)).offset;
+  for (Region& r : regions_)
+    if (r.then_grads && r.lo == off) return r;
+  throw Error(cat("internal error: train.zero = 3: tensor '", ps_.specs()[size_t(tensor)].name,
+                  "' is not one whose weights' buffer turns into its gradient's"));
+}
+
+void ParamShards::need(int tensor) {
+  if (full_) return;  // gather_all's arena holds every tensor
+  Region& r = region_of_tensor(tensor);
+  if (r.valid) return;
+  gather(r.buf, r.lo, r.hi, false);
+  r.valid = true;
+}
+
+void ParamShards::done(int tensor) {
+  NLP_ASSERT(!full_);  // no backward runs on gather_all's arena
+  Region& r = region_of_tensor(tensor);
+  if (!r.valid) return;  // its gradient already (a model may say so twice in one backward)
+  // the backward adds into it from here (the next forward gathers the weights over it)
+  be_.zero(r.buf, (r.hi - r.lo) * sizeof(float));
+  r.valid = false;
+}
+
+std::vector<GradBuffer> ParamShards::grad_buffers() const {
+  std::vector<GradBuffer> out;
+  for (const Region& r : regions_)
+    if (r.then_grads) out.push_back({r.lo, r.hi, r.buf});
+  return out;
 }
 
 void ParamShards::gather_all() {

@@ -89,12 +89,27 @@ struct Optimizer {
         params([&]() -> std::unique_ptr<ParamShards> {
           if (stage_ != 3) return nullptr;
           s.model.params().release_grads();  // before the parameter shard and buffers are allocated
+          // a run from scratch has no parameter arena (app/main.cpp): each rank initialises its shard
+          auto init = [&s] {
+            const auto t0 = std::chrono::steady_clock::now();
+            s.model.init_weights(s.cfg.train.seed);
+            char b[32];
+            std::snprintf(b, sizeof b, "%.1f",
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            s.log.info(cat("model: ", s.cfg.model.type, " initialised from scratch (seed ", s.cfg.train.seed,
+                           ") into each rank's parameter shard (train.zero = 3: every tensor drawn, this "
+                           "rank's part kept) in ", b, " s"));
+          };
           return std::make_unique<ParamShards>(s.comm, s.be, s.model.params(), shards, zero ? s.comm.rank() : 0,
-                                               s.cfg.train.zero_prefetch);
+                                               s.cfg.train.zero_prefetch, s.model.weights_then_grads(), init);
         }()),
+        // train.zero = 3: the weights-then-gradients tensors' gradients in their weights' buffers, the
+        // resident regions summed in pieces of a block's size (param_shards.h, grad_shards.h)
         grads(stage_ >= 2 ? std::make_unique<GradShards>(s.comm, s.be, s.model.params(), shards,
                                                          zero ? s.comm.rank() : 0,
-                                                         s.cfg.comm.overlap && s.comm.size() > 1)
+                                                         s.cfg.comm.overlap && s.comm.size() > 1, 2,
+                                                         params ? params->grad_buffers() : std::vector<GradBuffer>{},
+                                                         params ? params->block_floats() : 0)
                           : nullptr),
         opt(s.model.params(), s.be, s.cfg.train, shards.lo(zero ? s.comm.rank() : 0),
             shards.hi(zero ? s.comm.rank() : 0), s.cfg.offload() == Offload::Optimizer),
@@ -109,10 +124,14 @@ struct Optimizer {
       opt.load_master();  // train.offload = optimizer: the master weights from the shard (no arena now)
       ParamShards* p = params.get();
       s.model.set_block_hook([p](int l) { p->use_block(l); });
+      s.model.set_weights_hook([p](int i, bool done) { done ? p->done(i) : p->need(i); });
     }
   }
   ~Optimizer() {
-    if (params) model.set_block_hook(nullptr);
+    if (params) {
+      model.set_block_hook(nullptr);
+      model.set_weights_hook(nullptr);
+    }
   }
   bool sharded_grads() const { return zero || grads; }  // the gradient is summed in this rank's range only
 };

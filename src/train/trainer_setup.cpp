@@ -67,6 +67,12 @@ void note_optimizer(Session& s, const Optimizer& o, const BatchShape& b, RunNote
                    " MiB arena; each block all-gathered before it is used, the next ", tc.zero_prefetch,
                    " started ahead (train.zero_prefetch); evaluation and samples gather the whole arena for their "
                    "duration"));
+    std::string both;  // the tensors whose one buffer holds their weights, then their gradient
+    for (int i : s.model.weights_then_grads()) both += cat(both.empty() ? "" : ", ", s.model.params().specs()[size_t(i)].name);
+    if (!both.empty())
+      s.log.info(cat("parameters: train.zero = 3: ", both, ": one buffer each, the weights gathered before each "
+                     "forward, the gradient from the backward on; the gradients outside the blocks reduce-scattered "
+                     "in pieces of at most ", o.params->block_floats(), " floats (a block's)"));
   }
   if (opt.offloaded())
     s.log.info(cat("optimizer: train.offload = optimizer: the fp32 master weights, AdamW m and v and a gradient "

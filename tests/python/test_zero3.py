@@ -1,6 +1,8 @@
 """ZeRO-3 (train.zero = 3, train/param_shards.h): no parameter arena; each rank keeps its 1/N fp32
-parameter shard, the tensors outside the blocks whole (gathered after every update: GPT-2's tied word
-embedding serves the input and the LM head from one gather and gets one gradient) and 1 +
+parameter shard, the tensors outside the blocks (GPT-2's tied word embedding and its position table
+in one buffer each, gathered before each forward and turned into their gradient in the backward: the
+tied wte serves the input and the LM head from one gather and gets one gradient; the others whole,
+gathered after every update) and 1 +
 train.zero_prefetch block buffers into which each block is all-gathered before its forward and its
 backward (and its recomputed forward), the next blocks' gathers started ahead; gradients go as with ZeRO-2. On 1, 2 and 4 ranks, GPT-2 and BERT, with grad_accum 2 and active
 clipping: losses, gradient norms and the final weights and moments equal train.zero = 0's to fp32
@@ -15,6 +17,7 @@ import pytest
 import nlp_run as nr
 from test_zero2 import BERT, COMMON, GPT, T, TOL, V, log_rows, train
 from test_zero2 import data  # noqa: F401  (the module's fixture)
+from test_zero import checkpoint
 
 
 def run_bytes(args, ranks):
@@ -61,6 +64,110 @@ def test_zero3_equals_zero0_and_zero2(data, model, ranks, tmp_path):  # noqa: F8
     assert s3["zero"] == 3
     log = (tmp_path / "z3" / "log.txt").read_text()
     assert "parameters: train.zero = 3: the parameter shard [0, " in log, log[:3000]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zero3_embeddings_in_one_buffer_and_summed_in_pieces(data, ranks, tmp_path):  # noqa: F811
+    """GPT-2 with a 1000-token vocabulary: wte (32000 floats) and wpe hold their weights and then their
+    gradient in one buffer each, and the gradients outside the blocks are reduce-scattered in pieces of
+    a block's 12704 floats (wte in three). Equal to stage 0 to summation order and to stage 2 bitwise
+    (each piece's sum is elementwise, the tree per element the same), on 2 and 4 ranks."""
+    big = ["--model.vocab_size=1000"]
+    l0, c0 = train(data, "gpt2", ranks, tmp_path / "z0", big + ["--train.zero=0"])
+    l2, c2 = train(data, "gpt2", ranks, tmp_path / "z2", big + ["--train.zero=2"])
+    l3, c3 = train(data, "gpt2", ranks, tmp_path / "z3", big + ["--train.zero=3"])
+    assert [r[0] for r in l3] == list(range(1, 21))
+    for a, b in zip(l0, l3):
+        for x, y, what in ((a[1], b[1], "loss"), (a[2], b[2], "grad_norm")):
+            assert abs(x - y) <= TOL * abs(x), (ranks, a[0], what, x, y)
+    assert_close_to_zero0(c0, c3, "gpt2", ranks)
+    assert l3 == l2
+    for k in c2:
+        assert np.asarray(c2[k]).tobytes() == np.asarray(c3[k]).tobytes(), (ranks, k)
+    assert np.asarray(c3["transformer.wte.weight"]).shape == (1000, 32)
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert ("parameters: train.zero = 3: transformer.wte.weight, transformer.wpe.weight: one buffer each" in log
+            and "in pieces of at most 12704 floats" in log), log[:4000]
+    # the plan's gradients: the shard, ln_f's and two block slots (wte's and wpe's are their weights' buffers)
+    plan = json.loads((tmp_path / "z3" / "summary.json").read_text())["memory_plan"]
+    plan2 = json.loads((tmp_path / "z2" / "summary.json").read_text())["memory_plan"]
+    assert plan2["gradients_bytes"] - plan["gradients_bytes"] == 4 * (1000 * 32 + T * 32), (plan, plan2)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+def test_zero3_initial_weights_equal_zero0s(data, model, tmp_path):  # noqa: F811
+    """The initial weights: step 1's update skipped (debug.inject_nonfinite_step = 1, train.nonfinite =
+    skip), so the step-1 checkpoint holds them. Stage 3 on 4 ranks from scratch (no parameter arena:
+    each rank draws every tensor, a tensor at a time, and keeps only its shard's part; rank 0 writes
+    each tensor gathered from the shards) equals stage 0 on 1 rank bitwise, BERT (the padding row
+    zero) and GPT-2."""
+    keys = ["--run.threads=1", "--train.batch_size=1", "--train.steps=1", "--checkpoint.interval=1",
+            "--train.nonfinite=skip", "--debug.inject_nonfinite_step=1"]
+    got = {}
+    for z, ranks in ((0, 1), (3, 4)):
+        out = tmp_path / f"z{z}"
+        nr.run(data[model] + keys + [f"--train.zero={z}", f"--output.dir={out}"], ranks=ranks, timeout=300)
+        got[z] = checkpoint(out, 1)
+    weights = [k for k in got[0] if not k.startswith("optimizer/") and np.asarray(got[0][k]).dtype.kind == "f"
+               and np.asarray(got[0][k]).size > 1]
+    assert len(weights) > 20, sorted(got[0])
+    for k in weights:
+        assert np.asarray(got[0][k]).tobytes() == np.asarray(got[3][k]).tobytes(), (model, k)
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert "initialised from scratch (seed 1234) into each rank's parameter shard" in log, log[:3000]
+    # drawn, not left zero: the embeddings and a block's weights
+    emb = "transformer.wte.weight" if model == "gpt2" else "bert.embeddings.word_embeddings.weight"
+    assert np.std(got[3][emb]) > 0.01, emb
+    if model == "bert":  # the padding row (pad_token_id 0) zero
+        assert not np.asarray(got[3][emb])[0].any()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zero3_bert_mlm_tied_decoder_in_one_buffer(data, ranks, tmp_path):  # noqa: F811
+    """BERT MLM with a 1000-token vocabulary: the word embeddings (the tied decoder's weight), position
+    and type tables hold their weights, then their gradient, in one buffer each; the decoder's input
+    gradient runs before the buffer turns, its weight gradient after; a row without a masked token
+    (the head's backward returns early) still turns the buffer before the embedding backward. Equal to
+    stage 2 bitwise and to stage 0 to summation order."""
+    rng = np.random.default_rng(9)
+    n = 32
+    ids = rng.integers(1, V, size=(n, T))
+    labels = np.full((n, T), -100, np.int64)
+    pick = rng.random((n, T)) < 0.2
+    labels[pick] = ids[pick]
+    labels[:, 1] = ids[:, 1]
+    labels[::5] = -100  # every fifth row: nothing to predict
+    mlm = tmp_path / "mlm.h5"
+    nr.write_rows(mlm, ids, mask=np.ones((n, T), np.int32), labels=labels)
+    bert = [a for a in data["bert"] if not a.startswith("--data.train=") and a != "--run.task=doc_cls"
+            and not a.startswith("--model.vocab_size=")]
+    d = {"mlm": bert + ["--run.task=mlm", f"--data.train={mlm}", "--model.vocab_size=1000"]}
+    l0, c0 = train(d, "mlm", ranks, tmp_path / "z0", ["--train.zero=0"])
+    l2, c2 = train(d, "mlm", ranks, tmp_path / "z2", ["--train.zero=2"])
+    l3, c3 = train(d, "mlm", ranks, tmp_path / "z3", ["--train.zero=3"])
+    assert l3 == l2
+    for k in c2:
+        assert np.asarray(c2[k]).tobytes() == np.asarray(c3[k]).tobytes(), (ranks, k)
+    for a, b in zip(l0, l3):
+        assert abs(a[1] - b[1]) <= TOL * abs(a[1]) and abs(a[2] - b[2]) <= TOL * abs(a[2]), (a, b)
+    assert_close_to_zero0(c0, c3, "bert", ranks)
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert ("bert.embeddings.word_embeddings.weight, bert.embeddings.position_embeddings.weight, "
+            "bert.embeddings.token_type_embeddings.weight: one buffer each" in log), log[:4000]
+
+
+def test_zero3_fused_head_keeps_wte_whole(data, tmp_path):  # noqa: F811
+    """model.fused_head = on reads wte chunk by chunk as it writes its gradient: wte stays whole (weights
+    and gradient apart, its gradient still summed in pieces), wpe alone has one buffer; bitwise stage
+    2's on 2 ranks."""
+    keys = ["--model.vocab_size=1000", "--model.fused_head=on"]
+    l2, c2 = train(data, "gpt2", 2, tmp_path / "z2", keys + ["--train.zero=2"])
+    l3, c3 = train(data, "gpt2", 2, tmp_path / "z3", keys + ["--train.zero=3"])
+    assert l3 == l2
+    for k in c2:
+        assert np.asarray(c2[k]).tobytes() == np.asarray(c3[k]).tobytes(), k
+    log = (tmp_path / "z3" / "log.txt").read_text()
+    assert "parameters: train.zero = 3: transformer.wpe.weight: one buffer each" in log, log[:4000]
 
 
 def test_zero3_bitwise_repeatable_with_offload_and_recompute(data, tmp_path):  # noqa: F811

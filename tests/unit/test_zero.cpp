@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -358,4 +359,99 @@ TEST(Zero3Params, PrefetchedGathersChangeNoBit) {
       EXPECT_EQ(0, std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float))) << k;
     }
   }
+}
+
+// The embedding tables at train.zero = 3 (Model::weights_then_grads): one buffer each holds the weights
+// in the forward and the gradient from the backward's turn on, GradShards sums the gradients outside
+// the blocks in pieces (here of 100 floats: wte's 1600 in 16), and a model with no parameter arena
+// initialises only the shard. On one rank the shard is the whole arena: the initial weights and the
+// losses are bitwise those of the arena, the summed gradients of two micro-batches bitwise stage 2's
+// (GradShards over the arena's weights: each micro-batch summed, then added to the shard) and equal
+// to the arena's to summation order; the GPT-2 vocabulary 100 x width 16 makes wte larger than a piece.
+TEST(Zero3Params, EmbeddingsHoldWeightsThenGradientsAndShardInitialisedAlone) {
+  auto be = make_cpu_backend(1);
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.vocab_size = 100;
+  mc.n_positions = 16;
+  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  auto run = [&](int stage, std::vector<float>* init, std::vector<float>* grads) {
+    const bool zero3 = stage == 3;
+    auto m = make_model(mc, *be, "clm", /*allocate=*/!zero3);
+    ParamStore& ps = m->params();
+    if (zero3) ps.allocate(*be, /*grads=*/false, /*params=*/false);
+    m->reserve(2, 8);
+    OneRank comm;
+    const ShardLayout sh = ShardLayout::even(ps.total(), 1);
+    std::unique_ptr<ParamShards> shards;
+    std::unique_ptr<GradShards> gs;
+    if (zero3) {
+      const std::vector<int> both = m->weights_then_grads();
+      EXPECT_EQ(both.size(), 2u);  // wte, wpe
+      shards = std::make_unique<ParamShards>(comm, *be, ps, sh, 0, 1, both, [&] { m->init_weights(3); });
+      EXPECT_EQ(ps.data(), nullptr);
+      init->assign(shards->shard(), shards->shard() + ps.total());
+      gs = std::make_unique<GradShards>(comm, *be, ps, sh, 0, true, 2, shards->grad_buffers(), 100);
+      ParamShards* p = shards.get();
+      m->set_block_hook([p](int l) { p->use_block(l); });
+      m->set_weights_hook([p](int i, bool done) { done ? p->done(i) : p->need(i); });
+      // the gradients of wte and wpe are their weights' buffers
+      for (int i : both) EXPECT_EQ(ps.g(i), ps.p(i)) << ps.specs()[size_t(i)].name;
+    } else {
+      m->init_weights(3);
+      init->assign(ps.data(), ps.data() + ps.total());
+      if (stage == 2) gs = std::make_unique<GradShards>(comm, *be, ps, sh, 0, true, 2);
+    }
+    DeviceBatchBuffer dbuf(*be);
+    double loss = 0;
+    for (int micro = 0; micro < 2; ++micro) {
+      const DeviceBatch db = dbuf.upload(test::clm_batch(2, 8, 5 + micro, 100));
+      loss += m->forward(db, true, 11 + micro);
+      if (gs) {
+        gs->begin(micro == 1);
+        m->set_grad_ready_hook([&](size_t lo) { gs->ready(lo); });
+      }
+      m->backward(db, 0.01f, true, 11 + micro);
+      if (gs) {
+        m->set_grad_ready_hook(nullptr);
+        gs->end();
+      }
+    }
+    if (gs) {
+      grads->assign(gs->shard(), gs->shard() + ps.total());
+      // the embeddings' regions summed in pieces: wte's and wpe's regions of their own
+      bool wte_region = false;
+      for (const auto& [lo, hi] : gs->buckets()) wte_region = wte_region || (lo == 0 && hi == 1600);
+      EXPECT_EQ(wte_region, zero3);
+      m->set_block_hook(nullptr);
+      m->set_weights_hook(nullptr);
+    } else {
+      grads->assign(ps.grad(), ps.grad() + ps.total());
+    }
+    return loss;
+  };
+  std::vector<float> i0, i2, i3, g0, g2, g3;
+  const double l0 = run(0, &i0, &g0);
+  const double l2 = run(2, &i2, &g2);
+  const double l3 = run(3, &i3, &g3);
+  ASSERT_EQ(i0.size(), i3.size());
+  EXPECT_EQ(0, std::memcmp(i0.data(), i3.data(), i0.size() * sizeof(float)));
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(l2, l3);
+  ASSERT_EQ(g2.size(), g3.size());
+  EXPECT_EQ(0, std::memcmp(g2.data(), g3.data(), g2.size() * sizeof(float)));
+  double d = 0, n = 0;
+  for (size_t k = 0; k < g0.size(); ++k) d += double(g3[k] - g0[k]) * (g3[k] - g0[k]), n += double(g0[k]) * g0[k];
+  EXPECT_GT(n, 0.0);
+  EXPECT_LE(std::sqrt(d / n), 1e-6);
+  // split_regions refuses a range across a block
+  auto m = make_model(mc, *be, "clm", false);
+  const auto regions = zero2_regions(m->params());
+  size_t blocks_lo = 0;
+  for (const auto& r : regions)
+    if (r.layer == 0) blocks_lo = r.lo;
+  EXPECT_THROW(split_regions(regions, {{blocks_lo - 4, blocks_lo + 4}}), Error);
 }
