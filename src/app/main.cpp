@@ -205,8 +205,8 @@ BackendChoice choose_backend(const nlp::Config& cfg, nlp::Comm& comm) {
   BackendOptions& bopts = c.bopts;
   bopts.precision = c.precision;
   bopts.sync_check = cfg.run.sync_check;
-  bopts.cpu_gemm = cfg.run.cpu_gemm;
-  bopts.cpu_bf16 = cfg.run.cpu_bf16;
+  bopts.cpu_gemm = cfg.cpu_gemm();
+  bopts.cpu_bf16 = cfg.cpu_bf16();
   bopts.bf16_weights = cfg.run.bf16_weights;
   bopts.fused_attention = parse_fused_attention(cfg.model.attention, cfg.run.backend, c.precision);
   // auto in a build without cuDNN: the native kernels (logged below); an explicit "cudnn" is an

@@ -27,7 +27,6 @@ enum class Nonfinite { Stop, Skip };                               // train.nonf
 enum class PackBatch { Rows, Examples };                           // data.pack_batch
 enum class AttentionImpl { Auto, Cudnn, Native };                  // model.attention (as given)
 enum class CommGpu { Auto, Nccl, Staged };                         // comm.gpu (as given)
-enum class CpuBf16 { Auto, Emulate, Native };                      // run.cpu_bf16 (as given)
 enum class ModelType { Gpt2, Bert, Roberta, Electra };             // model.type
 enum class Task { Clm, Mlm, DocCls, PairCls, Ner, Qa };           // run.task (model/task.h)
 enum class Schedule { Linear, Cosine, Constant };                 // train.schedule
@@ -35,6 +34,8 @@ enum class FusedHead { Auto, On, Off };                            // model.fuse
 enum class PadVocab { Auto, Off, Pad128 };                         // model.pad_vocab (as given)
 enum class Precision;   // train.precision resolved: Fp32 | Tf32 | Bf16 (core/backend.h)
 enum class GroupOrder;  // data.group_order: LongestFirst | Shuffled (io/dataset.h)
+enum class CpuGemm;     // run.cpu_gemm (as given): Auto | OpenBlas | OneDnn (core/backend.h)
+enum class CpuBf16;     // run.cpu_bf16 (as given): Auto | Emulate | Native (core/backend.h)
 
 // The text of run.task, model.type and train.schedule as enums, for code that holds the text
 // without its Config (make_model's task, a schedule name); throw nlp::Error naming the key on a
@@ -174,6 +175,7 @@ struct Config {
   PackBatch pack_batch() const;
   AttentionImpl attention() const;
   CommGpu comm_gpu() const;
+  CpuGemm cpu_gemm() const;
   CpuBf16 cpu_bf16() const;
   Task task() const;
   Schedule schedule() const;

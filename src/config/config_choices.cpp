@@ -92,6 +92,10 @@ CommGpu Config::comm_gpu() const {
   static const auto& names = choices_of("comm.gpu");
   return choice<CommGpu>(names, "comm.gpu", comm.gpu);
 }
+CpuGemm Config::cpu_gemm() const {
+  static const auto& names = choices_of("run.cpu_gemm");
+  return choice<CpuGemm>(names, "run.cpu_gemm", run.cpu_gemm);
+}
 CpuBf16 Config::cpu_bf16() const {
   static const auto& names = choices_of("run.cpu_bf16");
   return choice<CpuBf16>(names, "run.cpu_bf16", run.cpu_bf16);

@@ -89,6 +89,12 @@ const char* precision_name(Precision p);
 // backend has only its own attention, so it always gets false (a caller may log that "cudnn" is
 // ignored there). Throws nlp::Error on any other value.
 bool parse_fused_attention(const std::string& value, const std::string& backend, Precision precision);
+// The CPU backend's GEMM library (run.cpu_gemm) and its bf16 arithmetic with Precision::Bf16
+// (run.cpu_bf16), as given: the configuration reads the text (Config::cpu_gemm(), cpu_bf16()); the
+// backend resolves auto, which depends on the CPU (cpu::auto_gemm_lib, cpu::auto_native_bf16).
+// Their values are in the order of the keys' choice lists (config_choices.cpp maps one onto the other).
+enum class CpuGemm { Auto, OpenBlas, OneDnn };
+enum class CpuBf16 { Auto, Emulate, Native };
 
 class Backend {
  public:
@@ -188,8 +194,8 @@ struct BackendOptions {
   Precision precision = Precision::Fp32;  // train.precision: dense-layer GEMM arithmetic
   bool sync_check = false;  // cuda: synchronise and check for errors after every op (names the op)
   bool fused_attention = false;  // cuda: attention through cuDNN's fused SDPA (model.attention)
-  std::string cpu_gemm = "auto";     // cpu: run.cpu_gemm (auto | openblas | onednn)
-  std::string cpu_bf16 = "emulate";  // cpu, train.precision = bf16: run.cpu_bf16 (auto | emulate | native)
+  CpuGemm cpu_gemm = CpuGemm::Auto;     // cpu: run.cpu_gemm
+  CpuBf16 cpu_bf16 = CpuBf16::Emulate;  // cpu, train.precision = bf16: run.cpu_bf16
   bool bf16_weights = false;  // run.bf16_weights: the persistent bf16 copy of the weights (Bf16 only)
 };
 

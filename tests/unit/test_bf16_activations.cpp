@@ -289,7 +289,8 @@ struct TrainRun {
 
 // Three AdamW steps (dropout on) on a bf16-precision CPU backend, weights from one seed.
 TrainRun train(const nlp::ModelConfig& mc, const std::string& task, bool clm) {
-  static std::unique_ptr<Backend> bb = nlp::make_cpu_backend(2, nlp::Precision::Bf16, "auto", "emulate");
+  static std::unique_ptr<Backend> bb =
+      nlp::make_cpu_backend(2, nlp::Precision::Bf16, nlp::CpuGemm::Auto, nlp::CpuBf16::Emulate);
   Backend& b = *bb;
   const int B = 3, T = 16;
   auto m = nlp::make_model(mc, b, task);

@@ -49,8 +49,8 @@ std::vector<float> random_host(size_t n, uint64_t seed) {
   return ::testing::AssertionSuccess();
 }
 
-std::unique_ptr<Backend> bf16_backend(const std::string& bf16 = "emulate", bool copy = true) {
-  return make_cpu_backend(1, Precision::Bf16, "auto", bf16, copy);
+std::unique_ptr<Backend> bf16_backend(CpuBf16 bf16 = CpuBf16::Emulate, bool copy = true) {
+  return make_cpu_backend(1, Precision::Bf16, CpuGemm::Auto, bf16, copy);
 }
 
 }  // namespace
@@ -58,8 +58,8 @@ std::unique_ptr<Backend> bf16_backend(const std::string& bf16 = "emulate", bool 
 TEST(Bf16Weights, OffByDefaultAndOutsideBf16) {
   std::vector<std::unique_ptr<Backend>> bes;
   bes.push_back(make_cpu_backend(1, Precision::Bf16));
-  bes.push_back(make_cpu_backend(1, Precision::Fp32, "auto", "emulate", true));
-  bes.push_back(make_cpu_backend(1, Precision::Tf32, "auto", "emulate", true));
+  bes.push_back(make_cpu_backend(1, Precision::Fp32, CpuGemm::Auto, CpuBf16::Emulate, true));
+  bes.push_back(make_cpu_backend(1, Precision::Tf32, CpuGemm::Auto, CpuBf16::Emulate, true));
   for (auto& be : bes) {
     ParamStore ps;
     add_tensors(ps);
@@ -165,10 +165,11 @@ TEST(Bf16Weights, CopyAndZeroIntoTheArenaRefreshIt) {
 // The dense layer's outputs with the weight read from the copy equal those of today's per-call
 // rounding, bitwise, forward and backward, both layouts, emulated and native bf16.
 TEST(Bf16Weights, MatmulBitwiseEqualWithAndWithoutTheCopy) {
-  std::vector<std::string> modes = {"emulate"};
-  if (cpu_native_bf16()) modes.push_back("native");
+  std::vector<CpuBf16> modes = {CpuBf16::Emulate};
+  if (cpu_native_bf16()) modes.push_back(CpuBf16::Native);
   const int M = 37, K = 24, N = 40;
-  for (const std::string& mode : modes) {
+  for (CpuBf16 mode : modes) {
+    const char* name = mode == CpuBf16::Native ? "native" : "emulate";
     for (WLayout layout : {WLayout::InOut, WLayout::OutIn}) {
       auto on = bf16_backend(mode, true), off = bf16_backend(mode, false);
       ParamStore pon, poff;
@@ -186,13 +187,13 @@ TEST(Bf16Weights, MatmulBitwiseEqualWithAndWithoutTheCopy) {
       std::vector<float> y_on(size_t(M) * N), y_off(size_t(M) * N);
       on->matmul_forward(y_on.data(), x.data(), pon.p(0), pon.p(1), M, K, N, layout);
       off->matmul_forward(y_off.data(), x.data(), poff.p(0), poff.p(1), M, K, N, layout);
-      ASSERT_EQ(std::memcmp(y_on.data(), y_off.data(), y_on.size() * sizeof(float)), 0) << mode;
+      ASSERT_EQ(std::memcmp(y_on.data(), y_off.data(), y_on.size() * sizeof(float)), 0) << name;
       std::vector<float> dx_on(size_t(M) * K, 0.5f), dx_off(size_t(M) * K, 0.5f);
       on->matmul_backward(dx_on.data(), pon.g(0), pon.g(1), dy.data(), x.data(), pon.p(0), M, K, N, layout);
       off->matmul_backward(dx_off.data(), poff.g(0), poff.g(1), dy.data(), x.data(), poff.p(0), M, K, N,
                            layout);
-      ASSERT_EQ(std::memcmp(dx_on.data(), dx_off.data(), dx_on.size() * sizeof(float)), 0) << mode;
-      ASSERT_EQ(std::memcmp(pon.grad(), poff.grad(), pon.total() * sizeof(float)), 0) << mode;
+      ASSERT_EQ(std::memcmp(dx_on.data(), dx_off.data(), dx_on.size() * sizeof(float)), 0) << name;
+      ASSERT_EQ(std::memcmp(pon.grad(), poff.grad(), pon.total() * sizeof(float)), 0) << name;
       // and not the unrounded fp32 product: the test would pass on a path that ignores bf16
       auto fp32 = make_cpu_backend(1, Precision::Fp32);
       std::vector<float> y32(size_t(M) * N);

@@ -206,6 +206,8 @@ TEST(ConfigStages, EnumsFollowTheSchemasChoices) {
                                 {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native});
   expect_choices<CommGpu>("comm.gpu", c, c.comm.gpu, [](const Config& k) { return k.comm_gpu(); },
                           {CommGpu::Auto, CommGpu::Nccl, CommGpu::Staged});
+  expect_choices<CpuGemm>("run.cpu_gemm", c, c.run.cpu_gemm, [](const Config& k) { return k.cpu_gemm(); },
+                          {CpuGemm::Auto, CpuGemm::OpenBlas, CpuGemm::OneDnn});
   expect_choices<CpuBf16>("run.cpu_bf16", c, c.run.cpu_bf16, [](const Config& k) { return k.cpu_bf16(); },
                           {CpuBf16::Auto, CpuBf16::Emulate, CpuBf16::Native});
   expect_choices<Task>("run.task", c, c.run.task, [](const Config& k) { return k.task(); },

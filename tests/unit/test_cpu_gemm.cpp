@@ -30,6 +30,8 @@
 
 namespace {
 
+using nlp::CpuBf16;
+using nlp::CpuGemm;
 using nlp::Precision;
 using nlp::WLayout;
 using nlp::cpu::bf16;
@@ -241,8 +243,8 @@ class NativeBf16Backend : public ::testing::TestWithParam<WLayout> {};
 TEST_P(NativeBf16Backend, MatchesTheEmulationForwardAndBackward) {
   if (!native_or_skip()) GTEST_SKIP() << "no native bf16 on this CPU / build";
   const WLayout layout = GetParam();
-  auto emu = nlp::make_cpu_backend(2, Precision::Bf16, "auto", "emulate");
-  auto nat = nlp::make_cpu_backend(2, Precision::Bf16, "auto", "native");
+  auto emu = nlp::make_cpu_backend(2, Precision::Bf16, CpuGemm::Auto, CpuBf16::Emulate);
+  auto nat = nlp::make_cpu_backend(2, Precision::Bf16, CpuGemm::Auto, CpuBf16::Native);
   auto f32 = nlp::make_cpu_backend(2, Precision::Fp32);
   EXPECT_NE(nat->details().find("bf16: native"), std::string::npos) << nat->details();
   EXPECT_NE(emu->details().find("bf16: emulated"), std::string::npos) << emu->details();
@@ -319,48 +321,53 @@ TEST(CpuGemm, AutoLibraryRule) {
   EXPECT_EQ(auto_gemm_lib(true, false, "HASWELL"), GemmLib::OneDnnOpenBlasTA);
   // this machine: the backend's log line names what the rule picked
   const GemmLib here = auto_gemm_lib();
-  const std::string d = nlp::make_cpu_backend(1, Precision::Fp32, "auto")->details();
+  const std::string d = nlp::make_cpu_backend(1, Precision::Fp32, CpuGemm::Auto)->details();
   EXPECT_EQ(d.find("weight gradients OpenBLAS") != std::string::npos, here == GemmLib::OneDnnOpenBlasTA) << d;
   std::printf("[ note ] run.cpu_gemm = auto here: %s\n", d.c_str());
 }
 
+// (a value outside a key's choices is the configuration's error: test_config's
+// ConfigRanges.OutOfRangeValuesAreRejected)
 TEST(CpuGemmOptions, ValuesAndErrors) {
-  auto expect_error = [](const std::string& gemm, const std::string& bf, const std::string& needle) {
+  auto expect_error = [](CpuGemm gemm, CpuBf16 bf, const std::string& needle) {
     try {
       nlp::make_cpu_backend(1, Precision::Bf16, gemm, bf);
-      ADD_FAILURE() << "no error for " << gemm << " / " << bf;
+      ADD_FAILURE() << "no error for " << needle;
     } catch (const nlp::Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error("mkl", "auto", "run.cpu_gemm");
-  expect_error("auto", "fast", "run.cpu_bf16");
-  EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, "openblas")->details().find("OpenBLAS"), std::string::npos);
-  // emulate is always available, and fp32 never takes the bf16 path whatever run.cpu_bf16 says
-  EXPECT_NE(nlp::make_cpu_backend(1, Precision::Bf16, "auto", "emulate")->details().find("emulated"),
+  EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, CpuGemm::OpenBlas)->details().find("OpenBLAS"),
             std::string::npos);
+  // emulate is always available, and fp32 never takes the bf16 path whatever run.cpu_bf16 says
+  EXPECT_NE(
+      nlp::make_cpu_backend(1, Precision::Bf16, CpuGemm::Auto, CpuBf16::Emulate)->details().find("emulated"),
+      std::string::npos);
   // (the GEMM library's ISA name may itself say bf16, e.g. oneDNN's avx512_core_bf16 on a Zen 4)
-  EXPECT_EQ(nlp::make_cpu_backend(1, Precision::Fp32, "auto", "native")->details().find("| bf16"),
+  EXPECT_EQ(nlp::make_cpu_backend(1, Precision::Fp32, CpuGemm::Auto, CpuBf16::Native)->details().find("| bf16"),
             std::string::npos);
   std::string why;
   if (nlp::cpu::onednn_available(&why)) {
-    EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, "onednn")->details().find("oneDNN"), std::string::npos);
-    EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, "auto")->details().find("oneDNN"), std::string::npos);
+    EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, CpuGemm::OneDnn)->details().find("oneDNN"),
+              std::string::npos);
+    EXPECT_NE(nlp::make_cpu_backend(1, Precision::Fp32, CpuGemm::Auto)->details().find("oneDNN"),
+              std::string::npos);
   } else {
-    expect_error("onednn", "emulate", "libdnnl-dev");
+    expect_error(CpuGemm::OneDnn, CpuBf16::Emulate, "libdnnl-dev");
   }
   std::string what;
   const bool native = nlp::cpu::native_bf16_available(&what);
   // auto on this machine: what the rule below picks for its instruction set, and the log line says why
   std::string auto_why;
   const bool auto_native = nlp::cpu::auto_native_bf16(nlp::cpu::bf16_isa(), &auto_why);
-  const std::string d = nlp::make_cpu_backend(1, Precision::Bf16, "auto", "auto")->details();
+  const std::string d = nlp::make_cpu_backend(1, Precision::Bf16, CpuGemm::Auto, CpuBf16::Auto)->details();
   EXPECT_NE(d.find(auto_native ? "bf16: native" : "bf16: emulated"), std::string::npos) << d;
   EXPECT_NE(d.find(nlp::cat("(run.cpu_bf16 = auto, ", auto_why, ")")), std::string::npos) << d;
   EXPECT_TRUE(!auto_native || native);  // auto never picks what native would refuse
-  if (!native) expect_error("auto", "native", "run.cpu_bf16 = native");
+  if (!native) expect_error(CpuGemm::Auto, CpuBf16::Native, "run.cpu_bf16 = native");
   if (native) {  // an explicit native runs natively whatever auto would pick, and says nothing about auto
-    const std::string n = nlp::make_cpu_backend(1, Precision::Bf16, "auto", "native")->details();
+    const std::string n =
+        nlp::make_cpu_backend(1, Precision::Bf16, CpuGemm::Auto, CpuBf16::Native)->details();
     EXPECT_NE(n.find("bf16: native"), std::string::npos) << n;
     EXPECT_EQ(n.find("run.cpu_bf16 = auto"), std::string::npos) << n;
   }

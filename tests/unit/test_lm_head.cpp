@@ -175,7 +175,7 @@ TEST(LmHead, PaddedRowStrideIsBitwiseTheSame) {
 }
 
 TEST(LmHead, Bf16OperandsMatchTheUnfusedBf16Ops) {
-  auto b16 = nlp::make_cpu_backend(2, nlp::Precision::Bf16, "auto", "emulate");
+  auto b16 = nlp::make_cpu_backend(2, nlp::Precision::Bf16, nlp::CpuGemm::Auto, nlp::CpuBf16::Emulate);
   const Case c = make_case(33, 32, 260);
   const Out ref32 = unfused(be(), c, 0.25f);
   const Out un = unfused(*b16, c, 0.25f);

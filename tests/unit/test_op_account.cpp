@@ -151,7 +151,7 @@ TEST(OpAccount, RatesMeasuredOnTheCpuBackend) {
 TEST(OpAccount, BackendLabelsHeadBlocksAndCasts) {
   const int V = 50, C = 16, M = 6, H = 24;
   for (bool copy : {false, true}) {
-    auto cpu = make_cpu_backend(1, Precision::Bf16, "auto", "emulate", copy);
+    auto cpu = make_cpu_backend(1, Precision::Bf16, CpuGemm::Auto, CpuBf16::Emulate, copy);
     AccountBackend be(*cpu, V, Precision::Bf16);
     ParamStore ps;
     ps.add("wte", {V, C}, true);

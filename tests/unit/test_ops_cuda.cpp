@@ -1814,7 +1814,8 @@ TEST_F(CudaOps, Bf16WeightCopyWrittenByAdamWAndRefreshes) {
   o.precision = nlp::Precision::Bf16;
   o.bf16_weights = true;
   auto be = nlp::make_cuda_backend(0, o);
-  auto cpu_be = nlp::make_cpu_backend(1, nlp::Precision::Bf16, "auto", "emulate", true);
+  auto cpu_be =
+      nlp::make_cpu_backend(1, nlp::Precision::Bf16, nlp::CpuGemm::Auto, nlp::CpuBf16::Emulate, true);
   auto add = [](nlp::ParamStore& ps) {
     ps.add("a.weight", {70, 50}, true);
     ps.add("a.bias", {50}, false);

@@ -27,44 +27,39 @@ namespace cpu {
 
 constexpr size_t kAlign = 64;
 
-CpuBackend::CpuBackend(int threads, Precision precision, const std::string& gemm, const std::string& bf16,
-             bool bf16_weights)
-      : precision_(precision), wcopy_on_(bf16_weights && precision == Precision::Bf16) {
-    if (threads > 0) {
-      omp_set_num_threads(threads);
-      openblas_set_num_threads(threads);
-    }
-    std::string why;
-    if (gemm == "onednn") {
-      if (!cpu::onednn_available(&why)) throw Error(cat("run.cpu_gemm = onednn: ", why));
-      lib_ = cpu::GemmLib::OneDnn;
-    } else if (gemm == "auto") {
-      lib_ = cpu::auto_gemm_lib();
-    } else if (gemm != "openblas") {
-      throw Error(cat("run.cpu_gemm: unknown value '", gemm, "' (expected auto, openblas or onednn)"));
-    }
-    if (bf16 != "auto" && bf16 != "emulate" && bf16 != "native")
-      throw Error(cat("run.cpu_bf16: unknown value '", bf16, "' (expected auto, emulate or native)"));
-    if (precision == Precision::Bf16 && bf16 == "native") {
-      if (!cpu::native_bf16_available(&bf16_isa_))
-        throw Error(cat("run.cpu_bf16 = native: ", bf16_isa_, "; use run.cpu_bf16 = emulate or auto"));
-      native_bf16_ = true;
-    } else if (precision == Precision::Bf16 && bf16 == "auto") {
-      const cpu::Bf16Isa hw = cpu::bf16_isa();
-      native_bf16_ = cpu::auto_native_bf16(hw, &bf16_auto_);
-      bf16_isa_ = hw.isa;
-    }
+CpuBackend::CpuBackend(int threads, Precision precision, CpuGemm gemm, CpuBf16 bf16, bool bf16_weights)
+    : precision_(precision), wcopy_on_(bf16_weights && precision == Precision::Bf16) {
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
   }
+  std::string why;
+  if (gemm == CpuGemm::OneDnn) {
+    if (!cpu::onednn_available(&why)) throw Error(cat("run.cpu_gemm = onednn: ", why));
+    lib_ = cpu::GemmLib::OneDnn;
+  } else if (gemm == CpuGemm::Auto) {
+    lib_ = cpu::auto_gemm_lib();
+  }
+  if (precision == Precision::Bf16 && bf16 == CpuBf16::Native) {
+    if (!cpu::native_bf16_available(&bf16_isa_))
+      throw Error(cat("run.cpu_bf16 = native: ", bf16_isa_, "; use run.cpu_bf16 = emulate or auto"));
+    native_bf16_ = true;
+  } else if (precision == Precision::Bf16 && bf16 == CpuBf16::Auto) {
+    const cpu::Bf16Isa hw = cpu::bf16_isa();
+    native_bf16_ = cpu::auto_native_bf16(hw, &bf16_auto_);
+    bf16_isa_ = hw.isa;
+  }
+}
 
 std::string CpuBackend::details() const {
-    std::string d = cat("GEMMs: ", cpu::gemm_lib_description(lib_));
-    if (precision_ == Precision::Bf16)
-      d += cat(native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
-                            : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)"),
-               bf16_auto_.empty() ? "" : cat(" (run.cpu_bf16 = auto, ", bf16_auto_, ")"));
-    if (wcopy_on_) d += " | weights: persistent bf16 copy (run.bf16_weights)";
-    return d;
-  }
+  std::string d = cat("GEMMs: ", cpu::gemm_lib_description(lib_));
+  if (precision_ == Precision::Bf16)
+    d += cat(native_bf16_ ? cat(" | bf16: native (oneDNN, ", bf16_isa_, ")")
+                          : std::string(" | bf16: emulated (operands rounded, fp32 GEMMs)"),
+             bf16_auto_.empty() ? "" : cat(" (run.cpu_bf16 = auto, ", bf16_auto_, ")"));
+  if (wcopy_on_) d += " | weights: persistent bf16 copy (run.bf16_weights)";
+  return d;
+}
 
 // ---- memory ----
 void* CpuBackend::alloc(size_t bytes) {
@@ -233,8 +228,7 @@ void CpuBackend::stream_zero(char* dst, size_t n) {
 bool cpu_native_bf16(std::string* why) { return cpu::native_bf16_available(why); }
 bool cpu_auto_native_bf16(std::string* why) { return cpu::auto_native_bf16(cpu::bf16_isa(), why); }
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision,
-                                          const std::string& gemm, const std::string& bf16,
+std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision, CpuGemm gemm, CpuBf16 bf16,
                                           bool bf16_weights) {
   return std::make_unique<cpu::CpuBackend>(threads, precision, gemm, bf16, bf16_weights);
 }

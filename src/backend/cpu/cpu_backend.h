@@ -9,9 +9,10 @@ namespace nlp {
 
 // threads: OpenMP threads for this rank's ops (and its GEMM library); <= 0 leaves the runtime default.
 // precision: Tf32/Bf16 round the dense-layer GEMM operands as the GPU's tensor cores read them.
-// gemm: "auto" (oneDNN when built with it, else OpenBLAS), "openblas" or "onednn" (run.cpu_gemm).
-// bf16: with Precision::Bf16, "emulate" (round to bf16, multiply in fp32: the reference), "native"
-//   (bf16 operands multiplied by oneDNN with AMX / AVX512-BF16, fp32 accumulation) or "auto" (native
+// gemm: Auto (the library cpu::auto_gemm_lib picks for this CPU and build), OpenBlas or OneDnn
+//   (run.cpu_gemm).
+// bf16: with Precision::Bf16, Emulate (round to bf16, multiply in fp32: the reference), Native
+//   (bf16 operands multiplied by oneDNN with AMX / AVX512-BF16, fp32 accumulation) or Auto (native
 //   where the CPU has AMX-BF16, else emulate: cpu::auto_native_bf16) (run.cpu_bf16). An unavailable
 //   explicit choice throws nlp::Error naming the key.
 // bf16_weights: with Precision::Bf16, the persistent bf16 copy of the weights (Backend::register_weights,
@@ -23,8 +24,8 @@ bool cpu_native_bf16(std::string* why = nullptr);
 bool cpu_auto_native_bf16(std::string* why = nullptr);
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, Precision precision = Precision::Fp32,
-                                          const std::string& gemm = "auto",
-                                          const std::string& bf16 = "emulate",
+                                          CpuGemm gemm = CpuGemm::Auto,
+                                          CpuBf16 bf16 = CpuBf16::Emulate,
                                           bool bf16_weights = false);
 
 }  // namespace nlp

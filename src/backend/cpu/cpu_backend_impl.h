@@ -21,8 +21,7 @@ namespace nlp::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, Precision precision, const std::string& gemm, const std::string& bf16,
-             bool bf16_weights);
+  CpuBackend(int threads, Precision precision, CpuGemm gemm, CpuBf16 bf16, bool bf16_weights);
 
   std::string name() const override { return "cpu"; }
   std::string details() const override;
