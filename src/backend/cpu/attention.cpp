@@ -242,6 +242,60 @@ Geometry geometry(int B, int T, int NH, int HS, int T_key, float dropout_p) {
           1.0f / std::sqrt(static_cast<float>(HS)), dropout_p > 0.0f, dropout_scale(dropout_p)};
 }
 
+// The softmax backward of the row block [i0, i0 + ni) of head bh (sequence b, head h), row by row over
+// the keys each row sees, [lo, hi): the probabilities A (recomputed from the scores s holds on entry,
+// rows Tp apart), the row's keep factors kf (dropout's keep/(1-p), 0 where A = 0, i.e. masked; a
+// per-thread [Tp] buffer), then A' = A * kf into ap, dA = dA' * kf from the dA' ds holds, the row's
+// sum A.dA (lane_sum), dS into ds; each a loop the compiler vectorises, the mask hash included; zeros
+// outside [lo, hi). ds and ap rows are i0.., Tp apart.
+inline void softmax_backward_block(float* s, float* ds, float* ap, float* __restrict kf,
+                                   const SequenceMasks& m, const float* stats,
+                                   const int32_t* token_key, uint64_t seed, float dropout_p,
+                                   const Geometry& g, int bh, int b, int h, int i0, int ni, int T,
+                                   int NH, bool causal) {
+  const uint64_t Tk = g.Tk;
+  const int Tp = g.Tp;
+  const float sc = g.sc, dscale = g.dscale;
+  const bool drop = g.drop;
+  const int* __restrict sg = m.seg.data();
+  for (int r = 0; r < ni; ++r) {
+    const int i = i0 + r;
+    float* __restrict arow = s + (size_t)r * Tp;
+    float* __restrict drow = ds + (size_t)i * Tp;
+    float* __restrict aprow = ap + (size_t)i * Tp;
+    const int jlo = m.lo[i], jhi = m.hi[i], si = sg[i];
+    const float* st = stats + ((size_t)bh * T + i) * 2;
+    const float mx = st[0], inv = st[1];
+#pragma omp simd
+    for (int j = jlo; j < jhi; ++j)
+      arow[j] = unnormalised(arow[j], mx, sees(sg, si, i, j, causal)) * inv;
+    const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
+    if (drop) {
+      const int* __restrict kp = m.kpos.data();
+#pragma omp simd
+      for (int j = jlo; j < jhi; ++j) {
+        const float keep = uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f;
+        kf[j] = arow[j] != 0.0f ? keep : 0.0f;
+      }
+    } else {
+#pragma omp simd
+      for (int j = jlo; j < jhi; ++j) kf[j] = arow[j] != 0.0f ? 1.0f : 0.0f;
+    }
+#pragma omp simd
+    for (int j = jlo; j < jhi; ++j) aprow[j] = arow[j] * kf[j];
+#pragma omp simd
+    for (int j = jlo; j < jhi; ++j) drow[j] *= kf[j];  // dA
+    const float dot = lane_sum<float>(jhi - jlo, [arow, drow, jlo](int x) {
+      return arow[jlo + x] * drow[jlo + x];
+    });
+#pragma omp simd
+    for (int j = jlo; j < jhi; ++j)
+      drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
+    for (int j = 0; j < jlo; ++j) drow[j] = aprow[j] = 0.0f;
+    for (int j = jhi; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
+  }
+}
+
 }  // namespace
 
 // out[B,T,C] = dropout(softmax(mask(q k^T / sqrt(HS)))) @ v;  stats[B,NH,T,2] = each row's softmax
@@ -330,7 +384,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         uint64_t seed, int B, int T, int NH, int HS, int T_key,
                         const int32_t* token_key) {
   (void)scratch;
-  const auto [Tk, C, Tp, Hp, BH, sc, drop, dscale] = geometry(B, T, NH, HS, T_key, dropout_p);
+  const Geometry g = geometry(B, T, NH, HS, T_key, dropout_p);
+  const auto [Tk, C, Tp, Hp, BH, sc, drop, dscale] = g;
   const size_t C3 = 3 * (size_t)C;
 
 #pragma omp parallel
@@ -360,54 +415,14 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int t = 0; t < T; ++t)
         std::memcpy(dob.data() + (size_t)t * Hp, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
                     sizeof(float) * HS);
-      const int* __restrict sg = m.seg.data();
       for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
         const int ni = T - i0 < kRows ? T - i0 : kRows;
         // dA'[i, j] = dout_i . v_j  (the tiles of the keys the row block sees)
         tiles(dob.data() + (size_t)i0 * Hp, Hp, vt.data(), Tp, HS, ds.data() + (size_t)i0 * Tp, Tp, blo[k],
               bhi[k], Tp);
         scores(s.data(), qs.data(), kt.data(), i0, blo[k], bhi[k], Tp, Hp, HS);
-        // softmax backward row by row over the keys the row sees, [lo, hi): the probabilities A
-        // (recomputed), the row's keep factors kf (dropout's keep/(1-p), 0 where A = 0, i.e.
-        // masked), then A' = A * kf, dA = dA' * kf, the row's sum A.dA (lane_sum), dS; each a loop
-        // the compiler vectorises, the mask hash included; zeros outside [lo, hi)
-        for (int r = 0; r < ni; ++r) {
-          const int i = i0 + r;
-          float* __restrict arow = s.data() + (size_t)r * Tp;
-          float* __restrict drow = ds.data() + (size_t)i * Tp;
-          float* __restrict aprow = ap.data() + (size_t)i * Tp;
-          float* __restrict kf = kfrow.data();
-          const int jlo = m.lo[i], jhi = m.hi[i], si = sg[i];
-          const float* st = stats + ((size_t)bh * T + i) * 2;
-          const float mx = st[0], inv = st[1];
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j)
-            arow[j] = unnormalised(arow[j], mx, sees(sg, si, i, j, causal)) * inv;
-          const uint64_t base = drop_base(token_key, b, h, i, T, NH, Tk);
-          if (drop) {
-            const int* __restrict kp = m.kpos.data();
-#pragma omp simd
-            for (int j = jlo; j < jhi; ++j) {
-              const float keep = uniform01(seed, base + (uint64_t)kp[j]) >= dropout_p ? dscale : 0.0f;
-              kf[j] = arow[j] != 0.0f ? keep : 0.0f;
-            }
-          } else {
-#pragma omp simd
-            for (int j = jlo; j < jhi; ++j) kf[j] = arow[j] != 0.0f ? 1.0f : 0.0f;
-          }
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j) aprow[j] = arow[j] * kf[j];
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j) drow[j] *= kf[j];  // dA
-          const float dot = lane_sum<float>(jhi - jlo, [arow, drow, jlo](int x) {
-            return arow[jlo + x] * drow[jlo + x];
-          });
-#pragma omp simd
-          for (int j = jlo; j < jhi; ++j)
-            drow[j] = arow[j] == 0.0f ? 0.0f : arow[j] * (drow[j] - dot) * sc;
-          for (int j = 0; j < jlo; ++j) drow[j] = aprow[j] = 0.0f;
-          for (int j = jhi; j < Tp; ++j) drow[j] = aprow[j] = 0.0f;
-        }
+        softmax_backward_block(s.data(), ds.data(), ap.data(), kfrow.data(), m, stats, token_key, seed,
+                               dropout_p, g, bh, b, h, i0, ni, T, NH, causal);
       }
       for (int i0 = 0, k = 0; i0 < T; i0 += kRows, ++k) {
         // dq[i] = sum_{j} dS_ij k_j over the keys the block sees
