@@ -30,7 +30,7 @@
 #                           in place of --train.steps (the same examples seen)
 #   hf-longest-group        ... --group-by-length                     (Trainer's LengthGroupedSampler)
 #   hf-longest-group-compile  ... --group-by-length --torch-compile --pad-multiple 8 (torch.compile, inductor)
-#   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has them)
+#   nlptrain-longest-group-bf16  ... --train.precision=bf16 (run.cpu_bf16 auto: native bf16 GEMMs where the CPU has AMX-BF16)
 #   hf-longest-group-bf16     ... --group-by-length --bf16 (Trainer's bf16=True: autocast to bf16 on the CPU)
 #   nlptrain-packed-bf16      ... --data.packing=true --data.pack_batch=examples --train.precision=bf16
 #   nlptrain-packedrows-bf16  ... nlptrain-packedrows with --train.precision=bf16
