@@ -170,19 +170,27 @@ def test_zero2_through_the_staged_communicator(data, tmp_path):
     assert "(gradients: staged, ZeRO-2" in log, log[:2000]
 
 
-def test_zero2_bert_mlm_with_the_tied_decoder_and_recompute(data, tmp_path):
-    """BERT's MLM head reads the word embeddings (a resident tensor that gets gradients from the head
-    and from the embedding lookup): stage 2 equals stage 0 to summation order; recomputation changes no
-    bit of stage 2."""
-    rng = np.random.default_rng(9)
-    n = 32
+def write_mlm_rows(path, empty_every=0, n=32, seed=9):
+    """An MLM dataset at `path`: n rows of random ids below V, about 20% of the positions and position 1
+    of every row to predict (their ids as labels, -100 elsewhere); empty_every > 0: every such row
+    predicts nothing (the head's backward returns early there). Returns path."""
+    rng = np.random.default_rng(seed)
     ids = rng.integers(1, V, size=(n, T))
     labels = np.full((n, T), -100, np.int64)
     pick = rng.random((n, T)) < 0.2
     labels[pick] = ids[pick]
-    labels[:, 1] = ids[:, 1]  # at least one target per row
-    mlm = tmp_path / "mlm.h5"
-    nr.write_rows(mlm, ids, mask=np.ones((n, T), np.int32), labels=labels)
+    labels[:, 1] = ids[:, 1]
+    if empty_every:
+        labels[::empty_every] = -100
+    nr.write_rows(path, ids, mask=np.ones((n, T), np.int32), labels=labels)
+    return path
+
+
+def test_zero2_bert_mlm_with_the_tied_decoder_and_recompute(data, tmp_path):
+    """BERT's MLM head reads the word embeddings (a resident tensor that gets gradients from the head
+    and from the embedding lookup): stage 2 equals stage 0 to summation order; recomputation changes no
+    bit of stage 2."""
+    mlm = write_mlm_rows(tmp_path / "mlm.h5")
     bert = [a for a in data["bert"] if not a.startswith("--data.train=") and a != "--run.task=doc_cls"]
     d = {"mlm": bert + ["--run.task=mlm", f"--data.train={mlm}"]}
     l0, c0 = train(d, "mlm", 2, tmp_path / "z0", ["--train.zero=0"])

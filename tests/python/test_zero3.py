@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import nlp_run as nr
-from test_zero2 import BERT, COMMON, GPT, T, TOL, V, log_rows, train
+from test_zero2 import BERT, COMMON, GPT, T, TOL, V, log_rows, train, write_mlm_rows
 from test_zero2 import data  # noqa: F401  (the module's fixture)
 from test_zero import checkpoint
 
@@ -129,16 +129,7 @@ def test_zero3_bert_mlm_tied_decoder_in_one_buffer(data, ranks, tmp_path):  # no
     gradient runs before the buffer turns, its weight gradient after; a row without a masked token
     (the head's backward returns early) still turns the buffer before the embedding backward. Equal to
     stage 2 bitwise and to stage 0 to summation order."""
-    rng = np.random.default_rng(9)
-    n = 32
-    ids = rng.integers(1, V, size=(n, T))
-    labels = np.full((n, T), -100, np.int64)
-    pick = rng.random((n, T)) < 0.2
-    labels[pick] = ids[pick]
-    labels[:, 1] = ids[:, 1]
-    labels[::5] = -100  # every fifth row: nothing to predict
-    mlm = tmp_path / "mlm.h5"
-    nr.write_rows(mlm, ids, mask=np.ones((n, T), np.int32), labels=labels)
+    mlm = write_mlm_rows(tmp_path / "mlm.h5", empty_every=5)  # every fifth row: nothing to predict
     bert = [a for a in data["bert"] if not a.startswith("--data.train=") and a != "--run.task=doc_cls"
             and not a.startswith("--model.vocab_size=")]
     d = {"mlm": bert + ["--run.task=mlm", f"--data.train={mlm}", "--model.vocab_size=1000"]}
