@@ -26,6 +26,20 @@ inline ModelConfig small_bert() {
   return mc;
 }
 
+// GPT-2: n_layer blocks of width 16, 2 heads, `vocab` tokens, 16 positions, dropout 0.1 on every site
+// (the ZeRO-3 tests' model: small enough to run a block at a time, dropout keys exercised).
+inline ModelConfig small_gpt2(int n_layer, int vocab) {
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.n_layer = n_layer;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.vocab_size = vocab;
+  mc.n_positions = 16;
+  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  return mc;
+}
+
 // A causal-LM batch of B x T random ids below `vocab`, each target the next id (the last position of
 // each row and position 5 ignored), no padding.
 inline HostBatch clm_batch(int B, int T, uint64_t seed, int vocab = 300) {

@@ -246,14 +246,7 @@ class OneRank final : public Comm {
 // the same), and a forward and backward are bitwise those of the arena.
 TEST(Zero3Params, BlocksGatheredInOrderAndResultsBitwiseTheArenas) {
   auto be = make_cpu_backend(1);
-  ModelConfig mc;
-  mc.type = "gpt2";
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 16;
-  mc.vocab_size = 50;
-  mc.n_positions = 16;
-  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  const ModelConfig mc = test::small_gpt2(3, 50);
   const HostBatch hb = test::clm_batch(2, 8, 5, 50);
   for (bool recompute : {false, true}) {
     auto run = [&](bool zero3, std::vector<int>* order, std::vector<float>* grads) {
@@ -318,13 +311,7 @@ TEST(Zero3Params, BlocksGatheredInOrderAndResultsBitwiseTheArenas) {
 // (no block read from a buffer that holds another), and ahead-of-use gathers happen.
 TEST(Zero3Params, PrefetchedGathersChangeNoBit) {
   auto be = make_cpu_backend(1);
-  ModelConfig mc;
-  mc.type = "gpt2";
-  mc.n_layer = 5;
-  mc.n_head = 2;
-  mc.n_embd = 16;
-  mc.vocab_size = 50;
-  mc.n_positions = 16;
+  const ModelConfig mc = test::small_gpt2(5, 50);  // dropout 0.1, the default
   for (bool recompute : {false, true}) {
     std::vector<std::vector<float>> grads;
     std::vector<double> losses;
@@ -370,14 +357,7 @@ TEST(Zero3Params, PrefetchedGathersChangeNoBit) {
 // to the arena's to summation order; the GPT-2 vocabulary 100 x width 16 makes wte larger than a piece.
 TEST(Zero3Params, EmbeddingsHoldWeightsThenGradientsAndShardInitialisedAlone) {
   auto be = make_cpu_backend(1);
-  ModelConfig mc;
-  mc.type = "gpt2";
-  mc.n_layer = 2;
-  mc.n_head = 2;
-  mc.n_embd = 16;
-  mc.vocab_size = 100;
-  mc.n_positions = 16;
-  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  const ModelConfig mc = test::small_gpt2(2, 100);
   auto run = [&](int stage, std::vector<float>* init, std::vector<float>* grads) {
     const bool zero3 = stage == 3;
     auto m = make_model(mc, *be, "clm", /*allocate=*/!zero3);

@@ -159,14 +159,7 @@ class OneRank final : public Comm {
 
 TEST(Zero3ParamsCuda, GatheredBlocksInDeviceBuffersGiveTheArenasBitsOnCuda) {
   NEED_CUDA(be);
-  ModelConfig mc;
-  mc.type = "gpt2";
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 16;
-  mc.vocab_size = 50;
-  mc.n_positions = 16;
-  mc.embd_pdrop = mc.attn_pdrop = mc.resid_pdrop = 0.1f;
+  const ModelConfig mc = test::small_gpt2(3, 50);
   const HostBatch hb = test::clm_batch(2, 8, 5, 50);
   for (bool recompute : {false, true})
     for (int prefetch : {0, 1}) {
