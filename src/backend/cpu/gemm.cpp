@@ -123,17 +123,16 @@ bool onednn_available(std::string* why) {
 }
 
 bool native_bf16_available(std::string* what) {
+  const Bf16Isa hw = bf16_isa();
 #ifdef NLPTRAIN_HAVE_ONEDNN
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  const bool ok = isa == dnnl::cpu_isa::avx512_core_amx || isa == dnnl::cpu_isa::avx512_core_bf16;
   if (what)
-    *what = ok ? std::string(isa_name(isa))
-               : cat("this CPU has no bf16 arithmetic that oneDNN can use (its instruction set: ",
-                     isa_name(isa), "; needs avx512_bf16 or amx_bf16)");
-  return ok;
+    *what = hw.avx512_bf16 ? hw.isa
+                           : cat("this CPU has no bf16 arithmetic that oneDNN can use (its instruction set: ",
+                                 hw.isa, "; needs avx512_bf16 or amx_bf16)");
 #else
-  return onednn_available(what);
+  if (what) *what = hw.isa;  // why there is no oneDNN
 #endif
+  return hw.avx512_bf16;
 }
 
 Bf16Isa bf16_isa() {
