@@ -564,17 +564,10 @@ class Bert final : public Model {
         be_.zero(mlm_dlogits_, size_t(M) * V_ * f);
         be_.crossentropy_backward(mlm_dlogits_, mlm_logits_, b.row_targets, dloss, M, V_);
         be_.zero(dh2_, n * f);
-        if (weights_hook_) {
-          // train.zero = 3: dh2 = dlogits @ wte, then wte's buffer becomes its gradient, then dwte and
-          // the bias: the same products as below, one at a time
-          be_.matmul_backward(dh2_, nullptr, nullptr, mlm_dlogits_, h2_, ps_.p(wte_), M, C, V_, WLayout::OutIn);
-          weights_done(wte_);
-          be_.matmul_backward(Act{}, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, nullptr, M, C, V_,
-                              WLayout::OutIn);
-        } else {
-          be_.matmul_backward(dh2_, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, ps_.p(wte_), M, C,
-                              V_, WLayout::OutIn);
-        }
+        // dh2 = dlogits @ wte, dwte and the bias from dlogits^T @ h2 (train.zero = 3: one at a time,
+        // wte's buffer turning into its gradient between them)
+        tied_weights_backward(be_, wte_, dh2_, ps_.g(wte_), ps_.g(mlm_b_), mlm_dlogits_, h2_, ps_.p(wte_),
+                              M, C, V_);
         be_.zero(dh1_, n * f);
         be_.layernorm_backward(dh1_, ps_.g(tln_w_), ps_.g(tln_b_), dh2_, h3_, ps_.p(tln_w_), hmean_,
                                hrstd_, M, C);

@@ -194,17 +194,10 @@ class Gpt2 final : public Model {
     } else {
       be_.zero(dlogits_, size_t(BT) * V_ * f);
       be_.crossentropy_backward(dlogits_, logits_, b.targets, dloss, BT, V_);
-      if (weights_hook_) {
-        // train.zero = 3: dlnf = dlogits @ wte, then wte's buffer becomes its gradient (weights_done),
-        // then dwte += dlogits^T @ lnf: the same two products as below, one at a time
-        be_.matmul_backward(overwrite(dlnf_), nullptr, nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C, V_,
-                            WLayout::OutIn);
-        weights_done(wte_);
-        be_.matmul_backward(Act{}, ps_.g(wte_), nullptr, dlogits_, lnf_, nullptr, BT, C, V_, WLayout::OutIn);
-      } else {
-        be_.matmul_backward(overwrite(dlnf_), ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_), BT, C,
-                            V_, WLayout::OutIn);
-      }
+      // dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (train.zero = 3: one at a time, wte's buffer
+      // turning into its gradient between them)
+      tied_weights_backward(be_, wte_, overwrite(dlnf_), ps_.g(wte_), nullptr, dlogits_, lnf_, ps_.p(wte_),
+                            BT, C, V_);
     }
     be_.layernorm_backward(overwrite(dres_a_), ps_.g(lnf_w_), ps_.g(lnf_b_), dlnf_, xL_, ps_.p(lnf_w_),
                            lnf_mean_, lnf_rstd_, BT, C);

@@ -186,6 +186,20 @@ class Model {
   void weights_done(int tensor) {
     if (weights_hook_) weights_hook_(tensor, true);
   }
+  // A head whose weights w[N,K] (OutIn) are a weights-then-gradients tensor (the tied LM / MLM
+  // decoder): dinp[M,K] = dout @ w, dw (+ dbias) += dout^T @ inp. With the weights hook set
+  // (train.zero = 3: one buffer holds w, then dw) the input gradient runs first, the buffer turns
+  // (weights_done), then the weight gradient: the same two products as the one call without it.
+  void tied_weights_backward(Backend& be, int tensor, Act dinp, float* dw, float* dbias, CAct dout, CAct inp,
+                             const float* w, int M, int K, int N) {
+    if (!weights_hook_) {
+      be.matmul_backward(dinp, dw, dbias, dout, inp, w, M, K, N, WLayout::OutIn);
+      return;
+    }
+    be.matmul_backward(dinp, nullptr, nullptr, dout, inp, w, M, K, N, WLayout::OutIn);
+    weights_done(tensor);
+    be.matmul_backward(Act{}, dw, dbias, dout, inp, nullptr, M, K, N, WLayout::OutIn);
+  }
   WeightsHook weights_hook_;
   void grads_ready(size_t lo) {
     if (grad_ready_) grad_ready_(lo);
