@@ -75,18 +75,24 @@ std::vector<GradRegion> zero2_regions(const ParamStore& ps) {
   return out;
 }
 
+size_t largest_block_floats(const std::vector<GradRegion>& regions) {
+  size_t block = 0;
+  for (const GradRegion& r : regions)
+    if (r.layer >= 0) block = std::max(block, r.hi - r.lo);
+  return block;
+}
+
 size_t zero2_buffer_floats(const ParamStore& ps, int slots) {
-  size_t resident = 0, block = 0;
+  const std::vector<GradRegion> regions = zero2_regions(ps);
+  size_t resident = 0;
   int blocks = 0;
-  for (const GradRegion& r : zero2_regions(ps)) {
+  for (const GradRegion& r : regions) {
     if (r.layer < 0)
       resident += r.hi - r.lo;
-    else {
-      block = std::max(block, r.hi - r.lo);
+    else
       ++blocks;
-    }
   }
-  return resident + size_t(std::min(slots, blocks)) * block;
+  return resident + size_t(std::min(slots, blocks)) * largest_block_floats(regions);
 }
 
 std::vector<GradRegion> split_regions(std::vector<GradRegion> regions,

@@ -35,6 +35,9 @@ struct GradRegion {
 };
 // Throws nlp::Error naming the tensor when the layout does not fit the scheme above.
 std::vector<GradRegion> zero2_regions(const ParamStore& ps);
+// The largest block region's floats (0 when there are none): a block buffer's size, and the piece
+// train.zero = 3 sums the resident regions in (GradShards, the memory plan).
+size_t largest_block_floats(const std::vector<GradRegion>& regions);
 // The gradient floats one rank holds with train.zero = 2 and `slots` block buffers, besides its shard:
 // the resident tensors' and the slots'.
 size_t zero2_buffer_floats(const ParamStore& ps, int slots);

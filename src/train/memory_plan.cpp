@@ -34,12 +34,9 @@ size_t largest_sum_floats(const ParamStore& ps, size_t bucket, int zero) {
   }
   size_t largest = 0;
   if (zero >= 2) {
-    size_t block = 0;
-    for (const GradRegion& r : regions) {
-      largest = std::max(largest, r.hi - r.lo);
-      if (r.layer >= 0) block = std::max(block, r.hi - r.lo);
-    }
+    for (const GradRegion& r : regions) largest = std::max(largest, r.hi - r.lo);
     // train.zero = 3 sums the resident regions in pieces of the largest block's size (grad_shards.h)
+    const size_t block = largest_block_floats(regions);
     return zero == 3 && block > 0 ? block : largest;
   }
   size_t started = ps.total();

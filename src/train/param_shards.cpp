@@ -7,14 +7,11 @@
 namespace nlp {
 
 size_t zero3_buffer_floats(const ParamStore& ps, int prefetch) {
-  size_t resident = 0, block = 0;
-  for (const GradRegion& r : zero2_regions(ps)) {
-    if (r.layer < 0)
-      resident += r.hi - r.lo;
-    else
-      block = std::max(block, r.hi - r.lo);
-  }
-  return resident + size_t(1 + std::max(prefetch, 0)) * block;
+  const std::vector<GradRegion> regions = zero2_regions(ps);
+  size_t resident = 0;
+  for (const GradRegion& r : regions)
+    if (r.layer < 0) resident += r.hi - r.lo;
+  return resident + size_t(1 + std::max(prefetch, 0)) * largest_block_floats(regions);
 }
 
 ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLayout& sh, int rank, int prefetch,
@@ -29,7 +26,6 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
     buffer_floats_ += n;
     return p;
   };
-  size_t block = 0;
   int layers = 0;
   std::vector<std::pair<size_t, size_t>> own;
   for (int i : weights_then_grads) {
@@ -38,7 +34,8 @@ ParamShards::ParamShards(Comm& comm, Backend& be, ParamStore& ps, const ShardLay
   }
   const std::vector<GradRegion> regions = split_regions(zero2_regions(ps), own);
   for (const GradRegion& r : regions)
-    if (r.layer >= 0) block = std::max(block, r.hi - r.lo), layers = std::max(layers, r.layer + 1);
+    if (r.layer >= 0) layers = std::max(layers, r.layer + 1);
+  const size_t block = largest_block_floats(regions);
   block_ = block;
   layer_region_.assign(size_t(layers), -1);
   layer_tensors_.resize(size_t(layers));
